@@ -1,0 +1,141 @@
+{{/* Chart name. */}}
+{{- define "berth.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Fully qualified app name (release-chart, or release when it already contains the chart name). */}}
+{{- define "berth.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "berth.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Common labels. */}}
+{{- define "berth.labels" -}}
+helm.sh/chart: {{ include "berth.chart" . }}
+{{ include "berth.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels (component is added per workload). */}}
+{{- define "berth.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "berth.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "berth.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "berth.workerFullname" -}}
+{{- printf "%s-worker" (include "berth.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Pod-level settings shared by every Berth pod. */}}
+{{- define "berth.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- if .Values.serviceAccountName }}
+serviceAccountName: {{ .Values.serviceAccountName }}
+{{- end }}
+automountServiceAccountToken: false
+{{- end -}}
+
+{{/* DATABASE_URL from the referenced Secret (required). */}}
+{{- define "berth.databaseEnv" -}}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "database.existingSecret is required (name of a Secret holding DATABASE_URL)" .Values.database.existingSecret }}
+      key: {{ .Values.database.existingSecretKey }}
+{{- end -}}
+
+{{/* Environment of `berth serve` and `berth migrate`. */}}
+{{- define "berth.serverEnv" -}}
+{{ include "berth.databaseEnv" . }}
+- name: BERTH_DATA_DIR
+  value: /var/lib/berth
+- name: BERTH_LISTEN
+  value: "0.0.0.0:{{ .Values.api.port }}"
+- name: BERTH_METRICS_LISTEN
+  value: "0.0.0.0:{{ .Values.api.metricsPort }}"
+- name: BERTH_OBJECT_STORE
+  value: {{ .Values.objectStore.url | quote }}
+- name: BERTH_ALLOWED_ORIGINS
+  value: {{ .Values.allowedOrigins | quote }}
+{{- if .Values.jwt.existingSecret }}
+- name: BERTH_JWT_SECRET_FILE
+  value: /etc/berth/jwt/{{ .Values.jwt.existingSecretKey }}
+{{- end }}
+- name: BERTH_MODEL_BASE_URL
+  value: {{ .Values.model.baseUrl | quote }}
+- name: BERTH_MODEL
+  value: {{ .Values.model.name | quote }}
+{{- if .Values.model.existingSecret }}
+- name: BERTH_MODEL_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.model.existingSecret }}
+      key: {{ .Values.model.existingSecretKey }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "berth.serverEnvFrom" -}}
+{{- if .Values.objectStore.existingSecret }}
+envFrom:
+  - secretRef:
+      name: {{ .Values.objectStore.existingSecret }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes shared by `berth serve` and `berth migrate`. */}}
+{{- define "berth.serverVolumes" -}}
+- name: data
+  emptyDir:
+    sizeLimit: {{ .Values.api.dataDir.sizeLimit }}
+- name: tmp
+  emptyDir: {}
+{{- if .Values.jwt.existingSecret }}
+- name: jwt
+  secret:
+    secretName: {{ .Values.jwt.existingSecret }}
+    defaultMode: 0400
+    items:
+      - key: {{ .Values.jwt.existingSecretKey }}
+        path: {{ .Values.jwt.existingSecretKey }}
+{{- end }}
+{{- end -}}
+
+{{- define "berth.serverVolumeMounts" -}}
+- name: data
+  mountPath: /var/lib/berth
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.jwt.existingSecret }}
+- name: jwt
+  mountPath: /etc/berth/jwt
+  readOnly: true
+{{- end }}
+{{- end -}}

@@ -1,0 +1,59 @@
+//! Typed configuration for the API tier. The binary fills it from flags, environment and
+//! an optional file; secrets are redacted in `Debug`.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+/// A secret string whose `Debug` never shows the value.
+#[derive(Clone, Default)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"<redacted>\"" })
+    }
+}
+
+/// The default OpenAI-compatible provider.
+#[derive(Debug, Clone, Default)]
+pub struct ModelConfig {
+    /// `BERTH_MODEL_BASE_URL`: an OpenAI-compatible `…/v1`.
+    pub base_url: Option<String>,
+    /// `BERTH_MODEL_API_KEY`: stays on the API tier.
+    pub api_key: Option<Secret>,
+    /// `BERTH_MODEL`: the tenant-level default model.
+    pub model: Option<String>,
+}
+
+/// Everything `serve` needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `BERTH_LISTEN` (default `127.0.0.1:8790`).
+    pub listen: SocketAddr,
+    /// `BERTH_METRICS_LISTEN` (default `127.0.0.1:9464`).
+    pub metrics_listen: SocketAddr,
+    /// `BERTH_DATA_DIR`: run files (the bootstrap token) and, by default, blobs and the private cluster.
+    pub data_dir: PathBuf,
+    /// `BERTH_ALLOWED_ORIGINS`: browser origins allowed to open the WebSocket.
+    pub allowed_origins: Vec<String>,
+    /// Largest text message accepted on a WebSocket.
+    pub max_text_message: usize,
+    /// The default model provider.
+    pub model: ModelConfig,
+    /// This replica's id (random per process unless set).
+    pub replica_id: String,
+}
+
+impl Config {
+    /// Defaults for a data directory (used by tests and `berth dev`).
+    pub fn for_data_dir(data_dir: PathBuf) -> Config {
+        Config {
+            listen: "127.0.0.1:8790".parse().expect("static address"),
+            metrics_listen: "127.0.0.1:9464".parse().expect("static address"),
+            data_dir,
+            allowed_origins: Vec::new(),
+            max_text_message: 8 << 20,
+            model: ModelConfig::default(),
+            replica_id: berth_store::token::new_id("rep"),
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Berth's API tier: the WebSocket JSON-RPC front door, worker routing, the streaming model
+//! proxy, health and metrics.
+//!
+//! The tier is stateless: everything authoritative lives in PostgreSQL (through
+//! [`berth_store::Store`]). In memory there are only connections, the [`hub::Hub`] that
+//! wakes local watchers, and the registry of worker connections this replica holds.
+
+pub mod config;
+pub mod error;
+pub mod hub;
+pub mod metrics;
+mod listen;
+mod proxy;
+mod rpc;
+mod workers;
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    extract::State,
+    http::StatusCode,
+    response::IntoResponse,
+    routing::{get, post},
+};
+use berth_store::Store;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Config, ModelConfig, Secret};
+
+/// Shared state of one replica.
+#[derive(Clone)]
+pub struct AppState(pub Arc<App>);
+
+impl std::ops::Deref for AppState {
+    type Target = App;
+    fn deref(&self) -> &App {
+        &self.0
+    }
+}
+
+pub struct App {
+    /// The database (all authoritative state).
+    pub store: Store,
+    /// Configuration this replica was started with.
+    pub config: Config,
+    /// Metrics registry.
+    pub metrics: metrics::Metrics,
+    /// Local fan-out to watchers on this replica.
+    pub hub: hub::Hub,
+    /// Worker connections held by this replica.
+    pub workers: workers::Registry,
+    /// HTTP client for the model provider.
+    pub http: reqwest::Client,
+    /// Cancelled when the replica shuts down; long-lived tasks end with it.
+    pub shutdown: CancellationToken,
+}
+
+/// Serve the API on `listener` and metrics on `metrics_listener` until `shutdown`
+/// resolves, then drain connections.
+pub async fn serve(
+    config: Config,
+    store: Store,
+    listener: TcpListener,
+    metrics_listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
+    let token = CancellationToken::new();
+    let state = AppState(Arc::new(App {
+        store,
+        config,
+        metrics: metrics::Metrics::new(),
+        hub: hub::Hub::default(),
+        workers: workers::Registry::default(),
+        http,
+        shutdown: token.clone(),
+    }));
+    listen::spawn(state.clone());
+
+    let app = Router::new()
+        .route("/v1/rpc", get(rpc::upgrade))
+        .route("/v1/worker", get(workers::upgrade))
+        .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(state.clone());
+    let metrics_app = Router::new().route("/metrics", get(metrics_handler)).with_state(state.clone());
+
+    let t = token.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        t.cancel();
+    });
+    let t = token.clone();
+    let metrics_server = tokio::spawn(async move {
+        axum::serve(metrics_listener, metrics_app).with_graceful_shutdown(async move { t.cancelled().await }).await
+    });
+    let t = token.clone();
+    axum::serve(listener, app).with_graceful_shutdown(async move { t.cancelled().await }).await?;
+    metrics_server.await??;
+    Ok(())
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    if state.store.ready().await { (StatusCode::OK, "ready") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready") }
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+    let (size, available) = state.store.pool_status();
+    state.metrics.db_pool_size.set(size as i64);
+    state.metrics.db_pool_available.set(available as i64);
+    state.metrics.render()
+}

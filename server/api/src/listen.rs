@@ -1,0 +1,61 @@
+//! The replica's one LISTEN connection: wakes local watchers on committed appends, kicks
+//! local worker connections when turns may be handed out, and relays other replicas'
+//! live deltas. Reconnects with backoff; after a reconnect every watcher is woken because
+//! notifications may have been missed while the connection was down.
+
+use std::time::Duration;
+
+use berth_store::{CHANNEL_DELTAS, CHANNEL_DISPATCH, CHANNEL_EVENTS};
+
+use crate::AppState;
+
+pub fn spawn(state: AppState) {
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match state.store.listen(&[CHANNEL_EVENTS, CHANNEL_DISPATCH, CHANNEL_DELTAS]).await {
+                Ok((_client, mut rx)) => {
+                    backoff = Duration::from_millis(100);
+                    state.hub.poke_all();
+                    state.workers.kick_all();
+                    loop {
+                        tokio::select! {
+                            n = rx.recv() => match n {
+                                Some(n) => handle(&state, n.channel(), n.payload()),
+                                None => break,
+                            },
+                            _ = state.shutdown.cancelled() => return,
+                        }
+                    }
+                    tracing::warn!("listen connection lost; reconnecting");
+                }
+                Err(e) => tracing::warn!(error = %e, "listen connection failed"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = state.shutdown.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    });
+}
+
+fn handle(state: &AppState, channel: &str, payload: &str) {
+    match channel {
+        CHANNEL_EVENTS => {
+            if let Some((session, seq)) = payload.rsplit_once(':')
+                && let Ok(seq) = seq.parse()
+            {
+                state.hub.event(session, seq);
+            }
+        }
+        CHANNEL_DISPATCH => state.workers.kick(payload),
+        CHANNEL_DELTAS => {
+            let Ok(msg) = serde_json::from_str::<crate::workers::RelayedDelta>(payload) else { return };
+            if msg.replica != state.config.replica_id {
+                state.hub.live(&msg.session, msg.item);
+            }
+        }
+        _ => {}
+    }
+}

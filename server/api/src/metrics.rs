@@ -1,0 +1,84 @@
+//! Prometheus metrics, served on their own listener.
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+/// Every metric the API tier exports.
+pub struct Metrics {
+    pub registry: Registry,
+    /// RPC calls by method and result code (`ok` or the error's code).
+    pub rpc_requests: IntCounterVec,
+    /// RPC latency by method.
+    pub rpc_duration: HistogramVec,
+    /// Open WebSockets by kind (`client`, `worker`).
+    pub connections: IntGaugeVec,
+    /// Events appended through this replica.
+    pub events_appended: IntCounter,
+    /// Turns settled, by state.
+    pub turns: IntCounterVec,
+    /// Model tokens by provider, model and kind (`input`, `output`).
+    pub model_tokens: IntCounterVec,
+    /// Time to the first byte of a provider's response, by provider and model.
+    pub model_latency: HistogramVec,
+    /// Worker connections held by this replica.
+    pub workers_connected: IntGauge,
+    /// Database pool size and idle connections.
+    pub db_pool_size: IntGauge,
+    pub db_pool_available: IntGauge,
+    /// Authentication failures by reason.
+    pub auth_failures: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let m = Metrics {
+            rpc_requests: IntCounterVec::new(Opts::new("berth_rpc_requests_total", "RPC calls"), &["method", "code"]).expect("metric"),
+            rpc_duration: HistogramVec::new(HistogramOpts::new("berth_rpc_duration_seconds", "RPC latency"), &["method"]).expect("metric"),
+            connections: IntGaugeVec::new(Opts::new("berth_connections", "open WebSockets"), &["kind"]).expect("metric"),
+            events_appended: IntCounter::new("berth_events_appended_total", "events appended").expect("metric"),
+            turns: IntCounterVec::new(Opts::new("berth_turns_total", "turns settled"), &["state"]).expect("metric"),
+            model_tokens: IntCounterVec::new(Opts::new("berth_model_tokens_total", "model tokens"), &["provider", "model", "kind"])
+                .expect("metric"),
+            model_latency: HistogramVec::new(
+                HistogramOpts::new("berth_model_latency_seconds", "provider time to first byte"),
+                &["provider", "model"],
+            )
+            .expect("metric"),
+            workers_connected: IntGauge::new("berth_workers_connected", "worker connections").expect("metric"),
+            db_pool_size: IntGauge::new("berth_db_pool_size", "database pool size").expect("metric"),
+            db_pool_available: IntGauge::new("berth_db_pool_available", "idle database connections").expect("metric"),
+            auth_failures: IntCounterVec::new(Opts::new("berth_auth_failures_total", "authentication failures"), &["reason"])
+                .expect("metric"),
+            registry,
+        };
+        for c in [
+            Box::new(m.rpc_requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(m.rpc_duration.clone()),
+            Box::new(m.connections.clone()),
+            Box::new(m.events_appended.clone()),
+            Box::new(m.turns.clone()),
+            Box::new(m.model_tokens.clone()),
+            Box::new(m.model_latency.clone()),
+            Box::new(m.workers_connected.clone()),
+            Box::new(m.db_pool_size.clone()),
+            Box::new(m.db_pool_available.clone()),
+            Box::new(m.auth_failures.clone()),
+        ] {
+            m.registry.register(c).expect("metrics registered once");
+        }
+        m
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

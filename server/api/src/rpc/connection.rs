@@ -1,0 +1,68 @@
+//! `hello`, `ping`, `status`, `subscription.close`.
+
+use berth_protocol::{
+    Empty, ErrorCode, HelloParams, HelloResult, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS, StatusResult,
+    SubscriptionCloseParams,
+};
+use berth_store::CredentialKind;
+use serde_json::json;
+
+use super::Ctx;
+use crate::error::{ApiError, ApiResult};
+
+const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[tracing::instrument(skip_all)]
+pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
+    if !SUPPORTED_PROTOCOLS.contains(&p.protocol) {
+        return Err(ApiError::with(ErrorCode::UnsupportedProtocol, json!({"supported": SUPPORTED_PROTOCOLS})));
+    }
+    let existing = ctx.conn.principal.lock().expect("conn lock").clone();
+    let principal = match (p.token, existing) {
+        (Some(t), _) => match ctx.state.store.authenticate(&t).await? {
+            Some(p) if p.kind == CredentialKind::User => p,
+            _ => {
+                ctx.state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
+                return Err(ApiError::code(ErrorCode::Unauthorized));
+            }
+        },
+        (None, Some(p)) => p,
+        (None, None) => {
+            ctx.state.metrics.auth_failures.with_label_values(&["missing"]).inc();
+            return Err(ApiError::code(ErrorCode::Unauthorized));
+        }
+    };
+    *ctx.conn.principal.lock().expect("conn lock") = Some(principal.clone());
+    Ok(HelloResult {
+        protocol: PROTOCOL_VERSION,
+        server_version: SERVER_VERSION.into(),
+        replica_id: ctx.state.config.replica_id.clone(),
+        tenant_id: principal.tenant_id,
+        user_id: principal.user_id,
+        role: principal.role,
+    })
+}
+
+pub async fn ping(_ctx: Ctx, _p: Empty) -> ApiResult<PingResult> {
+    Ok(PingResult { pong: true })
+}
+
+pub async fn status(ctx: Ctx, _p: Empty) -> ApiResult<StatusResult> {
+    Ok(StatusResult {
+        server_version: SERVER_VERSION.into(),
+        protocol: PROTOCOL_VERSION,
+        replica_id: ctx.state.config.replica_id.clone(),
+    })
+}
+
+/// End a subscription early; its original request is answered after cleanup.
+pub async fn close(ctx: Ctx, p: SubscriptionCloseParams) -> ApiResult<Empty> {
+    let sub = ctx.conn.subs.lock().expect("conn lock").remove(&p.id);
+    match sub {
+        Some(token) => {
+            token.cancel();
+            Ok(Empty {})
+        }
+        None => Err(ApiError::code(ErrorCode::NotFound)),
+    }
+}

@@ -1,0 +1,272 @@
+//! The client WebSocket (`GET /v1/rpc`): JSON-RPC 2.0, one message per text frame.
+//!
+//! Authentication is the `Authorization` header on the upgrade (HTTP 401 when wrong) or a
+//! `hello` request. Every request runs as its own task; responses and subscription items
+//! go through one bounded outbound queue drained by a writer task, so a slow client slows
+//! its own subscriptions (which then read from the database at their own pace) and never
+//! makes the server buffer without bound.
+
+mod connection;
+mod session;
+mod workspace;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use axum::{
+    extract::{
+        State, WebSocketUpgrade,
+        ws::{Message, WebSocket},
+    },
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use berth_protocol::{
+    ErrorCode, Method, RpcError,
+    jsonrpc::{Request, Response as RpcResponse, SUBSCRIPTION_ITEM},
+    method,
+};
+use berth_store::{CredentialKind, Principal};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    AppState,
+    error::{ApiError, ApiResult},
+};
+
+/// Outbound messages queued per connection before senders wait.
+const OUTBOUND_QUEUE: usize = 512;
+
+/// The bearer token of an `Authorization` header.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+}
+
+pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let allowed = origin.to_str().is_ok_and(|o| state.config.allowed_origins.iter().any(|a| a == o));
+        if !allowed {
+            state.metrics.auth_failures.with_label_values(&["origin"]).inc();
+            return StatusCode::FORBIDDEN.into_response();
+        }
+    }
+    let principal = match bearer(&headers) {
+        None => None,
+        Some(t) => match state.store.authenticate(t).await {
+            Ok(Some(p)) if p.kind == CredentialKind::User => Some(p),
+            Ok(_) => {
+                state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
+                return StatusCode::UNAUTHORIZED.into_response();
+            }
+            Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        },
+    };
+    ws.max_message_size(state.config.max_text_message).on_upgrade(move |socket| run(state, principal, socket))
+}
+
+/// What a request handler gets.
+#[derive(Clone)]
+pub struct Ctx {
+    pub state: AppState,
+    pub conn: Arc<Conn>,
+    /// The request's id.
+    pub id: Option<u32>,
+}
+
+/// Per-connection state.
+pub struct Conn {
+    pub principal: Mutex<Option<Principal>>,
+    pub out: mpsc::Sender<Message>,
+    /// Open subscriptions by request id.
+    pub subs: Mutex<HashMap<u32, CancellationToken>>,
+    pub closed: CancellationToken,
+}
+
+impl Ctx {
+    pub fn principal(&self) -> ApiResult<Principal> {
+        self.conn.principal.lock().expect("conn lock").clone().ok_or(ApiError::code(ErrorCode::Unauthorized))
+    }
+
+    /// Send one subscription item; waits when the outbound queue is full.
+    pub async fn item(&self, item: &impl serde::Serialize) -> bool {
+        let note = Request::notification(SUBSCRIPTION_ITEM, json!({"id": self.id, "item": item}));
+        self.conn.out.send(text(&note)).await.is_ok()
+    }
+
+    /// Send a live-only item if there is room; dropping it loses nothing of history.
+    pub fn try_item(&self, item: &serde_json::Value) -> bool {
+        let note = Request::notification(SUBSCRIPTION_ITEM, json!({"id": self.id, "item": item}));
+        self.conn.out.try_send(text(&note)).is_ok()
+    }
+}
+
+fn text<T: serde::Serialize>(v: &T) -> Message {
+    Message::Text(serde_json::to_string(v).unwrap_or_default().into())
+}
+
+async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
+    state.metrics.connections.with_label_values(&["client"]).inc();
+    let (mut sink, mut stream) = socket.split();
+    let (tx, mut rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE);
+    let conn = Arc::new(Conn {
+        principal: Mutex::new(principal),
+        out: tx,
+        subs: Mutex::new(HashMap::new()),
+        closed: CancellationToken::new(),
+    });
+    let writer = tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            if sink.send(msg).await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    loop {
+        let msg = tokio::select! {
+            m = stream.next() => m,
+            _ = state.shutdown.cancelled() => break,
+        };
+        let Some(Ok(msg)) = msg else { break };
+        match msg {
+            Message::Text(t) => {
+                let ctx = Ctx { state: state.clone(), conn: conn.clone(), id: None };
+                tokio::spawn(async move { on_text(ctx, t.as_str()).await });
+            }
+            // No upload is in flight (content.upload is not offered yet): drop the connection.
+            Message::Binary(_) => break,
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    conn.closed.cancel();
+    for (_, sub) in conn.subs.lock().expect("conn lock").drain() {
+        sub.cancel();
+    }
+    drop(conn);
+    let _ = writer.await;
+    state.metrics.connections.with_label_values(&["client"]).dec();
+}
+
+async fn on_text(mut ctx: Ctx, text_msg: &str) {
+    let value: serde_json::Value = match serde_json::from_str(text_msg) {
+        Ok(v) => v,
+        Err(_) => return respond(&ctx, None, Err(ApiError::code(ErrorCode::ParseError))).await,
+    };
+    let id = value.get("id").and_then(|i| i.as_u64()).and_then(|i| u32::try_from(i).ok());
+    let req: Request = match serde_json::from_value::<Request>(value) {
+        Ok(r) if r.jsonrpc == "2.0" => r,
+        _ => return respond(&ctx, id, Err(ApiError::code(ErrorCode::InvalidRequest))).await,
+    };
+    let Some(id) = req.id else { return }; // notifications from clients carry nothing we act on
+    ctx.id = Some(id);
+    let started = Instant::now();
+    let method_name = req.method.clone();
+    let result = dispatch(&ctx, &req.method, req.params).await;
+    let code = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.data_code(),
+    };
+    let known = berth_protocol::METHOD_NAMES.contains(&method_name.as_str());
+    let label = if known { method_name.as_str() } else { "unknown" };
+    ctx.state.metrics.rpc_requests.with_label_values(&[label, code]).inc();
+    ctx.state.metrics.rpc_duration.with_label_values(&[label]).observe(started.elapsed().as_secs_f64());
+    respond(&ctx, Some(id), result).await;
+}
+
+async fn respond(ctx: &Ctx, id: Option<u32>, result: ApiResult<serde_json::Value>) {
+    let resp = match result {
+        Ok(v) => RpcResponse::ok(id, v),
+        Err(e) => RpcResponse::err(id, e.0),
+    };
+    let _ = ctx.conn.out.send(text(&resp)).await;
+}
+
+/// Decode params (null means `{}`), call the handler, encode the result.
+async fn call<M, F, Fut>(ctx: &Ctx, params: serde_json::Value, f: F) -> ApiResult<serde_json::Value>
+where
+    M: Method,
+    F: FnOnce(Ctx, M::Params) -> Fut,
+    Fut: std::future::Future<Output = ApiResult<M::Result>>,
+{
+    let params = if params.is_null() { json!({}) } else { params };
+    let params: M::Params = serde_json::from_value(params).map_err(|e| {
+        ApiError::with(ErrorCode::BadParams, json!({"method": M::NAME, "line": e.line(), "column": e.column()}))
+    })?;
+    let result = f(ctx.clone(), params).await?;
+    serde_json::to_value(result).map_err(|_| ApiError::code(ErrorCode::Internal))
+}
+
+/// Every client method, by its declared name. A method before a successful `hello` (or an
+/// authenticated upgrade) answers `unauthorized`.
+async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult<serde_json::Value> {
+    if name == method::Hello::NAME {
+        return call::<method::Hello, _, _>(ctx, params, connection::hello).await;
+    }
+    if !berth_protocol::METHOD_NAMES.contains(&name) {
+        return Err(ApiError::code(ErrorCode::MethodNotFound));
+    }
+    ctx.principal()?;
+    match name {
+        method::Ping::NAME => call::<method::Ping, _, _>(ctx, params, connection::ping).await,
+        method::Status::NAME => call::<method::Status, _, _>(ctx, params, connection::status).await,
+        method::SubscriptionClose::NAME => call::<method::SubscriptionClose, _, _>(ctx, params, connection::close).await,
+        method::WorkspaceList::NAME => call::<method::WorkspaceList, _, _>(ctx, params, workspace::list).await,
+        method::WorkspaceGet::NAME => call::<method::WorkspaceGet, _, _>(ctx, params, workspace::get).await,
+        method::SessionCreate::NAME => call::<method::SessionCreate, _, _>(ctx, params, session::create).await,
+        method::SessionGet::NAME => call::<method::SessionGet, _, _>(ctx, params, session::get).await,
+        method::SessionSend::NAME => call::<method::SessionSend, _, _>(ctx, params, session::send).await,
+        method::SessionHistory::NAME => call::<method::SessionHistory, _, _>(ctx, params, session::history).await,
+        method::SessionWatch::NAME => call::<method::SessionWatch, _, _>(ctx, params, session::watch).await,
+        _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
+            tracing::error!(method = name, "declared method has no handler");
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every declared method must appear in the dispatcher's match.
+    #[test]
+    fn every_declared_method_is_dispatched() {
+        let src = include_str!("mod.rs");
+        let dispatch = &src[src.find("async fn dispatch").expect("dispatch")..];
+        for (name, ty) in berth_protocol::METHOD_NAMES.iter().zip(METHOD_TYPES) {
+            assert!(dispatch.contains(&format!("method::{ty}::NAME")), "{name} ({ty}) is not dispatched");
+        }
+    }
+
+    const METHOD_TYPES: &[&str] = &[
+        "Hello",
+        "Ping",
+        "Status",
+        "WorkspaceList",
+        "WorkspaceGet",
+        "SessionCreate",
+        "SessionGet",
+        "SessionSend",
+        "SessionHistory",
+        "SessionWatch",
+        "SubscriptionClose",
+    ];
+
+    #[test]
+    fn method_names_are_unique() {
+        let mut names = berth_protocol::METHOD_NAMES.to_vec();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), berth_protocol::METHOD_NAMES.len());
+        assert_eq!(names.len(), METHOD_TYPES.len());
+    }
+}
+
+/// Error when the subscription's connection is gone.
+pub fn gone() -> RpcError {
+    RpcError::new(ErrorCode::Unavailable)
+}

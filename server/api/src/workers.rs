@@ -1,0 +1,328 @@
+//! Worker connections (`GET /v1/worker`): registration, presence, turn hand-out and the
+//! events a worker streams back.
+//!
+//! A worker connects outbound with a worker credential, declares its workspaces in
+//! `worker.hello`, and is then handed turns. Hand-out is driven by the database: any
+//! replica that admits or settles a turn sends `NOTIFY berth_dispatch, '<workspace>'`, and
+//! the replica that holds a connection for that workspace claims the turns
+//! ([`berth_store::Store::claim_turns`]) and sends `turn.run`.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    extract::{
+        State, WebSocketUpgrade,
+        ws::{Message, WebSocket},
+    },
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+};
+use berth_protocol::{
+    ErrorCode, PROTOCOL_VERSION, RpcError,
+    jsonrpc::{Request, Response as RpcResponse},
+    worker::{self as wp, TurnDelta, TurnEnd, TurnStep, WorkerHello, WorkerHelloResult},
+};
+use berth_store::{CHANNEL_DELTAS, CredentialKind, Principal, token};
+use futures_util::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::Notify;
+
+use crate::{AppState, error::ApiError, rpc::bearer};
+
+/// Worker connections held by this replica, by connection id.
+#[derive(Default)]
+pub struct Registry {
+    conns: Mutex<HashMap<String, (Vec<String>, Arc<Notify>)>>,
+}
+
+impl Registry {
+    /// Wake the connections serving `workspace_id` to claim turns.
+    pub fn kick(&self, workspace_id: &str) {
+        for (workspaces, notify) in self.conns.lock().expect("registry lock").values() {
+            if workspaces.iter().any(|w| w == workspace_id) {
+                notify.notify_one();
+            }
+        }
+    }
+
+    pub fn kick_all(&self) {
+        for (_, notify) in self.conns.lock().expect("registry lock").values() {
+            notify.notify_one();
+        }
+    }
+}
+
+/// A live item relayed to the other replicas' watchers.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RelayedDelta {
+    pub replica: String,
+    pub session: String,
+    pub item: serde_json::Value,
+}
+
+/// NOTIFY payloads must stay under 8000 bytes.
+const RELAY_TEXT_MAX: usize = 6000;
+
+pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
+    let Some(presented) = bearer(&headers) else {
+        state.metrics.auth_failures.with_label_values(&["missing"]).inc();
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let principal = match state.store.authenticate(presented).await {
+        Ok(Some(p)) if p.kind == CredentialKind::Worker => p,
+        Ok(Some(_)) => {
+            state.metrics.auth_failures.with_label_values(&["not-a-worker"]).inc();
+            return StatusCode::FORBIDDEN.into_response();
+        }
+        Ok(None) => {
+            state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
+            return StatusCode::UNAUTHORIZED.into_response();
+        }
+        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    };
+    ws.max_message_size(state.config.max_text_message).on_upgrade(move |socket| async move {
+        let connection_id = token::new_id("wcn");
+        state.metrics.workers_connected.inc();
+        state.metrics.connections.with_label_values(&["worker"]).inc();
+        let mut conn = WorkerConn { state: state.clone(), principal, connection_id, turns: HashMap::new(), relay: HashMap::new() };
+        if let Err(e) = conn.run(socket).await {
+            tracing::info!(worker.connection = %conn.connection_id, error = %e, "worker connection ended");
+        }
+        conn.cleanup().await;
+        state.metrics.workers_connected.dec();
+        state.metrics.connections.with_label_values(&["worker"]).dec();
+    })
+}
+
+struct WorkerConn {
+    state: AppState,
+    principal: Principal,
+    connection_id: String,
+    /// Turns handed to this connection → their session.
+    turns: HashMap<String, String>,
+    /// Deltas waiting to be relayed to other replicas: turn → (session, text, thinking).
+    relay: HashMap<String, (String, String, String)>,
+}
+
+impl WorkerConn {
+    async fn run(&mut self, socket: WebSocket) -> anyhow::Result<()> {
+        let (mut sink, mut stream) = socket.split();
+        let hello = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
+        let Ok(Some(Ok(Message::Text(text)))) = hello else { anyhow::bail!("no worker.hello") };
+        let req: Request = serde_json::from_str(&text)?;
+        let params: WorkerHello = match (req.method.as_str(), serde_json::from_value(req.params)) {
+            (wp::WORKER_HELLO, Ok(p)) => p,
+            _ => {
+                let err = RpcResponse::err(req.id, RpcError::new(ErrorCode::BadParams));
+                sink.send(Message::Text(serde_json::to_string(&err)?.into())).await?;
+                anyhow::bail!("bad worker.hello");
+            }
+        };
+        if params.protocol != PROTOCOL_VERSION {
+            let err = RpcError::with_fields(
+                ErrorCode::UnsupportedProtocol,
+                json!({"supported": berth_protocol::SUPPORTED_PROTOCOLS}).as_object().cloned().unwrap_or_default(),
+            );
+            sink.send(Message::Text(serde_json::to_string(&RpcResponse::err(req.id, err))?.into())).await?;
+            anyhow::bail!("unsupported worker protocol {}", params.protocol);
+        }
+        let state = self.state.clone();
+        let store = &state.store;
+        let ids = store.register_workspaces(&self.principal, &params.host, &params.workspaces).await?;
+        store.presence_insert(&self.connection_id, &self.principal, &self.state.config.replica_id, &ids).await?;
+        let result = WorkerHelloResult {
+            workspaces: params
+                .workspaces
+                .iter()
+                .zip(&ids)
+                .map(|(d, id)| wp::RegisteredWorkspace { name: d.name.clone(), workspace_id: id.clone() })
+                .collect(),
+        };
+        sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?))).await?;
+        tracing::info!(worker.connection = %self.connection_id, host = %params.host, workspaces = ids.len(), "worker connected");
+
+        let kick = Arc::new(Notify::new());
+        self.state.workers.conns.lock().expect("registry lock").insert(self.connection_id.clone(), (ids.clone(), kick.clone()));
+        kick.notify_one();
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
+        let mut flush = tokio::time::interval(Duration::from_millis(50));
+        let mut safety = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                msg = stream.next() => {
+                    let Some(msg) = msg else { break };
+                    match msg? {
+                        Message::Text(text) => {
+                            if let Some(reply) = self.handle(&text).await {
+                                sink.send(text_msg(&reply)).await?;
+                            }
+                        }
+                        Message::Close(_) => break,
+                        _ => {}
+                    }
+                }
+                _ = kick.notified() => self.claim(&ids, &mut sink).await?,
+                _ = safety.tick() => self.claim(&ids, &mut sink).await?,
+                _ = heartbeat.tick() => store.presence_heartbeat(&self.connection_id).await?,
+                _ = flush.tick() => self.flush_relay().await,
+                _ = self.state.shutdown.cancelled() => break,
+            }
+        }
+        Ok(())
+    }
+
+    async fn claim(
+        &mut self,
+        workspaces: &[String],
+        sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    ) -> anyhow::Result<()> {
+        let claimed = self.state.store.claim_turns(&self.connection_id, &self.principal.tenant_id, workspaces).await?;
+        for c in claimed {
+            tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, "turn handed to worker");
+            self.turns.insert(c.run.turn_id.clone(), c.run.session_id.clone());
+            self.relay_now(&c.run.session_id, json!({"type": "phase", "phase": "running", "turnId": c.run.turn_id})).await;
+            let mut run = c.run;
+            if run.model.is_none() {
+                run.model = self.state.config.model.model.clone();
+            }
+            sink.send(text_msg(&Request::notification(wp::TURN_RUN, serde_json::to_value(run)?))).await?;
+        }
+        Ok(())
+    }
+
+    /// One message from the worker; returns the response for requests.
+    async fn handle(&mut self, text: &str) -> Option<RpcResponse> {
+        let req: Request = match serde_json::from_str(text) {
+            Ok(r) => r,
+            Err(_) => return Some(RpcResponse::err(None, RpcError::new(ErrorCode::ParseError))),
+        };
+        let tenant = self.principal.tenant_id.clone();
+        let state = self.state.clone();
+        let store = &state.store;
+        let result: Result<serde_json::Value, ApiError> = match req.method.as_str() {
+            wp::TURN_DELTA => {
+                if let Ok(d) = serde_json::from_value::<TurnDelta>(req.params) {
+                    self.delta(d);
+                }
+                return None;
+            }
+            wp::TURN_STEP => match serde_json::from_value::<TurnStep>(req.params) {
+                Ok(step) => {
+                    let r = store.append_step(&self.connection_id, &tenant, &step.turn_id, &step.rows, step.usage).await;
+                    if let (Ok(_), Some(u)) = (&r, step.usage) {
+                        let model = self.state.config.model.model.clone().unwrap_or_default();
+                        let m = &self.state.metrics.model_tokens;
+                        m.with_label_values(&["default", &model, "input"]).inc_by(u.input_tokens);
+                        m.with_label_values(&["default", &model, "output"]).inc_by(u.output_tokens);
+                    }
+                    r.map(|seq| {
+                        self.state.metrics.events_appended.inc();
+                        json!({"sequence": seq})
+                    })
+                    .map_err(ApiError::from)
+                }
+                Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
+            },
+            wp::TURN_END => match serde_json::from_value::<TurnEnd>(req.params) {
+                Ok(end) => {
+                    self.flush_relay().await;
+                    let r = store.end_turn(Some(&self.connection_id), &tenant, &end.turn_id, end.state, end.cause.as_ref()).await;
+                    if let Some(session) = self.turns.remove(&end.turn_id) {
+                        self.relay_now(&session, json!({"type": "phase", "phase": "idle", "turnId": end.turn_id})).await;
+                    }
+                    r.map(|(_, seq)| {
+                        self.state.metrics.events_appended.inc();
+                        self.state.metrics.turns.with_label_values(&[end.state.as_str()]).inc();
+                        tracing::info!(turn.id = %end.turn_id, state = end.state.as_str(), "turn settled");
+                        json!({"sequence": seq})
+                    })
+                    .map_err(ApiError::from)
+                }
+                Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
+            },
+            _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
+        };
+        req.id?;
+        Some(match result {
+            Ok(v) => RpcResponse::ok(req.id, v),
+            Err(e) => RpcResponse::err(req.id, e.0),
+        })
+    }
+
+    fn delta(&mut self, d: TurnDelta) {
+        let Some(session) = self.turns.get(&d.turn_id) else { return };
+        let item = json!({"type": "model.delta", "turnId": d.turn_id, "text": d.text, "thinking": d.thinking});
+        self.state.hub.live(session, item);
+        let entry = self.relay.entry(d.turn_id).or_insert_with(|| (session.clone(), String::new(), String::new()));
+        entry.1.push_str(d.text.as_deref().unwrap_or(""));
+        entry.2.push_str(d.thinking.as_deref().unwrap_or(""));
+    }
+
+    /// Relay coalesced deltas to other replicas (live only; not history).
+    async fn flush_relay(&mut self) {
+        for (turn, (session, text, thinking)) in std::mem::take(&mut self.relay) {
+            for (field, value) in [("text", text), ("thinking", thinking)] {
+                for piece in chunks(&value, RELAY_TEXT_MAX) {
+                    let item = json!({"type": "model.delta", "turnId": turn, field: piece});
+                    self.notify_others(&session, item).await;
+                }
+            }
+        }
+    }
+
+    async fn relay_now(&self, session: &str, item: serde_json::Value) {
+        self.state.hub.live(session, item.clone());
+        self.notify_others(session, item).await;
+    }
+
+    async fn notify_others(&self, session: &str, item: serde_json::Value) {
+        let msg = RelayedDelta { replica: self.state.config.replica_id.clone(), session: session.to_string(), item };
+        if let Ok(payload) = serde_json::to_string(&msg)
+            && let Err(e) = self.state.store.notify(CHANNEL_DELTAS, &payload).await
+        {
+            tracing::warn!(error = %e, "relaying live deltas failed");
+        }
+    }
+
+    async fn cleanup(&mut self) {
+        self.state.workers.conns.lock().expect("registry lock").remove(&self.connection_id);
+        let store = &self.state.store;
+        if let Err(e) = store.presence_remove(&self.connection_id).await {
+            tracing::warn!(error = %e, "removing worker presence failed");
+        }
+        match store.interrupt_connection(&self.connection_id).await {
+            Ok(turns) => {
+                for t in turns {
+                    self.state.metrics.turns.with_label_values(&["interrupted"]).inc();
+                    tracing::warn!(turn.id = %t, "worker lost mid-turn; turn interrupted");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "interrupting the lost worker's turns failed"),
+        }
+    }
+}
+
+fn text_msg<T: Serialize>(v: &T) -> Message {
+    Message::Text(serde_json::to_string(v).unwrap_or_default().into())
+}
+
+/// Split `s` into pieces of at most `max` bytes on char boundaries.
+fn chunks(s: &str, max: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(max);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (a, b) = rest.split_at(cut);
+        out.push(a);
+        rest = b;
+    }
+    out
+}

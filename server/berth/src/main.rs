@@ -1,0 +1,371 @@
+//! `berth`: one binary with subcommands — `serve`, `worker`, `dev`, `migrate`, `admin`.
+
+mod settings;
+
+use std::{
+    io::Write,
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+};
+
+use anyhow::Context;
+use berth_api::{Config, ModelConfig, Secret};
+use berth_store::{
+    Store,
+    cluster::{ClusterOptions, PrivateCluster, create_database},
+};
+use clap::{Parser, Subcommand};
+use settings::Settings;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "berth", version, about = "Berth: a self-hosted, multi-tenant agent host")]
+struct Cli {
+    /// Config file of KEY=VALUE lines (keys as the environment variables).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Data directory (BERTH_DATA_DIR; default ./.berth).
+    #[arg(long, global = true)]
+    data_dir: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an API replica.
+    Serve(ServeArgs),
+    /// Run the API tier and a worker for the current directory, with private Postgres.
+    Dev(ServeArgs),
+    /// Run a worker: connect outbound to the API tier and serve workspaces.
+    Worker(WorkerArgs),
+    /// Apply database migrations.
+    Migrate,
+    /// Administration against the database (bootstrap and break-glass).
+    #[command(subcommand)]
+    Admin(Admin),
+}
+
+#[derive(clap::Args, Clone)]
+struct ServeArgs {
+    /// Listen address (BERTH_LISTEN; default 127.0.0.1:8790).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Metrics listen address (BERTH_METRICS_LISTEN; default 127.0.0.1:9464).
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// Do not apply migrations on start.
+    #[arg(long)]
+    no_migrate: bool,
+}
+
+#[derive(clap::Args)]
+struct WorkerArgs {
+    /// The API tier's URL, e.g. wss://berth.example.com/
+    #[arg(long)]
+    server: String,
+    /// File holding the worker credential (or BERTH_WORKER_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// A workspace to serve: [NAME=]PATH (repeatable).
+    #[arg(long = "workspace", required = true)]
+    workspaces: Vec<String>,
+    /// This machine's stable name (default: the hostname).
+    #[arg(long)]
+    host: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Admin {
+    /// Credentials.
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// Tenants.
+    #[command(subcommand)]
+    Tenant(TenantCmd),
+    /// Users.
+    #[command(subcommand)]
+    User(UserCmd),
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Create a credential and print it (only it) on stdout.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// The user's email (a user credential).
+        #[arg(long, conflicts_with = "worker", required_unless_present = "worker")]
+        user: Option<String>,
+        /// A worker credential instead.
+        #[arg(long)]
+        worker: bool,
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// List a tenant's credentials, one per line, id first.
+    List {
+        #[arg(long)]
+        tenant: String,
+    },
+    /// Revoke a credential by id.
+    Revoke { id: String },
+}
+
+#[derive(Subcommand)]
+enum TenantCmd {
+    /// Create a tenant; prints its id.
+    Create { name: String },
+}
+
+#[derive(Subcommand)]
+enum UserCmd {
+    /// Create a user; prints its id.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        admin: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let settings = Settings::load(cli.config.as_deref())?;
+    init_tracing(&settings);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = runtime.block_on(run(cli, settings));
+    if let Err(e) = &result {
+        eprintln!("berth: {e:#}");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn init_tracing(settings: &Settings) {
+    use tracing_subscriber::{EnvFilter, fmt};
+    let filter = EnvFilter::try_new(settings.get(None, "RUST_LOG").unwrap_or_else(|| "info".into()))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if settings.get(None, "BERTH_LOG_FORMAT").as_deref() == Some("json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
+    let data_dir = PathBuf::from(settings.get(cli.data_dir.as_deref(), "BERTH_DATA_DIR").unwrap_or_else(|| ".berth".into()));
+    match cli.command {
+        Command::Serve(args) => serve(&settings, &data_dir, &args, false).await,
+        Command::Dev(args) => serve(&settings, &data_dir, &args, true).await,
+        Command::Worker(args) => worker(&settings, args).await,
+        Command::Migrate => {
+            let (store, _cluster) = database(&settings, &data_dir).await?;
+            let n = store.migrate().await?;
+            println!("applied {n} migration(s)");
+            Ok(())
+        }
+        Command::Admin(cmd) => admin(&settings, &data_dir, cmd).await,
+    }
+}
+
+/// The store: `DATABASE_URL`, or the private cluster under the data dir (returned so that
+/// the caller owns it and it stops when dropped).
+async fn database(settings: &Settings, data_dir: &Path) -> anyhow::Result<(Store, Option<PrivateCluster>)> {
+    let pool_size = settings.parse(None, "BERTH_DB_POOL_SIZE", "16")?;
+    if let Some(url) = settings.secret("DATABASE_URL")? {
+        return Ok((Store::connect(&url, pool_size)?, None));
+    }
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    let data_dir = data_dir.canonicalize()?;
+    let cluster = tokio::task::spawn_blocking(move || PrivateCluster::start(&data_dir, &ClusterOptions::default())).await??;
+    create_database(&cluster.url("postgres"), "berth", None).await?;
+    let store = Store::connect(&cluster.url("berth"), pool_size)?;
+    Ok((store, Some(cluster)))
+}
+
+async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool) -> anyhow::Result<()> {
+    let (store, cluster) = database(settings, data_dir).await?;
+    if !args.no_migrate {
+        let n = store.migrate().await.context("applying migrations")?;
+        tracing::info!(applied = n, "migrations current");
+    }
+    let run_dir = data_dir.join("run");
+    std::fs::create_dir_all(&run_dir)?;
+    let token_path = run_dir.join("token");
+    if let Some(token) = store.bootstrap().await? {
+        write_secret(&token_path, &token)?;
+        tracing::info!(path = %token_path.display(), "bootstrap admin credential written");
+    }
+
+    let mut config = Config::for_data_dir(data_dir.to_path_buf());
+    config.listen = settings.parse(args.listen.as_deref(), "BERTH_LISTEN", "127.0.0.1:8790")?;
+    config.metrics_listen = settings.parse(args.metrics_listen.as_deref(), "BERTH_METRICS_LISTEN", "127.0.0.1:9464")?;
+    config.allowed_origins = settings
+        .get(None, "BERTH_ALLOWED_ORIGINS")
+        .map(|s| s.split(',').map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect())
+        .unwrap_or_default();
+    config.max_text_message = settings.parse(None, "BERTH_MAX_TEXT_MESSAGE", "8388608")?;
+    config.model = ModelConfig {
+        base_url: settings.get(None, "BERTH_MODEL_BASE_URL"),
+        api_key: settings.secret("BERTH_MODEL_API_KEY")?.map(Secret),
+        model: settings.get(None, "BERTH_MODEL"),
+    };
+    if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {
+        config.replica_id = id;
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding BERTH_LISTEN {}", config.listen))?;
+    let metrics_listener = tokio::net::TcpListener::bind(config.metrics_listen)
+        .await
+        .with_context(|| format!("binding BERTH_METRICS_LISTEN {}", config.metrics_listen))?;
+    let addr = listener.local_addr()?;
+    let metrics_addr = metrics_listener.local_addr()?;
+    println!("berth: listening on http://{addr} (metrics on http://{metrics_addr}/metrics)");
+    println!("berth: admin credential file: {}", token_path.display());
+    std::io::stdout().flush()?;
+
+    let shutdown = CancellationToken::new();
+    let mut worker_task = None;
+    if dev {
+        let worker_token = dev_worker_token(&store, &run_dir).await?;
+        let cwd = std::env::current_dir()?;
+        let name = cwd.file_name().and_then(|n| n.to_str()).unwrap_or("workspace").to_string();
+        let cfg = berth_worker::WorkerConfig {
+            server: format!("http://{addr}"),
+            token: worker_token,
+            host: hostname(),
+            workspaces: vec![(name, cwd)],
+        };
+        let s = shutdown.clone();
+        worker_task = Some(tokio::spawn(async move { berth_worker::run(cfg, s).await }));
+    }
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        s.cancel();
+    });
+    let s = shutdown.clone();
+    berth_api::serve(config, store, listener, metrics_listener, async move { s.cancelled().await }).await?;
+    if let Some(t) = worker_task {
+        let _ = t.await;
+    }
+    drop(cluster);
+    Ok(())
+}
+
+/// `berth dev`'s worker credential, kept in `run/worker-token` and reused while valid.
+async fn dev_worker_token(store: &Store, run_dir: &Path) -> anyhow::Result<String> {
+    let path = run_dir.join("worker-token");
+    if let Ok(existing) = std::fs::read_to_string(&path)
+        && let Ok(Some(_)) = store.authenticate(existing.trim()).await
+    {
+        return Ok(existing.trim().to_string());
+    }
+    let tenant = store.tenant_id("default").await?;
+    let (_, token) = store.create_credential(&tenant, None, "berth dev worker", "berth-dev").await?;
+    write_secret(&path, &token)?;
+    Ok(token)
+}
+
+async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
+    let token = match &args.token_file {
+        Some(f) => std::fs::read_to_string(f).with_context(|| format!("reading --token-file {}", f.display()))?.trim().to_string(),
+        None => settings.secret("BERTH_WORKER_TOKEN")?.context("give --token-file or BERTH_WORKER_TOKEN")?,
+    };
+    let mut workspaces = Vec::new();
+    for w in &args.workspaces {
+        let (name, path) = match w.split_once('=') {
+            Some((n, p)) => (n.to_string(), PathBuf::from(p)),
+            None => {
+                let p = PathBuf::from(w);
+                let n = p.canonicalize()?.file_name().and_then(|n| n.to_str()).unwrap_or("workspace").to_string();
+                (n, p)
+            }
+        };
+        let path = path.canonicalize().with_context(|| format!("workspace {name}: {}", path.display()))?;
+        workspaces.push((name, path));
+    }
+    let cfg = berth_worker::WorkerConfig { server: args.server, token, host: args.host.unwrap_or_else(hostname), workspaces };
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        s.cancel();
+    });
+    berth_worker::run(cfg, shutdown).await
+}
+
+async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Result<()> {
+    let (store, _cluster) = database(settings, data_dir).await?;
+    store.migrate().await?;
+    match cmd {
+        Admin::Token(TokenCmd::Create { tenant, user, worker: _, note }) => {
+            let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
+            let (_, token) = store.create_credential(&tenant, user.as_deref(), &note, "cli").await.context("creating the credential")?;
+            println!("{token}");
+        }
+        Admin::Token(TokenCmd::List { tenant }) => {
+            let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
+            for c in store.list_credentials(&tenant).await? {
+                let state = if c.revoked_at.is_some() { "revoked" } else { "active" };
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\tcreated={}\tlast-used={}\texpires={}",
+                    c.id,
+                    c.kind,
+                    state,
+                    c.user_email.as_deref().unwrap_or("-"),
+                    c.note,
+                    c.created_at,
+                    c.last_used_at.as_deref().unwrap_or("-"),
+                    c.expires_at.as_deref().unwrap_or("-"),
+                );
+            }
+        }
+        Admin::Token(TokenCmd::Revoke { id }) => {
+            store.revoke_credential(&id, "cli").await.context("no such credential")?;
+            println!("revoked {id}");
+        }
+        Admin::Tenant(TenantCmd::Create { name }) => println!("{}", store.create_tenant(&name).await?),
+        Admin::User(UserCmd::Create { tenant, email, admin }) => {
+            let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
+            println!("{}", store.create_user(&tenant, &email, admin, "cli").await?);
+        }
+    }
+    Ok(())
+}
+
+/// Write a secret file readable only by its owner (0600), replacing any previous one.
+fn write_secret(path: &Path, secret: &str) -> anyhow::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(f, "{secret}")?;
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,76 @@
+//! Berth's wire contract.
+//!
+//! Everything a client needs to talk to Berth — method names, parameter and result types,
+//! event and row shapes, and the error codes — without pulling in the server. Each method
+//! is declared once in [`methods!`]; the server's dispatcher and the method list come from
+//! that declaration.
+
+pub mod error;
+pub mod jsonrpc;
+pub mod types;
+pub mod worker;
+
+pub use error::{ErrorCode, RpcError};
+pub use types::*;
+
+/// The protocol version this release speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Every protocol version this release speaks.
+pub const SUPPORTED_PROTOCOLS: &[u32] = &[1];
+
+/// A method: its wire name plus its parameter and result types.
+pub trait Method {
+    const NAME: &'static str;
+    type Params: serde::de::DeserializeOwned + serde::Serialize + Send + 'static;
+    type Result: serde::de::DeserializeOwned + serde::Serialize + Send + 'static;
+}
+
+macro_rules! methods {
+    ($( $(#[$doc:meta])* $ty:ident = $name:literal ($params:ty) -> $result:ty; )*) => {
+        /// Client-facing methods, one marker type each.
+        pub mod method {
+            use super::*;
+            $(
+                $(#[$doc])*
+                pub struct $ty;
+                impl Method for $ty {
+                    const NAME: &'static str = $name;
+                    type Params = $params;
+                    type Result = $result;
+                }
+            )*
+        }
+        /// The wire names of every client-facing method, in declaration order.
+        pub const METHOD_NAMES: &[&str] = &[$($name),*];
+    };
+}
+
+methods! {
+    /// Authenticate the connection and agree on the protocol version.
+    Hello = "hello" (HelloParams) -> HelloResult;
+    /// Liveness of the connection.
+    Ping = "ping" (Empty) -> PingResult;
+    /// Server version, protocol and replica id.
+    Status = "status" (Empty) -> StatusResult;
+    /// Workspaces of the caller's tenant.
+    WorkspaceList = "workspace.list" (Empty) -> Vec<Workspace>;
+    /// One workspace.
+    WorkspaceGet = "workspace.get" (WorkspaceRef) -> Workspace;
+    /// Create a session in a workspace.
+    SessionCreate = "session.create" (SessionCreateParams) -> SessionSnapshot;
+    /// A session's snapshot.
+    SessionGet = "session.get" (SessionRef) -> SessionSnapshot;
+    /// Admit a prompt; returns the turn's identity at once.
+    SessionSend = "session.send" (SessionSendParams) -> SessionSendResult;
+    /// Read history rows under a fixed `through` fence.
+    SessionHistory = "session.history" (SessionHistoryParams) -> SessionHistoryResult;
+    /// Subscription: every event after `after`, then live.
+    SessionWatch = "session.watch" (SessionWatchParams) -> serde_json::Value;
+    /// End a subscription early.
+    SubscriptionClose = "subscription.close" (SubscriptionCloseParams) -> Empty;
+}
+
+/// No parameters / no result fields.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}

@@ -1,0 +1,350 @@
+//! Parameter, result, event and row types of the client-facing methods.
+
+use serde::{Deserialize, Serialize};
+
+/// `hello` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HelloParams {
+    pub protocol: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<ClientInfo>,
+}
+
+/// Who the client says it is (for logs and metrics only).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientInfo {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HelloResult {
+    pub protocol: u32,
+    pub server_version: String,
+    pub replica_id: String,
+    pub tenant_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    pub role: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PingResult {
+    pub pong: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusResult {
+    pub server_version: String,
+    pub protocol: u32,
+    pub replica_id: String,
+}
+
+/// A workspace as the client sees it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Workspace {
+    pub workspace_id: String,
+    pub title: String,
+    pub host: String,
+    pub path: String,
+    pub online: bool,
+    pub last_seen_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkspaceRef {
+    pub workspace_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionRef {
+    pub session_id: String,
+}
+
+/// `session.create` parameters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionCreateParams {
+    pub workspace_id: String,
+    #[serde(default)]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub no_tools: Option<bool>,
+    #[serde(default)]
+    pub auto_approve: Option<bool>,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+/// Where a session's effective model came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ModelLevel {
+    Session,
+    Agent,
+    Tenant,
+}
+
+/// Everything a reconnecting client needs to draw a session.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSnapshot {
+    pub session_id: String,
+    pub workspace_id: String,
+    pub title: String,
+    pub model_id: Option<String>,
+    pub effective_model_id: Option<String>,
+    pub effective_model_level: Option<ModelLevel>,
+    /// `idle` or `running`.
+    pub phase: String,
+    /// The running turn, if any.
+    pub running: Option<String>,
+    /// Queued turns in order.
+    pub queued: Vec<QueueEntry>,
+    /// History revision (guards fork).
+    pub revision: i64,
+    /// Last event sequence.
+    pub sequence: i64,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueEntry {
+    pub queue_id: String,
+    pub turn_id: String,
+    pub prompt: String,
+    pub revision: i64,
+}
+
+/// `session.send` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionSendParams {
+    pub session_id: String,
+    pub prompt: String,
+    #[serde(default)]
+    pub attachments: Vec<String>,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSendResult {
+    pub turn_id: String,
+    pub state: TurnState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+}
+
+/// A turn's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum TurnState {
+    Queued,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    Interrupted,
+}
+
+impl TurnState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnState::Queued => "queued",
+            TurnState::Running => "running",
+            TurnState::Completed => "completed",
+            TurnState::Failed => "failed",
+            TurnState::Cancelled => "cancelled",
+            TurnState::Interrupted => "interrupted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TurnState> {
+        Some(match s {
+            "queued" => TurnState::Queued,
+            "running" => TurnState::Running,
+            "completed" => TurnState::Completed,
+            "failed" => TurnState::Failed,
+            "cancelled" => TurnState::Cancelled,
+            "interrupted" => TurnState::Interrupted,
+            _ => return None,
+        })
+    }
+
+    pub fn is_settled(self) -> bool {
+        !matches!(self, TurnState::Queued | TurnState::Running)
+    }
+}
+
+/// Why a turn failed: a typed code plus safe fields, never a provider body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cause {
+    /// `provider-unreachable`, `provider-status`, `provider-timeout`, `provider-protocol`,
+    /// `tool-failed`, `worker-lost`, `internal`.
+    pub code: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+}
+
+/// A row's address: the event that emitted it, then its ordinal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Position {
+    pub source_sequence: i64,
+    pub item_index: i32,
+}
+
+/// `session.history` parameters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionHistoryParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub through: Option<i64>,
+    #[serde(default)]
+    pub after: Option<Position>,
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionHistoryResult {
+    pub through: i64,
+    pub rows: Vec<Row>,
+    pub next_after: Option<Position>,
+}
+
+/// What a row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RowKind {
+    User,
+    Assistant,
+    ToolCall,
+    ToolResult,
+    Notice,
+}
+
+impl RowKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowKind::User => "user",
+            RowKind::Assistant => "assistant",
+            RowKind::ToolCall => "toolCall",
+            RowKind::ToolResult => "toolResult",
+            RowKind::Notice => "notice",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RowKind> {
+        Some(match s {
+            "user" => RowKind::User,
+            "assistant" => RowKind::Assistant,
+            "toolCall" => RowKind::ToolCall,
+            "toolResult" => RowKind::ToolResult,
+            "notice" => RowKind::Notice,
+            _ => return None,
+        })
+    }
+}
+
+/// A tool row's tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolInfo {
+    pub name: String,
+    pub call_id: String,
+    pub status: String,
+}
+
+/// A conversation item published by an event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Row {
+    pub position: Position,
+    pub turn_id: Option<String>,
+    pub kind: RowKind,
+    pub body: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<ToolInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<bool>,
+}
+
+/// A row before the store gives it a position (what a worker or the API tier publishes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewRow {
+    pub kind: RowKind,
+    pub body: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<ToolInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<bool>,
+}
+
+/// A persisted history event: `{sequence, type, at, turnId?, rows?, …}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub sequence: i64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<Row>,
+    #[serde(flatten)]
+    pub data: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `session.watch` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionWatchParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub after: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionCloseParams {
+    pub id: u32,
+}
+
+/// Live-only watch item: streamed model output (no sequence; not history).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDelta {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub turn_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+}

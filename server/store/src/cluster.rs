@@ -1,0 +1,250 @@
+//! A private PostgreSQL cluster owned by this process.
+//!
+//! With no `DATABASE_URL`, Berth creates (initdb) and starts a cluster from the machine's
+//! installed PostgreSQL binaries under its data directory, listening only on a Unix socket,
+//! and stops it on exit. PostgreSQL refuses to run as root, so when Berth runs as root the
+//! cluster runs as an unprivileged system user (`postgres` if it exists, else `nobody`).
+//! The test harness uses the same type: one cluster per test run.
+
+use std::{
+    io::Read,
+    os::unix::{fs::PermissionsExt, process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+
+/// Options for a private cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Turn off fsync (tests only: a crash may lose data).
+    pub unsafe_no_fsync: bool,
+}
+
+/// A running private cluster. Dropping it stops the server (fast shutdown).
+#[derive(Debug)]
+pub struct PrivateCluster {
+    child: Option<Child>,
+    socket_dir: PathBuf,
+    data: PathBuf,
+}
+
+/// The superuser role the cluster is initialised with.
+pub const CLUSTER_USER: &str = "berth";
+const PORT: u16 = 5432;
+
+impl PrivateCluster {
+    /// Create the cluster under `dir/pg` if it does not exist yet, then start it.
+    pub fn start(dir: &Path, options: &ClusterOptions) -> anyhow::Result<PrivateCluster> {
+        let bin = find_bin_dir()?;
+        let data = dir.join("pg");
+        let socket_dir = dir.join("run").join("pg");
+        std::fs::create_dir_all(&socket_dir).with_context(|| format!("creating {}", socket_dir.display()))?;
+        if let Some(running) = PrivateCluster::attach(&data, &socket_dir) {
+            return Ok(running);
+        }
+        let owner = if is_root() { Some(unprivileged_user()?) } else { None };
+        if !data.join("PG_VERSION").exists() {
+            std::fs::create_dir_all(&data)?;
+            std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(&data, Some(uid), Some(gid))?;
+            }
+            let mut cmd = Command::new(bin.join("initdb"));
+            cmd.arg("-D").arg(&data).args(["-U", CLUSTER_USER, "--auth=trust", "-E", "UTF8", "--no-instructions"]);
+            if options.unsafe_no_fsync {
+                cmd.arg("--no-sync");
+            }
+            let out = as_owner(&mut cmd, owner).stdin(Stdio::null()).output().context("running initdb")?;
+            if !out.status.success() {
+                bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+            }
+        }
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&socket_dir, Some(uid), Some(gid))?;
+        }
+        let log_path = dir.join("run").join("postgres.log");
+        let log = std::fs::File::create(&log_path)?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&log_path, Some(uid), Some(gid))?;
+        }
+        let mut cmd = Command::new(bin.join("postgres"));
+        cmd.arg("-D").arg(&data).arg("-k").arg(&socket_dir);
+        cmd.args(["-c", "listen_addresses=", "-p", &PORT.to_string(), "-c", "max_connections=400"]);
+        if options.unsafe_no_fsync {
+            cmd.args(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]);
+        }
+        as_owner(&mut cmd, owner).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        die_with_parent(&mut cmd);
+        let child = cmd.spawn().context("starting postgres")?;
+        let mut cluster = PrivateCluster { child: Some(child), socket_dir, data };
+        cluster.wait_ready(&log_path)?;
+        Ok(cluster)
+    }
+
+    /// A cluster some other process already runs on this data directory (e.g. `berth serve`
+    /// while `berth admin` is used): connect to it without owning it.
+    fn attach(data: &Path, socket_dir: &Path) -> Option<PrivateCluster> {
+        let pidfile = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
+        let pid: i32 = pidfile.lines().next()?.trim().parse().ok()?;
+        if !alive(pid) || !pidfile.contains("ready") || !socket_dir.join(format!(".s.PGSQL.{PORT}")).exists() {
+            return None;
+        }
+        Some(PrivateCluster { child: None, socket_dir: socket_dir.to_path_buf(), data: data.to_path_buf() })
+    }
+
+    /// A libpq-style connection string for `dbname` on this cluster.
+    pub fn url(&self, dbname: &str) -> String {
+        format!("host={} port={PORT} user={CLUSTER_USER} dbname={dbname}", self.socket_dir.display())
+    }
+
+    fn wait_ready(&mut self, log_path: &Path) -> anyhow::Result<()> {
+        let socket = self.socket_dir.join(format!(".s.PGSQL.{PORT}"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                let mut log = String::new();
+                std::fs::File::open(log_path).and_then(|mut f| f.read_to_string(&mut log)).ok();
+                bail!("postgres exited ({status}) while starting: {}", log.trim());
+            }
+            // The socket appears once postgres accepts connections; `postmaster.pid`'s last
+            // status line says "ready" when startup recovery is over.
+            let ready = socket.exists()
+                && std::fs::read_to_string(self.data.join("postmaster.pid")).is_ok_and(|p| p.contains("ready"));
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("postgres did not become ready within 60 s; see {}", log_path.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stop the server and wait for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id(), libc::SIGINT);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Where PostgreSQL's server binaries are: `BERTH_PG_BIN`, `PATH`, or Debian's layout.
+pub fn find_bin_dir() -> anyhow::Result<PathBuf> {
+    if let Ok(dir) = std::env::var("BERTH_PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Ok(path) = std::env::var("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if dir.join("initdb").exists() && dir.join("postgres").exists() {
+                return Ok(dir);
+            }
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .filter(|(_, p)| p.join("initdb").exists())
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, p)| p).context(
+        "PostgreSQL server binaries (initdb, postgres) not found: install them (Debian: apt-get install postgresql) \
+         or set BERTH_PG_BIN, or set DATABASE_URL",
+    )
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false)
+}
+
+/// The uid/gid of `postgres`, else `nobody`, from /etc/passwd.
+fn unprivileged_user() -> anyhow::Result<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").context("reading /etc/passwd")?;
+    let lookup = |name: &str| {
+        passwd.lines().find_map(|line| {
+            let f: Vec<&str> = line.split(':').collect();
+            (f.len() > 3 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?))).flatten()
+        })
+    };
+    lookup("postgres")
+        .or_else(|| lookup("nobody"))
+        .context("running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as")
+}
+
+fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) -> &mut Command {
+    if let Some((uid, gid)) = owner {
+        cmd.uid(uid).gid(gid);
+    }
+    cmd
+}
+
+#[expect(unsafe_code, reason = "pre_exec and prctl: the only way to tie postgres's life to ours")]
+fn die_with_parent(cmd: &mut Command) {
+    // Runs in the child after fork and after the uid change, before exec. If Berth dies
+    // without a clean stop, postgres gets SIGINT (fast shutdown) instead of lingering.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[expect(unsafe_code, reason = "kill(2) with signal 0 is the liveness probe")]
+fn alive(pid: i32) -> bool {
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+#[expect(unsafe_code, reason = "kill(2) has no safe std wrapper for signals other than SIGKILL")]
+fn signal(pid: u32, sig: libc::c_int) {
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// Create database `name` on the server at `admin_url` unless it exists, optionally as a
+/// copy of `template`.
+pub async fn create_database(admin_url: &str, name: &str, template: Option<&str>) -> anyhow::Result<()> {
+    let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls).await?;
+    let conn = tokio::spawn(connection);
+    let exists = client.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name]).await?.is_some();
+    if !exists {
+        let ident = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+        let sql = match template {
+            Some(t) => format!("CREATE DATABASE {} TEMPLATE {}", ident(name), ident(t)),
+            None => format!("CREATE DATABASE {}", ident(name)),
+        };
+        if let Err(e) = client.batch_execute(&sql).await {
+            // Lost a race with another process creating it: fine.
+            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
+                return Err(e.into());
+            }
+        }
+    }
+    drop(client);
+    let _ = conn.await;
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! Tenants, users and credentials.
+
+use anyhow::anyhow;
+
+use crate::{Result, Store, StoreError, fmt_time, token};
+use berth_protocol::ErrorCode;
+
+/// What kind of principal a credential authenticates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialKind {
+    User,
+    Worker,
+}
+
+impl CredentialKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialKind::User => "user",
+            CredentialKind::Worker => "worker",
+        }
+    }
+}
+
+/// An authenticated caller. Everything it does is scoped to `tenant_id`.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub tenant_id: String,
+    pub credential_id: String,
+    pub kind: CredentialKind,
+    pub user_id: Option<String>,
+    /// `admin` or `member` for users; `worker` for workers.
+    pub role: String,
+}
+
+/// A credential as listed (never the secret).
+#[derive(Debug, Clone)]
+pub struct CredentialInfo {
+    pub id: String,
+    pub kind: String,
+    pub user_email: Option<String>,
+    pub note: String,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+    pub expires_at: Option<String>,
+    pub revoked_at: Option<String>,
+}
+
+impl Store {
+    /// Resolve a credential to its principal. A malformed token (bad checksum) is rejected
+    /// without touching the database.
+    pub async fn authenticate(&self, presented: &str) -> Result<Option<Principal>> {
+        if !token::well_formed(presented) {
+            return Ok(None);
+        }
+        let digest = token::digest(presented);
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role
+                   FROM credentials c LEFT JOIN users u ON u.id = c.user_id
+                  WHERE c.sha256 = $1 AND c.revoked_at IS NULL
+                    AND (c.expires_at IS NULL OR c.expires_at > now())
+                    AND (u.id IS NULL OR u.disabled_at IS NULL)",
+                &[&digest],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let id: String = row.get(0);
+        // last-used is advisory: written at most once a minute.
+        client
+            .execute(
+                "UPDATE credentials SET last_used_at = now()
+                  WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
+                &[&id],
+            )
+            .await?;
+        let kind: String = row.get(2);
+        let kind = if kind == "worker" { CredentialKind::Worker } else { CredentialKind::User };
+        Ok(Some(Principal {
+            tenant_id: row.get(1),
+            credential_id: id,
+            kind,
+            user_id: row.get(3),
+            role: row.get::<_, Option<String>>(4).unwrap_or_else(|| "worker".into()),
+        }))
+    }
+
+    /// First start: create the `default` tenant, an admin user and its credential. Returns
+    /// the credential's plaintext when this call created it (exactly once per database).
+    pub async fn bootstrap(&self) -> Result<Option<String>> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock(7305)", &[]).await?;
+        let any: bool = tx.query_one("SELECT EXISTS (SELECT 1 FROM tenants)", &[]).await?.get(0);
+        if any {
+            return Ok(None);
+        }
+        let tenant = token::new_id("ten");
+        tx.execute("INSERT INTO tenants (id, name) VALUES ($1, 'default')", &[&tenant]).await?;
+        let user = token::new_id("usr");
+        tx.execute(
+            "INSERT INTO users (id, tenant_id, email, role) VALUES ($1, $2, 'admin@localhost', 'admin')",
+            &[&user, &tenant],
+        )
+        .await?;
+        let plaintext = token::generate();
+        let cred = token::new_id("crd");
+        tx.execute(
+            "INSERT INTO credentials (id, tenant_id, kind, user_id, sha256, note) VALUES ($1, $2, 'user', $3, $4, 'bootstrap')",
+            &[&cred, &tenant, &user, &token::digest(&plaintext)],
+        )
+        .await?;
+        audit(&tx, &tenant, "bootstrap", "tenant.create", &tenant).await?;
+        tx.commit().await?;
+        Ok(Some(plaintext))
+    }
+
+    /// Create a tenant by name; returns its id.
+    pub async fn create_tenant(&self, name: &str) -> Result<String> {
+        let client = self.pool.get().await?;
+        let id = token::new_id("ten");
+        let n = client
+            .execute("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING", &[&id, &name])
+            .await?;
+        if n == 0 {
+            return Err(StoreError::Other(anyhow!("a tenant named {name:?} exists already")));
+        }
+        audit(&client, &id, "cli", "tenant.create", &id).await?;
+        Ok(id)
+    }
+
+    /// The id of a tenant given its name or id.
+    pub async fn tenant_id(&self, name_or_id: &str) -> Result<String> {
+        let client = self.pool.get().await?;
+        let row = client.query_opt("SELECT id FROM tenants WHERE name = $1 OR id = $1", &[&name_or_id]).await?;
+        row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
+    }
+
+    /// Create a user in a tenant; returns its id.
+    pub async fn create_user(&self, tenant_id: &str, email: &str, admin: bool, actor: &str) -> Result<String> {
+        let client = self.pool.get().await?;
+        let id = token::new_id("usr");
+        let role = if admin { "admin" } else { "member" };
+        let n = client
+            .execute(
+                "INSERT INTO users (id, tenant_id, email, role) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[&id, &tenant_id, &email, &role],
+            )
+            .await?;
+        if n == 0 {
+            return Err(StoreError::Other(anyhow!("a user {email:?} exists already in this tenant")));
+        }
+        audit(&client, tenant_id, actor, "user.create", &id).await?;
+        Ok(id)
+    }
+
+    /// Create a credential; `user_email` None makes a worker credential. Returns (id, plaintext).
+    pub async fn create_credential(
+        &self,
+        tenant_id: &str,
+        user_email: Option<&str>,
+        note: &str,
+        actor: &str,
+    ) -> Result<(String, String)> {
+        let client = self.pool.get().await?;
+        let user_id: Option<String> = match user_email {
+            Some(email) => Some(
+                client
+                    .query_opt("SELECT id FROM users WHERE tenant_id = $1 AND email = $2", &[&tenant_id, &email])
+                    .await?
+                    .map(|r| r.get(0))
+                    .ok_or(StoreError::Code(ErrorCode::NotFound))?,
+            ),
+            None => None,
+        };
+        let kind = if user_id.is_some() { "user" } else { "worker" };
+        let plaintext = token::generate();
+        let id = token::new_id("crd");
+        client
+            .execute(
+                "INSERT INTO credentials (id, tenant_id, kind, user_id, sha256, note) VALUES ($1, $2, $3, $4, $5, $6)",
+                &[&id, &tenant_id, &kind, &user_id, &token::digest(&plaintext), &note],
+            )
+            .await?;
+        audit(&client, tenant_id, actor, "credential.create", &id).await?;
+        Ok((id, plaintext))
+    }
+
+    /// A tenant's credentials, oldest first.
+    pub async fn list_credentials(&self, tenant_id: &str) -> Result<Vec<CredentialInfo>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT c.id, c.kind, u.email, c.note, c.created_at, c.last_used_at, c.expires_at, c.revoked_at
+                   FROM credentials c LEFT JOIN users u ON u.id = c.user_id
+                  WHERE c.tenant_id = $1 ORDER BY c.created_at, c.id",
+                &[&tenant_id],
+            )
+            .await?;
+        let t = |r: &tokio_postgres::Row, i| r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(i).map(fmt_time);
+        Ok(rows
+            .iter()
+            .map(|r| CredentialInfo {
+                id: r.get(0),
+                kind: r.get(1),
+                user_email: r.get(2),
+                note: r.get(3),
+                created_at: fmt_time(r.get(4)),
+                last_used_at: t(r, 5),
+                expires_at: t(r, 6),
+                revoked_at: t(r, 7),
+            })
+            .collect())
+    }
+
+    /// Revoke a credential by id (break-glass: any tenant). Returns whether it was live.
+    pub async fn revoke_credential(&self, id: &str, actor: &str) -> Result<bool> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "UPDATE credentials SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1
+                 RETURNING tenant_id, (xmax = 0) AS fresh",
+                &[&id],
+            )
+            .await?;
+        let Some(row) = row else { return Err(StoreError::Code(ErrorCode::NotFound)) };
+        let tenant: String = row.get(0);
+        audit(&client, &tenant, actor, "credential.revoke", id).await?;
+        Ok(true)
+    }
+}
+
+async fn audit(
+    client: &impl deadpool_postgres::GenericClient,
+    tenant: &str,
+    actor: &str,
+    action: &str,
+    target: &str,
+) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO audit_log (tenant_id, actor, action, target) VALUES ($1, $2, $3, $4)",
+            &[&tenant, &actor, &action, &target],
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! Workspaces and worker presence.
+
+use berth_protocol::{Workspace, worker::WorkspaceDecl};
+
+use crate::{Principal, Result, Store, fmt_time, not_found, token};
+
+/// How long a presence row counts as live without a heartbeat.
+const PRESENCE_TTL: &str = "45 seconds";
+
+impl Store {
+    /// Upsert the worker's workspaces by (tenant, host, name); returns their ids in order.
+    /// Moving a workspace's directory keeps its identity (and its sessions).
+    pub async fn register_workspaces(&self, worker: &Principal, host: &str, decls: &[WorkspaceDecl]) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        let mut ids = Vec::with_capacity(decls.len());
+        for decl in decls {
+            let row = client
+                .query_one(
+                    "INSERT INTO workspaces (id, tenant_id, host, name, path, title, last_seen_at)
+                     VALUES ($1, $2, $3, $4, $5, $4, now())
+                     ON CONFLICT (tenant_id, host, name) DO UPDATE SET path = EXCLUDED.path, last_seen_at = now()
+                     RETURNING id",
+                    &[&token::new_id("wsp"), &worker.tenant_id, &host, &decl.name, &decl.path],
+                )
+                .await?;
+            ids.push(row.get(0));
+        }
+        Ok(ids)
+    }
+
+    /// Record a live worker connection held by `replica_id`.
+    pub async fn presence_insert(&self, connection_id: &str, worker: &Principal, replica_id: &str, workspace_ids: &[String]) -> Result<()> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "INSERT INTO worker_presence (connection_id, tenant_id, credential_id, replica_id, workspace_ids)
+                 VALUES ($1, $2, $3, $4, $5)",
+                &[&connection_id, &worker.tenant_id, &worker.credential_id, &replica_id, &workspace_ids],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Keep a worker connection's presence (and its workspaces' last-seen time) fresh.
+    pub async fn presence_heartbeat(&self, connection_id: &str) -> Result<()> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "WITH p AS (UPDATE worker_presence SET heartbeat_at = now() WHERE connection_id = $1 RETURNING tenant_id, workspace_ids)
+                 UPDATE workspaces w SET last_seen_at = now() FROM p WHERE w.tenant_id = p.tenant_id AND w.id = ANY(p.workspace_ids)",
+                &[&connection_id],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Forget a worker connection.
+    pub async fn presence_remove(&self, connection_id: &str) -> Result<()> {
+        let client = self.pool.get().await?;
+        client.execute("DELETE FROM worker_presence WHERE connection_id = $1", &[&connection_id]).await?;
+        Ok(())
+    }
+
+    /// The tenant's workspaces, by title.
+    pub async fn list_workspaces(&self, tenant_id: &str) -> Result<Vec<Workspace>> {
+        let client = self.pool.get().await?;
+        let rows = client.query(&format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 ORDER BY w.title, w.id"), &[&tenant_id]).await?;
+        Ok(rows.iter().map(workspace_from_row).collect())
+    }
+
+    /// One workspace of the tenant.
+    pub async fn get_workspace(&self, tenant_id: &str, workspace_id: &str) -> Result<Workspace> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(&format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 AND w.id = $2"), &[&tenant_id, &workspace_id])
+            .await?;
+        match row {
+            Some(r) => Ok(workspace_from_row(&r)),
+            None => not_found(),
+        }
+    }
+}
+
+const WORKSPACE_SELECT: &str = "SELECT w.id, w.title, w.host, w.path, w.last_seen_at,
+    EXISTS (SELECT 1 FROM worker_presence p WHERE w.id = ANY(p.workspace_ids) AND p.tenant_id = w.tenant_id
+            AND p.heartbeat_at > now() - interval '45 seconds') AS online
+    FROM workspaces w";
+
+/// SQL: whether workspace `$n` has a live worker (for use inside other statements).
+pub(crate) fn online_sql(workspace_expr: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM worker_presence p WHERE {workspace_expr} = ANY(p.workspace_ids)
+                 AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}')"
+    )
+}
+
+fn workspace_from_row(r: &tokio_postgres::Row) -> Workspace {
+    Workspace {
+        workspace_id: r.get(0),
+        title: r.get(1),
+        host: r.get(2),
+        path: r.get(3),
+        last_seen_at: r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(4).map(fmt_time),
+        online: r.get(5),
+    }
+}

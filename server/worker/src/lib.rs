@@ -1,0 +1,201 @@
+//! Berth's worker: runs on the machine that holds the workspaces, connects outbound to the
+//! API tier over one WebSocket (reconnecting forever with backoff), registers its
+//! workspaces and runs the turns it is handed. Model calls go through the API tier's
+//! streaming proxy, so this machine needs no provider key and no internet egress.
+
+mod model;
+mod turn;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context, bail};
+use berth_protocol::{
+    PROTOCOL_VERSION,
+    jsonrpc::{Request, Response},
+    worker::{self as wp, TurnRun, WorkerHello, WorkerHelloResult, WorkspaceDecl},
+};
+use futures_util::{SinkExt, StreamExt};
+use rand::Rng;
+use tokio::sync::{mpsc, oneshot};
+use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
+use tokio_util::sync::CancellationToken;
+
+/// What the worker needs to run.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    /// The API tier's base URL (`ws://`, `wss://`, `http://` or `https://`).
+    pub server: String,
+    /// The worker credential.
+    pub token: String,
+    /// This machine's stable name.
+    pub host: String,
+    /// Workspaces served: (name, absolute path).
+    pub workspaces: Vec<(String, PathBuf)>,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("server", &self.server)
+            .field("token", &"<redacted>")
+            .field("host", &self.host)
+            .field("workspaces", &self.workspaces)
+            .finish()
+    }
+}
+
+impl WorkerConfig {
+    fn base(&self) -> (String, String) {
+        let s = self.server.trim_end_matches('/');
+        let (ws, http) = if let Some(rest) = s.strip_prefix("https://").or_else(|| s.strip_prefix("wss://")) {
+            (format!("wss://{rest}"), format!("https://{rest}"))
+        } else if let Some(rest) = s.strip_prefix("http://").or_else(|| s.strip_prefix("ws://")) {
+            (format!("ws://{rest}"), format!("http://{rest}"))
+        } else {
+            (format!("ws://{s}"), format!("http://{s}"))
+        };
+        (format!("{ws}/v1/worker"), http)
+    }
+}
+
+/// Run until `shutdown`, reconnecting with exponential backoff (capped, jittered).
+pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match connect_once(&config, &http, &shutdown).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                // An authoritative refusal of the credential will not fix itself quickly, but
+                // an operator may re-issue it: keep trying, slowly.
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "worker connection lost");
+            }
+        }
+        let jitter = rand::rng().random_range(0..=backoff.as_millis() as u64 / 4);
+        tokio::select! {
+            _ = tokio::time::sleep(backoff + Duration::from_millis(jitter)) => {}
+            _ = shutdown.cancelled() => return Ok(()),
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// The connection's outbound side, shared by turn tasks.
+#[derive(Clone)]
+pub(crate) struct Link {
+    out: mpsc::Sender<Message>,
+    pending: Arc<Mutex<HashMap<u32, oneshot::Sender<Response>>>>,
+    next_id: Arc<std::sync::atomic::AtomicU32>,
+    pub(crate) http: reqwest::Client,
+    pub(crate) proxy_url: String,
+    pub(crate) token: String,
+}
+
+impl Link {
+    pub(crate) async fn notify(&self, method: &str, params: serde_json::Value) -> anyhow::Result<()> {
+        let msg = serde_json::to_string(&Request::notification(method, params))?;
+        self.out.send(Message::Text(msg.into())).await.context("connection closed")
+    }
+
+    pub(crate) async fn request(&self, method: &str, params: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().expect("pending lock").insert(id, tx);
+        let msg = serde_json::to_string(&Request::new(id, method, params))?;
+        self.out.send(Message::Text(msg.into())).await.context("connection closed")?;
+        let resp = rx.await.context("connection closed before the response")?;
+        match (resp.result, resp.error) {
+            (_, Some(e)) => Err(e.into()),
+            (Some(v), None) => Ok(v),
+            (None, None) => Ok(serde_json::Value::Null),
+        }
+    }
+}
+
+async fn connect_once(config: &WorkerConfig, http: &reqwest::Client, shutdown: &CancellationToken) -> anyhow::Result<()> {
+    let (ws_url, http_base) = config.base();
+    let mut req = ws_url.as_str().into_client_request()?;
+    req.headers_mut().insert("authorization", HeaderValue::from_str(&format!("Bearer {}", config.token))?);
+    let (socket, _) = tokio_tungstenite::connect_async(req).await.context("connecting to the API tier")?;
+    let (mut sink, mut stream) = socket.split();
+
+    let hello = WorkerHello {
+        protocol: PROTOCOL_VERSION,
+        host: config.host.clone(),
+        workspaces: config
+            .workspaces
+            .iter()
+            .map(|(name, path)| WorkspaceDecl { name: name.clone(), path: path.display().to_string() })
+            .collect(),
+    };
+    let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
+    sink.send(Message::Text(msg.into())).await?;
+    let reply = tokio::time::timeout(Duration::from_secs(30), stream.next()).await.context("no answer to worker.hello")?;
+    let Some(Ok(Message::Text(text))) = reply else { bail!("connection closed during worker.hello") };
+    let resp: Response = serde_json::from_str(&text)?;
+    if let Some(e) = resp.error {
+        bail!("worker.hello refused: {e}");
+    }
+    let registered: WorkerHelloResult = serde_json::from_value(resp.result.unwrap_or_default())?;
+    tracing::info!(workspaces = registered.workspaces.len(), "worker connected");
+
+    let (out_tx, mut out_rx) = mpsc::channel::<Message>(256);
+    let link = Link {
+        out: out_tx,
+        pending: Arc::default(),
+        next_id: Arc::new(1.into()),
+        http: http.clone(),
+        proxy_url: format!("{http_base}{}", wp::MODEL_PROXY_PATH),
+        token: config.token.clone(),
+    };
+    let turns = CancellationToken::new();
+    let result = loop {
+        tokio::select! {
+            msg = stream.next() => {
+                let msg = match msg {
+                    Some(Ok(m)) => m,
+                    Some(Err(e)) => break Err(e.into()),
+                    None => break Err(anyhow::anyhow!("server closed the connection")),
+                };
+                if let Message::Text(text) = msg {
+                    on_message(&link, &turns, &text);
+                }
+            }
+            out = out_rx.recv() => if let Some(m) = out && let Err(e) = sink.send(m).await { break Err(e.into()) },
+            _ = shutdown.cancelled() => {
+                let _ = sink.send(Message::Close(None)).await;
+                break Ok(());
+            }
+        }
+    };
+    // The server interrupts this connection's running turns; stop working on them.
+    turns.cancel();
+    result
+}
+
+fn on_message(link: &Link, turns: &CancellationToken, text: &str) {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else { return };
+    if value.get("method").is_some() {
+        let Ok(req) = serde_json::from_value::<Request>(value) else { return };
+        if req.method == wp::TURN_RUN {
+            match serde_json::from_value::<TurnRun>(req.params) {
+                Ok(run) => {
+                    let link = link.clone();
+                    let cancel = turns.child_token();
+                    tokio::spawn(async move { turn::run(link, run, cancel).await });
+                }
+                Err(e) => tracing::warn!(error = %e, "malformed turn.run"),
+            }
+        }
+    } else if let Ok(resp) = serde_json::from_value::<Response>(value)
+        && let Some(id) = resp.id
+        && let Some(tx) = link.pending.lock().expect("pending lock").remove(&id)
+    {
+        let _ = tx.send(resp);
+    }
+}

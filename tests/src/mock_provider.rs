@@ -1,0 +1,581 @@
+//! A scripted mock model provider for end-to-end tests.
+//!
+//! [`MockProvider`] is a real HTTP server bound to `127.0.0.1:0` that speaks the
+//! OpenAI Chat Completions *streaming* format on `POST /v1/chat/completions`
+//! (and `POST /chat/completions`). Each request pops the next scripted
+//! [`Reply`] from a FIFO queue; when the queue is empty the request is answered
+//! with HTTP 500 and `{"error":{"message":"mock provider: no scripted reply"}}`.
+//!
+//! Streams are sent as Server-Sent Events (`Content-Type: text/event-stream`),
+//! one `data: {json}\n\n` event per chunk, terminated by `data: [DONE]\n\n`.
+//! The body is produced lazily, so [`Part::Delay`] really pauses the wire.
+//!
+//! The server shuts down when the [`MockProvider`] is dropped; streams that are
+//! hanging ([`Reply::StreamThenHang`]) are ended at that point too.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use tokio::sync::{oneshot, watch};
+
+/// One scripted answer to one request.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// Stream these parts in order (each part = one or more SSE chunks), then a
+    /// finish-reason chunk (`"tool_calls"` if any [`Part::ToolCall`] is present,
+    /// else `"stop"`), then any [`Part::Usage`] chunks, then `data: [DONE]`.
+    Stream(Vec<Part>),
+    /// Answer with this HTTP status and a JSON error body (not streaming).
+    Status(u16),
+    /// Stream the given parts exactly in order (no finish chunk, no `[DONE]`),
+    /// then hang until the client disconnects or the provider is dropped.
+    StreamThenHang(Vec<Part>),
+}
+
+/// One piece of a streamed reply.
+#[derive(Debug, Clone)]
+pub enum Part {
+    /// One chunk with `delta.content`.
+    Text(String),
+    /// One chunk with `delta.reasoning_content`.
+    Reasoning(String),
+    /// A tool call whose `arguments` string is split into the given pieces, one
+    /// chunk each; the first chunk also carries `id`, `type: "function"` and
+    /// `function.name`. With no pieces, a single chunk with `arguments: ""`.
+    ToolCall {
+        index: u32,
+        id: String,
+        name: String,
+        argument_pieces: Vec<String>,
+    },
+    /// A usage chunk (`"choices": []`, `"usage": {...}`).
+    Usage { prompt: u64, completion: u64 },
+    /// Pause between chunks, in milliseconds (lets tests observe live deltas).
+    Delay(u64),
+}
+
+impl Reply {
+    /// A stream of `Text` parts followed by `Usage { prompt: 10, completion: 5 }`.
+    pub fn text(chunks: &[&str]) -> Reply {
+        let mut parts: Vec<Part> = chunks.iter().map(|c| Part::Text((*c).to_owned())).collect();
+        parts.push(Part::Usage {
+            prompt: 10,
+            completion: 5,
+        });
+        Reply::Stream(parts)
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    replies: Mutex<VecDeque<Reply>>,
+    requests: Mutex<Vec<Value>>,
+    authorizations: Mutex<Vec<Option<String>>>,
+    counter: AtomicU64,
+}
+
+struct AppState {
+    shared: Arc<Shared>,
+    /// Resolves (changes or closes) when the provider is dropped.
+    closed: watch::Receiver<()>,
+}
+
+/// Locks a mutex, ignoring poisoning (a panicking test must not cascade).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running scripted provider. Dropping it stops the server.
+pub struct MockProvider {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Option<oneshot::Sender<()>>,
+    _closed: watch::Sender<()>,
+}
+
+impl MockProvider {
+    /// Binds `127.0.0.1:0` and starts serving in a background task.
+    pub async fn start() -> MockProvider {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("mock provider: bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("mock provider: local_addr");
+        let shared = Arc::new(Shared::default());
+        let (closed_tx, closed_rx) = watch::channel(());
+        let state = Arc::new(AppState {
+            shared: shared.clone(),
+            closed: closed_rx,
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(handle))
+            .route("/chat/completions", post(handle))
+            .with_state(state);
+        let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = shutdown_rx.await;
+                })
+                .await;
+        });
+        MockProvider {
+            addr,
+            shared,
+            shutdown: Some(shutdown_tx),
+            _closed: closed_tx,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT/v1`
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Queues a scripted reply; replies are consumed one per request, FIFO.
+    pub fn push(&self, reply: Reply) {
+        lock(&self.shared.replies).push_back(reply);
+    }
+
+    /// JSON bodies of the requests received so far, in order (a body that is
+    /// not valid JSON is recorded as a JSON string of its raw text).
+    pub fn requests(&self) -> Vec<Value> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// The `Authorization` header of each request received so far, in order.
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        lock(&self.shared.authorizations).clone()
+    }
+}
+
+impl Drop for MockProvider {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        // `_closed` is dropped right after this, which ends hanging streams.
+    }
+}
+
+fn error_response(status: StatusCode, message: &str) -> Response {
+    let body = json!({
+        "error": {
+            "message": message,
+            "type": "mock_error",
+            "param": null,
+            "code": status.as_u16(),
+        }
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let shared = &state.shared;
+    let value: Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let model = value
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("mock-model")
+        .to_owned();
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    // Record both under the reply lock so the three logs stay aligned.
+    let reply = {
+        let mut replies = lock(&shared.replies);
+        lock(&shared.requests).push(value);
+        lock(&shared.authorizations).push(auth);
+        replies.pop_front()
+    };
+    let n = shared.counter.fetch_add(1, Ordering::Relaxed) + 1;
+
+    let (parts, hang) = match reply {
+        None => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "mock provider: no scripted reply",
+            );
+        }
+        Some(Reply::Status(code)) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return error_response(status, &format!("mock provider: scripted status {code}"));
+        }
+        Some(Reply::Stream(parts)) => (parts, false),
+        Some(Reply::StreamThenHang(parts)) => (parts, true),
+    };
+
+    let ctx = ChunkCtx {
+        id: format!("chatcmpl-mock{n}"),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        model,
+    };
+    let steps = plan(&ctx, parts, hang);
+    let stream = futures_util::stream::unfold(
+        (steps, state.closed.clone()),
+        |(mut steps, mut closed)| async move {
+            loop {
+                match steps.pop_front()? {
+                    Step::Sleep(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    Step::Send(bytes) => {
+                        return Some((Ok::<Bytes, Infallible>(bytes), (steps, closed)));
+                    }
+                    Step::Hang => {
+                        // Ends (error or change) only once the provider is dropped.
+                        let _ = closed.changed().await;
+                        return None;
+                    }
+                }
+            }
+        },
+    );
+
+    let mut response = Response::new(Body::from_stream(stream));
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+struct ChunkCtx {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl ChunkCtx {
+    fn envelope(&self, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    fn choice(&self, delta: Value, finish_reason: Option<&str>) -> Value {
+        self.envelope(json!([{
+            "index": 0,
+            "delta": delta,
+            "finish_reason": finish_reason,
+        }]))
+    }
+
+    fn usage(&self, prompt: u64, completion: u64) -> Value {
+        let mut v = self.envelope(json!([]));
+        v["usage"] = json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        });
+        v
+    }
+}
+
+enum Step {
+    Send(Bytes),
+    Sleep(u64),
+    Hang,
+}
+
+fn sse(v: &Value) -> Step {
+    Step::Send(Bytes::from(format!("data: {v}\n\n")))
+}
+
+/// Turns scripted parts into the exact sequence of wire events and pauses.
+fn plan(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step> {
+    let mut steps = VecDeque::new();
+    let mut usages = Vec::new();
+    let mut any_tool = false;
+    let mut first_delta = true;
+    // The first choice delta of a stream carries `role: "assistant"`, as OpenAI's does.
+    let mut delta = |mut d: Value| {
+        if first_delta {
+            first_delta = false;
+            d["role"] = json!("assistant");
+        }
+        d
+    };
+    for part in parts {
+        match part {
+            Part::Text(t) => steps.push_back(sse(&ctx.choice(delta(json!({"content": t})), None))),
+            Part::Reasoning(t) => steps.push_back(sse(
+                &ctx.choice(delta(json!({"reasoning_content": t})), None)
+            )),
+            Part::ToolCall {
+                index,
+                id,
+                name,
+                argument_pieces,
+            } => {
+                any_tool = true;
+                let mut pieces = argument_pieces.into_iter();
+                let first = pieces.next().unwrap_or_default();
+                let head = json!({"tool_calls": [{
+                    "index": index,
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": first},
+                }]});
+                steps.push_back(sse(&ctx.choice(delta(head), None)));
+                for piece in pieces {
+                    let d = json!({"tool_calls": [{
+                        "index": index,
+                        "function": {"arguments": piece},
+                    }]});
+                    steps.push_back(sse(&ctx.choice(delta(d), None)));
+                }
+            }
+            Part::Usage { prompt, completion } => {
+                if hang {
+                    steps.push_back(sse(&ctx.usage(prompt, completion)));
+                } else {
+                    usages.push((prompt, completion));
+                }
+            }
+            Part::Delay(ms) => steps.push_back(Step::Sleep(ms)),
+        }
+    }
+    if hang {
+        steps.push_back(Step::Hang);
+        return steps;
+    }
+    let reason = if any_tool { "tool_calls" } else { "stop" };
+    steps.push_back(sse(&ctx.choice(delta(json!({})), Some(reason))));
+    for (prompt, completion) in usages {
+        steps.push_back(sse(&ctx.usage(prompt, completion)));
+    }
+    steps.push_back(Step::Send(Bytes::from_static(b"data: [DONE]\n\n")));
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+
+    fn client() -> reqwest::Client {
+        reqwest::Client::new()
+    }
+
+    async fn post(mock: &MockProvider, body: Value) -> reqwest::Response {
+        client()
+            .post(format!("{}/chat/completions", mock.base_url()))
+            .bearer_auth("sk-test")
+            .json(&body)
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// Splits an SSE body into its `data:` payloads.
+    fn events(body: &str) -> Vec<String> {
+        body.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                e.strip_prefix("data: ")
+                    .unwrap_or_else(|| panic!("not a data event: {e:?}"))
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    fn json_events(evs: &[String]) -> Vec<Value> {
+        evs.iter()
+            .filter(|e| e.as_str() != "[DONE]")
+            .map(|e| serde_json::from_str(e).expect("chunk json"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn text_chunks_then_done() {
+        let mock = MockProvider::start().await;
+        mock.push(Reply::text(&["Hel", "lo"]));
+        let resp = post(&mock, json!({"model": "m1", "stream": true})).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()[reqwest::header::CONTENT_TYPE],
+            "text/event-stream"
+        );
+        let body = resp.text().await.unwrap();
+        let evs = events(&body);
+        assert_eq!(evs.last().map(String::as_str), Some("[DONE]"));
+        assert!(body.ends_with("data: [DONE]\n\n"));
+        let chunks = json_events(&evs);
+        assert_eq!(chunks.len(), 4, "{body}");
+        assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+        assert_eq!(chunks[0]["model"], "m1");
+        assert!(chunks[0]["id"].as_str().unwrap().starts_with("chatcmpl-"));
+        assert_eq!(chunks[0]["choices"][0]["delta"]["content"], "Hel");
+        assert_eq!(chunks[0]["choices"][0]["finish_reason"], Value::Null);
+        assert_eq!(chunks[1]["choices"][0]["delta"]["content"], "lo");
+        assert_eq!(chunks[2]["choices"][0]["finish_reason"], "stop");
+        assert_eq!(chunks[3]["choices"], json!([]));
+        assert_eq!(
+            chunks[3]["usage"],
+            json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
+        );
+    }
+
+    #[tokio::test]
+    async fn split_tool_call_reassembles() {
+        let mock = MockProvider::start().await;
+        mock.push(Reply::Stream(vec![
+            Part::Reasoning("thinking".into()),
+            Part::ToolCall {
+                index: 0,
+                id: "call_1".into(),
+                name: "read_file".into(),
+                argument_pieces: vec!["{\"pa".into(), "th\":\"a".into(), ".txt\"}".into()],
+            },
+            Part::Usage {
+                prompt: 3,
+                completion: 4,
+            },
+        ]));
+        let body = post(&mock, json!({"model": "m"}))
+            .await
+            .text()
+            .await
+            .unwrap();
+        let chunks = json_events(&events(&body));
+        assert_eq!(
+            chunks[0]["choices"][0]["delta"]["reasoning_content"],
+            "thinking"
+        );
+        let (mut id, mut name, mut args) = (String::new(), String::new(), String::new());
+        let mut finish = None;
+        let mut usage = None;
+        for c in &chunks {
+            if let Some(u) = c.get("usage") {
+                usage = Some(u.clone());
+            }
+            let Some(choice) = c["choices"].get(0) else {
+                continue;
+            };
+            if let Some(f) = choice["finish_reason"].as_str() {
+                finish = Some(f.to_owned());
+            }
+            for tc in choice["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                assert_eq!(tc["index"], 0);
+                if let Some(s) = tc["id"].as_str() {
+                    id.push_str(s);
+                    assert_eq!(tc["type"], "function");
+                }
+                if let Some(s) = tc["function"]["name"].as_str() {
+                    name.push_str(s);
+                }
+                if let Some(s) = tc["function"]["arguments"].as_str() {
+                    args.push_str(s);
+                }
+            }
+        }
+        assert_eq!(id, "call_1");
+        assert_eq!(name, "read_file");
+        let parsed: Value = serde_json::from_str(&args).unwrap();
+        assert_eq!(parsed, json!({"path": "a.txt"}));
+        assert_eq!(finish.as_deref(), Some("tool_calls"));
+        assert_eq!(usage.unwrap()["total_tokens"], 7);
+        // Usage comes after the finish chunk.
+        assert_eq!(chunks.last().unwrap()["choices"], json!([]));
+    }
+
+    #[tokio::test]
+    async fn scripted_status_is_returned() {
+        let mock = MockProvider::start().await;
+        mock.push(Reply::Status(500));
+        mock.push(Reply::Status(429));
+        let resp = post(&mock, json!({})).await;
+        assert_eq!(resp.status(), 500);
+        let v: Value = resp.json().await.unwrap();
+        assert!(v["error"]["message"].is_string());
+        let resp = post(&mock, json!({})).await;
+        assert_eq!(resp.status(), 429);
+    }
+
+    #[tokio::test]
+    async fn empty_queue_returns_500() {
+        let mock = MockProvider::start().await;
+        let resp = post(&mock, json!({})).await;
+        assert_eq!(resp.status(), 500);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["message"], "mock provider: no scripted reply");
+    }
+
+    #[tokio::test]
+    async fn records_requests_and_authorizations() {
+        let mock = MockProvider::start().await;
+        mock.push(Reply::text(&["a"]));
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        post(&mock, body.clone()).await.text().await.unwrap();
+        // Also accepted without the /v1 prefix; no Authorization header here.
+        let root = mock.base_url().trim_end_matches("/v1").to_owned();
+        let resp = client()
+            .post(format!("{root}/chat/completions"))
+            .json(&json!({"n": 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 500); // queue now empty
+        assert_eq!(mock.requests(), vec![body, json!({"n": 2})]);
+        assert_eq!(
+            mock.authorizations(),
+            vec![Some("Bearer sk-test".to_owned()), None]
+        );
+    }
+
+    #[tokio::test]
+    async fn delay_streams_live_and_hang_never_finishes() {
+        let mock = MockProvider::start().await;
+        mock.push(Reply::StreamThenHang(vec![
+            Part::Text("first".into()),
+            Part::Delay(50),
+            Part::Text("second".into()),
+        ]));
+        let resp = post(&mock, json!({})).await;
+        assert_eq!(resp.status(), 200);
+        let mut stream = resp.bytes_stream();
+        let mut buf = String::new();
+        let deadline = Duration::from_secs(5);
+        while !buf.contains("second") {
+            let chunk = tokio::time::timeout(deadline, stream.next())
+                .await
+                .expect("chunk before timeout")
+                .expect("stream open")
+                .unwrap();
+            buf.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        assert!(!buf.contains("[DONE]"));
+        assert!(!buf.contains("finish_reason\":\"stop"));
+        let next = tokio::time::timeout(Duration::from_millis(200), stream.next()).await;
+        assert!(next.is_err(), "hanging stream produced more data");
+        // Dropping the provider ends the hanging stream.
+        drop(mock);
+        let end = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("stream ends after drop");
+        assert!(!matches!(end, Some(Ok(_))));
+    }
+}
