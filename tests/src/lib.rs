@@ -1,1 +1,11 @@
+//! End-to-end test support: a private PostgreSQL cluster per test run with one fresh
+//! database per test (cloned from a migrated template), `berth serve` and `berth worker`
+//! as child processes, a WebSocket JSON-RPC client, and a scripted model provider.
+
+pub mod client;
+pub mod harness;
 pub mod mock_provider;
+
+pub use client::Client;
+pub use harness::{TestServer, TestWorker, fresh_database};
+pub use mock_provider::{MockProvider, Part, Reply};

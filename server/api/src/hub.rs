@@ -36,11 +36,16 @@ pub struct Subscription {
 impl Hub {
     pub fn subscribe(&self, session_id: &str) -> Subscription {
         let mut map = self.sessions.lock().expect("hub lock");
-        let ch = map.entry(session_id.to_string()).or_insert_with(|| Channels {
-            events: watch::channel(0).0,
-            live: broadcast::channel(DELTA_BUFFER).0,
-        });
-        Subscription { events: ch.events.subscribe(), live: ch.live.subscribe() }
+        let ch = map
+            .entry(session_id.to_string())
+            .or_insert_with(|| Channels {
+                events: watch::channel(0).0,
+                live: broadcast::channel(DELTA_BUFFER).0,
+            });
+        Subscription {
+            events: ch.events.subscribe(),
+            live: ch.live.subscribe(),
+        }
     }
 
     /// A new event was committed in `session_id`.

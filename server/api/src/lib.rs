@@ -8,8 +8,8 @@
 pub mod config;
 pub mod error;
 pub mod hub;
-pub mod metrics;
 mod listen;
+pub mod metrics;
 mod proxy;
 mod rpc;
 mod workers;
@@ -66,7 +66,9 @@ pub async fn serve(
     metrics_listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()?;
     let token = CancellationToken::new();
     let state = AppState(Arc::new(App {
         store,
@@ -82,11 +84,16 @@ pub async fn serve(
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))
         .route("/v1/worker", get(workers::upgrade))
-        .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
+        .route(
+            berth_protocol::worker::MODEL_PROXY_PATH,
+            post(proxy::chat_completions),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state.clone());
-    let metrics_app = Router::new().route("/metrics", get(metrics_handler)).with_state(state.clone());
+    let metrics_app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .with_state(state.clone());
 
     let t = token.clone();
     tokio::spawn(async move {
@@ -95,16 +102,24 @@ pub async fn serve(
     });
     let t = token.clone();
     let metrics_server = tokio::spawn(async move {
-        axum::serve(metrics_listener, metrics_app).with_graceful_shutdown(async move { t.cancelled().await }).await
+        axum::serve(metrics_listener, metrics_app)
+            .with_graceful_shutdown(async move { t.cancelled().await })
+            .await
     });
     let t = token.clone();
-    axum::serve(listener, app).with_graceful_shutdown(async move { t.cancelled().await }).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { t.cancelled().await })
+        .await?;
     metrics_server.await??;
     Ok(())
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    if state.store.ready().await { (StatusCode::OK, "ready") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready") }
+    if state.store.ready().await {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
 }
 
 async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {

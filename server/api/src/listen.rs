@@ -13,7 +13,11 @@ pub fn spawn(state: AppState) {
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(100);
         loop {
-            match state.store.listen(&[CHANNEL_EVENTS, CHANNEL_DISPATCH, CHANNEL_DELTAS]).await {
+            match state
+                .store
+                .listen(&[CHANNEL_EVENTS, CHANNEL_DISPATCH, CHANNEL_DELTAS])
+                .await
+            {
                 Ok((_client, mut rx)) => {
                     backoff = Duration::from_millis(100);
                     state.hub.poke_all();
@@ -51,7 +55,9 @@ fn handle(state: &AppState, channel: &str, payload: &str) {
         }
         CHANNEL_DISPATCH => state.workers.kick(payload),
         CHANNEL_DELTAS => {
-            let Ok(msg) = serde_json::from_str::<crate::workers::RelayedDelta>(payload) else { return };
+            let Ok(msg) = serde_json::from_str::<crate::workers::RelayedDelta>(payload) else {
+                return;
+            };
             if msg.replica != state.config.replica_id {
                 state.hub.live(&msg.session, msg.item);
             }

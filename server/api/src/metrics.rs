@@ -1,6 +1,9 @@
 //! Prometheus metrics, served on their own listener.
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
 
 /// Every metric the API tier exports.
 pub struct Metrics {
@@ -32,23 +35,49 @@ impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
         let m = Metrics {
-            rpc_requests: IntCounterVec::new(Opts::new("berth_rpc_requests_total", "RPC calls"), &["method", "code"]).expect("metric"),
-            rpc_duration: HistogramVec::new(HistogramOpts::new("berth_rpc_duration_seconds", "RPC latency"), &["method"]).expect("metric"),
-            connections: IntGaugeVec::new(Opts::new("berth_connections", "open WebSockets"), &["kind"]).expect("metric"),
-            events_appended: IntCounter::new("berth_events_appended_total", "events appended").expect("metric"),
-            turns: IntCounterVec::new(Opts::new("berth_turns_total", "turns settled"), &["state"]).expect("metric"),
-            model_tokens: IntCounterVec::new(Opts::new("berth_model_tokens_total", "model tokens"), &["provider", "model", "kind"])
+            rpc_requests: IntCounterVec::new(
+                Opts::new("berth_rpc_requests_total", "RPC calls"),
+                &["method", "code"],
+            )
+            .expect("metric"),
+            rpc_duration: HistogramVec::new(
+                HistogramOpts::new("berth_rpc_duration_seconds", "RPC latency"),
+                &["method"],
+            )
+            .expect("metric"),
+            connections: IntGaugeVec::new(
+                Opts::new("berth_connections", "open WebSockets"),
+                &["kind"],
+            )
+            .expect("metric"),
+            events_appended: IntCounter::new("berth_events_appended_total", "events appended")
                 .expect("metric"),
+            turns: IntCounterVec::new(Opts::new("berth_turns_total", "turns settled"), &["state"])
+                .expect("metric"),
+            model_tokens: IntCounterVec::new(
+                Opts::new("berth_model_tokens_total", "model tokens"),
+                &["provider", "model", "kind"],
+            )
+            .expect("metric"),
             model_latency: HistogramVec::new(
                 HistogramOpts::new("berth_model_latency_seconds", "provider time to first byte"),
                 &["provider", "model"],
             )
             .expect("metric"),
-            workers_connected: IntGauge::new("berth_workers_connected", "worker connections").expect("metric"),
-            db_pool_size: IntGauge::new("berth_db_pool_size", "database pool size").expect("metric"),
-            db_pool_available: IntGauge::new("berth_db_pool_available", "idle database connections").expect("metric"),
-            auth_failures: IntCounterVec::new(Opts::new("berth_auth_failures_total", "authentication failures"), &["reason"])
+            workers_connected: IntGauge::new("berth_workers_connected", "worker connections")
                 .expect("metric"),
+            db_pool_size: IntGauge::new("berth_db_pool_size", "database pool size")
+                .expect("metric"),
+            db_pool_available: IntGauge::new(
+                "berth_db_pool_available",
+                "idle database connections",
+            )
+            .expect("metric"),
+            auth_failures: IntCounterVec::new(
+                Opts::new("berth_auth_failures_total", "authentication failures"),
+                &["reason"],
+            )
+            .expect("metric"),
             registry,
         };
         for c in [
@@ -72,7 +101,9 @@ impl Metrics {
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encode metrics");
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("encode metrics");
         String::from_utf8(buf).unwrap_or_default()
     }
 }

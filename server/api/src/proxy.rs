@@ -21,21 +21,44 @@ use berth_store::CredentialKind;
 use crate::{AppState, rpc::bearer};
 
 fn fail(status: StatusCode, code: &str, provider_status: Option<u16>) -> Response {
-    (status, Json(ProxyError { error: Cause { code: code.into(), status: provider_status } })).into_response()
+    (
+        status,
+        Json(ProxyError {
+            error: Cause {
+                code: code.into(),
+                status: provider_status,
+            },
+        }),
+    )
+        .into_response()
 }
 
-pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, Json(mut body): Json<serde_json::Value>) -> Response {
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Json(mut body): Json<serde_json::Value>,
+) -> Response {
     let authorized = match bearer(&headers) {
-        Some(t) => matches!(state.store.authenticate(t).await, Ok(Some(p)) if p.kind == CredentialKind::Worker),
+        Some(t) => {
+            matches!(state.store.authenticate(t).await, Ok(Some(p)) if p.kind == CredentialKind::Worker)
+        }
         None => false,
     };
     if !authorized {
-        state.metrics.auth_failures.with_label_values(&["model-proxy"]).inc();
+        state
+            .metrics
+            .auth_failures
+            .with_label_values(&["model-proxy"])
+            .inc();
         return fail(StatusCode::UNAUTHORIZED, "unauthorized", None);
     }
     let model_cfg = &state.config.model;
     let Some(base) = model_cfg.base_url.as_deref() else {
-        return fail(StatusCode::SERVICE_UNAVAILABLE, "provider-unconfigured", None);
+        return fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "provider-unconfigured",
+            None,
+        );
     };
     let Some(obj) = body.as_object_mut() else {
         return fail(StatusCode::BAD_REQUEST, "bad-params", None);
@@ -46,24 +69,41 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         obj.insert("model".into(), m.clone().into());
     }
     obj.insert("stream".into(), true.into());
-    obj.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
-    let model = obj.get("model").and_then(|m| m.as_str()).unwrap_or("").to_string();
+    obj.insert(
+        "stream_options".into(),
+        serde_json::json!({"include_usage": true}),
+    );
+    let model = obj
+        .get("model")
+        .and_then(|m| m.as_str())
+        .unwrap_or("")
+        .to_string();
 
     let url = format!("{}/chat/completions", base.trim_end_matches('/'));
-    let mut req = state.http.post(url).json(&body).timeout(Duration::from_secs(600));
+    let mut req = state
+        .http
+        .post(url)
+        .json(&body)
+        .timeout(Duration::from_secs(600));
     if let Some(key) = &model_cfg.api_key {
         req = req.bearer_auth(&key.0);
     }
     let started = Instant::now();
     let resp = match req.send().await {
         Ok(r) => r,
-        Err(e) if e.is_timeout() => return fail(StatusCode::GATEWAY_TIMEOUT, "provider-timeout", None),
+        Err(e) if e.is_timeout() => {
+            return fail(StatusCode::GATEWAY_TIMEOUT, "provider-timeout", None);
+        }
         Err(e) => {
             tracing::warn!(error = %without_url(&e), "provider unreachable");
             return fail(StatusCode::BAD_GATEWAY, "provider-unreachable", None);
         }
     };
-    state.metrics.model_latency.with_label_values(&["default", &model]).observe(started.elapsed().as_secs_f64());
+    state
+        .metrics
+        .model_latency
+        .with_label_values(&["default", &model])
+        .observe(started.elapsed().as_secs_f64());
     if !resp.status().is_success() {
         let status = resp.status().as_u16();
         tracing::warn!(status, "provider answered with an error status");

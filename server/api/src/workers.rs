@@ -37,8 +37,11 @@ use crate::{AppState, error::ApiError, rpc::bearer};
 /// Worker connections held by this replica, by connection id.
 #[derive(Default)]
 pub struct Registry {
-    conns: Mutex<HashMap<String, (Vec<String>, Arc<Notify>)>>,
+    conns: Mutex<HashMap<String, LocalWorker>>,
 }
+
+/// A worker connection's workspaces and the signal that makes it claim turns.
+type LocalWorker = (Vec<String>, Arc<Notify>);
 
 impl Registry {
     /// Wake the connections serving `workspace_id` to claim turns.
@@ -68,19 +71,35 @@ pub struct RelayedDelta {
 /// NOTIFY payloads must stay under 8000 bytes.
 const RELAY_TEXT_MAX: usize = 6000;
 
-pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
+pub async fn upgrade(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
     let Some(presented) = bearer(&headers) else {
-        state.metrics.auth_failures.with_label_values(&["missing"]).inc();
+        state
+            .metrics
+            .auth_failures
+            .with_label_values(&["missing"])
+            .inc();
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let principal = match state.store.authenticate(presented).await {
         Ok(Some(p)) if p.kind == CredentialKind::Worker => p,
         Ok(Some(_)) => {
-            state.metrics.auth_failures.with_label_values(&["not-a-worker"]).inc();
+            state
+                .metrics
+                .auth_failures
+                .with_label_values(&["not-a-worker"])
+                .inc();
             return StatusCode::FORBIDDEN.into_response();
         }
         Ok(None) => {
-            state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
+            state
+                .metrics
+                .auth_failures
+                .with_label_values(&["invalid"])
+                .inc();
             return StatusCode::UNAUTHORIZED.into_response();
         }
         Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
@@ -113,41 +132,71 @@ impl WorkerConn {
     async fn run(&mut self, socket: WebSocket) -> anyhow::Result<()> {
         let (mut sink, mut stream) = socket.split();
         let hello = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
-        let Ok(Some(Ok(Message::Text(text)))) = hello else { anyhow::bail!("no worker.hello") };
+        let Ok(Some(Ok(Message::Text(text)))) = hello else {
+            anyhow::bail!("no worker.hello")
+        };
         let req: Request = serde_json::from_str(&text)?;
         let params: WorkerHello = match (req.method.as_str(), serde_json::from_value(req.params)) {
             (wp::WORKER_HELLO, Ok(p)) => p,
             _ => {
                 let err = RpcResponse::err(req.id, RpcError::new(ErrorCode::BadParams));
-                sink.send(Message::Text(serde_json::to_string(&err)?.into())).await?;
+                sink.send(Message::Text(serde_json::to_string(&err)?.into()))
+                    .await?;
                 anyhow::bail!("bad worker.hello");
             }
         };
         if params.protocol != PROTOCOL_VERSION {
             let err = RpcError::with_fields(
                 ErrorCode::UnsupportedProtocol,
-                json!({"supported": berth_protocol::SUPPORTED_PROTOCOLS}).as_object().cloned().unwrap_or_default(),
+                json!({"supported": berth_protocol::SUPPORTED_PROTOCOLS})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
             );
-            sink.send(Message::Text(serde_json::to_string(&RpcResponse::err(req.id, err))?.into())).await?;
+            sink.send(Message::Text(
+                serde_json::to_string(&RpcResponse::err(req.id, err))?.into(),
+            ))
+            .await?;
             anyhow::bail!("unsupported worker protocol {}", params.protocol);
         }
         let state = self.state.clone();
         let store = &state.store;
-        let ids = store.register_workspaces(&self.principal, &params.host, &params.workspaces).await?;
-        store.presence_insert(&self.connection_id, &self.principal, &self.state.config.replica_id, &ids).await?;
+        let ids = store
+            .register_workspaces(&self.principal, &params.host, &params.workspaces)
+            .await?;
+        store
+            .presence_insert(
+                &self.connection_id,
+                &self.principal,
+                &self.state.config.replica_id,
+                &ids,
+            )
+            .await?;
         let result = WorkerHelloResult {
             workspaces: params
                 .workspaces
                 .iter()
                 .zip(&ids)
-                .map(|(d, id)| wp::RegisteredWorkspace { name: d.name.clone(), workspace_id: id.clone() })
+                .map(|(d, id)| wp::RegisteredWorkspace {
+                    name: d.name.clone(),
+                    workspace_id: id.clone(),
+                })
                 .collect(),
         };
-        sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?))).await?;
+        sink.send(text_msg(&RpcResponse::ok(
+            req.id,
+            serde_json::to_value(result)?,
+        )))
+        .await?;
         tracing::info!(worker.connection = %self.connection_id, host = %params.host, workspaces = ids.len(), "worker connected");
 
         let kick = Arc::new(Notify::new());
-        self.state.workers.conns.lock().expect("registry lock").insert(self.connection_id.clone(), (ids.clone(), kick.clone()));
+        self.state
+            .workers
+            .conns
+            .lock()
+            .expect("registry lock")
+            .insert(self.connection_id.clone(), (ids.clone(), kick.clone()));
         kick.notify_one();
         let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
         let mut flush = tokio::time::interval(Duration::from_millis(50));
@@ -181,16 +230,29 @@ impl WorkerConn {
         workspaces: &[String],
         sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
     ) -> anyhow::Result<()> {
-        let claimed = self.state.store.claim_turns(&self.connection_id, &self.principal.tenant_id, workspaces).await?;
+        let claimed = self
+            .state
+            .store
+            .claim_turns(&self.connection_id, &self.principal.tenant_id, workspaces)
+            .await?;
         for c in claimed {
             tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, "turn handed to worker");
-            self.turns.insert(c.run.turn_id.clone(), c.run.session_id.clone());
-            self.relay_now(&c.run.session_id, json!({"type": "phase", "phase": "running", "turnId": c.run.turn_id})).await;
+            self.turns
+                .insert(c.run.turn_id.clone(), c.run.session_id.clone());
+            self.relay_now(
+                &c.run.session_id,
+                json!({"type": "phase", "phase": "running", "turnId": c.run.turn_id}),
+            )
+            .await;
             let mut run = c.run;
             if run.model.is_none() {
                 run.model = self.state.config.model.model.clone();
             }
-            sink.send(text_msg(&Request::notification(wp::TURN_RUN, serde_json::to_value(run)?))).await?;
+            sink.send(text_msg(&Request::notification(
+                wp::TURN_RUN,
+                serde_json::to_value(run)?,
+            )))
+            .await?;
         }
         Ok(())
     }
@@ -213,12 +275,22 @@ impl WorkerConn {
             }
             wp::TURN_STEP => match serde_json::from_value::<TurnStep>(req.params) {
                 Ok(step) => {
-                    let r = store.append_step(&self.connection_id, &tenant, &step.turn_id, &step.rows, step.usage).await;
+                    let r = store
+                        .append_step(
+                            &self.connection_id,
+                            &tenant,
+                            &step.turn_id,
+                            &step.rows,
+                            step.usage,
+                        )
+                        .await;
                     if let (Ok(_), Some(u)) = (&r, step.usage) {
                         let model = self.state.config.model.model.clone().unwrap_or_default();
                         let m = &self.state.metrics.model_tokens;
-                        m.with_label_values(&["default", &model, "input"]).inc_by(u.input_tokens);
-                        m.with_label_values(&["default", &model, "output"]).inc_by(u.output_tokens);
+                        m.with_label_values(&["default", &model, "input"])
+                            .inc_by(u.input_tokens);
+                        m.with_label_values(&["default", &model, "output"])
+                            .inc_by(u.output_tokens);
                     }
                     r.map(|seq| {
                         self.state.metrics.events_appended.inc();
@@ -231,9 +303,21 @@ impl WorkerConn {
             wp::TURN_END => match serde_json::from_value::<TurnEnd>(req.params) {
                 Ok(end) => {
                     self.flush_relay().await;
-                    let r = store.end_turn(Some(&self.connection_id), &tenant, &end.turn_id, end.state, end.cause.as_ref()).await;
+                    let r = store
+                        .end_turn(
+                            Some(&self.connection_id),
+                            &tenant,
+                            &end.turn_id,
+                            end.state,
+                            end.cause.as_ref(),
+                        )
+                        .await;
                     if let Some(session) = self.turns.remove(&end.turn_id) {
-                        self.relay_now(&session, json!({"type": "phase", "phase": "idle", "turnId": end.turn_id})).await;
+                        self.relay_now(
+                            &session,
+                            json!({"type": "phase", "phase": "idle", "turnId": end.turn_id}),
+                        )
+                        .await;
                     }
                     r.map(|(_, seq)| {
                         self.state.metrics.events_appended.inc();
@@ -255,10 +339,15 @@ impl WorkerConn {
     }
 
     fn delta(&mut self, d: TurnDelta) {
-        let Some(session) = self.turns.get(&d.turn_id) else { return };
+        let Some(session) = self.turns.get(&d.turn_id) else {
+            return;
+        };
         let item = json!({"type": "model.delta", "turnId": d.turn_id, "text": d.text, "thinking": d.thinking});
         self.state.hub.live(session, item);
-        let entry = self.relay.entry(d.turn_id).or_insert_with(|| (session.clone(), String::new(), String::new()));
+        let entry = self
+            .relay
+            .entry(d.turn_id)
+            .or_insert_with(|| (session.clone(), String::new(), String::new()));
         entry.1.push_str(d.text.as_deref().unwrap_or(""));
         entry.2.push_str(d.thinking.as_deref().unwrap_or(""));
     }
@@ -281,7 +370,11 @@ impl WorkerConn {
     }
 
     async fn notify_others(&self, session: &str, item: serde_json::Value) {
-        let msg = RelayedDelta { replica: self.state.config.replica_id.clone(), session: session.to_string(), item };
+        let msg = RelayedDelta {
+            replica: self.state.config.replica_id.clone(),
+            session: session.to_string(),
+            item,
+        };
         if let Ok(payload) = serde_json::to_string(&msg)
             && let Err(e) = self.state.store.notify(CHANNEL_DELTAS, &payload).await
         {
@@ -290,7 +383,12 @@ impl WorkerConn {
     }
 
     async fn cleanup(&mut self) {
-        self.state.workers.conns.lock().expect("registry lock").remove(&self.connection_id);
+        self.state
+            .workers
+            .conns
+            .lock()
+            .expect("registry lock")
+            .remove(&self.connection_id);
         let store = &self.state.store;
         if let Err(e) = store.presence_remove(&self.connection_id).await {
             tracing::warn!(error = %e, "removing worker presence failed");
@@ -298,7 +396,11 @@ impl WorkerConn {
         match store.interrupt_connection(&self.connection_id).await {
             Ok(turns) => {
                 for t in turns {
-                    self.state.metrics.turns.with_label_values(&["interrupted"]).inc();
+                    self.state
+                        .metrics
+                        .turns
+                        .with_label_values(&["interrupted"])
+                        .inc();
                     tracing::warn!(turn.id = %t, "worker lost mid-turn; turn interrupted");
                 }
             }

@@ -19,7 +19,11 @@ use settings::Settings;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(name = "berth", version, about = "Berth: a self-hosted, multi-tenant agent host")]
+#[command(
+    name = "berth",
+    version,
+    about = "Berth: a self-hosted, multi-tenant agent host"
+)]
 struct Cli {
     /// Config file of KEY=VALUE lines (keys as the environment variables).
     #[arg(long, global = true)]
@@ -135,7 +139,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let settings = Settings::load(cli.config.as_deref())?;
     init_tracing(&settings);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let result = runtime.block_on(run(cli, settings));
     if let Err(e) = &result {
         eprintln!("berth: {e:#}");
@@ -146,8 +152,12 @@ fn main() -> anyhow::Result<()> {
 
 fn init_tracing(settings: &Settings) {
     use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_new(settings.get(None, "RUST_LOG").unwrap_or_else(|| "info".into()))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(
+        settings
+            .get(None, "RUST_LOG")
+            .unwrap_or_else(|| "info".into()),
+    )
+    .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if settings.get(None, "BERTH_LOG_FORMAT").as_deref() == Some("json") {
         builder.json().init();
@@ -157,7 +167,11 @@ fn init_tracing(settings: &Settings) {
 }
 
 async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
-    let data_dir = PathBuf::from(settings.get(cli.data_dir.as_deref(), "BERTH_DATA_DIR").unwrap_or_else(|| ".berth".into()));
+    let data_dir = PathBuf::from(
+        settings
+            .get(cli.data_dir.as_deref(), "BERTH_DATA_DIR")
+            .unwrap_or_else(|| ".berth".into()),
+    );
     match cli.command {
         Command::Serve(args) => serve(&settings, &data_dir, &args, false).await,
         Command::Dev(args) => serve(&settings, &data_dir, &args, true).await,
@@ -174,20 +188,32 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
 
 /// The store: `DATABASE_URL`, or the private cluster under the data dir (returned so that
 /// the caller owns it and it stops when dropped).
-async fn database(settings: &Settings, data_dir: &Path) -> anyhow::Result<(Store, Option<PrivateCluster>)> {
+async fn database(
+    settings: &Settings,
+    data_dir: &Path,
+) -> anyhow::Result<(Store, Option<PrivateCluster>)> {
     let pool_size = settings.parse(None, "BERTH_DB_POOL_SIZE", "16")?;
     if let Some(url) = settings.secret("DATABASE_URL")? {
         return Ok((Store::connect(&url, pool_size)?, None));
     }
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
-    let cluster = tokio::task::spawn_blocking(move || PrivateCluster::start(&data_dir, &ClusterOptions::default())).await??;
+    let cluster = tokio::task::spawn_blocking(move || {
+        PrivateCluster::start(&data_dir, &ClusterOptions::default())
+    })
+    .await??;
     create_database(&cluster.url("postgres"), "berth", None).await?;
     let store = Store::connect(&cluster.url("berth"), pool_size)?;
     Ok((store, Some(cluster)))
 }
 
-async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool) -> anyhow::Result<()> {
+async fn serve(
+    settings: &Settings,
+    data_dir: &Path,
+    args: &ServeArgs,
+    dev: bool,
+) -> anyhow::Result<()> {
     let (store, cluster) = database(settings, data_dir).await?;
     if !args.no_migrate {
         let n = store.migrate().await.context("applying migrations")?;
@@ -203,10 +229,19 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
 
     let mut config = Config::for_data_dir(data_dir.to_path_buf());
     config.listen = settings.parse(args.listen.as_deref(), "BERTH_LISTEN", "127.0.0.1:8790")?;
-    config.metrics_listen = settings.parse(args.metrics_listen.as_deref(), "BERTH_METRICS_LISTEN", "127.0.0.1:9464")?;
+    config.metrics_listen = settings.parse(
+        args.metrics_listen.as_deref(),
+        "BERTH_METRICS_LISTEN",
+        "127.0.0.1:9464",
+    )?;
     config.allowed_origins = settings
         .get(None, "BERTH_ALLOWED_ORIGINS")
-        .map(|s| s.split(',').map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect())
+        .map(|s| {
+            s.split(',')
+                .map(|o| o.trim().to_string())
+                .filter(|o| !o.is_empty())
+                .collect()
+        })
         .unwrap_or_default();
     config.max_text_message = settings.parse(None, "BERTH_MAX_TEXT_MESSAGE", "8388608")?;
     config.model = ModelConfig {
@@ -217,7 +252,9 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {
         config.replica_id = id;
     }
-    let listener = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding BERTH_LISTEN {}", config.listen))?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding BERTH_LISTEN {}", config.listen))?;
     let metrics_listener = tokio::net::TcpListener::bind(config.metrics_listen)
         .await
         .with_context(|| format!("binding BERTH_METRICS_LISTEN {}", config.metrics_listen))?;
@@ -232,7 +269,11 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     if dev {
         let worker_token = dev_worker_token(&store, &run_dir).await?;
         let cwd = std::env::current_dir()?;
-        let name = cwd.file_name().and_then(|n| n.to_str()).unwrap_or("workspace").to_string();
+        let name = cwd
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("workspace")
+            .to_string();
         let cfg = berth_worker::WorkerConfig {
             server: format!("http://{addr}"),
             token: worker_token,
@@ -249,7 +290,10 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         s.cancel();
     });
     let s = shutdown.clone();
-    berth_api::serve(config, store, listener, metrics_listener, async move { s.cancelled().await }).await?;
+    berth_api::serve(config, store, listener, metrics_listener, async move {
+        s.cancelled().await
+    })
+    .await?;
     if let Some(t) = worker_task {
         let _ = t.await;
     }
@@ -266,15 +310,22 @@ async fn dev_worker_token(store: &Store, run_dir: &Path) -> anyhow::Result<Strin
         return Ok(existing.trim().to_string());
     }
     let tenant = store.tenant_id("default").await?;
-    let (_, token) = store.create_credential(&tenant, None, "berth dev worker", "berth-dev").await?;
+    let (_, token) = store
+        .create_credential(&tenant, None, "berth dev worker", "berth-dev")
+        .await?;
     write_secret(&path, &token)?;
     Ok(token)
 }
 
 async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
     let token = match &args.token_file {
-        Some(f) => std::fs::read_to_string(f).with_context(|| format!("reading --token-file {}", f.display()))?.trim().to_string(),
-        None => settings.secret("BERTH_WORKER_TOKEN")?.context("give --token-file or BERTH_WORKER_TOKEN")?,
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading --token-file {}", f.display()))?
+            .trim()
+            .to_string(),
+        None => settings
+            .secret("BERTH_WORKER_TOKEN")?
+            .context("give --token-file or BERTH_WORKER_TOKEN")?,
     };
     let mut workspaces = Vec::new();
     for w in &args.workspaces {
@@ -282,14 +333,26 @@ async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
             Some((n, p)) => (n.to_string(), PathBuf::from(p)),
             None => {
                 let p = PathBuf::from(w);
-                let n = p.canonicalize()?.file_name().and_then(|n| n.to_str()).unwrap_or("workspace").to_string();
+                let n = p
+                    .canonicalize()?
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("workspace")
+                    .to_string();
                 (n, p)
             }
         };
-        let path = path.canonicalize().with_context(|| format!("workspace {name}: {}", path.display()))?;
+        let path = path
+            .canonicalize()
+            .with_context(|| format!("workspace {name}: {}", path.display()))?;
         workspaces.push((name, path));
     }
-    let cfg = berth_worker::WorkerConfig { server: args.server, token, host: args.host.unwrap_or_else(hostname), workspaces };
+    let cfg = berth_worker::WorkerConfig {
+        server: args.server,
+        token,
+        host: args.host.unwrap_or_else(hostname),
+        workspaces,
+    };
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();
     tokio::spawn(async move {
@@ -303,15 +366,27 @@ async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Resu
     let (store, _cluster) = database(settings, data_dir).await?;
     store.migrate().await?;
     match cmd {
-        Admin::Token(TokenCmd::Create { tenant, user, worker: _, note }) => {
+        Admin::Token(TokenCmd::Create {
+            tenant,
+            user,
+            worker: _,
+            note,
+        }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
-            let (_, token) = store.create_credential(&tenant, user.as_deref(), &note, "cli").await.context("creating the credential")?;
+            let (_, token) = store
+                .create_credential(&tenant, user.as_deref(), &note, "cli")
+                .await
+                .context("creating the credential")?;
             println!("{token}");
         }
         Admin::Token(TokenCmd::List { tenant }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
             for c in store.list_credentials(&tenant).await? {
-                let state = if c.revoked_at.is_some() { "revoked" } else { "active" };
+                let state = if c.revoked_at.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
                 println!(
                     "{}\t{}\t{}\t{}\t{}\tcreated={}\tlast-used={}\texpires={}",
                     c.id,
@@ -326,13 +401,25 @@ async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Resu
             }
         }
         Admin::Token(TokenCmd::Revoke { id }) => {
-            store.revoke_credential(&id, "cli").await.context("no such credential")?;
+            store
+                .revoke_credential(&id, "cli")
+                .await
+                .context("no such credential")?;
             println!("revoked {id}");
         }
-        Admin::Tenant(TenantCmd::Create { name }) => println!("{}", store.create_tenant(&name).await?),
-        Admin::User(UserCmd::Create { tenant, email, admin }) => {
+        Admin::Tenant(TenantCmd::Create { name }) => {
+            println!("{}", store.create_tenant(&name).await?)
+        }
+        Admin::User(UserCmd::Create {
+            tenant,
+            email,
+            admin,
+        }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
-            println!("{}", store.create_user(&tenant, &email, admin, "cli").await?);
+            println!(
+                "{}",
+                store.create_user(&tenant, &email, admin, "cli").await?
+            );
         }
     }
     Ok(())

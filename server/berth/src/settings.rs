@@ -14,10 +14,13 @@ pub struct Settings {
 
 impl Settings {
     pub fn load(path: Option<&Path>) -> anyhow::Result<Settings> {
-        let path = path.map(Path::to_path_buf).or_else(|| std::env::var_os("BERTH_CONFIG").map(Into::into));
+        let path = path
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("BERTH_CONFIG").map(Into::into));
         let mut file = HashMap::new();
         if let Some(path) = path {
-            let text = std::fs::read_to_string(&path).with_context(|| format!("reading config file {}", path.display()))?;
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading config file {}", path.display()))?;
             for (n, line) in text.lines().enumerate() {
                 let line = line.trim();
                 if line.is_empty() || line.starts_with('#') {
@@ -46,18 +49,27 @@ impl Settings {
         }
         match self.get(None, &format!("{key}_FILE")) {
             Some(path) => Ok(Some(
-                std::fs::read_to_string(&path).with_context(|| format!("reading {key}_FILE ({path})"))?.trim().to_string(),
+                std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {key}_FILE ({path})"))?
+                    .trim()
+                    .to_string(),
             )),
             None => Ok(None),
         }
     }
 
     /// Parse a setting, naming the variable in the error.
-    pub fn parse<T: std::str::FromStr>(&self, flag: Option<&str>, key: &str, default: &str) -> anyhow::Result<T>
+    pub fn parse<T: std::str::FromStr>(
+        &self,
+        flag: Option<&str>,
+        key: &str,
+        default: &str,
+    ) -> anyhow::Result<T>
     where
         T::Err: std::fmt::Display,
     {
         let raw = self.get(flag, key).unwrap_or_else(|| default.to_string());
-        raw.parse().map_err(|e| anyhow::anyhow!("{key}={raw:?} is invalid: {e}"))
+        raw.parse()
+            .map_err(|e| anyhow::anyhow!("{key}={raw:?} is invalid: {e}"))
     }
 }

@@ -17,11 +17,21 @@ pub struct Request {
 
 impl Request {
     pub fn new(id: u32, method: &str, params: serde_json::Value) -> Request {
-        Request { jsonrpc: "2.0".into(), id: Some(id), method: method.into(), params }
+        Request {
+            jsonrpc: "2.0".into(),
+            id: Some(id),
+            method: method.into(),
+            params,
+        }
     }
 
     pub fn notification(method: &str, params: serde_json::Value) -> Request {
-        Request { jsonrpc: "2.0".into(), id: None, method: method.into(), params }
+        Request {
+            jsonrpc: "2.0".into(),
+            id: None,
+            method: method.into(),
+            params,
+        }
     }
 }
 
@@ -38,11 +48,21 @@ pub struct Response {
 
 impl Response {
     pub fn ok(id: Option<u32>, result: serde_json::Value) -> Response {
-        Response { jsonrpc: "2.0".into(), id, result: Some(result), error: None }
+        Response {
+            jsonrpc: "2.0".into(),
+            id,
+            result: Some(result),
+            error: None,
+        }
     }
 
     pub fn err(id: Option<u32>, error: RpcError) -> Response {
-        Response { jsonrpc: "2.0".into(), id, result: None, error: Some(error) }
+        Response {
+            jsonrpc: "2.0".into(),
+            id,
+            result: None,
+            error: Some(error),
+        }
     }
 }
 

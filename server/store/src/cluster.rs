@@ -26,9 +26,9 @@ pub struct ClusterOptions {
 /// A running private cluster. Dropping it stops the server (fast shutdown).
 #[derive(Debug)]
 pub struct PrivateCluster {
-    child: Option<Child>,
+    /// The keeper thread and its stop signal (None: attached to another process's cluster).
+    keeper: Option<(std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>)>,
     socket_dir: PathBuf,
-    data: PathBuf,
 }
 
 /// The superuser role the cluster is initialised with.
@@ -41,11 +41,16 @@ impl PrivateCluster {
         let bin = find_bin_dir()?;
         let data = dir.join("pg");
         let socket_dir = dir.join("run").join("pg");
-        std::fs::create_dir_all(&socket_dir).with_context(|| format!("creating {}", socket_dir.display()))?;
+        std::fs::create_dir_all(&socket_dir)
+            .with_context(|| format!("creating {}", socket_dir.display()))?;
         if let Some(running) = PrivateCluster::attach(&data, &socket_dir) {
             return Ok(running);
         }
-        let owner = if is_root() { Some(unprivileged_user()?) } else { None };
+        let owner = if is_root() {
+            Some(unprivileged_user()?)
+        } else {
+            None
+        };
         if !data.join("PG_VERSION").exists() {
             std::fs::create_dir_all(&data)?;
             std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))?;
@@ -53,13 +58,26 @@ impl PrivateCluster {
                 std::os::unix::fs::chown(&data, Some(uid), Some(gid))?;
             }
             let mut cmd = Command::new(bin.join("initdb"));
-            cmd.arg("-D").arg(&data).args(["-U", CLUSTER_USER, "--auth=trust", "-E", "UTF8", "--no-instructions"]);
+            cmd.arg("-D").arg(&data).args([
+                "-U",
+                CLUSTER_USER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-instructions",
+            ]);
             if options.unsafe_no_fsync {
                 cmd.arg("--no-sync");
             }
-            let out = as_owner(&mut cmd, owner).stdin(Stdio::null()).output().context("running initdb")?;
+            let out = as_owner(&mut cmd, owner)
+                .stdin(Stdio::null())
+                .output()
+                .context("running initdb")?;
             if !out.status.success() {
-                bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+                bail!(
+                    "initdb failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
             }
         }
         if let Some((uid, gid)) = owner {
@@ -72,16 +90,59 @@ impl PrivateCluster {
         }
         let mut cmd = Command::new(bin.join("postgres"));
         cmd.arg("-D").arg(&data).arg("-k").arg(&socket_dir);
-        cmd.args(["-c", "listen_addresses=", "-p", &PORT.to_string(), "-c", "max_connections=400"]);
+        cmd.args([
+            "-c",
+            "listen_addresses=",
+            "-p",
+            &PORT.to_string(),
+            "-c",
+            "max_connections=400",
+        ]);
         if options.unsafe_no_fsync {
-            cmd.args(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]);
+            cmd.args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+            ]);
         }
-        as_owner(&mut cmd, owner).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        as_owner(&mut cmd, owner)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
         die_with_parent(&mut cmd);
-        let child = cmd.spawn().context("starting postgres")?;
-        let mut cluster = PrivateCluster { child: Some(child), socket_dir, data };
-        cluster.wait_ready(&log_path)?;
-        Ok(cluster)
+        // The parent-death signal fires when the *thread* that spawned the child exits, so
+        // the child is spawned and reaped by a keeper thread that lives as long as the cluster.
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let (ready_data, ready_socket) = (data.clone(), socket_dir.clone());
+        let keeper = std::thread::Builder::new()
+            .name("berth-postgres".into())
+            .spawn(move || {
+                let mut child = match cmd.spawn() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ =
+                            ready_tx.send(Err(anyhow::Error::from(e).context("starting postgres")));
+                        return;
+                    }
+                };
+                let ready = wait_ready(&mut child, &ready_data, &ready_socket, &log_path);
+                let ok = ready.is_ok();
+                let _ = ready_tx.send(ready);
+                if ok {
+                    // Blocks until stop() or the handle is dropped.
+                    let _ = stop_rx.recv();
+                }
+                shut_down(child);
+            })?;
+        ready_rx.recv().context("postgres keeper thread died")??;
+        Ok(PrivateCluster {
+            keeper: Some((keeper, stop_tx)),
+            socket_dir,
+        })
     }
 
     /// A cluster some other process already runs on this data directory (e.g. `berth serve`
@@ -89,57 +150,82 @@ impl PrivateCluster {
     fn attach(data: &Path, socket_dir: &Path) -> Option<PrivateCluster> {
         let pidfile = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
         let pid: i32 = pidfile.lines().next()?.trim().parse().ok()?;
-        if !alive(pid) || !pidfile.contains("ready") || !socket_dir.join(format!(".s.PGSQL.{PORT}")).exists() {
+        if !alive(pid)
+            || !pidfile.contains("ready")
+            || !socket_dir.join(format!(".s.PGSQL.{PORT}")).exists()
+        {
             return None;
         }
-        Some(PrivateCluster { child: None, socket_dir: socket_dir.to_path_buf(), data: data.to_path_buf() })
+        Some(PrivateCluster {
+            keeper: None,
+            socket_dir: socket_dir.to_path_buf(),
+        })
     }
 
     /// A libpq-style connection string for `dbname` on this cluster.
     pub fn url(&self, dbname: &str) -> String {
-        format!("host={} port={PORT} user={CLUSTER_USER} dbname={dbname}", self.socket_dir.display())
+        format!(
+            "host={} port={PORT} user={CLUSTER_USER} dbname={dbname}",
+            self.socket_dir.display()
+        )
     }
 
-    fn wait_ready(&mut self, log_path: &Path) -> anyhow::Result<()> {
-        let socket = self.socket_dir.join(format!(".s.PGSQL.{PORT}"));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(child) = self.child.as_mut()
-                && let Some(status) = child.try_wait()?
-            {
-                let mut log = String::new();
-                std::fs::File::open(log_path).and_then(|mut f| f.read_to_string(&mut log)).ok();
-                bail!("postgres exited ({status}) while starting: {}", log.trim());
-            }
-            // The socket appears once postgres accepts connections; `postmaster.pid`'s last
-            // status line says "ready" when startup recovery is over.
-            let ready = socket.exists()
-                && std::fs::read_to_string(self.data.join("postmaster.pid")).is_ok_and(|p| p.contains("ready"));
-            if ready {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("postgres did not become ready within 60 s; see {}", log_path.display());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Stop the server and wait for it to exit.
+    /// Stop the server (fast shutdown) and wait for it to exit. A cluster this process
+    /// only attached to is left running.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            signal(child.id(), libc::SIGINT);
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some((keeper, stop)) = self.keeper.take() {
+            let _ = stop.send(());
+            let _ = keeper.join();
         }
     }
+}
+
+fn wait_ready(
+    child: &mut Child,
+    data: &Path,
+    socket_dir: &Path,
+    log_path: &Path,
+) -> anyhow::Result<()> {
+    let socket = socket_dir.join(format!(".s.PGSQL.{PORT}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let mut log = String::new();
+            std::fs::File::open(log_path)
+                .and_then(|mut f| f.read_to_string(&mut log))
+                .ok();
+            bail!("postgres exited ({status}) while starting: {}", log.trim());
+        }
+        // The socket appears once postgres listens; `postmaster.pid`'s status line says
+        // "ready" when startup recovery is over.
+        let ready = socket.exists()
+            && std::fs::read_to_string(data.join("postmaster.pid"))
+                .is_ok_and(|p| p.contains("ready"));
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!(
+                "postgres did not become ready within 60 s; see {}",
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn shut_down(mut child: Child) {
+    signal(child.id(), libc::SIGINT);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl Drop for PrivateCluster {
@@ -175,7 +261,9 @@ pub fn find_bin_dir() -> anyhow::Result<PathBuf> {
 }
 
 fn is_root() -> bool {
-    std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false)
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
 }
 
 /// The uid/gid of `postgres`, else `nobody`, from /etc/passwd.
@@ -184,12 +272,14 @@ fn unprivileged_user() -> anyhow::Result<(u32, u32)> {
     let lookup = |name: &str| {
         passwd.lines().find_map(|line| {
             let f: Vec<&str> = line.split(':').collect();
-            (f.len() > 3 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?))).flatten()
+            (f.len() > 3 && f[0] == name)
+                .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+                .flatten()
         })
     };
-    lookup("postgres")
-        .or_else(|| lookup("nobody"))
-        .context("running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as")
+    lookup("postgres").or_else(|| lookup("nobody")).context(
+        "running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as",
+    )
 }
 
 fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) -> &mut Command {
@@ -199,7 +289,10 @@ fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) -> &mut Command {
     cmd
 }
 
-#[expect(unsafe_code, reason = "pre_exec and prctl: the only way to tie postgres's life to ours")]
+#[expect(
+    unsafe_code,
+    reason = "pre_exec and prctl: the only way to tie postgres's life to ours"
+)]
 fn die_with_parent(cmd: &mut Command) {
     // Runs in the child after fork and after the uid change, before exec. If Berth dies
     // without a clean stop, postgres gets SIGINT (fast shutdown) instead of lingering.
@@ -218,7 +311,10 @@ fn alive(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
-#[expect(unsafe_code, reason = "kill(2) has no safe std wrapper for signals other than SIGKILL")]
+#[expect(
+    unsafe_code,
+    reason = "kill(2) has no safe std wrapper for signals other than SIGKILL"
+)]
 fn signal(pid: u32, sig: libc::c_int) {
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
@@ -227,10 +323,17 @@ fn signal(pid: u32, sig: libc::c_int) {
 
 /// Create database `name` on the server at `admin_url` unless it exists, optionally as a
 /// copy of `template`.
-pub async fn create_database(admin_url: &str, name: &str, template: Option<&str>) -> anyhow::Result<()> {
+pub async fn create_database(
+    admin_url: &str,
+    name: &str,
+    template: Option<&str>,
+) -> anyhow::Result<()> {
     let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls).await?;
     let conn = tokio::spawn(connection);
-    let exists = client.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name]).await?.is_some();
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await?
+        .is_some();
     if !exists {
         let ident = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
         let sql = match template {

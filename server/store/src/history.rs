@@ -34,7 +34,10 @@ pub(crate) async fn append_event(
     )
     .await?;
     for (i, row) in rows.iter().enumerate() {
-        let tool = row.tool.as_ref().map(|t| serde_json::to_value(t).unwrap_or_default());
+        let tool = row
+            .tool
+            .as_ref()
+            .map(|t| serde_json::to_value(t).unwrap_or_default());
         tx.execute(
             "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -53,21 +56,31 @@ pub(crate) async fn append_event(
         )
         .await?;
     }
-    tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL_EVENTS, &format!("{session_id}:{seq}")]).await?;
+    tx.execute(
+        "SELECT pg_notify($1, $2)",
+        &[&CHANNEL_EVENTS, &format!("{session_id}:{seq}")],
+    )
+    .await?;
     Ok(seq)
 }
 
-const ROW_COLUMNS: &str = "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden";
+const ROW_COLUMNS: &str =
+    "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden";
 
 fn row_from(r: &tokio_postgres::Row) -> Row {
     let hidden: bool = r.get(7);
     Row {
-        position: Position { source_sequence: r.get(0), item_index: r.get(1) },
+        position: Position {
+            source_sequence: r.get(0),
+            item_index: r.get(1),
+        },
         turn_id: r.get(2),
         kind: RowKind::parse(r.get(3)).unwrap_or(RowKind::Notice),
         body: r.get(4),
         thinking: r.get(5),
-        tool: r.get::<_, Option<serde_json::Value>>(6).and_then(|v| serde_json::from_value::<ToolInfo>(v).ok()),
+        tool: r
+            .get::<_, Option<serde_json::Value>>(6)
+            .and_then(|v| serde_json::from_value::<ToolInfo>(v).ok()),
         hidden: hidden.then_some(true),
     }
 }
@@ -89,7 +102,13 @@ impl Store {
     }
 
     /// Events with `sequence > after`, in order, at most `limit`, each with its rows.
-    pub async fn events_after(&self, tenant_id: &str, session_id: &str, after: i64, limit: i64) -> Result<Vec<EventRecord>> {
+    pub async fn events_after(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<EventRecord>> {
         let client = self.pool.get().await?;
         let events = client
             .query(
@@ -98,7 +117,9 @@ impl Store {
                 &[&session_id, &tenant_id, &after, &limit],
             )
             .await?;
-        let Some(last) = events.last().map(|r| r.get::<_, i64>(0)) else { return Ok(Vec::new()) };
+        let Some(last) = events.last().map(|r| r.get::<_, i64>(0)) else {
+            return Ok(Vec::new());
+        };
         let rows = client
             .query(
                 &format!(
@@ -120,7 +141,14 @@ impl Store {
                 serde_json::Value::Object(m) => m,
                 _ => serde_json::Map::new(),
             };
-            out.push(Event { sequence, kind: e.get(1), at: fmt_time(e.get(4)), turn_id: e.get(2), rows: published, data });
+            out.push(Event {
+                sequence,
+                kind: e.get(1),
+                at: fmt_time(e.get(4)),
+                turn_id: e.get(2),
+                rows: published,
+                data,
+            });
         }
         Ok(out)
     }
@@ -137,7 +165,10 @@ impl Store {
     ) -> Result<SessionHistoryResult> {
         let last = self.last_sequence(tenant_id, session_id).await?;
         let through = through.unwrap_or(last).min(last);
-        let after = after.unwrap_or(Position { source_sequence: 0, item_index: -1 });
+        let after = after.unwrap_or(Position {
+            source_sequence: 0,
+            item_index: -1,
+        });
         let limit = i64::from(limit.clamp(1, 500));
         let client = self.pool.get().await?;
         let rows = client
@@ -153,7 +184,15 @@ impl Store {
         let mut rows: Vec<Row> = rows.iter().map(row_from).collect();
         let more = rows.len() as i64 > limit;
         rows.truncate(limit as usize);
-        let next_after = if more { rows.last().map(|r| r.position) } else { None };
-        Ok(SessionHistoryResult { through, rows, next_after })
+        let next_after = if more {
+            rows.last().map(|r| r.position)
+        } else {
+            None
+        };
+        Ok(SessionHistoryResult {
+            through,
+            rows,
+            next_after,
+        })
     }
 }

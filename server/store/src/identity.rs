@@ -75,13 +75,19 @@ impl Store {
             )
             .await?;
         let kind: String = row.get(2);
-        let kind = if kind == "worker" { CredentialKind::Worker } else { CredentialKind::User };
+        let kind = if kind == "worker" {
+            CredentialKind::Worker
+        } else {
+            CredentialKind::User
+        };
         Ok(Some(Principal {
             tenant_id: row.get(1),
             credential_id: id,
             kind,
             user_id: row.get(3),
-            role: row.get::<_, Option<String>>(4).unwrap_or_else(|| "worker".into()),
+            role: row
+                .get::<_, Option<String>>(4)
+                .unwrap_or_else(|| "worker".into()),
         }))
     }
 
@@ -90,13 +96,21 @@ impl Store {
     pub async fn bootstrap(&self) -> Result<Option<String>> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock(7305)", &[]).await?;
-        let any: bool = tx.query_one("SELECT EXISTS (SELECT 1 FROM tenants)", &[]).await?.get(0);
+        tx.execute("SELECT pg_advisory_xact_lock(7305)", &[])
+            .await?;
+        let any: bool = tx
+            .query_one("SELECT EXISTS (SELECT 1 FROM tenants)", &[])
+            .await?
+            .get(0);
         if any {
             return Ok(None);
         }
         let tenant = token::new_id("ten");
-        tx.execute("INSERT INTO tenants (id, name) VALUES ($1, 'default')", &[&tenant]).await?;
+        tx.execute(
+            "INSERT INTO tenants (id, name) VALUES ($1, 'default')",
+            &[&tenant],
+        )
+        .await?;
         let user = token::new_id("usr");
         tx.execute(
             "INSERT INTO users (id, tenant_id, email, role) VALUES ($1, $2, 'admin@localhost', 'admin')",
@@ -120,10 +134,15 @@ impl Store {
         let client = self.pool.get().await?;
         let id = token::new_id("ten");
         let n = client
-            .execute("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING", &[&id, &name])
+            .execute(
+                "INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+                &[&id, &name],
+            )
             .await?;
         if n == 0 {
-            return Err(StoreError::Other(anyhow!("a tenant named {name:?} exists already")));
+            return Err(StoreError::Other(anyhow!(
+                "a tenant named {name:?} exists already"
+            )));
         }
         audit(&client, &id, "cli", "tenant.create", &id).await?;
         Ok(id)
@@ -132,12 +151,24 @@ impl Store {
     /// The id of a tenant given its name or id.
     pub async fn tenant_id(&self, name_or_id: &str) -> Result<String> {
         let client = self.pool.get().await?;
-        let row = client.query_opt("SELECT id FROM tenants WHERE name = $1 OR id = $1", &[&name_or_id]).await?;
-        row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
+        let row = client
+            .query_opt(
+                "SELECT id FROM tenants WHERE name = $1 OR id = $1",
+                &[&name_or_id],
+            )
+            .await?;
+        row.map(|r| r.get(0))
+            .ok_or(StoreError::Code(ErrorCode::NotFound))
     }
 
     /// Create a user in a tenant; returns its id.
-    pub async fn create_user(&self, tenant_id: &str, email: &str, admin: bool, actor: &str) -> Result<String> {
+    pub async fn create_user(
+        &self,
+        tenant_id: &str,
+        email: &str,
+        admin: bool,
+        actor: &str,
+    ) -> Result<String> {
         let client = self.pool.get().await?;
         let id = token::new_id("usr");
         let role = if admin { "admin" } else { "member" };
@@ -148,7 +179,9 @@ impl Store {
             )
             .await?;
         if n == 0 {
-            return Err(StoreError::Other(anyhow!("a user {email:?} exists already in this tenant")));
+            return Err(StoreError::Other(anyhow!(
+                "a user {email:?} exists already in this tenant"
+            )));
         }
         audit(&client, tenant_id, actor, "user.create", &id).await?;
         Ok(id)
@@ -166,7 +199,10 @@ impl Store {
         let user_id: Option<String> = match user_email {
             Some(email) => Some(
                 client
-                    .query_opt("SELECT id FROM users WHERE tenant_id = $1 AND email = $2", &[&tenant_id, &email])
+                    .query_opt(
+                        "SELECT id FROM users WHERE tenant_id = $1 AND email = $2",
+                        &[&tenant_id, &email],
+                    )
                     .await?
                     .map(|r| r.get(0))
                     .ok_or(StoreError::Code(ErrorCode::NotFound))?,
@@ -197,7 +233,10 @@ impl Store {
                 &[&tenant_id],
             )
             .await?;
-        let t = |r: &tokio_postgres::Row, i| r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(i).map(fmt_time);
+        let t = |r: &tokio_postgres::Row, i| {
+            r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(i)
+                .map(fmt_time)
+        };
         Ok(rows
             .iter()
             .map(|r| CredentialInfo {
@@ -223,7 +262,9 @@ impl Store {
                 &[&id],
             )
             .await?;
-        let Some(row) = row else { return Err(StoreError::Code(ErrorCode::NotFound)) };
+        let Some(row) = row else {
+            return Err(StoreError::Code(ErrorCode::NotFound));
+        };
         let tenant: String = row.get(0);
         audit(&client, &tenant, actor, "credential.revoke", id).await?;
         Ok(true)

@@ -72,15 +72,25 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("pool", &self.pool.status()).finish()
+        f.debug_struct("Store")
+            .field("pool", &self.pool.status())
+            .finish()
     }
 }
 
 impl Store {
     /// Connect a pool (lazily) to `url` (a `postgres://` URL or `key=value` string).
     pub fn connect(url: &str, max_size: usize) -> anyhow::Result<Store> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| anyhow::anyhow!("invalid DATABASE_URL: {e}"))?;
-        let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| anyhow::anyhow!("invalid DATABASE_URL: {e}"))?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
         let pool = Pool::builder(manager)
             .max_size(max_size)
             .wait_timeout(Some(std::time::Duration::from_secs(10)))
@@ -114,7 +124,10 @@ impl Store {
     pub async fn listen(
         &self,
         channels: &[&str],
-    ) -> anyhow::Result<(tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>)> {
+    ) -> anyhow::Result<(
+        tokio_postgres::Client,
+        tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+    )> {
         let (client, mut connection) = self.config.connect(NoTls).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -143,7 +156,9 @@ impl Store {
     /// Send a notification outside any transaction.
     pub async fn notify(&self, channel: &str, payload: &str) -> Result<()> {
         let client = self.pool.get().await?;
-        client.execute("SELECT pg_notify($1, $2)", &[&channel, &payload]).await?;
+        client
+            .execute("SELECT pg_notify($1, $2)", &[&channel, &payload])
+            .await?;
         Ok(())
     }
 }

@@ -4,15 +4,19 @@ use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
 /// The migrations, in order: (file name, SQL).
-pub const MIGRATIONS: &[(&str, &str)] = &[("0001_skeleton.sql", include_str!("../../../migrations/0001_skeleton.sql"))];
+pub const MIGRATIONS: &[(&str, &str)] = &[(
+    "0001_skeleton.sql",
+    include_str!("../../../migrations/0001_skeleton.sql"),
+)];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.
-const LOCK_KEY: i64 = 0x6265_7274_68;
+const LOCK_KEY: i64 = 0x0062_6572_7468;
 
 /// Apply every pending migration. Safe to run from several processes at once.
 pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<usize> {
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
+        .await?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS berth_migrations (
             name text PRIMARY KEY, sha256 text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
@@ -21,17 +25,30 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<usiz
     let mut applied = 0;
     for (name, sql) in MIGRATIONS {
         let digest = hex(&Sha256::digest(sql.as_bytes()));
-        let row = tx.query_opt("SELECT sha256 FROM berth_migrations WHERE name = $1", &[name]).await?;
+        let row = tx
+            .query_opt(
+                "SELECT sha256 FROM berth_migrations WHERE name = $1",
+                &[name],
+            )
+            .await?;
         match row {
             Some(row) => {
                 let recorded: String = row.get(0);
                 if recorded != digest {
-                    bail!("migration {name} changed after it was applied (recorded sha256 {recorded})");
+                    bail!(
+                        "migration {name} changed after it was applied (recorded sha256 {recorded})"
+                    );
                 }
             }
             None => {
-                tx.batch_execute(sql).await.with_context(|| format!("applying migration {name}"))?;
-                tx.execute("INSERT INTO berth_migrations (name, sha256) VALUES ($1, $2)", &[name, &digest]).await?;
+                tx.batch_execute(sql)
+                    .await
+                    .with_context(|| format!("applying migration {name}"))?;
+                tx.execute(
+                    "INSERT INTO berth_migrations (name, sha256) VALUES ($1, $2)",
+                    &[name, &digest],
+                )
+                .await?;
                 applied += 1;
             }
         }
@@ -42,11 +59,17 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<usiz
 
 /// Whether every migration this build knows is applied (for `/readyz`).
 pub async fn is_current(client: &tokio_postgres::Client) -> anyhow::Result<bool> {
-    let exists: bool = client.query_one("SELECT to_regclass('berth_migrations') IS NOT NULL", &[]).await?.get(0);
+    let exists: bool = client
+        .query_one("SELECT to_regclass('berth_migrations') IS NOT NULL", &[])
+        .await?
+        .get(0);
     if !exists {
         return Ok(false);
     }
-    let n: i64 = client.query_one("SELECT count(*) FROM berth_migrations", &[]).await?.get(0);
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM berth_migrations", &[])
+        .await?
+        .get(0);
     Ok(n as usize >= MIGRATIONS.len())
 }
 

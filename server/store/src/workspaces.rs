@@ -10,7 +10,12 @@ const PRESENCE_TTL: &str = "45 seconds";
 impl Store {
     /// Upsert the worker's workspaces by (tenant, host, name); returns their ids in order.
     /// Moving a workspace's directory keeps its identity (and its sessions).
-    pub async fn register_workspaces(&self, worker: &Principal, host: &str, decls: &[WorkspaceDecl]) -> Result<Vec<String>> {
+    pub async fn register_workspaces(
+        &self,
+        worker: &Principal,
+        host: &str,
+        decls: &[WorkspaceDecl],
+    ) -> Result<Vec<String>> {
         let client = self.pool.get().await?;
         let mut ids = Vec::with_capacity(decls.len());
         for decl in decls {
@@ -29,7 +34,13 @@ impl Store {
     }
 
     /// Record a live worker connection held by `replica_id`.
-    pub async fn presence_insert(&self, connection_id: &str, worker: &Principal, replica_id: &str, workspace_ids: &[String]) -> Result<()> {
+    pub async fn presence_insert(
+        &self,
+        connection_id: &str,
+        worker: &Principal,
+        replica_id: &str,
+        workspace_ids: &[String],
+    ) -> Result<()> {
         let client = self.pool.get().await?;
         client
             .execute(
@@ -57,14 +68,24 @@ impl Store {
     /// Forget a worker connection.
     pub async fn presence_remove(&self, connection_id: &str) -> Result<()> {
         let client = self.pool.get().await?;
-        client.execute("DELETE FROM worker_presence WHERE connection_id = $1", &[&connection_id]).await?;
+        client
+            .execute(
+                "DELETE FROM worker_presence WHERE connection_id = $1",
+                &[&connection_id],
+            )
+            .await?;
         Ok(())
     }
 
     /// The tenant's workspaces, by title.
     pub async fn list_workspaces(&self, tenant_id: &str) -> Result<Vec<Workspace>> {
         let client = self.pool.get().await?;
-        let rows = client.query(&format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 ORDER BY w.title, w.id"), &[&tenant_id]).await?;
+        let rows = client
+            .query(
+                &format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 ORDER BY w.title, w.id"),
+                &[&tenant_id],
+            )
+            .await?;
         Ok(rows.iter().map(workspace_from_row).collect())
     }
 
@@ -72,7 +93,10 @@ impl Store {
     pub async fn get_workspace(&self, tenant_id: &str, workspace_id: &str) -> Result<Workspace> {
         let client = self.pool.get().await?;
         let row = client
-            .query_opt(&format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 AND w.id = $2"), &[&tenant_id, &workspace_id])
+            .query_opt(
+                &format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 AND w.id = $2"),
+                &[&tenant_id, &workspace_id],
+            )
             .await?;
         match row {
             Some(r) => Ok(workspace_from_row(&r)),
@@ -100,7 +124,9 @@ fn workspace_from_row(r: &tokio_postgres::Row) -> Workspace {
         title: r.get(1),
         host: r.get(2),
         path: r.get(3),
-        last_seen_at: r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(4).map(fmt_time),
+        last_seen_at: r
+            .get::<_, Option<chrono::DateTime<chrono::Utc>>>(4)
+            .map(fmt_time),
         online: r.get(5),
     }
 }

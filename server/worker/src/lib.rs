@@ -52,9 +52,15 @@ impl std::fmt::Debug for WorkerConfig {
 impl WorkerConfig {
     fn base(&self) -> (String, String) {
         let s = self.server.trim_end_matches('/');
-        let (ws, http) = if let Some(rest) = s.strip_prefix("https://").or_else(|| s.strip_prefix("wss://")) {
+        let (ws, http) = if let Some(rest) = s
+            .strip_prefix("https://")
+            .or_else(|| s.strip_prefix("wss://"))
+        {
             (format!("wss://{rest}"), format!("https://{rest}"))
-        } else if let Some(rest) = s.strip_prefix("http://").or_else(|| s.strip_prefix("ws://")) {
+        } else if let Some(rest) = s
+            .strip_prefix("http://")
+            .or_else(|| s.strip_prefix("ws://"))
+        {
             (format!("ws://{rest}"), format!("http://{rest}"))
         } else {
             (format!("ws://{s}"), format!("http://{s}"))
@@ -65,7 +71,9 @@ impl WorkerConfig {
 
 /// Run until `shutdown`, reconnecting with exponential backoff (capped, jittered).
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()?;
     let mut backoff = Duration::from_millis(200);
     loop {
         match connect_once(&config, &http, &shutdown).await {
@@ -97,17 +105,33 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub(crate) async fn notify(&self, method: &str, params: serde_json::Value) -> anyhow::Result<()> {
+    pub(crate) async fn notify(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> anyhow::Result<()> {
         let msg = serde_json::to_string(&Request::notification(method, params))?;
-        self.out.send(Message::Text(msg.into())).await.context("connection closed")
+        self.out
+            .send(Message::Text(msg.into()))
+            .await
+            .context("connection closed")
     }
 
-    pub(crate) async fn request(&self, method: &str, params: serde_json::Value) -> anyhow::Result<serde_json::Value> {
-        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    pub(crate) async fn request(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().expect("pending lock").insert(id, tx);
         let msg = serde_json::to_string(&Request::new(id, method, params))?;
-        self.out.send(Message::Text(msg.into())).await.context("connection closed")?;
+        self.out
+            .send(Message::Text(msg.into()))
+            .await
+            .context("connection closed")?;
         let resp = rx.await.context("connection closed before the response")?;
         match (resp.result, resp.error) {
             (_, Some(e)) => Err(e.into()),
@@ -117,11 +141,20 @@ impl Link {
     }
 }
 
-async fn connect_once(config: &WorkerConfig, http: &reqwest::Client, shutdown: &CancellationToken) -> anyhow::Result<()> {
+async fn connect_once(
+    config: &WorkerConfig,
+    http: &reqwest::Client,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     let (ws_url, http_base) = config.base();
     let mut req = ws_url.as_str().into_client_request()?;
-    req.headers_mut().insert("authorization", HeaderValue::from_str(&format!("Bearer {}", config.token))?);
-    let (socket, _) = tokio_tungstenite::connect_async(req).await.context("connecting to the API tier")?;
+    req.headers_mut().insert(
+        "authorization",
+        HeaderValue::from_str(&format!("Bearer {}", config.token))?,
+    );
+    let (socket, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .context("connecting to the API tier")?;
     let (mut sink, mut stream) = socket.split();
 
     let hello = WorkerHello {
@@ -130,13 +163,24 @@ async fn connect_once(config: &WorkerConfig, http: &reqwest::Client, shutdown: &
         workspaces: config
             .workspaces
             .iter()
-            .map(|(name, path)| WorkspaceDecl { name: name.clone(), path: path.display().to_string() })
+            .map(|(name, path)| WorkspaceDecl {
+                name: name.clone(),
+                path: path.display().to_string(),
+            })
             .collect(),
     };
-    let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
+    let msg = serde_json::to_string(&Request::new(
+        0,
+        wp::WORKER_HELLO,
+        serde_json::to_value(&hello)?,
+    ))?;
     sink.send(Message::Text(msg.into())).await?;
-    let reply = tokio::time::timeout(Duration::from_secs(30), stream.next()).await.context("no answer to worker.hello")?;
-    let Some(Ok(Message::Text(text))) = reply else { bail!("connection closed during worker.hello") };
+    let reply = tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .context("no answer to worker.hello")?;
+    let Some(Ok(Message::Text(text))) = reply else {
+        bail!("connection closed during worker.hello")
+    };
     let resp: Response = serde_json::from_str(&text)?;
     if let Some(e) = resp.error {
         bail!("worker.hello refused: {e}");
@@ -179,9 +223,13 @@ async fn connect_once(config: &WorkerConfig, http: &reqwest::Client, shutdown: &
 }
 
 fn on_message(link: &Link, turns: &CancellationToken, text: &str) {
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else { return };
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
+        return;
+    };
     if value.get("method").is_some() {
-        let Ok(req) = serde_json::from_value::<Request>(value) else { return };
+        let Ok(req) = serde_json::from_value::<Request>(value) else {
+            return;
+        };
         if req.method == wp::TURN_RUN {
             match serde_json::from_value::<TurnRun>(req.params) {
                 Ok(run) => {

@@ -29,11 +29,18 @@ pub(crate) struct ToolCall {
 }
 
 fn cause(code: &str) -> StepError {
-    StepError::Failed(Cause { code: code.into(), status: None })
+    StepError::Failed(Cause {
+        code: code.into(),
+        status: None,
+    })
 }
 
 /// Stream one completion, calling `on_delta(text, thinking)` as output arrives.
-pub(crate) async fn stream<F, Fut>(link: &Link, run: &TurnRun, on_delta: F) -> Result<Completion, StepError>
+pub(crate) async fn stream<F, Fut>(
+    link: &Link,
+    run: &TurnRun,
+    on_delta: F,
+) -> Result<Completion, StepError>
 where
     F: Fn(Option<String>, Option<String>) -> Fut,
     Fut: Future<Output = bool>,
@@ -50,7 +57,10 @@ where
     if !resp.status().is_success() {
         let status = resp.status().as_u16();
         let err = resp.json::<ProxyError>().await.map(|e| e.error);
-        return Err(StepError::Failed(err.unwrap_or(Cause { code: "provider-status".into(), status: Some(status) })));
+        return Err(StepError::Failed(err.unwrap_or(Cause {
+            code: "provider-status".into(),
+            status: Some(status),
+        })));
     }
     let mut completion = Completion::default();
     let mut parser = SseParser::default();
@@ -63,17 +73,26 @@ where
                 done = true;
                 break;
             }
-            let chunk: Chunk = serde_json::from_str(&data).map_err(|_| cause("provider-protocol"))?;
+            let chunk: Chunk =
+                serde_json::from_str(&data).map_err(|_| cause("provider-protocol"))?;
             if let Some(u) = chunk.usage {
-                completion.usage = Some(Usage { input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens });
+                completion.usage = Some(Usage {
+                    input_tokens: u.prompt_tokens,
+                    output_tokens: u.completion_tokens,
+                });
             }
             for choice in chunk.choices.unwrap_or_default() {
                 let d = choice.delta;
-                let thinking = d.reasoning_content.or(d.reasoning).filter(|s| !s.is_empty());
+                let thinking = d
+                    .reasoning_content
+                    .or(d.reasoning)
+                    .filter(|s| !s.is_empty());
                 let text = d.content.filter(|s| !s.is_empty());
                 if text.is_some() || thinking.is_some() {
                     completion.text.push_str(text.as_deref().unwrap_or(""));
-                    completion.thinking.push_str(thinking.as_deref().unwrap_or(""));
+                    completion
+                        .thinking
+                        .push_str(thinking.as_deref().unwrap_or(""));
                     // Live deltas are best effort; history gets the whole step.
                     let _ = on_delta(text, thinking).await;
                 }
@@ -88,7 +107,8 @@ where
                     }
                     if let Some(f) = tc.function {
                         slot.name.push_str(f.name.as_deref().unwrap_or(""));
-                        slot.arguments.push_str(f.arguments.as_deref().unwrap_or(""));
+                        slot.arguments
+                            .push_str(f.arguments.as_deref().unwrap_or(""));
                     }
                 }
             }
@@ -193,7 +213,13 @@ mod tests {
     fn sse_events_split_across_reads() {
         let mut p = SseParser::default();
         assert!(p.feed(b"data: {\"a\"").is_empty());
-        assert_eq!(p.feed(b":1}\n\ndata: [DONE]\n\n"), vec!["{\"a\":1}".to_string(), "[DONE]".to_string()]);
-        assert_eq!(p.feed(b": comment\r\n\r\ndata: x\r\n\r\n"), vec!["x".to_string()]);
+        assert_eq!(
+            p.feed(b":1}\n\ndata: [DONE]\n\n"),
+            vec!["{\"a\":1}".to_string(), "[DONE]".to_string()]
+        );
+        assert_eq!(
+            p.feed(b": comment\r\n\r\ndata: x\r\n\r\n"),
+            vec!["x".to_string()]
+        );
     }
 }

@@ -23,8 +23,15 @@ pub(crate) async fn run(link: Link, run: TurnRun, cancel: CancellationToken) {
             return;
         }
     };
-    let end = TurnEnd { turn_id: run.turn_id.clone(), state, cause };
-    match link.request(wp::TURN_END, serde_json::to_value(&end).unwrap_or_default()).await {
+    let end = TurnEnd {
+        turn_id: run.turn_id.clone(),
+        state,
+        cause,
+    };
+    match link
+        .request(wp::TURN_END, serde_json::to_value(&end).unwrap_or_default())
+        .await
+    {
         Ok(_) => tracing::info!(turn.id = %run.turn_id, state = state.as_str(), "turn settled"),
         Err(e) => tracing::warn!(turn.id = %run.turn_id, error = %e, "could not settle the turn"),
     }
@@ -41,13 +48,24 @@ async fn step(link: &Link, run: &TurnRun) -> Result<(), StepError> {
     let turn_id = run.turn_id.clone();
     let delta_link = link.clone();
     let completion = model::stream(link, run, move |text, thinking| {
-        let d = TurnDelta { turn_id: turn_id.clone(), text, thinking };
+        let d = TurnDelta {
+            turn_id: turn_id.clone(),
+            text,
+            thinking,
+        };
         let link = delta_link.clone();
-        async move { link.notify(wp::TURN_DELTA, serde_json::to_value(&d).unwrap_or_default()).await.is_ok() }
+        async move {
+            link.notify(wp::TURN_DELTA, serde_json::to_value(&d).unwrap_or_default())
+                .await
+                .is_ok()
+        }
     })
     .await?;
     let mut rows = Vec::new();
-    if !completion.text.is_empty() || !completion.thinking.is_empty() || completion.tool_calls.is_empty() {
+    if !completion.text.is_empty()
+        || !completion.thinking.is_empty()
+        || completion.tool_calls.is_empty()
+    {
         rows.push(NewRow {
             kind: RowKind::Assistant,
             body: completion.text,
@@ -61,11 +79,24 @@ async fn step(link: &Link, run: &TurnRun) -> Result<(), StepError> {
             kind: RowKind::ToolCall,
             body: call.arguments,
             thinking: None,
-            tool: Some(ToolInfo { name: call.name, call_id: call.id, status: "requested".into() }),
+            tool: Some(ToolInfo {
+                name: call.name,
+                call_id: call.id,
+                status: "requested".into(),
+            }),
             hidden: None,
         });
     }
-    let step = TurnStep { turn_id: run.turn_id.clone(), rows, usage: completion.usage };
-    link.request(wp::TURN_STEP, serde_json::to_value(&step).unwrap_or_default()).await.map_err(StepError::Link)?;
+    let step = TurnStep {
+        turn_id: run.turn_id.clone(),
+        rows,
+        usage: completion.usage,
+    };
+    link.request(
+        wp::TURN_STEP,
+        serde_json::to_value(&step).unwrap_or_default(),
+    )
+    .await
+    .map_err(StepError::Link)?;
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! `hello`, `ping`, `status`, `subscription.close`.
 
 use berth_protocol::{
-    Empty, ErrorCode, HelloParams, HelloResult, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS, StatusResult,
-    SubscriptionCloseParams,
+    Empty, ErrorCode, HelloParams, HelloResult, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS,
+    StatusResult, SubscriptionCloseParams,
 };
 use berth_store::CredentialKind;
 use serde_json::json;
@@ -15,20 +15,31 @@ const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 #[tracing::instrument(skip_all)]
 pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
     if !SUPPORTED_PROTOCOLS.contains(&p.protocol) {
-        return Err(ApiError::with(ErrorCode::UnsupportedProtocol, json!({"supported": SUPPORTED_PROTOCOLS})));
+        return Err(ApiError::with(
+            ErrorCode::UnsupportedProtocol,
+            json!({"supported": SUPPORTED_PROTOCOLS}),
+        ));
     }
     let existing = ctx.conn.principal.lock().expect("conn lock").clone();
     let principal = match (p.token, existing) {
         (Some(t), _) => match ctx.state.store.authenticate(&t).await? {
             Some(p) if p.kind == CredentialKind::User => p,
             _ => {
-                ctx.state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
+                ctx.state
+                    .metrics
+                    .auth_failures
+                    .with_label_values(&["invalid"])
+                    .inc();
                 return Err(ApiError::code(ErrorCode::Unauthorized));
             }
         },
         (None, Some(p)) => p,
         (None, None) => {
-            ctx.state.metrics.auth_failures.with_label_values(&["missing"]).inc();
+            ctx.state
+                .metrics
+                .auth_failures
+                .with_label_values(&["missing"])
+                .inc();
             return Err(ApiError::code(ErrorCode::Unauthorized));
         }
     };

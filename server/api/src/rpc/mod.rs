@@ -45,14 +45,29 @@ const OUTBOUND_QUEUE: usize = 512;
 
 /// The bearer token of an `Authorization` header.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
 }
 
-pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
+pub async fn upgrade(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
     if let Some(origin) = headers.get(header::ORIGIN) {
-        let allowed = origin.to_str().is_ok_and(|o| state.config.allowed_origins.iter().any(|a| a == o));
+        let allowed = origin
+            .to_str()
+            .is_ok_and(|o| state.config.allowed_origins.iter().any(|a| a == o));
         if !allowed {
-            state.metrics.auth_failures.with_label_values(&["origin"]).inc();
+            state
+                .metrics
+                .auth_failures
+                .with_label_values(&["origin"])
+                .inc();
             return StatusCode::FORBIDDEN.into_response();
         }
     }
@@ -61,13 +76,18 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
         Some(t) => match state.store.authenticate(t).await {
             Ok(Some(p)) if p.kind == CredentialKind::User => Some(p),
             Ok(_) => {
-                state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
+                state
+                    .metrics
+                    .auth_failures
+                    .with_label_values(&["invalid"])
+                    .inc();
                 return StatusCode::UNAUTHORIZED.into_response();
             }
             Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
         },
     };
-    ws.max_message_size(state.config.max_text_message).on_upgrade(move |socket| run(state, principal, socket))
+    ws.max_message_size(state.config.max_text_message)
+        .on_upgrade(move |socket| run(state, principal, socket))
 }
 
 /// What a request handler gets.
@@ -90,7 +110,12 @@ pub struct Conn {
 
 impl Ctx {
     pub fn principal(&self) -> ApiResult<Principal> {
-        self.conn.principal.lock().expect("conn lock").clone().ok_or(ApiError::code(ErrorCode::Unauthorized))
+        self.conn
+            .principal
+            .lock()
+            .expect("conn lock")
+            .clone()
+            .ok_or(ApiError::code(ErrorCode::Unauthorized))
     }
 
     /// Send one subscription item; waits when the outbound queue is full.
@@ -111,7 +136,11 @@ fn text<T: serde::Serialize>(v: &T) -> Message {
 }
 
 async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
-    state.metrics.connections.with_label_values(&["client"]).inc();
+    state
+        .metrics
+        .connections
+        .with_label_values(&["client"])
+        .inc();
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE);
     let conn = Arc::new(Conn {
@@ -136,7 +165,11 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
         let Some(Ok(msg)) = msg else { break };
         match msg {
             Message::Text(t) => {
-                let ctx = Ctx { state: state.clone(), conn: conn.clone(), id: None };
+                let ctx = Ctx {
+                    state: state.clone(),
+                    conn: conn.clone(),
+                    id: None,
+                };
                 tokio::spawn(async move { on_text(ctx, t.as_str()).await });
             }
             // No upload is in flight (content.upload is not offered yet): drop the connection.
@@ -151,7 +184,11 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
     }
     drop(conn);
     let _ = writer.await;
-    state.metrics.connections.with_label_values(&["client"]).dec();
+    state
+        .metrics
+        .connections
+        .with_label_values(&["client"])
+        .dec();
 }
 
 async fn on_text(mut ctx: Ctx, text_msg: &str) {
@@ -159,7 +196,10 @@ async fn on_text(mut ctx: Ctx, text_msg: &str) {
         Ok(v) => v,
         Err(_) => return respond(&ctx, None, Err(ApiError::code(ErrorCode::ParseError))).await,
     };
-    let id = value.get("id").and_then(|i| i.as_u64()).and_then(|i| u32::try_from(i).ok());
+    let id = value
+        .get("id")
+        .and_then(|i| i.as_u64())
+        .and_then(|i| u32::try_from(i).ok());
     let req: Request = match serde_json::from_value::<Request>(value) {
         Ok(r) if r.jsonrpc == "2.0" => r,
         _ => return respond(&ctx, id, Err(ApiError::code(ErrorCode::InvalidRequest))).await,
@@ -174,9 +214,21 @@ async fn on_text(mut ctx: Ctx, text_msg: &str) {
         Err(e) => e.data_code(),
     };
     let known = berth_protocol::METHOD_NAMES.contains(&method_name.as_str());
-    let label = if known { method_name.as_str() } else { "unknown" };
-    ctx.state.metrics.rpc_requests.with_label_values(&[label, code]).inc();
-    ctx.state.metrics.rpc_duration.with_label_values(&[label]).observe(started.elapsed().as_secs_f64());
+    let label = if known {
+        method_name.as_str()
+    } else {
+        "unknown"
+    };
+    ctx.state
+        .metrics
+        .rpc_requests
+        .with_label_values(&[label, code])
+        .inc();
+    ctx.state
+        .metrics
+        .rpc_duration
+        .with_label_values(&[label])
+        .observe(started.elapsed().as_secs_f64());
     respond(&ctx, Some(id), result).await;
 }
 
@@ -197,7 +249,10 @@ where
 {
     let params = if params.is_null() { json!({}) } else { params };
     let params: M::Params = serde_json::from_value(params).map_err(|e| {
-        ApiError::with(ErrorCode::BadParams, json!({"method": M::NAME, "line": e.line(), "column": e.column()}))
+        ApiError::with(
+            ErrorCode::BadParams,
+            json!({"method": M::NAME, "line": e.line(), "column": e.column()}),
+        )
     })?;
     let result = f(ctx.clone(), params).await?;
     serde_json::to_value(result).map_err(|_| ApiError::code(ErrorCode::Internal))
@@ -205,7 +260,11 @@ where
 
 /// Every client method, by its declared name. A method before a successful `hello` (or an
 /// authenticated upgrade) answers `unauthorized`.
-async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult<serde_json::Value> {
+async fn dispatch(
+    ctx: &Ctx,
+    name: &str,
+    params: serde_json::Value,
+) -> ApiResult<serde_json::Value> {
     if name == method::Hello::NAME {
         return call::<method::Hello, _, _>(ctx, params, connection::hello).await;
     }
@@ -216,18 +275,39 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
     match name {
         method::Ping::NAME => call::<method::Ping, _, _>(ctx, params, connection::ping).await,
         method::Status::NAME => call::<method::Status, _, _>(ctx, params, connection::status).await,
-        method::SubscriptionClose::NAME => call::<method::SubscriptionClose, _, _>(ctx, params, connection::close).await,
-        method::WorkspaceList::NAME => call::<method::WorkspaceList, _, _>(ctx, params, workspace::list).await,
-        method::WorkspaceGet::NAME => call::<method::WorkspaceGet, _, _>(ctx, params, workspace::get).await,
-        method::SessionCreate::NAME => call::<method::SessionCreate, _, _>(ctx, params, session::create).await,
-        method::SessionGet::NAME => call::<method::SessionGet, _, _>(ctx, params, session::get).await,
-        method::SessionSend::NAME => call::<method::SessionSend, _, _>(ctx, params, session::send).await,
-        method::SessionHistory::NAME => call::<method::SessionHistory, _, _>(ctx, params, session::history).await,
-        method::SessionWatch::NAME => call::<method::SessionWatch, _, _>(ctx, params, session::watch).await,
+        method::SubscriptionClose::NAME => {
+            call::<method::SubscriptionClose, _, _>(ctx, params, connection::close).await
+        }
+        method::WorkspaceList::NAME => {
+            call::<method::WorkspaceList, _, _>(ctx, params, workspace::list).await
+        }
+        method::WorkspaceGet::NAME => {
+            call::<method::WorkspaceGet, _, _>(ctx, params, workspace::get).await
+        }
+        method::SessionCreate::NAME => {
+            call::<method::SessionCreate, _, _>(ctx, params, session::create).await
+        }
+        method::SessionGet::NAME => {
+            call::<method::SessionGet, _, _>(ctx, params, session::get).await
+        }
+        method::SessionSend::NAME => {
+            call::<method::SessionSend, _, _>(ctx, params, session::send).await
+        }
+        method::SessionHistory::NAME => {
+            call::<method::SessionHistory, _, _>(ctx, params, session::history).await
+        }
+        method::SessionWatch::NAME => {
+            call::<method::SessionWatch, _, _>(ctx, params, session::watch).await
+        }
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
     }
+}
+
+/// Error when the subscription's connection is gone.
+pub fn gone() -> RpcError {
+    RpcError::new(ErrorCode::Unavailable)
 }
 
 #[cfg(test)]
@@ -238,7 +318,10 @@ mod tests {
         let src = include_str!("mod.rs");
         let dispatch = &src[src.find("async fn dispatch").expect("dispatch")..];
         for (name, ty) in berth_protocol::METHOD_NAMES.iter().zip(METHOD_TYPES) {
-            assert!(dispatch.contains(&format!("method::{ty}::NAME")), "{name} ({ty}) is not dispatched");
+            assert!(
+                dispatch.contains(&format!("method::{ty}::NAME")),
+                "{name} ({ty}) is not dispatched"
+            );
         }
     }
 
@@ -264,9 +347,4 @@ mod tests {
         assert_eq!(names.len(), berth_protocol::METHOD_NAMES.len());
         assert_eq!(names.len(), METHOD_TYPES.len());
     }
-}
-
-/// Error when the subscription's connection is gone.
-pub fn gone() -> RpcError {
-    RpcError::new(ErrorCode::Unavailable)
 }

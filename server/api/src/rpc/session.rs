@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use berth_protocol::{
-    ErrorCode, SessionCreateParams, SessionHistoryParams, SessionHistoryResult, SessionRef, SessionSendParams,
-    SessionSendResult, SessionSnapshot, SessionWatchParams,
+    ErrorCode, SessionCreateParams, SessionHistoryParams, SessionHistoryResult, SessionRef,
+    SessionSendParams, SessionSendResult, SessionSnapshot, SessionWatchParams,
 };
 use tokio::sync::broadcast::error::RecvError;
 
@@ -21,7 +21,11 @@ fn default_model(ctx: &Ctx) -> Option<&str> {
 #[tracing::instrument(skip_all, fields(workspace.id = %p.workspace_id))]
 pub async fn create(ctx: Ctx, p: SessionCreateParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
-    let snap = ctx.state.store.create_session(&me.tenant_id, &p, default_model(&ctx)).await?;
+    let snap = ctx
+        .state
+        .store
+        .create_session(&me.tenant_id, &p, default_model(&ctx))
+        .await?;
     ctx.state.metrics.events_appended.inc();
     tracing::info!(session.id = %snap.session_id, "session created");
     Ok(snap)
@@ -30,16 +34,27 @@ pub async fn create(ctx: Ctx, p: SessionCreateParams) -> ApiResult<SessionSnapsh
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn get(ctx: Ctx, p: SessionRef) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
-    Ok(ctx.state.store.get_session(&me.tenant_id, &p.session_id, default_model(&ctx)).await?)
+    Ok(ctx
+        .state
+        .store
+        .get_session(&me.tenant_id, &p.session_id, default_model(&ctx))
+        .await?)
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult> {
     let me = ctx.principal()?;
     if !p.attachments.is_empty() {
-        return Err(ApiError::with(ErrorCode::Unsupported, serde_json::json!({"field": "attachments"})));
+        return Err(ApiError::with(
+            ErrorCode::Unsupported,
+            serde_json::json!({"field": "attachments"}),
+        ));
     }
-    let r = ctx.state.store.send(&me.tenant_id, &p.session_id, &p.prompt).await?;
+    let r = ctx
+        .state
+        .store
+        .send(&me.tenant_id, &p.session_id, &p.prompt)
+        .await?;
     tracing::info!(turn.id = %r.turn_id, state = r.state.as_str(), "turn admitted");
     Ok(r)
 }
@@ -48,7 +63,11 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
 pub async fn history(ctx: Ctx, p: SessionHistoryParams) -> ApiResult<SessionHistoryResult> {
     let me = ctx.principal()?;
     let limit = p.limit.unwrap_or(100);
-    Ok(ctx.state.store.history(&me.tenant_id, &p.session_id, p.through, p.after, limit).await?)
+    Ok(ctx
+        .state
+        .store
+        .history(&me.tenant_id, &p.session_id, p.through, p.after, limit)
+        .await?)
 }
 
 /// Subscription: catch up from the database, then follow wake-ups from the hub. The cursor
@@ -66,16 +85,25 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<serde_json::Val
     let mut sub = ctx.state.hub.subscribe(&p.session_id);
     store.last_sequence(&me.tenant_id, &p.session_id).await?;
     let cancel = ctx.conn.closed.child_token();
-    ctx.conn.subs.lock().expect("conn lock").insert(id, cancel.clone());
+    ctx.conn
+        .subs
+        .lock()
+        .expect("conn lock")
+        .insert(id, cancel.clone());
     let mut cursor = p.after;
     let mut safety = tokio::time::interval(Duration::from_secs(5));
     let result = 'watch: loop {
         loop {
-            let events = match store.events_after(&me.tenant_id, &p.session_id, cursor, CATCH_UP_BATCH).await {
+            let events = match store
+                .events_after(&me.tenant_id, &p.session_id, cursor, CATCH_UP_BATCH)
+                .await
+            {
                 Ok(e) => e,
                 Err(e) => break 'watch Err(e.into()),
             };
-            let Some(last) = events.last().map(|e| e.sequence) else { break };
+            let Some(last) = events.last().map(|e| e.sequence) else {
+                break;
+            };
             for e in &events {
                 if !ctx.item(e).await {
                     break 'watch Err(ApiError(super::gone()));

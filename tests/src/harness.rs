@@ -1,0 +1,347 @@
+//! Processes and databases for end-to-end tests.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::{Context, bail};
+use berth_store::cluster::{ClusterOptions, PrivateCluster, create_database};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+
+struct TestCluster {
+    admin_url: String,
+    url_prefix: String,
+    _cluster: PrivateCluster,
+}
+
+static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+const TEMPLATE: &str = "berth_template";
+
+/// The test run's cluster: started once (from the installed PostgreSQL binaries), with a
+/// migrated template database. It stops when the test process exits.
+fn cluster() -> &'static TestCluster {
+    CLUSTER.get_or_init(|| {
+        std::thread::spawn(|| {
+            remove_stale_scratch_dirs();
+            let dir = scratch_dir("pg");
+            let cluster = PrivateCluster::start(
+                &dir,
+                &ClusterOptions {
+                    unsafe_no_fsync: true,
+                },
+            )
+            .expect("start test cluster");
+            let admin_url = cluster.url("postgres");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                create_database(&admin_url, TEMPLATE, None)
+                    .await
+                    .expect("create template");
+                let store = berth_store::Store::connect(&cluster.url(TEMPLATE), 1)
+                    .expect("connect template");
+                store.migrate().await.expect("migrate template");
+            });
+            let url_prefix = cluster.url("").trim_end_matches("dbname=").to_string();
+            TestCluster {
+                admin_url,
+                url_prefix,
+                _cluster: cluster,
+            }
+        })
+        .join()
+        .expect("cluster thread")
+    })
+}
+
+/// A fresh, migrated database for one test; returns its connection string.
+pub async fn fresh_database() -> String {
+    let c = cluster();
+    let name = format!(
+        "t{}_{}",
+        std::process::id(),
+        NEXT_DB.fetch_add(1, Ordering::Relaxed)
+    );
+    create_database(&c.admin_url, &name, Some(TEMPLATE))
+        .await
+        .expect("create test database");
+    format!("{}dbname={name}", c.url_prefix)
+}
+
+/// A directory for this test process under the system temp dir, world-traversable so that
+/// PostgreSQL (run as an unprivileged user when tests run as root) can reach its socket.
+pub fn scratch_dir(what: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let base = std::env::temp_dir().join(format!("berth-test-{}", std::process::id()));
+    let n = NEXT_DB.fetch_add(1, Ordering::Relaxed);
+    let dir = base.join(format!("{what}{n}"));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    for d in [&base, &dir] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod scratch dir");
+    }
+    dir
+}
+
+/// Scratch dirs of earlier test processes that are gone (their clusters died with them).
+fn remove_stale_scratch_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("berth-test-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// The `berth` binary next to this test executable (`target/<profile>/berth`).
+pub fn berth_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("BERTH_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("berth");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`",
+        bin.display()
+    );
+    bin
+}
+
+/// A `berth serve` child process.
+pub struct TestServer {
+    pub child: Child,
+    pub addr: String,
+    pub metrics_addr: String,
+    pub data_dir: PathBuf,
+    pub database_url: String,
+    pub log: PathBuf,
+}
+
+impl TestServer {
+    /// Start `berth serve` on `database_url`, its model provider at `model_base_url`.
+    pub async fn start(database_url: &str, model_base_url: &str) -> anyhow::Result<TestServer> {
+        let data_dir = scratch_dir("serve");
+        Self::start_in(database_url, model_base_url, &data_dir).await
+    }
+
+    pub async fn start_in(
+        database_url: &str,
+        model_base_url: &str,
+        data_dir: &Path,
+    ) -> anyhow::Result<TestServer> {
+        let log = data_dir.join("serve.log");
+        let mut cmd = Command::new(berth_bin());
+        cmd.arg("serve")
+            .env("DATABASE_URL", database_url)
+            .env("BERTH_DATA_DIR", data_dir)
+            .env("BERTH_LISTEN", "127.0.0.1:0")
+            .env("BERTH_METRICS_LISTEN", "127.0.0.1:0")
+            .env("BERTH_MODEL_BASE_URL", model_base_url)
+            .env("BERTH_MODEL", "mock-model")
+            .env("BERTH_MODEL_API_KEY", "sk-test-provider-key")
+            .env("RUST_LOG", "debug");
+        let (child, addr, metrics_addr) = spawn_listening(cmd, &log).await?;
+        Ok(TestServer {
+            child,
+            addr,
+            metrics_addr,
+            data_dir: data_dir.to_path_buf(),
+            database_url: database_url.to_string(),
+            log,
+        })
+    }
+
+    /// The bootstrap admin credential written to `<data-dir>/run/token`.
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("run/token"))
+            .expect("token file")
+            .trim()
+            .to_string()
+    }
+
+    /// `berth admin …` against this server's database; returns stdout.
+    pub async fn admin(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(berth_bin())
+            .arg("admin")
+            .args(args)
+            .env("DATABASE_URL", &self.database_url)
+            .env("BERTH_DATA_DIR", &self.data_dir)
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!(
+                "berth admin {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    /// A new worker credential for the default tenant.
+    pub async fn worker_token(&self) -> String {
+        self.admin(&[
+            "token",
+            "create",
+            "--tenant",
+            "default",
+            "--worker",
+            "--note",
+            "test worker",
+        ])
+        .await
+        .expect("worker token")
+        .trim()
+        .to_string()
+    }
+
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/v1/rpc", self.addr)
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        reqwest::get(format!("http://{}{path}", self.addr))
+            .await
+            .expect("http get")
+    }
+
+    /// Send SIGTERM and wait for the process to exit.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        terminate(&mut self.child).await
+    }
+}
+
+/// A `berth worker` child process serving one workspace.
+pub struct TestWorker {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl TestWorker {
+    pub async fn start(
+        server: &TestServer,
+        token: &str,
+        name: &str,
+        path: &Path,
+    ) -> anyhow::Result<TestWorker> {
+        let dir = scratch_dir("worker");
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, token)?;
+        let log = dir.join("worker.log");
+        let child = Command::new(berth_bin())
+            .args([
+                "worker",
+                "--server",
+                &format!("http://{}/", server.addr),
+                "--host",
+                "test-host",
+            ])
+            .arg("--token-file")
+            .arg(&token_file)
+            .arg("--workspace")
+            .arg(format!("{name}={}", path.display()))
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .kill_on_drop(true)
+            .spawn()?;
+        Ok(TestWorker { child, log })
+    }
+}
+
+/// Spawn a command that prints `berth: listening on http://ADDR (metrics on http://MADDR/metrics)`.
+pub async fn spawn_listening(
+    mut cmd: Command,
+    log: &Path,
+) -> anyhow::Result<(Child, String, String)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log)?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await? {
+            if line.starts_with("berth: listening on") {
+                return Ok(line);
+            }
+        }
+        anyhow::bail!(
+            "berth exited before listening; log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )
+    })
+    .await
+    .context("berth did not start listening within 60 s")??;
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let mut words = line.split_whitespace();
+    let addr = words
+        .nth(3)
+        .context("address")?
+        .trim_start_matches("http://")
+        .to_string();
+    let metrics = words
+        .nth(2)
+        .context("metrics address")?
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics)")
+        .to_string();
+    Ok((child, addr, metrics))
+}
+
+/// SIGTERM, then wait (SIGKILL after 20 s).
+pub async fn terminate(child: &mut Child) -> std::process::ExitStatus {
+    if let Some(pid) = child.id() {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    match tokio::time::timeout(Duration::from_secs(20), child.wait()).await {
+        Ok(status) => status.expect("wait"),
+        Err(_) => {
+            child.kill().await.ok();
+            child.wait().await.expect("wait")
+        }
+    }
+}
+
+/// Wait until `f` returns Some, polling every 50 ms, for at most `secs` seconds.
+pub async fn eventually<T, F, Fut>(secs: u64, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while tokio::time::Instant::now() < deadline {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
