@@ -71,21 +71,14 @@ impl Client {
     }
 
     /// Connect with an `Authorization: Bearer` header and/or an `Origin` header.
-    pub async fn connect_with(
-        url: &str,
-        bearer: Option<&str>,
-        origin: Option<&str>,
-    ) -> anyhow::Result<Client> {
+    pub async fn connect_with(url: &str, bearer: Option<&str>, origin: Option<&str>) -> anyhow::Result<Client> {
         let mut req = url.into_client_request()?;
         if let Some(t) = bearer {
-            req.headers_mut().insert(
-                "authorization",
-                HeaderValue::from_str(&format!("Bearer {t}"))?,
-            );
+            req.headers_mut()
+                .insert("authorization", HeaderValue::from_str(&format!("Bearer {t}"))?);
         }
         if let Some(o) = origin {
-            req.headers_mut()
-                .insert("origin", HeaderValue::from_str(o)?);
+            req.headers_mut().insert("origin", HeaderValue::from_str(o)?);
         }
         let (ws, _) = tokio_tungstenite::connect_async(req)
             .await
@@ -153,9 +146,7 @@ impl Client {
     /// Connect and `hello` with `token`.
     pub async fn authed(url: &str, token: &str) -> anyhow::Result<Client> {
         let mut c = Self::connect(url).await?;
-        c.hello(token)
-            .await
-            .map_err(|e| anyhow::anyhow!("hello: {e}"))?;
+        c.hello(token).await.map_err(|e| anyhow::anyhow!("hello: {e}"))?;
         Ok(c)
     }
 

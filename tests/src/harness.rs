@@ -34,13 +34,8 @@ fn cluster() -> &'static TestCluster {
         std::thread::spawn(|| {
             remove_stale_scratch_dirs();
             let dir = scratch_dir("pg");
-            let cluster = PrivateCluster::start(
-                &dir,
-                &ClusterOptions {
-                    unsafe_no_fsync: true,
-                },
-            )
-            .expect("start test cluster");
+            let cluster =
+                PrivateCluster::start(&dir, &ClusterOptions { unsafe_no_fsync: true }).expect("start test cluster");
             let admin_url = cluster.url("postgres");
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -50,8 +45,7 @@ fn cluster() -> &'static TestCluster {
                 create_database(&admin_url, TEMPLATE, None)
                     .await
                     .expect("create template");
-                let store = berth_store::Store::connect(&cluster.url(TEMPLATE), 1)
-                    .expect("connect template");
+                let store = berth_store::Store::connect(&cluster.url(TEMPLATE), 1).expect("connect template");
                 store.migrate().await.expect("migrate template");
             });
             let url_prefix = cluster.url("").trim_end_matches("dbname=").to_string();
@@ -69,11 +63,7 @@ fn cluster() -> &'static TestCluster {
 /// A fresh, migrated database for one test; returns its connection string.
 pub async fn fresh_database() -> String {
     let c = cluster();
-    let name = format!(
-        "t{}_{}",
-        std::process::id(),
-        NEXT_DB.fetch_add(1, Ordering::Relaxed)
-    );
+    let name = format!("t{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::Relaxed));
     create_database(&c.admin_url, &name, Some(TEMPLATE))
         .await
         .expect("create test database");
@@ -89,8 +79,7 @@ pub fn scratch_dir(what: &str) -> PathBuf {
     let dir = base.join(format!("{what}{n}"));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     for d in [&base, &dir] {
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod scratch dir");
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod scratch dir");
     }
     dir
 }
@@ -148,11 +137,7 @@ impl TestServer {
         Self::start_in(database_url, model_base_url, &data_dir).await
     }
 
-    pub async fn start_in(
-        database_url: &str,
-        model_base_url: &str,
-        data_dir: &Path,
-    ) -> anyhow::Result<TestServer> {
+    pub async fn start_in(database_url: &str, model_base_url: &str, data_dir: &Path) -> anyhow::Result<TestServer> {
         let log = data_dir.join("serve.log");
         let mut cmd = Command::new(berth_bin());
         cmd.arg("serve")
@@ -193,10 +178,7 @@ impl TestServer {
             .output()
             .await?;
         if !out.status.success() {
-            bail!(
-                "berth admin {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            bail!("berth admin {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(String::from_utf8(out.stdout)?)
     }
@@ -241,12 +223,7 @@ pub struct TestWorker {
 }
 
 impl TestWorker {
-    pub async fn start(
-        server: &TestServer,
-        token: &str,
-        name: &str,
-        path: &Path,
-    ) -> anyhow::Result<TestWorker> {
+    pub async fn start(server: &TestServer, token: &str, name: &str, path: &Path) -> anyhow::Result<TestWorker> {
         let dir = scratch_dir("worker");
         let token_file = dir.join("token");
         std::fs::write(&token_file, token)?;
@@ -273,10 +250,7 @@ impl TestWorker {
 }
 
 /// Spawn a command that prints `berth: listening on http://ADDR (metrics on http://MADDR/metrics)`.
-pub async fn spawn_listening(
-    mut cmd: Command,
-    log: &Path,
-) -> anyhow::Result<(Child, String, String)> {
+pub async fn spawn_listening(mut cmd: Command, log: &Path) -> anyhow::Result<(Child, String, String)> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(log)?)

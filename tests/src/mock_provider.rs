@@ -182,8 +182,8 @@ fn error_response(status: StatusCode, message: &str) -> Response {
 
 async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
     let shared = &state.shared;
-    let value: Value = serde_json::from_slice(&body)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let value: Value =
+        serde_json::from_slice(&body).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let model = value
         .get("model")
         .and_then(Value::as_str)
@@ -203,10 +203,7 @@ async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
 
     let (parts, hang) = match reply {
         None => {
-            return error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "mock provider: no scripted reply",
-            );
+            return error_response(StatusCode::INTERNAL_SERVER_ERROR, "mock provider: no scripted reply");
         }
         Some(Reply::Status(code)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -225,31 +222,25 @@ async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
         model,
     };
     let steps = plan(&ctx, parts, hang);
-    let stream = futures_util::stream::unfold(
-        (steps, state.closed.clone()),
-        |(mut steps, mut closed)| async move {
-            loop {
-                match steps.pop_front()? {
-                    Step::Sleep(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
-                    Step::Send(bytes) => {
-                        return Some((Ok::<Bytes, Infallible>(bytes), (steps, closed)));
-                    }
-                    Step::Hang => {
-                        // Ends (error or change) only once the provider is dropped.
-                        let _ = closed.changed().await;
-                        return None;
-                    }
+    let stream = futures_util::stream::unfold((steps, state.closed.clone()), |(mut steps, mut closed)| async move {
+        loop {
+            match steps.pop_front()? {
+                Step::Sleep(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                Step::Send(bytes) => {
+                    return Some((Ok::<Bytes, Infallible>(bytes), (steps, closed)));
+                }
+                Step::Hang => {
+                    // Ends (error or change) only once the provider is dropped.
+                    let _ = closed.changed().await;
+                    return None;
                 }
             }
-        },
-    );
+        }
+    });
 
     let mut response = Response::new(Body::from_stream(stream));
     let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
@@ -317,9 +308,7 @@ fn plan(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step> {
     for part in parts {
         match part {
             Part::Text(t) => steps.push_back(sse(&ctx.choice(delta(json!({"content": t})), None))),
-            Part::Reasoning(t) => steps.push_back(sse(
-                &ctx.choice(delta(json!({"reasoning_content": t})), None)
-            )),
+            Part::Reasoning(t) => steps.push_back(sse(&ctx.choice(delta(json!({"reasoning_content": t})), None))),
             Part::ToolCall {
                 index,
                 id,
@@ -411,10 +400,7 @@ mod tests {
         mock.push(Reply::text(&["Hel", "lo"]));
         let resp = post(&mock, json!({"model": "m1", "stream": true})).await;
         assert_eq!(resp.status(), 200);
-        assert_eq!(
-            resp.headers()[reqwest::header::CONTENT_TYPE],
-            "text/event-stream"
-        );
+        assert_eq!(resp.headers()[reqwest::header::CONTENT_TYPE], "text/event-stream");
         let body = resp.text().await.unwrap();
         let evs = events(&body);
         assert_eq!(evs.last().map(String::as_str), Some("[DONE]"));
@@ -451,16 +437,9 @@ mod tests {
                 completion: 4,
             },
         ]));
-        let body = post(&mock, json!({"model": "m"}))
-            .await
-            .text()
-            .await
-            .unwrap();
+        let body = post(&mock, json!({"model": "m"})).await.text().await.unwrap();
         let chunks = json_events(&events(&body));
-        assert_eq!(
-            chunks[0]["choices"][0]["delta"]["reasoning_content"],
-            "thinking"
-        );
+        assert_eq!(chunks[0]["choices"][0]["delta"]["reasoning_content"], "thinking");
         let (mut id, mut name, mut args) = (String::new(), String::new(), String::new());
         let mut finish = None;
         let mut usage = None;
@@ -474,11 +453,7 @@ mod tests {
             if let Some(f) = choice["finish_reason"].as_str() {
                 finish = Some(f.to_owned());
             }
-            for tc in choice["delta"]["tool_calls"]
-                .as_array()
-                .into_iter()
-                .flatten()
-            {
+            for tc in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
                 assert_eq!(tc["index"], 0);
                 if let Some(s) = tc["id"].as_str() {
                     id.push_str(s);
@@ -540,10 +515,7 @@ mod tests {
             .unwrap();
         assert_eq!(resp.status(), 500); // queue now empty
         assert_eq!(mock.requests(), vec![body, json!({"n": 2})]);
-        assert_eq!(
-            mock.authorizations(),
-            vec![Some("Bearer sk-test".to_owned()), None]
-        );
+        assert_eq!(mock.authorizations(), vec![Some("Bearer sk-test".to_owned()), None]);
     }
 
     #[tokio::test]

@@ -21,9 +21,7 @@ struct Stack {
 
 async fn stack(mock: &MockProvider) -> Stack {
     let db = fresh_database().await;
-    let server = TestServer::start(&db, &mock.base_url())
-        .await
-        .expect("server");
+    let server = TestServer::start(&db, &mock.base_url()).await.expect("server");
     let token = server.worker_token().await;
     let ws_dir = scratch_dir("workspace");
     let worker = TestWorker::start(&server, &token, "proj", &ws_dir)
@@ -35,10 +33,7 @@ async fn stack(mock: &MockProvider) -> Stack {
     let mut workspace_id = None;
     for _ in 0..200 {
         let list = client.ok("workspace.list", json!({})).await;
-        if let Some(w) = list
-            .as_array()
-            .and_then(|l| l.iter().find(|w| w["online"] == true))
-        {
+        if let Some(w) = list.as_array().and_then(|l| l.iter().find(|w| w["online"] == true)) {
             workspace_id = Some(w["workspaceId"].as_str().unwrap().to_string());
             break;
         }
@@ -94,33 +89,19 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
         .subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     let sent = s
         .client
-        .ok(
-            "session.send",
-            json!({"sessionId": sid, "prompt": "Say hello"}),
-        )
+        .ok("session.send", json!({"sessionId": sid, "prompt": "Say hello"}))
         .await;
     let turn_id = sent["turnId"].as_str().unwrap().to_string();
     assert_eq!(sent["state"], "running");
 
     let items = watch.until(30, is_turn_end).await.expect("the turn ends");
-    let events: Vec<&Value> = items
-        .iter()
-        .filter(|i| i.get("sequence").is_some())
-        .collect();
+    let events: Vec<&Value> = items.iter().filter(|i| i.get("sequence").is_some()).collect();
     let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(
         types,
-        [
-            "session.created",
-            "turn.started",
-            "model.completed",
-            "turn.ended"
-        ]
+        ["session.created", "turn.started", "model.completed", "turn.ended"]
     );
-    let seqs: Vec<i64> = events
-        .iter()
-        .map(|e| e["sequence"].as_i64().unwrap())
-        .collect();
+    let seqs: Vec<i64> = events.iter().map(|e| e["sequence"].as_i64().unwrap()).collect();
     assert_eq!(seqs, [1, 2, 3, 4], "gapless from 1");
     let ended = events.last().unwrap();
     assert_eq!(ended["state"], "completed");
@@ -142,14 +123,8 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
     assert_eq!(live_thinking, "Let me think.");
 
     // The completion's rows are published at its event, positions {sourceSequence, itemIndex}.
-    let completed = events
-        .iter()
-        .find(|e| e["type"] == "model.completed")
-        .unwrap();
-    assert_eq!(
-        completed["usage"],
-        json!({"inputTokens": 12, "outputTokens": 3})
-    );
+    let completed = events.iter().find(|e| e["type"] == "model.completed").unwrap();
+    assert_eq!(completed["usage"], json!({"inputTokens": 12, "outputTokens": 3}));
     let started = events.iter().find(|e| e["type"] == "turn.started").unwrap();
     let watched_rows: Vec<Value> = [started, completed]
         .iter()
@@ -172,20 +147,14 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
     assert_eq!(watched_rows[1]["turnId"], turn_id.as_str());
 
     // History returns the same rows under a pinned fence.
-    let history = s
-        .client
-        .ok("session.history", json!({"sessionId": sid}))
-        .await;
+    let history = s.client.ok("session.history", json!({"sessionId": sid})).await;
     assert_eq!(history["through"], 4);
     assert_eq!(history["rows"].as_array().unwrap(), &watched_rows);
     assert_eq!(history["nextAfter"], Value::Null);
     // Paging: one row per page, following nextAfter under the same fence.
     let p1 = s
         .client
-        .ok(
-            "session.history",
-            json!({"sessionId": sid, "through": 4, "limit": 1}),
-        )
+        .ok("session.history", json!({"sessionId": sid, "through": 4, "limit": 1}))
         .await;
     assert_eq!(p1["rows"][0], watched_rows[0]);
     let p2 = s
@@ -203,14 +172,8 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0]["model"], "mock-model");
     assert_eq!(reqs[0]["stream"], true);
-    assert_eq!(
-        reqs[0]["messages"],
-        json!([{"role": "user", "content": "Say hello"}])
-    );
-    assert_eq!(
-        mock.authorizations()[0].as_deref(),
-        Some("Bearer sk-test-provider-key")
-    );
+    assert_eq!(reqs[0]["messages"], json!([{"role": "user", "content": "Say hello"}]));
+    assert_eq!(mock.authorizations()[0].as_deref(), Some("Bearer sk-test-provider-key"));
 
     // Reconnect from the middle: exactly the events after the cursor, no gap, no duplicate,
     // then live ones as a second turn (a tool call split across chunks) runs.
@@ -232,10 +195,7 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
         .unwrap();
     let mut watch = again.subscribe("session.watch", json!({"sessionId": sid, "after": 2}));
     let replay = watch.until(10, is_turn_end).await.expect("replay");
-    let replay_seqs: Vec<i64> = replay
-        .iter()
-        .filter_map(|e| e["sequence"].as_i64())
-        .collect();
+    let replay_seqs: Vec<i64> = replay.iter().filter_map(|e| e["sequence"].as_i64()).collect();
     assert_eq!(replay_seqs, [3, 4]);
     assert_eq!(
         replay
@@ -245,21 +205,12 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
         events[2..].to_vec()
     );
     let sent2 = again
-        .ok(
-            "session.send",
-            json!({"sessionId": sid, "prompt": "Read the readme"}),
-        )
+        .ok("session.send", json!({"sessionId": sid, "prompt": "Read the readme"}))
         .await;
-    let live = watch
-        .until(30, is_turn_end)
-        .await
-        .expect("second turn ends");
+    let live = watch.until(30, is_turn_end).await.expect("second turn ends");
     let live_seqs: Vec<i64> = live.iter().filter_map(|e| e["sequence"].as_i64()).collect();
     assert_eq!(live_seqs, [5, 6, 7]);
-    let step = live
-        .iter()
-        .find(|e| e["type"] == "model.completed")
-        .unwrap();
+    let step = live.iter().find(|e| e["type"] == "model.completed").unwrap();
     let call = &step["rows"][0];
     assert_eq!(call["kind"], "toolCall");
     assert_eq!(call["body"], "{\"path\": \"README.md\"}");
@@ -320,22 +271,12 @@ impl Stack {
         self.client
             .ok("session.send", json!({"sessionId": sid, "prompt": "hi"}))
             .await;
-        let items = watch
-            .until(30, is_turn_end)
-            .await
-            .expect("the turn settles");
+        let items = watch.until(30, is_turn_end).await.expect("the turn settles");
         let ended = items.last().unwrap().clone();
         // No model.completed: the failed step published nothing.
         assert!(!items.iter().any(|i| i["type"] == "model.completed"));
-        let history = self
-            .client
-            .ok("session.history", json!({"sessionId": sid}))
-            .await;
-        assert_eq!(
-            history["rows"].as_array().unwrap().len(),
-            1,
-            "only the prompt"
-        );
+        let history = self.client.ok("session.history", json!({"sessionId": sid})).await;
+        assert_eq!(history["rows"].as_array().unwrap().len(), 1, "only the prompt");
         ended
     }
 }
@@ -347,10 +288,7 @@ async fn provider_error_status_fails_the_turn_with_a_typed_cause() {
     let mut s = stack(&mock).await;
     let ended = s.run_failing_turn().await;
     assert_eq!(ended["state"], "failed");
-    assert_eq!(
-        ended["cause"],
-        json!({"code": "provider-status", "status": 500})
-    );
+    assert_eq!(ended["cause"], json!({"code": "provider-status", "status": 500}));
     // The provider's body never reaches the client.
     assert!(!ended.to_string().contains("scripted status"));
     // The server keeps serving, and the next turn works.
@@ -387,9 +325,7 @@ async fn provider_connection_refused_fails_the_turn_and_the_server_keeps_serving
     let _worker = TestWorker::start(&server, &token, "proj", &scratch_dir("workspace"))
         .await
         .unwrap();
-    let client = Client::authed(&server.ws_url(), &server.admin_token())
-        .await
-        .unwrap();
+    let client = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
     let workspace_id = eventually(20, || {
         let url = server.ws_url();
         let token = server.admin_token();
@@ -452,10 +388,7 @@ async fn bad_input_gets_typed_errors_on_a_connection_that_stays_open() {
     assert_eq!(code(&c.hello(&fake).await.unwrap_err()), "unauthorized");
     // Unsupported protocol names the versions spoken.
     let e = c
-        .call(
-            "hello",
-            json!({"protocol": 99, "token": server.admin_token()}),
-        )
+        .call("hello", json!({"protocol": 99, "token": server.admin_token()}))
         .await
         .unwrap_err();
     assert_eq!(code(&e), "unsupported-protocol");
@@ -469,10 +402,7 @@ async fn bad_input_gets_typed_errors_on_a_connection_that_stays_open() {
     assert_eq!(code(&e), "method-not-found");
     assert_eq!(e.code, -32601);
     // Bad params: wrong types, unknown fields, unknown ids.
-    let e = c
-        .call("session.create", json!({"workspaceId": 5}))
-        .await
-        .unwrap_err();
+    let e = c.call("session.create", json!({"workspaceId": 5})).await.unwrap_err();
     assert_eq!(code(&e), "bad-params");
     let e = c
         .call("session.get", json!({"sessionId": "ses_x", "bogus": true}))
@@ -494,10 +424,7 @@ async fn bad_input_gets_typed_errors_on_a_connection_that_stays_open() {
         .await
         .unwrap_err();
     assert_eq!(code(&e), "not-found");
-    let mut sub = c.subscribe(
-        "session.watch",
-        json!({"sessionId": "ses_missing", "after": 0}),
-    );
+    let mut sub = c.subscribe("session.watch", json!({"sessionId": "ses_missing", "after": 0}));
     let done = tokio::time::timeout(Duration::from_secs(10), &mut sub.done)
         .await
         .unwrap()
@@ -545,9 +472,7 @@ async fn bad_input_gets_typed_errors_on_a_connection_that_stays_open() {
         metrics.contains("berth_rpc_requests_total{code=\"unauthorized\",method=\"ping\"}"),
         "{metrics}"
     );
-    assert!(
-        metrics.contains("berth_rpc_requests_total{code=\"method-not-found\",method=\"unknown\"}")
-    );
+    assert!(metrics.contains("berth_rpc_requests_total{code=\"method-not-found\",method=\"unknown\"}"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -555,9 +480,7 @@ async fn sigterm_shuts_the_server_down_gracefully() {
     let mock = MockProvider::start().await;
     let db = fresh_database().await;
     let mut server = TestServer::start(&db, &mock.base_url()).await.unwrap();
-    let mut c = Client::authed(&server.ws_url(), &server.admin_token())
-        .await
-        .unwrap();
+    let mut c = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
     assert_eq!(c.ok("ping", json!({})).await["pong"], true);
     let status = server.terminate().await;
     assert!(status.success(), "exit status {status}");
@@ -566,10 +489,7 @@ async fn sigterm_shuts_the_server_down_gracefully() {
         async move { closed.then_some(()) }
     })
     .await;
-    assert!(
-        closed.is_some(),
-        "the client connection is closed on shutdown"
-    );
+    assert!(closed.is_some(), "the client connection is closed on shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -599,10 +519,7 @@ async fn berth_dev_comes_up_on_a_fresh_data_dir_and_restarts_on_the_same_cluster
         std::fs::metadata(&token_path).unwrap().permissions().mode() & 0o777,
         0o600
     );
-    let token = std::fs::read_to_string(&token_path)
-        .unwrap()
-        .trim()
-        .to_string();
+    let token = std::fs::read_to_string(&token_path).unwrap().trim().to_string();
     let ready = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
     assert_eq!(ready.status(), 200);
     let url = format!("ws://{addr}/v1/rpc");
@@ -611,15 +528,8 @@ async fn berth_dev_comes_up_on_a_fresh_data_dir_and_restarts_on_the_same_cluster
         async move {
             let mut c = Client::authed(&url, &token).await.ok()?;
             let list = c.ok("workspace.list", json!({})).await;
-            let w = list
-                .as_array()?
-                .iter()
-                .find(|w| w["online"] == true)?
-                .clone();
-            Some((
-                w["workspaceId"].as_str()?.to_string(),
-                w["title"].as_str()?.to_string(),
-            ))
+            let w = list.as_array()?.iter().find(|w| w["online"] == true)?.clone();
+            Some((w["workspaceId"].as_str()?.to_string(), w["title"].as_str()?.to_string()))
         }
     })
     .await
@@ -628,37 +538,24 @@ async fn berth_dev_comes_up_on_a_fresh_data_dir_and_restarts_on_the_same_cluster
     // A real turn through the dev worker.
     mock.push(Reply::text(&["dev ", "works"]));
     let mut c = Client::authed(&url, &token).await.unwrap();
-    let session = c
-        .ok("session.create", json!({"workspaceId": first_id.0}))
-        .await;
+    let session = c.ok("session.create", json!({"workspaceId": first_id.0})).await;
     let sid = session["sessionId"].as_str().unwrap().to_string();
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "hi"}))
-        .await;
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "hi"})).await;
     let items = watch.until(30, is_turn_end).await.unwrap();
     assert_eq!(items.last().unwrap()["state"], "completed");
     let log_text = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        !log_text.contains(&token),
-        "the credential never reaches the log"
-    );
+    assert!(!log_text.contains(&token), "the credential never reaches the log");
     assert!(harness::terminate(&mut child).await.success());
 
     // Second start: same cluster, same data, no new bootstrap credential.
-    let (mut child, addr, _) = harness::spawn_listening(start(), &home.join("dev2.log"))
-        .await
-        .unwrap();
+    let (mut child, addr, _) = harness::spawn_listening(start(), &home.join("dev2.log")).await.unwrap();
     assert_eq!(std::fs::read_to_string(&token_path).unwrap().trim(), token);
     assert_eq!(
-        reqwest::get(format!("http://{addr}/readyz"))
-            .await
-            .unwrap()
-            .status(),
+        reqwest::get(format!("http://{addr}/readyz")).await.unwrap().status(),
         200
     );
-    let mut c = Client::authed(&format!("ws://{addr}/v1/rpc"), &token)
-        .await
-        .unwrap();
+    let mut c = Client::authed(&format!("ws://{addr}/v1/rpc"), &token).await.unwrap();
     let history = c.ok("session.history", json!({"sessionId": sid})).await;
     let bodies: Vec<&str> = history["rows"]
         .as_array()
@@ -668,11 +565,7 @@ async fn berth_dev_comes_up_on_a_fresh_data_dir_and_restarts_on_the_same_cluster
         .collect();
     assert_eq!(bodies, ["hi", "dev works"]);
     let list = c.ok("workspace.list", json!({})).await;
-    assert_eq!(
-        list.as_array().unwrap().len(),
-        1,
-        "the workspace kept its identity"
-    );
+    assert_eq!(list.as_array().unwrap().len(), 1, "the workspace kept its identity");
     assert_eq!(list[0]["workspaceId"], first_id.0.as_str());
     assert!(harness::terminate(&mut child).await.success());
 }

@@ -9,11 +9,7 @@ pub struct Secret(pub String);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_empty() {
-            "\"\""
-        } else {
-            "\"<redacted>\""
-        })
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"<redacted>\"" })
     }
 }
 
@@ -45,6 +41,8 @@ pub struct Config {
     pub model: ModelConfig,
     /// This replica's id (random per process unless set).
     pub replica_id: String,
+    /// `BERTH_RECEIPT_RETENTION_SECS`: how long operation receipts are kept (default 7 days).
+    pub receipt_retention: std::time::Duration,
 }
 
 impl Config {
@@ -58,6 +56,7 @@ impl Config {
             max_text_message: 8 << 20,
             model: ModelConfig::default(),
             replica_id: berth_store::token::new_id("rep"),
+            receipt_retention: std::time::Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

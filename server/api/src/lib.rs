@@ -5,6 +5,7 @@
 //! [`berth_store::Store`]). In memory there are only connections, the [`hub::Hub`] that
 //! wakes local watchers, and the registry of worker connections this replica holds.
 
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod hub;
@@ -80,14 +81,12 @@ pub async fn serve(
         shutdown: token.clone(),
     }));
     listen::spawn(state.clone());
+    spawn_housekeeping(state.clone());
 
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))
         .route("/v1/worker", get(workers::upgrade))
-        .route(
-            berth_protocol::worker::MODEL_PROXY_PATH,
-            post(proxy::chat_completions),
-        )
+        .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state.clone());
@@ -112,6 +111,32 @@ pub async fn serve(
         .await?;
     metrics_server.await??;
     Ok(())
+}
+
+/// Periodic work any replica may do (each task is idempotent): interrupt the turns of
+/// workers whose replica died, and delete expired operation receipts.
+fn spawn_housekeeping(state: AppState) {
+    tokio::spawn(async move {
+        let mut sweep = tokio::time::interval(Duration::from_secs(15));
+        let mut receipts = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            tokio::select! {
+                _ = sweep.tick() => match state.store.sweep_stale_presence().await {
+                    Ok(turns) => for t in turns {
+                        state.metrics.turns.with_label_values(&["interrupted"]).inc();
+                        tracing::warn!(turn.id = %t, "worker's replica went silent; turn interrupted");
+                    },
+                    Err(e) => tracing::warn!(error = %e, "presence sweep failed"),
+                },
+                _ = receipts.tick() => match state.store.receipts_cleanup(state.config.receipt_retention.as_secs() as i64).await {
+                    Ok(n) if n > 0 => tracing::info!(deleted = n, "expired operation receipts deleted"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "receipt cleanup failed"),
+                },
+                _ = state.shutdown.cancelled() => return,
+            }
+        }
+    });
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use berth_store::{CHANNEL_DELTAS, CHANNEL_DISPATCH, CHANNEL_EVENTS};
+use berth_store::{CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, CHANNEL_EVENTS};
 
 use crate::AppState;
 
@@ -54,6 +54,13 @@ fn handle(state: &AppState, channel: &str, payload: &str) {
             }
         }
         CHANNEL_DISPATCH => state.workers.kick(payload),
+        CHANNEL_CONTROL => {
+            if let Some(rest) = payload.strip_prefix("stop:")
+                && let Some((conn, turn)) = rest.split_once(':')
+            {
+                state.workers.stop(conn, turn);
+            }
+        }
         CHANNEL_DELTAS => {
             let Ok(msg) = serde_json::from_str::<crate::workers::RelayedDelta>(payload) else {
                 return;

@@ -1,8 +1,7 @@
 //! Prometheus metrics, served on their own listener.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// Every metric the API tier exports.
@@ -35,25 +34,17 @@ impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
         let m = Metrics {
-            rpc_requests: IntCounterVec::new(
-                Opts::new("berth_rpc_requests_total", "RPC calls"),
-                &["method", "code"],
-            )
-            .expect("metric"),
+            rpc_requests: IntCounterVec::new(Opts::new("berth_rpc_requests_total", "RPC calls"), &["method", "code"])
+                .expect("metric"),
             rpc_duration: HistogramVec::new(
                 HistogramOpts::new("berth_rpc_duration_seconds", "RPC latency"),
                 &["method"],
             )
             .expect("metric"),
-            connections: IntGaugeVec::new(
-                Opts::new("berth_connections", "open WebSockets"),
-                &["kind"],
-            )
-            .expect("metric"),
-            events_appended: IntCounter::new("berth_events_appended_total", "events appended")
+            connections: IntGaugeVec::new(Opts::new("berth_connections", "open WebSockets"), &["kind"])
                 .expect("metric"),
-            turns: IntCounterVec::new(Opts::new("berth_turns_total", "turns settled"), &["state"])
-                .expect("metric"),
+            events_appended: IntCounter::new("berth_events_appended_total", "events appended").expect("metric"),
+            turns: IntCounterVec::new(Opts::new("berth_turns_total", "turns settled"), &["state"]).expect("metric"),
             model_tokens: IntCounterVec::new(
                 Opts::new("berth_model_tokens_total", "model tokens"),
                 &["provider", "model", "kind"],
@@ -64,15 +55,9 @@ impl Metrics {
                 &["provider", "model"],
             )
             .expect("metric"),
-            workers_connected: IntGauge::new("berth_workers_connected", "worker connections")
-                .expect("metric"),
-            db_pool_size: IntGauge::new("berth_db_pool_size", "database pool size")
-                .expect("metric"),
-            db_pool_available: IntGauge::new(
-                "berth_db_pool_available",
-                "idle database connections",
-            )
-            .expect("metric"),
+            workers_connected: IntGauge::new("berth_workers_connected", "worker connections").expect("metric"),
+            db_pool_size: IntGauge::new("berth_db_pool_size", "database pool size").expect("metric"),
+            db_pool_available: IntGauge::new("berth_db_pool_available", "idle database connections").expect("metric"),
             auth_failures: IntCounterVec::new(
                 Opts::new("berth_auth_failures_total", "authentication failures"),
                 &["reason"],

@@ -45,20 +45,12 @@ pub async fn chat_completions(
         None => false,
     };
     if !authorized {
-        state
-            .metrics
-            .auth_failures
-            .with_label_values(&["model-proxy"])
-            .inc();
+        state.metrics.auth_failures.with_label_values(&["model-proxy"]).inc();
         return fail(StatusCode::UNAUTHORIZED, "unauthorized", None);
     }
     let model_cfg = &state.config.model;
     let Some(base) = model_cfg.base_url.as_deref() else {
-        return fail(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "provider-unconfigured",
-            None,
-        );
+        return fail(StatusCode::SERVICE_UNAVAILABLE, "provider-unconfigured", None);
     };
     let Some(obj) = body.as_object_mut() else {
         return fail(StatusCode::BAD_REQUEST, "bad-params", None);
@@ -69,22 +61,11 @@ pub async fn chat_completions(
         obj.insert("model".into(), m.clone().into());
     }
     obj.insert("stream".into(), true.into());
-    obj.insert(
-        "stream_options".into(),
-        serde_json::json!({"include_usage": true}),
-    );
-    let model = obj
-        .get("model")
-        .and_then(|m| m.as_str())
-        .unwrap_or("")
-        .to_string();
+    obj.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
+    let model = obj.get("model").and_then(|m| m.as_str()).unwrap_or("").to_string();
 
     let url = format!("{}/chat/completions", base.trim_end_matches('/'));
-    let mut req = state
-        .http
-        .post(url)
-        .json(&body)
-        .timeout(Duration::from_secs(600));
+    let mut req = state.http.post(url).json(&body).timeout(Duration::from_secs(600));
     if let Some(key) = &model_cfg.api_key {
         req = req.bearer_auth(&key.0);
     }

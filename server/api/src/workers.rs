@@ -30,7 +30,7 @@ use berth_store::{CHANNEL_DELTAS, CredentialKind, Principal, token};
 use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 
 use crate::{AppState, error::ApiError, rpc::bearer};
 
@@ -40,22 +40,35 @@ pub struct Registry {
     conns: Mutex<HashMap<String, LocalWorker>>,
 }
 
-/// A worker connection's workspaces and the signal that makes it claim turns.
-type LocalWorker = (Vec<String>, Arc<Notify>);
+/// A worker connection held by this replica.
+struct LocalWorker {
+    workspaces: Vec<String>,
+    /// Makes the connection claim turns.
+    kick: Arc<Notify>,
+    /// Turns to stop (cancelled by a client on any replica).
+    stop: mpsc::UnboundedSender<String>,
+}
 
 impl Registry {
     /// Wake the connections serving `workspace_id` to claim turns.
     pub fn kick(&self, workspace_id: &str) {
-        for (workspaces, notify) in self.conns.lock().expect("registry lock").values() {
-            if workspaces.iter().any(|w| w == workspace_id) {
-                notify.notify_one();
+        for w in self.conns.lock().expect("registry lock").values() {
+            if w.workspaces.iter().any(|id| id == workspace_id) {
+                w.kick.notify_one();
             }
         }
     }
 
     pub fn kick_all(&self) {
-        for (_, notify) in self.conns.lock().expect("registry lock").values() {
-            notify.notify_one();
+        for w in self.conns.lock().expect("registry lock").values() {
+            w.kick.notify_one();
+        }
+    }
+
+    /// Tell the worker on `connection_id` (if this replica holds it) to stop `turn_id`.
+    pub fn stop(&self, connection_id: &str, turn_id: &str) {
+        if let Some(w) = self.conns.lock().expect("registry lock").get(connection_id) {
+            let _ = w.stop.send(turn_id.to_string());
         }
     }
 }
@@ -71,61 +84,71 @@ pub struct RelayedDelta {
 /// NOTIFY payloads must stay under 8000 bytes.
 const RELAY_TEXT_MAX: usize = 6000;
 
-pub async fn upgrade(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    ws: WebSocketUpgrade,
-) -> Response {
+pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
     let Some(presented) = bearer(&headers) else {
-        state
-            .metrics
-            .auth_failures
-            .with_label_values(&["missing"])
-            .inc();
+        state.metrics.auth_failures.with_label_values(&["missing"]).inc();
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let principal = match state.store.authenticate(presented).await {
         Ok(Some(p)) if p.kind == CredentialKind::Worker => p,
         Ok(Some(_)) => {
-            state
-                .metrics
-                .auth_failures
-                .with_label_values(&["not-a-worker"])
-                .inc();
+            state.metrics.auth_failures.with_label_values(&["not-a-worker"]).inc();
             return StatusCode::FORBIDDEN.into_response();
         }
         Ok(None) => {
-            state
-                .metrics
-                .auth_failures
-                .with_label_values(&["invalid"])
-                .inc();
+            state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
             return StatusCode::UNAUTHORIZED.into_response();
         }
         Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
     };
-    ws.max_message_size(state.config.max_text_message).on_upgrade(move |socket| async move {
-        let connection_id = token::new_id("wcn");
-        state.metrics.workers_connected.inc();
-        state.metrics.connections.with_label_values(&["worker"]).inc();
-        let mut conn = WorkerConn { state: state.clone(), principal, connection_id, turns: HashMap::new(), relay: HashMap::new() };
-        if let Err(e) = conn.run(socket).await {
-            tracing::info!(worker.connection = %conn.connection_id, error = %e, "worker connection ended");
-        }
-        conn.cleanup().await;
-        state.metrics.workers_connected.dec();
-        state.metrics.connections.with_label_values(&["worker"]).dec();
-    })
+    ws.max_message_size(state.config.max_text_message)
+        .on_upgrade(move |socket| async move {
+            let connection_id = token::new_id("wcn");
+            state.metrics.workers_connected.inc();
+            state.metrics.connections.with_label_values(&["worker"]).inc();
+            let mut conn = WorkerConn {
+                state: state.clone(),
+                principal,
+                connection_id,
+                turns: HashMap::new(),
+                relay: HashMap::new(),
+            };
+            if let Err(e) = conn.run(socket).await {
+                tracing::info!(worker.connection = %conn.connection_id, error = %e, "worker connection ended");
+            }
+            conn.cleanup().await;
+            state.metrics.workers_connected.dec();
+            state.metrics.connections.with_label_values(&["worker"]).dec();
+        })
 }
 
 struct WorkerConn {
     state: AppState,
     principal: Principal,
     connection_id: String,
-    /// Turns handed to this connection → their session.
-    turns: HashMap<String, String>,
-    /// Deltas waiting to be relayed to other replicas: turn → (session, text, thinking).
-    relay: HashMap<String, (String, String, String)>,
+    /// Turns handed to this connection, with their live-output position.
+    turns: HashMap<String, LiveTurn>,
+    /// Deltas waiting to be relayed to other replicas (and stored as partial output), by turn.
+    relay: HashMap<String, Pending>,
+}
+
+/// Where a running turn's live output is: the step and how many bytes of text and
+/// thinking it has streamed (the offsets carried by `model.delta`).
+struct LiveTurn {
+    session: String,
+    step: i32,
+    text: u64,
+    thinking: u64,
+}
+
+/// Coalesced output not yet relayed.
+struct Pending {
+    session: String,
+    step: i32,
+    text_offset: u64,
+    text: String,
+    thinking_offset: u64,
+    thinking: String,
 }
 
 impl WorkerConn {
@@ -140,8 +163,7 @@ impl WorkerConn {
             (wp::WORKER_HELLO, Ok(p)) => p,
             _ => {
                 let err = RpcResponse::err(req.id, RpcError::new(ErrorCode::BadParams));
-                sink.send(Message::Text(serde_json::to_string(&err)?.into()))
-                    .await?;
+                sink.send(Message::Text(serde_json::to_string(&err)?.into())).await?;
                 anyhow::bail!("bad worker.hello");
             }
         };
@@ -183,20 +205,23 @@ impl WorkerConn {
                 })
                 .collect(),
         };
-        sink.send(text_msg(&RpcResponse::ok(
-            req.id,
-            serde_json::to_value(result)?,
-        )))
-        .await?;
+        sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))
+            .await?;
         tracing::info!(worker.connection = %self.connection_id, host = %params.host, workspaces = ids.len(), "worker connected");
 
         let kick = Arc::new(Notify::new());
+        let (stop_tx, mut stop_rx) = mpsc::unbounded_channel();
+        let local = LocalWorker {
+            workspaces: ids.clone(),
+            kick: kick.clone(),
+            stop: stop_tx,
+        };
         self.state
             .workers
             .conns
             .lock()
             .expect("registry lock")
-            .insert(self.connection_id.clone(), (ids.clone(), kick.clone()));
+            .insert(self.connection_id.clone(), local);
         kick.notify_one();
         let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
         let mut flush = tokio::time::interval(Duration::from_millis(50));
@@ -216,6 +241,15 @@ impl WorkerConn {
                     }
                 }
                 _ = kick.notified() => self.claim(&ids, &mut sink).await?,
+                Some(turn) = stop_rx.recv() => {
+                    if let Some(live) = self.turns.remove(&turn) {
+                        self.relay.remove(&turn);
+                        self.state.hub.end_step(&live.session);
+                        self.relay_now(&live.session, json!({"type": "phase", "phase": "idle", "turnId": turn})).await;
+                    }
+                    let stop = Request::notification(wp::TURN_STOP, json!({"turnId": turn}));
+                    sink.send(text_msg(&stop)).await?;
+                }
                 _ = safety.tick() => self.claim(&ids, &mut sink).await?,
                 _ = heartbeat.tick() => store.presence_heartbeat(&self.connection_id).await?,
                 _ = flush.tick() => self.flush_relay().await,
@@ -237,8 +271,13 @@ impl WorkerConn {
             .await?;
         for c in claimed {
             tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, "turn handed to worker");
-            self.turns
-                .insert(c.run.turn_id.clone(), c.run.session_id.clone());
+            let live = LiveTurn {
+                session: c.run.session_id.clone(),
+                step: 0,
+                text: 0,
+                thinking: 0,
+            };
+            self.turns.insert(c.run.turn_id.clone(), live);
             self.relay_now(
                 &c.run.session_id,
                 json!({"type": "phase", "phase": "running", "turnId": c.run.turn_id}),
@@ -275,15 +314,20 @@ impl WorkerConn {
             }
             wp::TURN_STEP => match serde_json::from_value::<TurnStep>(req.params) {
                 Ok(step) => {
+                    self.flush_relay().await;
+                    let conn = &self.connection_id;
                     let r = store
-                        .append_step(
-                            &self.connection_id,
-                            &tenant,
-                            &step.turn_id,
-                            &step.rows,
-                            step.usage,
-                        )
+                        .append_step(conn, &tenant, &step.turn_id, &step.rows, step.usage)
                         .await;
+                    if let Some(live) = self.turns.get_mut(&step.turn_id) {
+                        self.state.hub.end_step(&live.session);
+                        *live = LiveTurn {
+                            session: live.session.clone(),
+                            step: live.step + 1,
+                            text: 0,
+                            thinking: 0,
+                        };
+                    }
                     if let (Ok(_), Some(u)) = (&r, step.usage) {
                         let model = self.state.config.model.model.clone().unwrap_or_default();
                         let m = &self.state.metrics.model_tokens;
@@ -312,12 +356,10 @@ impl WorkerConn {
                             end.cause.as_ref(),
                         )
                         .await;
-                    if let Some(session) = self.turns.remove(&end.turn_id) {
-                        self.relay_now(
-                            &session,
-                            json!({"type": "phase", "phase": "idle", "turnId": end.turn_id}),
-                        )
-                        .await;
+                    if let Some(live) = self.turns.remove(&end.turn_id) {
+                        self.state.hub.end_step(&live.session);
+                        let idle = json!({"type": "phase", "phase": "idle", "turnId": end.turn_id});
+                        self.relay_now(&live.session, idle).await;
                     }
                     r.map(|(_, seq)| {
                         self.state.metrics.events_appended.inc();
@@ -339,27 +381,63 @@ impl WorkerConn {
     }
 
     fn delta(&mut self, d: TurnDelta) {
-        let Some(session) = self.turns.get(&d.turn_id) else {
+        let Some(live) = self.turns.get_mut(&d.turn_id) else {
             return;
         };
-        let item = json!({"type": "model.delta", "turnId": d.turn_id, "text": d.text, "thinking": d.thinking});
-        self.state.hub.live(session, item);
-        let entry = self
-            .relay
-            .entry(d.turn_id)
-            .or_insert_with(|| (session.clone(), String::new(), String::new()));
-        entry.1.push_str(d.text.as_deref().unwrap_or(""));
-        entry.2.push_str(d.thinking.as_deref().unwrap_or(""));
+        let text = d.text.unwrap_or_default();
+        let thinking = d.thinking.unwrap_or_default();
+        if text.is_empty() && thinking.is_empty() {
+            return;
+        }
+        let item = json!({
+            "type": "model.delta", "turnId": d.turn_id, "step": live.step,
+            "text": text, "textOffset": live.text, "thinking": thinking, "thinkingOffset": live.thinking,
+        });
+        let pending = self.relay.entry(d.turn_id.clone()).or_insert_with(|| Pending {
+            session: live.session.clone(),
+            step: live.step,
+            text_offset: live.text,
+            text: String::new(),
+            thinking_offset: live.thinking,
+            thinking: String::new(),
+        });
+        pending.text.push_str(&text);
+        pending.thinking.push_str(&thinking);
+        live.text += text.len() as u64;
+        live.thinking += thinking.len() as u64;
+        self.state
+            .hub
+            .local_delta(&live.session, &d.turn_id, live.step, &text, &thinking, item);
     }
 
-    /// Relay coalesced deltas to other replicas (live only; not history).
+    /// Store coalesced output as the step's partial text and relay it to other replicas,
+    /// in one transaction (live only; the completed step is what history keeps).
     async fn flush_relay(&mut self) {
-        for (turn, (session, text, thinking)) in std::mem::take(&mut self.relay) {
-            for (field, value) in [("text", text), ("thinking", thinking)] {
-                for piece in chunks(&value, RELAY_TEXT_MAX) {
-                    let item = json!({"type": "model.delta", "turnId": turn, field: piece});
-                    self.notify_others(&session, item).await;
+        for (turn, p) in std::mem::take(&mut self.relay) {
+            let mut payloads = Vec::new();
+            for (field, offset_field, value, mut offset) in [
+                ("text", "textOffset", &p.text, p.text_offset),
+                ("thinking", "thinkingOffset", &p.thinking, p.thinking_offset),
+            ] {
+                for piece in chunks(value, RELAY_TEXT_MAX) {
+                    let item = json!({"type": "model.delta", "turnId": turn, "step": p.step, field: piece, offset_field: offset});
+                    offset += piece.len() as u64;
+                    let msg = RelayedDelta {
+                        replica: self.state.config.replica_id.clone(),
+                        session: p.session.clone(),
+                        item,
+                    };
+                    payloads.push(serde_json::to_string(&msg).unwrap_or_default());
                 }
+            }
+            let tenant = &self.principal.tenant_id;
+            if let Err(e) = self
+                .state
+                .store
+                .append_partial(tenant, &turn, &p.text, &p.thinking, CHANNEL_DELTAS, &payloads)
+                .await
+            {
+                tracing::warn!(error = %e, "relaying live deltas failed");
             }
         }
     }
@@ -396,11 +474,7 @@ impl WorkerConn {
         match store.interrupt_connection(&self.connection_id).await {
             Ok(turns) => {
                 for t in turns {
-                    self.state
-                        .metrics
-                        .turns
-                        .with_label_values(&["interrupted"])
-                        .inc();
+                    self.state.metrics.turns.with_label_values(&["interrupted"]).inc();
                     tracing::warn!(turn.id = %t, "worker lost mid-turn; turn interrupted");
                 }
             }

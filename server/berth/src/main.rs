@@ -19,11 +19,7 @@ use settings::Settings;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(
-    name = "berth",
-    version,
-    about = "Berth: a self-hosted, multi-tenant agent host"
-)]
+#[command(name = "berth", version, about = "Berth: a self-hosted, multi-tenant agent host")]
 struct Cli {
     /// Config file of KEY=VALUE lines (keys as the environment variables).
     #[arg(long, global = true)]
@@ -139,9 +135,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let settings = Settings::load(cli.config.as_deref())?;
     init_tracing(&settings);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = runtime.block_on(run(cli, settings));
     if let Err(e) = &result {
         eprintln!("berth: {e:#}");
@@ -152,12 +146,8 @@ fn main() -> anyhow::Result<()> {
 
 fn init_tracing(settings: &Settings) {
     use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_new(
-        settings
-            .get(None, "RUST_LOG")
-            .unwrap_or_else(|| "info".into()),
-    )
-    .unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(settings.get(None, "RUST_LOG").unwrap_or_else(|| "info".into()))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if settings.get(None, "BERTH_LOG_FORMAT").as_deref() == Some("json") {
         builder.json().init();
@@ -188,32 +178,21 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
 
 /// The store: `DATABASE_URL`, or the private cluster under the data dir (returned so that
 /// the caller owns it and it stops when dropped).
-async fn database(
-    settings: &Settings,
-    data_dir: &Path,
-) -> anyhow::Result<(Store, Option<PrivateCluster>)> {
+async fn database(settings: &Settings, data_dir: &Path) -> anyhow::Result<(Store, Option<PrivateCluster>)> {
     let pool_size = settings.parse(None, "BERTH_DB_POOL_SIZE", "16")?;
     if let Some(url) = settings.secret("DATABASE_URL")? {
         return Ok((Store::connect(&url, pool_size)?, None));
     }
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
-    let cluster = tokio::task::spawn_blocking(move || {
-        PrivateCluster::start(&data_dir, &ClusterOptions::default())
-    })
-    .await??;
+    let cluster =
+        tokio::task::spawn_blocking(move || PrivateCluster::start(&data_dir, &ClusterOptions::default())).await??;
     create_database(&cluster.url("postgres"), "berth", None).await?;
     let store = Store::connect(&cluster.url("berth"), pool_size)?;
     Ok((store, Some(cluster)))
 }
 
-async fn serve(
-    settings: &Settings,
-    data_dir: &Path,
-    args: &ServeArgs,
-    dev: bool,
-) -> anyhow::Result<()> {
+async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool) -> anyhow::Result<()> {
     let (store, cluster) = database(settings, data_dir).await?;
     if !args.no_migrate {
         let n = store.migrate().await.context("applying migrations")?;
@@ -229,11 +208,7 @@ async fn serve(
 
     let mut config = Config::for_data_dir(data_dir.to_path_buf());
     config.listen = settings.parse(args.listen.as_deref(), "BERTH_LISTEN", "127.0.0.1:8790")?;
-    config.metrics_listen = settings.parse(
-        args.metrics_listen.as_deref(),
-        "BERTH_METRICS_LISTEN",
-        "127.0.0.1:9464",
-    )?;
+    config.metrics_listen = settings.parse(args.metrics_listen.as_deref(), "BERTH_METRICS_LISTEN", "127.0.0.1:9464")?;
     config.allowed_origins = settings
         .get(None, "BERTH_ALLOWED_ORIGINS")
         .map(|s| {
@@ -249,6 +224,8 @@ async fn serve(
         api_key: settings.secret("BERTH_MODEL_API_KEY")?.map(Secret),
         model: settings.get(None, "BERTH_MODEL"),
     };
+    let retention: u64 = settings.parse(None, "BERTH_RECEIPT_RETENTION_SECS", "604800")?;
+    config.receipt_retention = std::time::Duration::from_secs(retention);
     if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {
         config.replica_id = id;
     }
@@ -290,9 +267,13 @@ async fn serve(
         s.cancel();
     });
     let s = shutdown.clone();
-    berth_api::serve(config, store, listener, metrics_listener, async move {
-        s.cancelled().await
-    })
+    berth_api::serve(
+        config,
+        store,
+        listener,
+        metrics_listener,
+        async move { s.cancelled().await },
+    )
     .await?;
     if let Some(t) = worker_task {
         let _ = t.await;
@@ -382,11 +363,7 @@ async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Resu
         Admin::Token(TokenCmd::List { tenant }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
             for c in store.list_credentials(&tenant).await? {
-                let state = if c.revoked_at.is_some() {
-                    "revoked"
-                } else {
-                    "active"
-                };
+                let state = if c.revoked_at.is_some() { "revoked" } else { "active" };
                 println!(
                     "{}\t{}\t{}\t{}\t{}\tcreated={}\tlast-used={}\texpires={}",
                     c.id,
@@ -410,16 +387,9 @@ async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Resu
         Admin::Tenant(TenantCmd::Create { name }) => {
             println!("{}", store.create_tenant(&name).await?)
         }
-        Admin::User(UserCmd::Create {
-            tenant,
-            email,
-            admin,
-        }) => {
+        Admin::User(UserCmd::Create { tenant, email, admin }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
-            println!(
-                "{}",
-                store.create_user(&tenant, &email, admin, "cli").await?
-            );
+            println!("{}", store.create_user(&tenant, &email, admin, "cli").await?);
         }
     }
     Ok(())

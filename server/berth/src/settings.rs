@@ -19,8 +19,8 @@ impl Settings {
             .or_else(|| std::env::var_os("BERTH_CONFIG").map(Into::into));
         let mut file = HashMap::new();
         if let Some(path) = path {
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading config file {}", path.display()))?;
+            let text =
+                std::fs::read_to_string(&path).with_context(|| format!("reading config file {}", path.display()))?;
             for (n, line) in text.lines().enumerate() {
                 let line = line.trim();
                 if line.is_empty() || line.starts_with('#') {
@@ -59,12 +59,7 @@ impl Settings {
     }
 
     /// Parse a setting, naming the variable in the error.
-    pub fn parse<T: std::str::FromStr>(
-        &self,
-        flag: Option<&str>,
-        key: &str,
-        default: &str,
-    ) -> anyhow::Result<T>
+    pub fn parse<T: std::str::FromStr>(&self, flag: Option<&str>, key: &str, default: &str) -> anyhow::Result<T>
     where
         T::Err: std::fmt::Display,
     {

@@ -4,7 +4,10 @@
 use std::process::Command;
 
 fn berth(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_berth")).args(args).output().expect("run berth")
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .output()
+        .expect("run berth")
 }
 
 #[test]

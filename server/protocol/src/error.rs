@@ -83,10 +83,7 @@ impl RpcError {
     }
 
     /// An error with its typed code and safe typed fields.
-    pub fn with_fields(
-        code: ErrorCode,
-        mut fields: serde_json::Map<String, serde_json::Value>,
-    ) -> RpcError {
+    pub fn with_fields(code: ErrorCode, mut fields: serde_json::Map<String, serde_json::Value>) -> RpcError {
         fields.insert("code".into(), code.as_str().into());
         RpcError {
             code: code.jsonrpc_code(),

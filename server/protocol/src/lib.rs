@@ -68,6 +68,32 @@ methods! {
     SessionWatch = "session.watch" (SessionWatchParams) -> serde_json::Value;
     /// End a subscription early.
     SubscriptionClose = "subscription.close" (SubscriptionCloseParams) -> Empty;
+    /// Sessions by `updatedAt` desc then id desc, paged.
+    SessionList = "session.list" (SessionListParams) -> SessionListResult;
+    /// Set the title.
+    SessionRename = "session.rename" (SessionRenameParams) -> SessionSnapshot;
+    /// Set the session-level model override.
+    SessionSetModel = "session.setModel" (SessionSetModelParams) -> SessionSnapshot;
+    /// Remove the session (idempotent); a running turn is stopped and never writes back.
+    SessionRemove = "session.remove" (SessionOpParams) -> Removed;
+    /// Forget history and queue; old cursors then answer `history-cleared`.
+    SessionClear = "session.clear" (SessionOpParams) -> Cleared;
+    /// Hold or release the queue.
+    SessionPause = "session.pause" (SessionPauseParams) -> QueueState;
+    /// Stop exactly this turn.
+    SessionStop = "session.stop" (SessionStopParams) -> TurnRef;
+    /// Read a row's field onward from a byte offset.
+    SessionSource = "session.source" (SessionSourceParams) -> SessionSourceResult;
+    /// Execution, model-step and title failures, newest first.
+    SessionDiagnostics = "session.diagnostics" (SessionDiagnosticsParams) -> SessionDiagnosticsResult;
+    /// Edit a queued prompt (revision-guarded).
+    QueueUpdate = "queue.update" (QueueUpdateParams) -> QueueEntry;
+    /// Move a queued prompt (revision-guarded).
+    QueueMove = "queue.move" (QueueMoveParams) -> QueueState;
+    /// Remove a queued prompt (revision-guarded).
+    QueueRemove = "queue.remove" (QueueRemoveParams) -> Removed;
+    /// The stored outcome of an operation, or null.
+    OperationReceipt = "operation.receipt" (OperationReceiptParams) -> Option<serde_json::Value>;
 }
 
 /// No parameters / no result fields.

@@ -116,8 +116,211 @@ pub struct SessionSnapshot {
     pub revision: i64,
     /// Last event sequence.
     pub sequence: i64,
+    /// The queue is held (`session.pause`).
+    pub paused: bool,
+    /// Interactions waiting for an answer.
+    pub pending_interactions: Vec<serde_json::Value>,
+    pub provider: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+}
+
+/// `session.list` parameters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionListParams {
+    #[serde(default)]
+    pub workspace_id: Option<String>,
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// The previous page's `nextAfter`.
+    #[serde(default)]
+    pub after: Option<String>,
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionListResult {
+    pub entries: Vec<SessionListEntry>,
+    pub next_after: Option<String>,
+}
+
+/// One `session.list` entry (no message bodies).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionListEntry {
+    pub session_id: String,
+    pub workspace_id: String,
+    pub title: String,
+    pub model_id: Option<String>,
+    pub effective_model_id: Option<String>,
+    pub effective_model_level: Option<ModelLevel>,
+    pub message_count: i64,
+    pub updated_at: String,
+    pub phase: String,
+    pub running: bool,
+    pub queued: i64,
+    pub branch: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionRenameParams {
+    pub session_id: String,
+    pub title: String,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionSetModelParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub provider: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+/// `session.remove`, `session.clear`: a session and an optional operation id.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionOpParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Removed {
+    pub removed: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Cleared {
+    /// The `session.cleared` event's sequence.
+    pub sequence: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionPauseParams {
+    pub session_id: String,
+    pub paused: bool,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionStopParams {
+    pub session_id: String,
+    pub turn_id: String,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnRef {
+    pub turn_id: String,
+    pub state: TurnState,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueUpdateParams {
+    pub session_id: String,
+    pub queue_id: String,
+    pub revision: i64,
+    pub prompt: String,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueMoveParams {
+    pub session_id: String,
+    pub queue_id: String,
+    pub revision: i64,
+    /// Move before this entry; absent or null moves to the end.
+    #[serde(default)]
+    pub before_queue_id: Option<String>,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueRemoveParams {
+    pub session_id: String,
+    pub queue_id: String,
+    pub revision: i64,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+/// The queue after a change (also the payload of `queue.changed`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueState {
+    pub queue: Vec<QueueEntry>,
+    pub paused: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OperationReceiptParams {
+    pub operation_id: String,
+}
+
+/// A notice: a fact for the client to word, never a sentence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Notice {
+    /// `info`, `warning` or `error`.
+    pub level: String,
+    pub code: String,
+    #[serde(default)]
+    pub params: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionDiagnosticsParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub through: Option<i64>,
+    #[serde(default)]
+    pub before: Option<i64>,
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Diagnostic {
+    pub diagnostic_id: String,
+    /// The session's diagnostic revision this record was written at.
+    pub revision: i64,
+    /// `execution`, `model-step`, `title`.
+    pub kind: String,
+    pub turn_id: Option<String>,
+    pub sequence: Option<i64>,
+    pub cause: Cause,
+    pub at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionDiagnosticsResult {
+    pub through: i64,
+    pub diagnostics: Vec<Diagnostic>,
+    pub next_before: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -222,6 +425,59 @@ pub struct SessionHistoryParams {
     pub after: Option<Position>,
     #[serde(default)]
     pub limit: Option<u32>,
+    /// Page byte budget (default and maximum set by the server).
+    #[serde(default)]
+    pub max_bytes: Option<u32>,
+    /// Open one row or one event under the fence.
+    #[serde(default)]
+    pub target: Option<HistoryTarget>,
+}
+
+/// What `session.history` opens when given a `target`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
+pub enum HistoryTarget {
+    Row { position: Position, field: RowField },
+    Event { sequence: i64 },
+}
+
+/// A row's text fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RowField {
+    Body,
+    Thinking,
+}
+
+/// A field cut to fit the page: `returned` bytes of `bytes` are in the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truncation {
+    pub truncated: bool,
+    pub bytes: u64,
+    pub returned: u64,
+}
+
+/// `session.source`: read a row's field onward from a byte offset.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionSourceParams {
+    pub session_id: String,
+    pub position: Position,
+    pub field: RowField,
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSourceResult {
+    pub data: String,
+    pub offset: u64,
+    /// Where the next read starts (exclusive of what this one returned); null at the end.
+    pub next_offset: Option<u64>,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -289,6 +545,9 @@ pub struct Row {
     pub tool: Option<ToolInfo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hidden: Option<bool>,
+    /// Fields cut to fit the page, by field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<std::collections::BTreeMap<RowField, Truncation>>,
 }
 
 /// A row before the store gives it a position (what a worker or the API tier publishes).

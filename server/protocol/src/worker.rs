@@ -1,7 +1,8 @@
 //! The worker protocol: JSON-RPC 2.0 over the worker's outbound WebSocket (`GET /v1/worker`).
 //!
 //! Worker → server requests: `worker.hello`, `turn.step`, `turn.end`; notification
-//! `turn.delta`. Server → worker notification: `turn.run`.
+//! `turn.delta`. Server → worker notifications: `turn.run`, `turn.stop {turnId}` (the turn
+//! was cancelled: stop working on it; the server has already settled it).
 
 use serde::{Deserialize, Serialize};
 
@@ -12,6 +13,7 @@ pub const TURN_RUN: &str = "turn.run";
 pub const TURN_DELTA: &str = "turn.delta";
 pub const TURN_STEP: &str = "turn.step";
 pub const TURN_END: &str = "turn.end";
+pub const TURN_STOP: &str = "turn.stop";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

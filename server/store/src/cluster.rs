@@ -41,16 +41,11 @@ impl PrivateCluster {
         let bin = find_bin_dir()?;
         let data = dir.join("pg");
         let socket_dir = dir.join("run").join("pg");
-        std::fs::create_dir_all(&socket_dir)
-            .with_context(|| format!("creating {}", socket_dir.display()))?;
+        std::fs::create_dir_all(&socket_dir).with_context(|| format!("creating {}", socket_dir.display()))?;
         if let Some(running) = PrivateCluster::attach(&data, &socket_dir) {
             return Ok(running);
         }
-        let owner = if is_root() {
-            Some(unprivileged_user()?)
-        } else {
-            None
-        };
+        let owner = if is_root() { Some(unprivileged_user()?) } else { None };
         if !data.join("PG_VERSION").exists() {
             std::fs::create_dir_all(&data)?;
             std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))?;
@@ -58,14 +53,9 @@ impl PrivateCluster {
                 std::os::unix::fs::chown(&data, Some(uid), Some(gid))?;
             }
             let mut cmd = Command::new(bin.join("initdb"));
-            cmd.arg("-D").arg(&data).args([
-                "-U",
-                CLUSTER_USER,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-instructions",
-            ]);
+            cmd.arg("-D")
+                .arg(&data)
+                .args(["-U", CLUSTER_USER, "--auth=trust", "-E", "UTF8", "--no-instructions"]);
             if options.unsafe_no_fsync {
                 cmd.arg("--no-sync");
             }
@@ -74,10 +64,7 @@ impl PrivateCluster {
                 .output()
                 .context("running initdb")?;
             if !out.status.success() {
-                bail!(
-                    "initdb failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
+                bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr).trim());
             }
         }
         if let Some((uid, gid)) = owner {
@@ -124,8 +111,7 @@ impl PrivateCluster {
                 let mut child = match cmd.spawn() {
                     Ok(c) => c,
                     Err(e) => {
-                        let _ =
-                            ready_tx.send(Err(anyhow::Error::from(e).context("starting postgres")));
+                        let _ = ready_tx.send(Err(anyhow::Error::from(e).context("starting postgres")));
                         return;
                     }
                 };
@@ -150,10 +136,7 @@ impl PrivateCluster {
     fn attach(data: &Path, socket_dir: &Path) -> Option<PrivateCluster> {
         let pidfile = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
         let pid: i32 = pidfile.lines().next()?.trim().parse().ok()?;
-        if !alive(pid)
-            || !pidfile.contains("ready")
-            || !socket_dir.join(format!(".s.PGSQL.{PORT}")).exists()
-        {
+        if !alive(pid) || !pidfile.contains("ready") || !socket_dir.join(format!(".s.PGSQL.{PORT}")).exists() {
             return None;
         }
         Some(PrivateCluster {
@@ -180,12 +163,7 @@ impl PrivateCluster {
     }
 }
 
-fn wait_ready(
-    child: &mut Child,
-    data: &Path,
-    socket_dir: &Path,
-    log_path: &Path,
-) -> anyhow::Result<()> {
+fn wait_ready(child: &mut Child, data: &Path, socket_dir: &Path, log_path: &Path) -> anyhow::Result<()> {
     let socket = socket_dir.join(format!(".s.PGSQL.{PORT}"));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -198,18 +176,14 @@ fn wait_ready(
         }
         // The socket appears once postgres listens; `postmaster.pid`'s status line says
         // "ready" when startup recovery is over.
-        let ready = socket.exists()
-            && std::fs::read_to_string(data.join("postmaster.pid"))
-                .is_ok_and(|p| p.contains("ready"));
+        let ready =
+            socket.exists() && std::fs::read_to_string(data.join("postmaster.pid")).is_ok_and(|p| p.contains("ready"));
         if ready {
             return Ok(());
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            bail!(
-                "postgres did not become ready within 60 s; see {}",
-                log_path.display()
-            );
+            bail!("postgres did not become ready within 60 s; see {}", log_path.display());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -277,9 +251,9 @@ fn unprivileged_user() -> anyhow::Result<(u32, u32)> {
                 .flatten()
         })
     };
-    lookup("postgres").or_else(|| lookup("nobody")).context(
-        "running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as",
-    )
+    lookup("postgres")
+        .or_else(|| lookup("nobody"))
+        .context("running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as")
 }
 
 fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) -> &mut Command {
@@ -323,11 +297,7 @@ fn signal(pid: u32, sig: libc::c_int) {
 
 /// Create database `name` on the server at `admin_url` unless it exists, optionally as a
 /// copy of `template`.
-pub async fn create_database(
-    admin_url: &str,
-    name: &str,
-    template: Option<&str>,
-) -> anyhow::Result<()> {
+pub async fn create_database(admin_url: &str, name: &str, template: Option<&str>) -> anyhow::Result<()> {
     let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls).await?;
     let conn = tokio::spawn(connection);
     let exists = client

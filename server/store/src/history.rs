@@ -1,9 +1,14 @@
 //! The per-session event log and its rows.
 
-use berth_protocol::{Event, NewRow, Position, Row, RowKind, SessionHistoryResult, ToolInfo};
+use std::collections::BTreeMap;
+
+use berth_protocol::{
+    ErrorCode, Event, HistoryTarget, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams,
+    SessionHistoryResult, SessionSourceParams, SessionSourceResult, ToolInfo, Truncation,
+};
 use deadpool_postgres::GenericClient;
 
-use crate::{CHANNEL_EVENTS, Result, Store, fmt_time, not_found};
+use crate::{CHANNEL_EVENTS, Result, Store, StoreError, fmt_time, not_found};
 
 /// A persisted event together with its rows.
 pub type EventRecord = Event;
@@ -34,10 +39,7 @@ pub(crate) async fn append_event(
     )
     .await?;
     for (i, row) in rows.iter().enumerate() {
-        let tool = row
-            .tool
-            .as_ref()
-            .map(|t| serde_json::to_value(t).unwrap_or_default());
+        let tool = row.tool.as_ref().map(|t| serde_json::to_value(t).unwrap_or_default());
         tx.execute(
             "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -64,8 +66,14 @@ pub(crate) async fn append_event(
     Ok(seq)
 }
 
-const ROW_COLUMNS: &str =
-    "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden";
+const ROW_COLUMNS: &str = "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden";
+
+/// Default and largest page byte budgets for `session.history`.
+pub const HISTORY_BUDGET_DEFAULT: usize = 256 << 10;
+pub const HISTORY_BUDGET_MAX: usize = 1 << 20;
+/// Default and largest `session.source` read.
+pub const SOURCE_DEFAULT: usize = 256 << 10;
+pub const SOURCE_MAX: usize = 1 << 20;
 
 fn row_from(r: &tokio_postgres::Row) -> Row {
     let hidden: bool = r.get(7);
@@ -82,26 +90,74 @@ fn row_from(r: &tokio_postgres::Row) -> Row {
             .get::<_, Option<serde_json::Value>>(6)
             .and_then(|v| serde_json::from_value::<ToolInfo>(v).ok()),
         hidden: hidden.then_some(true),
+        truncated: None,
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a char boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Cut a row's fields to `budget` bytes in all, marking what was cut.
+fn fit(row: &mut Row, budget: usize) {
+    let mut left = budget;
+    let mut marks = BTreeMap::new();
+    for field in [RowField::Body, RowField::Thinking] {
+        let value = match field {
+            RowField::Body => Some(&mut row.body),
+            RowField::Thinking => row.thinking.as_mut(),
+        };
+        let Some(value) = value else { continue };
+        let total = value.len();
+        if total > left {
+            let kept = cut(value, left).len();
+            value.truncate(kept);
+            marks.insert(
+                field,
+                Truncation {
+                    truncated: true,
+                    bytes: total as u64,
+                    returned: kept as u64,
+                },
+            );
+            left = 0;
+        } else {
+            left -= total;
+        }
+    }
+    if !marks.is_empty() {
+        row.truncated = Some(marks);
     }
 }
 
 impl Store {
-    /// The session's last sequence, or not-found.
-    pub async fn last_sequence(&self, tenant_id: &str, session_id: &str) -> Result<i64> {
-        let client = self.pool.get().await?;
+    /// The session's (last sequence, cleared-at sequence), or not-found.
+    async fn fence(&self, client: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<(i64, i64)> {
         let row = client
             .query_opt(
-                "SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+                "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
                 &[&session_id, &tenant_id],
             )
             .await?;
         match row {
-            Some(r) => Ok(r.get(0)),
+            Some(r) => Ok((r.get(0), r.get(1))),
             None => not_found(),
         }
     }
 
+    /// The session's last sequence, or not-found.
+    pub async fn last_sequence(&self, tenant_id: &str, session_id: &str) -> Result<i64> {
+        let client = self.pool.get().await?;
+        Ok(self.fence(&client, tenant_id, session_id).await?.0)
+    }
+
     /// Events with `sequence > after`, in order, at most `limit`, each with its rows.
+    /// A cursor that points into cleared history answers `history-cleared`.
     pub async fn events_after(
         &self,
         tenant_id: &str,
@@ -110,6 +166,10 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<EventRecord>> {
         let client = self.pool.get().await?;
+        let (_, cleared) = self.fence(&client, tenant_id, session_id).await?;
+        if after > 0 && after < cleared - 1 {
+            return Err(StoreError::Code(ErrorCode::HistoryCleared));
+        }
         let events = client
             .query(
                 "SELECT sequence, type, turn_id, payload, at FROM events
@@ -120,6 +180,11 @@ impl Store {
         let Some(last) = events.last().map(|r| r.get::<_, i64>(0)) else {
             return Ok(Vec::new());
         };
+        let first: i64 = events[0].get(0);
+        if after > 0 && first != after + 1 {
+            // Cleared between the fence read and this one.
+            return Err(StoreError::Code(ErrorCode::HistoryCleared));
+        }
         let rows = client
             .query(
                 &format!(
@@ -154,45 +219,224 @@ impl Store {
     }
 
     /// A page of rows under the `through` fence (pinned to the current last sequence when
-    /// absent), after the `after` position, skipping hidden rows.
-    pub async fn history(
-        &self,
-        tenant_id: &str,
-        session_id: &str,
-        through: Option<i64>,
-        after: Option<Position>,
-        limit: u32,
-    ) -> Result<SessionHistoryResult> {
-        let last = self.last_sequence(tenant_id, session_id).await?;
-        let through = through.unwrap_or(last).min(last);
-        let after = after.unwrap_or(Position {
-            source_sequence: 0,
-            item_index: -1,
-        });
-        let limit = i64::from(limit.clamp(1, 500));
+    /// absent), after the `after` position, bounded in rows and bytes; or one targeted row
+    /// or event. Hidden rows appear only when targeted.
+    pub async fn history(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<SessionHistoryResult> {
         let client = self.pool.get().await?;
+        let session_id = p.session_id.as_str();
+        let (last, cleared) = self.fence(&client, tenant_id, session_id).await?;
+        let through = match p.through {
+            Some(t) if t < 0 => return Err(StoreError::Code(ErrorCode::BadParams)),
+            Some(t) if t < cleared => return Err(StoreError::Code(ErrorCode::HistoryCleared)),
+            Some(t) => t.min(last),
+            None => last,
+        };
+        if let Some(a) = p.after
+            && a.source_sequence > 0
+            && a.source_sequence < cleared
+        {
+            return Err(StoreError::Code(ErrorCode::HistoryCleared));
+        }
+        let budget = p
+            .max_bytes
+            .map_or(HISTORY_BUDGET_DEFAULT, |b| b as usize)
+            .clamp(1024, HISTORY_BUDGET_MAX);
+        match &p.target {
+            Some(HistoryTarget::Row { position, field: _ }) => {
+                let row = client
+                    .query_opt(
+                        &format!(
+                            "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2
+                              AND source_sequence = $3 AND item_index = $4 AND source_sequence <= $5"
+                        ),
+                        &[
+                            &session_id,
+                            &tenant_id,
+                            &position.source_sequence,
+                            &position.item_index,
+                            &through,
+                        ],
+                    )
+                    .await?;
+                let Some(row) = row else { return not_found() };
+                let mut row = row_from(&row);
+                fit(&mut row, budget);
+                return Ok(SessionHistoryResult {
+                    through,
+                    rows: vec![row],
+                    next_after: None,
+                });
+            }
+            Some(HistoryTarget::Event { sequence }) => {
+                if *sequence > through || *sequence < 1 {
+                    return not_found();
+                }
+                let exists = client
+                    .query_opt(
+                        "SELECT 1 FROM events WHERE session_id = $1 AND tenant_id = $2 AND sequence = $3",
+                        &[&session_id, &tenant_id, sequence],
+                    )
+                    .await?;
+                if exists.is_none() {
+                    return not_found();
+                }
+            }
+            None => {}
+        }
+        let (lo, hi) = match &p.target {
+            Some(HistoryTarget::Event { sequence }) => (
+                Position {
+                    source_sequence: *sequence,
+                    item_index: -1,
+                },
+                *sequence,
+            ),
+            _ => (
+                p.after.unwrap_or(Position {
+                    source_sequence: 0,
+                    item_index: -1,
+                }),
+                through,
+            ),
+        };
+        let limit = i64::from(p.limit.unwrap_or(100).clamp(1, 500));
+        // Sizes first (no bodies read), to decide the page within the byte budget.
+        let sizes = client
+            .query(
+                "SELECT source_sequence, item_index, octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint
+                   FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
+                    AND source_sequence <= $3 AND (source_sequence, item_index) > ($4, $5)
+                  ORDER BY source_sequence, item_index LIMIT $6",
+                &[&session_id, &tenant_id, &hi, &lo.source_sequence, &lo.item_index, &(limit + 1)],
+            )
+            .await?;
+        let mut take = 0usize;
+        let mut used = 0usize;
+        for s in sizes.iter().take(limit as usize) {
+            let size = s.get::<_, i64>(2) as usize;
+            if take > 0 && used + size > budget {
+                break;
+            }
+            used += size;
+            take += 1;
+        }
+        let more = take < sizes.len();
+        let Some(last_pos) = sizes.get(take.saturating_sub(1)).filter(|_| take > 0) else {
+            return Ok(SessionHistoryResult {
+                through,
+                rows: Vec::new(),
+                next_after: None,
+            });
+        };
+        let last_pos = Position {
+            source_sequence: last_pos.get(0),
+            item_index: last_pos.get(1),
+        };
         let rows = client
             .query(
                 &format!(
                     "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
-                      AND source_sequence <= $3 AND (source_sequence, item_index) > ($4, $5)
-                      ORDER BY source_sequence, item_index LIMIT $6"
+                      AND (source_sequence, item_index) > ($3, $4) AND (source_sequence, item_index) <= ($5, $6)
+                      ORDER BY source_sequence, item_index"
                 ),
-                &[&session_id, &tenant_id, &through, &after.source_sequence, &after.item_index, &(limit + 1)],
+                &[
+                    &session_id,
+                    &tenant_id,
+                    &lo.source_sequence,
+                    &lo.item_index,
+                    &last_pos.source_sequence,
+                    &last_pos.item_index,
+                ],
             )
             .await?;
         let mut rows: Vec<Row> = rows.iter().map(row_from).collect();
-        let more = rows.len() as i64 > limit;
-        rows.truncate(limit as usize);
-        let next_after = if more {
-            rows.last().map(|r| r.position)
-        } else {
-            None
-        };
+        if let [only] = rows.as_mut_slice() {
+            fit(only, budget);
+        }
         Ok(SessionHistoryResult {
             through,
             rows,
-            next_after,
+            next_after: more.then_some(last_pos),
         })
+    }
+
+    /// Read a row's field onward from byte `offset` (which must be a character boundary).
+    pub async fn source(&self, tenant_id: &str, p: &SessionSourceParams) -> Result<SessionSourceResult> {
+        let client = self.pool.get().await?;
+        let (_, cleared) = self.fence(&client, tenant_id, &p.session_id).await?;
+        if p.position.source_sequence < cleared {
+            return Err(StoreError::Code(ErrorCode::HistoryCleared));
+        }
+        let column = match p.field {
+            RowField::Body => "body",
+            RowField::Thinking => "thinking",
+        };
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT {column} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4"
+                ),
+                &[&p.session_id, &tenant_id, &p.position.source_sequence, &p.position.item_index],
+            )
+            .await?;
+        let Some(row) = row else { return not_found() };
+        let value: String = row.get::<_, Option<String>>(0).unwrap_or_default();
+        let offset = usize::try_from(p.offset).map_err(|_| StoreError::Code(ErrorCode::BadParams))?;
+        if offset > value.len() || !value.is_char_boundary(offset) {
+            return Err(StoreError::Code(ErrorCode::BadParams));
+        }
+        let limit = p.limit.map_or(SOURCE_DEFAULT, |l| l as usize).clamp(4, SOURCE_MAX);
+        let rest = &value[offset..];
+        let data = cut(rest, limit);
+        let end = offset + data.len();
+        Ok(SessionSourceResult {
+            data: data.to_string(),
+            offset: p.offset,
+            next_offset: (end < value.len()).then_some(end as u64),
+            bytes: value.len() as u64,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(body: &str, thinking: Option<&str>) -> Row {
+        Row {
+            position: Position {
+                source_sequence: 1,
+                item_index: 0,
+            },
+            turn_id: None,
+            kind: RowKind::Assistant,
+            body: body.into(),
+            thinking: thinking.map(Into::into),
+            tool: None,
+            hidden: None,
+            truncated: None,
+        }
+    }
+
+    #[test]
+    fn fit_cuts_on_char_boundaries_and_marks_fields() {
+        let mut r = row("héllo wörld", Some("thoughts"));
+        fit(&mut r, 2);
+        assert_eq!(r.body, "h");
+        assert_eq!(r.thinking.as_deref(), Some(""));
+        let marks = r.truncated.unwrap();
+        assert_eq!(
+            marks[&RowField::Body],
+            Truncation {
+                truncated: true,
+                bytes: 13,
+                returned: 1
+            }
+        );
+        assert_eq!(marks[&RowField::Thinking].bytes, 8);
+
+        let mut small = row("ok", None);
+        fit(&mut small, 100);
+        assert!(small.truncated.is_none());
     }
 }

@@ -85,9 +85,7 @@ impl Store {
             credential_id: id,
             kind,
             user_id: row.get(3),
-            role: row
-                .get::<_, Option<String>>(4)
-                .unwrap_or_else(|| "worker".into()),
+            role: row.get::<_, Option<String>>(4).unwrap_or_else(|| "worker".into()),
         }))
     }
 
@@ -96,21 +94,14 @@ impl Store {
     pub async fn bootstrap(&self) -> Result<Option<String>> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock(7305)", &[])
-            .await?;
-        let any: bool = tx
-            .query_one("SELECT EXISTS (SELECT 1 FROM tenants)", &[])
-            .await?
-            .get(0);
+        tx.execute("SELECT pg_advisory_xact_lock(7305)", &[]).await?;
+        let any: bool = tx.query_one("SELECT EXISTS (SELECT 1 FROM tenants)", &[]).await?.get(0);
         if any {
             return Ok(None);
         }
         let tenant = token::new_id("ten");
-        tx.execute(
-            "INSERT INTO tenants (id, name) VALUES ($1, 'default')",
-            &[&tenant],
-        )
-        .await?;
+        tx.execute("INSERT INTO tenants (id, name) VALUES ($1, 'default')", &[&tenant])
+            .await?;
         let user = token::new_id("usr");
         tx.execute(
             "INSERT INTO users (id, tenant_id, email, role) VALUES ($1, $2, 'admin@localhost', 'admin')",
@@ -140,9 +131,7 @@ impl Store {
             )
             .await?;
         if n == 0 {
-            return Err(StoreError::Other(anyhow!(
-                "a tenant named {name:?} exists already"
-            )));
+            return Err(StoreError::Other(anyhow!("a tenant named {name:?} exists already")));
         }
         audit(&client, &id, "cli", "tenant.create", &id).await?;
         Ok(id)
@@ -152,23 +141,13 @@ impl Store {
     pub async fn tenant_id(&self, name_or_id: &str) -> Result<String> {
         let client = self.pool.get().await?;
         let row = client
-            .query_opt(
-                "SELECT id FROM tenants WHERE name = $1 OR id = $1",
-                &[&name_or_id],
-            )
+            .query_opt("SELECT id FROM tenants WHERE name = $1 OR id = $1", &[&name_or_id])
             .await?;
-        row.map(|r| r.get(0))
-            .ok_or(StoreError::Code(ErrorCode::NotFound))
+        row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
     }
 
     /// Create a user in a tenant; returns its id.
-    pub async fn create_user(
-        &self,
-        tenant_id: &str,
-        email: &str,
-        admin: bool,
-        actor: &str,
-    ) -> Result<String> {
+    pub async fn create_user(&self, tenant_id: &str, email: &str, admin: bool, actor: &str) -> Result<String> {
         let client = self.pool.get().await?;
         let id = token::new_id("usr");
         let role = if admin { "admin" } else { "member" };
@@ -233,10 +212,7 @@ impl Store {
                 &[&tenant_id],
             )
             .await?;
-        let t = |r: &tokio_postgres::Row, i| {
-            r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(i)
-                .map(fmt_time)
-        };
+        let t = |r: &tokio_postgres::Row, i| r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(i).map(fmt_time);
         Ok(rows
             .iter()
             .map(|r| CredentialInfo {

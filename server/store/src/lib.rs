@@ -12,6 +12,8 @@ pub mod token;
 
 mod history;
 mod identity;
+pub mod receipts;
+mod sessions;
 mod turns;
 mod workspaces;
 
@@ -21,7 +23,8 @@ use tokio_postgres::NoTls;
 
 pub use history::EventRecord;
 pub use identity::{CredentialInfo, CredentialKind, Principal};
-pub use turns::ClaimedTurn;
+pub use receipts::{Begin, Receipt, ReceiptView};
+pub use turns::{ClaimedTurn, Partial};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.
 pub const CHANNEL_EVENTS: &str = "berth_events";
@@ -29,6 +32,8 @@ pub const CHANNEL_EVENTS: &str = "berth_events";
 pub const CHANNEL_DISPATCH: &str = "berth_dispatch";
 /// Channel carrying small coalesced live deltas between replicas (JSON).
 pub const CHANNEL_DELTAS: &str = "berth_deltas";
+/// Channel carrying control messages for worker connections: `stop:<connection>:<turn>`.
+pub const CHANNEL_CONTROL: &str = "berth_control";
 
 /// A store failure: a typed user-facing code, or an infrastructure error.
 #[derive(Debug, thiserror::Error)]
@@ -72,18 +77,14 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store")
-            .field("pool", &self.pool.status())
-            .finish()
+        f.debug_struct("Store").field("pool", &self.pool.status()).finish()
     }
 }
 
 impl Store {
     /// Connect a pool (lazily) to `url` (a `postgres://` URL or `key=value` string).
     pub fn connect(url: &str, max_size: usize) -> anyhow::Result<Store> {
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| anyhow::anyhow!("invalid DATABASE_URL: {e}"))?;
+        let config: tokio_postgres::Config = url.parse().map_err(|e| anyhow::anyhow!("invalid DATABASE_URL: {e}"))?;
         let manager = Manager::from_config(
             config.clone(),
             NoTls,

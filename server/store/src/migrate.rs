@@ -4,10 +4,16 @@ use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
 /// The migrations, in order: (file name, SQL).
-pub const MIGRATIONS: &[(&str, &str)] = &[(
-    "0001_skeleton.sql",
-    include_str!("../../../migrations/0001_skeleton.sql"),
-)];
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "0001_skeleton.sql",
+        include_str!("../../../migrations/0001_skeleton.sql"),
+    ),
+    (
+        "0002_sessions.sql",
+        include_str!("../../../migrations/0002_sessions.sql"),
+    ),
+];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.
 const LOCK_KEY: i64 = 0x0062_6572_7468;
@@ -15,8 +21,7 @@ const LOCK_KEY: i64 = 0x0062_6572_7468;
 /// Apply every pending migration. Safe to run from several processes at once.
 pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<usize> {
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
-        .await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS berth_migrations (
             name text PRIMARY KEY, sha256 text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
@@ -26,18 +31,13 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<usiz
     for (name, sql) in MIGRATIONS {
         let digest = hex(&Sha256::digest(sql.as_bytes()));
         let row = tx
-            .query_opt(
-                "SELECT sha256 FROM berth_migrations WHERE name = $1",
-                &[name],
-            )
+            .query_opt("SELECT sha256 FROM berth_migrations WHERE name = $1", &[name])
             .await?;
         match row {
             Some(row) => {
                 let recorded: String = row.get(0);
                 if recorded != digest {
-                    bail!(
-                        "migration {name} changed after it was applied (recorded sha256 {recorded})"
-                    );
+                    bail!("migration {name} changed after it was applied (recorded sha256 {recorded})");
                 }
             }
             None => {

@@ -27,11 +27,7 @@ pub fn well_formed(token: &str) -> bool {
     let Some(rest) = token.strip_prefix(PREFIX) else {
         return false;
     };
-    if rest.len() != RANDOM_HEX + CHECK_HEX
-        || !rest
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-    {
+    if rest.len() != RANDOM_HEX + CHECK_HEX || !rest.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
         return false;
     }
     let (body, check) = token.split_at(PREFIX.len() + RANDOM_HEX);

@@ -1,15 +1,20 @@
-//! Sessions, turns and the dispatch of turns to workers.
+//! Turns: admission, the queue, dispatch to workers, steps, settling, stop.
 
 use berth_protocol::{
-    Cause, ErrorCode, ModelLevel, NewRow, QueueEntry, RowKind, SessionCreateParams,
-    SessionSendResult, SessionSnapshot, TurnState,
+    Cause, Diagnostic, ErrorCode, NewRow, QueueEntry, QueueState, Removed, RowKind, SessionDiagnosticsResult,
+    SessionSendResult, TurnRef, TurnState,
     worker::{ChatMessage, TurnRun, Usage},
 };
 use deadpool_postgres::GenericClient;
 use serde_json::json;
 
 use crate::{
-    CHANNEL_DISPATCH, Result, Store, StoreError, fmt_time, history::append_event, not_found, token,
+    CHANNEL_CONTROL, CHANNEL_DISPATCH, Result, Store, StoreError, fmt_time,
+    history::append_event,
+    not_found,
+    receipts::{Receipt, finish},
+    sessions::{lock_session, queue_changed},
+    token,
     workspaces::online_sql,
 };
 
@@ -20,66 +25,16 @@ pub struct ClaimedTurn {
     pub run: TurnRun,
 }
 
+/// The live output of a session's running step (for watchers joining mid-turn).
+#[derive(Debug, Clone, Default)]
+pub struct Partial {
+    pub turn_id: String,
+    pub step: i32,
+    pub text: String,
+    pub thinking: String,
+}
+
 impl Store {
-    /// Create a session in one of the tenant's workspaces.
-    pub async fn create_session(
-        &self,
-        tenant_id: &str,
-        p: &SessionCreateParams,
-        default_model: Option<&str>,
-    ) -> Result<SessionSnapshot> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let exists = tx
-            .query_opt(
-                "SELECT 1 FROM workspaces WHERE id = $1 AND tenant_id = $2",
-                &[&p.workspace_id, &tenant_id],
-            )
-            .await?;
-        if exists.is_none() {
-            return not_found();
-        }
-        let id = token::new_id("ses");
-        tx.execute(
-            "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                &id,
-                &tenant_id,
-                &p.workspace_id,
-                &p.title.clone().unwrap_or_default(),
-                &p.model,
-                &p.no_tools.unwrap_or(false),
-                &p.auto_approve.unwrap_or(false),
-            ],
-        )
-        .await?;
-        append_event(
-            &tx,
-            tenant_id,
-            &id,
-            "session.created",
-            None,
-            json!({"workspaceId": p.workspace_id}),
-            &[],
-        )
-        .await?;
-        let snapshot = snapshot(&tx, tenant_id, &id, default_model).await?;
-        tx.commit().await?;
-        Ok(snapshot)
-    }
-
-    /// A session's snapshot.
-    pub async fn get_session(
-        &self,
-        tenant_id: &str,
-        session_id: &str,
-        default_model: Option<&str>,
-    ) -> Result<SessionSnapshot> {
-        let client = self.pool.get().await?;
-        snapshot(&client, tenant_id, session_id, default_model).await
-    }
-
     /// Admit a prompt. It starts at once when nothing runs in the session, the session is
     /// not paused and the workspace's worker is online; otherwise it queues.
     pub async fn send(
@@ -87,6 +42,7 @@ impl Store {
         tenant_id: &str,
         session_id: &str,
         prompt: &str,
+        op: Option<&Receipt>,
     ) -> Result<SessionSendResult> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
@@ -100,15 +56,13 @@ impl Store {
                 &[&session_id, &tenant_id],
             )
             .await?;
-        let Some(session) = session else {
-            return not_found();
-        };
+        let Some(session) = session else { return not_found() };
         let workspace_id: String = session.get(0);
         let paused: bool = session.get(1);
         let online: bool = session.get(2);
-        let running: bool = tx
+        let busy: bool = tx
             .query_one(
-                "SELECT EXISTS (SELECT 1 FROM turns WHERE session_id = $1 AND state = 'running')",
+                "SELECT EXISTS (SELECT 1 FROM turns WHERE session_id = $1 AND state IN ('running', 'queued'))",
                 &[&session_id],
             )
             .await?
@@ -126,13 +80,10 @@ impl Store {
             &[&turn_id, &tenant_id, &session_id, &prompt, &position],
         )
         .await?;
-        let result = if !running && !paused && online {
+        let result = if !busy && !paused && online {
             start_turn(&tx, tenant_id, session_id, &turn_id, prompt).await?;
-            tx.execute(
-                "SELECT pg_notify($1, $2)",
-                &[&CHANNEL_DISPATCH, &workspace_id],
-            )
-            .await?;
+            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL_DISPATCH, &workspace_id])
+                .await?;
             SessionSendResult {
                 turn_id,
                 state: TurnState::Running,
@@ -146,19 +97,18 @@ impl Store {
                 session_id,
                 "turn.queued",
                 Some(&turn_id),
-                json!({}),
+                json!({"queueId": turn_id, "prompt": prompt, "revision": 0}),
                 &[],
             )
             .await?;
             if !online {
-                append_event(
+                notice(
                     &tx,
                     tenant_id,
                     session_id,
-                    "session.notice",
-                    None,
-                    json!({"level": "warning", "code": "workspace-offline", "params": {"workspaceId": workspace_id}}),
-                    &[],
+                    "warning",
+                    "workspace-offline",
+                    json!({"workspaceId": workspace_id}),
                 )
                 .await?;
             }
@@ -169,6 +119,138 @@ impl Store {
                 revision: Some(0),
             }
         };
+        finish(&tx, op, &result).await?;
+        tx.commit().await?;
+        Ok(result)
+    }
+
+    /// Stop exactly this turn: a running one is cancelled (its worker told to stop), a
+    /// queued one leaves the queue. A settled turn is `turn-not-running`.
+    pub async fn stop_turn(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        turn_id: &str,
+        op: Option<&Receipt>,
+    ) -> Result<TurnRef> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        lock_session(&tx, tenant_id, session_id).await?;
+        cancel_turn(&tx, tenant_id, session_id, turn_id.to_string(), true).await?;
+        let result = TurnRef {
+            turn_id: turn_id.to_string(),
+            state: TurnState::Cancelled,
+        };
+        finish(&tx, op, &result).await?;
+        tx.commit().await?;
+        Ok(result)
+    }
+
+    /// Edit a queued prompt, guarded by its revision.
+    pub async fn queue_update(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        queue_id: &str,
+        revision: i64,
+        prompt: &str,
+        op: Option<&Receipt>,
+    ) -> Result<QueueEntry> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        lock_session(&tx, tenant_id, session_id).await?;
+        check_queued(&tx, session_id, queue_id, revision).await?;
+        tx.execute(
+            "UPDATE turns SET prompt = $2, queue_revision = queue_revision + 1 WHERE id = $1",
+            &[&queue_id, &prompt],
+        )
+        .await?;
+        queue_changed(&tx, tenant_id, session_id).await?;
+        let entry = QueueEntry {
+            queue_id: queue_id.into(),
+            turn_id: queue_id.into(),
+            prompt: prompt.into(),
+            revision: revision + 1,
+        };
+        finish(&tx, op, &entry).await?;
+        tx.commit().await?;
+        Ok(entry)
+    }
+
+    /// Move a queued prompt before another (or to the end), guarded by its revision.
+    pub async fn queue_move(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        queue_id: &str,
+        revision: i64,
+        before: Option<&str>,
+        op: Option<&Receipt>,
+    ) -> Result<QueueState> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        lock_session(&tx, tenant_id, session_id).await?;
+        check_queued(&tx, session_id, queue_id, revision).await?;
+        let mut order: Vec<String> = tx
+            .query(
+                "SELECT id FROM turns WHERE session_id = $1 AND state = 'queued' ORDER BY queue_position",
+                &[&session_id],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .filter(|id: &String| id != queue_id)
+            .collect();
+        let at = match before {
+            Some(b) if b == queue_id => return Err(StoreError::Code(ErrorCode::BadParams)),
+            Some(b) => order
+                .iter()
+                .position(|id| id == b)
+                .ok_or(StoreError::Code(ErrorCode::NotFound))?,
+            None => order.len(),
+        };
+        order.insert(at, queue_id.to_string());
+        let base: i64 = tx
+            .query_one(
+                "SELECT coalesce(max(queue_position), 0) FROM turns WHERE session_id = $1",
+                &[&session_id],
+            )
+            .await?
+            .get(0);
+        for (i, id) in order.iter().enumerate() {
+            tx.execute(
+                "UPDATE turns SET queue_position = $2 WHERE id = $1",
+                &[id, &(base + 1 + i as i64)],
+            )
+            .await?;
+        }
+        tx.execute(
+            "UPDATE turns SET queue_revision = queue_revision + 1 WHERE id = $1",
+            &[&queue_id],
+        )
+        .await?;
+        let state = queue_changed(&tx, tenant_id, session_id).await?;
+        finish(&tx, op, &state).await?;
+        tx.commit().await?;
+        Ok(state)
+    }
+
+    /// Remove a queued prompt, guarded by its revision; the turn settles `cancelled`.
+    pub async fn queue_remove(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        queue_id: &str,
+        revision: i64,
+        op: Option<&Receipt>,
+    ) -> Result<Removed> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        lock_session(&tx, tenant_id, session_id).await?;
+        check_queued(&tx, session_id, queue_id, revision).await?;
+        cancel_turn(&tx, tenant_id, session_id, queue_id.to_string(), true).await?;
+        let result = Removed { removed: true };
+        finish(&tx, op, &result).await?;
         tx.commit().await?;
         Ok(result)
     }
@@ -192,25 +274,23 @@ impl Store {
             )
             .await?;
         for c in candidates {
-            let (turn_id, session_id, prompt): (String, String, String) =
-                (c.get(0), c.get(1), c.get(2));
+            let session_id: String = c.get(1);
             let tx = client.transaction().await?;
-            // Re-check under the session lock: another replica may have started one.
-            tx.query_one(
-                "SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE",
-                &[&session_id],
-            )
-            .await?;
-            let still: bool = tx
-                .query_one(
-                    "SELECT (SELECT state FROM turns WHERE id = $1) = 'queued'
-                        AND NOT EXISTS (SELECT 1 FROM turns WHERE session_id = $2 AND state = 'running')",
-                    &[&turn_id, &session_id],
+            // Re-check under the session lock: another replica may have started one, or the
+            // queue may have changed order.
+            tx.query_one("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
+                .await?;
+            let next = tx
+                .query_opt(
+                    "SELECT id, prompt FROM turns WHERE session_id = $1 AND state = 'queued'
+                        AND NOT EXISTS (SELECT 1 FROM turns WHERE session_id = $1 AND state = 'running')
+                        AND NOT (SELECT paused FROM sessions WHERE id = $1)
+                      ORDER BY queue_position LIMIT 1",
+                    &[&session_id],
                 )
-                .await?
-                .get(0);
-            if still {
-                start_turn(&tx, tenant_id, &session_id, &turn_id, &prompt).await?;
+                .await?;
+            if let Some(next) = next {
+                start_turn(&tx, tenant_id, &session_id, next.get(0), next.get(1)).await?;
             }
             tx.commit().await?;
         }
@@ -242,7 +322,7 @@ impl Store {
     }
 
     /// Persist a completed model step as one `model.completed` event. Only the connection
-    /// the turn was handed to may write to it.
+    /// the turn was handed to may write to it, and only while it runs.
     pub async fn append_step(
         &self,
         connection_id: &str,
@@ -265,8 +345,58 @@ impl Store {
             rows,
         )
         .await?;
+        tx.execute(
+            "UPDATE turns SET step = step + 1, partial_text = '', partial_thinking = '' WHERE id = $1",
+            &[&turn_id],
+        )
+        .await?;
         tx.commit().await?;
         Ok(seq)
+    }
+
+    /// Append coalesced live output to the running step and relay it to other replicas in
+    /// the same transaction (`payload` goes on `channel`), so that the stored partial text
+    /// and the relayed deltas never disagree.
+    pub async fn append_partial(
+        &self,
+        tenant_id: &str,
+        turn_id: &str,
+        text: &str,
+        thinking: &str,
+        channel: &str,
+        payloads: &[String],
+    ) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.execute(
+            "UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
+              WHERE id = $1 AND tenant_id = $2 AND state = 'running'",
+            &[&turn_id, &tenant_id, &text, &thinking],
+        )
+        .await?;
+        for p in payloads {
+            tx.execute("SELECT pg_notify($1, $2)", &[&channel, p]).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The running step's stored partial output, if a turn runs.
+    pub async fn partial(&self, tenant_id: &str, session_id: &str) -> Result<Option<Partial>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT id, step, partial_text, partial_thinking FROM turns
+                  WHERE session_id = $1 AND tenant_id = $2 AND state = 'running'",
+                &[&session_id, &tenant_id],
+            )
+            .await?;
+        Ok(row.map(|r| Partial {
+            turn_id: r.get(0),
+            step: r.get(1),
+            text: r.get(2),
+            thinking: r.get(3),
+        }))
     }
 
     /// Settle a running turn; the next queued turn of the session may then start.
@@ -287,19 +417,27 @@ impl Store {
         let session_id = match connection_id {
             Some(conn) => running_turn_session(&tx, conn, tenant_id, turn_id).await?,
             None => tx
-                .query_opt("SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2 AND state = 'running'", &[&turn_id, &tenant_id])
+                .query_opt(
+                    "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2 AND state = 'running'",
+                    &[&turn_id, &tenant_id],
+                )
                 .await?
                 .map(|r| r.get(0))
                 .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))?,
         };
-        tx.query_one(
-            "SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE",
-            &[&session_id],
-        )
-        .await?;
+        tx.query_one("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
+            .await?;
+        // Re-check under the lock: a stop or remove may have settled it meanwhile.
+        let still: bool = tx
+            .query_one("SELECT state = 'running' FROM turns WHERE id = $1", &[&turn_id])
+            .await?
+            .get(0);
+        if !still {
+            return Err(StoreError::Code(ErrorCode::TurnNotRunning));
+        }
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
         tx.execute(
-            "UPDATE turns SET state = $2, cause = $3, ended_at = now() WHERE id = $1",
+            "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = '' WHERE id = $1",
             &[&turn_id, &state.as_str(), &cause_json],
         )
         .await?;
@@ -307,28 +445,16 @@ impl Store {
         if let Some(c) = cause {
             payload["cause"] = serde_json::to_value(c).unwrap_or_default();
         }
-        let seq = append_event(
-            &tx,
-            tenant_id,
-            &session_id,
-            "turn.ended",
-            Some(turn_id),
-            payload,
-            &[],
-        )
-        .await?;
-        let workspace_id: String = tx
-            .query_one(
-                "SELECT workspace_id FROM sessions WHERE id = $1",
-                &[&session_id],
-            )
-            .await?
-            .get(0);
-        tx.execute(
-            "SELECT pg_notify($1, $2)",
-            &[&CHANNEL_DISPATCH, &workspace_id],
-        )
-        .await?;
+        let seq = append_event(&tx, tenant_id, &session_id, "turn.ended", Some(turn_id), payload, &[]).await?;
+        if let Some(c) = cause {
+            let kind = if state == TurnState::Interrupted {
+                "execution"
+            } else {
+                "model-step"
+            };
+            diagnostic(&tx, tenant_id, &session_id, kind, Some(turn_id), Some(seq), c).await?;
+        }
+        notify_dispatch(&tx, &session_id).await?;
         tx.commit().await?;
         Ok((session_id, seq))
     }
@@ -362,18 +488,215 @@ impl Store {
         Ok(ended)
     }
 
-    /// The session of a running turn (for routing live deltas), tenant-scoped.
-    pub async fn turn_session(&self, tenant_id: &str, turn_id: &str) -> Result<String> {
+    /// Worker connections whose replica stopped heartbeating (it died): forget them and
+    /// interrupt their turns. Any replica may run this; it is idempotent.
+    pub async fn sweep_stale_presence(&self) -> Result<Vec<String>> {
         let client = self.pool.get().await?;
-        let row = client
-            .query_opt(
-                "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2",
-                &[&turn_id, &tenant_id],
+        let stale = client
+            .query(
+                "DELETE FROM worker_presence WHERE heartbeat_at < now() - interval '45 seconds' RETURNING connection_id",
+                &[],
             )
             .await?;
-        row.map(|r| r.get(0))
-            .ok_or(StoreError::Code(ErrorCode::NotFound))
+        drop(client);
+        let mut ended = Vec::new();
+        for r in stale {
+            ended.extend(self.interrupt_connection(r.get(0)).await?);
+        }
+        Ok(ended)
     }
+
+    /// Diagnostics newest first, under a fixed revision fence.
+    pub async fn diagnostics(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        through: Option<i64>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<SessionDiagnosticsResult> {
+        let client = self.pool.get().await?;
+        let current: i64 = client
+            .query_opt(
+                "SELECT diagnostic_revision FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+                &[&session_id, &tenant_id],
+            )
+            .await?
+            .map(|r| r.get(0))
+            .ok_or(StoreError::Code(ErrorCode::NotFound))?;
+        let through = through.unwrap_or(current).min(current);
+        let before = before.unwrap_or(i64::MAX);
+        let limit = i64::from(limit.clamp(1, 200));
+        let rows = client
+            .query(
+                "SELECT id, revision, kind, turn_id, sequence, cause, at FROM diagnostics
+                  WHERE session_id = $1 AND tenant_id = $2 AND revision <= $3 AND revision < $4
+                  ORDER BY revision DESC LIMIT $5",
+                &[&session_id, &tenant_id, &through, &before, &(limit + 1)],
+            )
+            .await?;
+        let more = rows.len() as i64 > limit;
+        let diagnostics: Vec<Diagnostic> = rows
+            .iter()
+            .take(limit as usize)
+            .map(|r| Diagnostic {
+                diagnostic_id: r.get(0),
+                revision: r.get(1),
+                kind: r.get(2),
+                turn_id: r.get(3),
+                sequence: r.get(4),
+                cause: serde_json::from_value(r.get(5)).unwrap_or(Cause {
+                    code: "internal".into(),
+                    status: None,
+                }),
+                at: fmt_time(r.get(6)),
+            })
+            .collect();
+        let next_before = if more {
+            diagnostics.last().map(|d| d.revision)
+        } else {
+            None
+        };
+        Ok(SessionDiagnosticsResult {
+            through,
+            diagnostics,
+            next_before,
+        })
+    }
+}
+
+/// A session-level notice event `{level, code, params}`.
+pub(crate) async fn notice(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    level: &str,
+    code: &str,
+    params: serde_json::Value,
+) -> Result<i64> {
+    append_event(
+        tx,
+        tenant_id,
+        session_id,
+        "session.notice",
+        None,
+        json!({"level": level, "code": code, "params": params}),
+        &[],
+    )
+    .await
+}
+
+async fn diagnostic(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    kind: &str,
+    turn_id: Option<&str>,
+    sequence: Option<i64>,
+    cause: &Cause,
+) -> Result<()> {
+    let revision: i64 = tx
+        .query_one(
+            "UPDATE sessions SET diagnostic_revision = diagnostic_revision + 1 WHERE id = $1 RETURNING diagnostic_revision",
+            &[&session_id],
+        )
+        .await?
+        .get(0);
+    tx.execute(
+        "INSERT INTO diagnostics (id, tenant_id, session_id, revision, kind, turn_id, sequence, cause)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        &[
+            &token::new_id("dia"),
+            &tenant_id,
+            &session_id,
+            &revision,
+            &kind,
+            &turn_id,
+            &sequence,
+            &serde_json::to_value(cause).unwrap_or_default(),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Wake the replica holding the session's workspace worker: turns may be handed out.
+pub(crate) async fn notify_dispatch(tx: &impl GenericClient, session_id: &str) -> Result<()> {
+    tx.execute(
+        "SELECT pg_notify($1, workspace_id) FROM sessions WHERE id = $2",
+        &[&CHANNEL_DISPATCH, &session_id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Cancel one running or queued turn of a locked session. A running turn's worker is told
+/// to stop (`berth_control`); whatever it sends afterwards is refused.
+pub(crate) async fn cancel_turn(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    turn_id: String,
+    queue_event: bool,
+) -> Result<()> {
+    let row = tx
+        .query_opt(
+            "SELECT state, dispatched_to FROM turns WHERE id = $1 AND session_id = $2 AND tenant_id = $3 FOR UPDATE",
+            &[&turn_id, &session_id, &tenant_id],
+        )
+        .await?;
+    let Some(row) = row else { return not_found() };
+    let state: String = row.get(0);
+    let dispatched: Option<String> = row.get(1);
+    match state.as_str() {
+        "running" | "queued" => {}
+        _ => return Err(StoreError::Code(ErrorCode::TurnNotRunning)),
+    }
+    tx.execute(
+        "UPDATE turns SET state = 'cancelled', ended_at = now(), partial_text = '', partial_thinking = '' WHERE id = $1",
+        &[&turn_id],
+    )
+    .await?;
+    append_event(
+        tx,
+        tenant_id,
+        session_id,
+        "turn.ended",
+        Some(&turn_id),
+        json!({"state": "cancelled"}),
+        &[],
+    )
+    .await?;
+    if state == "running" {
+        if let Some(conn) = dispatched {
+            tx.execute(
+                "SELECT pg_notify($1, $2)",
+                &[&CHANNEL_CONTROL, &format!("stop:{conn}:{turn_id}")],
+            )
+            .await?;
+        }
+        notify_dispatch(tx, session_id).await?;
+    } else if queue_event {
+        queue_changed(tx, tenant_id, session_id).await?;
+    }
+    Ok(())
+}
+
+async fn check_queued(tx: &impl GenericClient, session_id: &str, queue_id: &str, revision: i64) -> Result<()> {
+    let row = tx
+        .query_opt(
+            "SELECT state, queue_revision FROM turns WHERE id = $1 AND session_id = $2 FOR UPDATE",
+            &[&queue_id, &session_id],
+        )
+        .await?;
+    let Some(row) = row else { return not_found() };
+    let state: String = row.get(0);
+    let current: i64 = row.get(1);
+    // An entry that left the queue (started, removed) is stale for the client too.
+    if state != "queued" || current != revision {
+        return Err(StoreError::Code(ErrorCode::StaleRevision));
+    }
+    Ok(())
 }
 
 async fn running_turn_session(
@@ -384,14 +707,16 @@ async fn running_turn_session(
 ) -> Result<String> {
     let row = tx
         .query_opt(
-            "SELECT session_id, state, dispatched_to FROM turns WHERE id = $1 AND tenant_id = $2",
+            "SELECT t.session_id, t.state, t.dispatched_to, s.removed_at IS NULL FROM turns t JOIN sessions s ON s.id = t.session_id
+              WHERE t.id = $1 AND t.tenant_id = $2",
             &[&turn_id, &tenant_id],
         )
         .await?;
     let Some(row) = row else { return not_found() };
     let state: String = row.get(1);
     let to: Option<String> = row.get(2);
-    if state != "running" || to.as_deref() != Some(connection_id) {
+    let live: bool = row.get(3);
+    if state != "running" || to.as_deref() != Some(connection_id) || !live {
         return Err(StoreError::Code(ErrorCode::TurnNotRunning));
     }
     Ok(row.get(0))
@@ -430,11 +755,7 @@ async fn start_turn(
 }
 
 /// The conversation so far as chat messages (visible user and assistant rows, in order).
-async fn messages(
-    client: &impl GenericClient,
-    tenant_id: &str,
-    session_id: &str,
-) -> Result<Vec<ChatMessage>> {
+async fn messages(client: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<Vec<ChatMessage>> {
     let rows = client
         .query(
             "SELECT kind, body FROM rows WHERE session_id = $1 AND tenant_id = $2 AND kind IN ('user', 'assistant')
@@ -449,62 +770,4 @@ async fn messages(
             content: r.get(1),
         })
         .collect())
-}
-
-async fn snapshot(
-    client: &impl GenericClient,
-    tenant_id: &str,
-    session_id: &str,
-    default_model: Option<&str>,
-) -> Result<SessionSnapshot> {
-    let row = client
-        .query_opt(
-            "SELECT id, workspace_id, title, model, revision, last_sequence, created_at, updated_at FROM sessions
-              WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
-            &[&session_id, &tenant_id],
-        )
-        .await?;
-    let Some(row) = row else { return not_found() };
-    let turns = client
-        .query(
-            "SELECT id, state, prompt, queue_revision FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')
-              ORDER BY queue_position",
-            &[&session_id],
-        )
-        .await?;
-    let running = turns
-        .iter()
-        .find(|t| t.get::<_, &str>(1) == "running")
-        .map(|t| t.get::<_, String>(0));
-    let queued = turns
-        .iter()
-        .filter(|t| t.get::<_, &str>(1) == "queued")
-        .map(|t| QueueEntry {
-            queue_id: t.get(0),
-            turn_id: t.get(0),
-            prompt: t.get(2),
-            revision: t.get(3),
-        })
-        .collect();
-    let model: Option<String> = row.get(3);
-    let (effective_model_id, effective_model_level) = match (&model, default_model) {
-        (Some(m), _) => (Some(m.clone()), Some(ModelLevel::Session)),
-        (None, Some(d)) => (Some(d.to_string()), Some(ModelLevel::Tenant)),
-        (None, None) => (None, None),
-    };
-    Ok(SessionSnapshot {
-        session_id: row.get(0),
-        workspace_id: row.get(1),
-        title: row.get(2),
-        model_id: model,
-        effective_model_id,
-        effective_model_level,
-        phase: if running.is_some() { "running" } else { "idle" }.into(),
-        running,
-        queued,
-        revision: row.get(4),
-        sequence: row.get(5),
-        created_at: fmt_time(row.get(6)),
-        updated_at: fmt_time(row.get(7)),
-    })
 }

@@ -46,7 +46,13 @@ impl Store {
             .execute(
                 "INSERT INTO worker_presence (connection_id, tenant_id, credential_id, replica_id, workspace_ids)
                  VALUES ($1, $2, $3, $4, $5)",
-                &[&connection_id, &worker.tenant_id, &worker.credential_id, &replica_id, &workspace_ids],
+                &[
+                    &connection_id,
+                    &worker.tenant_id,
+                    &worker.credential_id,
+                    &replica_id,
+                    &workspace_ids,
+                ],
             )
             .await?;
         Ok(())
@@ -124,9 +130,7 @@ fn workspace_from_row(r: &tokio_postgres::Row) -> Workspace {
         title: r.get(1),
         host: r.get(2),
         path: r.get(3),
-        last_seen_at: r
-            .get::<_, Option<chrono::DateTime<chrono::Utc>>>(4)
-            .map(fmt_time),
+        last_seen_at: r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(4).map(fmt_time),
         online: r.get(5),
     }
 }

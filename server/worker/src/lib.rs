@@ -52,15 +52,9 @@ impl std::fmt::Debug for WorkerConfig {
 impl WorkerConfig {
     fn base(&self) -> (String, String) {
         let s = self.server.trim_end_matches('/');
-        let (ws, http) = if let Some(rest) = s
-            .strip_prefix("https://")
-            .or_else(|| s.strip_prefix("wss://"))
-        {
+        let (ws, http) = if let Some(rest) = s.strip_prefix("https://").or_else(|| s.strip_prefix("wss://")) {
             (format!("wss://{rest}"), format!("https://{rest}"))
-        } else if let Some(rest) = s
-            .strip_prefix("http://")
-            .or_else(|| s.strip_prefix("ws://"))
-        {
+        } else if let Some(rest) = s.strip_prefix("http://").or_else(|| s.strip_prefix("ws://")) {
             (format!("ws://{rest}"), format!("http://{rest}"))
         } else {
             (format!("ws://{s}"), format!("http://{s}"))
@@ -105,11 +99,7 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub(crate) async fn notify(
-        &self,
-        method: &str,
-        params: serde_json::Value,
-    ) -> anyhow::Result<()> {
+    pub(crate) async fn notify(&self, method: &str, params: serde_json::Value) -> anyhow::Result<()> {
         let msg = serde_json::to_string(&Request::notification(method, params))?;
         self.out
             .send(Message::Text(msg.into()))
@@ -117,14 +107,8 @@ impl Link {
             .context("connection closed")
     }
 
-    pub(crate) async fn request(
-        &self,
-        method: &str,
-        params: serde_json::Value,
-    ) -> anyhow::Result<serde_json::Value> {
-        let id = self
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    pub(crate) async fn request(&self, method: &str, params: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().expect("pending lock").insert(id, tx);
         let msg = serde_json::to_string(&Request::new(id, method, params))?;
@@ -169,11 +153,7 @@ async fn connect_once(
             })
             .collect(),
     };
-    let msg = serde_json::to_string(&Request::new(
-        0,
-        wp::WORKER_HELLO,
-        serde_json::to_value(&hello)?,
-    ))?;
+    let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
     sink.send(Message::Text(msg.into())).await?;
     let reply = tokio::time::timeout(Duration::from_secs(30), stream.next())
         .await
@@ -198,6 +178,7 @@ async fn connect_once(
         token: config.token.clone(),
     };
     let turns = CancellationToken::new();
+    let running: Running = Arc::default();
     let result = loop {
         tokio::select! {
             msg = stream.next() => {
@@ -207,7 +188,7 @@ async fn connect_once(
                     None => break Err(anyhow::anyhow!("server closed the connection")),
                 };
                 if let Message::Text(text) = msg {
-                    on_message(&link, &turns, &text);
+                    on_message(&link, &turns, &running, &text);
                 }
             }
             out = out_rx.recv() => if let Some(m) = out && let Err(e) = sink.send(m).await { break Err(e.into()) },
@@ -222,7 +203,10 @@ async fn connect_once(
     result
 }
 
-fn on_message(link: &Link, turns: &CancellationToken, text: &str) {
+/// Running turns' cancellation tokens, by turn id.
+type Running = Arc<Mutex<HashMap<String, CancellationToken>>>;
+
+fn on_message(link: &Link, turns: &CancellationToken, running: &Running, text: &str) {
     let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
         return;
     };
@@ -230,15 +214,33 @@ fn on_message(link: &Link, turns: &CancellationToken, text: &str) {
         let Ok(req) = serde_json::from_value::<Request>(value) else {
             return;
         };
-        if req.method == wp::TURN_RUN {
-            match serde_json::from_value::<TurnRun>(req.params) {
+        match req.method.as_str() {
+            wp::TURN_RUN => match serde_json::from_value::<TurnRun>(req.params) {
                 Ok(run) => {
                     let link = link.clone();
                     let cancel = turns.child_token();
-                    tokio::spawn(async move { turn::run(link, run, cancel).await });
+                    running
+                        .lock()
+                        .expect("running lock")
+                        .insert(run.turn_id.clone(), cancel.clone());
+                    let running = running.clone();
+                    tokio::spawn(async move {
+                        let turn_id = run.turn_id.clone();
+                        turn::run(link, run, cancel).await;
+                        running.lock().expect("running lock").remove(&turn_id);
+                    });
                 }
                 Err(e) => tracing::warn!(error = %e, "malformed turn.run"),
+            },
+            wp::TURN_STOP => {
+                if let Some(turn) = req.params.get("turnId").and_then(|t| t.as_str())
+                    && let Some(cancel) = running.lock().expect("running lock").remove(turn)
+                {
+                    tracing::info!(turn.id = %turn, "turn stopped by the server");
+                    cancel.cancel();
+                }
             }
+            _ => {}
         }
     } else if let Ok(resp) = serde_json::from_value::<Response>(value)
         && let Some(id) = resp.id

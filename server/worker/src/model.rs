@@ -36,11 +36,7 @@ fn cause(code: &str) -> StepError {
 }
 
 /// Stream one completion, calling `on_delta(text, thinking)` as output arrives.
-pub(crate) async fn stream<F, Fut>(
-    link: &Link,
-    run: &TurnRun,
-    on_delta: F,
-) -> Result<Completion, StepError>
+pub(crate) async fn stream<F, Fut>(link: &Link, run: &TurnRun, on_delta: F) -> Result<Completion, StepError>
 where
     F: Fn(Option<String>, Option<String>) -> Fut,
     Fut: Future<Output = bool>,
@@ -73,8 +69,7 @@ where
                 done = true;
                 break;
             }
-            let chunk: Chunk =
-                serde_json::from_str(&data).map_err(|_| cause("provider-protocol"))?;
+            let chunk: Chunk = serde_json::from_str(&data).map_err(|_| cause("provider-protocol"))?;
             if let Some(u) = chunk.usage {
                 completion.usage = Some(Usage {
                     input_tokens: u.prompt_tokens,
@@ -83,16 +78,11 @@ where
             }
             for choice in chunk.choices.unwrap_or_default() {
                 let d = choice.delta;
-                let thinking = d
-                    .reasoning_content
-                    .or(d.reasoning)
-                    .filter(|s| !s.is_empty());
+                let thinking = d.reasoning_content.or(d.reasoning).filter(|s| !s.is_empty());
                 let text = d.content.filter(|s| !s.is_empty());
                 if text.is_some() || thinking.is_some() {
                     completion.text.push_str(text.as_deref().unwrap_or(""));
-                    completion
-                        .thinking
-                        .push_str(thinking.as_deref().unwrap_or(""));
+                    completion.thinking.push_str(thinking.as_deref().unwrap_or(""));
                     // Live deltas are best effort; history gets the whole step.
                     let _ = on_delta(text, thinking).await;
                 }
@@ -107,8 +97,7 @@ where
                     }
                     if let Some(f) = tc.function {
                         slot.name.push_str(f.name.as_deref().unwrap_or(""));
-                        slot.arguments
-                            .push_str(f.arguments.as_deref().unwrap_or(""));
+                        slot.arguments.push_str(f.arguments.as_deref().unwrap_or(""));
                     }
                 }
             }
@@ -217,9 +206,6 @@ mod tests {
             p.feed(b":1}\n\ndata: [DONE]\n\n"),
             vec!["{\"a\":1}".to_string(), "[DONE]".to_string()]
         );
-        assert_eq!(
-            p.feed(b": comment\r\n\r\ndata: x\r\n\r\n"),
-            vec!["x".to_string()]
-        );
+        assert_eq!(p.feed(b": comment\r\n\r\ndata: x\r\n\r\n"), vec!["x".to_string()]);
     }
 }

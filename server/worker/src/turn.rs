@@ -62,10 +62,7 @@ async fn step(link: &Link, run: &TurnRun) -> Result<(), StepError> {
     })
     .await?;
     let mut rows = Vec::new();
-    if !completion.text.is_empty()
-        || !completion.thinking.is_empty()
-        || completion.tool_calls.is_empty()
-    {
+    if !completion.text.is_empty() || !completion.thinking.is_empty() || completion.tool_calls.is_empty() {
         rows.push(NewRow {
             kind: RowKind::Assistant,
             body: completion.text,
@@ -92,11 +89,8 @@ async fn step(link: &Link, run: &TurnRun) -> Result<(), StepError> {
         rows,
         usage: completion.usage,
     };
-    link.request(
-        wp::TURN_STEP,
-        serde_json::to_value(&step).unwrap_or_default(),
-    )
-    .await
-    .map_err(StepError::Link)?;
+    link.request(wp::TURN_STEP, serde_json::to_value(&step).unwrap_or_default())
+        .await
+        .map_err(StepError::Link)?;
     Ok(())
 }

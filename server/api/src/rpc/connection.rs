@@ -1,8 +1,8 @@
 //! `hello`, `ping`, `status`, `subscription.close`.
 
 use berth_protocol::{
-    Empty, ErrorCode, HelloParams, HelloResult, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS,
-    StatusResult, SubscriptionCloseParams,
+    Empty, ErrorCode, HelloParams, HelloResult, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS, StatusResult,
+    SubscriptionCloseParams,
 };
 use berth_store::CredentialKind;
 use serde_json::json;
@@ -25,21 +25,13 @@ pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
         (Some(t), _) => match ctx.state.store.authenticate(&t).await? {
             Some(p) if p.kind == CredentialKind::User => p,
             _ => {
-                ctx.state
-                    .metrics
-                    .auth_failures
-                    .with_label_values(&["invalid"])
-                    .inc();
+                ctx.state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
                 return Err(ApiError::code(ErrorCode::Unauthorized));
             }
         },
         (None, Some(p)) => p,
         (None, None) => {
-            ctx.state
-                .metrics
-                .auth_failures
-                .with_label_values(&["missing"])
-                .inc();
+            ctx.state.metrics.auth_failures.with_label_values(&["missing"]).inc();
             return Err(ApiError::code(ErrorCode::Unauthorized));
         }
     };

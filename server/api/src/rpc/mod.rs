@@ -7,6 +7,8 @@
 //! makes the server buffer without bound.
 
 mod connection;
+mod queue;
+mod receipts;
 mod session;
 mod workspace;
 
@@ -53,21 +55,13 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-pub async fn upgrade(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    ws: WebSocketUpgrade,
-) -> Response {
+pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
     if let Some(origin) = headers.get(header::ORIGIN) {
         let allowed = origin
             .to_str()
             .is_ok_and(|o| state.config.allowed_origins.iter().any(|a| a == o));
         if !allowed {
-            state
-                .metrics
-                .auth_failures
-                .with_label_values(&["origin"])
-                .inc();
+            state.metrics.auth_failures.with_label_values(&["origin"]).inc();
             return StatusCode::FORBIDDEN.into_response();
         }
     }
@@ -76,11 +70,7 @@ pub async fn upgrade(
         Some(t) => match state.store.authenticate(t).await {
             Ok(Some(p)) if p.kind == CredentialKind::User => Some(p),
             Ok(_) => {
-                state
-                    .metrics
-                    .auth_failures
-                    .with_label_values(&["invalid"])
-                    .inc();
+                state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
                 return StatusCode::UNAUTHORIZED.into_response();
             }
             Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
@@ -97,6 +87,8 @@ pub struct Ctx {
     pub conn: Arc<Conn>,
     /// The request's id.
     pub id: Option<u32>,
+    /// The operation receipt this call owns (mutations called with an `operationId`).
+    pub op: Option<berth_store::Receipt>,
 }
 
 /// Per-connection state.
@@ -136,11 +128,7 @@ fn text<T: serde::Serialize>(v: &T) -> Message {
 }
 
 async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
-    state
-        .metrics
-        .connections
-        .with_label_values(&["client"])
-        .inc();
+    state.metrics.connections.with_label_values(&["client"]).inc();
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE);
     let conn = Arc::new(Conn {
@@ -169,6 +157,7 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
                     state: state.clone(),
                     conn: conn.clone(),
                     id: None,
+                    op: None,
                 };
                 tokio::spawn(async move { on_text(ctx, t.as_str()).await });
             }
@@ -184,11 +173,7 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
     }
     drop(conn);
     let _ = writer.await;
-    state
-        .metrics
-        .connections
-        .with_label_values(&["client"])
-        .dec();
+    state.metrics.connections.with_label_values(&["client"]).dec();
 }
 
 async fn on_text(mut ctx: Ctx, text_msg: &str) {
@@ -214,16 +199,8 @@ async fn on_text(mut ctx: Ctx, text_msg: &str) {
         Err(e) => e.data_code(),
     };
     let known = berth_protocol::METHOD_NAMES.contains(&method_name.as_str());
-    let label = if known {
-        method_name.as_str()
-    } else {
-        "unknown"
-    };
-    ctx.state
-        .metrics
-        .rpc_requests
-        .with_label_values(&[label, code])
-        .inc();
+    let label = if known { method_name.as_str() } else { "unknown" };
+    ctx.state.metrics.rpc_requests.with_label_values(&[label, code]).inc();
     ctx.state
         .metrics
         .rpc_duration
@@ -248,23 +225,34 @@ where
     Fut: std::future::Future<Output = ApiResult<M::Result>>,
 {
     let params = if params.is_null() { json!({}) } else { params };
+    if receipts::is_mutation(M::NAME)
+        && let Some(op) = params.get("operationId").and_then(|o| o.as_str()).map(str::to_string)
+    {
+        return receipts::with_receipt::<M, F, Fut>(ctx, params, op, f).await;
+    }
+    decode_and_run::<M, F, Fut>(ctx.clone(), params, f).await
+}
+
+/// Decode params, run the handler, encode the result.
+async fn decode_and_run<M, F, Fut>(ctx: Ctx, params: serde_json::Value, f: F) -> ApiResult<serde_json::Value>
+where
+    M: Method,
+    F: FnOnce(Ctx, M::Params) -> Fut,
+    Fut: std::future::Future<Output = ApiResult<M::Result>>,
+{
     let params: M::Params = serde_json::from_value(params).map_err(|e| {
         ApiError::with(
             ErrorCode::BadParams,
             json!({"method": M::NAME, "line": e.line(), "column": e.column()}),
         )
     })?;
-    let result = f(ctx.clone(), params).await?;
+    let result = f(ctx, params).await?;
     serde_json::to_value(result).map_err(|_| ApiError::code(ErrorCode::Internal))
 }
 
 /// Every client method, by its declared name. A method before a successful `hello` (or an
 /// authenticated upgrade) answers `unauthorized`.
-async fn dispatch(
-    ctx: &Ctx,
-    name: &str,
-    params: serde_json::Value,
-) -> ApiResult<serde_json::Value> {
+async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult<serde_json::Value> {
     if name == method::Hello::NAME {
         return call::<method::Hello, _, _>(ctx, params, connection::hello).await;
     }
@@ -278,27 +266,28 @@ async fn dispatch(
         method::SubscriptionClose::NAME => {
             call::<method::SubscriptionClose, _, _>(ctx, params, connection::close).await
         }
-        method::WorkspaceList::NAME => {
-            call::<method::WorkspaceList, _, _>(ctx, params, workspace::list).await
+        method::WorkspaceList::NAME => call::<method::WorkspaceList, _, _>(ctx, params, workspace::list).await,
+        method::WorkspaceGet::NAME => call::<method::WorkspaceGet, _, _>(ctx, params, workspace::get).await,
+        method::SessionCreate::NAME => call::<method::SessionCreate, _, _>(ctx, params, session::create).await,
+        method::SessionGet::NAME => call::<method::SessionGet, _, _>(ctx, params, session::get).await,
+        method::SessionSend::NAME => call::<method::SessionSend, _, _>(ctx, params, session::send).await,
+        method::SessionHistory::NAME => call::<method::SessionHistory, _, _>(ctx, params, session::history).await,
+        method::SessionWatch::NAME => call::<method::SessionWatch, _, _>(ctx, params, session::watch).await,
+        method::SessionList::NAME => call::<method::SessionList, _, _>(ctx, params, session::list).await,
+        method::SessionRename::NAME => call::<method::SessionRename, _, _>(ctx, params, session::rename).await,
+        method::SessionSetModel::NAME => call::<method::SessionSetModel, _, _>(ctx, params, session::set_model).await,
+        method::SessionRemove::NAME => call::<method::SessionRemove, _, _>(ctx, params, session::remove).await,
+        method::SessionClear::NAME => call::<method::SessionClear, _, _>(ctx, params, session::clear).await,
+        method::SessionPause::NAME => call::<method::SessionPause, _, _>(ctx, params, session::pause).await,
+        method::SessionStop::NAME => call::<method::SessionStop, _, _>(ctx, params, session::stop).await,
+        method::SessionSource::NAME => call::<method::SessionSource, _, _>(ctx, params, session::source).await,
+        method::SessionDiagnostics::NAME => {
+            call::<method::SessionDiagnostics, _, _>(ctx, params, session::diagnostics).await
         }
-        method::WorkspaceGet::NAME => {
-            call::<method::WorkspaceGet, _, _>(ctx, params, workspace::get).await
-        }
-        method::SessionCreate::NAME => {
-            call::<method::SessionCreate, _, _>(ctx, params, session::create).await
-        }
-        method::SessionGet::NAME => {
-            call::<method::SessionGet, _, _>(ctx, params, session::get).await
-        }
-        method::SessionSend::NAME => {
-            call::<method::SessionSend, _, _>(ctx, params, session::send).await
-        }
-        method::SessionHistory::NAME => {
-            call::<method::SessionHistory, _, _>(ctx, params, session::history).await
-        }
-        method::SessionWatch::NAME => {
-            call::<method::SessionWatch, _, _>(ctx, params, session::watch).await
-        }
+        method::QueueUpdate::NAME => call::<method::QueueUpdate, _, _>(ctx, params, queue::update).await,
+        method::QueueMove::NAME => call::<method::QueueMove, _, _>(ctx, params, queue::move_entry).await,
+        method::QueueRemove::NAME => call::<method::QueueRemove, _, _>(ctx, params, queue::remove).await,
+        method::OperationReceipt::NAME => call::<method::OperationReceipt, _, _>(ctx, params, receipts::receipt).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
@@ -337,6 +326,19 @@ mod tests {
         "SessionHistory",
         "SessionWatch",
         "SubscriptionClose",
+        "SessionList",
+        "SessionRename",
+        "SessionSetModel",
+        "SessionRemove",
+        "SessionClear",
+        "SessionPause",
+        "SessionStop",
+        "SessionSource",
+        "SessionDiagnostics",
+        "QueueUpdate",
+        "QueueMove",
+        "QueueRemove",
+        "OperationReceipt",
     ];
 
     #[test]

@@ -14,9 +14,5 @@ pub async fn list(ctx: Ctx, _p: Empty) -> ApiResult<Vec<Workspace>> {
 #[tracing::instrument(skip_all, fields(workspace.id = %p.workspace_id))]
 pub async fn get(ctx: Ctx, p: WorkspaceRef) -> ApiResult<Workspace> {
     let me = ctx.principal()?;
-    Ok(ctx
-        .state
-        .store
-        .get_workspace(&me.tenant_id, &p.workspace_id)
-        .await?)
+    Ok(ctx.state.store.get_workspace(&me.tenant_id, &p.workspace_id).await?)
 }

@@ -1,0 +1,49 @@
+//! `queue.*`: revision-guarded edits of queued prompts.
+
+use berth_protocol::{QueueEntry, QueueMoveParams, QueueRemoveParams, QueueState, QueueUpdateParams, Removed};
+
+use super::Ctx;
+use crate::error::ApiResult;
+
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id, queue.id = %p.queue_id))]
+pub async fn update(ctx: Ctx, p: QueueUpdateParams) -> ApiResult<QueueEntry> {
+    let me = ctx.principal()?;
+    let store = &ctx.state.store;
+    Ok(store
+        .queue_update(
+            &me.tenant_id,
+            &p.session_id,
+            &p.queue_id,
+            p.revision,
+            &p.prompt,
+            ctx.op.as_ref(),
+        )
+        .await?)
+}
+
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id, queue.id = %p.queue_id))]
+pub async fn move_entry(ctx: Ctx, p: QueueMoveParams) -> ApiResult<QueueState> {
+    let me = ctx.principal()?;
+    let store = &ctx.state.store;
+    let before = p.before_queue_id.as_deref();
+    Ok(store
+        .queue_move(
+            &me.tenant_id,
+            &p.session_id,
+            &p.queue_id,
+            p.revision,
+            before,
+            ctx.op.as_ref(),
+        )
+        .await?)
+}
+
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id, queue.id = %p.queue_id))]
+pub async fn remove(ctx: Ctx, p: QueueRemoveParams) -> ApiResult<Removed> {
+    let me = ctx.principal()?;
+    Ok(ctx
+        .state
+        .store
+        .queue_remove(&me.tenant_id, &p.session_id, &p.queue_id, p.revision, ctx.op.as_ref())
+        .await?)
+}

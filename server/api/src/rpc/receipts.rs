@@ -1,0 +1,101 @@
+//! Operation receipts around mutations: the same `operationId` with the same params returns
+//! the original outcome without doing the work again; with other params it is
+//! `operation-conflict`; while the first attempt runs it is `operation-in-progress`.
+
+use berth_protocol::{ErrorCode, Method, OperationReceiptParams, RpcError};
+use berth_store::Begin;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::{Ctx, decode_and_run};
+use crate::error::{ApiError, ApiResult};
+
+/// Methods that take an `operationId`.
+const MUTATIONS: &[&str] = &[
+    "session.create",
+    "session.send",
+    "session.stop",
+    "session.remove",
+    "session.clear",
+    "session.rename",
+    "session.setModel",
+    "session.pause",
+    "queue.update",
+    "queue.move",
+    "queue.remove",
+];
+
+pub fn is_mutation(method: &str) -> bool {
+    MUTATIONS.contains(&method)
+}
+
+/// Who a receipt belongs to: the user, or the credential for non-user principals.
+fn principal_key(ctx: &Ctx) -> ApiResult<(String, String)> {
+    let me = ctx.principal()?;
+    Ok((me.tenant_id, me.user_id.unwrap_or(me.credential_id)))
+}
+
+pub async fn with_receipt<M, F, Fut>(ctx: &Ctx, params: Value, operation_id: String, f: F) -> ApiResult<Value>
+where
+    M: Method,
+    F: FnOnce(Ctx, M::Params) -> Fut,
+    Fut: std::future::Future<Output = ApiResult<M::Result>>,
+{
+    if operation_id.is_empty() || operation_id.len() > 200 {
+        return Err(ApiError::with(
+            ErrorCode::BadParams,
+            serde_json::json!({"field": "operationId"}),
+        ));
+    }
+    let (tenant, principal) = principal_key(ctx)?;
+    let mut hashed = params.clone();
+    if let Some(obj) = hashed.as_object_mut() {
+        obj.remove("operationId");
+    }
+    // serde_json's map is ordered by key, so this is a canonical form.
+    let hash: String = Sha256::digest(hashed.to_string().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let store = &ctx.state.store;
+    match store
+        .receipt_begin(&tenant, &principal, &operation_id, M::NAME, &hash)
+        .await?
+    {
+        Begin::Replay { error: Some(e), .. } => Err(ApiError(
+            serde_json::from_value::<RpcError>(e).unwrap_or_else(|_| RpcError::new(ErrorCode::Internal)),
+        )),
+        Begin::Replay { result, error: None } => Ok(result.unwrap_or(Value::Null)),
+        Begin::Proceed(receipt) => {
+            let mut owned = ctx.clone();
+            owned.op = Some(receipt.clone());
+            let out = decode_and_run::<M, F, Fut>(owned, params, f).await;
+            if let Err(e) = &out {
+                let recorded = match e.data_code() {
+                    // Not an outcome: let a retry do the work.
+                    "internal" | "unavailable" | "operation-in-progress" => store.receipt_abandon(&receipt).await,
+                    _ => {
+                        store
+                            .receipt_fail(&receipt, &serde_json::to_value(&e.0).unwrap_or_default())
+                            .await
+                    }
+                };
+                if let Err(err) = recorded {
+                    tracing::warn!(error = %err, "recording the operation's outcome failed");
+                }
+            }
+            out
+        }
+    }
+}
+
+/// `operation.receipt`: the stored outcome, or null.
+pub async fn receipt(ctx: Ctx, p: OperationReceiptParams) -> ApiResult<Option<Value>> {
+    let (tenant, principal) = principal_key(&ctx)?;
+    let view = ctx
+        .state
+        .store
+        .receipt_get(&tenant, &principal, &p.operation_id)
+        .await?;
+    Ok(view.map(|v| serde_json::to_value(v).unwrap_or_default()))
+}

@@ -1,0 +1,405 @@
+//! Sessions: create, snapshot, list, rename, model, pause, remove, clear.
+
+use berth_protocol::{
+    Cleared, ErrorCode, ModelLevel, QueueEntry, QueueState, Removed, SessionCreateParams, SessionListEntry,
+    SessionListResult, SessionSnapshot,
+};
+use deadpool_postgres::GenericClient;
+use serde_json::json;
+
+use crate::{
+    Result, Store, StoreError, fmt_time,
+    history::append_event,
+    not_found,
+    receipts::{Receipt, finish},
+    token,
+    turns::cancel_turn,
+};
+
+fn effective(model: &Option<String>, default_model: Option<&str>) -> (Option<String>, Option<ModelLevel>) {
+    match (model, default_model) {
+        (Some(m), _) => (Some(m.clone()), Some(ModelLevel::Session)),
+        (None, Some(d)) => (Some(d.to_string()), Some(ModelLevel::Tenant)),
+        (None, None) => (None, None),
+    }
+}
+
+/// Lock a live session of the tenant for the rest of the transaction; not-found otherwise.
+pub(crate) async fn lock_session(tx: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<()> {
+    let row = tx
+        .query_opt(
+            "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
+            &[&session_id, &tenant_id],
+        )
+        .await?;
+    if row.is_none() {
+        return not_found();
+    }
+    Ok(())
+}
+
+/// The session's queue, in order.
+pub(crate) async fn queue_state(tx: &impl GenericClient, session_id: &str) -> Result<QueueState> {
+    let paused: bool = tx
+        .query_one("SELECT paused FROM sessions WHERE id = $1", &[&session_id])
+        .await?
+        .get(0);
+    let rows = tx
+        .query(
+            "SELECT id, prompt, queue_revision FROM turns WHERE session_id = $1 AND state = 'queued' ORDER BY queue_position",
+            &[&session_id],
+        )
+        .await?;
+    let queue = rows
+        .iter()
+        .map(|t| QueueEntry {
+            queue_id: t.get(0),
+            turn_id: t.get(0),
+            prompt: t.get(1),
+            revision: t.get(2),
+        })
+        .collect();
+    Ok(QueueState { queue, paused })
+}
+
+/// Append `queue.changed` with the queue as it now is.
+pub(crate) async fn queue_changed(tx: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<QueueState> {
+    let state = queue_state(tx, session_id).await?;
+    append_event(
+        tx,
+        tenant_id,
+        session_id,
+        "queue.changed",
+        None,
+        serde_json::to_value(&state).unwrap_or_default(),
+        &[],
+    )
+    .await?;
+    Ok(state)
+}
+
+impl Store {
+    /// Create a session in one of the tenant's workspaces.
+    pub async fn create_session(
+        &self,
+        tenant_id: &str,
+        p: &SessionCreateParams,
+        default_model: Option<&str>,
+        op: Option<&Receipt>,
+    ) -> Result<SessionSnapshot> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let exists = tx
+            .query_opt(
+                "SELECT 1 FROM workspaces WHERE id = $1 AND tenant_id = $2",
+                &[&p.workspace_id, &tenant_id],
+            )
+            .await?;
+        if exists.is_none() {
+            return not_found();
+        }
+        let id = token::new_id("ses");
+        tx.execute(
+            "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &id,
+                &tenant_id,
+                &p.workspace_id,
+                &p.title.clone().unwrap_or_default(),
+                &p.model,
+                &p.no_tools.unwrap_or(false),
+                &p.auto_approve.unwrap_or(false),
+            ],
+        )
+        .await?;
+        append_event(
+            &tx,
+            tenant_id,
+            &id,
+            "session.created",
+            None,
+            json!({"workspaceId": p.workspace_id}),
+            &[],
+        )
+        .await?;
+        let snapshot = snapshot(&tx, tenant_id, &id, default_model).await?;
+        finish(&tx, op, &snapshot).await?;
+        tx.commit().await?;
+        Ok(snapshot)
+    }
+
+    /// A session's snapshot.
+    pub async fn get_session(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        default_model: Option<&str>,
+    ) -> Result<SessionSnapshot> {
+        let client = self.pool.get().await?;
+        snapshot(&client, tenant_id, session_id, default_model).await
+    }
+
+    /// Sessions by `updatedAt` desc then id desc; `after` is the previous page's cursor.
+    pub async fn list_sessions(
+        &self,
+        tenant_id: &str,
+        workspace_id: Option<&str>,
+        after: Option<&str>,
+        limit: u32,
+        default_model: Option<&str>,
+    ) -> Result<SessionListResult> {
+        let (after_us, after_id) = match after {
+            None => (i64::MAX, String::new()),
+            Some(c) => {
+                let (us, id) = c.split_once(':').ok_or(StoreError::Code(ErrorCode::BadParams))?;
+                (
+                    us.parse().map_err(|_| StoreError::Code(ErrorCode::BadParams))?,
+                    id.to_string(),
+                )
+            }
+        };
+        let limit = i64::from(limit.clamp(1, 200));
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT s.id, s.workspace_id, s.title, s.model, s.updated_at,
+                        (extract(epoch from s.updated_at) * 1000000)::bigint AS us,
+                        (SELECT count(*) FROM rows r WHERE r.session_id = s.id AND NOT r.hidden AND r.kind IN ('user', 'assistant')),
+                        EXISTS (SELECT 1 FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
+                        (SELECT count(*) FROM turns t WHERE t.session_id = s.id AND t.state = 'queued')
+                   FROM sessions s
+                  WHERE s.tenant_id = $1 AND s.removed_at IS NULL AND ($2::text IS NULL OR s.workspace_id = $2)
+                    AND ((extract(epoch from s.updated_at) * 1000000)::bigint, s.id) < ($3, $4)
+                  ORDER BY s.updated_at DESC, s.id DESC LIMIT $5",
+                &[&tenant_id, &workspace_id, &after_us, &after_id, &(limit + 1)],
+            )
+            .await?;
+        let more = rows.len() as i64 > limit;
+        let mut entries = Vec::new();
+        let mut next_after = None;
+        for r in rows.iter().take(limit as usize) {
+            let model: Option<String> = r.get(3);
+            let (effective_model_id, effective_model_level) = effective(&model, default_model);
+            let running: bool = r.get(7);
+            let id: String = r.get(0);
+            next_after = Some(format!("{}:{}", r.get::<_, i64>(5), id));
+            entries.push(SessionListEntry {
+                session_id: id,
+                workspace_id: r.get(1),
+                title: r.get(2),
+                model_id: model,
+                effective_model_id,
+                effective_model_level,
+                message_count: r.get(6),
+                updated_at: fmt_time(r.get(4)),
+                phase: if running { "running" } else { "idle" }.into(),
+                running,
+                queued: r.get(8),
+                branch: None,
+            });
+        }
+        Ok(SessionListResult {
+            entries,
+            next_after: if more { next_after } else { None },
+        })
+    }
+
+    pub async fn rename_session(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        title: &str,
+        default_model: Option<&str>,
+        op: Option<&Receipt>,
+    ) -> Result<SessionSnapshot> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        lock_session(&tx, tenant_id, session_id).await?;
+        tx.execute("UPDATE sessions SET title = $2 WHERE id = $1", &[&session_id, &title])
+            .await?;
+        append_event(
+            &tx,
+            tenant_id,
+            session_id,
+            "session.titleChanged",
+            None,
+            json!({"title": title}),
+            &[],
+        )
+        .await?;
+        let snap = snapshot(&tx, tenant_id, session_id, default_model).await?;
+        finish(&tx, op, &snap).await?;
+        tx.commit().await?;
+        Ok(snap)
+    }
+
+    pub async fn set_model(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        provider: Option<&str>,
+        model: Option<&str>,
+        default_model: Option<&str>,
+        op: Option<&Receipt>,
+    ) -> Result<SessionSnapshot> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        lock_session(&tx, tenant_id, session_id).await?;
+        tx.execute(
+            "UPDATE sessions SET provider = $2, model = $3 WHERE id = $1",
+            &[&session_id, &provider, &model],
+        )
+        .await?;
+        append_event(
+            &tx,
+            tenant_id,
+            session_id,
+            "session.modelChanged",
+            None,
+            json!({"provider": provider, "model": model}),
+            &[],
+        )
+        .await?;
+        let snap = snapshot(&tx, tenant_id, session_id, default_model).await?;
+        finish(&tx, op, &snap).await?;
+        tx.commit().await?;
+        Ok(snap)
+    }
+
+    /// Hold or release the queue; releasing lets the next queued turn start.
+    pub async fn pause(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        paused: bool,
+        op: Option<&Receipt>,
+    ) -> Result<QueueState> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        lock_session(&tx, tenant_id, session_id).await?;
+        tx.execute("UPDATE sessions SET paused = $2 WHERE id = $1", &[&session_id, &paused])
+            .await?;
+        let state = queue_changed(&tx, tenant_id, session_id).await?;
+        if !paused {
+            crate::turns::notify_dispatch(&tx, session_id).await?;
+        }
+        finish(&tx, op, &state).await?;
+        tx.commit().await?;
+        Ok(state)
+    }
+
+    /// Remove a session (idempotent). A running turn is cancelled and its worker told to
+    /// stop; anything it sends afterwards is refused, so nothing reappears.
+    pub async fn remove_session(&self, tenant_id: &str, session_id: &str, op: Option<&Receipt>) -> Result<Removed> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let live = tx
+            .query_opt(
+                "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
+                &[&session_id, &tenant_id],
+            )
+            .await?;
+        let result = Removed {
+            removed: live.is_some(),
+        };
+        if live.is_some() {
+            let active = tx
+                .query(
+                    "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
+                    &[&session_id],
+                )
+                .await?;
+            for t in active {
+                cancel_turn(&tx, tenant_id, session_id, t.get(0), false).await?;
+            }
+            tx.execute(
+                "UPDATE sessions SET removed_at = now(), updated_at = now() WHERE id = $1",
+                &[&session_id],
+            )
+            .await?;
+            // Wake watchers so they notice the session is gone.
+            tx.execute(
+                "SELECT pg_notify($1, $2)",
+                &[&crate::CHANNEL_EVENTS, &format!("{session_id}:0")],
+            )
+            .await?;
+        }
+        finish(&tx, op, &result).await?;
+        tx.commit().await?;
+        Ok(result)
+    }
+
+    /// Forget history and queue (a running turn is stopped); `session.cleared` is the first
+    /// event of what remains.
+    pub async fn clear_session(&self, tenant_id: &str, session_id: &str, op: Option<&Receipt>) -> Result<Cleared> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        lock_session(&tx, tenant_id, session_id).await?;
+        let active = tx
+            .query(
+                "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
+                &[&session_id],
+            )
+            .await?;
+        for t in active {
+            cancel_turn(&tx, tenant_id, session_id, t.get(0), false).await?;
+        }
+        tx.execute("DELETE FROM events WHERE session_id = $1", &[&session_id])
+            .await?;
+        let seq = append_event(&tx, tenant_id, session_id, "session.cleared", None, json!({}), &[]).await?;
+        tx.execute(
+            "UPDATE sessions SET cleared_at_sequence = $2, revision = revision + 1 WHERE id = $1",
+            &[&session_id, &seq],
+        )
+        .await?;
+        let result = Cleared { sequence: seq };
+        finish(&tx, op, &result).await?;
+        tx.commit().await?;
+        Ok(result)
+    }
+}
+
+pub(crate) async fn snapshot(
+    client: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    default_model: Option<&str>,
+) -> Result<SessionSnapshot> {
+    let row = client
+        .query_opt(
+            "SELECT id, workspace_id, title, model, revision, last_sequence, created_at, updated_at, paused, provider
+               FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+            &[&session_id, &tenant_id],
+        )
+        .await?;
+    let Some(row) = row else { return not_found() };
+    let running: Option<String> = client
+        .query_opt(
+            "SELECT id FROM turns WHERE session_id = $1 AND state = 'running'",
+            &[&session_id],
+        )
+        .await?
+        .map(|r| r.get(0));
+    let queue = queue_state(client, session_id).await?;
+    let model: Option<String> = row.get(3);
+    let (effective_model_id, effective_model_level) = effective(&model, default_model);
+    Ok(SessionSnapshot {
+        session_id: row.get(0),
+        workspace_id: row.get(1),
+        title: row.get(2),
+        model_id: model,
+        effective_model_id,
+        effective_model_level,
+        phase: if running.is_some() { "running" } else { "idle" }.into(),
+        running,
+        queued: queue.queue,
+        revision: row.get(4),
+        sequence: row.get(5),
+        paused: row.get(8),
+        pending_interactions: Vec::new(),
+        provider: row.get(9),
+        created_at: fmt_time(row.get(6)),
+        updated_at: fmt_time(row.get(7)),
+    })
+}
