@@ -5,7 +5,9 @@
 pub mod client;
 pub mod harness;
 pub mod mock_provider;
+pub mod stack;
 
 pub use client::Client;
 pub use harness::{TestServer, TestWorker, fresh_database};
 pub use mock_provider::{MockProvider, Part, Reply};
+pub use stack::Stack;

@@ -15,7 +15,7 @@ pub fn spawn(state: AppState) {
         loop {
             match state
                 .store
-                .listen(&[CHANNEL_EVENTS, CHANNEL_DISPATCH, CHANNEL_DELTAS])
+                .listen(&[CHANNEL_EVENTS, CHANNEL_DISPATCH, CHANNEL_DELTAS, CHANNEL_CONTROL])
                 .await
             {
                 Ok((_client, mut rx)) => {

@@ -1,0 +1,109 @@
+//! A whole Berth for one test: API replicas on one fresh database, optionally a worker,
+//! and authenticated clients.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use crate::{
+    Client, MockProvider, TestServer, TestWorker, fresh_database,
+    harness::{eventually, scratch_dir},
+};
+
+pub struct Stack {
+    /// API replicas (`berth serve` processes) sharing one database.
+    pub servers: Vec<TestServer>,
+    pub worker: Option<TestWorker>,
+    /// The bootstrap admin credential.
+    pub token: String,
+    /// A worker credential of the default tenant.
+    pub worker_token: String,
+    /// The worker's workspace directory.
+    pub workspace_dir: PathBuf,
+    /// The workspace's id (registered by the first worker start).
+    pub workspace_id: String,
+    pub database_url: String,
+}
+
+impl Stack {
+    /// `replicas` API replicas and a worker (on replica 0) whose workspace is online.
+    pub async fn start(mock: &MockProvider, replicas: usize) -> Stack {
+        let db = fresh_database().await;
+        let mut servers = Vec::new();
+        for _ in 0..replicas.max(1) {
+            servers.push(TestServer::start(&db, &mock.base_url()).await.expect("server"));
+        }
+        let token = servers[0].admin_token();
+        let worker_token = servers[0].worker_token().await;
+        let workspace_dir = scratch_dir("workspace");
+        let mut stack = Stack {
+            servers,
+            worker: None,
+            token,
+            worker_token,
+            workspace_dir,
+            workspace_id: String::new(),
+            database_url: db,
+        };
+        stack.start_worker(0).await;
+        stack
+    }
+
+    /// (Re)start the worker against replica `replica` and wait until its workspace is online.
+    pub async fn start_worker(&mut self, replica: usize) {
+        let worker = TestWorker::start(&self.servers[replica], &self.worker_token, "proj", &self.workspace_dir)
+            .await
+            .expect("worker");
+        self.worker = Some(worker);
+        let id = self.wait_online(true).await;
+        self.workspace_id = id;
+    }
+
+    /// Kill the worker process and wait until its workspace shows offline.
+    pub async fn kill_worker(&mut self) {
+        if let Some(mut w) = self.worker.take() {
+            w.child.kill().await.ok();
+            w.child.wait().await.ok();
+        }
+        self.wait_online(false).await;
+    }
+
+    async fn wait_online(&self, online: bool) -> String {
+        let (url, token) = (self.servers[0].ws_url(), self.token.clone());
+        eventually(30, || {
+            let (url, token) = (url.clone(), token.clone());
+            async move {
+                let mut c = Client::authed(&url, &token).await.ok()?;
+                let list = c.ok("workspace.list", json!({})).await;
+                let w = list.as_array()?.iter().find(|w| w["online"] == online)?.clone();
+                Some(w["workspaceId"].as_str()?.to_string())
+            }
+        })
+        .await
+        .unwrap_or_else(|| panic!("workspace never became online={online}"))
+    }
+
+    /// An authenticated client on replica `replica`.
+    pub async fn client(&self, replica: usize) -> Client {
+        Client::authed(&self.servers[replica].ws_url(), &self.token)
+            .await
+            .expect("client")
+    }
+
+    /// A new session in the workspace; returns its id.
+    pub async fn session(&self, client: &mut Client) -> String {
+        let s = client
+            .ok("session.create", json!({"workspaceId": self.workspace_id}))
+            .await;
+        s["sessionId"].as_str().expect("sessionId").to_string()
+    }
+
+    /// Run SQL against the stack's database (for checks the API cannot make).
+    pub async fn sql_i64(&self, sql: &str, session_id: &str) -> i64 {
+        let (client, conn) = tokio_postgres::connect(&self.database_url, tokio_postgres::NoTls)
+            .await
+            .expect("db");
+        tokio::spawn(conn);
+        client.query_one(sql, &[&session_id]).await.expect("query").get(0)
+    }
+}

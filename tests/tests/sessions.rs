@@ -1,0 +1,741 @@
+//! Sessions, queue, history, watch and receipts: the complete semantics (issue 4), against
+//! real processes, with two API replicas on one database where it matters.
+
+use std::time::Duration;
+
+use berth_e2e::{Client, MockProvider, Part, Reply, Stack, client::code, harness::eventually};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde_json::{Value, json};
+
+fn is_turn_end(v: &Value) -> bool {
+    v["type"] == "turn.ended"
+}
+
+/// Every watcher, whatever replica it is on and however often it reconnects, sees sequences
+/// 1..N exactly once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn watchers_see_every_sequence_once_across_replicas_and_reconnects() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut writers = [stack.client(0).await, stack.client(1).await];
+    let sid = stack.session(&mut writers[0]).await;
+
+    struct Watcher {
+        client: Client,
+        sub: berth_e2e::client::Subscription,
+        seen: Vec<i64>,
+    }
+    async fn open(stack: &Stack, replica: usize, sid: &str, after: i64) -> (Client, berth_e2e::client::Subscription) {
+        let mut client = stack.client(replica).await;
+        let sub = client.subscribe("session.watch", json!({"sessionId": sid, "after": after}));
+        (client, sub)
+    }
+    fn drain(w: &mut Watcher) {
+        while let Ok(item) = w.sub.items.try_recv() {
+            if let Some(seq) = item["sequence"].as_i64() {
+                w.seen.push(seq);
+            }
+        }
+    }
+
+    for seed in [7u64, 42, 2026] {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut watchers = Vec::new();
+        for i in 0..4 {
+            let (client, sub) = open(&stack, i % 2, &sid, 0).await;
+            watchers.push(Watcher {
+                client,
+                sub,
+                seen: Vec::new(),
+            });
+        }
+        let mut renames = 0;
+        for step in 0..60 {
+            match rng.random_range(0..10) {
+                0..=5 => {
+                    let w = rng.random_range(0..2);
+                    renames += 1;
+                    writers[w]
+                        .ok(
+                            "session.rename",
+                            json!({"sessionId": sid, "title": format!("t{seed}-{step}")}),
+                        )
+                        .await;
+                }
+                6 | 7 => {
+                    // Disconnect a watcher and resume on a random replica from its last sequence.
+                    let i = rng.random_range(0..watchers.len());
+                    drain(&mut watchers[i]);
+                    let last = watchers[i].seen.last().copied().unwrap_or(0);
+                    let (client, sub) = open(&stack, rng.random_range(0..2), &sid, last).await;
+                    let old = std::mem::replace(&mut watchers[i].client, client);
+                    drop(old);
+                    watchers[i].sub = sub;
+                }
+                8 => {
+                    let w = rng.random_range(0..2);
+                    let paused = rng.random_bool(0.5);
+                    writers[w]
+                        .ok("session.pause", json!({"sessionId": sid, "paused": paused}))
+                        .await;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await,
+            }
+        }
+        assert!(renames > 0);
+        let last = writers[0].ok("session.get", json!({"sessionId": sid})).await["sequence"]
+            .as_i64()
+            .unwrap();
+        for (i, w) in watchers.iter_mut().enumerate() {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            while w.seen.last().copied().unwrap_or(0) < last && tokio::time::Instant::now() < deadline {
+                if let Ok(Some(item)) = tokio::time::timeout(Duration::from_millis(200), w.sub.items.recv()).await
+                    && let Some(seq) = item["sequence"].as_i64()
+                {
+                    w.seen.push(seq);
+                }
+            }
+            let expected: Vec<i64> = (1..=last).collect();
+            assert_eq!(w.seen, expected, "seed {seed}, watcher {i}");
+        }
+    }
+}
+
+/// 50 concurrent sends with one operationId across two replicas make exactly one turn; a
+/// retry after a lost response returns the same turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_operation_id_makes_exactly_one_turn_across_replicas() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 2).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    // Keep the turn from running so that nothing but the receipt decides.
+    stack.kill_worker().await;
+
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let url = stack.servers[i % 2].ws_url();
+        let token = stack.token.clone();
+        let sid = sid.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::authed(&url, &token).await.unwrap();
+            c.call(
+                "session.send",
+                json!({"sessionId": sid, "prompt": "once", "operationId": "op-send-1"}),
+            )
+            .await
+        }));
+    }
+    let mut turn_ids = std::collections::BTreeSet::new();
+    let mut in_progress = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(v) => {
+                turn_ids.insert(v["turnId"].as_str().unwrap().to_string());
+            }
+            Err(e) => {
+                assert_eq!(code(&e), "operation-in-progress", "{e}");
+                in_progress += 1;
+            }
+        }
+    }
+    assert!(turn_ids.len() <= 1, "one turn id at most: {turn_ids:?}");
+    let turns = stack
+        .sql_i64("SELECT count(*) FROM turns WHERE session_id = $1", &sid)
+        .await;
+    assert_eq!(turns, 1, "exactly one turn ({in_progress} answered in-progress)");
+
+    // A retry after a dropped response: the original outcome, not a second turn.
+    let retry = c
+        .ok(
+            "session.send",
+            json!({"sessionId": sid, "prompt": "once", "operationId": "op-send-1"}),
+        )
+        .await;
+    let original = turn_ids
+        .iter()
+        .next()
+        .cloned()
+        .unwrap_or_else(|| retry["turnId"].as_str().unwrap().to_string());
+    assert_eq!(retry["turnId"], original.as_str());
+    let retry_b = stack
+        .client(1)
+        .await
+        .ok(
+            "session.send",
+            json!({"sessionId": sid, "prompt": "once", "operationId": "op-send-1"}),
+        )
+        .await;
+    assert_eq!(retry_b, retry);
+    assert_eq!(
+        stack
+            .sql_i64("SELECT count(*) FROM turns WHERE session_id = $1", &sid)
+            .await,
+        1
+    );
+    // Same id, other params: conflict. The stored receipt can be read back.
+    let e = c
+        .call(
+            "session.send",
+            json!({"sessionId": sid, "prompt": "twice", "operationId": "op-send-1"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "operation-conflict");
+    let receipt = c.ok("operation.receipt", json!({"operationId": "op-send-1"})).await;
+    assert_eq!(receipt["state"], "done");
+    assert_eq!(receipt["method"], "session.send");
+    assert_eq!(receipt["result"]["turnId"], original.as_str());
+    assert_eq!(
+        c.ok("operation.receipt", json!({"operationId": "never-used"})).await,
+        Value::Null
+    );
+    // A failed mutation's outcome is kept too: the retry gets the same error without work.
+    let e = c
+        .call(
+            "session.rename",
+            json!({"sessionId": "ses_nope", "title": "x", "operationId": "op-2"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "not-found");
+    let e2 = c
+        .call(
+            "session.rename",
+            json!({"sessionId": "ses_nope", "title": "x", "operationId": "op-2"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e2, e);
+}
+
+/// Queue: revisions guard edits; two racing clients → one wins, one `stale-revision`; an
+/// offline worker holds turns with a notice, and they start when it comes back.
+#[tokio::test(flavor = "multi_thread")]
+async fn queue_revisions_pause_and_offline_worker() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 2).await;
+    let mut a = stack.client(0).await;
+    let mut b = stack.client(1).await;
+    let sid = stack.session(&mut a).await;
+    stack.kill_worker().await;
+    let mut watch = a.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+
+    let first = a.ok("session.send", json!({"sessionId": sid, "prompt": "first"})).await;
+    assert_eq!(first["state"], "queued");
+    assert_eq!(first["revision"], 0);
+    let notice = watch
+        .until(10, |i| i["type"] == "session.notice")
+        .await
+        .expect("offline notice");
+    let notice = notice.last().unwrap();
+    assert_eq!(notice["code"], "workspace-offline");
+    assert_eq!(notice["level"], "warning");
+    assert_eq!(notice["params"]["workspaceId"], stack.workspace_id.as_str());
+    let second = a
+        .ok("session.send", json!({"sessionId": sid, "prompt": "second"}))
+        .await;
+    let third = a.ok("session.send", json!({"sessionId": sid, "prompt": "third"})).await;
+    let (q1, q2, q3) = (
+        first["queueId"].clone(),
+        second["queueId"].clone(),
+        third["queueId"].clone(),
+    );
+
+    // Race: both edit revision 0 of the same entry.
+    let (ra, rb) = tokio::join!(
+        a.call(
+            "queue.update",
+            json!({"sessionId": sid, "queueId": q2, "revision": 0, "prompt": "from A"})
+        ),
+        b.call(
+            "queue.update",
+            json!({"sessionId": sid, "queueId": q2, "revision": 0, "prompt": "from B"})
+        ),
+    );
+    let (won, lost) = match (ra, rb) {
+        (Ok(w), Err(l)) | (Err(l), Ok(w)) => (w, l),
+        other => panic!("exactly one must win: {other:?}"),
+    };
+    assert_eq!(code(&lost), "stale-revision");
+    assert_eq!(won["revision"], 1);
+    let winner_prompt = won["prompt"].as_str().unwrap().to_string();
+    // Stale revisions are refused for move and remove too.
+    let e = a
+        .call("queue.move", json!({"sessionId": sid, "queueId": q2, "revision": 0}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "stale-revision");
+    let e = a
+        .call("queue.remove", json!({"sessionId": sid, "queueId": q2, "revision": 0}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "stale-revision");
+    // Move third before first; remove nothing else.
+    let moved = a
+        .ok(
+            "queue.move",
+            json!({"sessionId": sid, "queueId": q3, "revision": 0, "beforeQueueId": q1}),
+        )
+        .await;
+    let order: Vec<&Value> = moved["queue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["queueId"])
+        .collect();
+    assert_eq!(order, [&q3, &q1, &q2]);
+    let snap = b.ok("session.get", json!({"sessionId": sid})).await;
+    assert_eq!(snap["queued"].as_array().unwrap().len(), 3);
+    assert_eq!(snap["queued"][2]["prompt"], winner_prompt.as_str());
+    // Remove the first entry (now in the middle).
+    assert_eq!(
+        a.ok("queue.remove", json!({"sessionId": sid, "queueId": q1, "revision": 0}))
+            .await["removed"],
+        true
+    );
+    let e = a
+        .call(
+            "queue.update",
+            json!({"sessionId": sid, "queueId": q1, "revision": 0, "prompt": "x"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "stale-revision", "a removed entry is stale");
+
+    // Paused: the worker comes back but nothing starts.
+    a.ok("session.pause", json!({"sessionId": sid, "paused": true})).await;
+    mock.push(Reply::text(&["third done"]));
+    mock.push(Reply::text(&["second done"]));
+    stack.start_worker(1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(b.ok("session.get", json!({"sessionId": sid})).await["phase"], "idle");
+    assert!(mock.requests().is_empty());
+    // Released: the queue drains in order, each turn once.
+    a.ok("session.pause", json!({"sessionId": sid, "paused": false})).await;
+    let mut ended = Vec::new();
+    while ended.len() < 2 {
+        let items = watch
+            .until(30, |i| is_turn_end(i) && i["state"] != "cancelled")
+            .await
+            .expect("turns run after release");
+        ended.push(items.last().unwrap().clone());
+    }
+    assert_eq!(ended[0]["turnId"], q3);
+    assert_eq!(ended[1]["turnId"], q2);
+    assert!(ended.iter().all(|e| e["state"] == "completed"));
+    let history = a.ok("session.history", json!({"sessionId": sid})).await;
+    let bodies: Vec<&str> = history["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(bodies, ["third", "third done", winner_prompt.as_str(), "second done"]);
+}
+
+/// `session.remove` during a running turn: the turn is stopped and nothing reappears.
+#[tokio::test(flavor = "multi_thread")]
+async fn remove_during_a_running_turn_writes_nothing_back() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut a = stack.client(0).await;
+    let mut b = stack.client(1).await;
+    let sid = stack.session(&mut a).await;
+    mock.push(Reply::StreamThenHang(vec![
+        Part::Text("partial ".into()),
+        Part::Text("answer".into()),
+    ]));
+    let mut watch = b.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let sent = a.ok("session.send", json!({"sessionId": sid, "prompt": "go"})).await;
+    watch
+        .until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("the turn is streaming");
+
+    assert_eq!(
+        b.ok("session.remove", json!({"sessionId": sid})).await,
+        json!({"removed": true})
+    );
+    assert_eq!(
+        a.ok("session.remove", json!({"sessionId": sid})).await,
+        json!({"removed": false}),
+        "idempotent"
+    );
+    let done = tokio::time::timeout(Duration::from_secs(10), &mut watch.done)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.error.unwrap().data_code(), Some("not-found"));
+    assert_eq!(
+        code(&a.call("session.get", json!({"sessionId": sid})).await.unwrap_err()),
+        "not-found"
+    );
+    let list = a.ok("session.list", json!({})).await;
+    assert!(
+        list["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["sessionId"] != sid.as_str())
+    );
+    let turn_state = {
+        let (client, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let t: String = client
+            .query_one(
+                "SELECT state FROM turns WHERE id = $1",
+                &[&sent["turnId"].as_str().unwrap()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        t
+    };
+    assert_eq!(turn_state, "cancelled");
+    let events_then = stack
+        .sql_i64("SELECT count(*) FROM events WHERE session_id = $1", &sid)
+        .await;
+    // The worker was told to stop; whatever it had in flight is refused.
+    let stopped = eventually(10, || async {
+        let log = std::fs::read_to_string(&stack.worker.as_ref().unwrap().log).unwrap_or_default();
+        log.contains("turn stopped by the server").then_some(())
+    })
+    .await;
+    assert!(stopped.is_some(), "the worker stopped the turn");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        stack
+            .sql_i64("SELECT count(*) FROM events WHERE session_id = $1", &sid)
+            .await,
+        events_then
+    );
+    assert_eq!(
+        stack
+            .sql_i64(
+                "SELECT count(*) FROM rows WHERE session_id = $1 AND kind = 'assistant'",
+                &sid
+            )
+            .await,
+        0
+    );
+    // The worker is free for other sessions.
+    let other = stack.session(&mut a).await;
+    mock.push(Reply::text(&["still here"]));
+    let mut w2 = a.subscribe("session.watch", json!({"sessionId": other, "after": 0}));
+    a.ok("session.send", json!({"sessionId": other, "prompt": "hi"})).await;
+    let items = w2.until(20, is_turn_end).await.unwrap();
+    assert_eq!(items.last().unwrap()["state"], "completed");
+}
+
+/// `session.stop` stops exactly the named turn; the queue then moves on.
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_cancels_exactly_that_turn() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    mock.push(Reply::StreamThenHang(vec![Part::Text("thinking about it".into())]));
+    mock.push(Reply::text(&["next one"]));
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let t1 = c.ok("session.send", json!({"sessionId": sid, "prompt": "long"})).await;
+    let t2 = c.ok("session.send", json!({"sessionId": sid, "prompt": "short"})).await;
+    assert_eq!(t2["state"], "queued");
+    watch.until(20, |i| i["type"] == "model.delta").await.unwrap();
+    let e = c
+        .call("session.stop", json!({"sessionId": sid, "turnId": "trn_nope"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "not-found");
+    let stopped = c
+        .ok("session.stop", json!({"sessionId": sid, "turnId": t1["turnId"]}))
+        .await;
+    assert_eq!(stopped, json!({"turnId": t1["turnId"], "state": "cancelled"}));
+    let items = watch.until(10, is_turn_end).await.unwrap();
+    assert_eq!(items.last().unwrap()["turnId"], t1["turnId"]);
+    assert_eq!(items.last().unwrap()["state"], "cancelled");
+    let e = c
+        .call("session.stop", json!({"sessionId": sid, "turnId": t1["turnId"]}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "turn-not-running");
+    let items = watch.until(20, is_turn_end).await.unwrap();
+    let end = items.last().unwrap();
+    assert_eq!(end["turnId"], t2["turnId"]);
+    assert_eq!(end["state"], "completed");
+}
+
+/// A 2 MiB assistant message comes back exactly through truncated history plus `session.source`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_two_mib_message_reads_back_exactly() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let unit = "Grüße, wörld ✓ — 漢字 🚢 "; // multi-byte characters of every width
+    let mut text = String::new();
+    while text.len() < 2 << 20 {
+        text.push_str(unit);
+    }
+    let chunks: Vec<Part> = split_chars(&text, 32 << 10).into_iter().map(Part::Text).collect();
+    mock.push(Reply::Stream(chunks));
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "write a lot"}))
+        .await;
+    let items = watch.until(60, is_turn_end).await.unwrap();
+    assert_eq!(items.last().unwrap()["state"], "completed");
+
+    let page = c.ok("session.history", json!({"sessionId": sid})).await;
+    let rows = page["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "the prompt fits; the big row goes to the next page");
+    let page = c
+        .ok(
+            "session.history",
+            json!({"sessionId": sid, "through": page["through"], "after": page["nextAfter"]}),
+        )
+        .await;
+    let row = &page["rows"][0];
+    let returned = row["body"].as_str().unwrap().to_string();
+    let mark = &row["truncated"]["body"];
+    assert_eq!(mark["truncated"], true);
+    assert_eq!(mark["bytes"], text.len() as u64);
+    assert_eq!(mark["returned"], returned.len() as u64);
+    assert!(returned.len() < text.len());
+    let mut read = returned;
+    let mut offset = Some(read.len() as u64);
+    while let Some(o) = offset {
+        let part = c
+            .ok(
+                "session.source",
+                json!({"sessionId": sid, "position": row["position"], "field": "body", "offset": o}),
+            )
+            .await;
+        assert_eq!(part["offset"], o);
+        assert_eq!(part["bytes"], text.len() as u64);
+        read.push_str(part["data"].as_str().unwrap());
+        offset = part["nextOffset"].as_u64();
+    }
+    assert_eq!(read.len(), text.len());
+    assert!(read == text, "the message reads back exactly");
+    // Targeting the row opens it under the same fence; a bad offset is a typed error.
+    let target = json!({"kind": "row", "position": row["position"], "field": "body"});
+    let opened = c
+        .ok("session.history", json!({"sessionId": sid, "target": target}))
+        .await;
+    assert_eq!(opened["rows"][0]["position"], row["position"]);
+    let e = c
+        .call(
+            "session.source",
+            json!({"sessionId": sid, "position": row["position"], "field": "body", "offset": 3}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "bad-params", "offset 3 is inside 'ü'");
+}
+
+fn split_chars(s: &str, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(max);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.push(rest[..cut].to_string());
+        rest = &rest[cut..];
+    }
+    out
+}
+
+/// A watcher joining mid-turn, on another replica than the worker's, gets the text so far
+/// and then the rest, with nothing doubled.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watcher_joining_mid_turn_sees_the_partial_text_on_any_replica() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut a = stack.client(0).await;
+    let sid = stack.session(&mut a).await;
+    mock.push(Reply::Stream(vec![
+        Part::Text("Hello ".into()),
+        Part::Reasoning("hmm".into()),
+        Part::Delay(800),
+        Part::Text("wor".into()),
+        Part::Delay(50),
+        Part::Text("ld".into()),
+        Part::Delay(800),
+        Part::Text("!".into()),
+    ]));
+    let mut first = a.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    a.ok("session.send", json!({"sessionId": sid, "prompt": "greet"})).await;
+    first.until(20, |i| i["type"] == "model.delta").await.unwrap();
+    // Let the coalesced partial reach the database, then join on both replicas.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut joiners = Vec::new();
+    for replica in [1, 0] {
+        let mut c = stack.client(replica).await;
+        let sub = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+        joiners.push((c, sub));
+    }
+    for (i, (_c, sub)) in joiners.iter_mut().enumerate() {
+        let items = sub.until(30, is_turn_end).await.unwrap();
+        let deltas: Vec<&Value> = items.iter().filter(|i| i["type"] == "model.delta").collect();
+        let text: String = deltas.iter().filter_map(|d| d["text"].as_str()).collect();
+        let thinking: String = deltas.iter().filter_map(|d| d["thinking"].as_str()).collect();
+        assert_eq!(text, "Hello world!", "joiner {i}: {deltas:?}");
+        assert_eq!(thinking, "hmm", "joiner {i}");
+        assert!(
+            deltas[0]["text"].as_str().unwrap().starts_with("Hello"),
+            "joiner {i} starts with the text so far"
+        );
+        let completed = items.iter().find(|i| i["type"] == "model.completed").unwrap();
+        assert_eq!(completed["rows"][0]["body"], "Hello world!");
+    }
+}
+
+/// Clearing forgets history and queue; old cursors answer `history-cleared`.
+#[tokio::test(flavor = "multi_thread")]
+async fn clear_forgets_history_and_old_cursors_say_so() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    mock.push(Reply::text(&["one"]));
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "first"})).await;
+    w.until(20, is_turn_end).await.unwrap();
+    let before = c.ok("session.history", json!({"sessionId": sid})).await;
+    assert_eq!(before["rows"].as_array().unwrap().len(), 2);
+    let cleared = c.ok("session.clear", json!({"sessionId": sid})).await;
+    let seq = cleared["sequence"].as_i64().unwrap();
+    // The live watcher simply sees the clear.
+    let items = w.until(10, |i| i["type"] == "session.cleared").await.unwrap();
+    assert_eq!(items.last().unwrap()["sequence"], seq);
+    // Old cursors: history-cleared.
+    let e = c
+        .call(
+            "session.history",
+            json!({"sessionId": sid, "through": before["through"]}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "history-cleared");
+    let mut old = c.subscribe("session.watch", json!({"sessionId": sid, "after": 2}));
+    let done = tokio::time::timeout(Duration::from_secs(10), &mut old.done)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.error.unwrap().data_code(), Some("history-cleared"));
+    // Fresh reads: nothing before the clear.
+    let after = c.ok("session.history", json!({"sessionId": sid})).await;
+    assert_eq!(after["rows"], json!([]));
+    let mut fresh = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    assert_eq!(fresh.next(10).await.unwrap()["type"], "session.cleared");
+    // The session works on: the next turn does not see the forgotten history.
+    mock.push(Reply::text(&["two"]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "second"}))
+        .await;
+    fresh.until(20, is_turn_end).await.unwrap();
+    let reqs = mock.requests();
+    assert_eq!(
+        reqs.last().unwrap()["messages"],
+        json!([{"role": "user", "content": "second"}])
+    );
+}
+
+/// A worker lost mid-turn: the turn ends `interrupted` and a diagnostic records why.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_lost_mid_turn_interrupts_with_a_diagnostic() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    mock.push(Reply::StreamThenHang(vec![Part::Text("working".into())]));
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let sent = c.ok("session.send", json!({"sessionId": sid, "prompt": "go"})).await;
+    w.until(20, |i| i["type"] == "model.delta").await.unwrap();
+    stack.kill_worker().await;
+    let items = w.until(20, is_turn_end).await.unwrap();
+    let end = items.last().unwrap();
+    assert_eq!(end["state"], "interrupted");
+    assert_eq!(end["cause"], json!({"code": "worker-lost"}));
+    let diags = c.ok("session.diagnostics", json!({"sessionId": sid})).await;
+    let d = &diags["diagnostics"][0];
+    assert_eq!(d["kind"], "execution");
+    assert_eq!(d["turnId"], sent["turnId"]);
+    assert_eq!(d["cause"]["code"], "worker-lost");
+    assert_eq!(d["sequence"], end["sequence"]);
+    // A provider failure is a model-step diagnostic, newest first.
+    stack.start_worker(0).await;
+    mock.push(Reply::Status(503));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "again"})).await;
+    w.until(20, is_turn_end).await.unwrap();
+    let diags = c.ok("session.diagnostics", json!({"sessionId": sid})).await;
+    assert_eq!(diags["diagnostics"][0]["kind"], "model-step");
+    assert_eq!(
+        diags["diagnostics"][0]["cause"],
+        json!({"code": "provider-status", "status": 503})
+    );
+    assert_eq!(diags["diagnostics"][1]["kind"], "execution");
+    let older = c
+        .ok(
+            "session.diagnostics",
+            json!({"sessionId": sid, "through": diags["through"], "limit": 1}),
+        )
+        .await;
+    assert_eq!(older["diagnostics"].as_array().unwrap().len(), 1);
+    let next = c
+        .ok(
+            "session.diagnostics",
+            json!({"sessionId": sid, "through": diags["through"], "before": older["nextBefore"]}),
+        )
+        .await;
+    assert_eq!(next["diagnostics"][0]["kind"], "execution");
+}
+
+/// `session.list`: `updatedAt` desc then id desc, paged, with phase and queue counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_list_orders_pages_and_summarises() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(stack.session(&mut c).await);
+    }
+    // Touch the oldest: it moves to the front.
+    c.ok("session.rename", json!({"sessionId": ids[0], "title": "renamed"}))
+        .await;
+    let set = c
+        .ok("session.setModel", json!({"sessionId": ids[1], "model": "other-model"}))
+        .await;
+    assert_eq!(set["effectiveModelId"], "other-model");
+    assert_eq!(set["effectiveModelLevel"], "session");
+    let mut seen = Vec::new();
+    let mut after = Value::Null;
+    loop {
+        let page = c.ok("session.list", json!({"limit": 2, "after": after})).await;
+        for e in page["entries"].as_array().unwrap() {
+            seen.push(e.clone());
+        }
+        after = page["nextAfter"].clone();
+        if after.is_null() {
+            break;
+        }
+    }
+    let order: Vec<&str> = seen.iter().map(|e| e["sessionId"].as_str().unwrap()).collect();
+    assert_eq!(order.len(), 5);
+    assert_eq!(order[0], ids[1].as_str());
+    assert_eq!(order[1], ids[0].as_str());
+    let stamps: Vec<&str> = seen.iter().map(|e| e["updatedAt"].as_str().unwrap()).collect();
+    assert!(stamps.windows(2).all(|w| w[0] >= w[1]), "{stamps:?}");
+    assert_eq!(seen[1]["title"], "renamed");
+    assert_eq!(seen[0]["modelId"], "other-model");
+    assert!(
+        seen.iter()
+            .all(|e| e["phase"] == "idle" && e["running"] == false && e["queued"] == 0 && e["messageCount"] == 0)
+    );
+    let e = c.call("session.list", json!({"after": "garbage"})).await.unwrap_err();
+    assert_eq!(code(&e), "bad-params");
+}
