@@ -8,7 +8,7 @@ use berth_protocol::{
 };
 use deadpool_postgres::GenericClient;
 
-use crate::{CHANNEL_EVENTS, Result, Store, StoreError, fmt_time, not_found};
+use crate::{CHANNEL_EVENTS, Result, Store, StoreError, fmt_time, not_found, tenant_tx};
 
 /// A persisted event together with its rows.
 pub type EventRecord = Event;
@@ -152,7 +152,8 @@ impl Store {
 
     /// The session's last sequence, or not-found.
     pub async fn last_sequence(&self, tenant_id: &str, session_id: &str) -> Result<i64> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         Ok(self.fence(&client, tenant_id, session_id).await?.0)
     }
 
@@ -165,7 +166,8 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> Result<Vec<EventRecord>> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let (_, cleared) = self.fence(&client, tenant_id, session_id).await?;
         if after > 0 && after < cleared - 1 {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
@@ -222,7 +224,8 @@ impl Store {
     /// absent), after the `after` position, bounded in rows and bytes; or one targeted row
     /// or event. Hidden rows appear only when targeted.
     pub async fn history(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<SessionHistoryResult> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let session_id = p.session_id.as_str();
         let (last, cleared) = self.fence(&client, tenant_id, session_id).await?;
         let through = match p.through {
@@ -362,7 +365,8 @@ impl Store {
 
     /// Read a row's field onward from byte `offset` (which must be a character boundary).
     pub async fn source(&self, tenant_id: &str, p: &SessionSourceParams) -> Result<SessionSourceResult> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let (_, cleared) = self.fence(&client, tenant_id, &p.session_id).await?;
         if p.position.source_sequence < cleared {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));

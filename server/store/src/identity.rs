@@ -2,7 +2,7 @@
 
 use anyhow::anyhow;
 
-use crate::{Result, Store, StoreError, fmt_time, token};
+use crate::{Result, Store, StoreError, fmt_time, tenant_tx, token};
 use berth_protocol::ErrorCode;
 
 /// What kind of principal a credential authenticates.
@@ -148,7 +148,8 @@ impl Store {
 
     /// Create a user in a tenant; returns its id.
     pub async fn create_user(&self, tenant_id: &str, email: &str, admin: bool, actor: &str) -> Result<String> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let id = token::new_id("usr");
         let role = if admin { "admin" } else { "member" };
         let n = client
@@ -163,6 +164,7 @@ impl Store {
             )));
         }
         audit(&client, tenant_id, actor, "user.create", &id).await?;
+        client.commit().await?;
         Ok(id)
     }
 
@@ -174,7 +176,8 @@ impl Store {
         note: &str,
         actor: &str,
     ) -> Result<(String, String)> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let user_id: Option<String> = match user_email {
             Some(email) => Some(
                 client
@@ -198,12 +201,14 @@ impl Store {
             )
             .await?;
         audit(&client, tenant_id, actor, "credential.create", &id).await?;
+        client.commit().await?;
         Ok((id, plaintext))
     }
 
     /// A tenant's credentials, oldest first.
     pub async fn list_credentials(&self, tenant_id: &str) -> Result<Vec<CredentialInfo>> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let rows = client
             .query(
                 "SELECT c.id, c.kind, u.email, c.note, c.created_at, c.last_used_at, c.expires_at, c.revoked_at

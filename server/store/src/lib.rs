@@ -164,6 +164,25 @@ impl Store {
     }
 }
 
+/// The role tenant-scoped transactions run as (subject to row-level security).
+pub const APP_ROLE: &str = "berth_app";
+
+/// Begin a transaction scoped to `tenant_id`: it runs as [`APP_ROLE`] with the tenant set
+/// for this transaction only, so row-level security admits that tenant's rows and no other.
+/// This is the second line of isolation; every query filters on the tenant as well.
+pub(crate) async fn tenant_tx<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    tenant_id: &str,
+) -> Result<deadpool_postgres::Transaction<'a>> {
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true)",
+        &[&APP_ROLE, &tenant_id],
+    )
+    .await?;
+    Ok(tx)
+}
+
 /// RFC 3339 with milliseconds, UTC.
 pub(crate) fn fmt_time(t: chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)

@@ -13,6 +13,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0002_sessions.sql",
         include_str!("../../../migrations/0002_sessions.sql"),
     ),
+    (
+        "0003_row_level_security.sql",
+        include_str!("../../../migrations/0003_row_level_security.sql"),
+    ),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.
@@ -75,4 +79,21 @@ pub async fn is_current(client: &tokio_postgres::Client) -> anyhow::Result<bool>
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every file in `migrations/` is embedded, in file-name order.
+    #[test]
+    fn every_migration_file_is_embedded_in_order() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .expect("migrations dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".sql"))
+            .collect();
+        files.sort();
+        let embedded: Vec<&str> = super::MIGRATIONS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(files, embedded);
+    }
 }

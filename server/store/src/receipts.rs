@@ -10,7 +10,7 @@ use berth_protocol::ErrorCode;
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
-use crate::{Result, Store, StoreError, fmt_time, token};
+use crate::{Result, Store, StoreError, fmt_time, tenant_tx, token};
 
 /// A pending receipt this attempt owns.
 #[derive(Debug, Clone)]
@@ -60,7 +60,8 @@ impl Store {
         method: &str,
         params_hash: &str,
     ) -> Result<Begin> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let owner = token::new_id("own");
         let inserted = client
             .execute(
@@ -76,6 +77,7 @@ impl Store {
             owner: owner.clone(),
         };
         if inserted == 1 {
+            client.commit().await?;
             return Ok(Begin::Proceed(receipt));
         }
         let row = client
@@ -114,6 +116,7 @@ impl Store {
                 )
                 .await?;
             if took == 1 {
+                client.commit().await?;
                 return Ok(Begin::Proceed(receipt));
             }
         }
@@ -122,7 +125,8 @@ impl Store {
 
     /// Record a user-facing error as the operation's outcome.
     pub async fn receipt_fail(&self, r: &Receipt, error: &Value) -> Result<()> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, &r.tenant_id).await?;
         client
             .execute(
                 "UPDATE operation_receipts SET state = 'done', error = $5, updated_at = now()
@@ -130,13 +134,15 @@ impl Store {
                 &[&r.tenant_id, &r.principal, &r.operation_id, &r.owner, error],
             )
             .await?;
+        client.commit().await?;
         Ok(())
     }
 
     /// Forget a pending receipt whose attempt failed for an infrastructure reason, so that
     /// a retry can do the work.
     pub async fn receipt_abandon(&self, r: &Receipt) -> Result<()> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, &r.tenant_id).await?;
         client
             .execute(
                 "DELETE FROM operation_receipts
@@ -144,6 +150,7 @@ impl Store {
                 &[&r.tenant_id, &r.principal, &r.operation_id, &r.owner],
             )
             .await?;
+        client.commit().await?;
         Ok(())
     }
 
@@ -154,7 +161,8 @@ impl Store {
         principal: &str,
         operation_id: &str,
     ) -> Result<Option<ReceiptView>> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let row = client
             .query_opt(
                 "SELECT method, state, result, error, created_at FROM operation_receipts

@@ -12,7 +12,7 @@ use crate::{
     history::append_event,
     not_found,
     receipts::{Receipt, finish},
-    token,
+    tenant_tx, token,
     turns::cancel_turn,
 };
 
@@ -88,7 +88,7 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<SessionSnapshot> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         let exists = tx
             .query_opt(
                 "SELECT 1 FROM workspaces WHERE id = $1 AND tenant_id = $2",
@@ -136,7 +136,8 @@ impl Store {
         session_id: &str,
         default_model: Option<&str>,
     ) -> Result<SessionSnapshot> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         snapshot(&client, tenant_id, session_id, default_model).await
     }
 
@@ -160,7 +161,8 @@ impl Store {
             }
         };
         let limit = i64::from(limit.clamp(1, 200));
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let rows = client
             .query(
                 "SELECT s.id, s.workspace_id, s.title, s.model, s.updated_at,
@@ -214,7 +216,7 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<SessionSnapshot> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         tx.execute("UPDATE sessions SET title = $2 WHERE id = $1", &[&session_id, &title])
             .await?;
@@ -244,7 +246,7 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<SessionSnapshot> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         tx.execute(
             "UPDATE sessions SET provider = $2, model = $3 WHERE id = $1",
@@ -276,7 +278,7 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<QueueState> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         tx.execute("UPDATE sessions SET paused = $2 WHERE id = $1", &[&session_id, &paused])
             .await?;
@@ -293,7 +295,7 @@ impl Store {
     /// stop; anything it sends afterwards is refused, so nothing reappears.
     pub async fn remove_session(&self, tenant_id: &str, session_id: &str, op: Option<&Receipt>) -> Result<Removed> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         let live = tx
             .query_opt(
                 "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
@@ -334,7 +336,7 @@ impl Store {
     /// event of what remains.
     pub async fn clear_session(&self, tenant_id: &str, session_id: &str, op: Option<&Receipt>) -> Result<Cleared> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         let active = tx
             .query(

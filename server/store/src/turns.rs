@@ -14,7 +14,7 @@ use crate::{
     not_found,
     receipts::{Receipt, finish},
     sessions::{lock_session, queue_changed},
-    token,
+    tenant_tx, token,
     workspaces::online_sql,
 };
 
@@ -45,7 +45,7 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<SessionSendResult> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         let session = tx
             .query_opt(
                 &format!(
@@ -134,7 +134,7 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<TurnRef> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         cancel_turn(&tx, tenant_id, session_id, turn_id.to_string(), true).await?;
         let result = TurnRef {
@@ -157,7 +157,7 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<QueueEntry> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         check_queued(&tx, session_id, queue_id, revision).await?;
         tx.execute(
@@ -188,7 +188,7 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<QueueState> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         check_queued(&tx, session_id, queue_id, revision).await?;
         let mut order: Vec<String> = tx
@@ -245,7 +245,7 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<Removed> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         check_queued(&tx, session_id, queue_id, revision).await?;
         cancel_turn(&tx, tenant_id, session_id, queue_id.to_string(), true).await?;
@@ -275,7 +275,7 @@ impl Store {
             .await?;
         for c in candidates {
             let session_id: String = c.get(1);
-            let tx = client.transaction().await?;
+            let tx = tenant_tx(&mut client, tenant_id).await?;
             // Re-check under the session lock: another replica may have started one, or the
             // queue may have changed order.
             tx.query_one("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
@@ -332,7 +332,7 @@ impl Store {
         usage: Option<Usage>,
     ) -> Result<i64> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = running_turn_session(&tx, connection_id, tenant_id, turn_id).await?;
         let payload = json!({ "usage": usage });
         let seq = append_event(
@@ -367,7 +367,7 @@ impl Store {
         payloads: &[String],
     ) -> Result<()> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         tx.execute(
             "UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
               WHERE id = $1 AND tenant_id = $2 AND state = 'running'",
@@ -383,7 +383,8 @@ impl Store {
 
     /// The running step's stored partial output, if a turn runs.
     pub async fn partial(&self, tenant_id: &str, session_id: &str) -> Result<Option<Partial>> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let row = client
             .query_opt(
                 "SELECT id, step, partial_text, partial_thinking FROM turns
@@ -413,7 +414,7 @@ impl Store {
             return Err(StoreError::Code(ErrorCode::BadParams));
         }
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = match connection_id {
             Some(conn) => running_turn_session(&tx, conn, tenant_id, turn_id).await?,
             None => tx
@@ -515,7 +516,8 @@ impl Store {
         before: Option<i64>,
         limit: u32,
     ) -> Result<SessionDiagnosticsResult> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let current: i64 = client
             .query_opt(
                 "SELECT diagnostic_revision FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",

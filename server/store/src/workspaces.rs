@@ -2,7 +2,7 @@
 
 use berth_protocol::{Workspace, worker::WorkspaceDecl};
 
-use crate::{Principal, Result, Store, fmt_time, not_found, token};
+use crate::{Principal, Result, Store, fmt_time, not_found, tenant_tx, token};
 
 /// How long a presence row counts as live without a heartbeat.
 const PRESENCE_TTL: &str = "45 seconds";
@@ -16,7 +16,8 @@ impl Store {
         host: &str,
         decls: &[WorkspaceDecl],
     ) -> Result<Vec<String>> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, &worker.tenant_id).await?;
         let mut ids = Vec::with_capacity(decls.len());
         for decl in decls {
             let row = client
@@ -30,6 +31,7 @@ impl Store {
                 .await?;
             ids.push(row.get(0));
         }
+        client.commit().await?;
         Ok(ids)
     }
 
@@ -41,7 +43,8 @@ impl Store {
         replica_id: &str,
         workspace_ids: &[String],
     ) -> Result<()> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, &worker.tenant_id).await?;
         client
             .execute(
                 "INSERT INTO worker_presence (connection_id, tenant_id, credential_id, replica_id, workspace_ids)
@@ -55,6 +58,7 @@ impl Store {
                 ],
             )
             .await?;
+        client.commit().await?;
         Ok(())
     }
 
@@ -85,7 +89,8 @@ impl Store {
 
     /// The tenant's workspaces, by title.
     pub async fn list_workspaces(&self, tenant_id: &str) -> Result<Vec<Workspace>> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let rows = client
             .query(
                 &format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 ORDER BY w.title, w.id"),
@@ -97,7 +102,8 @@ impl Store {
 
     /// One workspace of the tenant.
     pub async fn get_workspace(&self, tenant_id: &str, workspace_id: &str) -> Result<Workspace> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
         let row = client
             .query_opt(
                 &format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 AND w.id = $2"),
