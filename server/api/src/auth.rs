@@ -447,6 +447,38 @@ fn insert_bounded<K: Eq + Hash + Copy>(map: &mut HashMap<K, Instant>, key: K, ta
     map.insert(key, tat);
 }
 
+/// Token buckets per key (e.g. the request rate of each credential), bounded like
+/// [`LoginLimiter`]'s maps.
+pub struct KeyedLimiter {
+    config: BucketConfig,
+    max_entries: usize,
+    state: Mutex<HashMap<[u8; 32], Instant>>,
+}
+
+impl KeyedLimiter {
+    pub fn new(config: BucketConfig) -> KeyedLimiter {
+        KeyedLimiter {
+            config,
+            max_entries: LIMITER_MAX_ENTRIES,
+            state: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Take one token for `key`, or say how long until one is available.
+    pub fn check(&self, key: &str) -> Result<(), RetryAfter> {
+        let now = Instant::now();
+        let key: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match self.config.take(state.get(&key).copied(), now) {
+            Ok(tat) => {
+                insert_bounded(&mut state, key, tat, now, self.max_entries);
+                Ok(())
+            }
+            Err(wait) => Err(RetryAfter(wait)),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Constant-time comparison
 // ---------------------------------------------------------------------------------------

@@ -43,6 +43,48 @@ pub struct Config {
     pub replica_id: String,
     /// `BERTH_RECEIPT_RETENTION_SECS`: how long operation receipts are kept (default 7 days).
     pub receipt_retention: std::time::Duration,
+    /// Signing key for login tokens (`BERTH_JWT_SECRET_FILE`); None disables password login.
+    pub jwt: Option<std::sync::Arc<crate::auth::JwtKeys>>,
+    /// `BERTH_JWT_TTL_SECS`: lifetime of a login token (default 15 minutes).
+    pub jwt_ttl: std::time::Duration,
+    /// Per-connection and per-credential limits.
+    pub limits: Limits,
+}
+
+/// Limits that keep one client from taking the server down. Exceeding one answers a typed
+/// error (or closes the WebSocket with 1009 for an oversized message).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// `BERTH_MAX_IN_FLIGHT`: concurrent requests per connection (subscriptions excluded).
+    pub max_in_flight: usize,
+    /// `BERTH_MAX_SUBSCRIPTIONS`: open subscriptions per connection.
+    pub max_subscriptions: usize,
+    /// `BERTH_RATE_PER_SEC` / `BERTH_RATE_BURST`: requests per credential on each replica.
+    pub requests_per_sec: u32,
+    pub request_burst: u32,
+    /// `BERTH_MAX_CONNECTIONS_PER_CREDENTIAL`: open WebSockets per credential on each replica.
+    pub max_connections_per_credential: usize,
+    /// `BERTH_MAX_JSON_DEPTH`: nesting depth of a request.
+    pub max_json_depth: usize,
+    /// `BERTH_WS_PING_SECS`: how often the server pings an idle WebSocket.
+    pub ping_interval: std::time::Duration,
+    /// `BERTH_WS_IDLE_SECS`: a WebSocket that sends nothing (not even a pong) for this long is closed.
+    pub idle_timeout: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_in_flight: 64,
+            max_subscriptions: 64,
+            requests_per_sec: 50,
+            request_burst: 200,
+            max_connections_per_credential: 32,
+            max_json_depth: 64,
+            ping_interval: std::time::Duration::from_secs(20),
+            idle_timeout: std::time::Duration::from_secs(60),
+        }
+    }
 }
 
 impl Config {
@@ -57,6 +99,9 @@ impl Config {
             model: ModelConfig::default(),
             replica_id: berth_store::token::new_id("rep"),
             receipt_retention: std::time::Duration::from_secs(7 * 24 * 3600),
+            jwt: None,
+            jwt_ttl: std::time::Duration::from_secs(15 * 60),
+            limits: Limits::default(),
         }
     }
 }

@@ -7,9 +7,11 @@
 
 pub mod auth;
 pub mod config;
+pub mod connections;
 pub mod error;
 pub mod hub;
 mod listen;
+mod login;
 pub mod metrics;
 mod proxy;
 mod rpc;
@@ -56,6 +58,32 @@ pub struct App {
     pub http: reqwest::Client,
     /// Cancelled when the replica shuts down; long-lived tasks end with it.
     pub shutdown: CancellationToken,
+    /// Live connections by principal (for revocation and per-credential limits).
+    pub connections: connections::Connections,
+    /// Login attempts per account and per source address.
+    pub login_limiter: auth::LoginLimiter,
+    /// Requests per credential.
+    pub request_limiter: auth::KeyedLimiter,
+}
+
+impl App {
+    /// Resolve a presented credential or login token to its principal (None: not valid).
+    pub async fn authenticate(
+        &self,
+        presented: &str,
+    ) -> Result<Option<berth_store::Principal>, berth_store::StoreError> {
+        if auth::looks_like_jwt(presented) {
+            let Some(keys) = &self.config.jwt else { return Ok(None) };
+            let Some(claims) = keys.verify(presented) else {
+                return Ok(None);
+            };
+            return self
+                .store
+                .user_principal(&claims.tid, &claims.sub, &format!("jwt:{}", claims.jti))
+                .await;
+        }
+        self.store.authenticate(presented).await
+    }
 }
 
 /// Serve the API on `listener` and metrics on `metrics_listener` until `shutdown`
@@ -71,6 +99,7 @@ pub async fn serve(
         .connect_timeout(Duration::from_secs(10))
         .build()?;
     let token = CancellationToken::new();
+    let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
     let state = AppState(Arc::new(App {
         store,
         config,
@@ -79,6 +108,12 @@ pub async fn serve(
         workers: workers::Registry::default(),
         http,
         shutdown: token.clone(),
+        connections: connections::Connections::default(),
+        login_limiter: auth::LoginLimiter::default(),
+        request_limiter: auth::KeyedLimiter::new(auth::BucketConfig {
+            capacity: config_burst,
+            refill_every: Duration::from_secs(1) / config_rate.max(1),
+        }),
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
@@ -87,6 +122,7 @@ pub async fn serve(
         .route("/v1/rpc", get(rpc::upgrade))
         .route("/v1/worker", get(workers::upgrade))
         .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
+        .route("/v1/auth/login", post(login::login))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state.clone());
@@ -106,9 +142,12 @@ pub async fn serve(
             .await
     });
     let t = token.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { t.cancelled().await })
-        .await?;
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { t.cancelled().await })
+    .await?;
     metrics_server.await??;
     Ok(())
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use berth_store::{CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, CHANNEL_EVENTS};
+use berth_store::{CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, CHANNEL_EVENTS, CHANNEL_REVOKE};
 
 use crate::AppState;
 
@@ -15,7 +15,13 @@ pub fn spawn(state: AppState) {
         loop {
             match state
                 .store
-                .listen(&[CHANNEL_EVENTS, CHANNEL_DISPATCH, CHANNEL_DELTAS, CHANNEL_CONTROL])
+                .listen(&[
+                    CHANNEL_EVENTS,
+                    CHANNEL_DISPATCH,
+                    CHANNEL_DELTAS,
+                    CHANNEL_CONTROL,
+                    CHANNEL_REVOKE,
+                ])
                 .await
             {
                 Ok((_client, mut rx)) => {
@@ -54,6 +60,12 @@ fn handle(state: &AppState, channel: &str, payload: &str) {
             }
         }
         CHANNEL_DISPATCH => state.workers.kick(payload),
+        CHANNEL_REVOKE => {
+            let closed = state.connections.revoke(payload);
+            if closed > 0 {
+                tracing::info!(connections = closed, "revoked principal's connections closed");
+            }
+        }
         CHANNEL_CONTROL => {
             if let Some(rest) = payload.strip_prefix("stop:")
                 && let Some((conn, turn)) = rest.split_once(':')

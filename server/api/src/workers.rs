@@ -101,6 +101,11 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
         }
         Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
     };
+    let revoked = tokio_util::sync::CancellationToken::new();
+    let max = state.config.limits.max_connections_per_credential;
+    let Some(registration) = state.connections.register(&principal, max, revoked.clone()) else {
+        return StatusCode::TOO_MANY_REQUESTS.into_response();
+    };
     ws.max_message_size(state.config.max_text_message)
         .on_upgrade(move |socket| async move {
             let connection_id = token::new_id("wcn");
@@ -112,11 +117,13 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
                 connection_id,
                 turns: HashMap::new(),
                 relay: HashMap::new(),
+                revoked,
             };
             if let Err(e) = conn.run(socket).await {
                 tracing::info!(worker.connection = %conn.connection_id, error = %e, "worker connection ended");
             }
             conn.cleanup().await;
+            state.connections.unregister(registration);
             state.metrics.workers_connected.dec();
             state.metrics.connections.with_label_values(&["worker"]).dec();
         })
@@ -130,6 +137,8 @@ struct WorkerConn {
     turns: HashMap<String, LiveTurn>,
     /// Deltas waiting to be relayed to other replicas (and stored as partial output), by turn.
     relay: HashMap<String, Pending>,
+    /// Cancelled when the worker's credential is revoked.
+    revoked: tokio_util::sync::CancellationToken,
 }
 
 /// Where a running turn's live output is: the step and how many bytes of text and
@@ -254,6 +263,11 @@ impl WorkerConn {
                 _ = heartbeat.tick() => store.presence_heartbeat(&self.connection_id).await?,
                 _ = flush.tick() => self.flush_relay().await,
                 _ = self.state.shutdown.cancelled() => break,
+                _ = self.revoked.cancelled() => {
+                    let frame = axum::extract::ws::CloseFrame { code: 1008, reason: "revoked".into() };
+                    let _ = sink.send(Message::Close(Some(frame))).await;
+                    break;
+                }
             }
         }
         Ok(())

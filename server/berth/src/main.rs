@@ -12,6 +12,7 @@ use anyhow::Context;
 use berth_api::{Config, ModelConfig, Secret};
 use berth_store::{
     Store,
+    admin::Actor,
     cluster::{ClusterOptions, PrivateCluster, create_database},
 };
 use clap::{Parser, Subcommand};
@@ -128,6 +129,16 @@ enum UserCmd {
         email: String,
         #[arg(long)]
         admin: bool,
+        /// Read a password for the user from standard input (first line).
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// Set a user's password, read from standard input (first line).
+    SetPassword {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        email: String,
     },
 }
 
@@ -224,6 +235,23 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         api_key: settings.secret("BERTH_MODEL_API_KEY")?.map(Secret),
         model: settings.get(None, "BERTH_MODEL"),
     };
+    config.jwt = Some(std::sync::Arc::new(jwt_keys(settings, &run_dir)?));
+    config.jwt_ttl = std::time::Duration::from_secs(settings.parse(None, "BERTH_JWT_TTL_SECS", "900")?);
+    let defaults = berth_api::config::Limits::default();
+    config.limits = berth_api::config::Limits {
+        max_in_flight: settings.parse(None, "BERTH_MAX_IN_FLIGHT", &defaults.max_in_flight.to_string())?,
+        max_subscriptions: settings.parse(None, "BERTH_MAX_SUBSCRIPTIONS", &defaults.max_subscriptions.to_string())?,
+        requests_per_sec: settings.parse(None, "BERTH_RATE_PER_SEC", &defaults.requests_per_sec.to_string())?,
+        request_burst: settings.parse(None, "BERTH_RATE_BURST", &defaults.request_burst.to_string())?,
+        max_connections_per_credential: settings.parse(
+            None,
+            "BERTH_MAX_CONNECTIONS_PER_CREDENTIAL",
+            &defaults.max_connections_per_credential.to_string(),
+        )?,
+        max_json_depth: settings.parse(None, "BERTH_MAX_JSON_DEPTH", &defaults.max_json_depth.to_string())?,
+        ping_interval: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_PING_SECS", "20")?),
+        idle_timeout: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_IDLE_SECS", "60")?),
+    };
     let retention: u64 = settings.parse(None, "BERTH_RECEIPT_RETENTION_SECS", "604800")?;
     config.receipt_retention = std::time::Duration::from_secs(retention);
     if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {
@@ -280,6 +308,19 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     }
     drop(cluster);
     Ok(())
+}
+
+/// The login-token signing key: `BERTH_JWT_SECRET_FILE`, else `<data-dir>/run/jwt-secret`
+/// (created on first start). Replicas behind one load balancer must share one secret.
+fn jwt_keys(settings: &Settings, run_dir: &Path) -> anyhow::Result<berth_api::auth::JwtKeys> {
+    if let Some(path) = settings.get(None, "BERTH_JWT_SECRET_FILE") {
+        return berth_api::auth::JwtKeys::from_file(&path).with_context(|| format!("BERTH_JWT_SECRET_FILE ({path})"));
+    }
+    let path = run_dir.join("jwt-secret");
+    if !path.exists() {
+        write_secret(&path, &berth_store::token::generate())?;
+    }
+    berth_api::auth::JwtKeys::from_file(&path)
 }
 
 /// `berth dev`'s worker credential, kept in `run/worker-token` and reused while valid.
@@ -387,12 +428,30 @@ async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Resu
         Admin::Tenant(TenantCmd::Create { name }) => {
             println!("{}", store.create_tenant(&name).await?)
         }
-        Admin::User(UserCmd::Create { tenant, email, admin }) => {
+        Admin::User(UserCmd::Create { tenant, email, admin, password_stdin }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
-            println!("{}", store.create_user(&tenant, &email, admin, "cli").await?);
+            let hash = if password_stdin { Some(password_hash_from_stdin()?) } else { None };
+            let role = if admin { "admin" } else { "member" };
+            let user = store.admin_create_user(&tenant, &email, role, hash.as_deref(), Actor("cli"), None).await?;
+            println!("{}", user.user_id);
+        }
+        Admin::User(UserCmd::SetPassword { tenant, email }) => {
+            let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
+            let hash = password_hash_from_stdin()?;
+            store.set_password(&tenant, &email, &hash, Actor("cli")).await.context("no such user")?;
+            println!("password set");
         }
     }
     Ok(())
+}
+
+/// Read a password from the first line of standard input and hash it (argon2id).
+fn password_hash_from_stdin() -> anyhow::Result<String> {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let password = line.trim_end_matches(['\n', '\r']);
+    anyhow::ensure!(password.chars().count() >= 12, "the password must have at least 12 characters");
+    Ok(berth_api::auth::hash_password(password))
 }
 
 /// Write a secret file readable only by its owner (0600), replacing any previous one.

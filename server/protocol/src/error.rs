@@ -12,6 +12,8 @@ pub enum ErrorCode {
     Unauthorized,
     Forbidden,
     NotFound,
+    /// The thing exists already (e.g. a user with that email).
+    Conflict,
     BadParams,
     UnsupportedProtocol,
     StaleRevision,
@@ -38,6 +40,7 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not-found",
+            ErrorCode::Conflict => "conflict",
             ErrorCode::BadParams => "bad-params",
             ErrorCode::UnsupportedProtocol => "unsupported-protocol",
             ErrorCode::StaleRevision => "stale-revision",

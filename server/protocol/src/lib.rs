@@ -94,6 +94,20 @@ methods! {
     QueueRemove = "queue.remove" (QueueRemoveParams) -> Removed;
     /// The stored outcome of an operation, or null.
     OperationReceipt = "operation.receipt" (OperationReceiptParams) -> Option<serde_json::Value>;
+    /// Create a credential (admins); the plaintext is returned once.
+    AdminCredentialCreate = "admin.credential.create" (AdminCredentialCreateParams) -> CredentialView;
+    /// The tenant's credentials (admins).
+    AdminCredentialList = "admin.credential.list" (Empty) -> Vec<CredentialView>;
+    /// Revoke a credential (admins); its live connections close on every replica.
+    AdminCredentialRevoke = "admin.credential.revoke" (AdminCredentialRevokeParams) -> Revoked;
+    /// Create a user (admins).
+    AdminUserCreate = "admin.user.create" (AdminUserCreateParams) -> UserView;
+    /// The tenant's users (admins).
+    AdminUserList = "admin.user.list" (Empty) -> Vec<UserView>;
+    /// Disable a user (admins); their live connections close on every replica.
+    AdminUserDisable = "admin.user.disable" (AdminUserDisableParams) -> Disabled;
+    /// Replicas, workers, running turns and queue depth of the tenant (admins).
+    AdminStatusGet = "admin.status" (Empty) -> crate::types::AdminStatus;
 }
 
 /// No parameters / no result fields.

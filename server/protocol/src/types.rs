@@ -31,6 +31,9 @@ pub struct HelloResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
     pub role: String,
+    /// Host-level notices (e.g. no model provider configured).
+    #[serde(default)]
+    pub notices: Vec<Notice>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -606,4 +609,101 @@ pub struct ModelDelta {
     pub text: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<String>,
+}
+
+/// `admin.credential.create`: a user credential (`userId`) or a worker credential (`worker: true`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdminCredentialCreateParams {
+    #[serde(default)]
+    pub user_id: Option<String>,
+    #[serde(default)]
+    pub worker: bool,
+    #[serde(default)]
+    pub note: String,
+    /// RFC 3339.
+    #[serde(default)]
+    pub expires_at: Option<String>,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+/// A credential as administrators see it (never the secret, except `token` once at creation).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialView {
+    pub credential_id: String,
+    /// `user` or `worker`.
+    pub kind: String,
+    pub user_id: Option<String>,
+    pub user_email: Option<String>,
+    pub note: String,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+    pub expires_at: Option<String>,
+    pub revoked_at: Option<String>,
+    /// The plaintext, present only in the response that created it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdminCredentialRevokeParams {
+    pub credential_id: String,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Revoked {
+    pub revoked: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdminUserCreateParams {
+    pub email: String,
+    /// `admin` or `member` (default).
+    #[serde(default)]
+    pub role: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserView {
+    pub user_id: String,
+    pub email: String,
+    pub role: String,
+    pub disabled: bool,
+    pub has_password: bool,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdminUserDisableParams {
+    pub user_id: String,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Disabled {
+    pub disabled: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminStatus {
+    pub replica_id: String,
+    /// Replicas holding a worker connection of this tenant.
+    pub replicas: Vec<String>,
+    pub connected_workers: i64,
+    pub running_turns: i64,
+    pub queue_depth: i64,
 }

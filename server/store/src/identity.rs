@@ -2,7 +2,7 @@
 
 use anyhow::anyhow;
 
-use crate::{Result, Store, StoreError, fmt_time, tenant_tx, token};
+use crate::{CHANNEL_REVOKE, Result, Store, StoreError, admin::audit, fmt_time, tenant_tx, token};
 use berth_protocol::ErrorCode;
 
 /// What kind of principal a credential authenticates.
@@ -56,7 +56,7 @@ impl Store {
         let client = self.pool.get().await?;
         let row = client
             .query_opt(
-                "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role
+                "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256
                    FROM credentials c LEFT JOIN users u ON u.id = c.user_id
                   WHERE c.sha256 = $1 AND c.revoked_at IS NULL
                     AND (c.expires_at IS NULL OR c.expires_at > now())
@@ -65,6 +65,11 @@ impl Store {
             )
             .await?;
         let Some(row) = row else { return Ok(None) };
+        // The index found it by hash; compare the stored hash in constant time anyway.
+        let stored: Vec<u8> = row.get(5);
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(stored.as_slice(), digest.as_slice())) {
+            return Ok(None);
+        }
         let id: String = row.get(0);
         // last-used is advisory: written at most once a minute.
         client
@@ -87,6 +92,43 @@ impl Store {
             user_id: row.get(3),
             role: row.get::<_, Option<String>>(4).unwrap_or_else(|| "worker".into()),
         }))
+    }
+
+    /// The principal of a signed-in user (JWT), if the user exists and is not disabled.
+    /// The role comes from the database, not from the token.
+    pub async fn user_principal(&self, tenant_id: &str, user_id: &str, session: &str) -> Result<Option<Principal>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT role FROM users WHERE id = $1 AND tenant_id = $2 AND disabled_at IS NULL",
+                &[&user_id, &tenant_id],
+            )
+            .await?;
+        Ok(row.map(|r| Principal {
+            tenant_id: tenant_id.to_string(),
+            credential_id: session.to_string(),
+            kind: CredentialKind::User,
+            user_id: Some(user_id.to_string()),
+            role: r.get(0),
+        }))
+    }
+
+    /// For login: (tenant id, user id, role, password hash) of an enabled user, by tenant
+    /// name or id and email.
+    pub async fn login_lookup(
+        &self,
+        tenant: &str,
+        email: &str,
+    ) -> Result<Option<(String, String, String, Option<String>)>> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT u.tenant_id, u.id, u.role, u.password_hash FROM users u JOIN tenants t ON t.id = u.tenant_id
+                  WHERE (t.name = $1 OR t.id = $1) AND lower(u.email) = lower($2) AND u.disabled_at IS NULL",
+                &[&tenant, &email],
+            )
+            .await?;
+        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))))
     }
 
     /// First start: create the `default` tenant, an admin user and its credential. Returns
@@ -144,28 +186,6 @@ impl Store {
             .query_opt("SELECT id FROM tenants WHERE name = $1 OR id = $1", &[&name_or_id])
             .await?;
         row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
-    }
-
-    /// Create a user in a tenant; returns its id.
-    pub async fn create_user(&self, tenant_id: &str, email: &str, admin: bool, actor: &str) -> Result<String> {
-        let mut client = self.pool.get().await?;
-        let client = tenant_tx(&mut client, tenant_id).await?;
-        let id = token::new_id("usr");
-        let role = if admin { "admin" } else { "member" };
-        let n = client
-            .execute(
-                "INSERT INTO users (id, tenant_id, email, role) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                &[&id, &tenant_id, &email, &role],
-            )
-            .await?;
-        if n == 0 {
-            return Err(StoreError::Other(anyhow!(
-                "a user {email:?} exists already in this tenant"
-            )));
-        }
-        audit(&client, tenant_id, actor, "user.create", &id).await?;
-        client.commit().await?;
-        Ok(id)
     }
 
     /// Create a credential; `user_email` None makes a worker credential. Returns (id, plaintext).
@@ -248,22 +268,9 @@ impl Store {
         };
         let tenant: String = row.get(0);
         audit(&client, &tenant, actor, "credential.revoke", id).await?;
+        client
+            .execute("SELECT pg_notify($1, $2)", &[&CHANNEL_REVOKE, &format!("cred:{id}")])
+            .await?;
         Ok(true)
     }
-}
-
-async fn audit(
-    client: &impl deadpool_postgres::GenericClient,
-    tenant: &str,
-    actor: &str,
-    action: &str,
-    target: &str,
-) -> Result<()> {
-    client
-        .execute(
-            "INSERT INTO audit_log (tenant_id, actor, action, target) VALUES ($1, $2, $3, $4)",
-            &[&tenant, &actor, &action, &target],
-        )
-        .await?;
-    Ok(())
 }

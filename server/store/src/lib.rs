@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod migrate;
 pub mod token;
 
+pub mod admin;
 mod history;
 mod identity;
 pub mod receipts;
@@ -32,6 +33,8 @@ pub const CHANNEL_EVENTS: &str = "berth_events";
 pub const CHANNEL_DISPATCH: &str = "berth_dispatch";
 /// Channel carrying small coalesced live deltas between replicas (JSON).
 pub const CHANNEL_DELTAS: &str = "berth_deltas";
+/// Channel carrying revocations: `cred:<credential id>` or `user:<user id>`.
+pub const CHANNEL_REVOKE: &str = "berth_revoke";
 /// Channel carrying control messages for worker connections: `stop:<connection>:<turn>`.
 pub const CHANNEL_CONTROL: &str = "berth_control";
 

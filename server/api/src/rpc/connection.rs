@@ -1,8 +1,8 @@
 //! `hello`, `ping`, `status`, `subscription.close`.
 
 use berth_protocol::{
-    Empty, ErrorCode, HelloParams, HelloResult, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS, StatusResult,
-    SubscriptionCloseParams,
+    Empty, ErrorCode, HelloParams, HelloResult, Notice, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS,
+    StatusResult, SubscriptionCloseParams,
 };
 use berth_store::CredentialKind;
 use serde_json::json;
@@ -22,7 +22,7 @@ pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
     }
     let existing = ctx.conn.principal.lock().expect("conn lock").clone();
     let principal = match (p.token, existing) {
-        (Some(t), _) => match ctx.state.store.authenticate(&t).await? {
+        (Some(t), _) => match ctx.state.authenticate(&t).await? {
             Some(p) if p.kind == CredentialKind::User => p,
             _ => {
                 ctx.state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
@@ -35,7 +35,15 @@ pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
             return Err(ApiError::code(ErrorCode::Unauthorized));
         }
     };
-    *ctx.conn.principal.lock().expect("conn lock") = Some(principal.clone());
+    ctx.conn.sign_in(&ctx.state, principal.clone())?;
+    let mut notices = Vec::new();
+    if ctx.state.config.model.base_url.is_none() {
+        notices.push(Notice {
+            level: "warning".into(),
+            code: "provider-unconfigured".into(),
+            params: json!({}),
+        });
+    }
     Ok(HelloResult {
         protocol: PROTOCOL_VERSION,
         server_version: SERVER_VERSION.into(),
@@ -43,6 +51,7 @@ pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
         tenant_id: principal.tenant_id,
         user_id: principal.user_id,
         role: principal.role,
+        notices,
     })
 }
 

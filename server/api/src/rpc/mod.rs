@@ -6,6 +6,7 @@
 //! its own subscriptions (which then read from the database at their own pace) and never
 //! makes the server buffer without bound.
 
+mod admin;
 mod connection;
 mod queue;
 mod receipts;
@@ -21,7 +22,7 @@ use std::{
 use axum::{
     extract::{
         State, WebSocketUpgrade,
-        ws::{Message, WebSocket},
+        ws::{CloseFrame, Message, WebSocket},
     },
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
@@ -67,7 +68,7 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
     }
     let principal = match bearer(&headers) {
         None => None,
-        Some(t) => match state.store.authenticate(t).await {
+        Some(t) => match state.authenticate(t).await {
             Ok(Some(p)) if p.kind == CredentialKind::User => Some(p),
             Ok(_) => {
                 state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
@@ -76,7 +77,17 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
             Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
         },
     };
-    ws.max_message_size(state.config.max_text_message)
+    if let Some(p) = &principal
+        && !state
+            .connections
+            .has_room(&p.credential_id, state.config.limits.max_connections_per_credential)
+    {
+        return StatusCode::TOO_MANY_REQUESTS.into_response();
+    }
+    // Leave room above the limit so that an oversized message is refused by us, with 1009.
+    let max = state.config.max_text_message.saturating_add(64 << 10);
+    ws.max_message_size(max)
+        .max_frame_size(max)
         .on_upgrade(move |socket| run(state, principal, socket))
 }
 
@@ -98,6 +109,31 @@ pub struct Conn {
     /// Open subscriptions by request id.
     pub subs: Mutex<HashMap<u32, CancellationToken>>,
     pub closed: CancellationToken,
+    /// Cancelled when the principal is revoked (credential revoked, user disabled).
+    pub revoked: CancellationToken,
+    /// This connection's entry in the replica's connection registry.
+    pub registration: Mutex<Option<u64>>,
+    /// Requests being answered (subscriptions excluded).
+    pub in_flight: Arc<tokio::sync::Semaphore>,
+}
+
+impl Conn {
+    /// Authenticate the connection as `principal` (registering it for revocation and the
+    /// per-credential connection limit).
+    pub fn sign_in(&self, state: &AppState, principal: Principal) -> ApiResult<()> {
+        let max = state.config.limits.max_connections_per_credential;
+        let mut reg = self.registration.lock().expect("conn lock");
+        if let Some(old) = reg.take() {
+            state.connections.unregister(old);
+        }
+        let id = state
+            .connections
+            .register(&principal, max, self.revoked.clone())
+            .ok_or_else(|| ApiError::with(ErrorCode::RateLimited, json!({"limit": "connections"})))?;
+        *reg = Some(id);
+        *self.principal.lock().expect("conn lock") = Some(principal);
+        Ok(())
+    }
 }
 
 impl Ctx {
@@ -127,31 +163,82 @@ fn text<T: serde::Serialize>(v: &T) -> Message {
     Message::Text(serde_json::to_string(v).unwrap_or_default().into())
 }
 
+fn close(code: u16, reason: &'static str) -> Message {
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }))
+}
+
 async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
     state.metrics.connections.with_label_values(&["client"]).inc();
+    let limits = state.config.limits.clone();
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE);
     let conn = Arc::new(Conn {
-        principal: Mutex::new(principal),
+        principal: Mutex::new(None),
         out: tx,
         subs: Mutex::new(HashMap::new()),
         closed: CancellationToken::new(),
+        revoked: CancellationToken::new(),
+        registration: Mutex::new(None),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight)),
     });
+    if let Some(p) = principal
+        && conn.sign_in(&state, p).is_err()
+    {
+        let _ = sink.send(close(1008, "too many connections")).await;
+        state.metrics.connections.with_label_values(&["client"]).dec();
+        return;
+    }
     let writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
-            if sink.send(msg).await.is_err() {
+            let last = matches!(msg, Message::Close(_));
+            if sink.send(msg).await.is_err() || last {
                 break;
             }
         }
         let _ = sink.close().await;
     });
+    let mut ping = tokio::time::interval(limits.ping_interval);
+    let mut last_heard = Instant::now();
     loop {
         let msg = tokio::select! {
             m = stream.next() => m,
-            _ = state.shutdown.cancelled() => break,
+            _ = ping.tick() => {
+                if last_heard.elapsed() > limits.idle_timeout {
+                    let _ = conn.out.try_send(close(1000, "idle"));
+                    break;
+                }
+                let _ = conn.out.try_send(Message::Ping(Default::default()));
+                continue;
+            }
+            _ = conn.revoked.cancelled() => {
+                let _ = conn.out.send(close(1008, "revoked")).await;
+                break;
+            }
+            _ = state.shutdown.cancelled() => {
+                let _ = conn.out.send(close(1001, "shutting down")).await;
+                break;
+            }
         };
-        let Some(Ok(msg)) = msg else { break };
+        last_heard = Instant::now();
+        let msg = match msg {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                // The only read error we can still answer is an oversized message.
+                if e.to_string().contains("too long") || e.to_string().contains("Space limit") {
+                    let _ = conn.out.send(close(1009, "message too big")).await;
+                }
+                break;
+            }
+            None => break,
+        };
         match msg {
+            Message::Text(t) if t.len() > state.config.max_text_message => {
+                let _ = conn.out.send(close(1009, "message too big")).await;
+                break;
+            }
             Message::Text(t) => {
                 let ctx = Ctx {
                     state: state.clone(),
@@ -162,7 +249,10 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
                 tokio::spawn(async move { on_text(ctx, t.as_str()).await });
             }
             // No upload is in flight (content.upload is not offered yet): drop the connection.
-            Message::Binary(_) => break,
+            Message::Binary(_) => {
+                let _ = conn.out.send(close(1003, "unexpected binary message")).await;
+                break;
+            }
             Message::Close(_) => break,
             _ => {}
         }
@@ -171,12 +261,46 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
     for (_, sub) in conn.subs.lock().expect("conn lock").drain() {
         sub.cancel();
     }
+    if let Some(id) = conn.registration.lock().expect("conn lock").take() {
+        state.connections.unregister(id);
+    }
     drop(conn);
     let _ = writer.await;
     state.metrics.connections.with_label_values(&["client"]).dec();
 }
 
+/// Nesting depth of a JSON text (brackets outside strings), without parsing it.
+fn json_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 async fn on_text(mut ctx: Ctx, text_msg: &str) {
+    let max_depth = ctx.state.config.limits.max_json_depth;
+    if json_depth(text_msg) > max_depth {
+        let err = ApiError::with(ErrorCode::PayloadTooLarge, json!({"limit": "depth", "max": max_depth}));
+        return respond(&ctx, None, Err(err)).await;
+    }
     let value: serde_json::Value = match serde_json::from_str(text_msg) {
         Ok(v) => v,
         Err(_) => return respond(&ctx, None, Err(ApiError::code(ErrorCode::ParseError))).await,
@@ -191,6 +315,20 @@ async fn on_text(mut ctx: Ctx, text_msg: &str) {
     };
     let Some(id) = req.id else { return }; // notifications from clients carry nothing we act on
     ctx.id = Some(id);
+    if let Err(e) = admit(&ctx, &req.method) {
+        return respond(&ctx, Some(id), Err(e)).await;
+    }
+    let _permit = if req.method == method::SessionWatch::NAME {
+        None
+    } else {
+        match ctx.conn.in_flight.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                let err = ApiError::with(ErrorCode::RateLimited, json!({"limit": "in-flight"}));
+                return respond(&ctx, Some(id), Err(err)).await;
+            }
+        }
+    };
     let started = Instant::now();
     let method_name = req.method.clone();
     let result = dispatch(&ctx, &req.method, req.params).await;
@@ -207,6 +345,35 @@ async fn on_text(mut ctx: Ctx, text_msg: &str) {
         .with_label_values(&[label])
         .observe(started.elapsed().as_secs_f64());
     respond(&ctx, Some(id), result).await;
+}
+
+/// Per-credential request rate and per-connection subscription count.
+fn admit(ctx: &Ctx, method_name: &str) -> ApiResult<()> {
+    let credential = ctx
+        .conn
+        .principal
+        .lock()
+        .expect("conn lock")
+        .as_ref()
+        .map(|p| p.credential_id.clone());
+    if let Some(credential) = credential
+        && let Err(wait) = ctx.state.request_limiter.check(&credential)
+    {
+        let ms = wait.0.as_millis() as u64;
+        return Err(ApiError::with(
+            ErrorCode::RateLimited,
+            json!({"limit": "requests", "retryAfterMs": ms.max(1)}),
+        ));
+    }
+    if method_name == method::SessionWatch::NAME
+        && ctx.conn.subs.lock().expect("conn lock").len() >= ctx.state.config.limits.max_subscriptions
+    {
+        return Err(ApiError::with(
+            ErrorCode::RateLimited,
+            json!({"limit": "subscriptions"}),
+        ));
+    }
+    Ok(())
 }
 
 async fn respond(ctx: &Ctx, id: Option<u32>, result: ApiResult<serde_json::Value>) {
@@ -288,6 +455,19 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::QueueMove::NAME => call::<method::QueueMove, _, _>(ctx, params, queue::move_entry).await,
         method::QueueRemove::NAME => call::<method::QueueRemove, _, _>(ctx, params, queue::remove).await,
         method::OperationReceipt::NAME => call::<method::OperationReceipt, _, _>(ctx, params, receipts::receipt).await,
+        method::AdminCredentialCreate::NAME => {
+            call::<method::AdminCredentialCreate, _, _>(ctx, params, admin::credential_create).await
+        }
+        method::AdminCredentialList::NAME => {
+            call::<method::AdminCredentialList, _, _>(ctx, params, admin::credential_list).await
+        }
+        method::AdminCredentialRevoke::NAME => {
+            call::<method::AdminCredentialRevoke, _, _>(ctx, params, admin::credential_revoke).await
+        }
+        method::AdminUserCreate::NAME => call::<method::AdminUserCreate, _, _>(ctx, params, admin::user_create).await,
+        method::AdminUserList::NAME => call::<method::AdminUserList, _, _>(ctx, params, admin::user_list).await,
+        method::AdminUserDisable::NAME => call::<method::AdminUserDisable, _, _>(ctx, params, admin::user_disable).await,
+        method::AdminStatusGet::NAME => call::<method::AdminStatusGet, _, _>(ctx, params, admin::status).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
@@ -339,6 +519,13 @@ mod tests {
         "QueueMove",
         "QueueRemove",
         "OperationReceipt",
+        "AdminCredentialCreate",
+        "AdminCredentialList",
+        "AdminCredentialRevoke",
+        "AdminUserCreate",
+        "AdminUserList",
+        "AdminUserDisable",
+        "AdminStatusGet",
     ];
 
     #[test]

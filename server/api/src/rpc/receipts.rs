@@ -23,6 +23,10 @@ const MUTATIONS: &[&str] = &[
     "queue.update",
     "queue.move",
     "queue.remove",
+    "admin.credential.create",
+    "admin.credential.revoke",
+    "admin.user.create",
+    "admin.user.disable",
 ];
 
 pub fn is_mutation(method: &str) -> bool {
@@ -51,6 +55,8 @@ where
     let mut hashed = params.clone();
     if let Some(obj) = hashed.as_object_mut() {
         obj.remove("operationId");
+        // Never keep even a digest of a password.
+        obj.remove("password");
     }
     // serde_json's map is ordered by key, so this is a canonical form.
     let hash: String = Sha256::digest(hashed.to_string().as_bytes())

@@ -1,0 +1,287 @@
+//! Tenant administration: credentials and users, audited. Revoking a credential or
+//! disabling a user notifies every replica (`berth_revoke`) so that the principal's live
+//! connections close at once.
+
+use berth_protocol::{AdminStatus, CredentialView, Disabled, ErrorCode, Revoked, UserView};
+use deadpool_postgres::GenericClient;
+
+use crate::{
+    CHANNEL_REVOKE, Result, Store, StoreError, fmt_time, not_found,
+    receipts::{Receipt, finish},
+    tenant_tx, token,
+};
+
+/// Who did it, for the audit log.
+pub struct Actor<'a>(pub &'a str);
+
+pub(crate) async fn audit(
+    client: &impl GenericClient,
+    tenant: &str,
+    actor: &str,
+    action: &str,
+    target: &str,
+) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO audit_log (tenant_id, actor, action, target) VALUES ($1, $2, $3, $4)",
+            &[&tenant, &actor, &action, &target],
+        )
+        .await?;
+    Ok(())
+}
+
+const CREDENTIAL_SELECT: &str = "SELECT c.id, c.kind, c.user_id, u.email, c.note, c.created_at, c.last_used_at,
+        c.expires_at, c.revoked_at FROM credentials c LEFT JOIN users u ON u.id = c.user_id";
+
+fn credential_from(r: &tokio_postgres::Row) -> CredentialView {
+    let t = |i| r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(i).map(fmt_time);
+    CredentialView {
+        credential_id: r.get(0),
+        kind: r.get(1),
+        user_id: r.get(2),
+        user_email: r.get(3),
+        note: r.get(4),
+        created_at: fmt_time(r.get(5)),
+        last_used_at: t(6),
+        expires_at: t(7),
+        revoked_at: t(8),
+        token: None,
+    }
+}
+
+const USER_SELECT: &str =
+    "SELECT id, email, role, disabled_at IS NOT NULL, password_hash IS NOT NULL, created_at FROM users";
+
+fn user_from(r: &tokio_postgres::Row) -> UserView {
+    UserView {
+        user_id: r.get(0),
+        email: r.get(1),
+        role: r.get(2),
+        disabled: r.get(3),
+        has_password: r.get(4),
+        created_at: fmt_time(r.get(5)),
+    }
+}
+
+impl Store {
+    /// Create a credential for a user of the tenant (`user_id`) or a worker (None). The
+    /// receipt keeps everything but the plaintext.
+    pub async fn admin_create_credential(
+        &self,
+        tenant_id: &str,
+        user_id: Option<&str>,
+        note: &str,
+        expires_at: Option<chrono::DateTime<chrono::Utc>>,
+        actor: Actor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<CredentialView> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        if let Some(user) = user_id {
+            let live = tx
+                .query_opt(
+                    "SELECT 1 FROM users WHERE id = $1 AND tenant_id = $2 AND disabled_at IS NULL",
+                    &[&user, &tenant_id],
+                )
+                .await?;
+            if live.is_none() {
+                return not_found();
+            }
+        }
+        let kind = if user_id.is_some() { "user" } else { "worker" };
+        let plaintext = token::generate();
+        let id = token::new_id("crd");
+        tx.execute(
+            "INSERT INTO credentials (id, tenant_id, kind, user_id, sha256, note, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[&id, &tenant_id, &kind, &user_id, &token::digest(&plaintext), &note, &expires_at],
+        )
+        .await?;
+        audit(&tx, tenant_id, actor.0, "credential.create", &id).await?;
+        let row = tx
+            .query_one(
+                &format!("{CREDENTIAL_SELECT} WHERE c.id = $1 AND c.tenant_id = $2"),
+                &[&id, &tenant_id],
+            )
+            .await?;
+        let mut view = credential_from(&row);
+        finish(&tx, op, &view).await?;
+        tx.commit().await?;
+        view.token = Some(plaintext);
+        Ok(view)
+    }
+
+    pub async fn admin_list_credentials(&self, tenant_id: &str) -> Result<Vec<CredentialView>> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let rows = tx
+            .query(
+                &format!("{CREDENTIAL_SELECT} WHERE c.tenant_id = $1 ORDER BY c.created_at, c.id"),
+                &[&tenant_id],
+            )
+            .await?;
+        Ok(rows.iter().map(credential_from).collect())
+    }
+
+    /// Revoke one of the tenant's credentials; another tenant's id is not-found.
+    pub async fn admin_revoke_credential(
+        &self,
+        tenant_id: &str,
+        credential_id: &str,
+        actor: Actor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<Revoked> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let row = tx
+            .query_opt(
+                "UPDATE credentials SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND tenant_id = $2
+                 RETURNING 1",
+                &[&credential_id, &tenant_id],
+            )
+            .await?;
+        if row.is_none() {
+            return not_found();
+        }
+        audit(&tx, tenant_id, actor.0, "credential.revoke", credential_id).await?;
+        tx.execute(
+            "SELECT pg_notify($1, $2)",
+            &[&CHANNEL_REVOKE, &format!("cred:{credential_id}")],
+        )
+        .await?;
+        let result = Revoked { revoked: true };
+        finish(&tx, op, &result).await?;
+        tx.commit().await?;
+        Ok(result)
+    }
+
+    /// Create a user; `password_hash` is an argon2id PHC string (never the password).
+    pub async fn admin_create_user(
+        &self,
+        tenant_id: &str,
+        email: &str,
+        role: &str,
+        password_hash: Option<&str>,
+        actor: Actor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<UserView> {
+        if role != "admin" && role != "member" {
+            return Err(StoreError::Code(ErrorCode::BadParams));
+        }
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let id = token::new_id("usr");
+        let n = tx
+            .execute(
+                "INSERT INTO users (id, tenant_id, email, role, password_hash) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[&id, &tenant_id, &email, &role, &password_hash],
+            )
+            .await?;
+        if n == 0 {
+            return Err(StoreError::Code(ErrorCode::Conflict));
+        }
+        audit(&tx, tenant_id, actor.0, "user.create", &id).await?;
+        let row = tx
+            .query_one(
+                &format!("{USER_SELECT} WHERE id = $1 AND tenant_id = $2"),
+                &[&id, &tenant_id],
+            )
+            .await?;
+        let view = user_from(&row);
+        finish(&tx, op, &view).await?;
+        tx.commit().await?;
+        Ok(view)
+    }
+
+    pub async fn admin_list_users(&self, tenant_id: &str) -> Result<Vec<UserView>> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let rows = tx
+            .query(
+                &format!("{USER_SELECT} WHERE tenant_id = $1 ORDER BY created_at, id"),
+                &[&tenant_id],
+            )
+            .await?;
+        Ok(rows.iter().map(user_from).collect())
+    }
+
+    /// Disable a user: their credentials and tokens stop working and their connections close.
+    pub async fn admin_disable_user(
+        &self,
+        tenant_id: &str,
+        user_id: &str,
+        actor: Actor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<Disabled> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let row = tx
+            .query_opt(
+                "UPDATE users SET disabled_at = coalesce(disabled_at, now()) WHERE id = $1 AND tenant_id = $2 RETURNING 1",
+                &[&user_id, &tenant_id],
+            )
+            .await?;
+        if row.is_none() {
+            return not_found();
+        }
+        audit(&tx, tenant_id, actor.0, "user.disable", user_id).await?;
+        tx.execute(
+            "SELECT pg_notify($1, $2)",
+            &[&CHANNEL_REVOKE, &format!("user:{user_id}")],
+        )
+        .await?;
+        let result = Disabled { disabled: true };
+        finish(&tx, op, &result).await?;
+        tx.commit().await?;
+        Ok(result)
+    }
+
+    /// Set (or replace) a user's password hash (CLI).
+    pub async fn set_password(
+        &self,
+        tenant_id: &str,
+        email: &str,
+        password_hash: &str,
+        actor: Actor<'_>,
+    ) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let row = tx
+            .query_opt(
+                "UPDATE users SET password_hash = $3 WHERE tenant_id = $1 AND email = $2 RETURNING id",
+                &[&tenant_id, &email, &password_hash],
+            )
+            .await?;
+        let Some(row) = row else { return not_found() };
+        let id: String = row.get(0);
+        audit(&tx, tenant_id, actor.0, "user.password", &id).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// What `admin.status` reports for the tenant.
+    pub async fn admin_status(&self, tenant_id: &str, replica_id: &str) -> Result<AdminStatus> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let row = tx
+            .query_one(
+                "SELECT (SELECT count(*) FROM worker_presence WHERE tenant_id = $1 AND heartbeat_at > now() - interval '45 seconds'),
+                        (SELECT count(*) FROM turns WHERE tenant_id = $1 AND state = 'running'),
+                        (SELECT count(*) FROM turns WHERE tenant_id = $1 AND state = 'queued'),
+                        (SELECT coalesce(array_agg(DISTINCT replica_id), '{}') FROM worker_presence WHERE tenant_id = $1)",
+                &[&tenant_id],
+            )
+            .await?;
+        let mut replicas: Vec<String> = row.get(3);
+        if !replicas.iter().any(|r| r == replica_id) {
+            replicas.push(replica_id.to_string());
+        }
+        replicas.sort();
+        Ok(AdminStatus {
+            replica_id: replica_id.to_string(),
+            replicas,
+            connected_workers: row.get(0),
+            running_turns: row.get(1),
+            queue_depth: row.get(2),
+        })
+    }
+}
