@@ -74,7 +74,7 @@ pub async fn fresh_database() -> String {
 /// PostgreSQL (run as an unprivileged user when tests run as root) can reach its socket.
 pub fn scratch_dir(what: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let base = std::env::temp_dir().join(format!("berth-test-{}", std::process::id()));
+    let base = scratch_root().join(format!("berth-test-{}", std::process::id()));
     let n = NEXT_DB.fetch_add(1, Ordering::Relaxed);
     let dir = base.join(format!("{what}{n}"));
     std::fs::create_dir_all(&dir).expect("scratch dir");
@@ -84,8 +84,20 @@ pub fn scratch_dir(what: &str) -> PathBuf {
     dir
 }
 
+/// Where test processes keep their scratch dirs: `BERTH_TEST_SCRATCH` (kept for CI to scan
+/// the logs afterwards) or the system temp dir.
+fn scratch_root() -> PathBuf {
+    std::env::var_os("BERTH_TEST_SCRATCH")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
 /// Scratch dirs of earlier test processes that are gone (their clusters died with them).
+/// Under `BERTH_TEST_SCRATCH` nothing is removed: the caller owns that directory.
 fn remove_stale_scratch_dirs() {
+    if std::env::var_os("BERTH_TEST_SCRATCH").is_some() {
+        return;
+    }
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
     };
@@ -134,10 +146,25 @@ impl TestServer {
     /// Start `berth serve` on `database_url`, its model provider at `model_base_url`.
     pub async fn start(database_url: &str, model_base_url: &str) -> anyhow::Result<TestServer> {
         let data_dir = scratch_dir("serve");
-        Self::start_in(database_url, model_base_url, &data_dir).await
+        Self::launch(database_url, model_base_url, &data_dir, &[]).await
     }
 
-    pub async fn start_in(database_url: &str, model_base_url: &str, data_dir: &Path) -> anyhow::Result<TestServer> {
+    /// Start with extra environment (limits, for example).
+    pub async fn start_with(
+        database_url: &str,
+        model_base_url: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestServer> {
+        let data_dir = scratch_dir("serve");
+        Self::launch(database_url, model_base_url, &data_dir, env).await
+    }
+
+    async fn launch(
+        database_url: &str,
+        model_base_url: &str,
+        data_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestServer> {
         let log = data_dir.join("serve.log");
         let mut cmd = Command::new(berth_bin());
         cmd.arg("serve")
@@ -149,6 +176,9 @@ impl TestServer {
             .env("BERTH_MODEL", "mock-model")
             .env("BERTH_MODEL_API_KEY", "sk-test-provider-key")
             .env("RUST_LOG", "debug");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         let (child, addr, metrics_addr) = spawn_listening(cmd, &log).await?;
         Ok(TestServer {
             child,

@@ -428,17 +428,31 @@ async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Resu
         Admin::Tenant(TenantCmd::Create { name }) => {
             println!("{}", store.create_tenant(&name).await?)
         }
-        Admin::User(UserCmd::Create { tenant, email, admin, password_stdin }) => {
+        Admin::User(UserCmd::Create {
+            tenant,
+            email,
+            admin,
+            password_stdin,
+        }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
-            let hash = if password_stdin { Some(password_hash_from_stdin()?) } else { None };
+            let hash = if password_stdin {
+                Some(password_hash_from_stdin()?)
+            } else {
+                None
+            };
             let role = if admin { "admin" } else { "member" };
-            let user = store.admin_create_user(&tenant, &email, role, hash.as_deref(), Actor("cli"), None).await?;
+            let user = store
+                .admin_create_user(&tenant, &email, role, hash.as_deref(), Actor("cli"), None)
+                .await?;
             println!("{}", user.user_id);
         }
         Admin::User(UserCmd::SetPassword { tenant, email }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
             let hash = password_hash_from_stdin()?;
-            store.set_password(&tenant, &email, &hash, Actor("cli")).await.context("no such user")?;
+            store
+                .set_password(&tenant, &email, &hash, Actor("cli"))
+                .await
+                .context("no such user")?;
             println!("password set");
         }
     }
@@ -450,7 +464,10 @@ fn password_hash_from_stdin() -> anyhow::Result<String> {
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
     let password = line.trim_end_matches(['\n', '\r']);
-    anyhow::ensure!(password.chars().count() >= 12, "the password must have at least 12 characters");
+    anyhow::ensure!(
+        password.chars().count() >= 12,
+        "the password must have at least 12 characters"
+    );
     Ok(berth_api::auth::hash_password(password))
 }
 

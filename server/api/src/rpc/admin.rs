@@ -37,11 +37,21 @@ pub async fn credential_create(ctx: Ctx, p: AdminCredentialCreateParams) -> ApiR
         ),
     };
     if p.note.len() > 500 {
-        return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "note", "max": 500})));
+        return Err(ApiError::with(
+            ErrorCode::BadParams,
+            json!({"field": "note", "max": 500}),
+        ));
     }
     let store = &ctx.state.store;
     let view = store
-        .admin_create_credential(&me.tenant_id, p.user_id.as_deref(), &p.note, expires_at, Actor(actor(&me)), ctx.op.as_ref())
+        .admin_create_credential(
+            &me.tenant_id,
+            p.user_id.as_deref(),
+            &p.note,
+            expires_at,
+            Actor(actor(&me)),
+            ctx.op.as_ref(),
+        )
         .await?;
     tracing::info!(credential.id = %view.credential_id, kind = %view.kind, "credential created");
     Ok(view)
@@ -56,7 +66,9 @@ pub async fn credential_list(ctx: Ctx, _p: Empty) -> ApiResult<Vec<CredentialVie
 pub async fn credential_revoke(ctx: Ctx, p: AdminCredentialRevokeParams) -> ApiResult<Revoked> {
     let me = admin(&ctx)?;
     let store = &ctx.state.store;
-    let r = store.admin_revoke_credential(&me.tenant_id, &p.credential_id, Actor(actor(&me)), ctx.op.as_ref()).await?;
+    let r = store
+        .admin_revoke_credential(&me.tenant_id, &p.credential_id, Actor(actor(&me)), ctx.op.as_ref())
+        .await?;
     tracing::info!("credential revoked");
     Ok(r)
 }
@@ -74,7 +86,10 @@ pub async fn user_create(ctx: Ctx, p: AdminUserCreateParams) -> ApiResult<UserVi
     }
     let hash = match p.password {
         Some(pw) if pw.chars().count() < 12 || pw.len() > 1024 => {
-            return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "password", "minChars": 12})));
+            return Err(ApiError::with(
+                ErrorCode::BadParams,
+                json!({"field": "password", "minChars": 12}),
+            ));
         }
         Some(pw) => Some(
             tokio::task::spawn_blocking(move || crate::auth::hash_password(&pw))
@@ -84,8 +99,16 @@ pub async fn user_create(ctx: Ctx, p: AdminUserCreateParams) -> ApiResult<UserVi
         None => None,
     };
     let store = &ctx.state.store;
-    let user =
-        store.admin_create_user(&me.tenant_id, &email, &role, hash.as_deref(), Actor(actor(&me)), ctx.op.as_ref()).await?;
+    let user = store
+        .admin_create_user(
+            &me.tenant_id,
+            &email,
+            &role,
+            hash.as_deref(),
+            Actor(actor(&me)),
+            ctx.op.as_ref(),
+        )
+        .await?;
     tracing::info!(user.id = %user.user_id, "user created");
     Ok(user)
 }
@@ -99,12 +122,18 @@ pub async fn user_list(ctx: Ctx, _p: Empty) -> ApiResult<Vec<UserView>> {
 pub async fn user_disable(ctx: Ctx, p: AdminUserDisableParams) -> ApiResult<Disabled> {
     let me = admin(&ctx)?;
     let store = &ctx.state.store;
-    let r = store.admin_disable_user(&me.tenant_id, &p.user_id, Actor(actor(&me)), ctx.op.as_ref()).await?;
+    let r = store
+        .admin_disable_user(&me.tenant_id, &p.user_id, Actor(actor(&me)), ctx.op.as_ref())
+        .await?;
     tracing::info!("user disabled");
     Ok(r)
 }
 
 pub async fn status(ctx: Ctx, _p: Empty) -> ApiResult<AdminStatus> {
     let me = admin(&ctx)?;
-    Ok(ctx.state.store.admin_status(&me.tenant_id, &ctx.state.config.replica_id).await?)
+    Ok(ctx
+        .state
+        .store
+        .admin_status(&me.tenant_id, &ctx.state.config.replica_id)
+        .await?)
 }

@@ -466,7 +466,9 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         }
         method::AdminUserCreate::NAME => call::<method::AdminUserCreate, _, _>(ctx, params, admin::user_create).await,
         method::AdminUserList::NAME => call::<method::AdminUserList, _, _>(ctx, params, admin::user_list).await,
-        method::AdminUserDisable::NAME => call::<method::AdminUserDisable, _, _>(ctx, params, admin::user_disable).await,
+        method::AdminUserDisable::NAME => {
+            call::<method::AdminUserDisable, _, _>(ctx, params, admin::user_disable).await
+        }
         method::AdminStatusGet::NAME => call::<method::AdminStatusGet, _, _>(ctx, params, admin::status).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");

@@ -1,0 +1,721 @@
+//! Tenants, credentials and the front door (issue 3).
+
+use std::time::Duration;
+
+use berth_e2e::{Client, MockProvider, Stack, TestServer, client::code, fresh_database, harness::eventually};
+use serde_json::{Value, json};
+
+/// Tenant B: a tenant, an admin user and a client credential for it.
+async fn tenant_b(server: &TestServer) -> String {
+    server.admin(&["tenant", "create", "tenant-b"]).await.unwrap();
+    server
+        .admin(&[
+            "user",
+            "create",
+            "--tenant",
+            "tenant-b",
+            "--email",
+            "b@example.com",
+            "--admin",
+        ])
+        .await
+        .unwrap();
+    server
+        .admin(&[
+            "token",
+            "create",
+            "--tenant",
+            "tenant-b",
+            "--user",
+            "b@example.com",
+            "--note",
+            "b",
+        ])
+        .await
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// Every method is classified: it takes an id (and is in the matrix) or it does not.
+const NO_ID_METHODS: &[&str] = &[
+    "hello",
+    "ping",
+    "status",
+    "workspace.list",
+    "admin.credential.list",
+    "admin.user.list",
+    "admin.user.create",
+    "admin.status",
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let mut a = stack.client(0).await;
+    // Tenant A's objects: a session with history, a queued turn, a user, a credential.
+    let sid = stack.session(&mut a).await;
+    mock.push(berth_e2e::Reply::text(&["hello"]));
+    let mut w = a.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let t1 = a.ok("session.send", json!({"sessionId": sid, "prompt": "hi"})).await;
+    w.until(20, |i| i["type"] == "turn.ended").await.unwrap();
+    stack.kill_worker().await;
+    let queued = a.ok("session.send", json!({"sessionId": sid, "prompt": "later"})).await;
+    let user = a.ok("admin.user.create", json!({"email": "member@example.com"})).await;
+    let cred = a
+        .ok("admin.credential.create", json!({"worker": true, "note": "a-worker"}))
+        .await;
+    let receipt_op = "op-of-a";
+    a.ok(
+        "session.rename",
+        json!({"sessionId": sid, "title": "A's", "operationId": receipt_op}),
+    )
+    .await;
+    let wsid = stack.workspace_id.clone();
+    let pos = json!({"sourceSequence": 2, "itemIndex": 0});
+
+    let b_token = tenant_b(&stack.servers[0]).await;
+    let mut b = Client::authed(&stack.servers[0].ws_url(), &b_token).await.unwrap();
+
+    let before = snapshot(&mut a, &sid).await;
+
+    // method → (params naming A's objects, the same params with ids that exist nowhere).
+    let q = queued["queueId"].clone();
+    let matrix: Vec<(&str, Value, Value)> = vec![
+        (
+            "session.get",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "session.send",
+            json!({"sessionId": sid, "prompt": "x"}),
+            json!({"sessionId": "ses_random", "prompt": "x"}),
+        ),
+        (
+            "session.history",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "session.watch",
+            json!({"sessionId": sid, "after": 0}),
+            json!({"sessionId": "ses_random", "after": 0}),
+        ),
+        (
+            "session.rename",
+            json!({"sessionId": sid, "title": "B"}),
+            json!({"sessionId": "ses_random", "title": "B"}),
+        ),
+        (
+            "session.setModel",
+            json!({"sessionId": sid, "model": "m"}),
+            json!({"sessionId": "ses_random", "model": "m"}),
+        ),
+        (
+            "session.remove",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "session.clear",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "session.pause",
+            json!({"sessionId": sid, "paused": true}),
+            json!({"sessionId": "ses_random", "paused": true}),
+        ),
+        (
+            "session.stop",
+            json!({"sessionId": sid, "turnId": t1["turnId"]}),
+            json!({"sessionId": "ses_random", "turnId": "trn_random"}),
+        ),
+        (
+            "session.source",
+            json!({"sessionId": sid, "position": pos, "field": "body"}),
+            json!({"sessionId": "ses_random", "position": pos, "field": "body"}),
+        ),
+        (
+            "session.diagnostics",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "session.create",
+            json!({"workspaceId": wsid}),
+            json!({"workspaceId": "wsp_random"}),
+        ),
+        (
+            "session.list",
+            json!({"workspaceId": wsid}),
+            json!({"workspaceId": "wsp_random"}),
+        ),
+        (
+            "workspace.get",
+            json!({"workspaceId": wsid}),
+            json!({"workspaceId": "wsp_random"}),
+        ),
+        (
+            "queue.update",
+            json!({"sessionId": sid, "queueId": q, "revision": 0, "prompt": "B"}),
+            json!({"sessionId": "ses_random", "queueId": "trn_random", "revision": 0, "prompt": "B"}),
+        ),
+        (
+            "queue.move",
+            json!({"sessionId": sid, "queueId": q, "revision": 0}),
+            json!({"sessionId": "ses_random", "queueId": "trn_random", "revision": 0}),
+        ),
+        (
+            "queue.remove",
+            json!({"sessionId": sid, "queueId": q, "revision": 0}),
+            json!({"sessionId": "ses_random", "queueId": "trn_random", "revision": 0}),
+        ),
+        (
+            "operation.receipt",
+            json!({"operationId": receipt_op}),
+            json!({"operationId": "op-random"}),
+        ),
+        ("subscription.close", json!({"id": 1}), json!({"id": 4_000_000})),
+        (
+            "admin.credential.create",
+            json!({"userId": user["userId"], "note": "x"}),
+            json!({"userId": "usr_random", "note": "x"}),
+        ),
+        (
+            "admin.credential.revoke",
+            json!({"credentialId": cred["credentialId"]}),
+            json!({"credentialId": "crd_random"}),
+        ),
+        (
+            "admin.user.disable",
+            json!({"userId": user["userId"]}),
+            json!({"userId": "usr_random"}),
+        ),
+    ];
+
+    let mut covered: Vec<&str> = matrix.iter().map(|(m, _, _)| *m).collect();
+    covered.extend_from_slice(NO_ID_METHODS);
+    covered.sort();
+    let mut all = berth_protocol::METHOD_NAMES.to_vec();
+    all.sort();
+    assert_eq!(
+        covered, all,
+        "every method is either in the id matrix or declared id-free"
+    );
+
+    for (method, theirs, random) in &matrix {
+        let got_theirs = call_any(&mut b, method, theirs.clone()).await;
+        let got_random = call_any(&mut b, method, random.clone()).await;
+        assert_eq!(
+            got_theirs, got_random,
+            "{method}: another tenant's id must look missing"
+        );
+    }
+    assert_eq!(snapshot(&mut a, &sid).await, before, "nothing of tenant A changed");
+    // A's credential still works, and B sees none of A's things in lists.
+    assert_eq!(b.ok("workspace.list", json!({})).await, json!([]));
+    assert_eq!(b.ok("session.list", json!({})).await["entries"], json!([]));
+    let b_creds = b.ok("admin.credential.list", json!({})).await;
+    assert!(
+        b_creds
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["credentialId"] != cred["credentialId"])
+    );
+}
+
+/// What tenant A can see of its own state (to check that tenant B changed nothing).
+async fn snapshot(a: &mut Client, sid: &str) -> Value {
+    let mut s = a.ok("session.get", json!({"sessionId": sid})).await;
+    s.as_object_mut().unwrap().remove("updatedAt");
+    let h = a.ok("session.history", json!({"sessionId": sid})).await;
+    let mut creds = a.ok("admin.credential.list", json!({})).await;
+    for c in creds.as_array_mut().unwrap() {
+        c.as_object_mut().unwrap().remove("lastUsedAt");
+    }
+    let users = a.ok("admin.user.list", json!({})).await;
+    let ws = a.ok("workspace.list", json!({})).await;
+    json!([s, h, creds, users, ws])
+}
+
+/// A call's outcome as comparable JSON: the result, or the error (subscriptions: their end).
+async fn call_any(c: &mut Client, method: &str, params: Value) -> Value {
+    if method == "session.watch" {
+        let mut sub = c.subscribe(method, params);
+        let done = tokio::time::timeout(Duration::from_secs(10), &mut sub.done)
+            .await
+            .unwrap()
+            .unwrap();
+        return json!({"result": done.result, "error": done.error});
+    }
+    match c.call(method, params).await {
+        Ok(v) => json!({"result": v}),
+        Err(e) => json!({"error": e}),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn row_level_security_admits_only_the_transactions_tenant() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut a = stack.client(0).await;
+    let sid = stack.session(&mut a).await;
+    let b_token = tenant_b(&stack.servers[0]).await;
+    let _ = b_token;
+    let (client, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tenant_a: String = client
+        .query_one("SELECT tenant_id FROM sessions WHERE id = $1", &[&sid])
+        .await
+        .unwrap()
+        .get(0);
+    let tenant_b: String = client
+        .query_one("SELECT id FROM tenants WHERE name = 'tenant-b'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let count_as = |tenant: Option<String>| {
+        let client = &client;
+        async move {
+            client.batch_execute("BEGIN").await.unwrap();
+            client
+                .execute("SELECT set_config('role', 'berth_app', true)", &[])
+                .await
+                .unwrap();
+            if let Some(t) = tenant {
+                client
+                    .execute("SELECT set_config('berth.tenant_id', $1, true)", &[&t])
+                    .await
+                    .unwrap();
+            }
+            let n: i64 = client
+                .query_one("SELECT count(*) FROM sessions", &[])
+                .await
+                .unwrap()
+                .get(0);
+            let e: i64 = client
+                .query_one("SELECT count(*) FROM events", &[])
+                .await
+                .unwrap()
+                .get(0);
+            client.batch_execute("ROLLBACK").await.unwrap();
+            (n, e)
+        }
+    };
+    assert_eq!(count_as(Some(tenant_a.clone())).await.0, 1);
+    assert!(count_as(Some(tenant_a.clone())).await.1 >= 1);
+    assert_eq!(
+        count_as(Some(tenant_b.clone())).await,
+        (0, 0),
+        "tenant B sees none of A's rows"
+    );
+    assert_eq!(count_as(None).await, (0, 0), "no tenant set: no rows");
+    // Writing another tenant's rows is refused by the policy.
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .execute("SELECT set_config('role', 'berth_app', true)", &[])
+        .await
+        .unwrap();
+    client
+        .execute("SELECT set_config('berth.tenant_id', $1, true)", &[&tenant_b])
+        .await
+        .unwrap();
+    let err = client
+        .execute("UPDATE sessions SET title = 'stolen' WHERE id = $1", &[&sid])
+        .await
+        .unwrap();
+    assert_eq!(err, 0, "A's session is invisible to B's transaction");
+    let insert = client
+        .execute(
+            "INSERT INTO sessions (id, tenant_id, workspace_id) VALUES ('ses_evil', $1, $2)",
+            &[&tenant_a, &stack.workspace_id],
+        )
+        .await;
+    assert!(insert.is_err(), "inserting a row of another tenant violates the policy");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    // The app role owns nothing and cannot bypass policies.
+    let row = client
+        .query_one(
+            "SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = 'berth_app'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(!row.get::<_, bool>(0) && !row.get::<_, bool>(1));
+    let forced: bool = client
+        .query_one(
+            "SELECT relforcerowsecurity FROM pg_class WHERE relname = 'sessions'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(forced);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn revocation_closes_connections_on_another_replica_within_two_seconds() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut admin = stack.client(0).await;
+    let user = admin
+        .ok(
+            "admin.user.create",
+            json!({"email": "dev@example.com", "password": "correct horse battery"}),
+        )
+        .await;
+    let cred = admin
+        .ok(
+            "admin.credential.create",
+            json!({"userId": user["userId"], "note": "laptop"}),
+        )
+        .await;
+    let token = cred["token"].as_str().unwrap().to_string();
+    assert!(token.starts_with("berth_"));
+    // The plaintext is shown once: lists never carry it.
+    let listed = admin.ok("admin.credential.list", json!({})).await;
+    assert!(!listed.to_string().contains(&token));
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["credentialId"] == cred["credentialId"])
+        .unwrap();
+    assert_eq!(entry["note"], "laptop");
+    assert_eq!(entry["kind"], "user");
+
+    let url_b = stack.servers[1].ws_url();
+    let mut on_b = Client::connect_with(&url_b, Some(&token), None).await.unwrap();
+    assert_eq!(on_b.ok("ping", json!({})).await["pong"], true);
+    let revoked = admin
+        .ok("admin.credential.revoke", json!({"credentialId": cred["credentialId"]}))
+        .await;
+    assert_eq!(revoked["revoked"], true);
+    let closed = eventually(2, || {
+        let closed = on_b.is_closed();
+        async move { closed.then_some(()) }
+    })
+    .await;
+    assert!(
+        closed.is_some(),
+        "the revoked credential's connection on the other replica closes within 2 s"
+    );
+    assert_eq!(*on_b.closed.lock().unwrap(), Some(Some(1008)));
+    let err = Client::connect_with(&url_b, Some(&token), None)
+        .await
+        .err()
+        .expect("refused");
+    assert!(format!("{err:#}").contains("401"));
+
+    // Disabling a user closes their signed-in (JWT) connections too.
+    let login = login(&stack.servers[1], "default", "dev@example.com", "correct horse battery").await;
+    assert_eq!(login.0, 200, "{}", login.1);
+    let jwt = login.1["token"].as_str().unwrap().to_string();
+    let mut jwt_client = Client::connect(&url_b).await.unwrap();
+    let hello = jwt_client.hello(&jwt).await.unwrap();
+    assert_eq!(hello["userId"], user["userId"]);
+    admin.ok("admin.user.disable", json!({"userId": user["userId"]})).await;
+    let closed = eventually(2, || {
+        let closed = jwt_client.is_closed();
+        async move { closed.then_some(()) }
+    })
+    .await;
+    assert!(closed.is_some(), "the disabled user's connection closes within 2 s");
+    let mut fresh = Client::connect(&url_b).await.unwrap();
+    assert_eq!(code(&fresh.hello(&jwt).await.unwrap_err()), "unauthorized");
+    assert_eq!(
+        login_status(&stack.servers[0], "default", "dev@example.com", "correct horse battery").await,
+        401
+    );
+
+    // Revoking a worker credential disconnects the worker: its workspace goes offline.
+    let creds = admin.ok("admin.credential.list", json!({})).await;
+    let worker_cred = creds
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "worker")
+        .unwrap()
+        .clone();
+    admin
+        .ok(
+            "admin.credential.revoke",
+            json!({"credentialId": worker_cred["credentialId"]}),
+        )
+        .await;
+    let offline = eventually(5, || {
+        let (url, token) = (stack.servers[0].ws_url(), stack.token.clone());
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            let list = c.ok("workspace.list", json!({})).await;
+            (list[0]["online"] == false).then_some(())
+        }
+    })
+    .await;
+    assert!(offline.is_some(), "the revoked worker is disconnected");
+    // Every administration action is audited, without secrets.
+    let (client, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let rows = client
+        .query("SELECT actor, action, target FROM audit_log ORDER BY id", &[])
+        .await
+        .unwrap();
+    let actions: Vec<String> = rows.iter().map(|r| r.get::<_, String>(1)).collect();
+    for a in ["user.create", "credential.create", "credential.revoke", "user.disable"] {
+        assert!(actions.iter().any(|x| x == a), "{a} audited: {actions:?}");
+    }
+    let dump: String = rows
+        .iter()
+        .map(|r| format!("{}{}", r.get::<_, String>(0), r.get::<_, String>(2)))
+        .collect();
+    assert!(!dump.contains(&token) && !dump.contains("correct horse"));
+}
+
+async fn login(server: &TestServer, tenant: &str, email: &str, password: &str) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}/v1/auth/login", server.addr))
+        .json(&json!({"tenant": tenant, "email": email, "password": password}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn login_status(server: &TestServer, tenant: &str, email: &str, password: &str) -> u16 {
+    login(server, tenant, email, password).await.0
+}
+
+fn sign(secret: &[u8], alg: jsonwebtoken::Algorithm, claims: &Value) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(alg),
+        claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn passwords_jwts_and_their_rejections() {
+    use base64::Engine as _;
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    let server = TestServer::start(&db, &mock.base_url()).await.unwrap();
+    let mut admin = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
+    let user = admin
+        .ok(
+            "admin.user.create",
+            json!({"email": "Person@Example.com", "password": "pw-secret-long-enough", "role": "member"}),
+        )
+        .await;
+    assert_eq!(user["hasPassword"], true);
+    // argon2id with OWASP parameters at rest.
+    let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let hash: String = client
+        .query_one(
+            "SELECT password_hash FROM users WHERE id = $1",
+            &[&user["userId"].as_str().unwrap()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(hash.starts_with("$argon2id$"));
+    assert_eq!(berth_api::auth::argon2_params_of(&hash), Some((19456, 2, 1)));
+    assert!(!hash.contains("pw-secret"));
+
+    let (status, body) = login(&server, "default", "person@example.com", "pw-secret-long-enough").await;
+    assert_eq!(status, 200, "{body}");
+    let jwt = body["token"].as_str().unwrap().to_string();
+    let mut c = Client::connect_with(&server.ws_url(), Some(&jwt), None).await.unwrap();
+    assert_eq!(c.ok("ping", json!({})).await["pong"], true);
+    // A member is not an admin.
+    assert_eq!(
+        code(&c.call("admin.user.list", json!({})).await.unwrap_err()),
+        "forbidden"
+    );
+    assert_eq!(
+        code(
+            &c.call("admin.credential.create", json!({"worker": true}))
+                .await
+                .unwrap_err()
+        ),
+        "forbidden"
+    );
+
+    let secret = std::fs::read_to_string(server.data_dir.join("run/jwt-secret"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let now = chrono_now();
+    let claims = |exp: i64| json!({"sub": user["userId"], "tid": body["tenantId"], "role": "admin", "iat": now, "exp": exp, "jti": "j1"});
+    let good = sign(secret.as_bytes(), jsonwebtoken::Algorithm::HS256, &claims(now + 600));
+    let wrong_key = sign(
+        b"another-secret-that-is-long-enough-0123456789",
+        jsonwebtoken::Algorithm::HS256,
+        &claims(now + 600),
+    );
+    let expired = sign(secret.as_bytes(), jsonwebtoken::Algorithm::HS256, &claims(now - 600));
+    let hs512 = sign(secret.as_bytes(), jsonwebtoken::Algorithm::HS512, &claims(now + 600));
+    let b64 = |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+    let none = format!(
+        "{}.{}.",
+        b64(&json!({"alg": "none", "typ": "JWT"})),
+        b64(&claims(now + 600))
+    );
+    let parts: Vec<&str> = good.split('.').collect();
+    let mut forged = claims(now + 600);
+    forged["sub"] = json!("usr_someone_else");
+    let tampered = format!("{}.{}.{}", parts[0], b64(&forged), parts[2]);
+    // The role in a token is not trusted: the database says member.
+    let mut g = Client::connect_with(&server.ws_url(), Some(&good), None).await.unwrap();
+    assert_eq!(
+        code(&g.call("admin.user.list", json!({})).await.unwrap_err()),
+        "forbidden"
+    );
+    for (name, bad) in [
+        ("wrong key", &wrong_key),
+        ("expired", &expired),
+        ("HS512", &hs512),
+        ("alg none", &none),
+        ("tampered", &tampered),
+    ] {
+        let err = Client::connect_with(&server.ws_url(), Some(bad), None)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{name} accepted"));
+        assert!(format!("{err:#}").contains("401"), "{name}: {err:#}");
+        let mut h = Client::connect(&server.ws_url()).await.unwrap();
+        assert_eq!(code(&h.hello(bad).await.unwrap_err()), "unauthorized", "{name}");
+    }
+
+    // Wrong passwords, unknown accounts: 401 alike; then the account is rate limited.
+    assert_eq!(
+        login_status(&server, "default", "nobody@example.com", "whatever-password").await,
+        401
+    );
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        statuses.push(login_status(&server, "default", "person@example.com", "wrong-password-123").await);
+    }
+    assert!(statuses.starts_with(&[401]), "{statuses:?}");
+    assert_eq!(*statuses.last().unwrap(), 429, "{statuses:?}");
+    let (status, body) = login(&server, "default", "person@example.com", "pw-secret-long-enough").await;
+    assert_eq!(status, 429);
+    assert_eq!(body["error"]["code"], "rate-limited");
+
+    // Nothing secret reached the log.
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    for secret_text in [
+        jwt.as_str(),
+        "pw-secret-long-enough",
+        server.admin_token().as_str(),
+        secret.as_str(),
+    ] {
+        assert!(!log.contains(secret_text), "a secret reached the log");
+    }
+}
+
+fn chrono_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_answer_with_typed_errors_and_others_keep_being_served() {
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    let env = [
+        ("BERTH_MAX_TEXT_MESSAGE", "65536"),
+        ("BERTH_MAX_JSON_DEPTH", "32"),
+        ("BERTH_RATE_PER_SEC", "20"),
+        ("BERTH_RATE_BURST", "20"),
+        ("BERTH_MAX_CONNECTIONS_PER_CREDENTIAL", "4"),
+    ];
+    let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
+    let admin_token = server.admin_token();
+    let mut admin = Client::authed(&server.ws_url(), &admin_token).await.unwrap();
+    let me = admin.ok("hello", json!({"protocol": 1})).await;
+    let other = admin
+        .ok(
+            "admin.credential.create",
+            json!({"userId": me["userId"], "note": "other"}),
+        )
+        .await;
+    let other_token = other["token"].as_str().unwrap().to_string();
+
+    // Deep JSON: a typed error; the connection stays open.
+    let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+    admin.send_raw(&deep);
+    let resp = tokio::time::timeout(Duration::from_secs(10), admin.orphans.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let err = resp.error.unwrap();
+    assert_eq!(err.data_code(), Some("payload-too-large"));
+    assert_eq!(err.data["limit"], "depth");
+    assert_eq!(admin.ok("ping", json!({})).await["pong"], true);
+
+    // A flood: rate-limited answers, and another credential is still served.
+    let mut flood = Client::authed(&server.ws_url(), &admin_token).await.unwrap();
+    let mut limited = 0;
+    let mut tasks = Vec::new();
+    for _ in 0..60 {
+        tasks.push(flood.call("ping", json!({})).await);
+    }
+    for r in tasks {
+        if let Err(e) = r {
+            assert_eq!(code(&e), "rate-limited");
+            assert!(e.data["retryAfterMs"].as_u64().unwrap() >= 1);
+            limited += 1;
+        }
+    }
+    assert!(limited > 0, "the flood was limited");
+    let mut bystander = Client::authed(&server.ws_url(), &other_token).await.unwrap();
+    assert_eq!(bystander.ok("ping", json!({})).await["pong"], true);
+
+    // Connections per credential.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            Client::connect_with(&server.ws_url(), Some(&other_token), None)
+                .await
+                .unwrap(),
+        );
+    }
+    held.push(
+        Client::connect_with(&server.ws_url(), Some(&other_token), None)
+            .await
+            .unwrap(),
+    );
+    let err = Client::connect_with(&server.ws_url(), Some(&other_token), None)
+        .await
+        .err()
+        .expect("too many");
+    assert!(format!("{err:#}").contains("429"), "{err:#}");
+
+    // An oversized message closes the connection with 1009; the server keeps serving.
+    let big = Client::authed(&server.ws_url(), &admin_token).await.unwrap();
+    big.send_raw(&format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"params\":{{\"pad\":\"{}\"}}}}",
+        "x".repeat(100_000)
+    ));
+    let closed = eventually(5, || {
+        let c = *big.closed.lock().unwrap();
+        async move { c }
+    })
+    .await;
+    assert_eq!(closed, Some(Some(1009)));
+    assert_eq!(bystander.ok("status", json!({})).await["protocol"], 1);
+    assert_eq!(server.get("/healthz").await.status(), 200);
+}
