@@ -28,6 +28,8 @@ pub struct Client {
     pub orphans: mpsc::UnboundedReceiver<Response>,
     /// Set when the server closes the connection (with its close code, if any).
     pub closed: Arc<Mutex<Option<Option<u16>>>>,
+    /// While true, the client does not read from the socket (a slow or stalled peer).
+    paused: tokio::sync::watch::Sender<bool>,
 }
 
 /// An open subscription: its request id, its items, and its final response.
@@ -97,9 +99,14 @@ impl Client {
         let closed = Arc::new(Mutex::new(None));
         let (orphan_tx, orphans) = mpsc::unbounded_channel();
         let (p, s, c) = (pending.clone(), subs.clone(), closed.clone());
+        let (paused, mut paused_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let mut code = None;
-            while let Some(msg) = stream.next().await {
+            loop {
+                if paused_rx.wait_for(|p| !*p).await.is_err() {
+                    break;
+                }
+                let Some(msg) = stream.next().await else { break };
                 match msg {
                     Ok(Message::Text(t)) => {
                         let Ok(v) = serde_json::from_str::<Value>(&t) else {
@@ -140,6 +147,7 @@ impl Client {
             next_id: 1,
             orphans,
             closed,
+            paused,
         })
     }
 
@@ -207,6 +215,11 @@ impl Client {
         let (id2, done) = self.start(method, params);
         debug_assert_eq!(id, id2);
         Subscription { id, items, done }
+    }
+
+    /// Stop (true) or resume (false) reading from the socket.
+    pub fn pause_reading(&self, paused: bool) {
+        self.paused.send_replace(paused);
     }
 
     pub fn is_closed(&self) -> bool {

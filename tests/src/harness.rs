@@ -175,7 +175,10 @@ impl TestServer {
             .env("BERTH_MODEL_BASE_URL", model_base_url)
             .env("BERTH_MODEL", "mock-model")
             .env("BERTH_MODEL_API_KEY", "sk-test-provider-key")
-            .env("RUST_LOG", "debug");
+            .env("RUST_LOG", "debug")
+            // Tests drive many requests from one credential; the limits test sets its own.
+            .env("BERTH_RATE_PER_SEC", "100000")
+            .env("BERTH_RATE_BURST", "100000");
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -739,3 +739,72 @@ async fn session_list_orders_pages_and_summarises() {
     let e = c.call("session.list", json!({"after": "garbage"})).await.unwrap_err();
     assert_eq!(code(&e), "bad-params");
 }
+
+/// A watcher that stops reading never makes the server buffer without bound: its watch
+/// waits (the outbound queue is bounded) and then catches up from the database, losing
+/// nothing and doubling nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_watcher_catches_up_without_loss() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut writer = stack.client(0).await;
+    let sid = stack.session(&mut writer).await;
+    let mut slow = stack.client(0).await;
+    let mut sub = slow.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    assert_eq!(sub.next(10).await.unwrap()["sequence"], 1);
+    slow.pause_reading(true);
+    // Far more than socket buffers and the outbound queue hold.
+    let title = "t".repeat(900);
+    for i in 0..1500 {
+        writer
+            .ok(
+                "session.rename",
+                json!({"sessionId": sid, "title": format!("{i}{title}")}),
+            )
+            .await;
+    }
+    let last = writer.ok("session.get", json!({"sessionId": sid})).await["sequence"]
+        .as_i64()
+        .unwrap();
+    assert!(last > 1500);
+    // Other clients were served all along; now the stalled one reads again.
+    slow.pause_reading(false);
+    let mut seen = vec![1];
+    while *seen.last().unwrap() < last {
+        let item = sub.next(30).await.expect("the stalled watcher catches up");
+        if let Some(seq) = item["sequence"].as_i64() {
+            seen.push(seq);
+        }
+    }
+    assert_eq!(seen, (1..=last).collect::<Vec<_>>());
+}
+
+/// Receipts expire after the retention period.
+#[tokio::test(flavor = "multi_thread")]
+async fn receipts_are_deleted_after_the_retention_period() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    c.ok(
+        "session.rename",
+        json!({"sessionId": sid, "title": "x", "operationId": "op-old"}),
+    )
+    .await;
+    assert_eq!(
+        c.ok("operation.receipt", json!({"operationId": "op-old"})).await["state"],
+        "done"
+    );
+    let store = berth_store::Store::connect(&stack.database_url, 1).unwrap();
+    assert_eq!(
+        store.receipts_cleanup(3600).await.unwrap(),
+        0,
+        "younger than the retention: kept"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(store.receipts_cleanup(1).await.unwrap(), 1);
+    assert_eq!(
+        c.ok("operation.receipt", json!({"operationId": "op-old"})).await,
+        Value::Null
+    );
+}

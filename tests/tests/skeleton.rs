@@ -569,3 +569,52 @@ async fn berth_dev_comes_up_on_a_fresh_data_dir_and_restarts_on_the_same_cluster
     assert_eq!(list[0]["workspaceId"], first_id.0.as_str());
     assert!(harness::terminate(&mut child).await.success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_worker_reconnects_with_backoff_when_the_server_comes_back() {
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let env = [("BERTH_LISTEN", listen.as_str())];
+    let mut server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
+    let token = server.worker_token().await;
+    let _worker = TestWorker::start(&server, &token, "proj", &scratch_dir("workspace"))
+        .await
+        .unwrap();
+    let online = |server: &TestServer, want: bool| {
+        let (url, token) = (server.ws_url(), server.admin_token());
+        async move {
+            eventually(30, || {
+                let (url, token) = (url.clone(), token.clone());
+                async move {
+                    let mut c = Client::authed(&url, &token).await.ok()?;
+                    let list = c.ok("workspace.list", json!({})).await;
+                    (list.as_array()?.first()?["online"] == want).then(|| list[0]["workspaceId"].clone())
+                }
+            })
+            .await
+        }
+    };
+    let ws = online(&server, true).await.expect("online");
+    assert!(server.terminate().await.success());
+    // Same database, same address: the worker finds it again by itself.
+    let data_dir = server.data_dir.clone();
+    let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
+    std::fs::copy(data_dir.join("run/token"), server.data_dir.join("run/token")).unwrap();
+    assert_eq!(online(&server, true).await.expect("online again"), ws);
+    mock.push(Reply::text(&["back"]));
+    let mut c = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
+    let s = c.ok("session.create", json!({"workspaceId": ws})).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": s["sessionId"], "after": 0}));
+    c.ok("session.send", json!({"sessionId": s["sessionId"], "prompt": "hi"}))
+        .await;
+    assert_eq!(
+        watch.until(30, is_turn_end).await.unwrap().last().unwrap()["state"],
+        "completed"
+    );
+}

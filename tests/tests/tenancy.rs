@@ -719,3 +719,48 @@ async fn limits_answer_with_typed_errors_and_others_keep_being_served() {
     assert_eq!(bystander.ok("status", json!({})).await["protocol"], 1);
     assert_eq!(server.get("/healthz").await.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_credentials_and_idle_connections_are_refused() {
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    let env = [("BERTH_WS_PING_SECS", "1"), ("BERTH_WS_IDLE_SECS", "2")];
+    let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
+    let mut admin = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
+    let me = admin.ok("hello", json!({"protocol": 1})).await;
+    let past = admin
+        .ok(
+            "admin.credential.create",
+            json!({"userId": me["userId"], "note": "old", "expiresAt": "2020-01-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(past["expiresAt"], "2020-01-01T00:00:00.000Z");
+    let err = Client::connect_with(&server.ws_url(), Some(past["token"].as_str().unwrap()), None)
+        .await
+        .err();
+    assert!(format!("{:#}", err.expect("expired")).contains("401"));
+    let bad = admin
+        .call(
+            "admin.credential.create",
+            json!({"worker": true, "expiresAt": "tomorrow"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&bad), "bad-params");
+    // A peer that stops answering pings is closed as idle; one that reads stays.
+    let stalled = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
+    stalled.pause_reading(true);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stalled.pause_reading(false);
+    let closed = eventually(5, || {
+        let c = *stalled.closed.lock().unwrap();
+        async move { c }
+    })
+    .await;
+    assert_eq!(closed, Some(Some(1000)), "closed as idle");
+    assert_eq!(
+        admin.ok("ping", json!({})).await["pong"],
+        true,
+        "a live peer answers pings and stays"
+    );
+}
