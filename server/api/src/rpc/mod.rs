@@ -257,6 +257,16 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
             _ => {}
         }
     }
+    // Closing handshake: if we sent a Close, wait (briefly) for the peer's, so that the
+    // peer reads our close code before the socket goes away.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+        while let Some(Ok(m)) = stream.next().await {
+            if matches!(m, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
     conn.closed.cancel();
     for (_, sub) in conn.subs.lock().expect("conn lock").drain() {
         sub.cancel();
