@@ -207,6 +207,17 @@ impl Client {
             .unwrap_or_else(|e| panic!("{method} failed: {e}"))
     }
 
+    /// The bodies of a session's history rows (one page).
+    pub async fn history_bodies(&mut self, session_id: &str) -> Vec<String> {
+        let history = self.ok("session.history", json!({"sessionId": session_id})).await;
+        history["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .map(|r| r["body"].as_str().expect("body").to_string())
+            .collect()
+    }
+
     /// Open a subscription.
     pub fn subscribe(&mut self, method: &str, params: Value) -> Subscription {
         let id = self.next_id;

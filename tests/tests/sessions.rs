@@ -324,13 +324,7 @@ async fn queue_revisions_pause_and_offline_worker() {
     assert_eq!(ended[0]["turnId"], q3);
     assert_eq!(ended[1]["turnId"], q2);
     assert!(ended.iter().all(|e| e["state"] == "completed"));
-    let history = a.ok("session.history", json!({"sessionId": sid})).await;
-    let bodies: Vec<&str> = history["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["body"].as_str().unwrap())
-        .collect();
+    let bodies = a.history_bodies(&sid).await;
     assert_eq!(bodies, ["third", "third done", winner_prompt.as_str(), "second done"]);
 }
 

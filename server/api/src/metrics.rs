@@ -17,6 +17,10 @@ pub struct Metrics {
     pub events_appended: IntCounter,
     /// Turns settled, by state.
     pub turns: IntCounterVec,
+    /// How long turns ran on this replica's workers, from hand-out to settling.
+    pub turn_duration: prometheus::Histogram,
+    /// From an event's commit to its delivery to a live watcher.
+    pub fanout_lag: prometheus::Histogram,
     /// Model tokens by provider, model and kind (`input`, `output`).
     pub model_tokens: IntCounterVec,
     /// Time to the first byte of a provider's response, by provider and model.
@@ -45,6 +49,16 @@ impl Metrics {
                 .expect("metric"),
             events_appended: IntCounter::new("berth_events_appended_total", "events appended").expect("metric"),
             turns: IntCounterVec::new(Opts::new("berth_turns_total", "turns settled"), &["state"]).expect("metric"),
+            turn_duration: prometheus::Histogram::with_opts(
+                HistogramOpts::new("berth_turn_duration_seconds", "turn duration")
+                    .buckets(vec![0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0]),
+            )
+            .expect("metric"),
+            fanout_lag: prometheus::Histogram::with_opts(
+                HistogramOpts::new("berth_fanout_lag_seconds", "commit to live delivery")
+                    .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+            )
+            .expect("metric"),
             model_tokens: IntCounterVec::new(
                 Opts::new("berth_model_tokens_total", "model tokens"),
                 &["provider", "model", "kind"],
@@ -71,6 +85,8 @@ impl Metrics {
             Box::new(m.connections.clone()),
             Box::new(m.events_appended.clone()),
             Box::new(m.turns.clone()),
+            Box::new(m.turn_duration.clone()),
+            Box::new(m.fanout_lag.clone()),
             Box::new(m.model_tokens.clone()),
             Box::new(m.model_latency.clone()),
             Box::new(m.workers_connected.clone()),

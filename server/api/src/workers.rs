@@ -145,6 +145,8 @@ struct WorkerConn {
 /// thinking it has streamed (the offsets carried by `model.delta`).
 struct LiveTurn {
     session: String,
+    /// When the turn was handed to the worker.
+    started: std::time::Instant,
     step: i32,
     text: u64,
     thinking: u64,
@@ -287,6 +289,7 @@ impl WorkerConn {
             tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, "turn handed to worker");
             let live = LiveTurn {
                 session: c.run.session_id.clone(),
+                started: std::time::Instant::now(),
                 step: 0,
                 text: 0,
                 thinking: 0,
@@ -335,12 +338,9 @@ impl WorkerConn {
                         .await;
                     if let Some(live) = self.turns.get_mut(&step.turn_id) {
                         self.state.hub.end_step(&live.session);
-                        *live = LiveTurn {
-                            session: live.session.clone(),
-                            step: live.step + 1,
-                            text: 0,
-                            thinking: 0,
-                        };
+                        live.step += 1;
+                        live.text = 0;
+                        live.thinking = 0;
                     }
                     if let (Ok(_), Some(u)) = (&r, step.usage) {
                         let model = self.state.config.model.model.clone().unwrap_or_default();
@@ -371,6 +371,10 @@ impl WorkerConn {
                         )
                         .await;
                     if let Some(live) = self.turns.remove(&end.turn_id) {
+                        self.state
+                            .metrics
+                            .turn_duration
+                            .observe(live.started.elapsed().as_secs_f64());
                         self.state.hub.end_step(&live.session);
                         let idle = json!({"type": "phase", "phase": "idle", "turnId": end.turn_id});
                         self.relay_now(&live.session, idle).await;

@@ -11,6 +11,15 @@ use crate::{
     tenant_tx, token,
 };
 
+/// A principal to cut off: its id, the statement that marks it (`$1` id, `$2` tenant),
+/// the audit action and the `berth_revoke` prefix.
+struct Target<'a> {
+    id: &'a str,
+    sql: &'static str,
+    action: &'static str,
+    notify: &'static str,
+}
+
 /// Who did it, for the audit log.
 pub struct Actor<'a>(pub &'a str);
 
@@ -130,28 +139,15 @@ impl Store {
         actor: Actor<'_>,
         op: Option<&Receipt>,
     ) -> Result<Revoked> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let row = tx
-            .query_opt(
-                "UPDATE credentials SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND tenant_id = $2
-                 RETURNING 1",
-                &[&credential_id, &tenant_id],
-            )
-            .await?;
-        if row.is_none() {
-            return not_found();
-        }
-        audit(&tx, tenant_id, actor.0, "credential.revoke", credential_id).await?;
-        tx.execute(
-            "SELECT pg_notify($1, $2)",
-            &[&CHANNEL_REVOKE, &format!("cred:{credential_id}")],
-        )
-        .await?;
-        let result = Revoked { revoked: true };
-        finish(&tx, op, &result).await?;
-        tx.commit().await?;
-        Ok(result)
+        let sql = "UPDATE credentials SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 AND tenant_id = $2 RETURNING 1";
+        let target = Target {
+            id: credential_id,
+            sql,
+            action: "credential.revoke",
+            notify: "cred",
+        };
+        self.cut_off(tenant_id, target, actor, op, Revoked { revoked: true })
+            .await
     }
 
     /// Create a user; `password_hash` is an argon2id PHC string (never the password).
@@ -212,24 +208,39 @@ impl Store {
         actor: Actor<'_>,
         op: Option<&Receipt>,
     ) -> Result<Disabled> {
+        let sql =
+            "UPDATE users SET disabled_at = coalesce(disabled_at, now()) WHERE id = $1 AND tenant_id = $2 RETURNING 1";
+        let target = Target {
+            id: user_id,
+            sql,
+            action: "user.disable",
+            notify: "user",
+        };
+        self.cut_off(tenant_id, target, actor, op, Disabled { disabled: true })
+            .await
+    }
+
+    /// Revoke a principal (credential or user) of the tenant: mark it, audit it, and tell
+    /// every replica to close its connections. Another tenant's id is not-found.
+    async fn cut_off<T: serde::Serialize>(
+        &self,
+        tenant_id: &str,
+        target: Target<'_>,
+        actor: Actor<'_>,
+        op: Option<&Receipt>,
+        result: T,
+    ) -> Result<T> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let row = tx
-            .query_opt(
-                "UPDATE users SET disabled_at = coalesce(disabled_at, now()) WHERE id = $1 AND tenant_id = $2 RETURNING 1",
-                &[&user_id, &tenant_id],
-            )
-            .await?;
-        if row.is_none() {
+        if tx.query_opt(target.sql, &[&target.id, &tenant_id]).await?.is_none() {
             return not_found();
         }
-        audit(&tx, tenant_id, actor.0, "user.disable", user_id).await?;
+        audit(&tx, tenant_id, actor.0, target.action, target.id).await?;
         tx.execute(
             "SELECT pg_notify($1, $2)",
-            &[&CHANNEL_REVOKE, &format!("user:{user_id}")],
+            &[&CHANNEL_REVOKE, &format!("{}:{}", target.notify, target.id)],
         )
         .await?;
-        let result = Disabled { disabled: true };
         finish(&tx, op, &result).await?;
         tx.commit().await?;
         Ok(result)

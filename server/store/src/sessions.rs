@@ -24,6 +24,14 @@ fn effective(model: &Option<String>, default_model: Option<&str>) -> (Option<Str
     }
 }
 
+/// A change to a session's own columns: `SET` clause (parameters from `$2`), its values,
+/// and the event type that records it.
+struct Change<'a> {
+    set: &'static str,
+    values: &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)],
+    event: &'static str,
+}
+
 /// Lock a live session of the tenant for the rest of the transaction; not-found otherwise.
 pub(crate) async fn lock_session(tx: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<()> {
     let row = tx
@@ -215,25 +223,20 @@ impl Store {
         default_model: Option<&str>,
         op: Option<&Receipt>,
     ) -> Result<SessionSnapshot> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        lock_session(&tx, tenant_id, session_id).await?;
-        tx.execute("UPDATE sessions SET title = $2 WHERE id = $1", &[&session_id, &title])
-            .await?;
-        append_event(
-            &tx,
+        let change = Change {
+            set: "title = $2",
+            values: &[&title],
+            event: "session.titleChanged",
+        };
+        self.change_session(
             tenant_id,
             session_id,
-            "session.titleChanged",
-            None,
+            change,
             json!({"title": title}),
-            &[],
+            default_model,
+            op,
         )
-        .await?;
-        let snap = snapshot(&tx, tenant_id, session_id, default_model).await?;
-        finish(&tx, op, &snap).await?;
-        tx.commit().await?;
-        Ok(snap)
+        .await
     }
 
     pub async fn set_model(
@@ -245,24 +248,34 @@ impl Store {
         default_model: Option<&str>,
         op: Option<&Receipt>,
     ) -> Result<SessionSnapshot> {
+        let change = Change {
+            set: "provider = $2, model = $3",
+            values: &[&provider, &model],
+            event: "session.modelChanged",
+        };
+        let payload = json!({"provider": provider, "model": model});
+        self.change_session(tenant_id, session_id, change, payload, default_model, op)
+            .await
+    }
+
+    /// Update session columns, record the change as an event, and answer the new snapshot.
+    async fn change_session(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        change: Change<'_>,
+        payload: serde_json::Value,
+        default_model: Option<&str>,
+        op: Option<&Receipt>,
+    ) -> Result<SessionSnapshot> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
-        tx.execute(
-            "UPDATE sessions SET provider = $2, model = $3 WHERE id = $1",
-            &[&session_id, &provider, &model],
-        )
-        .await?;
-        append_event(
-            &tx,
-            tenant_id,
-            session_id,
-            "session.modelChanged",
-            None,
-            json!({"provider": provider, "model": model}),
-            &[],
-        )
-        .await?;
+        let mut values: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&session_id];
+        values.extend_from_slice(change.values);
+        tx.execute(&format!("UPDATE sessions SET {} WHERE id = $1", change.set), &values)
+            .await?;
+        append_event(&tx, tenant_id, session_id, change.event, None, payload, &[]).await?;
         let snap = snapshot(&tx, tenant_id, session_id, default_model).await?;
         finish(&tx, op, &snap).await?;
         tx.commit().await?;

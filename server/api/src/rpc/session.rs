@@ -287,6 +287,10 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<Value> {
                 if !ctx.item(e).await {
                     break 'watch Err(ApiError(super::gone()));
                 }
+                if joined && let Ok(at) = chrono::DateTime::parse_from_rfc3339(&e.at) {
+                    let lag = chrono::Utc::now().signed_duration_since(at).num_milliseconds().max(0);
+                    ctx.state.metrics.fanout_lag.observe(lag as f64 / 1000.0);
+                }
             }
             cursor = last;
         }
