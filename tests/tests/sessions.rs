@@ -527,6 +527,56 @@ async fn a_two_mib_message_reads_back_exactly() {
         .await
         .unwrap_err();
     assert_eq!(code(&e), "bad-params", "offset 3 is inside 'ü'");
+
+    // An event target opens that event's rows.
+    let event = c
+        .ok(
+            "session.history",
+            json!({"sessionId": sid, "target": {"kind": "event", "sequence": 2}}),
+        )
+        .await;
+    assert_eq!(event["rows"].as_array().unwrap().len(), 1);
+    assert_eq!(event["rows"][0]["body"], "write a lot");
+    let e = c
+        .call(
+            "session.history",
+            json!({"sessionId": sid, "target": {"kind": "event", "sequence": 99}}),
+        )
+        .await;
+    assert_eq!(code(&e.unwrap_err()), "not-found");
+
+    // Rows of internal tools are hidden unless targeted (written here as a worker would).
+    let (db, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    db.execute(
+        "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, hidden)
+         SELECT session_id, 3, 1, tenant_id, turn_id, 'toolResult', 'internal bookkeeping', true FROM rows
+          WHERE session_id = $1 AND source_sequence = 3 AND item_index = 0",
+        &[&sid],
+    )
+    .await
+    .unwrap();
+    let all = c
+        .ok(
+            "session.history",
+            json!({"sessionId": sid, "maxBytes": 1048576, "limit": 500}),
+        )
+        .await;
+    assert!(
+        all["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["body"] != "internal bookkeeping")
+    );
+    let target = json!({"kind": "row", "position": {"sourceSequence": 3, "itemIndex": 1}, "field": "body"});
+    let hidden = c
+        .ok("session.history", json!({"sessionId": sid, "target": target}))
+        .await;
+    assert_eq!(hidden["rows"][0]["body"], "internal bookkeeping");
+    assert_eq!(hidden["rows"][0]["hidden"], true);
 }
 
 fn split_chars(s: &str, max: usize) -> Vec<String> {

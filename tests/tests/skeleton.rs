@@ -566,9 +566,69 @@ async fn berth_dev_comes_up_on_a_fresh_data_dir_and_restarts_on_the_same_cluster
     c.ok("session.send", json!({"sessionId": sid, "prompt": "hi"})).await;
     let items = watch.until(30, is_turn_end).await.unwrap();
     assert_eq!(items.last().unwrap()["state"], "completed");
+    // The admin CLI works against the running private cluster of the data dir…
+    let admin = |args: &[&str]| {
+        let out = std::process::Command::new(harness::berth_bin())
+            .arg("admin")
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env("BERTH_DATA_DIR", &data_dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "berth admin {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let created = admin(&[
+        "token",
+        "create",
+        "--tenant",
+        "default",
+        "--user",
+        "admin@localhost",
+        "--note",
+        "cli",
+    ]);
+    let created = created.trim().to_string();
+    assert!(
+        created.starts_with("berth_") && !created.contains(char::is_whitespace),
+        "only the credential: {created:?}"
+    );
+    let listed = admin(&["token", "list", "--tenant", "default"]);
+    let line = listed
+        .lines()
+        .find(|l| l.contains("\tcli\t"))
+        .expect("listed, one per line");
+    let id = line.split('\t').next().unwrap().to_string();
+    assert!(id.starts_with("crd_"), "id first: {line}");
+    assert!(!listed.contains(&created), "lists never show secrets");
+    let mut via_cli = Client::authed(&url, &created).await.unwrap();
+    assert_eq!(via_cli.ok("ping", json!({})).await["pong"], true);
+    admin(&["token", "revoke", &id]);
+    assert!(
+        Client::authed(&url, &created).await.is_err(),
+        "a revoked credential is refused"
+    );
     let log_text = std::fs::read_to_string(&log).unwrap();
     assert!(!log_text.contains(&token), "the credential never reaches the log");
     assert!(harness::terminate(&mut child).await.success());
+
+    // …and, with nothing running, starts the cluster itself.
+    let tenant = admin(&["tenant", "create", "team-two"]);
+    assert!(tenant.trim().starts_with("ten_"));
+    let user = admin(&[
+        "user",
+        "create",
+        "--tenant",
+        "team-two",
+        "--email",
+        "two@example.com",
+        "--admin",
+    ]);
+    assert!(user.trim().starts_with("usr_"));
 
     // Second start: same cluster, same data, no new bootstrap credential.
     let (mut child, addr, _) = harness::spawn_listening(start(), &home.join("dev2.log")).await.unwrap();

@@ -393,6 +393,29 @@ async fn revocation_closes_connections_on_another_replica_within_two_seconds() {
     let url_b = stack.servers[1].ws_url();
     let mut on_b = Client::connect_with(&url_b, Some(&token), None).await.unwrap();
     assert_eq!(on_b.ok("ping", json!({})).await["pong"], true);
+    // Last use is recorded (at most once a minute).
+    let listed = admin.ok("admin.credential.list", json!({})).await;
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["credentialId"] == cred["credentialId"])
+        .unwrap()
+        .clone();
+    assert!(entry["lastUsedAt"].is_string(), "{entry}");
+    let _again = Client::connect_with(&url_b, Some(&token), None).await.unwrap();
+    let listed = admin.ok("admin.credential.list", json!({})).await;
+    let again = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["credentialId"] == cred["credentialId"])
+        .unwrap()
+        .clone();
+    assert_eq!(
+        again["lastUsedAt"], entry["lastUsedAt"],
+        "not rewritten within a minute"
+    );
     let revoked = admin
         .ok("admin.credential.revoke", json!({"credentialId": cred["credentialId"]}))
         .await;
