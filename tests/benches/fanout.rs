@@ -19,7 +19,9 @@ async fn main() {
 
     // Baseline: what one append costs PostgreSQL itself — a transaction that bumps a
     // per-session counter, inserts the event and notifies, observed by a LISTENer.
-    let (db, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls).await.unwrap();
+    let (db, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
     tokio::spawn(conn);
     db.batch_execute(
         "CREATE TABLE bench_counter (id int PRIMARY KEY, n bigint); INSERT INTO bench_counter VALUES (1, 0);
@@ -27,10 +29,15 @@ async fn main() {
     )
     .await
     .unwrap();
-    let (listener, mut lconn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls).await.unwrap();
+    let (listener, mut lconn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
-        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| lconn.poll_message(cx)).await.map(Some).unwrap_or(None)
+        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| lconn.poll_message(cx))
+            .await
+            .map(Some)
+            .unwrap_or(None)
         {
             if let tokio_postgres::AsyncMessage::Notification(_) = m {
                 let _ = tx.send(Instant::now());
@@ -63,7 +70,9 @@ async fn main() {
     let mut berth_latency = Duration::ZERO;
     for i in 0..N {
         let t0 = Instant::now();
-        writer.ok("session.rename", json!({"sessionId": sid, "title": format!("t{i}")})).await;
+        writer
+            .ok("session.rename", json!({"sessionId": sid, "title": format!("t{i}")}))
+            .await;
         loop {
             let item = sub.next(30).await.expect("delivered");
             if item["type"] == "session.titleChanged" {
@@ -76,9 +85,18 @@ async fn main() {
 
     let per = |d: Duration| d.as_secs_f64() * 1e6 / N as f64;
     println!("appends: {N} sequential, each observed by a listener before the next");
-    println!("  raw postgres (txn + notify, seen by LISTEN): {:>8.0} µs/op", per(raw_latency));
-    println!("  berth (rpc → append → watch delivery):       {:>8.0} µs/op", per(berth_latency));
-    println!("  ratio berth/raw: {:.2}", berth_total.as_secs_f64() / raw_total.as_secs_f64());
+    println!(
+        "  raw postgres (txn + notify, seen by LISTEN): {:>8.0} µs/op",
+        per(raw_latency)
+    );
+    println!(
+        "  berth (rpc → append → watch delivery):       {:>8.0} µs/op",
+        per(berth_latency)
+    );
+    println!(
+        "  ratio berth/raw: {:.2}",
+        berth_total.as_secs_f64() / raw_total.as_secs_f64()
+    );
 
     // Memory: a stalled watcher while ~5 MiB of events are appended must not grow the
     // server by anything like that amount (its outbound queue is bounded).
@@ -97,12 +115,21 @@ async fn main() {
     let mut appended = 0u64;
     let mut c = Client::authed(&stack.servers[0].ws_url(), &stack.token).await.unwrap();
     for i in 0..6000 {
-        c.ok("session.rename", json!({"sessionId": sid, "title": format!("{i}{title}")})).await;
+        c.ok(
+            "session.rename",
+            json!({"sessionId": sid, "title": format!("{i}{title}")}),
+        )
+        .await;
         appended += title.len() as u64;
     }
     let after = rss();
     let growth = after.saturating_sub(before);
     println!("stalled watcher: {} MiB appended", appended >> 20);
-    println!("  server RSS {} MiB → {} MiB (growth {} MiB)", before >> 20, after >> 20, growth >> 20);
+    println!(
+        "  server RSS {} MiB → {} MiB (growth {} MiB)",
+        before >> 20,
+        after >> 20,
+        growth >> 20
+    );
     println!("  ratio growth/appended: {:.2}", growth as f64 / appended as f64);
 }

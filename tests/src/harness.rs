@@ -237,6 +237,14 @@ impl TestServer {
         format!("ws://{}/v1/rpc", self.addr)
     }
 
+    /// The Prometheus exposition from the metrics listener.
+    pub async fn metrics(&self) -> String {
+        let resp = reqwest::get(format!("http://{}/metrics", self.metrics_addr))
+            .await
+            .expect("metrics");
+        resp.text().await.expect("metrics body")
+    }
+
     pub async fn get(&self, path: &str) -> reqwest::Response {
         reqwest::get(format!("http://{}{path}", self.addr))
             .await

@@ -236,12 +236,7 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
     assert_eq!(snap["phase"], "idle");
     let worker_log = std::fs::read_to_string(&s._worker.log).unwrap();
     assert!(!worker_log.contains("sk-test-provider-key"));
-    let metrics = reqwest::get(format!("http://{}/metrics", s.server.metrics_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = s.server.metrics().await;
     assert!(
         metrics.contains("berth_turns_total{state=\"completed\"} 2"),
         "{metrics}"
@@ -484,12 +479,7 @@ async fn bad_input_gets_typed_errors_on_a_connection_that_stays_open() {
     // Health and metrics.
     assert_eq!(server.get("/healthz").await.status(), 200);
     assert_eq!(server.get("/readyz").await.status(), 200);
-    let metrics = reqwest::get(format!("http://{}/metrics", server.metrics_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     assert!(
         metrics.contains("berth_rpc_requests_total{code=\"unauthorized\",method=\"ping\"}"),
         "{metrics}"

@@ -46,6 +46,20 @@ pub(crate) async fn lock_session(tx: &impl GenericClient, tenant_id: &str, sessi
     Ok(())
 }
 
+/// Cancel the session's running and queued turns (removal, clearing).
+async fn cancel_active(tx: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<()> {
+    let active = tx
+        .query(
+            "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
+            &[&session_id],
+        )
+        .await?;
+    for t in active {
+        cancel_turn(tx, tenant_id, session_id, t.get(0), false).await?;
+    }
+    Ok(())
+}
+
 /// The session's queue, in order.
 pub(crate) async fn queue_state(tx: &impl GenericClient, session_id: &str) -> Result<QueueState> {
     let paused: bool = tx
@@ -319,15 +333,7 @@ impl Store {
             removed: live.is_some(),
         };
         if live.is_some() {
-            let active = tx
-                .query(
-                    "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
-                    &[&session_id],
-                )
-                .await?;
-            for t in active {
-                cancel_turn(&tx, tenant_id, session_id, t.get(0), false).await?;
-            }
+            cancel_active(&tx, tenant_id, session_id).await?;
             tx.execute(
                 "UPDATE sessions SET removed_at = now(), updated_at = now() WHERE id = $1",
                 &[&session_id],
@@ -351,15 +357,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
-        let active = tx
-            .query(
-                "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
-                &[&session_id],
-            )
-            .await?;
-        for t in active {
-            cancel_turn(&tx, tenant_id, session_id, t.get(0), false).await?;
-        }
+        cancel_active(&tx, tenant_id, session_id).await?;
         tx.execute("DELETE FROM events WHERE session_id = $1", &[&session_id])
             .await?;
         let seq = append_event(&tx, tenant_id, session_id, "session.cleared", None, json!({}), &[]).await?;
