@@ -68,11 +68,11 @@ async fn main() {
     let mut sub = watcher.subscribe("session.watch", json!({"sessionId": sid, "after": 1}));
     let started = Instant::now();
     let mut berth_latency = Duration::ZERO;
+    let mut rpc_latency = Duration::ZERO;
     for i in 0..N {
         let t0 = Instant::now();
-        writer
-            .ok("session.rename", json!({"sessionId": sid, "title": format!("t{i}")}))
-            .await;
+        writer.ok("session.rename", json!({"sessionId": sid, "title": format!("t{i}")})).await;
+        rpc_latency += t0.elapsed();
         loop {
             let item = sub.next(30).await.expect("delivered");
             if item["type"] == "session.titleChanged" {
@@ -93,6 +93,7 @@ async fn main() {
         "  berth (rpc → append → watch delivery):       {:>8.0} µs/op",
         per(berth_latency)
     );
+    println!("    of which the rpc round trip:               {:>8.0} µs/op", per(rpc_latency));
     println!(
         "  ratio berth/raw: {:.2}",
         berth_total.as_secs_f64() / raw_total.as_secs_f64()

@@ -283,6 +283,8 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<Value> {
             let Some(last) = events.last().map(|e| e.sequence) else {
                 break;
             };
+            // A short batch is everything there was: no need to ask again until woken.
+            let caught_up = (events.len() as i64) < CATCH_UP_BATCH;
             for e in &events {
                 if !ctx.item(e).await {
                     break 'watch Err(ApiError(super::gone()));
@@ -293,6 +295,9 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<Value> {
                 }
             }
             cursor = last;
+            if caught_up {
+                break;
+            }
         }
         if !joined {
             joined = true;
