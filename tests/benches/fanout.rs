@@ -71,7 +71,9 @@ async fn main() {
     let mut rpc_latency = Duration::ZERO;
     for i in 0..N {
         let t0 = Instant::now();
-        writer.ok("session.rename", json!({"sessionId": sid, "title": format!("t{i}")})).await;
+        writer
+            .ok("session.rename", json!({"sessionId": sid, "title": format!("t{i}")}))
+            .await;
         rpc_latency += t0.elapsed();
         loop {
             let item = sub.next(30).await.expect("delivered");
@@ -93,7 +95,10 @@ async fn main() {
         "  berth (rpc → append → watch delivery):       {:>8.0} µs/op",
         per(berth_latency)
     );
-    println!("    of which the rpc round trip:               {:>8.0} µs/op", per(rpc_latency));
+    println!(
+        "    of which the rpc round trip:               {:>8.0} µs/op",
+        per(rpc_latency)
+    );
     println!(
         "  ratio berth/raw: {:.2}",
         berth_total.as_secs_f64() / raw_total.as_secs_f64()

@@ -6,7 +6,7 @@ use berth_protocol::{AdminStatus, CredentialView, Disabled, ErrorCode, Revoked, 
 use deadpool_postgres::GenericClient;
 
 use crate::{
-    CHANNEL_REVOKE, Result, Store, StoreError, fmt_time, not_found,
+    CHANNEL_REVOKE, Cached, Result, Store, StoreError, fmt_time, not_found,
     receipts::{Receipt, finish},
     tenant_tx, token,
 };
@@ -31,7 +31,7 @@ pub(crate) async fn audit(
     target: &str,
 ) -> Result<()> {
     client
-        .execute(
+        .ex(
             "INSERT INTO audit_log (tenant_id, actor, action, target) VALUES ($1, $2, $3, $4)",
             &[&tenant, &actor, &action, &target],
         )
@@ -88,7 +88,7 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         if let Some(user) = user_id {
             let live = tx
-                .query_opt(
+                .qo(
                     "SELECT 1 FROM users WHERE id = $1 AND tenant_id = $2 AND disabled_at IS NULL",
                     &[&user, &tenant_id],
                 )
@@ -100,14 +100,14 @@ impl Store {
         let kind = if user_id.is_some() { "user" } else { "worker" };
         let plaintext = token::generate();
         let id = token::new_id("crd");
-        tx.execute(
+        tx.ex(
             "INSERT INTO credentials (id, tenant_id, kind, user_id, sha256, note, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
             &[&id, &tenant_id, &kind, &user_id, &token::digest(&plaintext), &note, &expires_at],
         )
         .await?;
         audit(&tx, tenant_id, actor.0, "credential.create", &id).await?;
         let row = tx
-            .query_one(
+            .q1(
                 &format!("{CREDENTIAL_SELECT} WHERE c.id = $1 AND c.tenant_id = $2"),
                 &[&id, &tenant_id],
             )
@@ -123,7 +123,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let rows = tx
-            .query(
+            .qa(
                 &format!("{CREDENTIAL_SELECT} WHERE c.tenant_id = $1 ORDER BY c.created_at, c.id"),
                 &[&tenant_id],
             )
@@ -167,7 +167,7 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let id = token::new_id("usr");
         let n = tx
-            .execute(
+            .ex(
                 "INSERT INTO users (id, tenant_id, email, role, password_hash) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
                 &[&id, &tenant_id, &email, &role, &password_hash],
             )
@@ -177,7 +177,7 @@ impl Store {
         }
         audit(&tx, tenant_id, actor.0, "user.create", &id).await?;
         let row = tx
-            .query_one(
+            .q1(
                 &format!("{USER_SELECT} WHERE id = $1 AND tenant_id = $2"),
                 &[&id, &tenant_id],
             )
@@ -192,7 +192,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let rows = tx
-            .query(
+            .qa(
                 &format!("{USER_SELECT} WHERE tenant_id = $1 ORDER BY created_at, id"),
                 &[&tenant_id],
             )
@@ -232,11 +232,11 @@ impl Store {
     ) -> Result<T> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        if tx.query_opt(target.sql, &[&target.id, &tenant_id]).await?.is_none() {
+        if tx.qo(target.sql, &[&target.id, &tenant_id]).await?.is_none() {
             return not_found();
         }
         audit(&tx, tenant_id, actor.0, target.action, target.id).await?;
-        tx.execute(
+        tx.ex(
             "SELECT pg_notify($1, $2)",
             &[&CHANNEL_REVOKE, &format!("{}:{}", target.notify, target.id)],
         )
@@ -257,7 +257,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let row = tx
-            .query_opt(
+            .qo(
                 "UPDATE users SET password_hash = $3 WHERE tenant_id = $1 AND email = $2 RETURNING id",
                 &[&tenant_id, &email, &password_hash],
             )
@@ -274,7 +274,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let row = tx
-            .query_one(
+            .q1(
                 "SELECT (SELECT count(*) FROM worker_presence WHERE tenant_id = $1 AND heartbeat_at > now() - interval '45 seconds'),
                         (SELECT count(*) FROM turns WHERE tenant_id = $1 AND state = 'running'),
                         (SELECT count(*) FROM turns WHERE tenant_id = $1 AND state = 'queued'),

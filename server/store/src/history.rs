@@ -8,7 +8,7 @@ use berth_protocol::{
 };
 use deadpool_postgres::GenericClient;
 
-use crate::{CHANNEL_EVENTS, Result, Store, StoreError, fmt_time, not_found, tenant_tx};
+use crate::{CHANNEL_EVENTS, Cached, Result, Store, StoreError, fmt_time, not_found, tenant_tx};
 
 /// A persisted event together with its rows.
 pub type EventRecord = Event;
@@ -26,21 +26,21 @@ pub(crate) async fn append_event(
     rows: &[NewRow],
 ) -> Result<i64> {
     let seq: i64 = tx
-        .query_one(
+        .q1(
             "UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
               WHERE id = $1 AND tenant_id = $2 RETURNING last_sequence",
             &[&session_id, &tenant_id],
         )
         .await?
         .get(0);
-    tx.execute(
+    tx.ex(
         "INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload) VALUES ($1, $2, $3, $4, $5, $6)",
         &[&session_id, &seq, &tenant_id, &kind, &turn_id, &payload],
     )
     .await?;
     for (i, row) in rows.iter().enumerate() {
         let tool = row.tool.as_ref().map(|t| serde_json::to_value(t).unwrap_or_default());
-        tx.execute(
+        tx.ex(
             "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             &[
@@ -58,7 +58,7 @@ pub(crate) async fn append_event(
         )
         .await?;
     }
-    tx.execute(
+    tx.ex(
         "SELECT pg_notify($1, $2)",
         &[&CHANNEL_EVENTS, &format!("{session_id}:{seq}")],
     )
@@ -139,7 +139,7 @@ impl Store {
     /// The session's (last sequence, cleared-at sequence), or not-found.
     async fn fence(&self, client: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<(i64, i64)> {
         let row = client
-            .query_opt(
+            .qo(
                 "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
                 &[&session_id, &tenant_id],
             )
@@ -173,7 +173,7 @@ impl Store {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
         let events = client
-            .query(
+            .qa(
                 "SELECT sequence, type, turn_id, payload, at FROM events
                   WHERE session_id = $1 AND tenant_id = $2 AND sequence > $3 ORDER BY sequence LIMIT $4",
                 &[&session_id, &tenant_id, &after, &limit],
@@ -188,7 +188,7 @@ impl Store {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
         let rows = client
-            .query(
+            .qa(
                 &format!(
                     "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2
                       AND source_sequence > $3 AND source_sequence <= $4 ORDER BY source_sequence, item_index"
@@ -247,7 +247,7 @@ impl Store {
         match &p.target {
             Some(HistoryTarget::Row { position, field: _ }) => {
                 let row = client
-                    .query_opt(
+                    .qo(
                         &format!(
                             "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2
                               AND source_sequence = $3 AND item_index = $4 AND source_sequence <= $5"
@@ -275,7 +275,7 @@ impl Store {
                     return not_found();
                 }
                 let exists = client
-                    .query_opt(
+                    .qo(
                         "SELECT 1 FROM events WHERE session_id = $1 AND tenant_id = $2 AND sequence = $3",
                         &[&session_id, &tenant_id, sequence],
                     )
@@ -305,7 +305,7 @@ impl Store {
         let limit = i64::from(p.limit.unwrap_or(100).clamp(1, 500));
         // Sizes first (no bodies read), to decide the page within the byte budget.
         let sizes = client
-            .query(
+            .qa(
                 "SELECT source_sequence, item_index, octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint
                    FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
                     AND source_sequence <= $3 AND (source_sequence, item_index) > ($4, $5)
@@ -336,7 +336,7 @@ impl Store {
             item_index: last_pos.get(1),
         };
         let rows = client
-            .query(
+            .qa(
                 &format!(
                     "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
                       AND (source_sequence, item_index) > ($3, $4) AND (source_sequence, item_index) <= ($5, $6)
@@ -376,7 +376,7 @@ impl Store {
             RowField::Thinking => "thinking",
         };
         let row = client
-            .query_opt(
+            .qo(
                 &format!(
                     "SELECT {column} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4"
                 ),

@@ -2,7 +2,7 @@
 
 use anyhow::anyhow;
 
-use crate::{CHANNEL_REVOKE, Result, Store, StoreError, admin::audit, fmt_time, tenant_tx, token};
+use crate::{CHANNEL_REVOKE, Cached, Result, Store, StoreError, admin::audit, fmt_time, tenant_tx, token};
 use berth_protocol::ErrorCode;
 
 /// What kind of principal a credential authenticates.
@@ -55,7 +55,7 @@ impl Store {
         let digest = token::digest(presented);
         let client = self.pool.get().await?;
         let row = client
-            .query_opt(
+            .qo(
                 "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256
                    FROM credentials c LEFT JOIN users u ON u.id = c.user_id
                   WHERE c.sha256 = $1 AND c.revoked_at IS NULL
@@ -73,7 +73,7 @@ impl Store {
         let id: String = row.get(0);
         // last-used is advisory: written at most once a minute.
         client
-            .execute(
+            .ex(
                 "UPDATE credentials SET last_used_at = now()
                   WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
                 &[&id],
@@ -99,7 +99,7 @@ impl Store {
     pub async fn user_principal(&self, tenant_id: &str, user_id: &str, session: &str) -> Result<Option<Principal>> {
         let client = self.pool.get().await?;
         let row = client
-            .query_opt(
+            .qo(
                 "SELECT role FROM users WHERE id = $1 AND tenant_id = $2 AND disabled_at IS NULL",
                 &[&user_id, &tenant_id],
             )
@@ -122,7 +122,7 @@ impl Store {
     ) -> Result<Option<(String, String, String, Option<String>)>> {
         let client = self.pool.get().await?;
         let row = client
-            .query_opt(
+            .qo(
                 "SELECT u.tenant_id, u.id, u.role, u.password_hash FROM users u JOIN tenants t ON t.id = u.tenant_id
                   WHERE (t.name = $1 OR t.id = $1) AND lower(u.email) = lower($2) AND u.disabled_at IS NULL",
                 &[&tenant, &email],
@@ -136,23 +136,23 @@ impl Store {
     pub async fn bootstrap(&self) -> Result<Option<String>> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock(7305)", &[]).await?;
-        let any: bool = tx.query_one("SELECT EXISTS (SELECT 1 FROM tenants)", &[]).await?.get(0);
+        tx.ex("SELECT pg_advisory_xact_lock(7305)", &[]).await?;
+        let any: bool = tx.q1("SELECT EXISTS (SELECT 1 FROM tenants)", &[]).await?.get(0);
         if any {
             return Ok(None);
         }
         let tenant = token::new_id("ten");
-        tx.execute("INSERT INTO tenants (id, name) VALUES ($1, 'default')", &[&tenant])
+        tx.ex("INSERT INTO tenants (id, name) VALUES ($1, 'default')", &[&tenant])
             .await?;
         let user = token::new_id("usr");
-        tx.execute(
+        tx.ex(
             "INSERT INTO users (id, tenant_id, email, role) VALUES ($1, $2, 'admin@localhost', 'admin')",
             &[&user, &tenant],
         )
         .await?;
         let plaintext = token::generate();
         let cred = token::new_id("crd");
-        tx.execute(
+        tx.ex(
             "INSERT INTO credentials (id, tenant_id, kind, user_id, sha256, note) VALUES ($1, $2, 'user', $3, $4, 'bootstrap')",
             &[&cred, &tenant, &user, &token::digest(&plaintext)],
         )
@@ -167,7 +167,7 @@ impl Store {
         let client = self.pool.get().await?;
         let id = token::new_id("ten");
         let n = client
-            .execute(
+            .ex(
                 "INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
                 &[&id, &name],
             )
@@ -183,7 +183,7 @@ impl Store {
     pub async fn tenant_id(&self, name_or_id: &str) -> Result<String> {
         let client = self.pool.get().await?;
         let row = client
-            .query_opt("SELECT id FROM tenants WHERE name = $1 OR id = $1", &[&name_or_id])
+            .qo("SELECT id FROM tenants WHERE name = $1 OR id = $1", &[&name_or_id])
             .await?;
         row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
     }
@@ -201,7 +201,7 @@ impl Store {
         let user_id: Option<String> = match user_email {
             Some(email) => Some(
                 client
-                    .query_opt(
+                    .qo(
                         "SELECT id FROM users WHERE tenant_id = $1 AND email = $2",
                         &[&tenant_id, &email],
                     )
@@ -215,7 +215,7 @@ impl Store {
         let plaintext = token::generate();
         let id = token::new_id("crd");
         client
-            .execute(
+            .ex(
                 "INSERT INTO credentials (id, tenant_id, kind, user_id, sha256, note) VALUES ($1, $2, $3, $4, $5, $6)",
                 &[&id, &tenant_id, &kind, &user_id, &token::digest(&plaintext), &note],
             )
@@ -230,7 +230,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let rows = client
-            .query(
+            .qa(
                 "SELECT c.id, c.kind, u.email, c.note, c.created_at, c.last_used_at, c.expires_at, c.revoked_at
                    FROM credentials c LEFT JOIN users u ON u.id = c.user_id
                   WHERE c.tenant_id = $1 ORDER BY c.created_at, c.id",
@@ -257,7 +257,7 @@ impl Store {
     pub async fn revoke_credential(&self, id: &str, actor: &str) -> Result<bool> {
         let client = self.pool.get().await?;
         let row = client
-            .query_opt(
+            .qo(
                 "UPDATE credentials SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1
                  RETURNING tenant_id, (xmax = 0) AS fresh",
                 &[&id],
@@ -269,7 +269,7 @@ impl Store {
         let tenant: String = row.get(0);
         audit(&client, &tenant, actor, "credential.revoke", id).await?;
         client
-            .execute("SELECT pg_notify($1, $2)", &[&CHANNEL_REVOKE, &format!("cred:{id}")])
+            .ex("SELECT pg_notify($1, $2)", &[&CHANNEL_REVOKE, &format!("cred:{id}")])
             .await?;
         Ok(true)
     }

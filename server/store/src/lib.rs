@@ -160,12 +160,50 @@ impl Store {
     /// Send a notification outside any transaction.
     pub async fn notify(&self, channel: &str, payload: &str) -> Result<()> {
         let client = self.pool.get().await?;
-        client
-            .execute("SELECT pg_notify($1, $2)", &[&channel, &payload])
-            .await?;
+        client.ex("SELECT pg_notify($1, $2)", &[&channel, &payload]).await?;
         Ok(())
     }
 }
+
+type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
+
+/// Queries through the connection's statement cache: after the first use of a statement on
+/// a connection, each query is one round trip instead of two (parse, then bind/execute).
+pub(crate) trait Cached: deadpool_postgres::GenericClient {
+    fn qa<'a>(
+        &'a self,
+        sql: &'a str,
+        params: Params<'a>,
+    ) -> impl std::future::Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> + Send + 'a {
+        async move { self.query(&self.prepare_cached(sql).await?, params).await }
+    }
+
+    fn q1<'a>(
+        &'a self,
+        sql: &'a str,
+        params: Params<'a>,
+    ) -> impl std::future::Future<Output = Result<tokio_postgres::Row, tokio_postgres::Error>> + Send + 'a {
+        async move { self.query_one(&self.prepare_cached(sql).await?, params).await }
+    }
+
+    fn qo<'a>(
+        &'a self,
+        sql: &'a str,
+        params: Params<'a>,
+    ) -> impl std::future::Future<Output = Result<Option<tokio_postgres::Row>, tokio_postgres::Error>> + Send + 'a {
+        async move { self.query_opt(&self.prepare_cached(sql).await?, params).await }
+    }
+
+    fn ex<'a>(
+        &'a self,
+        sql: &'a str,
+        params: Params<'a>,
+    ) -> impl std::future::Future<Output = Result<u64, tokio_postgres::Error>> + Send + 'a {
+        async move { self.execute(&self.prepare_cached(sql).await?, params).await }
+    }
+}
+
+impl<T: deadpool_postgres::GenericClient> Cached for T {}
 
 /// The role tenant-scoped transactions run as (subject to row-level security).
 pub const APP_ROLE: &str = "berth_app";
@@ -178,7 +216,7 @@ pub(crate) async fn tenant_tx<'a>(
     tenant_id: &str,
 ) -> Result<deadpool_postgres::Transaction<'a>> {
     let tx = client.transaction().await?;
-    tx.execute(
+    tx.ex(
         "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true)",
         &[&APP_ROLE, &tenant_id],
     )

@@ -10,7 +10,7 @@ use berth_protocol::ErrorCode;
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
-use crate::{Result, Store, StoreError, fmt_time, tenant_tx, token};
+use crate::{Cached, Result, Store, StoreError, fmt_time, tenant_tx, token};
 
 /// A pending receipt this attempt owns.
 #[derive(Debug, Clone)]
@@ -64,7 +64,7 @@ impl Store {
         let client = tenant_tx(&mut client, tenant_id).await?;
         let owner = token::new_id("own");
         let inserted = client
-            .execute(
+            .ex(
                 "INSERT INTO operation_receipts (tenant_id, principal, operation_id, method, params_hash, state, owner)
                  VALUES ($1, $2, $3, $4, $5, 'pending', $6) ON CONFLICT DO NOTHING",
                 &[&tenant_id, &principal, &operation_id, &method, &params_hash, &owner],
@@ -81,7 +81,7 @@ impl Store {
             return Ok(Begin::Proceed(receipt));
         }
         let row = client
-            .query_opt(
+            .qo(
                 &format!(
                     "SELECT method, params_hash, state, result, error, updated_at < now() - interval '{STALE_PENDING}'
                        FROM operation_receipts WHERE tenant_id = $1 AND principal = $2 AND operation_id = $3"
@@ -106,7 +106,7 @@ impl Store {
         let stale: bool = row.get(5);
         if stale {
             let took = client
-                .execute(
+                .ex(
                     &format!(
                         "UPDATE operation_receipts SET owner = $4, updated_at = now()
                           WHERE tenant_id = $1 AND principal = $2 AND operation_id = $3 AND state = 'pending'
@@ -128,7 +128,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, &r.tenant_id).await?;
         client
-            .execute(
+            .ex(
                 "UPDATE operation_receipts SET state = 'done', error = $5, updated_at = now()
                   WHERE tenant_id = $1 AND principal = $2 AND operation_id = $3 AND owner = $4 AND state = 'pending'",
                 &[&r.tenant_id, &r.principal, &r.operation_id, &r.owner, error],
@@ -144,7 +144,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, &r.tenant_id).await?;
         client
-            .execute(
+            .ex(
                 "DELETE FROM operation_receipts
                   WHERE tenant_id = $1 AND principal = $2 AND operation_id = $3 AND owner = $4 AND state = 'pending'",
                 &[&r.tenant_id, &r.principal, &r.operation_id, &r.owner],
@@ -164,7 +164,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let row = client
-            .query_opt(
+            .qo(
                 "SELECT method, state, result, error, created_at FROM operation_receipts
                   WHERE tenant_id = $1 AND principal = $2 AND operation_id = $3",
                 &[&tenant_id, &principal, &operation_id],
@@ -184,7 +184,7 @@ impl Store {
     pub async fn receipts_cleanup(&self, retention_secs: i64) -> Result<u64> {
         let client = self.pool.get().await?;
         let n = client
-            .execute(
+            .ex(
                 "DELETE FROM operation_receipts WHERE created_at < now() - make_interval(secs => $1)",
                 &[&(retention_secs as f64)],
             )
@@ -203,7 +203,7 @@ pub(crate) async fn finish(
     let Some(r) = op else { return Ok(()) };
     let value = serde_json::to_value(result).map_err(|e| StoreError::Other(e.into()))?;
     let n = tx
-        .execute(
+        .ex(
             "UPDATE operation_receipts SET state = 'done', result = $5, updated_at = now()
               WHERE tenant_id = $1 AND principal = $2 AND operation_id = $3 AND owner = $4 AND state = 'pending'",
             &[&r.tenant_id, &r.principal, &r.operation_id, &r.owner, &value],

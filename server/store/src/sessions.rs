@@ -8,7 +8,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::json;
 
 use crate::{
-    Result, Store, StoreError, fmt_time,
+    Cached, Result, Store, StoreError, fmt_time,
     history::append_event,
     not_found,
     receipts::{Receipt, finish},
@@ -35,7 +35,7 @@ struct Change<'a> {
 /// Lock a live session of the tenant for the rest of the transaction; not-found otherwise.
 pub(crate) async fn lock_session(tx: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<()> {
     let row = tx
-        .query_opt(
+        .qo(
             "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
             &[&session_id, &tenant_id],
         )
@@ -49,7 +49,7 @@ pub(crate) async fn lock_session(tx: &impl GenericClient, tenant_id: &str, sessi
 /// Cancel the session's running and queued turns (removal, clearing).
 async fn cancel_active(tx: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<()> {
     let active = tx
-        .query(
+        .qa(
             "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
             &[&session_id],
         )
@@ -63,11 +63,11 @@ async fn cancel_active(tx: &impl GenericClient, tenant_id: &str, session_id: &st
 /// The session's queue, in order.
 pub(crate) async fn queue_state(tx: &impl GenericClient, session_id: &str) -> Result<QueueState> {
     let paused: bool = tx
-        .query_one("SELECT paused FROM sessions WHERE id = $1", &[&session_id])
+        .q1("SELECT paused FROM sessions WHERE id = $1", &[&session_id])
         .await?
         .get(0);
     let rows = tx
-        .query(
+        .qa(
             "SELECT id, prompt, queue_revision FROM turns WHERE session_id = $1 AND state = 'queued' ORDER BY queue_position",
             &[&session_id],
         )
@@ -112,7 +112,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let exists = tx
-            .query_opt(
+            .qo(
                 "SELECT 1 FROM workspaces WHERE id = $1 AND tenant_id = $2",
                 &[&p.workspace_id, &tenant_id],
             )
@@ -121,7 +121,7 @@ impl Store {
             return not_found();
         }
         let id = token::new_id("ses");
-        tx.execute(
+        tx.ex(
             "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
             &[
@@ -186,7 +186,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let rows = client
-            .query(
+            .qa(
                 "SELECT s.id, s.workspace_id, s.title, s.model, s.updated_at,
                         (extract(epoch from s.updated_at) * 1000000)::bigint AS us,
                         (SELECT count(*) FROM rows r WHERE r.session_id = s.id AND NOT r.hidden AND r.kind IN ('user', 'assistant')),
@@ -287,7 +287,7 @@ impl Store {
         lock_session(&tx, tenant_id, session_id).await?;
         let mut values: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&session_id];
         values.extend_from_slice(change.values);
-        tx.execute(&format!("UPDATE sessions SET {} WHERE id = $1", change.set), &values)
+        tx.ex(&format!("UPDATE sessions SET {} WHERE id = $1", change.set), &values)
             .await?;
         append_event(&tx, tenant_id, session_id, change.event, None, payload, &[]).await?;
         let snap = snapshot(&tx, tenant_id, session_id, default_model).await?;
@@ -307,7 +307,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
-        tx.execute("UPDATE sessions SET paused = $2 WHERE id = $1", &[&session_id, &paused])
+        tx.ex("UPDATE sessions SET paused = $2 WHERE id = $1", &[&session_id, &paused])
             .await?;
         let state = queue_changed(&tx, tenant_id, session_id).await?;
         if !paused {
@@ -324,7 +324,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let live = tx
-            .query_opt(
+            .qo(
                 "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
                 &[&session_id, &tenant_id],
             )
@@ -334,13 +334,13 @@ impl Store {
         };
         if live.is_some() {
             cancel_active(&tx, tenant_id, session_id).await?;
-            tx.execute(
+            tx.ex(
                 "UPDATE sessions SET removed_at = now(), updated_at = now() WHERE id = $1",
                 &[&session_id],
             )
             .await?;
             // Wake watchers so they notice the session is gone.
-            tx.execute(
+            tx.ex(
                 "SELECT pg_notify($1, $2)",
                 &[&crate::CHANNEL_EVENTS, &format!("{session_id}:0")],
             )
@@ -358,10 +358,10 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         cancel_active(&tx, tenant_id, session_id).await?;
-        tx.execute("DELETE FROM events WHERE session_id = $1", &[&session_id])
+        tx.ex("DELETE FROM events WHERE session_id = $1", &[&session_id])
             .await?;
         let seq = append_event(&tx, tenant_id, session_id, "session.cleared", None, json!({}), &[]).await?;
-        tx.execute(
+        tx.ex(
             "UPDATE sessions SET cleared_at_sequence = $2, revision = revision + 1 WHERE id = $1",
             &[&session_id, &seq],
         )
@@ -380,7 +380,7 @@ pub(crate) async fn snapshot(
     default_model: Option<&str>,
 ) -> Result<SessionSnapshot> {
     let row = client
-        .query_opt(
+        .qo(
             "SELECT id, workspace_id, title, model, revision, last_sequence, created_at, updated_at, paused, provider
                FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
             &[&session_id, &tenant_id],
@@ -388,7 +388,7 @@ pub(crate) async fn snapshot(
         .await?;
     let Some(row) = row else { return not_found() };
     let running: Option<String> = client
-        .query_opt(
+        .qo(
             "SELECT id FROM turns WHERE session_id = $1 AND state = 'running'",
             &[&session_id],
         )

@@ -9,7 +9,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::json;
 
 use crate::{
-    CHANNEL_CONTROL, CHANNEL_DISPATCH, Result, Store, StoreError, fmt_time,
+    CHANNEL_CONTROL, CHANNEL_DISPATCH, Cached, Result, Store, StoreError, fmt_time,
     history::append_event,
     not_found,
     receipts::{Receipt, finish},
@@ -47,7 +47,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session = tx
-            .query_opt(
+            .qo(
                 &format!(
                     "SELECT workspace_id, paused, {} AS online FROM sessions s
                       WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
@@ -61,7 +61,7 @@ impl Store {
         let paused: bool = session.get(1);
         let online: bool = session.get(2);
         let busy: bool = tx
-            .query_one(
+            .q1(
                 "SELECT EXISTS (SELECT 1 FROM turns WHERE session_id = $1 AND state IN ('running', 'queued'))",
                 &[&session_id],
             )
@@ -69,20 +69,20 @@ impl Store {
             .get(0);
         let turn_id = token::new_id("trn");
         let position: i64 = tx
-            .query_one(
+            .q1(
                 "SELECT coalesce(max(queue_position), 0) + 1 FROM turns WHERE session_id = $1",
                 &[&session_id],
             )
             .await?
             .get(0);
-        tx.execute(
+        tx.ex(
             "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position) VALUES ($1, $2, $3, 'queued', $4, $5)",
             &[&turn_id, &tenant_id, &session_id, &prompt, &position],
         )
         .await?;
         let result = if !busy && !paused && online {
             start_turn(&tx, tenant_id, session_id, &turn_id, prompt).await?;
-            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL_DISPATCH, &workspace_id])
+            tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DISPATCH, &workspace_id])
                 .await?;
             SessionSendResult {
                 turn_id,
@@ -160,7 +160,7 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         check_queued(&tx, session_id, queue_id, revision).await?;
-        tx.execute(
+        tx.ex(
             "UPDATE turns SET prompt = $2, queue_revision = queue_revision + 1 WHERE id = $1",
             &[&queue_id, &prompt],
         )
@@ -192,7 +192,7 @@ impl Store {
         lock_session(&tx, tenant_id, session_id).await?;
         check_queued(&tx, session_id, queue_id, revision).await?;
         let mut order: Vec<String> = tx
-            .query(
+            .qa(
                 "SELECT id FROM turns WHERE session_id = $1 AND state = 'queued' ORDER BY queue_position",
                 &[&session_id],
             )
@@ -211,20 +211,20 @@ impl Store {
         };
         order.insert(at, queue_id.to_string());
         let base: i64 = tx
-            .query_one(
+            .q1(
                 "SELECT coalesce(max(queue_position), 0) FROM turns WHERE session_id = $1",
                 &[&session_id],
             )
             .await?
             .get(0);
         for (i, id) in order.iter().enumerate() {
-            tx.execute(
+            tx.ex(
                 "UPDATE turns SET queue_position = $2 WHERE id = $1",
                 &[id, &(base + 1 + i as i64)],
             )
             .await?;
         }
-        tx.execute(
+        tx.ex(
             "UPDATE turns SET queue_revision = queue_revision + 1 WHERE id = $1",
             &[&queue_id],
         )
@@ -265,7 +265,7 @@ impl Store {
     ) -> Result<Vec<ClaimedTurn>> {
         let mut client = self.pool.get().await?;
         let candidates = client
-            .query(
+            .qa(
                 "SELECT DISTINCT ON (t.session_id) t.id, t.session_id, t.prompt FROM turns t JOIN sessions s ON s.id = t.session_id
                   WHERE s.tenant_id = $1 AND s.workspace_id = ANY($2) AND t.state = 'queued' AND NOT s.paused AND s.removed_at IS NULL
                     AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.session_id = t.session_id AND r.state = 'running')
@@ -278,10 +278,10 @@ impl Store {
             let tx = tenant_tx(&mut client, tenant_id).await?;
             // Re-check under the session lock: another replica may have started one, or the
             // queue may have changed order.
-            tx.query_one("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
+            tx.q1("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
                 .await?;
             let next = tx
-                .query_opt(
+                .qo(
                     "SELECT id, prompt FROM turns WHERE session_id = $1 AND state = 'queued'
                         AND NOT EXISTS (SELECT 1 FROM turns WHERE session_id = $1 AND state = 'running')
                         AND NOT (SELECT paused FROM sessions WHERE id = $1)
@@ -295,7 +295,7 @@ impl Store {
             tx.commit().await?;
         }
         let claimed = client
-            .query(
+            .qa(
                 "UPDATE turns t SET dispatched_to = $1 FROM sessions s
                   WHERE s.id = t.session_id AND s.tenant_id = $2 AND s.workspace_id = ANY($3)
                     AND t.state = 'running' AND t.dispatched_to IS NULL AND s.removed_at IS NULL
@@ -345,7 +345,7 @@ impl Store {
             rows,
         )
         .await?;
-        tx.execute(
+        tx.ex(
             "UPDATE turns SET step = step + 1, partial_text = '', partial_thinking = '' WHERE id = $1",
             &[&turn_id],
         )
@@ -368,14 +368,14 @@ impl Store {
     ) -> Result<()> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        tx.execute(
+        tx.ex(
             "UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
               WHERE id = $1 AND tenant_id = $2 AND state = 'running'",
             &[&turn_id, &tenant_id, &text, &thinking],
         )
         .await?;
         for p in payloads {
-            tx.execute("SELECT pg_notify($1, $2)", &[&channel, p]).await?;
+            tx.ex("SELECT pg_notify($1, $2)", &[&channel, p]).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -386,7 +386,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let row = client
-            .query_opt(
+            .qo(
                 "SELECT id, step, partial_text, partial_thinking FROM turns
                   WHERE session_id = $1 AND tenant_id = $2 AND state = 'running'",
                 &[&session_id, &tenant_id],
@@ -418,7 +418,7 @@ impl Store {
         let session_id = match connection_id {
             Some(conn) => running_turn_session(&tx, conn, tenant_id, turn_id).await?,
             None => tx
-                .query_opt(
+                .qo(
                     "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2 AND state = 'running'",
                     &[&turn_id, &tenant_id],
                 )
@@ -426,18 +426,18 @@ impl Store {
                 .map(|r| r.get(0))
                 .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))?,
         };
-        tx.query_one("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
+        tx.q1("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
             .await?;
         // Re-check under the lock: a stop or remove may have settled it meanwhile.
         let still: bool = tx
-            .query_one("SELECT state = 'running' FROM turns WHERE id = $1", &[&turn_id])
+            .q1("SELECT state = 'running' FROM turns WHERE id = $1", &[&turn_id])
             .await?
             .get(0);
         if !still {
             return Err(StoreError::Code(ErrorCode::TurnNotRunning));
         }
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
-        tx.execute(
+        tx.ex(
             "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = '' WHERE id = $1",
             &[&turn_id, &state.as_str(), &cause_json],
         )
@@ -464,7 +464,7 @@ impl Store {
     pub async fn interrupt_connection(&self, connection_id: &str) -> Result<Vec<String>> {
         let client = self.pool.get().await?;
         let rows = client
-            .query(
+            .qa(
                 "SELECT id, tenant_id FROM turns WHERE dispatched_to = $1 AND state = 'running'",
                 &[&connection_id],
             )
@@ -494,7 +494,7 @@ impl Store {
     pub async fn sweep_stale_presence(&self) -> Result<Vec<String>> {
         let client = self.pool.get().await?;
         let stale = client
-            .query(
+            .qa(
                 "DELETE FROM worker_presence WHERE heartbeat_at < now() - interval '45 seconds' RETURNING connection_id",
                 &[],
             )
@@ -519,7 +519,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let current: i64 = client
-            .query_opt(
+            .qo(
                 "SELECT diagnostic_revision FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
                 &[&session_id, &tenant_id],
             )
@@ -530,7 +530,7 @@ impl Store {
         let before = before.unwrap_or(i64::MAX);
         let limit = i64::from(limit.clamp(1, 200));
         let rows = client
-            .query(
+            .qa(
                 "SELECT id, revision, kind, turn_id, sequence, cause, at FROM diagnostics
                   WHERE session_id = $1 AND tenant_id = $2 AND revision <= $3 AND revision < $4
                   ORDER BY revision DESC LIMIT $5",
@@ -598,13 +598,13 @@ async fn diagnostic(
     cause: &Cause,
 ) -> Result<()> {
     let revision: i64 = tx
-        .query_one(
+        .q1(
             "UPDATE sessions SET diagnostic_revision = diagnostic_revision + 1 WHERE id = $1 RETURNING diagnostic_revision",
             &[&session_id],
         )
         .await?
         .get(0);
-    tx.execute(
+    tx.ex(
         "INSERT INTO diagnostics (id, tenant_id, session_id, revision, kind, turn_id, sequence, cause)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         &[
@@ -624,7 +624,7 @@ async fn diagnostic(
 
 /// Wake the replica holding the session's workspace worker: turns may be handed out.
 pub(crate) async fn notify_dispatch(tx: &impl GenericClient, session_id: &str) -> Result<()> {
-    tx.execute(
+    tx.ex(
         "SELECT pg_notify($1, workspace_id) FROM sessions WHERE id = $2",
         &[&CHANNEL_DISPATCH, &session_id],
     )
@@ -642,7 +642,7 @@ pub(crate) async fn cancel_turn(
     queue_event: bool,
 ) -> Result<()> {
     let row = tx
-        .query_opt(
+        .qo(
             "SELECT state, dispatched_to FROM turns WHERE id = $1 AND session_id = $2 AND tenant_id = $3 FOR UPDATE",
             &[&turn_id, &session_id, &tenant_id],
         )
@@ -654,7 +654,7 @@ pub(crate) async fn cancel_turn(
         "running" | "queued" => {}
         _ => return Err(StoreError::Code(ErrorCode::TurnNotRunning)),
     }
-    tx.execute(
+    tx.ex(
         "UPDATE turns SET state = 'cancelled', ended_at = now(), partial_text = '', partial_thinking = '' WHERE id = $1",
         &[&turn_id],
     )
@@ -671,7 +671,7 @@ pub(crate) async fn cancel_turn(
     .await?;
     if state == "running" {
         if let Some(conn) = dispatched {
-            tx.execute(
+            tx.ex(
                 "SELECT pg_notify($1, $2)",
                 &[&CHANNEL_CONTROL, &format!("stop:{conn}:{turn_id}")],
             )
@@ -686,7 +686,7 @@ pub(crate) async fn cancel_turn(
 
 async fn check_queued(tx: &impl GenericClient, session_id: &str, queue_id: &str, revision: i64) -> Result<()> {
     let row = tx
-        .query_opt(
+        .qo(
             "SELECT state, queue_revision FROM turns WHERE id = $1 AND session_id = $2 FOR UPDATE",
             &[&queue_id, &session_id],
         )
@@ -708,7 +708,7 @@ async fn running_turn_session(
     turn_id: &str,
 ) -> Result<String> {
     let row = tx
-        .query_opt(
+        .qo(
             "SELECT t.session_id, t.state, t.dispatched_to, s.removed_at IS NULL FROM turns t JOIN sessions s ON s.id = t.session_id
               WHERE t.id = $1 AND t.tenant_id = $2",
             &[&turn_id, &tenant_id],
@@ -732,7 +732,7 @@ async fn start_turn(
     turn_id: &str,
     prompt: &str,
 ) -> Result<i64> {
-    tx.execute(
+    tx.ex(
         "UPDATE turns SET state = 'running', started_at = now() WHERE id = $1",
         &[&turn_id],
     )
@@ -759,7 +759,7 @@ async fn start_turn(
 /// The conversation so far as chat messages (visible user and assistant rows, in order).
 async fn messages(client: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<Vec<ChatMessage>> {
     let rows = client
-        .query(
+        .qa(
             "SELECT kind, body FROM rows WHERE session_id = $1 AND tenant_id = $2 AND kind IN ('user', 'assistant')
               ORDER BY source_sequence, item_index",
             &[&session_id, &tenant_id],

@@ -2,7 +2,7 @@
 
 use berth_protocol::{Workspace, worker::WorkspaceDecl};
 
-use crate::{Principal, Result, Store, fmt_time, not_found, tenant_tx, token};
+use crate::{Cached, Principal, Result, Store, fmt_time, not_found, tenant_tx, token};
 
 /// How long a presence row counts as live without a heartbeat.
 const PRESENCE_TTL: &str = "45 seconds";
@@ -21,7 +21,7 @@ impl Store {
         let mut ids = Vec::with_capacity(decls.len());
         for decl in decls {
             let row = client
-                .query_one(
+                .q1(
                     "INSERT INTO workspaces (id, tenant_id, host, name, path, title, last_seen_at)
                      VALUES ($1, $2, $3, $4, $5, $4, now())
                      ON CONFLICT (tenant_id, host, name) DO UPDATE SET path = EXCLUDED.path, last_seen_at = now()
@@ -46,7 +46,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, &worker.tenant_id).await?;
         client
-            .execute(
+            .ex(
                 "INSERT INTO worker_presence (connection_id, tenant_id, credential_id, replica_id, workspace_ids)
                  VALUES ($1, $2, $3, $4, $5)",
                 &[
@@ -66,7 +66,7 @@ impl Store {
     pub async fn presence_heartbeat(&self, connection_id: &str) -> Result<()> {
         let client = self.pool.get().await?;
         client
-            .execute(
+            .ex(
                 "WITH p AS (UPDATE worker_presence SET heartbeat_at = now() WHERE connection_id = $1 RETURNING tenant_id, workspace_ids)
                  UPDATE workspaces w SET last_seen_at = now() FROM p WHERE w.tenant_id = p.tenant_id AND w.id = ANY(p.workspace_ids)",
                 &[&connection_id],
@@ -79,7 +79,7 @@ impl Store {
     pub async fn presence_remove(&self, connection_id: &str) -> Result<()> {
         let client = self.pool.get().await?;
         client
-            .execute(
+            .ex(
                 "DELETE FROM worker_presence WHERE connection_id = $1",
                 &[&connection_id],
             )
@@ -92,7 +92,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let rows = client
-            .query(
+            .qa(
                 &format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 ORDER BY w.title, w.id"),
                 &[&tenant_id],
             )
@@ -105,7 +105,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let row = client
-            .query_opt(
+            .qo(
                 &format!("{WORKSPACE_SELECT} WHERE w.tenant_id = $1 AND w.id = $2"),
                 &[&tenant_id, &workspace_id],
             )
