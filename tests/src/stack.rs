@@ -28,10 +28,19 @@ pub struct Stack {
 impl Stack {
     /// `replicas` API replicas and a worker (on replica 0) whose workspace is online.
     pub async fn start(mock: &MockProvider, replicas: usize) -> Stack {
+        Self::start_with(mock, replicas, &[]).await
+    }
+
+    /// The same, with extra environment for every replica.
+    pub async fn start_with(mock: &MockProvider, replicas: usize, env: &[(&str, &str)]) -> Stack {
         let db = fresh_database().await;
         let mut servers = Vec::new();
         for _ in 0..replicas.max(1) {
-            servers.push(TestServer::start(&db, &mock.base_url()).await.expect("server"));
+            servers.push(
+                TestServer::start_with(&db, &mock.base_url(), env)
+                    .await
+                    .expect("server"),
+            );
         }
         let token = servers[0].admin_token();
         let worker_token = servers[0].worker_token().await;

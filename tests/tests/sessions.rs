@@ -852,3 +852,46 @@ async fn receipts_are_deleted_after_the_retention_period() {
         Value::Null
     );
 }
+
+/// A worker that goes silent without closing (a sleeping laptop) is dropped after the idle
+/// timeout: its turn ends `interrupted`, and it reconnects when it wakes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_worker_is_dropped_and_its_turn_interrupted() {
+    let mock = MockProvider::start().await;
+    let env = [("BERTH_WS_PING_SECS", "1"), ("BERTH_WS_IDLE_SECS", "3")];
+    let stack = Stack::start_with(&mock, 1, &env).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    mock.push(Reply::StreamThenHang(vec![Part::Text("working".into())]));
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "go"})).await;
+    w.until(20, |i| i["type"] == "model.delta").await.unwrap();
+    let pid = stack.worker.as_ref().unwrap().child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    let items = w.until(20, is_turn_end).await;
+    std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap();
+    let end = items.expect("the silent worker's turn ends").last().unwrap().clone();
+    assert_eq!(end["state"], "interrupted");
+    assert_eq!(end["cause"]["code"], "worker-lost");
+    // Awake again, it reconnects and takes new work.
+    mock.push(Reply::text(&["awake"]));
+    let back = eventually(30, || {
+        let (url, token) = (stack.servers[0].ws_url(), stack.token.clone());
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            let list = c.ok("workspace.list", json!({})).await;
+            (list[0]["online"] == true).then_some(())
+        }
+    })
+    .await;
+    assert!(back.is_some());
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "again"})).await;
+    let items = w.until(30, is_turn_end).await.unwrap();
+    assert_eq!(items.last().unwrap()["state"], "completed");
+}

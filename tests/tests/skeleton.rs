@@ -447,6 +447,19 @@ async fn bad_input_gets_typed_errors_on_a_connection_that_stays_open() {
         .unwrap()
         .unwrap();
     assert_eq!(done.error.unwrap().data_code(), Some("not-found"));
+    // NUL characters cannot be stored: refused, typed.
+    let e = c
+        .call("session.create", json!({"workspaceId": "wsp_\u{0}"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "bad-params");
+    // A raw watch of a missing session is answered on its own id.
+    c.send_raw(r#"{"jsonrpc":"2.0","id":900,"method":"session.watch","params":{"sessionId":"ses_missing","after":0}}"#);
+    let first = tokio::time::timeout(Duration::from_secs(10), c.orphans.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.error.unwrap().data_code(), Some("not-found"));
     // Still open and serving.
     assert_eq!(c.ok("ping", json!({})).await, json!({"pong": true}));
     assert!(!c.is_closed());

@@ -1,6 +1,7 @@
 //! Live connections of this replica, by principal: so that revoking a credential or
 //! disabling a user closes their connections at once (every replica hears the revocation
-//! through `LISTEN berth_revoke`), and so that connections per credential are bounded.
+//! through `LISTEN berth_revoke`), so that expired credentials and login tokens close when
+//! they expire, and so that connections per credential are bounded.
 
 use std::{
     collections::HashMap,
@@ -13,6 +14,8 @@ use std::{
 use berth_store::Principal;
 use tokio_util::sync::CancellationToken;
 
+use crate::AppState;
+
 #[derive(Default)]
 pub struct Connections {
     next: AtomicU64,
@@ -22,7 +25,41 @@ pub struct Connections {
 struct Entry {
     credential_id: String,
     user_id: Option<String>,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
     close: CancellationToken,
+}
+
+/// A registered connection that unregisters itself when dropped.
+pub struct Registration {
+    state: AppState,
+    id: u64,
+}
+
+impl Registration {
+    pub fn new(state: &AppState, principal: &Principal, max: usize, close: CancellationToken) -> Option<Registration> {
+        let id = state.connections.register(principal, max, close)?;
+        verify_soon(state, Some(principal));
+        Some(Registration {
+            state: state.clone(),
+            id,
+        })
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.state.connections.unregister(self.id);
+    }
+}
+
+/// Re-check live connections right away — those of `principal`, or all of them. A
+/// revocation that committed between a connection's authentication and its registration
+/// would otherwise have found nothing to close, and so would one sent while the LISTEN
+/// connection was down.
+pub fn verify_soon(state: &AppState, principal: Option<&Principal>) {
+    let state = state.clone();
+    let only = principal.map(|p| (p.credential_id.clone(), p.user_id.clone()));
+    tokio::spawn(async move { state.connections.revalidate(&state, only).await });
 }
 
 impl Connections {
@@ -39,14 +76,13 @@ impl Connections {
             return None;
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        live.insert(
-            id,
-            Entry {
-                credential_id: principal.credential_id.clone(),
-                user_id: principal.user_id.clone(),
-                close,
-            },
-        );
+        let entry = Entry {
+            credential_id: principal.credential_id.clone(),
+            user_id: principal.user_id.clone(),
+            expires_at: principal.expires_at,
+            close,
+        };
+        live.insert(id, entry);
         Some(id)
     }
 
@@ -58,6 +94,48 @@ impl Connections {
     pub fn has_room(&self, credential_id: &str, max: usize) -> bool {
         let live = self.live.lock().expect("connections lock");
         live.values().filter(|e| e.credential_id == credential_id).count() < max
+    }
+
+    /// Close connections whose principal is no longer valid: expired, or revoked or
+    /// disabled (in case the revocation notice was missed).
+    pub async fn revalidate(&self, state: &AppState, only: Option<(String, Option<String>)>) {
+        let now = chrono::Utc::now();
+        let (creds, users) = if let Some((cred, user)) = only {
+            let creds = if cred.starts_with("jwt:") {
+                Vec::new()
+            } else {
+                vec![cred]
+            };
+            (creds, user.into_iter().collect())
+        } else {
+            let live = self.live.lock().expect("connections lock");
+            for e in live.values() {
+                if e.expires_at.is_some_and(|t| t <= now) {
+                    e.close.cancel();
+                }
+            }
+            let creds: Vec<String> = live
+                .values()
+                .filter(|e| !e.credential_id.starts_with("jwt:"))
+                .map(|e| e.credential_id.clone())
+                .collect();
+            let users: Vec<String> = live.values().filter_map(|e| e.user_id.clone()).collect();
+            (creds, users)
+        };
+        if creds.is_empty() && users.is_empty() {
+            return;
+        }
+        match state.store.invalid_principals(&creds, &users).await {
+            Ok((creds, users)) => {
+                for c in creds {
+                    self.revoke(&format!("cred:{c}"));
+                }
+                for u in users {
+                    self.revoke(&format!("user:{u}"));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "revalidating connections failed"),
+        }
     }
 
     /// A revocation from `berth_revoke`: `cred:<id>` or `user:<id>`. Returns how many closed.

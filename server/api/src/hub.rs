@@ -42,19 +42,36 @@ impl Channels {
     }
 }
 
-/// A watcher's handle on one session's channels.
-pub struct Subscription {
+/// A watcher's handle on one session's channels; the last one dropped removes the entry.
+pub struct Subscription<'a> {
+    hub: &'a Hub,
+    session_id: String,
     pub events: watch::Receiver<i64>,
     pub live: broadcast::Receiver<Arc<serde_json::Value>>,
     /// The local partial output at the moment of subscribing (None: not held here).
     pub partial: Option<Partial>,
 }
 
+impl Drop for Subscription<'_> {
+    fn drop(&mut self) {
+        let mut map = self.hub.sessions.lock().expect("hub lock");
+        // This subscription's receiver is still alive here: 1 means it was the last.
+        if let Some(ch) = map.get(&self.session_id)
+            && ch.events.receiver_count() <= 1
+            && ch.partial.is_none()
+        {
+            map.remove(&self.session_id);
+        }
+    }
+}
+
 impl Hub {
-    pub fn subscribe(&self, session_id: &str) -> Subscription {
+    pub fn subscribe(&self, session_id: &str) -> Subscription<'_> {
         let mut map = self.sessions.lock().expect("hub lock");
         let ch = map.entry(session_id.to_string()).or_insert_with(Channels::new);
         Subscription {
+            hub: self,
+            session_id: session_id.to_string(),
             events: ch.events.subscribe(),
             live: ch.live.subscribe(),
             partial: ch.partial.clone(),
@@ -122,6 +139,9 @@ impl Hub {
         let mut map = self.sessions.lock().expect("hub lock");
         if let Some(ch) = map.get_mut(session_id) {
             ch.partial = None;
+            if ch.events.receiver_count() == 0 {
+                map.remove(session_id);
+            }
         }
     }
 

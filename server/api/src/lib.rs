@@ -77,9 +77,11 @@ impl App {
             let Some(claims) = keys.verify(presented) else {
                 return Ok(None);
             };
+            let expires = chrono::DateTime::from_timestamp(claims.exp, 0);
+            let session = format!("jwt:{}", claims.jti);
             return self
                 .store
-                .user_principal(&claims.tid, &claims.sub, &format!("jwt:{}", claims.jti))
+                .user_principal(&claims.tid, &claims.sub, &session, expires)
                 .await;
         }
         self.store.authenticate(presented).await
@@ -158,6 +160,7 @@ fn spawn_housekeeping(state: AppState) {
     tokio::spawn(async move {
         let mut sweep = tokio::time::interval(Duration::from_secs(15));
         let mut receipts = tokio::time::interval(Duration::from_secs(3600));
+        let mut revalidate = tokio::time::interval(Duration::from_secs(15));
         loop {
             tokio::select! {
                 _ = sweep.tick() => match state.store.sweep_stale_presence().await {
@@ -172,6 +175,7 @@ fn spawn_housekeeping(state: AppState) {
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "receipt cleanup failed"),
                 },
+                _ = revalidate.tick() => state.connections.revalidate(&state, None).await,
                 _ = state.shutdown.cancelled() => return,
             }
         }

@@ -28,6 +28,8 @@ pub fn spawn(state: AppState) {
                     backoff = Duration::from_millis(100);
                     state.hub.poke_all();
                     state.workers.kick_all();
+                    // Revocations sent while we were not listening were missed.
+                    crate::connections::verify_soon(&state, None);
                     loop {
                         tokio::select! {
                             n = rx.recv() => match n {

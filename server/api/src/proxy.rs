@@ -62,7 +62,12 @@ pub async fn chat_completions(
     }
     obj.insert("stream".into(), true.into());
     obj.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
-    let model = obj.get("model").and_then(|m| m.as_str()).unwrap_or("").to_string();
+    // Metric labels stay bounded: the configured model, or "other" for anything a worker asks.
+    let requested = obj.get("model").and_then(|m| m.as_str()).unwrap_or("");
+    let model = match &model_cfg.model {
+        Some(m) if m == requested => m.clone(),
+        _ => "other".to_string(),
+    };
 
     let url = format!("{}/chat/completions", base.trim_end_matches('/'));
     let mut req = state.http.post(url).json(&body).timeout(Duration::from_secs(600));

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{Notify, mpsc};
 
-use crate::{AppState, error::ApiError, rpc::bearer};
+use crate::{AppState, connections::Registration, error::ApiError, rpc::bearer};
 
 /// Worker connections held by this replica, by connection id.
 #[derive(Default)]
@@ -81,8 +81,9 @@ pub struct RelayedDelta {
     pub item: serde_json::Value,
 }
 
-/// NOTIFY payloads must stay under 8000 bytes.
-const RELAY_TEXT_MAX: usize = 6000;
+/// NOTIFY payloads must stay under 8000 bytes, after JSON escaping (up to 6 bytes per
+/// input byte for control characters) and the envelope.
+const RELAY_TEXT_MAX: usize = 1200;
 
 pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
     let Some(presented) = bearer(&headers) else {
@@ -103,7 +104,8 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
     };
     let revoked = tokio_util::sync::CancellationToken::new();
     let max = state.config.limits.max_connections_per_credential;
-    let Some(registration) = state.connections.register(&principal, max, revoked.clone()) else {
+    // Unregistered when dropped: also when the upgrade never completes.
+    let Some(registration) = Registration::new(&state, &principal, max, revoked.clone()) else {
         return StatusCode::TOO_MANY_REQUESTS.into_response();
     };
     ws.max_message_size(state.config.max_text_message)
@@ -123,7 +125,7 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
                 tracing::info!(worker.connection = %conn.connection_id, error = %e, "worker connection ended");
             }
             conn.cleanup().await;
-            state.connections.unregister(registration);
+            drop(registration);
             state.metrics.workers_connected.dec();
             state.metrics.connections.with_label_values(&["worker"]).dec();
         })
@@ -237,10 +239,14 @@ impl WorkerConn {
         let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
         let mut flush = tokio::time::interval(Duration::from_millis(50));
         let mut safety = tokio::time::interval(Duration::from_secs(5));
+        let limits = self.state.config.limits.clone();
+        let mut ping = tokio::time::interval(limits.ping_interval);
+        let mut last_heard = std::time::Instant::now();
         loop {
             tokio::select! {
                 msg = stream.next() => {
                     let Some(msg) = msg else { break };
+                    last_heard = std::time::Instant::now();
                     match msg? {
                         Message::Text(text) => {
                             if let Some(reply) = self.handle(&text).await {
@@ -262,7 +268,21 @@ impl WorkerConn {
                     sink.send(text_msg(&stop)).await?;
                 }
                 _ = safety.tick() => self.claim(&ids, &mut sink).await?,
-                _ = heartbeat.tick() => store.presence_heartbeat(&self.connection_id).await?,
+                _ = heartbeat.tick() => {
+                    if !store.presence_heartbeat(&self.connection_id).await? {
+                        tracing::warn!(worker.connection = %self.connection_id, "presence was swept; restoring it");
+                        store.presence_insert(&self.connection_id, &self.principal, &self.state.config.replica_id, &ids).await?;
+                    }
+                }
+                // A worker that vanished without closing (sleep, NAT timeout) answers no pings:
+                // drop it so that its turns end `interrupted` and it can reconnect cleanly.
+                _ = ping.tick() => {
+                    if last_heard.elapsed() > limits.idle_timeout {
+                        tracing::warn!(worker.connection = %self.connection_id, "worker silent; closing");
+                        break;
+                    }
+                    sink.send(Message::Ping(Default::default())).await?;
+                }
                 _ = flush.tick() => self.flush_relay().await,
                 _ = self.state.shutdown.cancelled() => break,
                 _ = self.revoked.cancelled() => {

@@ -13,6 +13,15 @@ use crate::{CHANNEL_EVENTS, Cached, Result, Store, StoreError, fmt_time, not_fou
 /// A persisted event together with its rows.
 pub type EventRecord = Event;
 
+/// PostgreSQL text cannot hold NUL: model output that contains it is stored with U+FFFD.
+pub(crate) fn pg_text(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 /// Append one event (and the rows it publishes) inside the caller's transaction. The
 /// sequence comes from bumping `sessions.last_sequence`, which also serializes appends per
 /// session; the NOTIFY is delivered when the transaction commits.
@@ -39,7 +48,15 @@ pub(crate) async fn append_event(
     )
     .await?;
     for (i, row) in rows.iter().enumerate() {
-        let tool = row.tool.as_ref().map(|t| serde_json::to_value(t).unwrap_or_default());
+        let tool = row.tool.as_ref().map(|t| {
+            let clean = ToolInfo {
+                name: pg_text(&t.name).into_owned(),
+                call_id: pg_text(&t.call_id).into_owned(),
+                status: pg_text(&t.status).into_owned(),
+            };
+            serde_json::to_value(clean).unwrap_or_default()
+        });
+        let (body, thinking) = (pg_text(&row.body), row.thinking.as_deref().map(pg_text));
         tx.ex(
             "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -50,8 +67,8 @@ pub(crate) async fn append_event(
                 &tenant_id,
                 &turn_id,
                 &row.kind.as_str(),
-                &row.body,
-                &row.thinking,
+                &body,
+                &thinking,
                 &tool,
                 &row.hidden.unwrap_or(false),
             ],

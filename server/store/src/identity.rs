@@ -30,6 +30,8 @@ pub struct Principal {
     pub user_id: Option<String>,
     /// `admin` or `member` for users; `worker` for workers.
     pub role: String,
+    /// When the credential or login token stops being valid (connections close then).
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A credential as listed (never the secret).
@@ -56,7 +58,7 @@ impl Store {
         let client = self.pool.get().await?;
         let row = client
             .qo(
-                "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256
+                "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256, c.expires_at
                    FROM credentials c LEFT JOIN users u ON u.id = c.user_id
                   WHERE c.sha256 = $1 AND c.revoked_at IS NULL
                     AND (c.expires_at IS NULL OR c.expires_at > now())
@@ -91,12 +93,19 @@ impl Store {
             kind,
             user_id: row.get(3),
             role: row.get::<_, Option<String>>(4).unwrap_or_else(|| "worker".into()),
+            expires_at: row.get(6),
         }))
     }
 
     /// The principal of a signed-in user (JWT), if the user exists and is not disabled.
     /// The role comes from the database, not from the token.
-    pub async fn user_principal(&self, tenant_id: &str, user_id: &str, session: &str) -> Result<Option<Principal>> {
+    pub async fn user_principal(
+        &self,
+        tenant_id: &str,
+        user_id: &str,
+        session: &str,
+        expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<Option<Principal>> {
         let client = self.pool.get().await?;
         let row = client
             .qo(
@@ -110,7 +119,35 @@ impl Store {
             kind: CredentialKind::User,
             user_id: Some(user_id.to_string()),
             role: r.get(0),
+            expires_at,
         }))
+    }
+
+    /// Of these credentials and users, the ones no longer valid: credentials revoked or
+    /// expired, users disabled (system: across tenants, for revalidating live connections).
+    pub async fn invalid_principals(
+        &self,
+        credential_ids: &[String],
+        user_ids: &[String],
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        let client = self.pool.get().await?;
+        let creds = client
+            .qa(
+                "SELECT id FROM credentials WHERE id = ANY($1)
+                    AND (revoked_at IS NOT NULL OR (expires_at IS NOT NULL AND expires_at <= now()))",
+                &[&credential_ids],
+            )
+            .await?;
+        let users = client
+            .qa(
+                "SELECT id FROM users WHERE id = ANY($1) AND disabled_at IS NOT NULL",
+                &[&user_ids],
+            )
+            .await?;
+        Ok((
+            creds.iter().map(|r| r.get(0)).collect(),
+            users.iter().map(|r| r.get(0)).collect(),
+        ))
     }
 
     /// For login: (tenant id, user id, role, password hash) of an enabled user, by tenant

@@ -17,6 +17,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0003_row_level_security.sql",
         include_str!("../../../migrations/0003_row_level_security.sql"),
     ),
+    (
+        "0004_email_case.sql",
+        include_str!("../../../migrations/0004_email_case.sql"),
+    ),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

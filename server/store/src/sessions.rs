@@ -357,13 +357,19 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
-        cancel_active(&tx, tenant_id, session_id).await?;
+        // Forget what exists now; the clear's own events (active turns ending, then
+        // `session.cleared`) follow it, so a watcher caught up to this point sees no gap.
+        let before: i64 = tx
+            .q1("SELECT last_sequence FROM sessions WHERE id = $1", &[&session_id])
+            .await?
+            .get(0);
         tx.ex("DELETE FROM events WHERE session_id = $1", &[&session_id])
             .await?;
+        cancel_active(&tx, tenant_id, session_id).await?;
         let seq = append_event(&tx, tenant_id, session_id, "session.cleared", None, json!({}), &[]).await?;
         tx.ex(
             "UPDATE sessions SET cleared_at_sequence = $2, revision = revision + 1 WHERE id = $1",
-            &[&session_id, &seq],
+            &[&session_id, &(before + 1)],
         )
         .await?;
         let result = Cleared { sequence: seq };

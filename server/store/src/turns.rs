@@ -333,7 +333,19 @@ impl Store {
     ) -> Result<i64> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let session_id = running_turn_session(&tx, connection_id, tenant_id, turn_id).await?;
+        // Lock the session first (as stop, clear and remove do), then check the turn: a stop
+        // that commits meanwhile is seen, and nothing is written after `turn.ended`.
+        let session_id: String = tx
+            .qo(
+                "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2",
+                &[&turn_id, &tenant_id],
+            )
+            .await?
+            .map(|r| r.get(0))
+            .ok_or(StoreError::Code(ErrorCode::NotFound))?;
+        tx.q1("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
+            .await?;
+        running_turn_session(&tx, connection_id, tenant_id, turn_id).await?;
         let payload = json!({ "usage": usage });
         let seq = append_event(
             &tx,
@@ -368,12 +380,22 @@ impl Store {
     ) -> Result<()> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        tx.ex(
-            "UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
-              WHERE id = $1 AND tenant_id = $2 AND state = 'running'",
-            &[&turn_id, &tenant_id, &text, &thinking],
-        )
-        .await?;
+        let updated = tx
+            .ex(
+                "UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
+                  WHERE id = $1 AND tenant_id = $2 AND state = 'running'",
+                &[
+                    &turn_id,
+                    &tenant_id,
+                    &crate::history::pg_text(text),
+                    &crate::history::pg_text(thinking),
+                ],
+            )
+            .await?;
+        if updated == 0 {
+            // The turn was stopped: its late output goes nowhere.
+            return Ok(());
+        }
         for p in payloads {
             tx.ex("SELECT pg_notify($1, $2)", &[&channel, p]).await?;
         }

@@ -63,16 +63,20 @@ impl Store {
     }
 
     /// Keep a worker connection's presence (and its workspaces' last-seen time) fresh.
-    pub async fn presence_heartbeat(&self, connection_id: &str) -> Result<()> {
+    /// Returns whether the presence row still existed.
+    pub async fn presence_heartbeat(&self, connection_id: &str) -> Result<bool> {
         let client = self.pool.get().await?;
-        client
-            .ex(
-                "WITH p AS (UPDATE worker_presence SET heartbeat_at = now() WHERE connection_id = $1 RETURNING tenant_id, workspace_ids)
-                 UPDATE workspaces w SET last_seen_at = now() FROM p WHERE w.tenant_id = p.tenant_id AND w.id = ANY(p.workspace_ids)",
+        let row = client
+            .q1(
+                "WITH p AS (UPDATE worker_presence SET heartbeat_at = now() WHERE connection_id = $1 RETURNING tenant_id, workspace_ids),
+                      w AS (UPDATE workspaces w SET last_seen_at = now() FROM p
+                             WHERE w.tenant_id = p.tenant_id AND w.id = ANY(p.workspace_ids) RETURNING 1)
+                 SELECT EXISTS (SELECT 1 FROM p)",
                 &[&connection_id],
             )
             .await?;
-        Ok(())
+        // False: the row is gone (swept while this replica stalled); the caller re-inserts it.
+        Ok(row.get(0))
     }
 
     /// Forget a worker connection.

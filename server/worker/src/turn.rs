@@ -18,6 +18,10 @@ pub(crate) async fn run(link: Link, run: TurnRun, cancel: CancellationToken) {
     let (state, cause) = match outcome {
         Ok(()) => (TurnState::Completed, None),
         Err(StepError::Failed(cause)) => (TurnState::Failed, Some(cause)),
+        Err(StepError::Settled) => {
+            tracing::info!(turn.id = %run.turn_id, "turn was settled by the server (stopped)");
+            return;
+        }
         Err(StepError::Link(e)) => {
             tracing::warn!(turn.id = %run.turn_id, error = %e, "lost the server mid-turn");
             return;
@@ -28,13 +32,33 @@ pub(crate) async fn run(link: Link, run: TurnRun, cancel: CancellationToken) {
         state,
         cause,
     };
-    match link
-        .request(wp::TURN_END, serde_json::to_value(&end).unwrap_or_default())
-        .await
-    {
-        Ok(_) => tracing::info!(turn.id = %run.turn_id, state = state.as_str(), "turn settled"),
-        Err(e) => tracing::warn!(turn.id = %run.turn_id, error = %e, "could not settle the turn"),
+    // A turn left running would hold its session's queue: retry a failed settle a few
+    // times (the server answers `turn-not-running` once it is settled some other way).
+    for attempt in 1..=5u32 {
+        match link
+            .request(wp::TURN_END, serde_json::to_value(&end).unwrap_or_default())
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(turn.id = %run.turn_id, state = state.as_str(), "turn settled");
+                return;
+            }
+            Err(e) if rpc_code(&e) == Some("turn-not-running") || rpc_code(&e).is_none() => {
+                tracing::warn!(turn.id = %run.turn_id, error = %e, "could not settle the turn");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(turn.id = %run.turn_id, error = %e, attempt, "settling the turn failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(250 * u64::from(attempt))).await;
+            }
+        }
     }
+}
+
+/// The typed code of a server's error answer (None: the connection failed instead).
+fn rpc_code(e: &anyhow::Error) -> Option<&str> {
+    e.downcast_ref::<berth_protocol::RpcError>()
+        .map(|r| r.data_code().unwrap_or("internal"))
 }
 
 pub(crate) enum StepError {
@@ -42,6 +66,8 @@ pub(crate) enum StepError {
     Failed(Cause),
     /// The connection to the API tier broke; the server interrupts the turn.
     Link(anyhow::Error),
+    /// The server already settled the turn (stopped, session removed): nothing to write.
+    Settled,
 }
 
 async fn step(link: &Link, run: &TurnRun) -> Result<(), StepError> {
@@ -89,8 +115,22 @@ async fn step(link: &Link, run: &TurnRun) -> Result<(), StepError> {
         rows,
         usage: completion.usage,
     };
-    link.request(wp::TURN_STEP, serde_json::to_value(&step).unwrap_or_default())
+    match link
+        .request(wp::TURN_STEP, serde_json::to_value(&step).unwrap_or_default())
         .await
-        .map_err(StepError::Link)?;
+    {
+        Ok(_) => {}
+        Err(e) => {
+            return Err(match rpc_code(&e) {
+                Some("turn-not-running") | Some("not-found") => StepError::Settled,
+                // The server refused the step (e.g. it could not store it): settle `failed`.
+                Some(_) => StepError::Failed(Cause {
+                    code: "step-rejected".into(),
+                    status: None,
+                }),
+                None => StepError::Link(e),
+            });
+        }
+    }
     Ok(())
 }

@@ -131,6 +131,7 @@ impl Conn {
             .register(&principal, max, self.revoked.clone())
             .ok_or_else(|| ApiError::with(ErrorCode::RateLimited, json!({"limit": "connections"})))?;
         *reg = Some(id);
+        crate::connections::verify_soon(state, Some(&principal));
         *self.principal.lock().expect("conn lock") = Some(principal);
         Ok(())
     }
@@ -239,15 +240,16 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
                 let _ = conn.out.send(close(1009, "message too big")).await;
                 break;
             }
-            Message::Text(t) => {
-                let ctx = Ctx {
-                    state: state.clone(),
-                    conn: conn.clone(),
-                    id: None,
-                    op: None,
-                };
-                tokio::spawn(async move { on_text(ctx, t.as_str()).await });
-            }
+            Message::Text(t) => match admit_frame(&state, &conn, t.as_str()) {
+                Ok(Some(job)) => {
+                    tokio::spawn(run_job(job));
+                }
+                Ok(None) => {}
+                // Refusals wait for room in the outbound queue: a flood slows its own reads.
+                Err(refusal) => {
+                    let _ = conn.out.send(text(&refusal)).await;
+                }
+            },
             // No upload is in flight (content.upload is not offered yet): drop the connection.
             Message::Binary(_) => {
                 let _ = conn.out.send(close(1003, "unexpected binary message")).await;
@@ -305,85 +307,123 @@ fn json_depth(text: &str) -> usize {
     max
 }
 
-async fn on_text(mut ctx: Ctx, text_msg: &str) {
-    let max_depth = ctx.state.config.limits.max_json_depth;
+/// A request that passed the per-frame checks, with what it holds while it runs.
+struct Job {
+    ctx: Ctx,
+    req: Request,
+    /// The connection's in-flight slot (None for subscriptions, which have their own count).
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Per-frame checks, done in the read loop before anything is spawned, so that a client
+/// that floods requests gets typed refusals and never piles up tasks: nesting depth, JSON,
+/// the envelope, NUL characters (PostgreSQL text cannot hold them), the credential's request
+/// rate, and a slot — in flight, or as a subscription under a request id not in use.
+fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Option<Job>, Box<RpcResponse>> {
+    let fail = |id: Option<u32>, e: ApiError| Box::new(RpcResponse::err(id, e.0));
+    let max_depth = state.config.limits.max_json_depth;
     if json_depth(text_msg) > max_depth {
-        let err = ApiError::with(ErrorCode::PayloadTooLarge, json!({"limit": "depth", "max": max_depth}));
-        return respond(&ctx, None, Err(err)).await;
+        return Err(fail(
+            None,
+            ApiError::with(ErrorCode::PayloadTooLarge, json!({"limit": "depth", "max": max_depth})),
+        ));
     }
-    let value: serde_json::Value = match serde_json::from_str(text_msg) {
-        Ok(v) => v,
-        Err(_) => return respond(&ctx, None, Err(ApiError::code(ErrorCode::ParseError))).await,
-    };
+    let value: serde_json::Value =
+        serde_json::from_str(text_msg).map_err(|_| fail(None, ApiError::code(ErrorCode::ParseError)))?;
     let id = value
         .get("id")
         .and_then(|i| i.as_u64())
         .and_then(|i| u32::try_from(i).ok());
     let req: Request = match serde_json::from_value::<Request>(value) {
         Ok(r) if r.jsonrpc == "2.0" => r,
-        _ => return respond(&ctx, id, Err(ApiError::code(ErrorCode::InvalidRequest))).await,
+        _ => return Err(fail(id, ApiError::code(ErrorCode::InvalidRequest))),
     };
-    let Some(id) = req.id else { return }; // notifications from clients carry nothing we act on
-    ctx.id = Some(id);
-    if let Err(e) = admit(&ctx, &req.method) {
-        return respond(&ctx, Some(id), Err(e)).await;
+    // Notifications from clients carry nothing we act on.
+    let Some(id) = req.id else { return Ok(None) };
+    if text_msg.contains("\\u0000") {
+        return Err(fail(
+            Some(id),
+            ApiError::with(ErrorCode::BadParams, json!({"reason": "nul-character"})),
+        ));
     }
-    let _permit = if req.method == method::SessionWatch::NAME {
-        None
-    } else {
-        match ctx.conn.in_flight.clone().try_acquire_owned() {
-            Ok(p) => Some(p),
-            Err(_) => {
-                let err = ApiError::with(ErrorCode::RateLimited, json!({"limit": "in-flight"}));
-                return respond(&ctx, Some(id), Err(err)).await;
-            }
-        }
-    };
-    let started = Instant::now();
-    let method_name = req.method.clone();
-    let result = dispatch(&ctx, &req.method, req.params).await;
-    let code = match &result {
-        Ok(_) => "ok",
-        Err(e) => e.data_code(),
-    };
-    let known = berth_protocol::METHOD_NAMES.contains(&method_name.as_str());
-    let label = if known { method_name.as_str() } else { "unknown" };
-    ctx.state.metrics.rpc_requests.with_label_values(&[label, code]).inc();
-    ctx.state
-        .metrics
-        .rpc_duration
-        .with_label_values(&[label])
-        .observe(started.elapsed().as_secs_f64());
-    respond(&ctx, Some(id), result).await;
-}
-
-/// Per-credential request rate and per-connection subscription count.
-fn admit(ctx: &Ctx, method_name: &str) -> ApiResult<()> {
-    let credential = ctx
-        .conn
+    let credential = conn
         .principal
         .lock()
         .expect("conn lock")
         .as_ref()
         .map(|p| p.credential_id.clone());
     if let Some(credential) = credential
-        && let Err(wait) = ctx.state.request_limiter.check(&credential)
+        && let Err(wait) = state.request_limiter.check(&credential)
     {
-        let ms = wait.0.as_millis() as u64;
-        return Err(ApiError::with(
-            ErrorCode::RateLimited,
-            json!({"limit": "requests", "retryAfterMs": ms.max(1)}),
+        let ms = (wait.0.as_millis() as u64).max(1);
+        return Err(fail(
+            Some(id),
+            ApiError::with(ErrorCode::RateLimited, json!({"limit": "requests", "retryAfterMs": ms})),
         ));
     }
-    if method_name == method::SessionWatch::NAME
-        && ctx.conn.subs.lock().expect("conn lock").len() >= ctx.state.config.limits.max_subscriptions
+    let permit = if req.method == method::SessionWatch::NAME {
+        let mut subs = conn.subs.lock().expect("conn lock");
+        if subs.contains_key(&id) {
+            return Err(fail(
+                Some(id),
+                ApiError::with(ErrorCode::BadParams, json!({"reason": "id-in-use"})),
+            ));
+        }
+        if subs.len() >= state.config.limits.max_subscriptions {
+            return Err(fail(
+                Some(id),
+                ApiError::with(ErrorCode::RateLimited, json!({"limit": "subscriptions"})),
+            ));
+        }
+        subs.insert(id, conn.closed.child_token());
+        None
+    } else {
+        let permit = conn.in_flight.clone().try_acquire_owned().map_err(|_| {
+            fail(
+                Some(id),
+                ApiError::with(ErrorCode::RateLimited, json!({"limit": "in-flight"})),
+            )
+        })?;
+        Some(permit)
+    };
+    let ctx = Ctx {
+        state: state.clone(),
+        conn: conn.clone(),
+        id: Some(id),
+        op: None,
+    };
+    Ok(Some(Job {
+        ctx,
+        req,
+        _permit: permit,
+    }))
+}
+
+async fn run_job(job: Job) {
+    let Job { ctx, req, _permit } = job;
+    let started = Instant::now();
+    let result = dispatch(&ctx, &req.method, req.params).await;
+    if req.method == method::SessionWatch::NAME
+        && let Some(id) = ctx.id
     {
-        return Err(ApiError::with(
-            ErrorCode::RateLimited,
-            json!({"limit": "subscriptions"}),
-        ));
+        ctx.conn.subs.lock().expect("conn lock").remove(&id);
     }
-    Ok(())
+    let code = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.data_code(),
+    };
+    let label = if berth_protocol::METHOD_NAMES.contains(&req.method.as_str()) {
+        req.method.as_str()
+    } else {
+        "unknown"
+    };
+    ctx.state.metrics.rpc_requests.with_label_values(&[label, code]).inc();
+    ctx.state
+        .metrics
+        .rpc_duration
+        .with_label_values(&[label])
+        .observe(started.elapsed().as_secs_f64());
+    respond(&ctx, ctx.id, result).await;
 }
 
 async fn respond(ctx: &Ctx, id: Option<u32>, result: ApiResult<serde_json::Value>) {

@@ -262,16 +262,24 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<Value> {
         return Err(ApiError::code(ErrorCode::BadParams));
     }
     let store = &ctx.state.store;
-    // Subscribe before the first read so no wake-up can fall between the two.
-    let mut sub = ctx.state.hub.subscribe(&p.session_id);
+    // Only sessions of the caller's tenant get a hub entry; then subscribe before the first
+    // read of events, so that no wake-up can fall between the two.
     store.last_sequence(&me.tenant_id, &p.session_id).await?;
-    let cancel = ctx.conn.closed.child_token();
-    ctx.conn.subs.lock().expect("conn lock").insert(id, cancel.clone());
+    let mut sub = ctx.state.hub.subscribe(&p.session_id);
+    // The slot was reserved under this request id when the frame was admitted.
+    let cancel = ctx
+        .conn
+        .subs
+        .lock()
+        .expect("conn lock")
+        .get(&id)
+        .cloned()
+        .unwrap_or_else(|| ctx.conn.closed.child_token());
     let mut cursor = p.after;
     let mut live = LiveCursor::default();
     let mut joined = false;
     let mut safety = tokio::time::interval(Duration::from_secs(5));
-    let result = 'watch: loop {
+    'watch: loop {
         loop {
             let events = match store
                 .events_after(&me.tenant_id, &p.session_id, cursor, CATCH_UP_BATCH)
@@ -331,9 +339,7 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<Value> {
             _ = safety.tick() => {}
             _ = cancel.cancelled() => break Ok(Value::Null),
         }
-    };
-    ctx.conn.subs.lock().expect("conn lock").remove(&id);
-    result
+    }
 }
 
 #[cfg(test)]
