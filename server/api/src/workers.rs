@@ -196,6 +196,11 @@ impl WorkerConn {
         }
         let state = self.state.clone();
         let store = &state.store;
+        if let Err(e) = store.bind_worker_host(&self.principal, &params.host).await {
+            let err = ApiError::from(e);
+            sink.send(text_msg(&RpcResponse::err(req.id, err.0))).await?;
+            anyhow::bail!("worker.hello refused for host {}", params.host);
+        }
         let ids = store
             .register_workspaces(&self.principal, &params.host, &params.workspaces)
             .await?;

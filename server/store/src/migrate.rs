@@ -4,23 +4,13 @@ use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
 /// The migrations, in order: (file name, SQL).
+#[rustfmt::skip]
 pub const MIGRATIONS: &[(&str, &str)] = &[
-    (
-        "0001_skeleton.sql",
-        include_str!("../../../migrations/0001_skeleton.sql"),
-    ),
-    (
-        "0002_sessions.sql",
-        include_str!("../../../migrations/0002_sessions.sql"),
-    ),
-    (
-        "0003_row_level_security.sql",
-        include_str!("../../../migrations/0003_row_level_security.sql"),
-    ),
-    (
-        "0004_email_case.sql",
-        include_str!("../../../migrations/0004_email_case.sql"),
-    ),
+    ("0001_skeleton.sql", include_str!("../../../migrations/0001_skeleton.sql")),
+    ("0002_sessions.sql", include_str!("../../../migrations/0002_sessions.sql")),
+    ("0003_row_level_security.sql", include_str!("../../../migrations/0003_row_level_security.sql")),
+    ("0004_email_case.sql", include_str!("../../../migrations/0004_email_case.sql")),
+    ("0005_worker_host_binding.sql", include_str!("../../../migrations/0005_worker_host_binding.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

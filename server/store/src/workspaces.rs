@@ -8,6 +8,33 @@ use crate::{Cached, Principal, Result, Store, fmt_time, not_found, tenant_tx, to
 const PRESENCE_TTL: &str = "45 seconds";
 
 impl Store {
+    /// Bind a worker credential to the host it serves (on its first hello). Refused with
+    /// `forbidden` when the credential is bound to another host, or another live worker
+    /// credential of the tenant serves this host.
+    pub async fn bind_worker_host(&self, worker: &Principal, host: &str) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
+        let bound = tx
+            .qo(
+                "UPDATE credentials SET host = coalesce(host, $3) WHERE id = $1 AND tenant_id = $2 AND kind = 'worker'
+                 RETURNING host",
+                &[&worker.credential_id, &worker.tenant_id, &host],
+            )
+            .await;
+        let bound: Option<String> = match bound {
+            Ok(row) => row.and_then(|r| r.get(0)),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                return Err(crate::StoreError::Code(berth_protocol::ErrorCode::Forbidden));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if bound.as_deref() != Some(host) {
+            return Err(crate::StoreError::Code(berth_protocol::ErrorCode::Forbidden));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Upsert the worker's workspaces by (tenant, host, name); returns their ids in order.
     /// Moving a workspace's directory keeps its identity (and its sessions).
     pub async fn register_workspaces(
