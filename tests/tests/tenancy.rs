@@ -800,10 +800,14 @@ async fn a_worker_credential_cannot_take_over_another_hosts_workspaces() {
     let mock = MockProvider::start().await;
     let stack = Stack::start(&mock, 1).await;
     let mut admin = stack.client(0).await;
-    let second = admin.ok("admin.credential.create", json!({"worker": true, "note": "intruder"})).await;
+    let second = admin
+        .ok("admin.credential.create", json!({"worker": true, "note": "intruder"}))
+        .await;
     let token = second["token"].as_str().unwrap();
     let elsewhere = berth_e2e::harness::scratch_dir("elsewhere");
-    let intruder = berth_e2e::TestWorker::start(&stack.servers[0], token, "proj", &elsewhere).await.unwrap();
+    let intruder = berth_e2e::TestWorker::start(&stack.servers[0], token, "proj", &elsewhere)
+        .await
+        .unwrap();
     let refused = eventually(10, || async {
         let log = std::fs::read_to_string(&intruder.log).unwrap_or_default();
         log.contains("refused").then_some(())
@@ -812,12 +816,27 @@ async fn a_worker_credential_cannot_take_over_another_hosts_workspaces() {
     assert!(refused.is_some(), "the second credential is refused for the bound host");
     let list = admin.ok("workspace.list", json!({})).await;
     assert_eq!(list.as_array().unwrap().len(), 1);
-    assert_eq!(list[0]["path"], stack.workspace_dir.canonicalize().unwrap().display().to_string(), "path unchanged");
+    assert_eq!(
+        list[0]["path"],
+        stack.workspace_dir.canonicalize().unwrap().display().to_string(),
+        "path unchanged"
+    );
 
     // Rotation: revoke the first credential; the second one now serves the host.
     let creds = admin.ok("admin.credential.list", json!({})).await;
-    let first = creds.as_array().unwrap().iter().find(|c| c["kind"] == "worker" && c["note"] != "intruder").unwrap().clone();
-    admin.ok("admin.credential.revoke", json!({"credentialId": first["credentialId"]})).await;
+    let first = creds
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "worker" && c["note"] != "intruder")
+        .unwrap()
+        .clone();
+    admin
+        .ok(
+            "admin.credential.revoke",
+            json!({"credentialId": first["credentialId"]}),
+        )
+        .await;
     let moved = eventually(30, || {
         let (url, token) = (stack.servers[0].ws_url(), stack.token.clone());
         let path = elsewhere.canonicalize().unwrap().display().to_string();
@@ -828,5 +847,8 @@ async fn a_worker_credential_cannot_take_over_another_hosts_workspaces() {
         }
     })
     .await;
-    assert!(moved.is_some(), "after rotation the new credential serves the workspace");
+    assert!(
+        moved.is_some(),
+        "after rotation the new credential serves the workspace"
+    );
 }
