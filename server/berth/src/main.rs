@@ -403,11 +403,11 @@ async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Resu
         }
         Admin::Token(TokenCmd::List { tenant }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
-            for c in store.list_credentials(&tenant).await? {
+            for c in store.admin_list_credentials(&tenant).await? {
                 let state = if c.revoked_at.is_some() { "revoked" } else { "active" };
                 println!(
                     "{}\t{}\t{}\t{}\t{}\tcreated={}\tlast-used={}\texpires={}",
-                    c.id,
+                    c.credential_id,
                     c.kind,
                     state,
                     c.user_email.as_deref().unwrap_or("-"),

@@ -2,7 +2,7 @@
 
 use anyhow::anyhow;
 
-use crate::{CHANNEL_REVOKE, Cached, Result, Store, StoreError, admin::audit, fmt_time, tenant_tx, token};
+use crate::{CHANNEL_REVOKE, Cached, Result, Store, StoreError, admin::audit, tenant_tx, token};
 use berth_protocol::ErrorCode;
 
 /// What kind of principal a credential authenticates.
@@ -32,19 +32,6 @@ pub struct Principal {
     pub role: String,
     /// When the credential or login token stops being valid (connections close then).
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// A credential as listed (never the secret).
-#[derive(Debug, Clone)]
-pub struct CredentialInfo {
-    pub id: String,
-    pub kind: String,
-    pub user_email: Option<String>,
-    pub note: String,
-    pub created_at: String,
-    pub last_used_at: Option<String>,
-    pub expires_at: Option<String>,
-    pub revoked_at: Option<String>,
 }
 
 impl Store {
@@ -260,34 +247,6 @@ impl Store {
         audit(&client, tenant_id, actor, "credential.create", &id).await?;
         client.commit().await?;
         Ok((id, plaintext))
-    }
-
-    /// A tenant's credentials, oldest first.
-    pub async fn list_credentials(&self, tenant_id: &str) -> Result<Vec<CredentialInfo>> {
-        let mut client = self.pool.get().await?;
-        let client = tenant_tx(&mut client, tenant_id).await?;
-        let rows = client
-            .qa(
-                "SELECT c.id, c.kind, u.email, c.note, c.created_at, c.last_used_at, c.expires_at, c.revoked_at
-                   FROM credentials c LEFT JOIN users u ON u.id = c.user_id
-                  WHERE c.tenant_id = $1 ORDER BY c.created_at, c.id",
-                &[&tenant_id],
-            )
-            .await?;
-        let t = |r: &tokio_postgres::Row, i| r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(i).map(fmt_time);
-        Ok(rows
-            .iter()
-            .map(|r| CredentialInfo {
-                id: r.get(0),
-                kind: r.get(1),
-                user_email: r.get(2),
-                note: r.get(3),
-                created_at: fmt_time(r.get(4)),
-                last_used_at: t(r, 5),
-                expires_at: t(r, 6),
-                revoked_at: t(r, 7),
-            })
-            .collect())
     }
 
     /// Revoke a credential by id (break-glass: any tenant). Returns whether it was live.

@@ -23,7 +23,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 pub use history::EventRecord;
-pub use identity::{CredentialInfo, CredentialKind, Principal};
+pub use identity::{CredentialKind, Principal};
 pub use receipts::{Begin, Receipt, ReceiptView};
 pub use turns::{ClaimedTurn, Partial};
 
