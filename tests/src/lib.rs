@@ -5,6 +5,7 @@
 pub mod client;
 pub mod harness;
 pub mod mock_provider;
+pub mod nginx;
 pub mod stack;
 
 pub use client::Client;
