@@ -385,22 +385,22 @@ pub(crate) async fn snapshot(
     session_id: &str,
     default_model: Option<&str>,
 ) -> Result<SessionSnapshot> {
+    // One statement: the session, its running turn and its queue.
     let row = client
         .qo(
-            "SELECT id, workspace_id, title, model, revision, last_sequence, created_at, updated_at, paused, provider
-               FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+            "SELECT s.id, s.workspace_id, s.title, s.model, s.revision, s.last_sequence, s.created_at, s.updated_at,
+                    s.paused, s.provider,
+                    (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
+                    coalesce((SELECT json_agg(json_build_object('queueId', t.id, 'turnId', t.id, 'prompt', t.prompt,
+                                                                'revision', t.queue_revision) ORDER BY t.queue_position)
+                                FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'), '[]'::json)
+               FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2 AND s.removed_at IS NULL",
             &[&session_id, &tenant_id],
         )
         .await?;
     let Some(row) = row else { return not_found() };
-    let running: Option<String> = client
-        .qo(
-            "SELECT id FROM turns WHERE session_id = $1 AND state = 'running'",
-            &[&session_id],
-        )
-        .await?
-        .map(|r| r.get(0));
-    let queue = queue_state(client, session_id).await?;
+    let running: Option<String> = row.get(10);
+    let queued: Vec<QueueEntry> = serde_json::from_value(row.get(11)).map_err(|e| StoreError::Other(e.into()))?;
     let model: Option<String> = row.get(3);
     let (effective_model_id, effective_model_level) = effective(&model, default_model);
     Ok(SessionSnapshot {
@@ -412,7 +412,7 @@ pub(crate) async fn snapshot(
         effective_model_level,
         phase: if running.is_some() { "running" } else { "idle" }.into(),
         running,
-        queued: queue.queue,
+        queued,
         revision: row.get(4),
         sequence: row.get(5),
         paused: row.get(8),
