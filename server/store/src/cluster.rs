@@ -46,6 +46,9 @@ impl PrivateCluster {
             return Ok(running);
         }
         let owner = if is_root() { Some(unprivileged_user()?) } else { None };
+        if let Some((uid, _)) = owner {
+            check_reachable(dir, uid)?;
+        }
         if !data.join("PG_VERSION").exists() {
             std::fs::create_dir_all(&data)?;
             std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))?;
@@ -254,6 +257,29 @@ fn unprivileged_user() -> anyhow::Result<(u32, u32)> {
     lookup("postgres")
         .or_else(|| lookup("nobody"))
         .context("running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as")
+}
+
+/// Running as root, the cluster runs as `uid`: every ancestor of the data directory must let
+/// that user through, or initdb fails with a confusing error. Say what to do instead.
+fn check_reachable(dir: &Path, uid: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    for ancestor in dir.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(ancestor) else {
+            continue;
+        };
+        let traversable = meta.mode() & 0o001 != 0 || (meta.uid() == uid && meta.mode() & 0o100 != 0);
+        if !traversable {
+            bail!(
+                "the private PostgreSQL cluster runs as uid {uid} (PostgreSQL refuses root), which cannot reach {}: \
+                 {} is not traversable by other users. Make it so (chmod o+x) or set BERTH_DATA_DIR to a directory \
+                 such as /var/lib/berth",
+                dir.display(),
+                ancestor.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) -> &mut Command {
