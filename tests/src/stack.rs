@@ -33,14 +33,15 @@ impl Stack {
 
     /// The same, with extra environment for every replica.
     pub async fn start_with(mock: &MockProvider, replicas: usize, env: &[(&str, &str)]) -> Stack {
+        Self::start_with_model(&mock.base_url(), replicas, env).await
+    }
+
+    /// The same, with the model provider at `model_base_url` (e.g. one that refuses).
+    pub async fn start_with_model(model_base_url: &str, replicas: usize, env: &[(&str, &str)]) -> Stack {
         let db = fresh_database().await;
         let mut servers = Vec::new();
         for _ in 0..replicas.max(1) {
-            servers.push(
-                TestServer::start_with(&db, &mock.base_url(), env)
-                    .await
-                    .expect("server"),
-            );
+            servers.push(TestServer::start_with(&db, model_base_url, env).await.expect("server"));
         }
         let token = servers[0].admin_token();
         let worker_token = servers[0].worker_token().await;

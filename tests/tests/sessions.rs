@@ -473,7 +473,10 @@ async fn a_two_mib_message_reads_back_exactly() {
     while text.len() < 2 << 20 {
         text.push_str(unit);
     }
-    let chunks: Vec<Part> = split_chars(&text, 32 << 10).into_iter().map(Part::Text).collect();
+    let chunks: Vec<Part> = berth_protocol::text::chunks(&text, 32 << 10)
+        .into_iter()
+        .map(|c| Part::Text(c.to_string()))
+        .collect();
     mock.push(Reply::Stream(chunks));
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     c.ok("session.send", json!({"sessionId": sid, "prompt": "write a lot"}))
@@ -577,20 +580,6 @@ async fn a_two_mib_message_reads_back_exactly() {
         .await;
     assert_eq!(hidden["rows"][0]["body"], "internal bookkeeping");
     assert_eq!(hidden["rows"][0]["hidden"], true);
-}
-
-fn split_chars(s: &str, max: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = s;
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(max);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.push(rest[..cut].to_string());
-        rest = &rest[cut..];
-    }
-    out
 }
 
 /// A watcher joining mid-turn, on another replica than the worker's, gets the text so far

@@ -4,48 +4,32 @@
 use std::time::Duration;
 
 use berth_e2e::{
-    Client, MockProvider, Part, Reply, TestServer, TestWorker,
+    Client, MockProvider, Part, Reply, Stack, TestServer, TestWorker,
     client::code,
     fresh_database,
     harness::{self, eventually, scratch_dir},
 };
 use serde_json::{Value, json};
 
-/// Server + worker + authenticated client, with the worker's workspace online.
-struct Stack {
-    server: TestServer,
-    _worker: TestWorker,
+/// A stack (one replica, a worker whose workspace is online) and an authenticated client.
+struct Skel {
+    stack: Stack,
     client: Client,
-    workspace_id: String,
 }
 
-async fn stack(mock: &MockProvider) -> Stack {
-    let db = fresh_database().await;
-    let server = TestServer::start(&db, &mock.base_url()).await.expect("server");
-    let token = server.worker_token().await;
-    let ws_dir = scratch_dir("workspace");
-    let worker = TestWorker::start(&server, &token, "proj", &ws_dir)
-        .await
-        .expect("worker");
-    let mut client = Client::authed(&server.ws_url(), &server.admin_token())
-        .await
-        .expect("client");
-    let mut workspace_id = None;
-    for _ in 0..200 {
-        let list = client.ok("workspace.list", json!({})).await;
-        if let Some(w) = list.as_array().and_then(|l| l.iter().find(|w| w["online"] == true)) {
-            workspace_id = Some(w["workspaceId"].as_str().unwrap().to_string());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+impl Skel {
+    async fn new(stack: Stack) -> Skel {
+        let client = stack.client(0).await;
+        Skel { stack, client }
     }
-    let workspace_id = workspace_id.expect("the worker's workspace comes online");
-    Stack {
-        server,
-        _worker: worker,
-        client,
-        workspace_id,
+
+    fn server(&self) -> &TestServer {
+        &self.stack.servers[0]
     }
+}
+
+async fn stack(mock: &MockProvider) -> Skel {
+    Skel::new(Stack::start(mock, 1).await).await
 }
 
 fn is_turn_end(v: &Value) -> bool {
@@ -76,7 +60,7 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
         .client
         .ok(
             "session.create",
-            json!({"workspaceId": s.workspace_id, "title": "demo"}),
+            json!({"workspaceId": s.stack.workspace_id, "title": "demo"}),
         )
         .await;
     let sid = session["sessionId"].as_str().unwrap().to_string();
@@ -190,7 +174,7 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
         },
     ]));
     drop(watch);
-    let mut again = Client::authed(&s.server.ws_url(), &s.server.admin_token())
+    let mut again = Client::authed(&s.server().ws_url(), &s.server().admin_token())
         .await
         .unwrap();
     let mut watch = again.subscribe("session.watch", json!({"sessionId": sid, "after": 2}));
@@ -234,9 +218,9 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
     let snap = again.ok("session.get", json!({"sessionId": sid})).await;
     assert_eq!(snap["sequence"], 7);
     assert_eq!(snap["phase"], "idle");
-    let worker_log = std::fs::read_to_string(&s._worker.log).unwrap();
+    let worker_log = std::fs::read_to_string(&s.stack.worker.as_ref().unwrap().log).unwrap();
     assert!(!worker_log.contains("sk-test-provider-key"));
-    let metrics = s.server.metrics().await;
+    let metrics = s.server().metrics().await;
     assert!(
         metrics.contains("berth_turns_total{state=\"completed\"} 2"),
         "{metrics}"
@@ -248,24 +232,24 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
         !metrics.contains("berth_fanout_lag_seconds_count 0"),
         "live deliveries are measured"
     );
-    let server_log = std::fs::read_to_string(&s.server.log).unwrap();
+    let server_log = std::fs::read_to_string(&s.server().log).unwrap();
     assert!(!server_log.contains("sk-test-provider-key"));
-    assert!(!server_log.contains(&s.server.admin_token()));
+    assert!(!server_log.contains(&s.server().admin_token()));
 }
 
-impl Stack {
+impl Skel {
     async fn workspace_list_entry(&mut self) -> Value {
         let list = self.client.ok("workspace.list", json!({})).await;
         let entry = list
             .as_array()
             .unwrap()
             .iter()
-            .find(|w| w["workspaceId"] == self.workspace_id.as_str())
+            .find(|w| w["workspaceId"] == self.stack.workspace_id.as_str())
             .unwrap()
             .clone();
         let got = self
             .client
-            .ok("workspace.get", json!({"workspaceId": self.workspace_id}))
+            .ok("workspace.get", json!({"workspaceId": self.stack.workspace_id}))
             .await;
         // (lastSeenAt moves with the worker's heartbeat)
         let strip = |mut v: Value| {
@@ -279,7 +263,7 @@ impl Stack {
     async fn run_failing_turn(&mut self) -> Value {
         let session = self
             .client
-            .ok("session.create", json!({"workspaceId": self.workspace_id}))
+            .ok("session.create", json!({"workspaceId": self.stack.workspace_id}))
             .await;
         let sid = session["sessionId"].as_str().unwrap().to_string();
         let mut watch = self
@@ -313,7 +297,7 @@ async fn provider_error_status_fails_the_turn_with_a_typed_cause() {
     mock.push(Reply::text(&["fine"]));
     let session = s
         .client
-        .ok("session.create", json!({"workspaceId": s.workspace_id}))
+        .ok("session.create", json!({"workspaceId": s.stack.workspace_id}))
         .await;
     let sid = session["sessionId"].as_str().unwrap();
     let mut watch = s
@@ -334,40 +318,13 @@ async fn provider_connection_refused_fails_the_turn_and_the_server_keeps_serving
         .local_addr()
         .unwrap()
         .port();
-    let db = fresh_database().await;
-    let server = TestServer::start(&db, &format!("http://127.0.0.1:{port}/v1"))
-        .await
-        .unwrap();
-    let token = server.worker_token().await;
-    let _worker = TestWorker::start(&server, &token, "proj", &scratch_dir("workspace"))
-        .await
-        .unwrap();
-    let client = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
-    let workspace_id = eventually(20, || {
-        let url = server.ws_url();
-        let token = server.admin_token();
-        async move {
-            let mut c = Client::authed(&url, &token).await.ok()?;
-            let list = c.ok("workspace.list", json!({})).await;
-            list.as_array()?
-                .iter()
-                .find(|w| w["online"] == true)
-                .map(|w| w["workspaceId"].as_str().unwrap().to_string())
-        }
-    })
-    .await
-    .expect("workspace online");
-    let mut s = Stack {
-        server,
-        _worker,
-        client,
-        workspace_id,
-    };
+    let refusing = format!("http://127.0.0.1:{port}/v1");
+    let mut s = Skel::new(Stack::start_with_model(&refusing, 1, &[]).await).await;
     let ended = s.run_failing_turn().await;
     assert_eq!(ended["state"], "failed");
     assert_eq!(ended["cause"], json!({"code": "provider-unreachable"}));
     assert_eq!(s.client.ok("status", json!({})).await["protocol"], 1);
-    assert_eq!(s.server.get("/healthz").await.status(), 200);
+    assert_eq!(s.server().get("/healthz").await.status(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]

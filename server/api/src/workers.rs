@@ -462,7 +462,7 @@ impl WorkerConn {
                 ("text", "textOffset", &p.text, p.text_offset),
                 ("thinking", "thinkingOffset", &p.thinking, p.thinking_offset),
             ] {
-                for piece in chunks(value, RELAY_TEXT_MAX) {
+                for piece in berth_protocol::text::chunks(value, RELAY_TEXT_MAX) {
                     let item = json!({"type": "model.delta", "turnId": turn, "step": p.step, field: piece, offset_field: offset});
                     offset += piece.len() as u64;
                     let msg = RelayedDelta {
@@ -528,20 +528,4 @@ impl WorkerConn {
 
 fn text_msg<T: Serialize>(v: &T) -> Message {
     Message::Text(serde_json::to_string(v).unwrap_or_default().into())
-}
-
-/// Split `s` into pieces of at most `max` bytes on char boundaries.
-fn chunks(s: &str, max: usize) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut rest = s;
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(max);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let (a, b) = rest.split_at(cut);
-        out.push(a);
-        rest = b;
-    }
-    out
 }

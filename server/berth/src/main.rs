@@ -332,9 +332,10 @@ async fn dev_worker_token(store: &Store, run_dir: &Path) -> anyhow::Result<Strin
         return Ok(existing.trim().to_string());
     }
     let tenant = store.tenant_id("default").await?;
-    let (_, token) = store
-        .create_credential(&tenant, None, "berth dev worker", "berth-dev")
+    let created = store
+        .admin_create_credential(&tenant, None, "berth dev worker", None, Actor("berth-dev"), None)
         .await?;
+    let token = created.token.context("a new credential carries its plaintext")?;
     write_secret(&path, &token)?;
     Ok(token)
 }
@@ -395,10 +396,15 @@ async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Resu
             note,
         }) => {
             let tenant = store.tenant_id(&tenant).await.context("no such tenant")?;
-            let (_, token) = store
-                .create_credential(&tenant, user.as_deref(), &note, "cli")
+            let user_id = match &user {
+                Some(email) => Some(store.user_id_by_email(&tenant, email).await.context("no such user")?),
+                None => None,
+            };
+            let created = store
+                .admin_create_credential(&tenant, user_id.as_deref(), &note, None, Actor("cli"), None)
                 .await
                 .context("creating the credential")?;
+            let token = created.token.context("a new credential carries its plaintext")?;
             println!("{token}");
         }
         Admin::Token(TokenCmd::List { tenant }) => {
@@ -419,10 +425,11 @@ async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Resu
             }
         }
         Admin::Token(TokenCmd::Revoke { id }) => {
+            let tenant = store.credential_tenant(&id).await.context("no such credential")?;
             store
-                .revoke_credential(&id, "cli")
+                .admin_revoke_credential(&tenant, &id, Actor("cli"), None)
                 .await
-                .context("no such credential")?;
+                .context("revoking the credential")?;
             println!("revoked {id}");
         }
         Admin::Tenant(TenantCmd::Create { name }) => {

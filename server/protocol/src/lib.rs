@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod jsonrpc;
+pub mod text;
 pub mod types;
 pub mod worker;
 

@@ -111,15 +111,6 @@ fn row_from(r: &tokio_postgres::Row) -> Row {
     }
 }
 
-/// The longest prefix of `s` of at most `max` bytes that ends on a char boundary.
-fn cut(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
 /// Cut a row's fields to `budget` bytes in all, marking what was cut.
 fn fit(row: &mut Row, budget: usize) {
     let mut left = budget;
@@ -132,7 +123,7 @@ fn fit(row: &mut Row, budget: usize) {
         let Some(value) = value else { continue };
         let total = value.len();
         if total > left {
-            let kept = cut(value, left).len();
+            let kept = berth_protocol::text::prefix(value, left).len();
             value.truncate(kept);
             marks.insert(
                 field,
@@ -408,7 +399,7 @@ impl Store {
         }
         let limit = p.limit.map_or(SOURCE_DEFAULT, |l| l as usize).clamp(4, SOURCE_MAX);
         let rest = &value[offset..];
-        let data = cut(rest, limit);
+        let data = berth_protocol::text::prefix(rest, limit);
         let end = offset + data.len();
         Ok(SessionSourceResult {
             data: data.to_string(),

@@ -2,7 +2,7 @@
 
 use anyhow::anyhow;
 
-use crate::{CHANNEL_REVOKE, Cached, Result, Store, StoreError, admin::audit, tenant_tx, token};
+use crate::{Cached, Result, Store, StoreError, admin::audit, tenant_tx, token};
 use berth_protocol::ErrorCode;
 
 /// What kind of principal a credential authenticates.
@@ -212,61 +212,25 @@ impl Store {
         row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
     }
 
-    /// Create a credential; `user_email` None makes a worker credential. Returns (id, plaintext).
-    pub async fn create_credential(
-        &self,
-        tenant_id: &str,
-        user_email: Option<&str>,
-        note: &str,
-        actor: &str,
-    ) -> Result<(String, String)> {
+    /// The id of one of the tenant's users, by email (case-insensitive).
+    pub async fn user_id_by_email(&self, tenant_id: &str, email: &str) -> Result<String> {
         let mut client = self.pool.get().await?;
-        let client = tenant_tx(&mut client, tenant_id).await?;
-        let user_id: Option<String> = match user_email {
-            Some(email) => Some(
-                client
-                    .qo(
-                        "SELECT id FROM users WHERE tenant_id = $1 AND email = $2",
-                        &[&tenant_id, &email],
-                    )
-                    .await?
-                    .map(|r| r.get(0))
-                    .ok_or(StoreError::Code(ErrorCode::NotFound))?,
-            ),
-            None => None,
-        };
-        let kind = if user_id.is_some() { "user" } else { "worker" };
-        let plaintext = token::generate();
-        let id = token::new_id("crd");
-        client
-            .ex(
-                "INSERT INTO credentials (id, tenant_id, kind, user_id, sha256, note) VALUES ($1, $2, $3, $4, $5, $6)",
-                &[&id, &tenant_id, &kind, &user_id, &token::digest(&plaintext), &note],
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let row = tx
+            .qo(
+                "SELECT id FROM users WHERE tenant_id = $1 AND lower(email) = lower($2)",
+                &[&tenant_id, &email],
             )
             .await?;
-        audit(&client, tenant_id, actor, "credential.create", &id).await?;
-        client.commit().await?;
-        Ok((id, plaintext))
+        row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
     }
 
-    /// Revoke a credential by id (break-glass: any tenant). Returns whether it was live.
-    pub async fn revoke_credential(&self, id: &str, actor: &str) -> Result<bool> {
+    /// The tenant a credential belongs to (break-glass revocation by id from the CLI).
+    pub async fn credential_tenant(&self, credential_id: &str) -> Result<String> {
         let client = self.pool.get().await?;
         let row = client
-            .qo(
-                "UPDATE credentials SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1
-                 RETURNING tenant_id, (xmax = 0) AS fresh",
-                &[&id],
-            )
+            .qo("SELECT tenant_id FROM credentials WHERE id = $1", &[&credential_id])
             .await?;
-        let Some(row) = row else {
-            return Err(StoreError::Code(ErrorCode::NotFound));
-        };
-        let tenant: String = row.get(0);
-        audit(&client, &tenant, actor, "credential.revoke", id).await?;
-        client
-            .ex("SELECT pg_notify($1, $2)", &[&CHANNEL_REVOKE, &format!("cred:{id}")])
-            .await?;
-        Ok(true)
+        row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
     }
 }

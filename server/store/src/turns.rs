@@ -333,19 +333,7 @@ impl Store {
     ) -> Result<i64> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        // Lock the session first (as stop, clear and remove do), then check the turn: a stop
-        // that commits meanwhile is seen, and nothing is written after `turn.ended`.
-        let session_id: String = tx
-            .qo(
-                "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2",
-                &[&turn_id, &tenant_id],
-            )
-            .await?
-            .map(|r| r.get(0))
-            .ok_or(StoreError::Code(ErrorCode::NotFound))?;
-        tx.q1("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
-            .await?;
-        running_turn_session(&tx, connection_id, tenant_id, turn_id).await?;
+        let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
         let payload = json!({ "usage": usage });
         let seq = append_event(
             &tx,
@@ -437,27 +425,7 @@ impl Store {
         }
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let session_id = match connection_id {
-            Some(conn) => running_turn_session(&tx, conn, tenant_id, turn_id).await?,
-            None => tx
-                .qo(
-                    "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2 AND state = 'running'",
-                    &[&turn_id, &tenant_id],
-                )
-                .await?
-                .map(|r| r.get(0))
-                .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))?,
-        };
-        tx.q1("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
-            .await?;
-        // Re-check under the lock: a stop or remove may have settled it meanwhile.
-        let still: bool = tx
-            .q1("SELECT state = 'running' FROM turns WHERE id = $1", &[&turn_id])
-            .await?
-            .get(0);
-        if !still {
-            return Err(StoreError::Code(ErrorCode::TurnNotRunning));
-        }
+        let session_id = lock_running_turn(&tx, connection_id, tenant_id, turn_id).await?;
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
         tx.ex(
             "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = '' WHERE id = $1",
@@ -723,27 +691,39 @@ async fn check_queued(tx: &impl GenericClient, session_id: &str, queue_id: &str,
     Ok(())
 }
 
-async fn running_turn_session(
+/// Lock the session of a running turn and return its id: the session row first (as stop,
+/// clear and remove do), then the turn is checked under that lock — still running, its
+/// session not removed, and, when a worker connection writes, handed to that connection. A
+/// turn settled meanwhile is `turn-not-running`, so nothing is written after `turn.ended`.
+async fn lock_running_turn(
     tx: &impl GenericClient,
-    connection_id: &str,
+    connection_id: Option<&str>,
     tenant_id: &str,
     turn_id: &str,
 ) -> Result<String> {
-    let row = tx
+    let session_id: String = tx
         .qo(
-            "SELECT t.session_id, t.state, t.dispatched_to, s.removed_at IS NULL FROM turns t JOIN sessions s ON s.id = t.session_id
-              WHERE t.id = $1 AND t.tenant_id = $2",
+            "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2",
             &[&turn_id, &tenant_id],
         )
+        .await?
+        .map(|r| r.get(0))
+        .ok_or(StoreError::Code(ErrorCode::NotFound))?;
+    tx.q1("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
         .await?;
-    let Some(row) = row else { return not_found() };
-    let state: String = row.get(1);
-    let to: Option<String> = row.get(2);
-    let live: bool = row.get(3);
-    if state != "running" || to.as_deref() != Some(connection_id) || !live {
+    let row = tx
+        .q1(
+            "SELECT t.state, t.dispatched_to, s.removed_at IS NULL FROM turns t JOIN sessions s ON s.id = t.session_id
+              WHERE t.id = $1",
+            &[&turn_id],
+        )
+        .await?;
+    let (state, to, live): (String, Option<String>, bool) = (row.get(0), row.get(1), row.get(2));
+    let handed_elsewhere = connection_id.is_some_and(|c| to.as_deref() != Some(c));
+    if state != "running" || !live || handed_elsewhere {
         return Err(StoreError::Code(ErrorCode::TurnNotRunning));
     }
-    Ok(row.get(0))
+    Ok(session_id)
 }
 
 /// queued → running, publishing the prompt as the user row of `turn.started`.

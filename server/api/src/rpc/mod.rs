@@ -112,7 +112,7 @@ pub struct Conn {
     /// Cancelled when the principal is revoked (credential revoked, user disabled).
     pub revoked: CancellationToken,
     /// This connection's entry in the replica's connection registry.
-    pub registration: Mutex<Option<u64>>,
+    pub registration: Mutex<Option<crate::connections::Registration>>,
     /// Requests being answered (subscriptions excluded).
     pub in_flight: Arc<tokio::sync::Semaphore>,
 }
@@ -123,15 +123,11 @@ impl Conn {
     pub fn sign_in(&self, state: &AppState, principal: Principal) -> ApiResult<()> {
         let max = state.config.limits.max_connections_per_credential;
         let mut reg = self.registration.lock().expect("conn lock");
-        if let Some(old) = reg.take() {
-            state.connections.unregister(old);
-        }
-        let id = state
-            .connections
-            .register(&principal, max, self.revoked.clone())
+        // Replacing the registration drops (unregisters) the previous one.
+        reg.take();
+        let registration = crate::connections::Registration::new(state, &principal, max, self.revoked.clone())
             .ok_or_else(|| ApiError::with(ErrorCode::RateLimited, json!({"limit": "connections"})))?;
-        *reg = Some(id);
-        crate::connections::verify_soon(state, Some(&principal));
+        *reg = Some(registration);
         *self.principal.lock().expect("conn lock") = Some(principal);
         Ok(())
     }
@@ -273,9 +269,7 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
     for (_, sub) in conn.subs.lock().expect("conn lock").drain() {
         sub.cancel();
     }
-    if let Some(id) = conn.registration.lock().expect("conn lock").take() {
-        state.connections.unregister(id);
-    }
+    conn.registration.lock().expect("conn lock").take();
     drop(conn);
     let _ = writer.await;
     state.metrics.connections.with_label_values(&["client"]).dec();
