@@ -19,10 +19,7 @@ async fn main() {
 
     // Baseline: what one append costs PostgreSQL itself — a transaction that bumps a
     // per-session counter, inserts the event and notifies, observed by a LISTENer.
-    let (db, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let db = berth_e2e::harness::db(&stack.database_url).await;
     db.batch_execute(
         "CREATE TABLE bench_counter (id int PRIMARY KEY, n bigint); INSERT INTO bench_counter VALUES (1, 0);
          CREATE TABLE bench_events (n bigint PRIMARY KEY, payload jsonb)",

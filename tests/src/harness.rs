@@ -60,6 +60,15 @@ fn cluster() -> &'static TestCluster {
     })
 }
 
+/// A direct connection to a test database (for checks the API cannot make).
+pub async fn db(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    tokio::spawn(conn);
+    client
+}
+
 /// A fresh, migrated database for one test; returns its connection string.
 pub async fn fresh_database() -> String {
     let c = cluster();

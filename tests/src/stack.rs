@@ -78,7 +78,8 @@ impl Stack {
         self.wait_online(false).await;
     }
 
-    async fn wait_online(&self, online: bool) -> String {
+    /// Wait (up to 30 s) until the workspace shows `online`; returns its id.
+    pub async fn wait_online(&self, online: bool) -> String {
         let (url, token) = (self.servers[0].ws_url(), self.token.clone());
         eventually(30, || {
             let (url, token) = (url.clone(), token.clone());
@@ -110,10 +111,7 @@ impl Stack {
 
     /// Run SQL against the stack's database (for checks the API cannot make).
     pub async fn sql_i64(&self, sql: &str, session_id: &str) -> i64 {
-        let (client, conn) = tokio_postgres::connect(&self.database_url, tokio_postgres::NoTls)
-            .await
-            .expect("db");
-        tokio::spawn(conn);
+        let client = crate::harness::db(&self.database_url).await;
         client.query_one(sql, &[&session_id]).await.expect("query").get(0)
     }
 }

@@ -374,10 +374,7 @@ async fn remove_during_a_running_turn_writes_nothing_back() {
             .all(|e| e["sessionId"] != sid.as_str())
     );
     let turn_state = {
-        let (client, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+        let client = berth_e2e::harness::db(&stack.database_url).await;
         let t: String = client
             .query_one(
                 "SELECT state FROM turns WHERE id = $1",
@@ -549,10 +546,7 @@ async fn a_two_mib_message_reads_back_exactly() {
     assert_eq!(code(&e.unwrap_err()), "not-found");
 
     // Rows of internal tools are hidden unless targeted (written here as a worker would).
-    let (db, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let db = berth_e2e::harness::db(&stack.database_url).await;
     db.execute(
         "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, hidden)
          SELECT session_id, 3, 1, tenant_id, turn_id, 'toolResult', 'internal bookkeeping', true FROM rows
@@ -870,16 +864,7 @@ async fn a_silent_worker_is_dropped_and_its_turn_interrupted() {
     assert_eq!(end["cause"]["code"], "worker-lost");
     // Awake again, it reconnects and takes new work.
     mock.push(Reply::text(&["awake"]));
-    let back = eventually(30, || {
-        let (url, token) = (stack.servers[0].ws_url(), stack.token.clone());
-        async move {
-            let mut c = Client::authed(&url, &token).await.ok()?;
-            let list = c.ok("workspace.list", json!({})).await;
-            (list[0]["online"] == true).then_some(())
-        }
-    })
-    .await;
-    assert!(back.is_some());
+    stack.wait_online(true).await;
     c.ok("session.send", json!({"sessionId": sid, "prompt": "again"})).await;
     let items = w.until(30, is_turn_end).await.unwrap();
     assert_eq!(items.last().unwrap()["state"], "completed");

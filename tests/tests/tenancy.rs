@@ -266,10 +266,7 @@ async fn row_level_security_admits_only_the_transactions_tenant() {
     let sid = stack.session(&mut a).await;
     let b_token = tenant_b(&stack.servers[0]).await;
     let _ = b_token;
-    let (client, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = berth_e2e::harness::db(&stack.database_url).await;
     let tenant_a: String = client
         .query_one("SELECT tenant_id FROM sessions WHERE id = $1", &[&sid])
         .await
@@ -483,10 +480,7 @@ async fn revocation_closes_connections_on_another_replica_within_two_seconds() {
     .await;
     assert!(offline.is_some(), "the revoked worker is disconnected");
     // Every administration action is audited, without secrets.
-    let (client, conn) = tokio_postgres::connect(&stack.database_url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = berth_e2e::harness::db(&stack.database_url).await;
     let rows = client
         .query("SELECT actor, action, target FROM audit_log ORDER BY id", &[])
         .await
@@ -541,8 +535,7 @@ async fn passwords_jwts_and_their_rejections() {
         .await;
     assert_eq!(user["hasPassword"], true);
     // argon2id with OWASP parameters at rest.
-    let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
+    let client = berth_e2e::harness::db(&db).await;
     let hash: String = client
         .query_one(
             "SELECT password_hash FROM users WHERE id = $1",
