@@ -2,7 +2,7 @@
 //! the original outcome without doing the work again; with other params it is
 //! `operation-conflict`; while the first attempt runs it is `operation-in-progress`.
 
-use berth_protocol::{ErrorCode, Method, OperationReceiptParams, RpcError};
+use berth_protocol::{ErrorCode, Method, OperationReceiptParams, ReceiptView, RpcError};
 use berth_store::Begin;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -96,12 +96,11 @@ where
 }
 
 /// `operation.receipt`: the stored outcome, or null.
-pub async fn receipt(ctx: Ctx, p: OperationReceiptParams) -> ApiResult<Option<Value>> {
+pub async fn receipt(ctx: Ctx, p: OperationReceiptParams) -> ApiResult<Option<ReceiptView>> {
     let (tenant, principal) = principal_key(&ctx)?;
-    let view = ctx
+    Ok(ctx
         .state
         .store
         .receipt_get(&tenant, &principal, &p.operation_id)
-        .await?;
-    Ok(view.map(|v| serde_json::to_value(v).unwrap_or_default()))
+        .await?)
 }
