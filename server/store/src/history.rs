@@ -126,11 +126,15 @@ fn row_from(r: &tokio_postgres::Row) -> Row {
     }
 }
 
-/// Cut a row's fields to `budget` bytes in all, marking what was cut.
-fn fit(row: &mut Row, budget: usize) {
+/// Cut a row's fields to `budget` bytes in all, `first` served first, marking what was cut.
+fn fit(row: &mut Row, budget: usize, first: RowField) {
     let mut left = budget;
     let mut marks = BTreeMap::new();
-    for field in [RowField::Body, RowField::Thinking] {
+    let order = match first {
+        RowField::Body => [RowField::Body, RowField::Thinking],
+        RowField::Thinking => [RowField::Thinking, RowField::Body],
+    };
+    for field in order {
         let value = match field {
             RowField::Body => Some(&mut row.body),
             RowField::Thinking => row.thinking.as_mut(),
@@ -290,7 +294,7 @@ impl Store {
             .map_or(HISTORY_BUDGET_DEFAULT, |b| b as usize)
             .clamp(1024, HISTORY_BUDGET_MAX);
         match &p.target {
-            Some(HistoryTarget::Row { position, field: _ }) => {
+            Some(HistoryTarget::Row { position, field }) => {
                 let row = client
                     .qo(
                         &format!(
@@ -308,7 +312,7 @@ impl Store {
                     .await?;
                 let Some(row) = row else { return not_found() };
                 let mut row = row_from(&row);
-                fit(&mut row, budget);
+                fit(&mut row, budget, *field);
                 return Ok(SessionHistoryResult {
                     through,
                     rows: vec![row],
@@ -331,30 +335,33 @@ impl Store {
             }
             None => {}
         }
-        let (lo, hi) = match &p.target {
+        let start = p.after.unwrap_or(Position {
+            source_sequence: 0,
+            item_index: -1,
+        });
+        // An event's rows are paged like any others (`after` continues within the event);
+        // hidden rows show only when their event is opened this way.
+        let (lo, hi, hidden) = match &p.target {
             Some(HistoryTarget::Event { sequence }) => (
-                Position {
+                start.max(Position {
                     source_sequence: *sequence,
                     item_index: -1,
-                },
-                *sequence,
-            ),
-            _ => (
-                p.after.unwrap_or(Position {
-                    source_sequence: 0,
-                    item_index: -1,
                 }),
-                through,
+                *sequence,
+                "true",
             ),
+            _ => (start, through, "NOT hidden"),
         };
         let limit = i64::from(p.limit.unwrap_or(100).clamp(1, 500));
         // Sizes first (no bodies read), to decide the page within the byte budget.
         let sizes = client
             .qa(
-                "SELECT source_sequence, item_index, octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint
-                   FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
-                    AND source_sequence <= $3 AND (source_sequence, item_index) > ($4, $5)
-                  ORDER BY source_sequence, item_index LIMIT $6",
+                &format!(
+                    "SELECT source_sequence, item_index, octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint
+                       FROM rows WHERE session_id = $1 AND tenant_id = $2 AND {hidden}
+                        AND source_sequence <= $3 AND (source_sequence, item_index) > ($4, $5)
+                      ORDER BY source_sequence, item_index LIMIT $6"
+                ),
                 &[&session_id, &tenant_id, &hi, &lo.source_sequence, &lo.item_index, &(limit + 1)],
             )
             .await?;
@@ -383,7 +390,7 @@ impl Store {
         let rows = client
             .qa(
                 &format!(
-                    "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
+                    "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND {hidden}
                       AND (source_sequence, item_index) > ($3, $4) AND (source_sequence, item_index) <= ($5, $6)
                       ORDER BY source_sequence, item_index"
                 ),
@@ -399,7 +406,7 @@ impl Store {
             .await?;
         let mut rows: Vec<Row> = rows.iter().map(row_from).collect();
         if let [only] = rows.as_mut_slice() {
-            fit(only, budget);
+            fit(only, budget, RowField::Body);
         }
         Ok(SessionHistoryResult {
             through,
@@ -470,7 +477,7 @@ mod tests {
     #[test]
     fn fit_cuts_on_char_boundaries_and_marks_fields() {
         let mut r = row("héllo wörld", Some("thoughts"));
-        fit(&mut r, 2);
+        fit(&mut r, 2, RowField::Body);
         assert_eq!(r.body, "h");
         assert_eq!(r.thinking.as_deref(), Some(""));
         let marks = r.truncated.unwrap();
@@ -485,7 +492,16 @@ mod tests {
         assert_eq!(marks[&RowField::Thinking].bytes, 8);
 
         let mut small = row("ok", None);
-        fit(&mut small, 100);
+        fit(&mut small, 100, RowField::Body);
         assert!(small.truncated.is_none());
+
+        // The targeted field is served first.
+        let mut r = row("a long body", Some("think"));
+        fit(&mut r, 5, RowField::Thinking);
+        assert_eq!(r.thinking.as_deref(), Some("think"));
+        assert_eq!(r.body, "");
+        let marks = r.truncated.unwrap();
+        assert!(!marks.contains_key(&RowField::Thinking));
+        assert_eq!(marks[&RowField::Body].returned, 0);
     }
 }
