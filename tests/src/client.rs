@@ -108,7 +108,9 @@ impl Client {
         Ok(Self::over(ws))
     }
 
-    fn over(ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>) -> Client {
+    fn over(
+        ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    ) -> Client {
         let (mut sink, mut stream) = ws.split();
         let (out, mut out_rx) = mpsc::unbounded_channel::<Message>();
         tokio::spawn(async move {

@@ -18,7 +18,10 @@ fn assert_typed<T: serde::de::DeserializeOwned + serde::Serialize>(what: &str, w
     let typed: T = serde_json::from_value(wire.clone()).unwrap_or_else(|e| panic!("{what}: {e}\n{wire}"));
     let back = serde_json::to_value(&typed).unwrap();
     assert_eq!(&back, wire, "{what}: the protocol crate does not describe this exactly");
-    assert!(!has_null_field(wire), "{what}: a field is null instead of absent: {wire}");
+    assert!(
+        !has_null_field(wire),
+        "{what}: a field is null instead of absent: {wire}"
+    );
 }
 
 fn has_null_field(v: &Value) -> bool {
@@ -157,9 +160,14 @@ async fn queue_changed_follows_send_start_and_clear() {
     let sid = stack.session(&mut c).await;
     stack.kill_worker().await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    let sent = c.ok("session.send", json!({"sessionId": sid, "prompt": "queued one"})).await;
+    let sent = c
+        .ok("session.send", json!({"sessionId": sid, "prompt": "queued one"}))
+        .await;
     assert_eq!(sent["state"], "queued");
-    let items = watch.until(10, |i| i["type"] == "queue.changed").await.expect("queue.changed on send");
+    let items = watch
+        .until(10, |i| i["type"] == "queue.changed")
+        .await
+        .expect("queue.changed on send");
     let changed = items.last().unwrap();
     assert_eq!(changed["queue"][0]["queueId"], sent["queueId"]);
     assert_eq!(changed["queue"][0]["preview"], "queued one");
@@ -167,7 +175,10 @@ async fn queue_changed_follows_send_start_and_clear() {
     // The worker comes back: the queued turn starts, and the queue shows it gone.
     mock.push(Reply::text(&["ok"]));
     stack.start_worker(0).await;
-    let items = watch.until(20, |i| i["type"] == "queue.changed").await.expect("queue.changed on start");
+    let items = watch
+        .until(20, |i| i["type"] == "queue.changed")
+        .await
+        .expect("queue.changed on start");
     assert!(items.iter().any(|i| i["type"] == "turn.started"));
     assert_eq!(items.last().unwrap()["queue"], json!([]));
     watch.until(20, |i| i["type"] == "turn.ended").await.expect("turn ends");
@@ -177,7 +188,9 @@ async fn queue_changed_follows_send_start_and_clear() {
     c.ok("session.send", json!({"sessionId": sid, "prompt": "held"})).await;
     watch.until(10, |i| i["type"] == "turn.queued").await.unwrap();
     c.ok("session.clear", json!({"sessionId": sid})).await;
-    let items = watch.until(10, |i| i["type"] == "queue.changed" && i["queue"] == json!([])).await;
+    let items = watch
+        .until(10, |i| i["type"] == "queue.changed" && i["queue"] == json!([]))
+        .await;
     let items = items.expect("queue.changed on clear");
     assert!(items.iter().any(|i| i["type"] == "session.cleared"));
 }
@@ -193,7 +206,10 @@ async fn watch_starts_with_the_state_a_client_draws() {
     mock.push(Reply::StreamThenHang(vec![Part::Text("so far".into())]));
     let mut first = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     let running = c.ok("session.send", json!({"sessionId": sid, "prompt": "one"})).await;
-    first.until(20, |i| i["type"] == "model.delta").await.expect("streaming");
+    first
+        .until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("streaming");
     let queued = c.ok("session.send", json!({"sessionId": sid, "prompt": "two"})).await;
     let last = c.ok("session.get", json!({"sessionId": sid})).await["sequence"]
         .as_i64()
@@ -239,8 +255,13 @@ async fn a_watcher_that_falls_behind_is_told_and_never_silently_misses_text() {
     let refs: Vec<&str> = chunks.iter().map(String::as_str).collect();
     mock.push(Reply::text(&refs));
     slow.pause_reading(true);
-    writer.ok("session.send", json!({"sessionId": sid, "prompt": "stream"})).await;
-    let done = watch.until(120, |i| i["type"] == "turn.ended").await.expect("turn ends");
+    writer
+        .ok("session.send", json!({"sessionId": sid, "prompt": "stream"}))
+        .await;
+    let done = watch
+        .until(120, |i| i["type"] == "turn.ended")
+        .await
+        .expect("turn ends");
     let body = done
         .iter()
         .find(|i| i["type"] == "model.completed")
@@ -249,7 +270,10 @@ async fn a_watcher_that_falls_behind_is_told_and_never_silently_misses_text() {
     assert_eq!(body, chunks.concat());
     slow.pause_reading(false);
 
-    let items = sub.until(120, |i| i["type"] == "turn.ended").await.expect("slow watcher catches up");
+    let items = sub
+        .until(120, |i| i["type"] == "turn.ended")
+        .await
+        .expect("slow watcher catches up");
     let mut drawn = Drawn::default();
     for item in &items {
         drawn.apply(item);
@@ -281,8 +305,11 @@ async fn before_hello_everything_is_unauthorized() {
     let e = anon.call("hello", json!({"protocol": 1})).await.unwrap_err();
     assert_eq!(code(&e), "bad-params");
     assert_eq!(e.data["field"], "token");
-    anon.ok("hello", json!({"protocol": 1, "token": token, "capabilities": {"x": 1}}))
-        .await;
+    anon.ok(
+        "hello",
+        json!({"protocol": 1, "token": token, "capabilities": {"x": 1}}),
+    )
+    .await;
 }
 
 /// Unknown params fields are ignored; SPEC fields not built yet answer `unsupported
@@ -308,13 +335,25 @@ async fn params_are_forward_compatible() {
         assert_eq!(code(&e), "unsupported", "{field}");
         assert_eq!(e.data["field"], field);
     }
+    let snap = c.ok("session.create", json!({"workspaceId": ws})).await;
+    let e = c
+        .call(
+            "session.setModel",
+            json!({"sessionId": snap["sessionId"], "provider": "openai"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "unsupported");
+    assert_eq!(e.data["field"], "provider");
     // A known field with the wrong type stays bad-params.
     let e = c
         .call("session.create", json!({"workspaceId": ws, "delegationDepth": "deep"}))
         .await
         .unwrap_err();
     assert_eq!(code(&e), "bad-params");
-    let snap = c.ok("session.create", json!({"workspaceId": ws, "futureField": true})).await;
+    let snap = c
+        .ok("session.create", json!({"workspaceId": ws, "futureField": true}))
+        .await;
     let got = c
         .ok("session.get", json!({"sessionId": snap["sessionId"], "futureField": 1}))
         .await;
@@ -391,7 +430,10 @@ async fn every_method_and_event_matches_the_protocol_types() {
     walked.insert(method::SessionWatch::NAME);
     check!(method::SessionGet, json!({"sessionId": sid}));
     check!(method::SessionRename, json!({"sessionId": sid, "title": "renamed"}));
-    check!(method::SessionSetModel, json!({"sessionId": sid, "model": "other-model"}));
+    check!(
+        method::SessionSetModel,
+        json!({"sessionId": sid, "model": "other-model"})
+    );
     check!(method::SessionSetModel, json!({"sessionId": sid}));
     mock.push(Reply::Stream(vec![
         Part::Reasoning("hm".into()),
@@ -401,7 +443,10 @@ async fn every_method_and_event_matches_the_protocol_types() {
             completion: 4,
         },
     ]));
-    check!(method::SessionSend, json!({"sessionId": sid, "prompt": "hi", "operationId": "walk-1"}));
+    check!(
+        method::SessionSend,
+        json!({"sessionId": sid, "prompt": "hi", "operationId": "walk-1"})
+    );
     let mut items = watch.until(30, |i| i["type"] == "turn.ended").await.expect("turn ends");
     let receipt = check!(method::OperationReceipt, json!({"operationId": "walk-1"}));
     assert_eq!(receipt["state"], "done");
@@ -452,7 +497,10 @@ async fn every_method_and_event_matches_the_protocol_types() {
     check!(method::AdminUserList, json!({}));
     let cred = check!(method::AdminCredentialCreate, json!({"userId": user["userId"]}));
     check!(method::AdminCredentialList, json!({}));
-    check!(method::AdminCredentialRevoke, json!({"credentialId": cred["credentialId"]}));
+    check!(
+        method::AdminCredentialRevoke,
+        json!({"credentialId": cred["credentialId"]})
+    );
     check!(method::AdminUserDisable, json!({"userId": user["userId"]}));
     check!(method::AdminStatusGet, json!({}));
     let other = check!(method::SessionCreate, json!({"workspaceId": ws}));
@@ -461,7 +509,9 @@ async fn every_method_and_event_matches_the_protocol_types() {
     // Every item the watch delivered is a typed watch item.
     items.extend(
         watch
-            .until(10, |i| i["type"] == "queue.changed" && i["queue"] == json!([]) && i["paused"] == true)
+            .until(10, |i| {
+                i["type"] == "queue.changed" && i["queue"] == json!([]) && i["paused"] == true
+            })
             .await
             .expect("the clear's queue change"),
     );

@@ -99,6 +99,10 @@ pub async fn rename(ctx: Ctx, p: SessionRenameParams) -> ApiResult<SessionSnapsh
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn set_model(ctx: Ctx, p: SessionSetModelParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
+    if p.provider.is_some() {
+        // No provider profiles exist yet to name (SPEC §4.3).
+        return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": "provider"})));
+    }
     let store = &ctx.state.store;
     let (provider, model) = (p.provider.as_deref(), p.model.as_deref());
     Ok(store
