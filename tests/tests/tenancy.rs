@@ -169,6 +169,11 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"sessionId": "ses_random", "queueId": "trn_random", "queueRevision": 0}),
         ),
         (
+            "queue.get",
+            json!({"sessionId": sid, "queueId": q}),
+            json!({"sessionId": "ses_random", "queueId": "trn_random"}),
+        ),
+        (
             "queue.remove",
             json!({"sessionId": sid, "queueId": q, "queueRevision": 0}),
             json!({"sessionId": "ses_random", "queueId": "trn_random", "queueRevision": 0}),
