@@ -648,3 +648,52 @@ async fn a_full_queue_of_large_prompts_keeps_replica_memory_bounded() {
     let grown = peak_rss(pid).saturating_sub(before);
     assert!(grown < 64 << 20, "peak RSS grew by {} MiB", grown >> 20);
 }
+
+/// Events stored in the shape before typed payloads (whole prompts in queue entries, a
+/// `revision`, nulls) read back as typed events after migration 0006.
+#[tokio::test(flavor = "multi_thread")]
+async fn events_stored_in_the_old_shape_read_back_typed_after_the_migration() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let long = "ü".repeat(300);
+    let old = [
+        (
+            "turn.queued",
+            json!({"queueId": "trn_old", "prompt": long, "revision": 0}),
+        ),
+        (
+            "queue.changed",
+            json!({"paused": true, "queue": [{"queueId": "trn_old", "turnId": "trn_old", "prompt": long, "revision": 2}]}),
+        ),
+        ("session.modelChanged", json!({"provider": null, "model": "m"})),
+        ("model.completed", json!({"usage": null})),
+    ];
+    for (kind, payload) in &old {
+        db.execute(
+            "WITH s AS (UPDATE sessions SET last_sequence = last_sequence + 1 WHERE id = $1
+                         RETURNING last_sequence, tenant_id)
+             INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
+             SELECT $1, s.last_sequence, s.tenant_id, $2, 'trn_old', $3 FROM s",
+            &[&sid, kind, payload],
+        )
+        .await
+        .unwrap();
+    }
+    db.batch_execute(include_str!("../../migrations/0006_typed_event_payloads.sql"))
+        .await
+        .unwrap();
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let items = watch.until(20, |i| i["type"] == "state").await.expect("caught up");
+    for item in &items {
+        assert_typed::<WatchItem>("migrated event", item);
+    }
+    let queued = items.iter().find(|i| i["type"] == "turn.queued").unwrap();
+    assert_eq!(queued["entry"]["promptBytes"], long.len());
+    assert!(long.starts_with(queued["entry"]["preview"].as_str().unwrap()));
+    let changed = items.iter().find(|i| i["type"] == "queue.changed").unwrap();
+    assert_eq!(changed["queue"][0]["queueRevision"], 2);
+    assert_eq!(changed["paused"], true);
+}
