@@ -41,7 +41,10 @@ fn proxy_url(stack: &Stack) -> String {
 
 /// A proxy call as a worker would make it (or a rogue one), returning status and body.
 async fn proxy_call(stack: &Stack, token: &str, turn: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut req = reqwest::Client::new().post(proxy_url(stack)).bearer_auth(token).json(body);
+    let mut req = reqwest::Client::new()
+        .post(proxy_url(stack))
+        .bearer_auth(token)
+        .json(body);
     if let Some(t) = turn {
         req = req.header(MODEL_PROXY_TURN_HEADER, t);
     }
@@ -81,7 +84,9 @@ async fn the_model_proxy_serves_only_the_callers_running_turns_within_limits() {
         "go",
     )
     .await;
-    w.until(20, |i| i["type"] == "model.delta").await.expect("the turn streams");
+    w.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("the turn streams");
     let body = json!({
         "model": "some-expensive-model", "n": 4, "max_tokens": 100000,
         "messages": [{"role": "user", "content": "hi"}],
@@ -188,7 +193,9 @@ async fn the_sweep_interrupts_running_turns_whose_connection_is_gone() {
         "go",
     )
     .await;
-    w.until(20, |i| i["type"] == "model.delta").await.expect("the turn streams");
+    w.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("the turn streams");
     // What a crash between "delete presence" and "interrupt turns" leaves behind.
     let db = berth_e2e::harness::db(&stack.database_url).await;
     db.execute("UPDATE turns SET dispatched_to = 'wcn_lost' WHERE id = $1", &[&turn])
@@ -216,7 +223,9 @@ async fn a_transient_database_error_does_not_disconnect_a_healthy_worker() {
         "go",
     )
     .await;
-    w.until(20, |i| i["type"] == "model.delta").await.expect("the turn streams");
+    w.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("the turn streams");
     let db = berth_e2e::harness::db(&stack.database_url).await;
     let connection: String = db
         .query_one("SELECT connection_id FROM worker_presence", &[])
@@ -242,12 +251,17 @@ async fn a_transient_database_error_does_not_disconnect_a_healthy_worker() {
         db.query_one(q, &[]).await.ok()?.get::<_, bool>(0).then_some(())
     })
     .await;
-    assert!(hit.is_some(), "both a heartbeat and a claim failed");
+    // (Before the fix the first failed claim dropped the connection, so no heartbeat of it
+    // ever failed: the worker kept reconnecting.)
+    assert!(hit.is_some(), "a heartbeat and a claim of one connection both failed");
     db.batch_execute("DROP TRIGGER beat_fault ON worker_presence; DROP TRIGGER claim_fault ON turns;")
         .await
         .unwrap();
     // The claim is retried: the second turn runs to the end on the same connection.
-    let end = w2.until(30, is_turn_end).await.expect("the turn is handed out after the fault");
+    let end = w2
+        .until(30, is_turn_end)
+        .await
+        .expect("the turn is handed out after the fault");
     assert_eq!(end.last().unwrap()["state"], "completed");
     let now: String = db
         .query_one("SELECT connection_id FROM worker_presence", &[])
@@ -255,7 +269,11 @@ async fn a_transient_database_error_does_not_disconnect_a_healthy_worker() {
         .unwrap()
         .get(0);
     assert_eq!(now, connection, "the worker stayed connected");
-    assert_eq!(turn_state(&stack, &running).await, "running", "its running turn was not interrupted");
+    assert_eq!(
+        turn_state(&stack, &running).await,
+        "running",
+        "its running turn was not interrupted"
+    );
 }
 
 /// Issue 7 item 14: claiming turns reads and writes tenant rows as the tenant's role (under
@@ -297,13 +315,11 @@ async fn a_held_step_write_does_not_delay_another_turn_on_the_same_worker() {
     let stack = Stack::start(&mock, 1).await;
     let mut c = stack.client(0).await;
     // Turn A streams a little, pauses (the test locks its session then), and finishes.
-    let reply = Reply::Stream(vec![
-        Part::Text("a".into()),
-        Part::Delay(3000),
-        Part::Text("b".into()),
-    ]);
+    let reply = Reply::Stream(vec![Part::Text("a".into()), Part::Delay(3000), Part::Text("b".into())]);
     let (sid_a, turn_a, mut wa) = start_turn(&stack, &mut c, &mock, reply, "slow").await;
-    wa.until(20, |i| i["type"] == "model.delta").await.expect("turn A streams");
+    wa.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("turn A streams");
     let mut locker = berth_e2e::harness::db(&stack.database_url).await;
     let lock = locker.transaction().await.unwrap();
     lock.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&sid_a])
