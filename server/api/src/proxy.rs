@@ -189,6 +189,7 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         turn: turn_id,
         label,
         scan: UsageScanner::default(),
+        recorded: false,
         _permit: permit,
     };
     Response::builder()
@@ -207,11 +208,17 @@ struct Meter {
     turn: String,
     label: String,
     scan: UsageScanner,
+    recorded: bool,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Meter {
-    async fn record(&self, usage: Usage) {
+    /// Record the call's usage (the last one the provider reported), once.
+    async fn record(&mut self) {
+        let Some(usage) = self.scan.usage.filter(|_| !self.recorded) else {
+            return;
+        };
+        self.recorded = true;
         let m = &self.state.metrics.model_tokens;
         m.with_label_values(&["default", &self.label, "input"])
             .inc_by(usage.input_tokens);
@@ -224,28 +231,33 @@ impl Meter {
 }
 
 /// The provider's body, passed through unchanged. Usage is recorded before the chunk that
-/// carries it goes on, so it is stored by the time the worker can report the step.
+/// ends the stream (`[DONE]`) goes on, so it is stored by the time the worker reports the step.
 fn metered(
     inner: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
     meter: Meter,
 ) -> impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static {
     futures_util::stream::unfold((Box::pin(inner), meter), |(mut inner, mut meter)| async move {
-        let item = inner.next().await?;
+        let Some(item) = inner.next().await else {
+            meter.record().await;
+            return None;
+        };
         if let Ok(chunk) = &item
-            && let Some(usage) = meter.scan.feed(chunk)
+            && meter.scan.feed(chunk)
         {
-            meter.record(usage).await;
+            meter.record().await;
         }
         Some((item, (inner, meter)))
     })
 }
 
-/// Finds `usage` in the `data:` lines of an SSE byte stream.
+/// Follows the `data:` lines of an SSE byte stream for the provider's usage.
 #[derive(Default)]
 struct UsageScanner {
     line: Vec<u8>,
     /// The current line outgrew the bound: skip to its end (usage chunks are small).
     skipping: bool,
+    /// The latest usage reported (some providers repeat a running total in every chunk).
+    usage: Option<Usage>,
 }
 
 /// Longest SSE line inspected for usage.
@@ -265,20 +277,21 @@ struct ProviderUsage {
 }
 
 impl UsageScanner {
-    /// Feed bytes; returns the usage summed over the complete lines that carry one.
-    fn feed(&mut self, bytes: &[u8]) -> Option<Usage> {
-        let mut found: Option<Usage> = None;
+    /// Feed bytes; true when the stream's `[DONE]` went by.
+    fn feed(&mut self, bytes: &[u8]) -> bool {
+        let mut done = false;
         for &b in bytes {
             if b == b'\n' || b == b'\r' {
-                if !self.skipping
-                    && let Some(u) = parse_usage(&self.line)
-                {
-                    let f = found.get_or_insert(Usage {
-                        input_tokens: 0,
-                        output_tokens: 0,
-                    });
-                    f.input_tokens += u.input_tokens;
-                    f.output_tokens += u.output_tokens;
+                if !self.skipping {
+                    match self.line.strip_prefix(b"data:").map(<[u8]>::trim_ascii) {
+                        Some(b"[DONE]") => done = true,
+                        Some(data) => {
+                            if let Some(u) = parse_usage(data) {
+                                self.usage = Some(u);
+                            }
+                        }
+                        None => {}
+                    }
                 }
                 self.line.clear();
                 self.skipping = false;
@@ -291,18 +304,16 @@ impl UsageScanner {
                 }
             }
         }
-        found
+        done
     }
 }
 
-fn parse_usage(line: &[u8]) -> Option<Usage> {
-    let data = line.strip_prefix(b"data:")?;
+fn parse_usage(data: &[u8]) -> Option<Usage> {
     // Only chunks that mention usage are parsed (content chunks pass untouched).
     if !data.windows(7).any(|w| w == b"\"usage\"") {
         return None;
     }
-    let chunk: UsageChunk = serde_json::from_slice(data.trim_ascii()).ok()?;
-    let u = chunk.usage?;
+    let u = serde_json::from_slice::<UsageChunk>(data).ok()?.usage?;
     Some(Usage {
         input_tokens: u.prompt_tokens,
         output_tokens: u.completion_tokens,
@@ -326,30 +337,36 @@ fn without_url(e: &reqwest::Error) -> String {
 mod tests {
     use super::*;
 
+    fn usage(s: &UsageScanner) -> Option<(u64, u64)> {
+        s.usage.map(|u| (u.input_tokens, u.output_tokens))
+    }
+
     #[test]
     fn usage_is_found_across_chunk_boundaries_and_line_endings() {
         let mut s = UsageScanner::default();
-        assert!(
-            s.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}]}\n\n")
-                .is_none()
-        );
-        assert!(s.feed(b"data: {\"choices\":[],\"us").is_none());
-        let u = s
-            .feed(b"age\":{\"prompt_tokens\":10,\"completion_tokens\":5}}\r\n\r\ndata: [DONE]\n\n")
-            .expect("usage");
-        assert_eq!((u.input_tokens, u.output_tokens), (10, 5));
+        assert!(!s.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}],\"usage\":null}\n\n"));
+        assert_eq!(usage(&s), None);
+        assert!(!s.feed(b"data: {\"choices\":[],\"us"));
+        assert!(s.feed(b"age\":{\"prompt_tokens\":10,\"completion_tokens\":5}}\r\n\r\ndata: [DONE]\r\n\r\n"));
+        assert_eq!(usage(&s), Some((10, 5)));
+    }
+
+    #[test]
+    fn a_running_total_counts_once() {
+        let mut s = UsageScanner::default();
+        s.feed(b"data: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1}}\n");
+        s.feed(b"data: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":2}}\n");
+        assert_eq!(usage(&s), Some((10, 2)));
     }
 
     #[test]
     fn an_oversized_line_is_skipped_not_buffered() {
         let mut s = UsageScanner::default();
         let big = vec![b'x'; USAGE_LINE_MAX * 2];
-        assert!(s.feed(b"data: ").is_none());
-        assert!(s.feed(&big).is_none());
+        s.feed(b"data: ");
+        s.feed(&big);
         assert!(s.line.len() <= USAGE_LINE_MAX);
-        let u = s
-            .feed(b"\ndata: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n")
-            .expect("usage after the long line");
-        assert_eq!((u.input_tokens, u.output_tokens), (1, 2));
+        s.feed(b"\ndata: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n");
+        assert_eq!(usage(&s), Some((1, 2)));
     }
 }

@@ -349,9 +349,12 @@ impl Store {
         let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
         let row = tx
             .qo(
-                "SELECT t.model FROM turns t JOIN worker_presence p ON p.connection_id = t.dispatched_to
-                  WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running'
-                    AND p.tenant_id = $2 AND p.credential_id = $3",
+                &format!(
+                    "SELECT t.model FROM turns t JOIN worker_presence p ON p.connection_id = t.dispatched_to
+                      WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running'
+                        AND p.tenant_id = $2 AND p.credential_id = $3
+                        AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
+                ),
                 &[&turn_id, &worker.tenant_id, &worker.credential_id],
             )
             .await?;
