@@ -43,7 +43,7 @@ pub(super) async fn serve(
         }
     };
     let (out, out_rx) = mpsc::channel(OUT_QUEUE);
-    let writer = tokio::spawn(write_loop(sink, out_rx));
+    let writer = tokio::spawn(write_loop(sink, out_rx, state.config.limits.idle_timeout));
     let conn = Arc::new(Conn {
         state: state.clone(),
         principal,
@@ -147,12 +147,15 @@ async fn hello(
     Ok(ids)
 }
 
-/// The one task that writes to the socket; a close frame is the last thing it sends.
-async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut out: mpsc::Receiver<Message>) {
+/// The one task that writes to the socket; a close frame is the last thing it sends. A
+/// worker that stops reading for the idle timeout ends the connection (its queue is bounded,
+/// so everything waiting on it stops instead of growing).
+async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut out: mpsc::Receiver<Message>, timeout: Duration) {
     while let Some(msg) = out.recv().await {
         let close = matches!(msg, Message::Close(_));
-        if sink.send(msg).await.is_err() || close {
-            return;
+        match tokio::time::timeout(timeout, sink.send(msg)).await {
+            Ok(Ok(())) if !close => {}
+            _ => return,
         }
     }
 }
