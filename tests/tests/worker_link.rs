@@ -343,3 +343,39 @@ async fn a_held_step_write_does_not_delay_another_turn_on_the_same_worker() {
     let end = wa.until(30, is_turn_end).await.expect("turn A ends once released");
     assert_eq!(end.last().unwrap()["state"], "completed");
 }
+
+/// Issue 20: in-flight turn work per worker connection is bounded. With room for one turn,
+/// a second session's turn starts but waits unclaimed (nothing buffered for it) and is
+/// handed out as soon as the first turn ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn turns_beyond_a_connections_bound_wait_to_be_handed_out() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_WORKER_MAX_TURNS", "1")]).await;
+    let mut c = stack.client(0).await;
+    let (sid_a, turn_a, mut wa) = start_turn(
+        &stack,
+        &mut c,
+        &mock,
+        Reply::StreamThenHang(vec![Part::Text("working".into())]),
+        "first",
+    )
+    .await;
+    wa.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("turn A streams");
+    let (_, turn_b, mut wb) = start_turn(&stack, &mut c, &mock, Reply::text(&["second"]), "second").await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let undispatched = "SELECT state = 'running' AND dispatched_to IS NULL FROM turns WHERE id = $1";
+    assert!(db.query_one(undispatched, &[&turn_b]).await.unwrap().get::<_, bool>(0));
+    // A claim pass (the safety retry runs every 5 s) still leaves it waiting.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert!(
+        db.query_one(undispatched, &[&turn_b]).await.unwrap().get::<_, bool>(0),
+        "the connection is full: B is not handed out"
+    );
+    assert_eq!(mock.requests().len(), 1);
+    c.ok("session.stop", json!({"sessionId": sid_a, "turnId": turn_a}))
+        .await;
+    let end = wb.until(30, is_turn_end).await.expect("B is handed out once A ends");
+    assert_eq!(end.last().unwrap()["state"], "completed");
+}
