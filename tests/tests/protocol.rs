@@ -650,7 +650,7 @@ async fn a_full_queue_of_large_prompts_keeps_replica_memory_bounded() {
 }
 
 /// Events stored in the shape before typed payloads (whole prompts in queue entries, a
-/// `revision`, nulls) read back as typed events after migration 0006.
+/// `revision`, nulls) read back as typed events after migration 0007.
 #[tokio::test(flavor = "multi_thread")]
 async fn events_stored_in_the_old_shape_read_back_typed_after_the_migration() {
     let mock = MockProvider::start().await;
@@ -682,7 +682,7 @@ async fn events_stored_in_the_old_shape_read_back_typed_after_the_migration() {
         .await
         .unwrap();
     }
-    db.batch_execute(include_str!("../../migrations/0006_typed_event_payloads.sql"))
+    db.batch_execute(include_str!("../../migrations/0007_typed_event_payloads.sql"))
         .await
         .unwrap();
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
