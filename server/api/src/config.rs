@@ -31,6 +31,9 @@ pub struct ModelConfig {
     pub max_concurrent: usize,
     /// `BERTH_MODEL_RATE_PER_MIN`: proxy calls per tenant per minute (per replica).
     pub requests_per_min: u32,
+    /// `BERTH_MODEL_IMAGE_INPUT`: the model takes image input (default true); when false the
+    /// proxy turns image parts into a text note.
+    pub image_input: bool,
 }
 
 impl Default for ModelConfig {
@@ -43,6 +46,7 @@ impl Default for ModelConfig {
             max_output_tokens: None,
             max_concurrent: 64,
             requests_per_min: 600,
+            image_input: true,
         }
     }
 }
@@ -81,6 +85,20 @@ pub struct Config {
     pub jwt_ttl: std::time::Duration,
     /// Per-connection and per-credential limits.
     pub limits: Limits,
+    /// Where attachment bytes live.
+    pub object_store: ObjectStoreConfig,
+    /// `BERTH_MAX_ATTACHMENT_BYTES`: the largest attachment (and binary message) accepted.
+    pub max_attachment_bytes: usize,
+}
+
+/// `BERTH_OBJECT_STORE` and, for `s3://`, the `AWS_*` settings (values redacted in `Debug`).
+#[derive(Debug, Clone, Default)]
+pub struct ObjectStoreConfig {
+    /// `file://PATH` or `s3://bucket/prefix`; None: `<data-dir>/objects`.
+    pub url: Option<String>,
+    /// `AWS_*` settings (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
+    /// `AWS_ENDPOINT_URL`, `AWS_VIRTUAL_HOSTED_STYLE_REQUEST`, …).
+    pub aws: Vec<(String, Secret)>,
 }
 
 /// Limits that keep one client from taking the server down. Exceeding one answers a typed
@@ -145,6 +163,8 @@ impl Config {
             jwt: None,
             jwt_ttl: std::time::Duration::from_secs(15 * 60),
             limits: Limits::default(),
+            object_store: ObjectStoreConfig::default(),
+            max_attachment_bytes: 32 << 20,
         }
     }
 }

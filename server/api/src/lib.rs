@@ -6,6 +6,7 @@
 //! wakes local watchers, and the registry of worker connections this replica holds.
 
 pub mod auth;
+pub mod blobs;
 pub mod config;
 pub mod connections;
 pub mod error;
@@ -30,7 +31,7 @@ use berth_store::Store;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Config, ModelConfig, Secret};
+pub use config::{Config, ModelConfig, ObjectStoreConfig, Secret};
 
 /// Shared state of one replica.
 #[derive(Clone)]
@@ -66,6 +67,8 @@ pub struct App {
     pub request_limiter: auth::KeyedLimiter,
     /// Per-tenant limits of the model proxy.
     pub proxy: proxy::ProxyLimits,
+    /// Object storage (attachment bytes).
+    pub blobs: blobs::Blobs,
 }
 
 impl App {
@@ -106,10 +109,18 @@ pub async fn serve(
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
     let proxy = proxy::ProxyLimits::new(&config.model);
     let workers = workers::Registry::new(&config.limits);
+    let metrics = metrics::Metrics::new();
+    let blobs = blobs::Blobs::open(
+        config.object_store.url.as_deref(),
+        &config.data_dir,
+        config.object_store.aws.iter().map(|(k, v)| (k.clone(), v.0.clone())),
+        metrics.object_store_bytes.clone(),
+    )?;
+    tracing::info!(object_store = %blobs.url, "object storage");
     let state = AppState(Arc::new(App {
         store,
         config,
-        metrics: metrics::Metrics::new(),
+        metrics,
         hub: hub::Hub::default(),
         workers,
         http,
@@ -121,6 +132,7 @@ pub async fn serve(
             refill_every: Duration::from_secs(1) / config_rate.max(1),
         }),
         proxy,
+        blobs,
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
@@ -129,6 +141,7 @@ pub async fn serve(
         .route("/v1/rpc", get(rpc::upgrade))
         .route("/v1/worker", get(workers::upgrade))
         .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
+        .route(berth_protocol::worker::ATTACHMENTS_PATH, get(rpc::upload::worker_fetch))
         .route("/v1/auth/login", post(login::login))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

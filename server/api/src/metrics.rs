@@ -32,6 +32,8 @@ pub struct Metrics {
     pub db_pool_available: IntGauge,
     /// Authentication failures by reason.
     pub auth_failures: IntCounterVec,
+    /// Bytes moved to and from object storage, by op (`put`, `get`).
+    pub object_store_bytes: IntCounterVec,
 }
 
 impl Metrics {
@@ -77,6 +79,7 @@ impl Metrics {
                 &["reason"],
             )
             .expect("metric"),
+            object_store_bytes: crate::blobs::bytes_counter(),
             registry,
         };
         for c in [
@@ -93,6 +96,7 @@ impl Metrics {
             Box::new(m.db_pool_size.clone()),
             Box::new(m.db_pool_available.clone()),
             Box::new(m.auth_failures.clone()),
+            Box::new(m.object_store_bytes.clone()),
         ] {
             m.registry.register(c).expect("metrics registered once");
         }

@@ -150,6 +150,9 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
             );
         }
     }
+    if !model_cfg.image_input {
+        strip_images(&mut obj);
+    }
     // Metric labels stay bounded: the configured model, or "other".
     let label = match &model_cfg.model {
         Some(m) if *m == model => m.clone(),
@@ -368,5 +371,42 @@ mod tests {
         assert!(s.line.len() <= USAGE_LINE_MAX);
         s.feed(b"\ndata: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n");
         assert_eq!(usage(&s), Some((1, 2)));
+    }
+}
+
+/// For a model without image input: every image part of the messages becomes a text part
+/// saying so (the attachment's description stays beside it).
+fn strip_images(obj: &mut serde_json::Map<String, serde_json::Value>) {
+    let Some(messages) = obj.get_mut("messages").and_then(|m| m.as_array_mut()) else {
+        return;
+    };
+    for part in messages
+        .iter_mut()
+        .filter_map(|m| m.get_mut("content").and_then(|c| c.as_array_mut()))
+        .flatten()
+    {
+        if part.get("type").and_then(|t| t.as_str()) == Some("image_url") {
+            *part = serde_json::json!({"type": "text", "text": "[image omitted: this model does not take image input]"});
+        }
+    }
+}
+
+#[cfg(test)]
+mod image_tests {
+    #[test]
+    fn image_parts_become_text_for_a_model_without_image_input() {
+        let mut obj = serde_json::json!({"messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "look"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+            ]},
+            {"role": "assistant", "content": "ok"},
+        ]});
+        let map = obj.as_object_mut().expect("object");
+        super::strip_images(map);
+        let parts = &obj["messages"][0]["content"];
+        assert_eq!(parts[0]["text"], "look");
+        assert_eq!(parts[1]["type"], "text");
+        assert!(!obj.to_string().contains("base64"));
     }
 }

@@ -236,6 +236,11 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         })
         .unwrap_or_default();
     config.max_text_message = settings.parse(None, "BERTH_MAX_TEXT_MESSAGE", "8388608")?;
+    config.max_attachment_bytes = settings.parse(None, "BERTH_MAX_ATTACHMENT_BYTES", "33554432")?;
+    config.object_store = berth_api::ObjectStoreConfig {
+        url: settings.get(None, "BERTH_OBJECT_STORE"),
+        aws: settings.with_prefix("AWS_").into_iter().map(|(k, v)| (k, Secret(v))).collect(),
+    };
     config.model = ModelConfig {
         base_url: settings.get(None, "BERTH_MODEL_BASE_URL"),
         api_key: settings.secret("BERTH_MODEL_API_KEY")?.map(Secret),
@@ -247,6 +252,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         },
         max_concurrent: settings.parse(None, "BERTH_MODEL_MAX_CONCURRENT", "64")?,
         requests_per_min: settings.parse(None, "BERTH_MODEL_RATE_PER_MIN", "600")?,
+        image_input: settings.parse(None, "BERTH_MODEL_IMAGE_INPUT", "true")?,
     };
     config.jwt = Some(std::sync::Arc::new(jwt_keys(settings, &run_dir)?));
     config.jwt_ttl = std::time::Duration::from_secs(settings.parse(None, "BERTH_JWT_TTL_SECS", "900")?);

@@ -42,6 +42,18 @@ impl Settings {
             .or_else(|| self.file.get(key).cloned().filter(|v| !v.is_empty()))
     }
 
+    /// Every setting whose key starts with `prefix` (environment over file).
+    pub fn with_prefix(&self, prefix: &str) -> Vec<(String, String)> {
+        let mut out: std::collections::BTreeMap<String, String> = self
+            .file
+            .iter()
+            .filter(|(k, v)| k.starts_with(prefix) && !v.is_empty())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        out.extend(std::env::vars().filter(|(k, v)| k.starts_with(prefix) && !v.is_empty()));
+        out.into_iter().collect()
+    }
+
     /// A secret given directly (`KEY`) or by file (`KEY_FILE`).
     pub fn secret(&self, key: &str) -> anyhow::Result<Option<String>> {
         if let Some(v) = self.get(None, key) {

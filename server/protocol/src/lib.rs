@@ -43,6 +43,8 @@ pub const SUPPORTED_PROTOCOLS: &[u32] = &[1];
 pub const MAX_PROMPT_BYTES: usize = 256 << 10;
 /// The most turns a session's queue holds (one more → `queue-full`).
 pub const MAX_QUEUE_LENGTH: usize = 100;
+/// The most attachments one `session.send` names.
+pub const MAX_ATTACHMENTS_PER_TURN: usize = 32;
 /// The most bytes of a queued prompt that queue entries carry (`preview`).
 pub const QUEUE_PREVIEW_BYTES: usize = 256;
 
@@ -90,6 +92,8 @@ methods! {
     SessionGet = "session.get" (SessionRef) -> SessionSnapshot;
     /// Admit a prompt; returns the turn's identity at once.
     SessionSend = "session.send" (SessionSendParams) -> SessionSendResult;
+    /// Upload an attachment: this request, then one binary message `[id: u32 BE][bytes]`.
+    ContentUpload = "content.upload" (ContentUploadParams) -> ContentUploadResult;
     /// Read history rows under a fixed `through` fence.
     SessionHistory = "session.history" (SessionHistoryParams) -> SessionHistoryResult;
     /// Subscription: every event after `after`, then a `state` item, then live; items are

@@ -454,6 +454,32 @@ pub struct QueuedPrompt {
     pub prompt: String,
 }
 
+/// `content.upload` parameters: the request is followed by one binary WebSocket message
+/// whose first four bytes are this request's id (big-endian u32) and the rest the bytes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContentUploadParams {
+    pub session_id: String,
+    /// The content type (`image/png`, `text/plain`, …).
+    pub mime: String,
+    /// The file's name as the user knows it (no directories).
+    pub filename: String,
+    /// The payload's size, if the client knows it: a binary message of another size (a
+    /// truncated one) is `bad-params {reason: "size-mismatch"}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+}
+
+/// An uploaded attachment, to name in `session.send {attachments}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContentUploadResult {
+    pub attachment_id: String,
+    pub bytes: u64,
+    /// Lowercase hex SHA-256 of the bytes.
+    pub sha256: String,
+}
+
 /// `session.send` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -64,7 +64,29 @@ pub struct TurnRun {
     pub model: Option<String>,
     /// The conversation so far, ending with this turn's prompt.
     pub messages: Vec<ChatMessage>,
+    /// This turn's attachments, in the order the client named them; their bytes, concatenated
+    /// in that order, are fetched from [`ATTACHMENTS_PATH`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<AttachmentMeta>,
 }
+
+/// One attachment of a turn, as the worker receives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentMeta {
+    /// The file name the client gave (not a path).
+    pub name: String,
+    pub mime_type: String,
+    pub bytes: u64,
+    /// `sha256:` and the lowercase hex SHA-256 of the bytes.
+    pub digest: String,
+}
+
+/// The API tier's resource with a running turn's attachment bytes, concatenated in the
+/// order of [`TurnRun::attachments`] (worker credential; the turn named in
+/// [`MODEL_PROXY_TURN_HEADER`]). `?count=N` asks for the first N attachments only, so a
+/// worker takes what fits its byte budget.
+pub const ATTACHMENTS_PATH: &str = "/v1/worker/attachments";
 
 /// Worker → server: streamed output (live only).
 #[derive(Debug, Clone, Serialize, Deserialize)]

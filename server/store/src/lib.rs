@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod attachments;
 mod history;
 mod identity;
 pub mod receipts;
@@ -22,6 +23,7 @@ use berth_protocol::ErrorCode;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
+pub use attachments::{NewAttachment, StoredAttachment};
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
 pub use receipts::{Begin, Receipt, ReceiptView};

@@ -12,6 +12,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::json;
 
 use crate::{
+    attachments::{check_attachment_ids, turn_attachments},
     CHANNEL_CONTROL, CHANNEL_DISPATCH, Cached, Principal, Result, Store, StoreError, fmt_time,
     history::append_event,
     not_found,
@@ -47,6 +48,20 @@ impl Store {
         prompt: &str,
         op: Option<&Receipt>,
     ) -> Result<SessionSendResult> {
+        self.send_with_attachments(tenant_id, session_id, prompt, &[], op)
+            .await
+    }
+
+    /// [`Store::send`] with attachments (ids of the tenant's uploads, in the order the
+    /// worker receives them; another tenant's id is `not-found`).
+    pub async fn send_with_attachments(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        prompt: &str,
+        attachments: &[String],
+        op: Option<&Receipt>,
+    ) -> Result<SessionSendResult> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session = tx
@@ -75,6 +90,7 @@ impl Store {
         if queued >= MAX_QUEUE_LENGTH as i64 {
             return Err(StoreError::Code(ErrorCode::QueueFull));
         }
+        check_attachment_ids(&tx, tenant_id, attachments).await?;
         let turn_id = token::new_id("trn");
         let position: i64 = tx
             .q1(
@@ -84,8 +100,9 @@ impl Store {
             .await?
             .get(0);
         tx.ex(
-            "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position) VALUES ($1, $2, $3, 'queued', $4, $5)",
-            &[&turn_id, &tenant_id, &session_id, &prompt, &position],
+            "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids)
+             VALUES ($1, $2, $3, 'queued', $4, $5, $6)",
+            &[&turn_id, &tenant_id, &session_id, &prompt, &position, &attachments],
         )
         .await?;
         let result = if !busy && !paused && online {
@@ -350,15 +367,20 @@ impl Store {
             .await?;
         let sessions: Vec<String> = claimed.iter().map(|c| c.get(1)).collect();
         let mut conversations = conversations(&tx, tenant_id, &sessions).await?;
+        let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
+        let mut attachments = turn_attachments(&tx, tenant_id, &turn_ids).await?;
         tx.commit().await?;
         Ok(claimed
             .into_iter()
             .map(|c| {
                 let session_id: String = c.get(1);
+                let turn_id: String = c.get(0);
+                let attachments = attachments.remove(&turn_id).unwrap_or_default();
                 ClaimedTurn {
                     tenant_id: tenant_id.to_string(),
                     run: TurnRun {
-                        turn_id: c.get(0),
+                        attachments: attachments.into_iter().map(|a| a.meta).collect(),
+                        turn_id,
                         messages: conversations.remove(&session_id).unwrap_or_default(),
                         session_id,
                         workspace_id: c.get(2),

@@ -3,6 +3,7 @@
 //! workspaces and runs the turns it is handed. Model calls go through the API tier's
 //! streaming proxy, so this machine needs no provider key and no internet egress.
 
+mod attachments;
 mod model;
 mod turn;
 

@@ -36,12 +36,19 @@ fn cause(code: &str) -> StepError {
 }
 
 /// Stream one completion, calling `on_delta(text, thinking)` as output arrives.
-pub(crate) async fn stream<F, Fut>(link: &Link, run: &TurnRun, on_delta: F) -> Result<Completion, StepError>
+pub(crate) async fn stream<F, Fut>(
+    link: &Link,
+    run: &TurnRun,
+    attachments: &[crate::attachments::Received],
+    on_delta: F,
+) -> Result<Completion, StepError>
 where
     F: Fn(Option<String>, Option<String>) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let body = json!({ "model": run.model, "messages": run.messages, "stream": true });
+    let mut messages: Vec<serde_json::Value> = run.messages.iter().map(|m| json!(m)).collect();
+    crate::attachments::attach(&mut messages, attachments);
+    let body = json!({ "model": run.model, "messages": messages, "stream": true });
     let resp = link
         .http
         .post(&link.proxy_url)

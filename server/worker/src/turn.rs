@@ -71,9 +71,12 @@ pub(crate) enum StepError {
 }
 
 async fn step(link: &Link, run: &TurnRun) -> Result<(), StepError> {
+    let attachments = crate::attachments::fetch(&link.http, &link.proxy_url, &link.token, run)
+        .await
+        .map_err(StepError::Failed)?;
     let turn_id = run.turn_id.clone();
     let delta_link = link.clone();
-    let completion = model::stream(link, run, move |text, thinking| {
+    let completion = model::stream(link, run, &attachments, move |text, thinking| {
         let d = TurnDelta {
             turn_id: turn_id.clone(),
             text,

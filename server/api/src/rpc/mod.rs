@@ -11,6 +11,7 @@ mod connection;
 mod queue;
 mod receipts;
 mod session;
+pub(crate) mod upload;
 mod workspace;
 
 use std::{
@@ -84,8 +85,13 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
     {
         return StatusCode::TOO_MANY_REQUESTS.into_response();
     }
-    // Leave room above the limit so that an oversized message is refused by us, with 1009.
-    let max = state.config.max_text_message.saturating_add(64 << 10);
+    // Leave room above the limits so that an oversized message is refused by us (1009 for
+    // text; a typed error for an upload).
+    let max = state
+        .config
+        .max_text_message
+        .max(state.config.max_attachment_bytes.saturating_add(4))
+        .saturating_add(64 << 10);
     ws.max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| run(state, principal, socket))
@@ -115,6 +121,8 @@ pub struct Conn {
     pub registration: Mutex<Option<crate::connections::Registration>>,
     /// Requests being answered (subscriptions excluded).
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// `content.upload` requests awaiting their binary message.
+    pub uploads: upload::Uploads,
 }
 
 impl Conn {
@@ -174,6 +182,7 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
         revoked: CancellationToken::new(),
         registration: Mutex::new(None),
         in_flight: Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight)),
+        uploads: upload::Uploads::default(),
     });
     if let Some(p) = principal
         && conn.sign_in(&state, p).is_err()
@@ -240,10 +249,12 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
                     let _ = conn.out.send(text(&refusal)).await;
                 }
             },
-            // No upload is in flight (content.upload is not offered yet): drop the connection.
-            Message::Binary(_) => {
-                let _ = conn.out.send(close(1003, "unexpected binary message")).await;
-                break;
+            // An upload's bytes; one whose id matches no upload in flight drops the connection.
+            Message::Binary(b) => {
+                if !conn.uploads.deliver(b) {
+                    let _ = conn.out.send(close(1003, "unexpected binary message")).await;
+                    break;
+                }
             }
             Message::Close(_) => break,
             _ => {}
@@ -328,6 +339,30 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
     };
     // Notifications from clients carry nothing we act on.
     let Some(id) = req.id else { return Ok(None) };
+    // An upload's binary message may follow at once: its slot exists before anything can
+    // refuse the request (a refused upload's message is then swallowed, see `upload`).
+    let upload = req.method == method::ContentUpload::NAME;
+    if upload {
+        conn.uploads.begin(id);
+    }
+    let refuse_upload = |e| {
+        if upload {
+            conn.uploads.end(id);
+        }
+        e
+    };
+    admit_checked(state, conn, text_msg, req, id).map_err(refuse_upload)
+}
+
+/// The checks of [`admit_frame`] after the envelope.
+fn admit_checked(
+    state: &AppState,
+    conn: &Arc<Conn>,
+    text_msg: &str,
+    req: Request,
+    id: u32,
+) -> Result<Option<Job>, Box<RpcResponse>> {
+    let fail = |id: Option<u32>, e: ApiError| Box::new(RpcResponse::err(id, e.0));
     if text_msg.contains("\\u0000") {
         return Err(fail(
             Some(id),
@@ -391,6 +426,11 @@ async fn run_job(job: Job) {
     let Job { ctx, req, _permit } = job;
     let started = Instant::now();
     let result = dispatch(&ctx, &req.method, req.params).await;
+    if req.method == method::ContentUpload::NAME
+        && let Some(id) = ctx.id
+    {
+        ctx.conn.uploads.end(id);
+    }
     if req.method == method::SessionWatch::NAME
         && let Some(id) = ctx.id
     {
@@ -479,6 +519,7 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionGet::NAME => call::<method::SessionGet, _, _>(ctx, params, session::get).await,
         method::SessionSend::NAME => call::<method::SessionSend, _, _>(ctx, params, session::send).await,
         method::SessionHistory::NAME => call::<method::SessionHistory, _, _>(ctx, params, session::history).await,
+        method::ContentUpload::NAME => call::<method::ContentUpload, _, _>(ctx, params, upload::content_upload).await,
         method::SessionWatch::NAME => call::<method::SessionWatch, _, _>(ctx, params, session::watch).await,
         method::SessionList::NAME => call::<method::SessionList, _, _>(ctx, params, session::list).await,
         method::SessionRename::NAME => call::<method::SessionRename, _, _>(ctx, params, session::rename).await,
@@ -546,6 +587,7 @@ mod tests {
         "SessionCreate",
         "SessionGet",
         "SessionSend",
+        "ContentUpload",
         "SessionHistory",
         "SessionWatch",
         "SubscriptionClose",

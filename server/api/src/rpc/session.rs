@@ -166,14 +166,17 @@ pub async fn stop(ctx: Ctx, p: SessionStopParams) -> ApiResult<TurnRef> {
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult> {
     let me = ctx.principal()?;
-    if !p.attachments.is_empty() {
-        return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": "attachments"})));
+    if p.attachments.len() > berth_protocol::MAX_ATTACHMENTS_PER_TURN {
+        return Err(ApiError::with(
+            ErrorCode::PayloadTooLarge,
+            json!({"limit": "attachments", "max": berth_protocol::MAX_ATTACHMENTS_PER_TURN}),
+        ));
     }
     check_prompt(&p.prompt)?;
     let r = ctx
         .state
         .store
-        .send(&me.tenant_id, &p.session_id, &p.prompt, ctx.op.as_ref())
+        .send_with_attachments(&me.tenant_id, &p.session_id, &p.prompt, &p.attachments, ctx.op.as_ref())
         .await?;
     tracing::info!(turn.id = %r.turn_id, state = r.state.as_str(), "turn admitted");
     Ok(r)

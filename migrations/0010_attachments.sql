@@ -1,0 +1,29 @@
+-- Attachments (issue 12): metadata here, bytes in object storage under `object_key`.
+-- A turn lists its attachments in order; a fork's turns may name its source's attachments
+-- (they are the tenant's, not the session's, once uploaded).
+CREATE TABLE attachments (
+    id          text PRIMARY KEY,
+    tenant_id   text NOT NULL REFERENCES tenants(id) ON DELETE CASCADE,
+    session_id  text NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    name        text NOT NULL,
+    mime_type   text NOT NULL,
+    bytes       bigint NOT NULL,
+    sha256      text NOT NULL,
+    object_key  text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX attachments_session ON attachments (session_id);
+
+ALTER TABLE turns ADD COLUMN attachment_ids text[] NOT NULL DEFAULT '{}';
+
+ALTER TABLE attachments ENABLE ROW LEVEL SECURITY;
+ALTER TABLE attachments FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON attachments TO berth_app
+    USING (tenant_id = current_setting('berth.tenant_id', true))
+    WITH CHECK (tenant_id = current_setting('berth.tenant_id', true));
+DO $$
+BEGIN
+    EXECUTE format('CREATE POLICY system_access ON attachments TO %I USING (true) WITH CHECK (true)', current_user);
+END
+$$;
+GRANT SELECT, INSERT, UPDATE, DELETE ON attachments TO berth_app;

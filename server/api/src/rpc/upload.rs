@@ -1,0 +1,286 @@
+//! `content.upload` (SPEC §3, §4.13) and the worker's fetch of a turn's attachment bytes.
+//!
+//! An upload is a text request followed by one binary message whose first four bytes are
+//! that request's id (big-endian u32). The reader registers the id when it admits the
+//! request (before the handler task runs, so a binary message sent right behind its request
+//! always finds its slot) and hands the binary message to that slot; a binary message whose
+//! id has no slot drops the connection. Bytes go to object storage first, then the row: a
+//! crash in between leaves an orphan blob, never a row without bytes.
+
+use std::{collections::HashMap, sync::Mutex};
+
+use axum::{
+    body::Body,
+    extract::{Query, State},
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use berth_protocol::{
+    ContentUploadParams, ContentUploadResult, ErrorCode,
+    worker::{MODEL_PROXY_TURN_HEADER, ProxyError},
+};
+use berth_store::{CredentialKind, NewAttachment, StoreError};
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use super::Ctx;
+use crate::{
+    AppState,
+    error::{ApiError, ApiResult},
+};
+
+/// Refused uploads whose binary message is still expected, kept per connection so that
+/// the message is swallowed rather than dropping the connection; beyond this many they
+/// are forgotten (their binary message then drops the connection).
+const MAX_DISCARDED: usize = 64;
+
+/// Longest name and content type accepted, in bytes.
+const MAX_NAME: usize = 255;
+
+/// One connection's uploads awaiting their binary message, by request id.
+#[derive(Default)]
+pub struct Uploads {
+    slots: Mutex<HashMap<u32, Slot>>,
+}
+
+struct Slot {
+    /// Taken when the binary message arrives.
+    tx: Option<oneshot::Sender<Bytes>>,
+    /// Taken by the handler; None once the handler is done (the bytes are then dropped).
+    rx: Option<oneshot::Receiver<Bytes>>,
+}
+
+impl Uploads {
+    /// Register request `id` as an upload whose binary message may come next.
+    pub fn begin(&self, id: u32) {
+        let (tx, rx) = oneshot::channel();
+        let slot = Slot {
+            tx: Some(tx),
+            rx: Some(rx),
+        };
+        self.slots.lock().expect("uploads lock").insert(id, slot);
+    }
+
+    fn take_receiver(&self, id: u32) -> Option<oneshot::Receiver<Bytes>> {
+        self.slots.lock().expect("uploads lock").get_mut(&id)?.rx.take()
+    }
+
+    /// The request `id` is answered (or refused): a binary message still to come is
+    /// swallowed; one that came already is released.
+    pub fn end(&self, id: u32) {
+        let mut slots = self.slots.lock().expect("uploads lock");
+        let discarded = slots.values().filter(|s| s.rx.is_none() && s.tx.is_some()).count();
+        match slots.get_mut(&id) {
+            Some(slot) if slot.tx.is_some() && discarded < MAX_DISCARDED => slot.rx = None,
+            Some(_) => {
+                slots.remove(&id);
+            }
+            None => {}
+        }
+    }
+
+    /// Route a binary message to its upload; false when its id matches no upload in
+    /// flight (the caller drops the connection).
+    pub fn deliver(&self, msg: Bytes) -> bool {
+        let Some(head) = msg.get(..4) else { return false };
+        let id = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+        let mut slots = self.slots.lock().expect("uploads lock");
+        let Some(slot) = slots.get_mut(&id) else { return false };
+        let Some(tx) = slot.tx.take() else { return false };
+        // The handler may be gone already (refused, timed out): the bytes are dropped.
+        let _ = tx.send(msg.slice(4..));
+        if slot.rx.is_none() {
+            slots.remove(&id);
+        }
+        true
+    }
+}
+
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn content_upload(ctx: Ctx, p: ContentUploadParams) -> ApiResult<ContentUploadResult> {
+    let me = ctx.principal()?;
+    let rx = ctx
+        .id
+        .and_then(|id| ctx.conn.uploads.take_receiver(id))
+        .ok_or(ApiError::code(ErrorCode::Internal))?;
+    let wait = ctx.state.config.limits.idle_timeout;
+    let data = tokio::select! {
+        r = rx => r.map_err(|_| ApiError::code(ErrorCode::Unavailable))?,
+        _ = tokio::time::sleep(wait) => {
+            return Err(ApiError::with(ErrorCode::BadParams, json!({"reason": "no-binary-message"})));
+        }
+        _ = ctx.conn.closed.cancelled() => return Err(ApiError(super::gone())),
+    };
+    let max = ctx.state.config.max_attachment_bytes;
+    if data.len() > max {
+        return Err(ApiError::with(
+            ErrorCode::PayloadTooLarge,
+            json!({"limit": "attachment", "max": max}),
+        ));
+    }
+    if let Some(declared) = p.bytes
+        && declared != data.len() as u64
+    {
+        return Err(ApiError::with(
+            ErrorCode::BadParams,
+            json!({"reason": "size-mismatch", "bytes": data.len()}),
+        ));
+    }
+    check_text("filename", &p.filename)?;
+    check_text("mime", &p.mime)?;
+    if p.filename.contains(['/', '\\']) || p.filename == "." || p.filename == ".." {
+        return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "filename"})));
+    }
+    let store = &ctx.state.store;
+    store.check_session(&me.tenant_id, &p.session_id).await?;
+    let (data, sha256) = tokio::task::spawn_blocking(move || {
+        let digest = Sha256::digest(&data);
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        (data, hex)
+    })
+    .await
+    .map_err(|_| ApiError::code(ErrorCode::Internal))?;
+    let attachment = NewAttachment {
+        id: berth_store::token::new_id("att"),
+        session_id: p.session_id.clone(),
+        name: p.filename,
+        mime_type: p.mime,
+        bytes: data.len() as u64,
+        sha256,
+        object_key: String::new(),
+    };
+    let attachment = NewAttachment {
+        object_key: format!("{}/attachments/{}", me.tenant_id, attachment.id),
+        ..attachment
+    };
+    let blobs = &ctx.state.blobs;
+    if let Err(e) = blobs.put(&attachment.object_key, data).await {
+        tracing::warn!(error = %e, "object store write failed");
+        return Err(ApiError::code(ErrorCode::Unavailable));
+    }
+    if let Err(e) = store.insert_attachment(&me.tenant_id, &attachment).await {
+        if let Err(e) = blobs.delete(&attachment.object_key).await {
+            tracing::warn!(error = %e, "unrecorded attachment blob left behind");
+        }
+        return Err(e.into());
+    }
+    tracing::info!(attachment.id = %attachment.id, bytes = attachment.bytes, "attachment uploaded");
+    Ok(ContentUploadResult {
+        attachment_id: attachment.id,
+        bytes: attachment.bytes,
+        sha256: attachment.sha256,
+    })
+}
+
+/// A name or content type: present, bounded, no control characters.
+fn check_text(field: &str, value: &str) -> ApiResult<()> {
+    if value.is_empty() || value.len() > MAX_NAME || value.chars().any(char::is_control) {
+        return Err(ApiError::with(ErrorCode::BadParams, json!({"field": field, "max": MAX_NAME})));
+    }
+    Ok(())
+}
+
+#[derive(serde::Deserialize)]
+pub struct FetchQuery {
+    /// Only the first `count` attachments.
+    count: Option<usize>,
+}
+
+fn refuse(status: StatusCode, code: &str) -> Response {
+    let cause = berth_protocol::Cause {
+        code: code.to_string(),
+        status: None,
+    };
+    (status, axum::Json(ProxyError { error: cause })).into_response()
+}
+
+/// `GET /v1/worker/attachments`: a running turn's attachment bytes, concatenated in order,
+/// for the worker it was handed to.
+pub async fn worker_fetch(State(state): State<AppState>, headers: HeaderMap, Query(q): Query<FetchQuery>) -> Response {
+    let principal = match super::bearer(&headers) {
+        Some(t) => match state.store.authenticate(t).await {
+            Ok(Some(p)) if p.kind == CredentialKind::Worker => Some(p),
+            Ok(_) => None,
+            Err(_) => return refuse(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable.as_str()),
+        },
+        None => None,
+    };
+    let Some(principal) = principal else {
+        state.metrics.auth_failures.with_label_values(&["attachments"]).inc();
+        return refuse(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized.as_str());
+    };
+    let Some(turn_id) = headers.get(MODEL_PROXY_TURN_HEADER).and_then(|v| v.to_str().ok()) else {
+        return refuse(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str());
+    };
+    let mut list = match state.store.worker_turn_attachments(&principal, turn_id).await {
+        Ok(l) => l,
+        Err(StoreError::Code(code)) => return refuse(StatusCode::FORBIDDEN, code.as_str()),
+        Err(e) => {
+            tracing::warn!(error = %e, "attachment fetch could not check the turn");
+            return refuse(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable.as_str());
+        }
+    };
+    list.truncate(q.count.unwrap_or(usize::MAX));
+    let total: u64 = list.iter().map(|a| a.meta.bytes).sum();
+    let blobs = state.blobs.clone();
+    let body = futures_util::stream::iter(list)
+        .then(move |a| {
+            let blobs = blobs.clone();
+            async move { blobs.stream(&a.object_key).await }
+        })
+        .try_flatten()
+        .map_err(|e| {
+            tracing::warn!(error = %e, "object store read failed");
+            std::io::Error::other("object store read failed")
+        });
+    (
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, total.to_string()),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(id: u32, payload: &[u8]) -> Bytes {
+        let mut v = id.to_be_bytes().to_vec();
+        v.extend_from_slice(payload);
+        Bytes::from(v)
+    }
+
+    #[tokio::test]
+    async fn a_binary_message_reaches_its_upload_whenever_the_handler_asks() {
+        let uploads = Uploads::default();
+        uploads.begin(7);
+        assert!(uploads.deliver(frame(7, b"abc")), "delivered before the handler waits");
+        let rx = uploads.take_receiver(7).expect("receiver");
+        assert_eq!(rx.await.expect("bytes"), Bytes::from_static(b"abc"));
+        uploads.end(7);
+        assert!(!uploads.deliver(frame(7, b"again")), "one binary message per upload");
+    }
+
+    #[test]
+    fn unknown_ids_and_short_messages_are_refused() {
+        let uploads = Uploads::default();
+        uploads.begin(1);
+        assert!(!uploads.deliver(frame(2, b"x")));
+        assert!(!uploads.deliver(Bytes::from_static(b"\0\0\0")));
+    }
+
+    #[test]
+    fn a_refused_upload_swallows_its_binary_message() {
+        let uploads = Uploads::default();
+        uploads.begin(3);
+        uploads.end(3);
+        assert!(uploads.deliver(frame(3, b"late")));
+        assert!(uploads.slots.lock().expect("lock").is_empty());
+    }
+}
