@@ -201,6 +201,23 @@ impl Client {
         let _ = self.out.send(Message::Binary(bytes.into()));
     }
 
+    /// `content.upload`: the request, then one binary message `[id: u32 BE][payload]`
+    /// (`binary_id` overrides the id the binary message names).
+    pub async fn upload(&mut self, params: Value, payload: &[u8], binary_id: Option<u32>) -> Result<Value, RpcError> {
+        let (id, rx) = self.start("content.upload", params);
+        let mut frame = binary_id.unwrap_or(id).to_be_bytes().to_vec();
+        frame.extend_from_slice(payload);
+        self.send_binary(frame);
+        let resp = tokio::time::timeout(Duration::from_secs(60), rx)
+            .await
+            .unwrap_or_else(|_| panic!("no response to content.upload within 60 s"))
+            .unwrap_or_else(|_| panic!("connection closed before the response to content.upload"));
+        match (resp.result, resp.error) {
+            (_, Some(e)) => Err(e),
+            (r, None) => Ok(r.unwrap_or(Value::Null)),
+        }
+    }
+
     fn start(&mut self, method: &str, params: Value) -> (u32, oneshot::Receiver<Response>) {
         let id = self.next_id;
         self.next_id += 1;

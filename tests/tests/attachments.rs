@@ -1,0 +1,333 @@
+//! Object storage and attachments (issue 12), against real processes: the local directory
+//! store always, and a real S3-compatible server when `.ci/run` started one
+//! (`BERTH_TEST_S3_ENDPOINT`; without it the S3 tests say they were skipped and why).
+
+use base64::Engine;
+use berth_api::blobs::{Blobs, bytes_counter};
+use berth_e2e::{Client, MockProvider, Reply, Stack, TestServer, client::code, harness::eventually};
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use rand::RngCore;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The S3 server's settings for a fresh bucket, or None (after saying why) outside CI.
+async fn s3_settings(test: &str) -> Option<Vec<(String, String)>> {
+    let Ok(endpoint) = std::env::var("BERTH_TEST_S3_ENDPOINT") else {
+        eprintln!(
+            "SKIPPED {test} against S3: BERTH_TEST_S3_ENDPOINT is not set (.ci/run starts an \
+             S3-compatible server and sets it); the local-directory variant ran"
+        );
+        return None;
+    };
+    let bucket = format!("berth-test-{}", rand::rng().next_u64());
+    // An S3-compatible test server takes an unsigned bucket creation.
+    let resp = reqwest::Client::new()
+        .put(format!("{endpoint}/{bucket}"))
+        .send()
+        .await
+        .expect("create bucket");
+    assert!(resp.status().is_success(), "creating bucket: {}", resp.status());
+    Some(vec![
+        ("BERTH_OBJECT_STORE".into(), format!("s3://{bucket}/berth/blobs")),
+        ("AWS_ENDPOINT_URL".into(), endpoint),
+        ("AWS_ACCESS_KEY_ID".into(), "test-access-key".into()),
+        ("AWS_SECRET_ACCESS_KEY".into(), "test-secret-key".into()),
+        ("AWS_REGION".into(), "us-east-1".into()),
+    ])
+}
+
+async fn blobs_round_trip(blobs: &Blobs) {
+    let big: Vec<u8> = (0..3 << 20).map(|i| (i % 251) as u8).collect();
+    blobs.put("t1/attachments/a", Bytes::from(big.clone())).await.expect("put");
+    assert_eq!(blobs.get("t1/attachments/a").await.expect("get"), big);
+    let streamed: Vec<Bytes> = blobs
+        .stream("t1/attachments/a")
+        .await
+        .expect("stream")
+        .try_collect()
+        .await
+        .expect("chunks");
+    assert_eq!(streamed.concat(), big);
+    blobs.delete("t1/attachments/a").await.expect("delete");
+    assert!(blobs.get("t1/attachments/a").await.is_err(), "deleted");
+    blobs.delete("t1/attachments/a").await.expect("deleting twice is fine");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_local_directory_store_keeps_bytes_and_counts_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let counter = bytes_counter();
+    let blobs = Blobs::open(None, dir.path(), [], counter.clone()).expect("open");
+    assert!(blobs.url.starts_with("file://"), "{}", blobs.url);
+    blobs_round_trip(&blobs).await;
+    assert_eq!(counter.with_label_values(&["put"]).get(), 3 << 20);
+    assert_eq!(counter.with_label_values(&["get"]).get(), 2 * (3 << 20));
+    assert!(dir.path().join("objects").is_dir(), "under the data dir by default");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_s3_store_keeps_bytes_under_its_prefix() {
+    let Some(settings) = s3_settings("the_s3_store_keeps_bytes_under_its_prefix").await else {
+        return;
+    };
+    let url = settings[0].1.clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let blobs = Blobs::open(Some(&url), dir.path(), settings.into_iter().skip(1), bytes_counter()).expect("open");
+    blobs_round_trip(&blobs).await;
+}
+
+#[test]
+fn a_store_url_that_is_neither_file_nor_s3_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = Blobs::open(Some("ftp://x"), dir.path(), [], bytes_counter()).unwrap_err();
+    assert!(err.to_string().contains("BERTH_OBJECT_STORE"), "{err}");
+}
+
+fn is_turn_end(v: &Value) -> bool {
+    v["type"] == "turn.ended"
+}
+
+/// An image and a 20 MiB binary, uploaded and sent: the worker fetches both through the
+/// API tier, the model gets the image as an image part and the binary's digest as the
+/// worker computed it over the bytes it received.
+async fn attachments_reach_the_worker_and_the_model(env: &[(String, String)]) {
+    let mock = MockProvider::start().await;
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let stack = Stack::start_with(&mock, 1, &env).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+
+    let image: Vec<u8> = b"\x89PNG\r\n\x1a\n-not-really-a-png-but-bytes".to_vec();
+    let mut binary = vec![0u8; 20 << 20];
+    rand::rng().fill_bytes(&mut binary);
+
+    let img = c
+        .upload(
+            json!({"sessionId": sid, "mime": "image/png", "filename": "shot.png"}),
+            &image,
+            None,
+        )
+        .await
+        .expect("image upload");
+    assert_eq!(img["bytes"], image.len());
+    assert_eq!(img["sha256"], sha256_hex(&image));
+    let bin = c
+        .upload(
+            json!({"sessionId": sid, "mime": "application/octet-stream", "filename": "dump.bin", "bytes": binary.len()}),
+            &binary,
+            None,
+        )
+        .await
+        .expect("binary upload");
+    assert_eq!(bin["sha256"], sha256_hex(&binary));
+
+    mock.push(Reply::text(&["got them"]));
+    let mut sub = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let sent = c
+        .ok(
+            "session.send",
+            json!({"sessionId": sid, "prompt": "look at these", "attachments": [img["attachmentId"], bin["attachmentId"]]}),
+        )
+        .await;
+    let items = sub.until(120, is_turn_end).await.expect("turn ended");
+    let end = items.last().expect("end");
+    assert_eq!(end["turnId"], sent["turnId"]);
+    assert_eq!(end["state"], "completed", "{end}");
+
+    let requests = mock.requests();
+    let last = requests.last().expect("a model request");
+    let user = last["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .expect("user message");
+    let parts = user["content"].as_array().expect("content parts");
+    assert_eq!(parts[0], json!({"type": "text", "text": "look at these"}));
+    let image_url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&image)
+    );
+    assert!(
+        parts
+            .iter()
+            .any(|p| p["type"] == "image_url" && p["image_url"]["url"] == image_url.as_str()),
+        "the image reaches the model as an image part"
+    );
+    let digest = format!("sha256:{}", sha256_hex(&binary));
+    assert!(
+        parts
+            .iter()
+            .any(|p| p["text"].as_str().is_some_and(|t| t.contains(&digest) && t.contains("dump.bin"))),
+        "the binary arrived byte-identical in the worker (its digest over the received bytes)"
+    );
+
+    let metrics = stack.servers[0].metrics().await;
+    let put = metrics
+        .lines()
+        .find(|l| l.starts_with("berth_object_store_bytes_total{op=\"put\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .expect("put counter");
+    assert_eq!(put, (image.len() + binary.len()) as u64);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attachments_reach_the_worker_and_the_model_through_the_local_store() {
+    attachments_reach_the_worker_and_the_model(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attachments_reach_the_worker_and_the_model_through_s3() {
+    let Some(settings) = s3_settings("attachments_reach_the_worker_and_the_model_through_s3").await else {
+        return;
+    };
+    attachments_reach_the_worker_and_the_model(&settings).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_binary_message_for_no_upload_drops_the_connection() {
+    let mock = MockProvider::start().await;
+    let db = berth_e2e::fresh_database().await;
+    let server = TestServer::start(&db, &mock.base_url()).await.expect("server");
+    let mut c = Client::authed(&server.ws_url(), &server.admin_token()).await.expect("client");
+    assert_eq!(c.ok("ping", json!({})).await["pong"], true);
+    c.send_binary(vec![0, 0, 3, 231, 1, 2, 3]);
+    let closed = eventually(10, || {
+        let closed = c.is_closed();
+        async move { closed.then_some(()) }
+    })
+    .await;
+    assert!(closed.is_some(), "a binary message that matches no upload drops the connection");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_uploads_are_typed_errors_and_the_connection_stays_usable() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_MAX_ATTACHMENT_BYTES", "1048576")]).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let params = json!({"sessionId": sid, "mime": "text/plain", "filename": "a.txt"});
+
+    let e = c
+        .upload(params.clone(), &vec![b'x'; (1 << 20) + 1], None)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "payload-too-large");
+    assert_eq!(e.data["max"], 1 << 20);
+
+    // A truncated message: fewer bytes than the request declared.
+    let mut declared = params.clone();
+    declared["bytes"] = json!(10);
+    let e = c.upload(declared, b"12345", None).await.unwrap_err();
+    assert_eq!(code(&e), "bad-params");
+    assert_eq!(e.data["reason"], "size-mismatch");
+
+    let mut unknown = params.clone();
+    unknown["sessionId"] = json!("ses_000000000000000000000000");
+    let e = c.upload(unknown, b"hi", None).await.unwrap_err();
+    assert_eq!(code(&e), "not-found");
+
+    let mut bad_name = params.clone();
+    bad_name["filename"] = json!("../etc/passwd");
+    let e = c.upload(bad_name, b"hi", None).await.unwrap_err();
+    assert_eq!(code(&e), "bad-params");
+
+    let e = c
+        .call("session.send", json!({"sessionId": sid, "prompt": "p", "attachments": ["att_nope"]}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "not-found");
+
+    // After all of that the connection still works, and a good upload goes through.
+    assert_eq!(c.ok("ping", json!({})).await["pong"], true);
+    let ok = c.upload(params, b"hello", None).await.expect("upload");
+    assert_eq!(ok["bytes"], 5);
+    assert!(!c.is_closed());
+}
+
+/// Tenant B: a tenant, an admin user and a client credential for it.
+async fn tenant_b(server: &TestServer) -> String {
+    server.admin(&["tenant", "create", "tenant-b"]).await.unwrap();
+    server
+        .admin(&["user", "create", "--tenant", "tenant-b", "--email", "b@example.com"])
+        .await
+        .unwrap();
+    server
+        .admin(&["token", "create", "--tenant", "tenant-b", "--user", "b@example.com", "--note", "b"])
+        .await
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_tenants_attachment_and_session_are_not_found() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut a = stack.client(0).await;
+    let sid_a = stack.session(&mut a).await;
+    let att = a
+        .upload(
+            json!({"sessionId": sid_a, "mime": "text/plain", "filename": "secret.txt"}),
+            b"tenant a's secret",
+            None,
+        )
+        .await
+        .expect("upload");
+
+    let token_b = tenant_b(&stack.servers[0]).await;
+    let mut b = Client::authed(&stack.servers[0].ws_url(), &token_b).await.expect("b");
+    // Tenant B cannot upload into A's session…
+    let e = b
+        .upload(
+            json!({"sessionId": sid_a, "mime": "text/plain", "filename": "x.txt"}),
+            b"x",
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "not-found");
+    // …nor name A's attachment from a session of its own (an offline workspace of B's,
+    // made directly in the database: no worker of B's runs here).
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    db.batch_execute(
+        "INSERT INTO workspaces (id, tenant_id, host, name, path, title)
+           SELECT 'wsp_b', id, 'host-b', 'b', '/b', 'b' FROM tenants WHERE name = 'tenant-b';
+         INSERT INTO sessions (id, tenant_id, workspace_id) SELECT 'ses_b', tenant_id, id FROM workspaces WHERE id = 'wsp_b';",
+    )
+    .await
+    .expect("B's session");
+    let e = b
+        .call(
+            "session.send",
+            json!({"sessionId": "ses_b", "prompt": "p", "attachments": [att["attachmentId"]]}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "not-found");
+    let own = b
+        .upload(
+            json!({"sessionId": "ses_b", "mime": "text/plain", "filename": "mine.txt"}),
+            b"b's own",
+            None,
+        )
+        .await
+        .expect("B uploads into its own session");
+    let sent = b
+        .ok(
+            "session.send",
+            json!({"sessionId": "ses_b", "prompt": "p", "attachments": [own["attachmentId"]]}),
+        )
+        .await;
+    assert_eq!(sent["state"], "queued", "B's own attachment is accepted (the workspace is offline)");
+    let rows = stack
+        .sql_i64("SELECT count(*) FROM attachments WHERE session_id = $1", &sid_a)
+        .await;
+    assert_eq!(rows, 1, "B's attempt left nothing behind");
+}
