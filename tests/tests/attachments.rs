@@ -43,7 +43,10 @@ async fn s3_settings(test: &str) -> Option<Vec<(String, String)>> {
 
 async fn blobs_round_trip(blobs: &Blobs) {
     let big: Vec<u8> = (0..3 << 20).map(|i| (i % 251) as u8).collect();
-    blobs.put("t1/attachments/a", Bytes::from(big.clone())).await.expect("put");
+    blobs
+        .put("t1/attachments/a", Bytes::from(big.clone()))
+        .await
+        .expect("put");
     assert_eq!(blobs.get("t1/attachments/a").await.expect("get"), big);
     let streamed: Vec<Bytes> = blobs
         .stream("t1/attachments/a")
@@ -162,9 +165,9 @@ async fn attachments_reach_the_worker_and_the_model(env: &[(String, String)]) {
     );
     let digest = format!("sha256:{}", sha256_hex(&binary));
     assert!(
-        parts
-            .iter()
-            .any(|p| p["text"].as_str().is_some_and(|t| t.contains(&digest) && t.contains("dump.bin"))),
+        parts.iter().any(|p| p["text"]
+            .as_str()
+            .is_some_and(|t| t.contains(&digest) && t.contains("dump.bin"))),
         "the binary arrived byte-identical in the worker (its digest over the received bytes)"
     );
 
@@ -195,7 +198,9 @@ async fn a_binary_message_for_no_upload_drops_the_connection() {
     let mock = MockProvider::start().await;
     let db = berth_e2e::fresh_database().await;
     let server = TestServer::start(&db, &mock.base_url()).await.expect("server");
-    let mut c = Client::authed(&server.ws_url(), &server.admin_token()).await.expect("client");
+    let mut c = Client::authed(&server.ws_url(), &server.admin_token())
+        .await
+        .expect("client");
     assert_eq!(c.ok("ping", json!({})).await["pong"], true);
     c.send_binary(vec![0, 0, 3, 231, 1, 2, 3]);
     let closed = eventually(10, || {
@@ -203,7 +208,10 @@ async fn a_binary_message_for_no_upload_drops_the_connection() {
         async move { closed.then_some(()) }
     })
     .await;
-    assert!(closed.is_some(), "a binary message that matches no upload drops the connection");
+    assert!(
+        closed.is_some(),
+        "a binary message that matches no upload drops the connection"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -239,7 +247,10 @@ async fn bad_uploads_are_typed_errors_and_the_connection_stays_usable() {
     assert_eq!(code(&e), "bad-params");
 
     let e = c
-        .call("session.send", json!({"sessionId": sid, "prompt": "p", "attachments": ["att_nope"]}))
+        .call(
+            "session.send",
+            json!({"sessionId": sid, "prompt": "p", "attachments": ["att_nope"]}),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&e), "not-found");
@@ -259,7 +270,16 @@ async fn tenant_b(server: &TestServer) -> String {
         .await
         .unwrap();
     server
-        .admin(&["token", "create", "--tenant", "tenant-b", "--user", "b@example.com", "--note", "b"])
+        .admin(&[
+            "token",
+            "create",
+            "--tenant",
+            "tenant-b",
+            "--user",
+            "b@example.com",
+            "--note",
+            "b",
+        ])
         .await
         .unwrap()
         .trim()
@@ -325,9 +345,49 @@ async fn another_tenants_attachment_and_session_are_not_found() {
             json!({"sessionId": "ses_b", "prompt": "p", "attachments": [own["attachmentId"]]}),
         )
         .await;
-    assert_eq!(sent["state"], "queued", "B's own attachment is accepted (the workspace is offline)");
+    assert_eq!(
+        sent["state"], "queued",
+        "B's own attachment is accepted (the workspace is offline)"
+    );
     let rows = stack
         .sql_i64("SELECT count(*) FROM attachments WHERE session_id = $1", &sid_a)
         .await;
     assert_eq!(rows, 1, "B's attempt left nothing behind");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_a_session_removes_its_attachments_rows_then_bytes() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let att = c
+        .upload(
+            json!({"sessionId": sid, "mime": "text/plain", "filename": "gone.txt"}),
+            b"soon gone",
+            None,
+        )
+        .await
+        .expect("upload");
+    let id = att["attachmentId"].as_str().expect("id").to_string();
+    let objects = stack.servers[0].data_dir.join("objects");
+    let count_files = |dir: &std::path::Path| -> usize {
+        fn walk(d: &std::path::Path) -> usize {
+            std::fs::read_dir(d)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| if e.path().is_dir() { walk(&e.path()) } else { 1 })
+                        .sum()
+                })
+                .unwrap_or(0)
+        }
+        walk(dir)
+    };
+    assert_eq!(count_files(&objects), 1, "the bytes are in the local store");
+    c.ok("session.remove", json!({"sessionId": sid})).await;
+    let rows = stack
+        .sql_i64("SELECT count(*) FROM attachments WHERE id = $1", &id)
+        .await;
+    assert_eq!(rows, 0);
+    assert_eq!(count_files(&objects), 0, "the bytes are gone");
 }

@@ -35,7 +35,10 @@ impl std::fmt::Debug for Blobs {
 /// The counter `berth_object_store_bytes_total{op}` (`put`, `get`).
 pub fn bytes_counter() -> IntCounterVec {
     IntCounterVec::new(
-        prometheus::Opts::new("berth_object_store_bytes_total", "bytes moved to and from object storage"),
+        prometheus::Opts::new(
+            "berth_object_store_bytes_total",
+            "bytes moved to and from object storage",
+        ),
         &["op"],
     )
     .expect("metric")
@@ -93,7 +96,11 @@ impl Blobs {
         let prefix = prefix.trim_matches('/');
         Ok(Blobs {
             store: Arc::new(store),
-            prefix: if prefix.is_empty() { String::new() } else { format!("{prefix}/") },
+            prefix: if prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{prefix}/")
+            },
             url,
             bytes,
         })

@@ -386,7 +386,8 @@ fn strip_images(obj: &mut serde_json::Map<String, serde_json::Value>) {
         .flatten()
     {
         if part.get("type").and_then(|t| t.as_str()) == Some("image_url") {
-            *part = serde_json::json!({"type": "text", "text": "[image omitted: this model does not take image input]"});
+            *part =
+                serde_json::json!({"type": "text", "text": "[image omitted: this model does not take image input]"});
         }
     }
 }

@@ -239,7 +239,11 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     config.max_attachment_bytes = settings.parse(None, "BERTH_MAX_ATTACHMENT_BYTES", "33554432")?;
     config.object_store = berth_api::ObjectStoreConfig {
         url: settings.get(None, "BERTH_OBJECT_STORE"),
-        aws: settings.with_prefix("AWS_").into_iter().map(|(k, v)| (k, Secret(v))).collect(),
+        aws: settings
+            .with_prefix("AWS_")
+            .into_iter()
+            .map(|(k, v)| (k, Secret(v)))
+            .collect(),
     };
     config.model = ModelConfig {
         base_url: settings.get(None, "BERTH_MODEL_BASE_URL"),

@@ -75,6 +75,28 @@ impl Store {
         Ok(())
     }
 
+    /// After `session_id` was removed: delete its attachment rows that no live session's
+    /// turn names (a fork shares its source's attachments) and return their object keys,
+    /// for the caller to delete the bytes after the rows.
+    pub async fn release_session_attachments(&self, tenant_id: &str, session_id: &str) -> Result<Vec<String>> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let rows = tx
+            .qa(
+                "DELETE FROM attachments a
+                  WHERE a.session_id = $1 AND a.tenant_id = $2
+                    AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND s.removed_at IS NOT NULL)
+                    AND NOT EXISTS (SELECT 1 FROM turns t JOIN sessions s ON s.id = t.session_id
+                                     WHERE t.tenant_id = $2 AND s.removed_at IS NULL
+                                       AND a.id = ANY(t.attachment_ids))
+                  RETURNING a.object_key",
+                &[&session_id, &tenant_id],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
     /// For the worker's attachment fetch: the attachments of `turn_id` in order, if the turn
     /// is running and was handed to a live connection of the calling worker credential
     /// (`turn-not-running` otherwise), as the model proxy checks.

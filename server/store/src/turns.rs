@@ -12,8 +12,9 @@ use deadpool_postgres::GenericClient;
 use serde_json::json;
 
 use crate::{
+    CHANNEL_CONTROL, CHANNEL_DISPATCH, Cached, Principal, Result, Store, StoreError,
     attachments::{check_attachment_ids, turn_attachments},
-    CHANNEL_CONTROL, CHANNEL_DISPATCH, Cached, Principal, Result, Store, StoreError, fmt_time,
+    fmt_time,
     history::append_event,
     not_found,
     receipts::{Receipt, finish},
@@ -48,8 +49,7 @@ impl Store {
         prompt: &str,
         op: Option<&Receipt>,
     ) -> Result<SessionSendResult> {
-        self.send_with_attachments(tenant_id, session_id, prompt, &[], op)
-            .await
+        self.send_with_attachments(tenant_id, session_id, prompt, &[], op).await
     }
 
     /// [`Store::send`] with attachments (ids of the tenant's uploads, in the order the

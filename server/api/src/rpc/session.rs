@@ -128,6 +128,7 @@ pub async fn remove(ctx: Ctx, p: SessionOpParams) -> ApiResult<Removed> {
     if r.removed {
         tracing::info!("session removed");
     }
+    crate::rpc::upload::release_session(&ctx.state, &me.tenant_id, &p.session_id).await;
     Ok(r)
 }
 

@@ -175,10 +175,30 @@ pub async fn content_upload(ctx: Ctx, p: ContentUploadParams) -> ApiResult<Conte
     })
 }
 
+/// Delete a removed session's attachments: rows first, then bytes (a failure leaves an
+/// orphan blob, never a row without bytes). Best effort: the removal itself has succeeded.
+pub async fn release_session(state: &AppState, tenant_id: &str, session_id: &str) {
+    let keys = match state.store.release_session_attachments(tenant_id, session_id).await {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not release a removed session's attachments");
+            return;
+        }
+    };
+    for key in keys {
+        if let Err(e) = state.blobs.delete(&key).await {
+            tracing::warn!(error = %e, "could not delete an attachment's bytes");
+        }
+    }
+}
+
 /// A name or content type: present, bounded, no control characters.
 fn check_text(field: &str, value: &str) -> ApiResult<()> {
     if value.is_empty() || value.len() > MAX_NAME || value.chars().any(char::is_control) {
-        return Err(ApiError::with(ErrorCode::BadParams, json!({"field": field, "max": MAX_NAME})));
+        return Err(ApiError::with(
+            ErrorCode::BadParams,
+            json!({"field": field, "max": MAX_NAME}),
+        ));
     }
     Ok(())
 }
