@@ -20,6 +20,7 @@ const MUTATIONS: &[&str] = &[
     "session.rename",
     "session.setModel",
     "session.pause",
+    "session.fork",
     "queue.update",
     "queue.move",
     "queue.remove",
@@ -95,13 +96,14 @@ where
     }
 }
 
+/// The caller's stored receipt for `operation_id`, if any.
+pub async fn lookup(ctx: &Ctx, operation_id: &str) -> ApiResult<Option<berth_store::ReceiptView>> {
+    let (tenant, principal) = principal_key(ctx)?;
+    Ok(ctx.state.store.receipt_get(&tenant, &principal, operation_id).await?)
+}
+
 /// `operation.receipt`: the stored outcome, or null.
 pub async fn receipt(ctx: Ctx, p: OperationReceiptParams) -> ApiResult<Option<Value>> {
-    let (tenant, principal) = principal_key(&ctx)?;
-    let view = ctx
-        .state
-        .store
-        .receipt_get(&tenant, &principal, &p.operation_id)
-        .await?;
+    let view = lookup(&ctx, &p.operation_id).await?;
     Ok(view.map(|v| serde_json::to_value(v).unwrap_or_default()))
 }
