@@ -85,7 +85,8 @@ async fn search_pages_a_large_session_under_a_fixed_fence() {
             mock.push(Reply::text(&["needle in a new turn"]));
             let last = c.ok("session.get", json!({"sessionId": sid})).await["sequence"].clone();
             let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": last}));
-            c.ok("session.send", json!({"sessionId": sid, "prompt": "needle again"})).await;
+            c.ok("session.send", json!({"sessionId": sid, "prompt": "needle again"}))
+                .await;
             w.until(120, is_turn_end).await.expect("turn ends");
         }
         after = page["nextAfter"].clone();
@@ -121,7 +122,10 @@ async fn search_pages_a_large_session_under_a_fixed_fence() {
         )
         .await;
     let text = opened["rows"][0]["thinking"].as_str().unwrap();
-    let (s, e) = (hit["start"].as_u64().unwrap() as usize, hit["end"].as_u64().unwrap() as usize);
+    let (s, e) = (
+        hit["start"].as_u64().unwrap() as usize,
+        hit["end"].as_u64().unwrap() as usize,
+    );
     assert_eq!(&text[s..e], "NEEDLE");
 
     // Newer rows are found by a new search, and bad input is a typed error.
@@ -134,7 +138,10 @@ async fn search_pages_a_large_session_under_a_fixed_fence() {
         .await;
     assert!(!fresh["hits"].as_array().unwrap().is_empty());
     let e = c
-        .call("session.search", json!({"sessionId": sid, "query": "", "caseSensitive": false, "wholeWord": false}))
+        .call(
+            "session.search",
+            json!({"sessionId": sid, "query": "", "caseSensitive": false, "wholeWord": false}),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&e), "bad-params");
@@ -170,7 +177,9 @@ async fn fork_a_settled_turn_while_a_later_one_runs() {
     let t1 = c.ok("session.send", json!({"sessionId": sid, "prompt": "first"})).await;
     w.until(30, is_turn_end).await.unwrap();
     mock.push(Reply::text(&["second answer"]));
-    let t2 = c.ok("session.send", json!({"sessionId": sid, "prompt": "second"})).await;
+    let t2 = c
+        .ok("session.send", json!({"sessionId": sid, "prompt": "second"}))
+        .await;
     let ended = w.until(30, is_turn_end).await.unwrap();
     let t2_end = ended.last().unwrap()["sequence"].as_i64().unwrap();
     mock.push(Reply::StreamThenHang(vec![Part::Text("third, still going".into())]));
@@ -178,10 +187,12 @@ async fn fork_a_settled_turn_while_a_later_one_runs() {
     w.until(30, |i| i["type"] == "model.delta").await.unwrap();
     let snap = c.ok("session.get", json!({"sessionId": sid})).await;
     let revision = snap["revision"].clone();
-    assert!(!c.ok("session.diagnostics", json!({"sessionId": sid})).await["diagnostics"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    assert!(
+        !c.ok("session.diagnostics", json!({"sessionId": sid})).await["diagnostics"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
 
     // Work that is not settled cannot be included.
     for turn in [Value::Null, t3["turnId"].clone()] {
@@ -238,7 +249,12 @@ async fn fork_a_settled_turn_while_a_later_one_runs() {
         .clone();
     let fork_rows = c.ok("session.history", json!({"sessionId": fork_id})).await["rows"].clone();
     assert_eq!(fork_rows, source_rows);
-    let bodies: Vec<&str> = fork_rows.as_array().unwrap().iter().filter_map(|r| r["body"].as_str()).collect();
+    let bodies: Vec<&str> = fork_rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["body"].as_str())
+        .collect();
     assert!(bodies.contains(&"second answer"));
     assert!(!bodies.contains(&"third"));
     let fsnap = c.ok("session.get", json!({"sessionId": fork_id})).await;
@@ -270,11 +286,13 @@ async fn fork_a_settled_turn_while_a_later_one_runs() {
     assert_eq!(seqs, (1..=t2_end + 1).collect::<Vec<_>>());
     // The fork is a session of its own: it runs turns.
     mock.push(Reply::text(&["on the branch"]));
-    c.ok("session.send", json!({"sessionId": fork_id, "prompt": "go on"})).await;
+    c.ok("session.send", json!({"sessionId": fork_id, "prompt": "go on"}))
+        .await;
     let done = fw.until(30, is_turn_end).await.unwrap();
     assert_eq!(done.last().unwrap()["state"], "completed");
 
     // Stopping the source's running turn leaves the fork alone.
-    c.ok("session.stop", json!({"sessionId": sid, "turnId": t3["turnId"]})).await;
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": t3["turnId"]}))
+        .await;
     let _ = t1;
 }

@@ -8,7 +8,9 @@
 
 use std::sync::LazyLock;
 
-use berth_protocol::{ErrorCode, Position, RowField, SearchCursor, SearchHit, SessionSearchParams, SessionSearchResult};
+use berth_protocol::{
+    ErrorCode, Position, RowField, SearchCursor, SearchHit, SessionSearchParams, SessionSearchResult,
+};
 use regex::{Regex, RegexBuilder};
 
 use crate::{Cached, Result, Store, StoreError, tenant_tx};
@@ -23,9 +25,8 @@ const PAGE_HITS: usize = 200;
 pub const QUERY_MAX_BYTES: usize = 1024;
 
 /// Letters, marks, decimal digits, connector punctuation and join controls.
-static WORD: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^[\p{L}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]$").expect("word class compiles")
-});
+static WORD: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[\p{L}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]$").expect("word class compiles"));
 
 /// Whether `c` is a word character for `wholeWord`.
 pub fn is_word(c: char) -> bool {
@@ -86,8 +87,8 @@ impl Store {
     /// [`PAGE_BYTES`] of text, so a long stretch without hits still advances page by page;
     /// rows published after `through` are never read.
     pub async fn search(&self, tenant_id: &str, p: &SessionSearchParams) -> Result<SessionSearchResult> {
-        let matcher = Matcher::new(&p.query, p.case_sensitive, p.whole_word)
-            .ok_or(StoreError::Code(ErrorCode::BadParams))?;
+        let matcher =
+            Matcher::new(&p.query, p.case_sensitive, p.whole_word).ok_or(StoreError::Code(ErrorCode::BadParams))?;
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let session_id = p.session_id.as_str();
@@ -106,25 +107,33 @@ impl Store {
         }
         // Resume inside the cursor's row when it names a field; otherwise after it.
         let (lo, inclusive) = match &p.after {
-            None => (Position { source_sequence: 0, item_index: -1 }, false),
+            None => (
+                Position {
+                    source_sequence: 0,
+                    item_index: -1,
+                },
+                false,
+            ),
             Some(c) => (c.position, c.field.is_some()),
         };
         // Sizes first, to bound the page's work by rows and bytes before reading bodies.
+        // A row-value comparison the primary key serves as a range scan (an OR would not).
+        let from = if inclusive { ">=" } else { ">" };
         let sizes = client
             .qa(
-                "SELECT source_sequence, item_index,
-                        octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint
-                   FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden AND source_sequence <= $3
-                    AND ((source_sequence, item_index) > ($4, $5)
-                         OR ($6 AND source_sequence = $4 AND item_index = $5))
-                  ORDER BY source_sequence, item_index LIMIT $7",
+                &format!(
+                    "SELECT source_sequence, item_index,
+                            octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint
+                       FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden AND source_sequence <= $3
+                        AND (source_sequence, item_index) {from} ($4, $5)
+                      ORDER BY source_sequence, item_index LIMIT $6"
+                ),
                 &[
                     &session_id,
                     &tenant_id,
                     &through,
                     &lo.source_sequence,
                     &lo.item_index,
-                    &inclusive,
                     &(PAGE_ROWS + 1),
                 ],
             )
@@ -153,18 +162,18 @@ impl Store {
         };
         let rows = client
             .qa(
-                "SELECT source_sequence, item_index, body, thinking
-                   FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
-                    AND ((source_sequence, item_index) > ($3, $4)
-                         OR ($5 AND source_sequence = $3 AND item_index = $4))
-                    AND (source_sequence, item_index) <= ($6, $7)
-                  ORDER BY source_sequence, item_index",
+                &format!(
+                    "SELECT source_sequence, item_index, body, thinking
+                       FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
+                        AND (source_sequence, item_index) {from} ($3, $4)
+                        AND (source_sequence, item_index) <= ($5, $6)
+                      ORDER BY source_sequence, item_index"
+                ),
                 &[
                     &session_id,
                     &tenant_id,
                     &lo.source_sequence,
                     &lo.item_index,
-                    &inclusive,
                     &hi.source_sequence,
                     &hi.item_index,
                 ],
@@ -275,11 +284,25 @@ mod tests {
                 differs_from_lowercase += 1;
             }
             let (a, b) = (code.to_string(), folded.to_string());
-            assert_eq!(hits(&a, &format!("#{b}%"), false, false), vec![(1, 1 + b.len())], "{code:?} → {folded:?}");
-            assert_eq!(hits(&b, &format!("#{a}%"), false, false), vec![(1, 1 + a.len())], "{folded:?} → {code:?}");
-            assert!(hits(&a, &b, true, false).is_empty(), "case-sensitive {code:?} matched {folded:?}");
+            assert_eq!(
+                hits(&a, &format!("#{b}%"), false, false),
+                vec![(1, 1 + b.len())],
+                "{code:?} → {folded:?}"
+            );
+            assert_eq!(
+                hits(&b, &format!("#{a}%"), false, false),
+                vec![(1, 1 + a.len())],
+                "{folded:?} → {code:?}"
+            );
+            assert!(
+                hits(&a, &b, true, false).is_empty(),
+                "case-sensitive {code:?} matched {folded:?}"
+            );
         }
-        assert!(differs_from_lowercase > 50, "the table must include foldings unlike lowercasing");
+        assert!(
+            differs_from_lowercase > 50,
+            "the table must include foldings unlike lowercasing"
+        );
     }
 
     /// Full foldings that expand (status F) are not simple foldings: `ß` does not match
@@ -303,8 +326,14 @@ mod tests {
                 "{code:?} matched its full folding {mapping:?}"
             );
             let upper: String = mapping.to_uppercase();
-            assert!(hits(mapping, &code.to_string(), false, false).is_empty(), "{mapping:?} matched {code:?}");
-            assert!(hits(&upper, &code.to_string(), false, false).is_empty(), "{upper:?} matched {code:?}");
+            assert!(
+                hits(mapping, &code.to_string(), false, false).is_empty(),
+                "{mapping:?} matched {code:?}"
+            );
+            assert!(
+                hits(&upper, &code.to_string(), false, false).is_empty(),
+                "{upper:?} matched {code:?}"
+            );
         }
         assert!(checked > 50);
     }
@@ -323,7 +352,10 @@ mod tests {
 
     #[test]
     fn whole_words_need_non_word_neighbours() {
-        assert_eq!(hits("cat", "cat catalog bobcat cat_x (cat)", true, true), vec![(0, 3), (26, 29)]);
+        assert_eq!(
+            hits("cat", "cat catalog bobcat cat_x (cat)", true, true),
+            vec![(0, 3), (26, 29)]
+        );
         // Join controls and marks are word characters; other punctuation is not.
         assert!(hits("ab", "ab\u{200D}", true, true).is_empty());
         assert!(hits("e", "e\u{301}", true, true).is_empty());

@@ -13,11 +13,7 @@ pub async fn fork(ctx: Ctx, p: SessionForkParams) -> ApiResult<SessionForkResult
     if ctx.op.is_none() {
         return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "operationId"})));
     }
-    let forked = ctx
-        .state
-        .store
-        .fork_session(&me.tenant_id, &p, ctx.op.as_ref())
-        .await?;
+    let forked = ctx.state.store.fork_session(&me.tenant_id, &p, ctx.op.as_ref()).await?;
     ctx.state.metrics.events_appended.inc();
     tracing::info!(fork.id = %forked.session_id, through = forked.branch.sequence, "session forked");
     Ok(forked)
