@@ -1,7 +1,6 @@
 //! `session.fork`: a side session from a settled turn or all current history.
 
-use berth_protocol::{Branch, ErrorCode, SessionForkParams, SessionForkResult};
-use serde_json::json;
+use berth_protocol::{Branch, ErrorCode, EventPayload, Forked, SessionForkParams, SessionForkResult};
 
 use crate::{
     Cached, Result, Store, StoreError,
@@ -103,9 +102,8 @@ impl Store {
             &tx,
             tenant_id,
             &id,
-            "session.forked",
             None,
-            json!({ "branch": branch_json }),
+            &EventPayload::SessionForked(Forked { branch: branch.clone() }),
             &[],
         )
         .await?;

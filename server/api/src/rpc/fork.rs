@@ -26,7 +26,7 @@ pub async fn fork_receipt(ctx: Ctx, p: SessionForkReceiptParams) -> ApiResult<Op
     let Some(view) = receipts::lookup(&ctx, &p.operation_id).await? else {
         return Ok(None);
     };
-    if view.method != "session.fork" || view.state != "done" {
+    if view.method != "session.fork" || view.state != berth_protocol::ReceiptState::Done {
         return Ok(None);
     }
     Ok(view.result.and_then(|r| serde_json::from_value(r).ok()))
