@@ -463,9 +463,36 @@ async fn every_method_and_event_matches_the_protocol_types() {
     );
     check!(method::SessionList, json!({}));
     check!(method::SessionDiagnostics, json!({"sessionId": sid}));
+    check!(
+        method::SessionSearch,
+        json!({"sessionId": sid, "query": "HELLO", "caseSensitive": false, "wholeWord": true})
+    );
+    let revision = c.ok("session.get", json!({"sessionId": sid})).await["historyRevision"].clone();
+    let fork = check!(
+        method::SessionFork,
+        json!({"sessionId": sid, "sourceRevision": revision, "operationId": "walk-fork"})
+    );
+    check!(method::SessionForkReceipt, json!({"operationId": "walk-fork"}));
+    let mut fork_watch = c.subscribe("session.watch", json!({"sessionId": fork["sessionId"], "after": 0}));
+    for item in fork_watch
+        .until(10, |i| i["type"] == "session.forked")
+        .await
+        .expect("the fork's own event")
+    {
+        assert_typed::<WatchItem>("fork watch item", &item);
+    }
     // The queue: offline worker (a notice), three queued turns, then edits.
     stack.kill_worker().await;
-    let q1 = check!(method::SessionSend, json!({"sessionId": sid, "prompt": "q1"}));
+    // An upload is a request plus one binary message, so it is walked by hand.
+    let upload = json!({"sessionId": sid, "mime": "text/plain", "filename": "walk.txt"});
+    serde_json::from_value::<<method::ContentUpload as Method>::Params>(upload.clone()).unwrap();
+    let uploaded = c.upload(upload, b"walked", None).await.expect("content.upload");
+    assert_typed::<<method::ContentUpload as Method>::Result>("content.upload", &uploaded);
+    walked.insert(method::ContentUpload::NAME);
+    let q1 = check!(
+        method::SessionSend,
+        json!({"sessionId": sid, "prompt": "q1", "attachments": [uploaded["attachmentId"]]})
+    );
     let q2 = check!(method::SessionSend, json!({"sessionId": sid, "prompt": "q2"}));
     let q3 = check!(method::SessionSend, json!({"sessionId": sid, "prompt": "q3"}));
     check!(

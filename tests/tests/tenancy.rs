@@ -94,6 +94,11 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"sessionId": "ses_random", "prompt": "x"}),
         ),
         (
+            "content.upload",
+            json!({"sessionId": sid, "mime": "text/plain", "filename": "b.txt"}),
+            json!({"sessionId": "ses_random", "mime": "text/plain", "filename": "b.txt"}),
+        ),
+        (
             "session.history",
             json!({"sessionId": sid}),
             json!({"sessionId": "ses_random"}),
@@ -183,6 +188,21 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"operationId": receipt_op}),
             json!({"operationId": "op-random"}),
         ),
+        (
+            "session.search",
+            json!({"sessionId": sid, "query": "A"}),
+            json!({"sessionId": "ses_random", "query": "A"}),
+        ),
+        (
+            "session.fork",
+            json!({"sessionId": sid, "sourceRevision": 0, "operationId": "fork-theirs"}),
+            json!({"sessionId": "ses_random", "sourceRevision": 0, "operationId": "fork-random"}),
+        ),
+        (
+            "session.forkReceipt",
+            json!({"operationId": receipt_op}),
+            json!({"operationId": "op-random"}),
+        ),
         ("subscription.close", json!({"id": 1}), json!({"id": 4_000_000})),
         (
             "admin.credential.create",
@@ -257,7 +277,12 @@ async fn call_any(c: &mut Client, method: &str, params: Value) -> Value {
             .unwrap();
         return json!({"result": done.result, "error": done.error});
     }
-    match c.call(method, params).await {
+    let outcome = if method == "content.upload" {
+        c.upload(params, b"from tenant b", None).await
+    } else {
+        c.call(method, params).await
+    };
+    match outcome {
         Ok(v) => json!({"result": v}),
         Err(e) => json!({"error": e}),
     }

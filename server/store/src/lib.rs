@@ -12,9 +12,11 @@ pub mod token;
 
 pub mod admin;
 mod attachments;
+mod fork;
 mod history;
 mod identity;
 pub mod receipts;
+pub mod search;
 mod sessions;
 mod turns;
 mod workspaces;
