@@ -15,6 +15,10 @@ CREATE TABLE attachments (
 CREATE INDEX attachments_session ON attachments (session_id);
 
 ALTER TABLE turns ADD COLUMN attachment_ids text[] NOT NULL DEFAULT '{}';
+-- A user row names its turn's attachments ([{attachmentId, name, mimeType, bytes, sha256}]);
+-- a fork copies it, which keeps those attachments alive while the fork lives.
+ALTER TABLE rows ADD COLUMN attachments jsonb;
+CREATE INDEX rows_attachments ON rows USING gin (attachments jsonb_path_ops) WHERE attachments IS NOT NULL;
 
 ALTER TABLE attachments ENABLE ROW LEVEL SECURITY;
 ALTER TABLE attachments FORCE ROW LEVEL SECURITY;

@@ -142,6 +142,23 @@ async fn attachments_reach_the_worker_and_the_model(env: &[(String, String)]) {
     assert_eq!(end["turnId"], sent["turnId"]);
     assert_eq!(end["state"], "completed", "{end}");
 
+    // The prompt row names the attachments, in order, live and in history.
+    let expected = json!([
+        {"attachmentId": img["attachmentId"], "name": "shot.png", "mimeType": "image/png",
+         "bytes": image.len(), "sha256": img["sha256"]},
+        {"attachmentId": bin["attachmentId"], "name": "dump.bin", "mimeType": "application/octet-stream",
+         "bytes": binary.len(), "sha256": bin["sha256"]},
+    ]);
+    let started = items
+        .iter()
+        .find(|i| i["type"] == "turn.started")
+        .expect("turn.started");
+    assert_eq!(started["rows"][0]["attachments"], expected);
+    let history = c.ok("session.history", json!({"sessionId": sid})).await;
+    let user_row = &history["rows"][0];
+    assert_eq!(user_row["kind"], "user");
+    assert_eq!(user_row["attachments"], expected);
+
     let requests = mock.requests();
     let last = requests.last().expect("a model request");
     let user = last["messages"]
@@ -390,4 +407,57 @@ async fn removing_a_session_removes_its_attachments_rows_then_bytes() {
         .await;
     assert_eq!(rows, 0);
     assert_eq!(count_files(&objects), 0, "the bytes are gone");
+}
+
+/// A fork shares its source's attachments: removing the source keeps the ones the fork's
+/// history names (rows and bytes); removing the fork too releases them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_keeps_its_sources_attachments_alive() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let att = c
+        .upload(
+            json!({"sessionId": sid, "mime": "text/plain", "filename": "shared.txt"}),
+            b"shared bytes",
+            None,
+        )
+        .await
+        .expect("upload");
+    let id = att["attachmentId"].as_str().expect("id").to_string();
+    mock.push(Reply::text(&["ok"]));
+    let mut sub = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok(
+        "session.send",
+        json!({"sessionId": sid, "prompt": "keep this", "attachments": [id]}),
+    )
+    .await;
+    sub.until(60, is_turn_end).await.expect("turn ended");
+    let revision = c.ok("session.get", json!({"sessionId": sid})).await["historyRevision"].clone();
+    let fork = c
+        .ok(
+            "session.fork",
+            json!({"sessionId": sid, "sourceRevision": revision, "operationId": "fork-att"}),
+        )
+        .await;
+    let fork_id = fork["sessionId"].as_str().expect("fork id").to_string();
+    let history = c.ok("session.history", json!({"sessionId": fork_id})).await;
+    assert_eq!(history["rows"][0]["attachments"][0]["attachmentId"], id.as_str());
+
+    c.ok("session.remove", json!({"sessionId": sid})).await;
+    let count = |stack: &Stack| {
+        let id = id.clone();
+        let url = stack.database_url.clone();
+        async move {
+            let db = berth_e2e::harness::db(&url).await;
+            db.query_one("SELECT count(*) FROM attachments WHERE id = $1", &[&id])
+                .await
+                .expect("count")
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(count(&stack).await, 1, "the fork still names it");
+    c.ok("session.remove", json!({"sessionId": fork_id})).await;
+    assert_eq!(count(&stack).await, 0, "released with the last session naming it");
 }

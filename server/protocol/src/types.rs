@@ -699,6 +699,21 @@ pub struct Row {
     /// Fields cut to fit the page, by field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncated: Option<std::collections::BTreeMap<RowField, Truncation>>,
+    /// A user row's attachments, in the order they were sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachments: Option<Vec<RowAttachment>>,
+}
+
+/// An attachment as a history row names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RowAttachment {
+    pub attachment_id: String,
+    pub name: String,
+    pub mime_type: String,
+    pub bytes: u64,
+    /// Lowercase hex SHA-256.
+    pub sha256: String,
 }
 
 /// A row before the store gives it a position (what a worker or the API tier publishes).

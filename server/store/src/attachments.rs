@@ -75,20 +75,29 @@ impl Store {
         Ok(())
     }
 
-    /// After `session_id` was removed: delete its attachment rows that no live session's
-    /// turn names (a fork shares its source's attachments) and return their object keys,
-    /// for the caller to delete the bytes after the rows.
+    /// After `session_id` was removed: delete the attachment rows it owned or named that no
+    /// live session names any more (a fork shares its source's attachments) and whose
+    /// uploading session is removed; return their object keys, for the caller to delete
+    /// the bytes after the rows.
     pub async fn release_session_attachments(&self, tenant_id: &str, session_id: &str) -> Result<Vec<String>> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let rows = tx
             .qa(
-                "DELETE FROM attachments a
-                  WHERE a.session_id = $1 AND a.tenant_id = $2
-                    AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND s.removed_at IS NOT NULL)
+                "WITH named AS (
+                    SELECT id FROM attachments WHERE session_id = $1 AND tenant_id = $2
+                    UNION SELECT unnest(attachment_ids) FROM turns WHERE session_id = $1 AND tenant_id = $2
+                    UNION SELECT e->>'attachmentId' FROM rows r, jsonb_array_elements(r.attachments) e
+                           WHERE r.session_id = $1 AND r.tenant_id = $2 AND r.attachments IS NOT NULL)
+                 DELETE FROM attachments a USING named
+                  WHERE a.id = named.id AND a.tenant_id = $2
+                    AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = a.session_id AND s.removed_at IS NOT NULL)
                     AND NOT EXISTS (SELECT 1 FROM turns t JOIN sessions s ON s.id = t.session_id
                                      WHERE t.tenant_id = $2 AND s.removed_at IS NULL
                                        AND a.id = ANY(t.attachment_ids))
+                    AND NOT EXISTS (SELECT 1 FROM rows r JOIN sessions s ON s.id = r.session_id
+                                     WHERE r.tenant_id = $2 AND s.removed_at IS NULL AND r.attachments IS NOT NULL
+                                       AND r.attachments @> jsonb_build_array(jsonb_build_object('attachmentId', a.id)))
                   RETURNING a.object_key",
                 &[&session_id, &tenant_id],
             )
@@ -121,6 +130,28 @@ impl Store {
         tx.commit().await?;
         Ok(by_turn.remove(turn_id).unwrap_or_default())
     }
+}
+
+/// Name the turn's attachments on its prompt row (item 0 of `turn.started` at `sequence`).
+pub(crate) async fn name_in_prompt_row(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    turn_id: &str,
+    sequence: i64,
+) -> Result<()> {
+    tx.ex(
+        "UPDATE rows SET attachments = named.list
+           FROM (SELECT jsonb_agg(jsonb_build_object('attachmentId', a.id, 'name', a.name, 'mimeType', a.mime_type,
+                                                     'bytes', a.bytes, 'sha256', a.sha256) ORDER BY u.n) AS list
+                   FROM turns t, unnest(t.attachment_ids) WITH ORDINALITY AS u(attachment_id, n)
+                   JOIN attachments a ON a.id = u.attachment_id
+                  WHERE t.id = $3 AND t.tenant_id = $2 AND a.tenant_id = $2) AS named
+          WHERE named.list IS NOT NULL AND session_id = $1 AND tenant_id = $2 AND source_sequence = $4 AND item_index = 0",
+        &[&session_id, &tenant_id, &turn_id, &sequence],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Check that every id names an attachment of the tenant (`not-found` otherwise, exactly as

@@ -92,8 +92,8 @@ impl Store {
         )
         .await?;
         tx.ex(
-            "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden)
-             SELECT $1, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden FROM rows
+            "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden, attachments)
+             SELECT $1, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden, attachments FROM rows
               WHERE session_id = $2 AND tenant_id = $3 AND source_sequence <= $4",
             &[&id, &source, &tenant_id, &through],
         )

@@ -98,7 +98,7 @@ fn stored_payload(kind: String, payload: serde_json::Value) -> Result<EventPaylo
     serde_json::from_value(fields.into()).map_err(|e| StoreError::Other(anyhow::anyhow!("stored event payload: {e}")))
 }
 
-const ROW_COLUMNS: &str = "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden";
+const ROW_COLUMNS: &str = "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden, attachments";
 
 /// Default and largest page byte budgets for `session.history`.
 pub const HISTORY_BUDGET_DEFAULT: usize = 256 << 10;
@@ -123,6 +123,9 @@ fn row_from(r: &tokio_postgres::Row) -> Row {
             .and_then(|v| serde_json::from_value::<ToolInfo>(v).ok()),
         hidden: hidden.then_some(true),
         truncated: None,
+        attachments: r
+            .get::<_, Option<serde_json::Value>>(8)
+            .and_then(|v| serde_json::from_value(v).ok()),
     }
 }
 
@@ -476,6 +479,7 @@ mod tests {
             tool: None,
             hidden: None,
             truncated: None,
+            attachments: None,
         }
     }
 

@@ -876,6 +876,7 @@ async fn start_turn(
     };
     let started = EventPayload::TurnStarted(Nothing {});
     let seq = append_event(tx, tenant_id, session_id, Some(turn_id), &started, &[row]).await?;
+    crate::attachments::name_in_prompt_row(tx, tenant_id, session_id, turn_id, seq).await?;
     if from_queue {
         queue_changed(tx, tenant_id, session_id).await?;
     }
