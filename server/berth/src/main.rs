@@ -251,7 +251,33 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         max_json_depth: settings.parse(None, "BERTH_MAX_JSON_DEPTH", &defaults.max_json_depth.to_string())?,
         ping_interval: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_PING_SECS", "20")?),
         idle_timeout: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_IDLE_SECS", "60")?),
+        outbound_bytes: settings.parse(None, "BERTH_WS_OUTBOUND_BYTES", &defaults.outbound_bytes.to_string())?,
+        write_timeout: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_WRITE_TIMEOUT_SECS", "30")?),
+        hello_timeout: std::time::Duration::from_secs(settings.parse(None, "BERTH_HELLO_TIMEOUT_SECS", "10")?),
+        max_unauthenticated_per_address: settings.parse(
+            None,
+            "BERTH_MAX_UNAUTHENTICATED_PER_ADDRESS",
+            &defaults.max_unauthenticated_per_address.to_string(),
+        )?,
+        max_password_checks: settings.parse(
+            None,
+            "BERTH_MAX_PASSWORD_CHECKS",
+            &defaults.max_password_checks.to_string(),
+        )?,
     };
+    config.trusted_proxies = settings
+        .get(None, "BERTH_TRUSTED_PROXIES")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            // A bare address is a one-address network.
+            s.parse::<ipnet::IpNet>()
+                .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .with_context(|| format!("BERTH_TRUSTED_PROXIES: {s:?} is not a CIDR or address"))
+        })
+        .collect::<anyhow::Result<_>>()?;
     let retention: u64 = settings.parse(None, "BERTH_RECEIPT_RETENTION_SECS", "604800")?;
     config.receipt_retention = std::time::Duration::from_secs(retention);
     if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {
