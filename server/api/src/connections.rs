@@ -224,3 +224,60 @@ impl Connections {
         matches.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn principal(credential: &str, user: &str) -> Principal {
+        Principal {
+            tenant_id: "ten_1".into(),
+            credential_id: credential.into(),
+            kind: berth_store::CredentialKind::User,
+            user_id: Some(user.into()),
+            role: "member".into(),
+            expires_at: None,
+        }
+    }
+
+    /// Each login mints a new token (`jwt:<jti>`); the connection limit counts the user.
+    #[test]
+    fn login_tokens_of_one_user_share_the_connection_limit() {
+        let c = Connections::default();
+        let close = CancellationToken::new;
+        assert!(c.register(&principal("jwt:a", "usr_1"), 2, close()).is_some());
+        assert!(c.register(&principal("jwt:b", "usr_1"), 2, close()).is_some());
+        assert!(!c.has_room(&principal("jwt:c", "usr_1"), 2));
+        assert!(c.register(&principal("jwt:c", "usr_1"), 2, close()).is_none());
+        // Another user, and a credential of the same user, count on their own.
+        assert!(c.register(&principal("jwt:d", "usr_2"), 2, close()).is_some());
+        assert!(c.register(&principal("crd_1", "usr_1"), 2, close()).is_some());
+    }
+
+    #[test]
+    fn refresh_keeps_the_principal() {
+        let c = Connections::default();
+        let id = c.register(&principal("jwt:a", "usr_1"), 2, CancellationToken::new()).unwrap();
+        assert!(c.refresh(id, &principal("jwt:b", "usr_1")));
+        assert!(!c.refresh(id, &principal("jwt:c", "usr_2")));
+        assert!(!c.refresh(id, &principal("crd_1", "usr_1")));
+        let cid = c.register(&principal("crd_1", "usr_1"), 2, CancellationToken::new()).unwrap();
+        assert!(c.refresh(cid, &principal("crd_1", "usr_1")));
+        assert!(!c.refresh(cid, &principal("crd_2", "usr_1")));
+    }
+
+    #[test]
+    fn unauthenticated_connections_are_capped_per_address() {
+        let c = Connections::default();
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let first = c.pending(a, 2).unwrap();
+        let _second = c.pending(a, 2).unwrap();
+        assert!(c.pending(a, 2).is_none());
+        assert!(c.pending("192.0.2.2".parse().unwrap(), 2).is_some());
+        // One /64 is one client.
+        let _v6 = c.pending("2001:db8::1".parse().unwrap(), 1).unwrap();
+        assert!(c.pending("2001:db8::2".parse().unwrap(), 1).is_none());
+        drop(first);
+        assert!(c.pending(a, 2).is_some());
+    }
+}

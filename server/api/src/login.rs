@@ -148,3 +148,47 @@ pub async fn login(
     }))
     .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("x-forwarded-for", v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn forwarded_for_counts_only_behind_a_trusted_proxy() {
+        let trusted: Vec<ipnet::IpNet> = vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
+        let proxy: SocketAddr = "10.1.2.3:5555".parse().unwrap();
+        let stranger: SocketAddr = "203.0.113.9:5555".parse().unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // No trusted proxy: the header is ignored (a client could write anything).
+        assert_eq!(client_addr(stranger, &xff(&["198.51.100.1"]), &trusted), ip("203.0.113.9"));
+        assert_eq!(client_addr(proxy, &xff(&["198.51.100.1"]), &[]), ip("10.1.2.3"));
+        // Behind the proxy: the right-most untrusted hop; forged entries left of it lose.
+        assert_eq!(client_addr(proxy, &xff(&["198.51.100.1"]), &trusted), ip("198.51.100.1"));
+        assert_eq!(
+            client_addr(proxy, &xff(&["1.1.1.1, 198.51.100.1, 10.9.9.9"]), &trusted),
+            ip("198.51.100.1")
+        );
+        assert_eq!(
+            client_addr(proxy, &xff(&["1.1.1.1", "198.51.100.1"]), &trusted),
+            ip("198.51.100.1")
+        );
+        // Garbage stops the walk at the last hop known for sure.
+        assert_eq!(client_addr(proxy, &xff(&["garbage"]), &trusted), ip("10.1.2.3"));
+        assert_eq!(
+            client_addr(proxy, &xff(&["1.1.1.1, junk, 10.9.9.9"]), &trusted),
+            ip("10.9.9.9")
+        );
+        // No header behind the proxy: the proxy's own address.
+        assert_eq!(client_addr(proxy, &HeaderMap::new(), &trusted), ip("10.1.2.3"));
+        let local: SocketAddr = "[::1]:1".parse().unwrap();
+        assert_eq!(client_addr(local, &xff(&["2001:db8::7"]), &trusted), ip("2001:db8::7"));
+    }
+}

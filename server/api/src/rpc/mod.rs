@@ -376,6 +376,10 @@ async fn run(
                 continue;
             }
             _ = &mut hello_deadline, if unauthenticated => {
+                // A `hello` may have succeeded while we waited.
+                if conn.principal.lock().expect("conn lock").is_some() {
+                    continue;
+                }
                 let _ = conn.out.try_send(close(1008, "not authenticated"));
                 break;
             }
@@ -719,6 +723,81 @@ pub fn gone() -> RpcError {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            bearer(&h).map(str::to_owned)
+        };
+        for v in ["Bearer tok", "bearer tok", "BEARER tok", "  bEaReR   tok "] {
+            assert_eq!(with(v).as_deref(), Some("tok"), "{v:?}");
+        }
+        for v in ["Basic tok", "Bearertok", "Bearer", "tok"] {
+            assert_eq!(with(v), None, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn nul_is_checked_in_decoded_strings() {
+        let parse = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap();
+        // The JSON text `\\u0000`: a backslash followed by `u0000`, legitimate.
+        assert!(!has_nul(&parse(r#"{"prompt": "type \\u0000 here"}"#)));
+        assert!(has_nul(&parse(r#"{"prompt": "a\u0000b"}"#)));
+        assert!(has_nul(&parse(r#"{"a": [1, {"b": ["x\u0000"]}]}"#)));
+        assert!(has_nul(&parse(r#"{"k\u0000": 1}"#)));
+        assert!(!has_nul(&parse(r#"{"a": [1, null, true, "ok"]}"#)));
+    }
+
+    /// `subscription.close` does not free the slot: it stays taken (and counted) until its
+    /// own task ends, and a finished task never frees a slot that is no longer its own.
+    #[test]
+    fn subscription_slots_are_freed_only_by_their_task() {
+        let parent = CancellationToken::new();
+        let mut subs = Subs::default();
+        let (a, token_a) = subs.reserve(7, &parent, 1).unwrap();
+        assert!(subs.close(7));
+        assert!(token_a.is_cancelled());
+        // Still running: the id is in use and the slot counts.
+        assert_eq!(subs.reserve(7, &parent, 2).unwrap_err().data_code(), "bad-params");
+        assert_eq!(subs.reserve(8, &parent, 1).unwrap_err().data_code(), "rate-limited");
+        subs.finish(7, a);
+        let (b, token_b) = subs.reserve(7, &parent, 1).unwrap();
+        // A stale finish (the old task's serial) leaves the new slot alone.
+        subs.finish(7, a);
+        assert!(subs.get(&7).is_some());
+        assert!(!token_b.is_cancelled());
+        subs.finish(7, b);
+        assert!(subs.get(&7).is_none());
+        assert!(!subs.close(7));
+    }
+
+    /// The outbound queue holds at most its byte budget; a message larger than the whole
+    /// budget still goes out alone.
+    #[tokio::test]
+    async fn outbound_queue_is_bounded_in_bytes() {
+        let (out, mut rx) = Outbound::new(64 << 10);
+        let msg = || Message::Text("x".repeat(1000).into());
+        let mut queued = 0;
+        while out.try_send(msg()) {
+            queued += 1;
+        }
+        assert!(queued * 1000 <= 64 << 10, "{queued}");
+        assert!(queued >= 50, "{queued}");
+        // Writing one frees its bytes.
+        drop(rx.recv().await);
+        assert!(out.try_send(msg()));
+        assert!(!out.try_send(msg()));
+        while rx.try_recv().is_ok() {}
+        assert!(out.send(Message::Text("y".repeat(1 << 20).into())).await);
+        assert!(!out.try_send(msg()), "the oversized message takes the whole budget");
+        drop(rx.recv().await);
+        // Once the writer has ended, senders give up instead of waiting.
+        out.budget.close();
+        assert!(!out.send(msg()).await);
+    }
     /// Every declared method must appear in the dispatcher's match.
     #[test]
     fn every_declared_method_is_dispatched() {

@@ -1,0 +1,354 @@
+//! Hardening of the client connection and the database connection (issue 7): sign-in,
+//! slow readers, subscription slots, unauthenticated connections, login behind a proxy,
+//! NUL checks. Each test fails on the code before the fix.
+
+use std::time::Duration;
+
+use berth_e2e::{
+    Client, MockProvider, Reply, Stack, TestServer, client::code, fresh_database, harness::eventually,
+};
+use serde_json::{Value, json};
+
+fn is_turn_end(v: &Value) -> bool {
+    v["type"] == "turn.ended"
+}
+
+async fn wait_closed(c: &Client, secs: u64) -> Option<Option<u16>> {
+    eventually(secs, || {
+        let closed = *c.closed.lock().unwrap();
+        async move { closed }
+    })
+    .await
+}
+
+/// A signed-in connection refuses `hello` as another principal and stays exactly who it
+/// was: still registered, so revoking its credential still closes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_hello_cannot_switch_principals() {
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    let server = TestServer::start(&db, &mock.base_url()).await.unwrap();
+    let mut admin = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
+    let me = admin.ok("hello", json!({"protocol": 1})).await;
+    let mine = admin
+        .ok("admin.credential.create", json!({"userId": me["userId"], "note": "mine"}))
+        .await;
+    let other = admin.ok("admin.user.create", json!({"email": "other@example.com"})).await;
+    let theirs = admin
+        .ok("admin.credential.create", json!({"userId": other["userId"], "note": "theirs"}))
+        .await;
+
+    let mut c = Client::authed(&server.ws_url(), mine["token"].as_str().unwrap())
+        .await
+        .unwrap();
+    let err = c.hello(theirs["token"].as_str().unwrap()).await.unwrap_err();
+    assert_eq!(code(&err), "conflict", "{err:?}");
+    // Another credential of the same user is another principal too.
+    let again = admin
+        .ok("admin.credential.create", json!({"userId": me["userId"], "note": "again"}))
+        .await;
+    let err = c.hello(again["token"].as_str().unwrap()).await.unwrap_err();
+    assert_eq!(code(&err), "conflict");
+    // The same token again is fine, and the connection is still the first principal.
+    let same = c.hello(mine["token"].as_str().unwrap()).await.unwrap();
+    assert_eq!(same["userId"], me["userId"]);
+    assert_eq!(c.ok("hello", json!({"protocol": 1})).await["userId"], me["userId"]);
+    // Its registration is intact: revoking the original credential closes it.
+    admin
+        .ok("admin.credential.revoke", json!({"credentialId": mine["credentialId"]}))
+        .await;
+    let closed = wait_closed(&c, 20).await;
+    assert_eq!(closed, Some(Some(1008)), "closed as revoked");
+}
+
+/// A connection that never says `hello` is closed after the hello timeout; unauthenticated
+/// connections are capped per address (authenticated ones are not counted there).
+#[tokio::test(flavor = "multi_thread")]
+async fn unauthenticated_connections_time_out_and_are_capped_per_address() {
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    let env = [
+        ("BERTH_HELLO_TIMEOUT_SECS", "2"),
+        ("BERTH_MAX_UNAUTHENTICATED_PER_ADDRESS", "2"),
+    ];
+    let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
+    let token = server.admin_token();
+    let url = server.ws_url();
+
+    let silent = Client::connect(&url).await.unwrap();
+    let mut late = Client::connect(&url).await.unwrap();
+    let refused = Client::connect(&url).await.err().expect("a third is refused");
+    assert!(format!("{refused:#}").contains("429"), "{refused:#}");
+    // An authenticated upgrade is not an unauthenticated connection.
+    let mut authed = Client::connect_with(&url, Some(&token), None).await.unwrap();
+    // Signing in frees the place.
+    late.hello(&token).await.unwrap();
+    let mut third = Client::connect(&url).await.unwrap();
+    third.hello(&token).await.unwrap();
+
+    assert_eq!(wait_closed(&silent, 20).await, Some(Some(1008)), "closed without hello");
+    assert!(!late.is_closed() && !third.is_closed());
+    assert_eq!(authed.ok("ping", json!({})).await["pong"], true);
+    assert_eq!(late.ok("ping", json!({})).await["pong"], true);
+    // The closed one's place is free again.
+    let mut fresh = Client::connect(&url).await.unwrap();
+    fresh.hello(&token).await.unwrap();
+}
+
+async fn login(server: &TestServer, email: &str, password: &str, forwarded_for: Option<&str>) -> reqwest::Response {
+    let mut req = reqwest::Client::new()
+        .post(format!("http://{}/v1/auth/login", server.addr))
+        .json(&json!({"tenant": "default", "email": email, "password": password}));
+    if let Some(xff) = forwarded_for {
+        req = req.header("x-forwarded-for", xff);
+    }
+    req.send().await.unwrap()
+}
+
+/// Logging in again mints a new token each time; the per-credential connection limit
+/// counts the user, so the tokens do not multiply it.
+#[tokio::test(flavor = "multi_thread")]
+async fn login_tokens_share_their_users_connection_limit() {
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    let env = [("BERTH_MAX_CONNECTIONS_PER_CREDENTIAL", "2")];
+    let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
+    let mut admin = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
+    admin
+        .ok(
+            "admin.user.create",
+            json!({"email": "person@example.com", "password": "pw-secret-long-enough"}),
+        )
+        .await;
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let resp = login(&server, "person@example.com", "pw-secret-long-enough", None).await;
+        assert_eq!(resp.status(), 200);
+        let body: Value = resp.json().await.unwrap();
+        tokens.push(body["token"].as_str().unwrap().to_string());
+    }
+    let url = server.ws_url();
+    let _a = Client::connect_with(&url, Some(&tokens[0]), None).await.unwrap();
+    let _b = Client::connect_with(&url, Some(&tokens[1]), None).await.unwrap();
+    let refused = Client::connect_with(&url, Some(&tokens[2]), None).await.err();
+    assert!(format!("{:#}", refused.expect("a third is refused")).contains("429"));
+    let mut c = Client::connect(&url).await.unwrap();
+    let err = c.hello(&tokens[2]).await.unwrap_err();
+    assert_eq!(code(&err), "rate-limited");
+}
+
+/// `count` login attempts with wrong passwords for different accounts, all sent at once
+/// (so that no bucket refills meanwhile); returns their statuses.
+async fn login_burst(server: &TestServer, count: usize, forwarded_for: impl Fn(usize) -> String) -> Vec<u16> {
+    let attempts = (0..count).map(|i| {
+        let xff = forwarded_for(i);
+        async move {
+            let resp = login(server, &format!("nobody{i}@example.com"), "wrong", Some(&xff)).await;
+            resp.status().as_u16()
+        }
+    });
+    futures_util::future::join_all(attempts).await
+}
+
+/// Behind a trusted proxy the per-address login limit keys on the client's address from
+/// `X-Forwarded-For`, so one client cannot lock out everyone behind the same proxy; from
+/// an untrusted peer the header is ignored.
+#[tokio::test(flavor = "multi_thread")]
+async fn login_limits_key_on_the_forwarded_client_behind_a_trusted_proxy() {
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    // One password check at a time: the burst is answered quickly (503 past the first).
+    let env = [("BERTH_TRUSTED_PROXIES", "127.0.0.0/8"), ("BERTH_MAX_PASSWORD_CHECKS", "1")];
+    let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
+    // The per-address bucket holds 20 attempts; each attempt names another account so that
+    // only the address limit can refuse.
+    let statuses = login_burst(&server, 25, |_| "198.51.100.7".into()).await;
+    assert!(statuses.contains(&429), "the noisy client is limited: {statuses:?}");
+    let resp = login(&server, "nobody-else@example.com", "wrong", Some("198.51.100.8")).await;
+    assert_ne!(resp.status(), 429, "another client behind the same proxy is not");
+
+    // Without the setting, the header is the client's word and counts for nothing.
+    let db = fresh_database().await;
+    let env = [("BERTH_MAX_PASSWORD_CHECKS", "1")];
+    let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
+    let statuses = login_burst(&server, 25, |i| format!("203.0.113.{i}")).await;
+    assert!(statuses.contains(&429), "forged headers do not escape the limit: {statuses:?}");
+}
+
+/// Password verifications are capped per replica: past the cap a login is answered 503
+/// with `Retry-After` instead of queueing another 19 MiB argon2 run.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_password_checks_are_capped() {
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    let env = [("BERTH_MAX_PASSWORD_CHECKS", "1")];
+    let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
+    // Sent at once: each verification takes far longer than sending the next request.
+    let attempts = (0..8).map(|i| {
+        let server = &server;
+        async move { login(server, &format!("nobody{i}@example.com"), "wrong", None).await }
+    });
+    let responses = futures_util::future::join_all(attempts).await;
+    let statuses: Vec<u16> = responses.iter().map(|r| r.status().as_u16()).collect();
+    assert!(statuses.contains(&401), "{statuses:?}");
+    let busy: Vec<&reqwest::Response> = responses.iter().filter(|r| r.status() == 503).collect();
+    assert!(!busy.is_empty(), "{statuses:?}");
+    assert_eq!(busy[0].headers()["retry-after"], "1");
+}
+
+/// The NUL check looks at decoded strings: the JSON text `\\u0000` (a backslash, then
+/// `u0000`) is legitimate; an actual NUL character is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn nul_is_refused_but_its_escaped_spelling_is_not() {
+    let mock = MockProvider::start().await;
+    let db = fresh_database().await;
+    let server = TestServer::start(&db, &mock.base_url()).await.unwrap();
+    let mut admin = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
+    let me = admin.ok("hello", json!({"protocol": 1})).await;
+    let literal = r"printf '\u0000' | xxd";
+    let cred = admin
+        .ok("admin.credential.create", json!({"userId": me["userId"], "note": literal}))
+        .await;
+    let list = admin.ok("admin.credential.list", json!({})).await;
+    let stored = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["credentialId"] == cred["credentialId"])
+        .unwrap()
+        .clone();
+    assert_eq!(stored["note"], literal);
+    let err = admin
+        .call("admin.credential.create", json!({"userId": me["userId"], "note": "a\u{0}b"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "bad-params");
+    assert_eq!(err.data["reason"], "nul-character");
+}
+
+/// Run `turns` turns whose answers are `bytes` long each; returns the session id.
+async fn session_with_big_answers(stack: &Stack, mock: &MockProvider, turns: usize, bytes: usize) -> String {
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let chunk = "x".repeat(64 << 10);
+    let mut parts: Vec<&str> = vec![chunk.as_str(); bytes / chunk.len()];
+    let rest = "y".repeat(bytes % chunk.len());
+    parts.push(&rest);
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    for i in 0..turns {
+        mock.push(Reply::text(&parts));
+        c.ok("session.send", json!({"sessionId": sid, "prompt": format!("answer {i}")}))
+            .await;
+        w.until(60, is_turn_end).await.expect("turn ends");
+    }
+    sid
+}
+
+/// The peak resident memory of a process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+fn client_connections(metrics: &str) -> Option<i64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with("berth_connections{kind=\"client\"}"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A client that never reads cannot make a replica hold more than its outbound byte budget
+/// (plus the responses of its in-flight requests), and its connection counts against the
+/// per-credential limit until it is really gone: the write timeout drops it, and only
+/// then may the credential connect again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reader_that_never_reads_is_bounded_and_counted_until_gone() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let sid = session_with_big_answers(&stack, &mock, 1, 900 << 10).await;
+    // A replica of its own, so that its memory and connections are this test's alone.
+    let env = [
+        ("BERTH_MAX_CONNECTIONS_PER_CREDENTIAL", "1"),
+        ("BERTH_WS_OUTBOUND_BYTES", "1048576"),
+        ("BERTH_MAX_IN_FLIGHT", "2"),
+        ("BERTH_WS_WRITE_TIMEOUT_SECS", "3"),
+        ("BERTH_WS_PING_SECS", "1"),
+        ("BERTH_WS_IDLE_SECS", "2"),
+    ];
+    let replica = TestServer::start_with(&stack.database_url, &mock.base_url(), &env)
+        .await
+        .unwrap();
+    let pid = replica.child.id().unwrap();
+    let baseline = peak_rss(pid);
+    let mut admin = stack.client(0).await;
+    let me = admin.ok("hello", json!({"protocol": 1})).await;
+    let cred = admin
+        .ok("admin.credential.create", json!({"userId": me["userId"], "note": "slow"}))
+        .await;
+    let token = cred["token"].as_str().unwrap().to_string();
+    let mut stalled = Client::authed(&replica.ws_url(), &token).await.unwrap();
+    let page = stalled
+        .ok("session.history", json!({"sessionId": sid, "maxBytes": 1 << 20}))
+        .await;
+    assert!(page.to_string().len() > 900 << 10, "one page is about 1 MB");
+    stalled.pause_reading(true);
+    // 300 MB of answers asked for, none read.
+    for i in 0..300 {
+        stalled.send_raw(
+            &json!({"jsonrpc": "2.0", "id": 1000 + i, "method": "session.history",
+                    "params": {"sessionId": sid, "maxBytes": 1 << 20}})
+            .to_string(),
+        );
+    }
+    // While it is there, it counts: the credential has no room for another connection.
+    let refused = Client::connect_with(&replica.ws_url(), Some(&token), None).await.err();
+    assert!(format!("{:#}", refused.expect("refused while the stalled one lives")).contains("429"));
+    // The credential gets a connection again only once the stalled one is gone.
+    let next = eventually(60, || {
+        let (url, token) = (replica.ws_url(), token.clone());
+        async move { Client::connect_with(&url, Some(&token), None).await.ok() }
+    })
+    .await
+    .expect("the stalled connection is dropped and the credential may connect again");
+    let open = client_connections(&replica.metrics().await);
+    assert_eq!(open, Some(1), "the stalled connection is gone, not a zombie");
+    let grown = peak_rss(pid).saturating_sub(baseline);
+    // Budget (1 MiB) + 2 in-flight answers (~1 MB each, a few copies while encoding) + slack.
+    assert!(grown < 96 << 20, "the replica grew by {} MiB", grown >> 20);
+    drop(next);
+}
+
+/// `subscription.close` stops a watch in the middle of its catch-up: what the closed watch
+/// still delivers is what was already queued, not the rest of the history.
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_a_watch_stops_its_catch_up() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_WS_OUTBOUND_BYTES", "262144")]).await;
+    let turns = 16;
+    let sid = session_with_big_answers(&stack, &mock, turns, 900 << 10).await;
+    let mut c = stack.client(0).await;
+    c.pause_reading(true);
+    let mut sub = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    // Let the catch-up fill the socket buffers and the outbound queue (~15 MB of history
+    // is far more than they hold), then close it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.send_raw(&json!({"jsonrpc": "2.0", "id": 99, "method": "subscription.close", "params": {"id": sub.id}}).to_string());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.pause_reading(false);
+    let done = tokio::time::timeout(Duration::from_secs(60), &mut sub.done)
+        .await
+        .expect("the closed watch is answered")
+        .expect("response");
+    assert!(done.error.is_none(), "{:?}", done.error);
+    let mut completed = 0;
+    while let Ok(item) = sub.items.try_recv() {
+        if item["type"] == "model.completed" {
+            completed += 1;
+        }
+    }
+    assert!(completed < turns, "the closed watch sent all {completed} answers");
+    // The connection is fine and the id can be used again.
+    assert_eq!(c.ok("ping", json!({})).await["pong"], true);
+}
