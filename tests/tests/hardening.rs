@@ -382,3 +382,246 @@ async fn closing_a_watch_stops_its_catch_up() {
     // The connection is fine and the id can be used again.
     assert_eq!(c.ok("ping", json!({})).await["pong"], true);
 }
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the openssl command makes the test certificates");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A throwaway CA, a certificate for localhost signed by it, and an unrelated CA.
+fn throwaway_certificates(dir: &std::path::Path) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"];
+    let ca = [&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=berth test CA"]].concat();
+    openssl(dir, &ca);
+    let other = [&["req", "-x509"][..], &ec, &["-keyout", "other.key", "-out", "other.crt", "-subj", "/CN=unrelated CA"]].concat();
+    openssl(dir, &other);
+    let csr = [&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]].concat();
+    openssl(dir, &csr);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+            "server.crt", "-days", "1", "-extfile", "san.ext",
+        ],
+    );
+}
+
+/// Whether the sessions named `app` are encrypted, as the server sees them.
+async fn encrypted(admin: &tokio_postgres::Client, app: &str) -> Vec<bool> {
+    admin
+        .query(
+            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = $1",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// The store honours `sslmode` over TCP: `require` and `prefer` encrypt (with rustls),
+/// `disable` does not; with a CA file the server must prove itself against that CA. The
+/// LISTEN connection follows the same rules as the pool.
+#[tokio::test(flavor = "multi_thread")]
+async fn database_tls_follows_sslmode() {
+    use berth_store::{
+        DbOptions, Store,
+        cluster::{ClusterOptions, PrivateCluster},
+    };
+    let dir = berth_e2e::harness::scratch_dir("tls");
+    throwaway_certificates(&dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let options = ClusterOptions {
+        unsafe_no_fsync: true,
+        tcp_port: Some(port),
+        tls: Some((dir.join("server.crt"), dir.join("server.key"))),
+    };
+    let cluster_dir = dir.join("cluster");
+    let cluster = tokio::task::spawn_blocking(move || PrivateCluster::start(&cluster_dir, &options))
+        .await
+        .unwrap()
+        .expect("a TLS cluster");
+    let admin = berth_e2e::harness::db(&cluster.url("postgres")).await;
+    let url = |mode: &str, app: &str| {
+        format!("host=localhost port={port} user=berth dbname=postgres sslmode={mode} application_name={app}")
+    };
+
+    let mut stores = Vec::new();
+    for (mode, tls) in [("require", true), ("prefer", true), ("disable", false)] {
+        let app = format!("berth_{mode}");
+        let store = Store::connect(&url(mode, &app), 1).unwrap();
+        store.notify("berth_test", "x").await.unwrap_or_else(|e| panic!("sslmode={mode}: {e}"));
+        assert_eq!(encrypted(&admin, &app).await, vec![tls], "sslmode={mode}");
+        stores.push(store);
+    }
+    let (_listening, _rx) = stores[0].listen(&["berth_test"]).await.unwrap();
+    assert_eq!(encrypted(&admin, "berth_require").await, vec![true, true], "pool and LISTEN");
+
+    // Verified against the CA that signed the server's certificate: accepted.
+    let verified = DbOptions {
+        max_size: 1,
+        ca_file: Some(dir.join("ca.crt")),
+        ..DbOptions::default()
+    };
+    let store = Store::connect_with(&url("require", "berth_verified"), &verified).unwrap();
+    store.notify("berth_test", "x").await.unwrap();
+    assert_eq!(encrypted(&admin, "berth_verified").await, vec![true]);
+    // Any other CA: the server cannot prove itself, nothing is sent.
+    let unrelated = DbOptions {
+        ca_file: Some(dir.join("other.crt")),
+        ..verified
+    };
+    let store = Store::connect_with(&url("require", "berth_unverified"), &unrelated).unwrap();
+    assert!(store.notify("berth_test", "x").await.is_err());
+    assert!(encrypted(&admin, "berth_unverified").await.is_empty());
+}
+
+/// A TCP proxy to the test cluster's Unix socket that can make the LISTEN connections open
+/// at that moment go silent: their bytes are taken and dropped both ways and nothing is
+/// closed, as with a peer lost behind a network failure.
+struct SilencingProxy {
+    addr: std::net::SocketAddr,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<ProxiedConn>>>>,
+}
+
+#[derive(Default)]
+struct ProxiedConn {
+    listens: std::sync::atomic::AtomicBool,
+    silent: std::sync::atomic::AtomicBool,
+}
+
+impl SilencingProxy {
+    async fn start(socket: std::path::PathBuf) -> SilencingProxy {
+        use std::sync::{Arc, atomic::Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        async fn pump(
+            mut from: impl tokio::io::AsyncRead + Unpin,
+            mut to: impl tokio::io::AsyncWrite + Unpin,
+            conn: Arc<ProxiedConn>,
+            from_client: bool,
+        ) {
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let n = match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if from_client && buf[..n].windows(7).any(|w| w == b"LISTEN ") {
+                    conn.listens.store(true, Ordering::SeqCst);
+                }
+                if conn.silent.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if to.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns: Arc<std::sync::Mutex<Vec<Arc<ProxiedConn>>>> = Arc::default();
+        let registry = conns.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(unix) = tokio::net::UnixStream::connect(&socket).await else {
+                    continue;
+                };
+                let conn = Arc::new(ProxiedConn::default());
+                registry.lock().unwrap().push(conn.clone());
+                let (tr, tw) = tcp.into_split();
+                let (ur, uw) = unix.into_split();
+                tokio::spawn(pump(tr, uw, conn.clone(), true));
+                tokio::spawn(pump(ur, tw, conn, false));
+            }
+        });
+        SilencingProxy { addr, conns }
+    }
+
+    /// Silence every LISTEN connection open now; returns how many.
+    fn silence_listeners(&self) -> usize {
+        use std::sync::atomic::Ordering;
+        let conns = self.conns.lock().unwrap();
+        let listening: Vec<_> = conns.iter().filter(|c| c.listens.load(Ordering::SeqCst)).collect();
+        for c in &listening {
+            c.silent.store(true, Ordering::SeqCst);
+        }
+        listening.len()
+    }
+}
+
+fn listen_reconnects(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with("berth_db_listen_reconnects_total "))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A LISTEN connection that goes silent without closing (half-open) is noticed by its
+/// probe and replaced, so live deltas from the replica running a turn reach this replica's
+/// watchers again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_listen_connection_is_noticed_and_replaced() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    // The test cluster's socket and this test's database, from `host=… port=… … dbname=…`.
+    let field = |k: &str| {
+        stack
+            .database_url
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .unwrap()
+            .to_string()
+    };
+    let socket = std::path::Path::new(&field("host")).join(format!(".s.PGSQL.{}", field("port")));
+    let proxy = SilencingProxy::start(socket).await;
+    let url = format!(
+        "host=127.0.0.1 port={} user={} dbname={} sslmode=disable",
+        proxy.addr.port(),
+        field("user"),
+        field("dbname")
+    );
+    let env = [("BERTH_DB_PROBE_SECS", "1"), ("BERTH_DB_PROBE_TIMEOUT_SECS", "1")];
+    let replica = TestServer::start_with(&url, &mock.base_url(), &env).await.unwrap();
+
+    let mut writer = stack.client(0).await;
+    let sid = stack.session(&mut writer).await;
+    let mut watcher = Client::authed(&replica.ws_url(), &stack.token).await.unwrap();
+    let mut w = watcher.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    assert!(w.next(10).await.is_some());
+    let silenced = eventually(10, || {
+        let n = proxy.silence_listeners();
+        async move { (n > 0).then_some(n) }
+    })
+    .await;
+    assert_eq!(silenced, Some(1), "the replica's one LISTEN connection");
+    let noticed = eventually(30, || {
+        let replica = &replica;
+        async move { (listen_reconnects(&replica.metrics().await) > 0).then_some(()) }
+    })
+    .await;
+    assert!(noticed.is_some(), "the silent LISTEN connection is noticed");
+
+    // The turn runs on replica 0's worker; its live deltas reach replica 1 only by NOTIFY.
+    let mut parts = Vec::new();
+    for word in ["one ", "two ", "three ", "four ", "five"] {
+        parts.push(berth_e2e::Part::Text(word.into()));
+        parts.push(berth_e2e::Part::Delay(300));
+    }
+    mock.push(Reply::Stream(parts));
+    writer
+        .ok("session.send", json!({"sessionId": sid, "prompt": "count"}))
+        .await;
+    let items = w.until(30, is_turn_end).await.expect("the turn ends");
+    assert!(
+        items.iter().any(|i| i["type"] == "model.delta"),
+        "live deltas arrive again: {items:?}"
+    );
+}

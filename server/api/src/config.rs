@@ -52,6 +52,11 @@ pub struct Config {
     /// `BERTH_TRUSTED_PROXIES`: networks (CIDRs) of reverse proxies whose
     /// `X-Forwarded-For` names the client address; from anyone else it is ignored.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// `BERTH_DB_PROBE_SECS`: how often the LISTEN connection is asked a trivial query, so
+    /// that a half-open one (notifications silently lost) is noticed and replaced.
+    pub listen_probe_interval: std::time::Duration,
+    /// `BERTH_DB_PROBE_TIMEOUT_SECS`: how long that probe may take.
+    pub listen_probe_timeout: std::time::Duration,
 }
 
 /// Limits that keep one client from taking the server down. Exceeding one answers a typed
@@ -125,6 +130,8 @@ impl Config {
             jwt_ttl: std::time::Duration::from_secs(15 * 60),
             limits: Limits::default(),
             trusted_proxies: Vec::new(),
+            listen_probe_interval: std::time::Duration::from_secs(15),
+            listen_probe_timeout: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -190,16 +190,28 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
 /// The store: `DATABASE_URL`, or the private cluster under the data dir (returned so that
 /// the caller owns it and it stops when dropped).
 async fn database(settings: &Settings, data_dir: &Path) -> anyhow::Result<(Store, Option<PrivateCluster>)> {
-    let pool_size = settings.parse(None, "BERTH_DB_POOL_SIZE", "16")?;
+    let defaults = berth_store::DbOptions::default();
+    let secs = |key: &str, default: std::time::Duration| -> anyhow::Result<std::time::Duration> {
+        Ok(std::time::Duration::from_secs(
+            settings.parse(None, key, &default.as_secs().to_string())?,
+        ))
+    };
+    let options = berth_store::DbOptions {
+        max_size: settings.parse(None, "BERTH_DB_POOL_SIZE", "16")?,
+        ca_file: settings.get(None, "BERTH_DB_CA_FILE").map(PathBuf::from),
+        connect_timeout: secs("BERTH_DB_CONNECT_TIMEOUT_SECS", defaults.connect_timeout)?,
+        tcp_user_timeout: secs("BERTH_DB_TCP_USER_TIMEOUT_SECS", defaults.tcp_user_timeout)?,
+        statement_timeout: secs("BERTH_DB_STATEMENT_TIMEOUT_SECS", defaults.statement_timeout)?,
+    };
     if let Some(url) = settings.secret("DATABASE_URL")? {
-        return Ok((Store::connect(&url, pool_size)?, None));
+        return Ok((Store::connect_with(&url, &options)?, None));
     }
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let cluster =
         tokio::task::spawn_blocking(move || PrivateCluster::start(&data_dir, &ClusterOptions::default())).await??;
     create_database(&cluster.url("postgres"), "berth", None).await?;
-    let store = Store::connect(&cluster.url("berth"), pool_size)?;
+    let store = Store::connect_with(&cluster.url("berth"), &options)?;
     Ok((store, Some(cluster)))
 }
 
@@ -265,6 +277,10 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
             &defaults.max_password_checks.to_string(),
         )?,
     };
+    config.listen_probe_interval =
+        std::time::Duration::from_secs(settings.parse(None, "BERTH_DB_PROBE_SECS", "15")?);
+    config.listen_probe_timeout =
+        std::time::Duration::from_secs(settings.parse(None, "BERTH_DB_PROBE_TIMEOUT_SECS", "10")?);
     config.trusted_proxies = settings
         .get(None, "BERTH_TRUSTED_PROXIES")
         .unwrap_or_default()
