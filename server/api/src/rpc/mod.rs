@@ -363,6 +363,7 @@ async fn run(
     let mut last_heard = Instant::now();
     let hello_deadline = tokio::time::sleep(limits.hello_timeout);
     tokio::pin!(hello_deadline);
+    let mut writer_gone = false;
     loop {
         let unauthenticated = conn.principal.lock().expect("conn lock").is_none();
         let msg = tokio::select! {
@@ -391,7 +392,10 @@ async fn run(
                 let _ = conn.out.send(close(1001, "shutting down")).await;
                 break;
             }
-            _ = writer_done.cancelled() => break,
+            _ = writer_done.cancelled() => {
+                writer_gone = true;
+                break;
+            }
         };
         last_heard = Instant::now();
         let msg = match msg {
@@ -430,8 +434,9 @@ async fn run(
         }
     }
     // Closing handshake: if we sent a Close, wait (briefly) for the peer's, so that the
-    // peer reads our close code before the socket goes away.
-    if !writer_done.is_cancelled() {
+    // peer reads our close code before the socket goes away. A peer whose writes failed or
+    // timed out is not waited for.
+    if !writer_gone {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
             while let Some(Ok(m)) = stream.next().await {
                 if matches!(m, Message::Close(_)) {
