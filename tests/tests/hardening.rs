@@ -4,9 +4,7 @@
 
 use std::time::Duration;
 
-use berth_e2e::{
-    Client, MockProvider, Reply, Stack, TestServer, client::code, fresh_database, harness::eventually,
-};
+use berth_e2e::{Client, MockProvider, Reply, Stack, TestServer, client::code, fresh_database, harness::eventually};
 use serde_json::{Value, json};
 
 fn is_turn_end(v: &Value) -> bool {
@@ -31,11 +29,19 @@ async fn a_second_hello_cannot_switch_principals() {
     let mut admin = Client::authed(&server.ws_url(), &server.admin_token()).await.unwrap();
     let me = admin.ok("hello", json!({"protocol": 1})).await;
     let mine = admin
-        .ok("admin.credential.create", json!({"userId": me["userId"], "note": "mine"}))
+        .ok(
+            "admin.credential.create",
+            json!({"userId": me["userId"], "note": "mine"}),
+        )
         .await;
-    let other = admin.ok("admin.user.create", json!({"email": "other@example.com"})).await;
+    let other = admin
+        .ok("admin.user.create", json!({"email": "other@example.com"}))
+        .await;
     let theirs = admin
-        .ok("admin.credential.create", json!({"userId": other["userId"], "note": "theirs"}))
+        .ok(
+            "admin.credential.create",
+            json!({"userId": other["userId"], "note": "theirs"}),
+        )
         .await;
 
     let mut c = Client::authed(&server.ws_url(), mine["token"].as_str().unwrap())
@@ -45,7 +51,10 @@ async fn a_second_hello_cannot_switch_principals() {
     assert_eq!(code(&err), "conflict", "{err:?}");
     // Another credential of the same user is another principal too.
     let again = admin
-        .ok("admin.credential.create", json!({"userId": me["userId"], "note": "again"}))
+        .ok(
+            "admin.credential.create",
+            json!({"userId": me["userId"], "note": "again"}),
+        )
         .await;
     let err = c.hello(again["token"].as_str().unwrap()).await.unwrap_err();
     assert_eq!(code(&err), "conflict");
@@ -158,7 +167,10 @@ async fn login_limits_key_on_the_forwarded_client_behind_a_trusted_proxy() {
     let mock = MockProvider::start().await;
     let db = fresh_database().await;
     // One password check at a time: the burst is answered quickly (503 past the first).
-    let env = [("BERTH_TRUSTED_PROXIES", "127.0.0.0/8"), ("BERTH_MAX_PASSWORD_CHECKS", "1")];
+    let env = [
+        ("BERTH_TRUSTED_PROXIES", "127.0.0.0/8"),
+        ("BERTH_MAX_PASSWORD_CHECKS", "1"),
+    ];
     let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
     // The per-address bucket holds 20 attempts; each attempt names another account so that
     // only the address limit can refuse.
@@ -169,7 +181,11 @@ async fn login_limits_key_on_the_forwarded_client_behind_a_trusted_proxy() {
     // While the burst is being answered (the address bucket refills one attempt per 3 s).
     tokio::time::sleep(Duration::from_millis(300)).await;
     let resp = login(&server.addr, "nobody-else@example.com", "wrong", Some("198.51.100.8")).await;
-    assert_ne!(resp.status(), 429, "another client behind the same proxy is not limited");
+    assert_ne!(
+        resp.status(),
+        429,
+        "another client behind the same proxy is not limited"
+    );
     let statuses = noisy.await.unwrap();
     assert!(statuses.contains(&429), "the noisy client is limited: {statuses:?}");
 
@@ -178,7 +194,10 @@ async fn login_limits_key_on_the_forwarded_client_behind_a_trusted_proxy() {
     let env = [("BERTH_MAX_PASSWORD_CHECKS", "1")];
     let server = TestServer::start_with(&db, &mock.base_url(), &env).await.unwrap();
     let statuses = login_burst(&server.addr, 25, |i| format!("203.0.113.{i}")).await;
-    assert!(statuses.contains(&429), "forged headers do not escape the limit: {statuses:?}");
+    assert!(
+        statuses.contains(&429),
+        "forged headers do not escape the limit: {statuses:?}"
+    );
 }
 
 /// Password verifications are capped per replica: past the cap a login is answered 503
@@ -213,7 +232,10 @@ async fn nul_is_refused_but_its_escaped_spelling_is_not() {
     let me = admin.ok("hello", json!({"protocol": 1})).await;
     let literal = r"printf '\u0000' | xxd";
     let cred = admin
-        .ok("admin.credential.create", json!({"userId": me["userId"], "note": literal}))
+        .ok(
+            "admin.credential.create",
+            json!({"userId": me["userId"], "note": literal}),
+        )
         .await;
     let list = admin.ok("admin.credential.list", json!({})).await;
     let stored = list
@@ -225,7 +247,10 @@ async fn nul_is_refused_but_its_escaped_spelling_is_not() {
         .clone();
     assert_eq!(stored["note"], literal);
     let err = admin
-        .call("admin.credential.create", json!({"userId": me["userId"], "note": "a\u{0}b"}))
+        .call(
+            "admin.credential.create",
+            json!({"userId": me["userId"], "note": "a\u{0}b"}),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&err), "bad-params");
@@ -243,8 +268,11 @@ async fn session_with_big_answers(stack: &Stack, mock: &MockProvider, turns: usi
     let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     for i in 0..turns {
         mock.push(Reply::text(&parts));
-        c.ok("session.send", json!({"sessionId": sid, "prompt": format!("answer {i}")}))
-            .await;
+        c.ok(
+            "session.send",
+            json!({"sessionId": sid, "prompt": format!("answer {i}")}),
+        )
+        .await;
         w.until(60, is_turn_end).await.expect("turn ends");
     }
     sid
@@ -291,7 +319,10 @@ async fn a_reader_that_never_reads_is_bounded_and_counted_until_gone() {
     let mut admin = stack.client(0).await;
     let me = admin.ok("hello", json!({"protocol": 1})).await;
     let cred = admin
-        .ok("admin.credential.create", json!({"userId": me["userId"], "note": "slow"}))
+        .ok(
+            "admin.credential.create",
+            json!({"userId": me["userId"], "note": "slow"}),
+        )
         .await;
     let token = cred["token"].as_str().unwrap().to_string();
     let mut stalled = Client::authed(&replica.ws_url(), &token).await.unwrap();
@@ -364,7 +395,9 @@ async fn closing_a_watch_stops_its_catch_up() {
     // Let the catch-up fill the socket buffers and the outbound queue (~36 MB of history
     // is far more than they hold), then close it.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    c.send_raw(&json!({"jsonrpc": "2.0", "id": 99, "method": "subscription.close", "params": {"id": sub.id}}).to_string());
+    c.send_raw(
+        &json!({"jsonrpc": "2.0", "id": 99, "method": "subscription.close", "params": {"id": sub.id}}).to_string(),
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     c.pause_reading(false);
     let done = tokio::time::timeout(Duration::from_secs(60), &mut sub.done)
@@ -378,7 +411,10 @@ async fn closing_a_watch_stops_its_catch_up() {
             delivered += 1;
         }
     }
-    assert!(delivered < total, "the closed watch went on to send all {delivered} events");
+    assert!(
+        delivered < total,
+        "the closed watch went on to send all {delivered} events"
+    );
     // The connection is fine and the id can be used again.
     assert_eq!(c.ok("ping", json!({})).await["pong"], true);
 }
@@ -389,24 +425,64 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
         .current_dir(dir)
         .output()
         .expect("the openssl command makes the test certificates");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A throwaway CA, a certificate for localhost signed by it, and an unrelated CA.
 fn throwaway_certificates(dir: &std::path::Path) {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"];
-    let ca = [&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=berth test CA"]].concat();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "1",
+    ];
+    let ca = [
+        &["req", "-x509"][..],
+        &ec,
+        &["-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=berth test CA"],
+    ]
+    .concat();
     openssl(dir, &ca);
-    let other = [&["req", "-x509"][..], &ec, &["-keyout", "other.key", "-out", "other.crt", "-subj", "/CN=unrelated CA"]].concat();
+    let other = [
+        &["req", "-x509"][..],
+        &ec,
+        &["-keyout", "other.key", "-out", "other.crt", "-subj", "/CN=unrelated CA"],
+    ]
+    .concat();
     openssl(dir, &other);
-    let csr = [&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]].concat();
+    let csr = [
+        &["req"][..],
+        &ec,
+        &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"],
+    ]
+    .concat();
     openssl(dir, &csr);
     std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap();
     openssl(
         dir,
         &[
-            "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-            "server.crt", "-days", "1", "-extfile", "san.ext",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
         ],
     );
 }
@@ -436,7 +512,11 @@ async fn database_tls_follows_sslmode() {
     };
     let dir = berth_e2e::harness::scratch_dir("tls");
     throwaway_certificates(&dir);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let options = ClusterOptions {
         unsafe_no_fsync: true,
         tcp_port: Some(port),
@@ -456,12 +536,19 @@ async fn database_tls_follows_sslmode() {
     for (mode, tls) in [("require", true), ("prefer", true), ("disable", false)] {
         let app = format!("berth_{mode}");
         let store = Store::connect(&url(mode, &app), 1).unwrap();
-        store.notify("berth_test", "x").await.unwrap_or_else(|e| panic!("sslmode={mode}: {e}"));
+        store
+            .notify("berth_test", "x")
+            .await
+            .unwrap_or_else(|e| panic!("sslmode={mode}: {e}"));
         assert_eq!(encrypted(&admin, &app).await, vec![tls], "sslmode={mode}");
         stores.push(store);
     }
     let (_listening, _rx) = stores[0].listen(&["berth_test"]).await.unwrap();
-    assert_eq!(encrypted(&admin, "berth_require").await, vec![true, true], "pool and LISTEN");
+    assert_eq!(
+        encrypted(&admin, "berth_require").await,
+        vec![true, true],
+        "pool and LISTEN"
+    );
 
     // Verified against the CA that signed the server's certificate: accepted.
     let verified = DbOptions {

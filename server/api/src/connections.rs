@@ -273,11 +273,15 @@ mod tests {
     #[test]
     fn refresh_keeps_the_principal() {
         let c = Connections::default();
-        let id = c.register(&principal("jwt:a", "usr_1"), 2, CancellationToken::new()).unwrap();
+        let id = c
+            .register(&principal("jwt:a", "usr_1"), 2, CancellationToken::new())
+            .unwrap();
         assert!(c.refresh(id, &principal("jwt:b", "usr_1")));
         assert!(!c.refresh(id, &principal("jwt:c", "usr_2")));
         assert!(!c.refresh(id, &principal("crd_1", "usr_1")));
-        let cid = c.register(&principal("crd_1", "usr_1"), 2, CancellationToken::new()).unwrap();
+        let cid = c
+            .register(&principal("crd_1", "usr_1"), 2, CancellationToken::new())
+            .unwrap();
         assert!(c.refresh(cid, &principal("crd_1", "usr_1")));
         assert!(!c.refresh(cid, &principal("crd_2", "usr_1")));
     }

@@ -112,7 +112,8 @@ pub async fn login(
     let Ok(permit) = state.password_checks.clone().try_acquire_owned() else {
         state.metrics.auth_failures.with_label_values(&["login-busy"]).inc();
         let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
-        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return resp;
     };
     let password = req.password;
@@ -120,9 +121,9 @@ pub async fn login(
     let verdict = tokio::task::spawn_blocking(move || {
         let _permit = permit;
         match found {
-        Some((tenant, user, role, Some(hash))) => {
-            auth::verify_password(&password, &hash).then_some((tenant, user, role))
-        }
+            Some((tenant, user, role, Some(hash))) => {
+                auth::verify_password(&password, &hash).then_some((tenant, user, role))
+            }
             _ => {
                 auth::dummy_verify();
                 None
@@ -168,10 +169,16 @@ mod tests {
         let stranger: SocketAddr = "203.0.113.9:5555".parse().unwrap();
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         // No trusted proxy: the header is ignored (a client could write anything).
-        assert_eq!(client_addr(stranger, &xff(&["198.51.100.1"]), &trusted), ip("203.0.113.9"));
+        assert_eq!(
+            client_addr(stranger, &xff(&["198.51.100.1"]), &trusted),
+            ip("203.0.113.9")
+        );
         assert_eq!(client_addr(proxy, &xff(&["198.51.100.1"]), &[]), ip("10.1.2.3"));
         // Behind the proxy: the right-most untrusted hop; forged entries left of it lose.
-        assert_eq!(client_addr(proxy, &xff(&["198.51.100.1"]), &trusted), ip("198.51.100.1"));
+        assert_eq!(
+            client_addr(proxy, &xff(&["198.51.100.1"]), &trusted),
+            ip("198.51.100.1")
+        );
         assert_eq!(
             client_addr(proxy, &xff(&["1.1.1.1, 198.51.100.1, 10.9.9.9"]), &trusted),
             ip("198.51.100.1")

@@ -198,9 +198,11 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
 async fn database(settings: &Settings, data_dir: &Path) -> anyhow::Result<(Store, Option<PrivateCluster>)> {
     let defaults = berth_store::DbOptions::default();
     let secs = |key: &str, default: std::time::Duration| -> anyhow::Result<std::time::Duration> {
-        Ok(std::time::Duration::from_secs(
-            settings.parse(None, key, &default.as_secs().to_string())?,
-        ))
+        Ok(std::time::Duration::from_secs(settings.parse(
+            None,
+            key,
+            &default.as_secs().to_string(),
+        )?))
     };
     let options = berth_store::DbOptions {
         max_size: settings.parse(None, "BERTH_DB_POOL_SIZE", "16")?,
@@ -283,8 +285,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
             &defaults.max_password_checks.to_string(),
         )?,
     };
-    config.listen_probe_interval =
-        std::time::Duration::from_secs(settings.parse(None, "BERTH_DB_PROBE_SECS", "15")?);
+    config.listen_probe_interval = std::time::Duration::from_secs(settings.parse(None, "BERTH_DB_PROBE_SECS", "15")?);
     config.listen_probe_timeout =
         std::time::Duration::from_secs(settings.parse(None, "BERTH_DB_PROBE_TIMEOUT_SECS", "10")?);
     config.trusted_proxies = settings

@@ -106,7 +106,14 @@ impl PrivateCluster {
                     std::os::unix::fs::chown(&to, Some(uid), Some(gid))?;
                 }
             }
-            cmd.args(["-c", "ssl=on", "-c", "ssl_cert_file=server.crt", "-c", "ssl_key_file=server.key"]);
+            cmd.args([
+                "-c",
+                "ssl=on",
+                "-c",
+                "ssl_cert_file=server.crt",
+                "-c",
+                "ssl_key_file=server.key",
+            ]);
         }
         if options.unsafe_no_fsync {
             cmd.args([

@@ -12,10 +12,10 @@ pub mod token;
 
 pub mod admin;
 mod history;
-mod tls;
 mod identity;
 pub mod receipts;
 mod sessions;
+mod tls;
 mod turns;
 mod workspaces;
 
@@ -166,7 +166,9 @@ impl Store {
         let pool = Pool::builder(manager)
             .max_size(options.max_size)
             .wait_timeout(Some(Duration::from_secs(10)))
-            .create_timeout(Some(config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(10))))
+            .create_timeout(Some(
+                config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(10)),
+            ))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()?;
         Ok(Store { pool, config, tls })

@@ -32,14 +32,16 @@ pub(crate) fn connector(ca_file: Option<&Path>) -> anyhow::Result<MakeRustlsConn
                     .add(cert)
                     .with_context(|| format!("BERTH_DB_CA_FILE {}", path.display()))?;
             }
-            anyhow::ensure!(!roots.is_empty(), "BERTH_DB_CA_FILE {} holds no certificate", path.display());
+            anyhow::ensure!(
+                !roots.is_empty(),
+                "BERTH_DB_CA_FILE {} holds no certificate",
+                path.display()
+            );
             builder.with_root_certificates(roots).with_no_client_auth()
         }
         None => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(EncryptOnly(
-                provider.signature_verification_algorithms,
-            )))
+            .with_custom_certificate_verifier(Arc::new(EncryptOnly(provider.signature_verification_algorithms)))
             .with_no_client_auth(),
     };
     Ok(MakeRustlsConnect::new(config))

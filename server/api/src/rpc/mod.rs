@@ -100,7 +100,11 @@ pub async fn upgrade(
         {
             Some(p) => Some(p),
             None => {
-                state.metrics.auth_failures.with_label_values(&["unauthenticated-limit"]).inc();
+                state
+                    .metrics
+                    .auth_failures
+                    .with_label_values(&["unauthenticated-limit"])
+                    .inc();
                 return StatusCode::TOO_MANY_REQUESTS.into_response();
             }
         }
@@ -190,12 +194,20 @@ impl Subs {
     }
 
     /// Reserve a slot for a new subscription under `id`; returns its serial and token.
-    fn reserve(&mut self, id: u32, parent: &CancellationToken, max: usize) -> Result<(u64, CancellationToken), ApiError> {
+    fn reserve(
+        &mut self,
+        id: u32,
+        parent: &CancellationToken,
+        max: usize,
+    ) -> Result<(u64, CancellationToken), ApiError> {
         if self.slots.contains_key(&id) {
             return Err(ApiError::with(ErrorCode::BadParams, json!({"reason": "id-in-use"})));
         }
         if self.slots.len() >= max {
-            return Err(ApiError::with(ErrorCode::RateLimited, json!({"limit": "subscriptions"})));
+            return Err(ApiError::with(
+                ErrorCode::RateLimited,
+                json!({"limit": "subscriptions"}),
+            ));
         }
         self.next += 1;
         let token = parent.child_token();
@@ -585,12 +597,7 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
 }
 
 async fn run_job(job: Job) {
-    let Job {
-        ctx,
-        req,
-        _permit,
-        sub,
-    } = job;
+    let Job { ctx, req, _permit, sub } = job;
     let started = Instant::now();
     let result = match &sub {
         // A subscription stops wherever it is (catching up included) once cancelled.
