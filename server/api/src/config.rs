@@ -108,7 +108,7 @@ impl Default for Limits {
             outbound_bytes: 2 << 20,
             write_timeout: std::time::Duration::from_secs(30),
             hello_timeout: std::time::Duration::from_secs(10),
-            max_unauthenticated_per_address: 16,
+            max_unauthenticated_per_address: 128,
             max_password_checks: 4,
         }
     }
