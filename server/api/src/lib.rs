@@ -66,6 +66,8 @@ pub struct App {
     pub request_limiter: auth::KeyedLimiter,
     /// Password verifications running at once (argon2id is memory- and CPU-heavy).
     pub password_checks: Arc<tokio::sync::Semaphore>,
+    /// Per-tenant limits of the model proxy.
+    pub proxy: proxy::ProxyLimits,
 }
 
 impl App {
@@ -105,12 +107,14 @@ pub async fn serve(
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
     let password_checks = Arc::new(tokio::sync::Semaphore::new(config.limits.max_password_checks.max(1)));
+    let proxy = proxy::ProxyLimits::new(&config.model);
+    let workers = workers::Registry::new(&config.limits);
     let state = AppState(Arc::new(App {
         store,
         config,
         metrics: metrics::Metrics::new(),
         hub: hub::Hub::default(),
-        workers: workers::Registry::default(),
+        workers,
         http,
         shutdown: token.clone(),
         connections: connections::Connections::default(),
@@ -120,6 +124,7 @@ pub async fn serve(
             refill_every: Duration::from_secs(1) / config_rate.max(1),
         }),
         password_checks,
+        proxy,
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
