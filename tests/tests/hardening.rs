@@ -372,7 +372,7 @@ async fn append_big_events(stack: &Stack, sid: &str, count: usize, bytes: usize)
                          RETURNING tenant_id, last_sequence)
              INSERT INTO events (session_id, sequence, tenant_id, type, payload)
              SELECT $1, last_sequence, tenant_id, 'session.notice',
-                    jsonb_build_object('code', 'bulk', 'text', $2::text) FROM s",
+                    jsonb_build_object('level', 'info', 'code', 'bulk', 'params', jsonb_build_object('text', $2::text)) FROM s",
             &[&sid, &text],
         )
         .await
