@@ -34,6 +34,8 @@ pub struct Metrics {
     pub auth_failures: IntCounterVec,
     /// Bytes moved to and from object storage, by op (`put`, `get`).
     pub object_store_bytes: IntCounterVec,
+    /// Times the LISTEN connection was lost (closed, failed, or silent past its probe).
+    pub listen_reconnects: IntCounter,
 }
 
 impl Metrics {
@@ -80,6 +82,8 @@ impl Metrics {
             )
             .expect("metric"),
             object_store_bytes: crate::blobs::bytes_counter(),
+            listen_reconnects: IntCounter::new("berth_db_listen_reconnects_total", "LISTEN connections lost")
+                .expect("metric"),
             registry,
         };
         for c in [
@@ -97,6 +101,7 @@ impl Metrics {
             Box::new(m.db_pool_available.clone()),
             Box::new(m.auth_failures.clone()),
             Box::new(m.object_store_bytes.clone()),
+            Box::new(m.listen_reconnects.clone()),
         ] {
             m.registry.register(c).expect("metrics registered once");
         }
