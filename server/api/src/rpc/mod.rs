@@ -442,11 +442,10 @@ async fn run(
                 }
             },
             // An upload's bytes; one whose id matches no upload in flight drops the connection.
-            Message::Binary(b) => {
-                if !conn.uploads.deliver(b) {
-                    let _ = conn.out.send(close(1003, "unexpected binary message")).await;
-                    break;
-                }
+            // (Cloning `Bytes` shares the buffer.)
+            Message::Binary(b) if !conn.uploads.deliver(b.clone()) => {
+                let _ = conn.out.send(close(1003, "unexpected binary message")).await;
+                break;
             }
             Message::Close(_) => break,
             _ => {}
