@@ -13,6 +13,8 @@ CREATE TABLE attachments (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX attachments_session ON attachments (session_id);
+-- The orphan sweep asks which stored objects have no row.
+CREATE UNIQUE INDEX attachments_object_key ON attachments (object_key);
 
 ALTER TABLE turns ADD COLUMN attachment_ids text[] NOT NULL DEFAULT '{}';
 -- A user row names its turn's attachments ([{attachmentId, name, mimeType, bytes, sha256}]);

@@ -56,6 +56,16 @@ async fn blobs_round_trip(blobs: &Blobs) {
         .await
         .expect("chunks");
     assert_eq!(streamed.concat(), big);
+    blobs.put("t1/other/x", Bytes::from_static(b"x")).await.expect("put");
+    let soon = chrono::Utc::now() + chrono::Duration::minutes(1);
+    assert_eq!(
+        blobs.attachments_older_than(soon).await.expect("list"),
+        vec!["t1/attachments/a".to_string()],
+        "the sweep lists attachment keys only, relative to the prefix"
+    );
+    let past = chrono::Utc::now() - chrono::Duration::hours(1);
+    assert!(blobs.attachments_older_than(past).await.expect("list").is_empty());
+    blobs.delete("t1/other/x").await.expect("delete");
     blobs.delete("t1/attachments/a").await.expect("delete");
     assert!(blobs.get("t1/attachments/a").await.is_err(), "deleted");
     blobs.delete("t1/attachments/a").await.expect("deleting twice is fine");
@@ -68,7 +78,7 @@ async fn the_local_directory_store_keeps_bytes_and_counts_them() {
     let blobs = Blobs::open(None, dir.path(), [], counter.clone()).expect("open");
     assert!(blobs.url.starts_with("file://"), "{}", blobs.url);
     blobs_round_trip(&blobs).await;
-    assert_eq!(counter.with_label_values(&["put"]).get(), 3 << 20);
+    assert_eq!(counter.with_label_values(&["put"]).get(), (3 << 20) + 1);
     assert_eq!(counter.with_label_values(&["get"]).get(), 2 * (3 << 20));
     assert!(dir.path().join("objects").is_dir(), "under the data dir by default");
 }
@@ -460,4 +470,47 @@ async fn a_fork_keeps_its_sources_attachments_alive() {
     assert_eq!(count(&stack).await, 1, "the fork still names it");
     c.ok("session.remove", json!({"sessionId": fork_id})).await;
     assert_eq!(count(&stack).await, 0, "released with the last session naming it");
+}
+
+/// A blob whose row was never written (a crash between the two) is removed by the sweep
+/// once old enough; recorded attachments stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweep_removes_blobs_without_rows_and_keeps_the_rest() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(
+        &mock,
+        1,
+        &[("BERTH_OBJECT_SWEEP_SECS", "1"), ("BERTH_OBJECT_ORPHAN_AGE_SECS", "0")],
+    )
+    .await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let att = c
+        .upload(
+            json!({"sessionId": sid, "mime": "text/plain", "filename": "kept.txt"}),
+            b"kept",
+            None,
+        )
+        .await
+        .expect("upload");
+    let objects = stack.servers[0].data_dir.join("objects");
+    let tenant_dir = std::fs::read_dir(&objects)
+        .expect("objects dir")
+        .flatten()
+        .next()
+        .expect("tenant dir")
+        .path();
+    let kept = tenant_dir
+        .join("attachments")
+        .join(att["attachmentId"].as_str().expect("id"));
+    assert!(kept.is_file());
+    let orphan = tenant_dir.join("attachments").join("att_orphan");
+    std::fs::write(&orphan, b"no row names me").expect("orphan");
+    let gone = eventually(30, || {
+        let gone = !orphan.exists();
+        async move { gone.then_some(()) }
+    })
+    .await;
+    assert!(gone.is_some(), "the orphan is swept");
+    assert!(kept.is_file(), "a recorded attachment stays");
 }

@@ -136,6 +136,27 @@ impl Blobs {
         }))
     }
 
+    /// Keys of attachment blobs (`<tenant>/attachments/<id>`) last written before `before`.
+    pub async fn attachments_older_than(&self, before: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Vec<String>> {
+        let prefix = (!self.prefix.is_empty()).then(|| Key::from(self.prefix.trim_end_matches('/')));
+        let mut listing = self.store.list(prefix.as_ref());
+        let mut out = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta = meta?;
+            let key = meta.location.as_ref();
+            let key = key.strip_prefix(self.prefix.as_str()).unwrap_or(key);
+            let mut parts = key.split('/');
+            let is_attachment = matches!(
+                (parts.next(), parts.next(), parts.next(), parts.next()),
+                (Some(_), Some("attachments"), Some(_), None)
+            );
+            if is_attachment && meta.last_modified < before {
+                out.push(key.to_string());
+            }
+        }
+        Ok(out)
+    }
+
     /// Remove a blob; an absent one is not an error (removal is idempotent).
     pub async fn delete(&self, key: &str) -> anyhow::Result<()> {
         match self.store.delete(&self.key(key)).await {

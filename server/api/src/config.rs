@@ -100,13 +100,29 @@ pub struct Config {
 }
 
 /// `BERTH_OBJECT_STORE` and, for `s3://`, the `AWS_*` settings (values redacted in `Debug`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ObjectStoreConfig {
     /// `file://PATH` or `s3://bucket/prefix`; None: `<data-dir>/objects`.
     pub url: Option<String>,
     /// `AWS_*` settings (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
     /// `AWS_ENDPOINT_URL`, `AWS_VIRTUAL_HOSTED_STYLE_REQUEST`, …).
     pub aws: Vec<(String, Secret)>,
+    /// `BERTH_OBJECT_SWEEP_SECS`: how often a replica removes orphaned blobs (default 1 hour).
+    pub sweep_every: std::time::Duration,
+    /// `BERTH_OBJECT_ORPHAN_AGE_SECS`: a blob without a row is an orphan once this old
+    /// (default 1 hour: longer than any upload between its bytes and its row).
+    pub orphan_age: std::time::Duration,
+}
+
+impl Default for ObjectStoreConfig {
+    fn default() -> ObjectStoreConfig {
+        ObjectStoreConfig {
+            url: None,
+            aws: Vec::new(),
+            sweep_every: std::time::Duration::from_secs(3600),
+            orphan_age: std::time::Duration::from_secs(3600),
+        }
+    }
 }
 
 /// Limits that keep one client from taking the server down. Exceeding one answers a typed

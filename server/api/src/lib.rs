@@ -188,6 +188,7 @@ fn spawn_housekeeping(state: AppState) {
         let mut sweep = tokio::time::interval(Duration::from_secs(15));
         let mut receipts = tokio::time::interval(Duration::from_secs(3600));
         let mut revalidate = tokio::time::interval(Duration::from_secs(15));
+        let mut orphans = tokio::time::interval(state.config.object_store.sweep_every.max(Duration::from_secs(1)));
         loop {
             tokio::select! {
                 _ = sweep.tick() => match state.store.sweep_stale_presence().await {
@@ -203,6 +204,11 @@ fn spawn_housekeeping(state: AppState) {
                     Err(e) => tracing::warn!(error = %e, "receipt cleanup failed"),
                 },
                 _ = revalidate.tick() => state.connections.revalidate(&state, None).await,
+                _ = orphans.tick() => match rpc::upload::sweep_orphans(&state).await {
+                    Ok(n) if n > 0 => tracing::info!(removed = n, "orphaned blobs removed"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),
+                },
                 _ = state.shutdown.cancelled() => return,
             }
         }

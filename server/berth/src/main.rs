@@ -258,6 +258,8 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
             .into_iter()
             .map(|(k, v)| (k, Secret(v)))
             .collect(),
+        sweep_every: std::time::Duration::from_secs(settings.parse(None, "BERTH_OBJECT_SWEEP_SECS", "3600")?),
+        orphan_age: std::time::Duration::from_secs(settings.parse(None, "BERTH_OBJECT_ORPHAN_AGE_SECS", "3600")?),
     };
     config.model = ModelConfig {
         base_url: settings.get(None, "BERTH_MODEL_BASE_URL"),

@@ -106,6 +106,21 @@ impl Store {
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
 
+    /// Of `keys` (object keys found in object storage), those no attachment row names:
+    /// orphans a crash between storing the bytes and recording the row left behind.
+    /// Cross-tenant system work (runs as the owner).
+    pub async fn unrecorded_object_keys(&self, keys: &[String]) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .qa(
+                "SELECT k FROM unnest($1::text[]) AS k
+                  WHERE NOT EXISTS (SELECT 1 FROM attachments WHERE object_key = k)",
+                &[&keys],
+            )
+            .await?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
     /// For the worker's attachment fetch: the attachments of `turn_id` in order, if the turn
     /// is running and was handed to a live connection of the calling worker credential
     /// (`turn-not-running` otherwise), as the model proxy checks.

@@ -192,6 +192,21 @@ pub async fn release_session(state: &AppState, tenant_id: &str, session_id: &str
     }
 }
 
+/// Remove blobs older than the orphan age that no attachment row names (a crash between
+/// storing the bytes and recording the row). Returns how many were removed.
+pub async fn sweep_orphans(state: &AppState) -> anyhow::Result<usize> {
+    let age = chrono::Duration::from_std(state.config.object_store.orphan_age)?;
+    let keys = state.blobs.attachments_older_than(chrono::Utc::now() - age).await?;
+    let mut removed = 0;
+    for batch in keys.chunks(500) {
+        for key in state.store.unrecorded_object_keys(batch).await? {
+            state.blobs.delete(&key).await?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// A name or content type: present, bounded, no control characters.
 fn check_text(field: &str, value: &str) -> ApiResult<()> {
     if value.is_empty() || value.len() > MAX_NAME || value.chars().any(char::is_control) {
