@@ -15,6 +15,7 @@ mod history;
 mod identity;
 pub mod receipts;
 mod sessions;
+mod tools;
 mod turns;
 mod workspaces;
 

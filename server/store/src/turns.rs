@@ -3,7 +3,7 @@
 use berth_protocol::{
     Cause, Diagnostic, ErrorCode, NewRow, QueueEntry, QueueState, Removed, RowKind, SessionDiagnosticsResult,
     SessionSendResult, TurnRef, TurnState,
-    worker::{ChatMessage, TurnRun, Usage},
+    worker::{TurnRun, Usage},
 };
 use deadpool_postgres::GenericClient;
 use serde_json::json;
@@ -299,26 +299,25 @@ impl Store {
                 "UPDATE turns t SET dispatched_to = $1 FROM sessions s
                   WHERE s.id = t.session_id AND s.tenant_id = $2 AND s.workspace_id = ANY($3)
                     AND t.state = 'running' AND t.dispatched_to IS NULL AND s.removed_at IS NULL
-                  RETURNING t.id, t.session_id, s.workspace_id, s.model",
+                  RETURNING t.id, t.session_id, s.workspace_id, s.model, s.no_tools, s.auto_approve",
                 &[&connection_id, &tenant_id, &workspace_ids],
             )
             .await?;
-        let mut out = Vec::with_capacity(claimed.len());
-        for c in claimed {
-            let session_id: String = c.get(1);
-            let messages = messages(&client, tenant_id, &session_id).await?;
-            out.push(ClaimedTurn {
+        // The settings only: the worker reads the conversation with `turn.history`.
+        Ok(claimed
+            .iter()
+            .map(|c| ClaimedTurn {
                 tenant_id: tenant_id.to_string(),
                 run: TurnRun {
                     turn_id: c.get(0),
-                    session_id,
+                    session_id: c.get(1),
                     workspace_id: c.get(2),
                     model: c.get(3),
-                    messages,
+                    no_tools: c.get(4),
+                    auto_approve: c.get(5),
                 },
-            });
-        }
-        Ok(out)
+            })
+            .collect())
     }
 
     /// Persist a completed model step as one `model.completed` event. Only the connection
@@ -695,7 +694,7 @@ async fn check_queued(tx: &impl GenericClient, session_id: &str, queue_id: &str,
 /// clear and remove do), then the turn is checked under that lock — still running, its
 /// session not removed, and, when a worker connection writes, handed to that connection. A
 /// turn settled meanwhile is `turn-not-running`, so nothing is written after `turn.ended`.
-async fn lock_running_turn(
+pub(crate) async fn lock_running_turn(
     tx: &impl GenericClient,
     connection_id: Option<&str>,
     tenant_id: &str,
@@ -756,22 +755,4 @@ async fn start_turn(
         &[row],
     )
     .await
-}
-
-/// The conversation so far as chat messages (visible user and assistant rows, in order).
-async fn messages(client: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<Vec<ChatMessage>> {
-    let rows = client
-        .qa(
-            "SELECT kind, body FROM rows WHERE session_id = $1 AND tenant_id = $2 AND kind IN ('user', 'assistant')
-              ORDER BY source_sequence, item_index",
-            &[&session_id, &tenant_id],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| ChatMessage {
-            role: r.get(0),
-            content: r.get(1),
-        })
-        .collect())
 }

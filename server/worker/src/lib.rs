@@ -3,8 +3,15 @@
 //! workspaces and runs the turns it is handed. Model calls go through the API tier's
 //! streaming proxy, so this machine needs no provider key and no internet egress.
 
+mod agent;
 mod model;
+mod policy;
+mod tools;
 mod turn;
+mod workspace;
+
+pub use agent::AgentConfig;
+pub use tools::ToolLimits;
 
 use std::{
     collections::HashMap,
@@ -25,6 +32,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
 use tokio_util::sync::CancellationToken;
 
+use crate::{tools::Tools, workspace::Workspace};
+
 /// What the worker needs to run.
 #[derive(Clone)]
 pub struct WorkerConfig {
@@ -36,6 +45,10 @@ pub struct WorkerConfig {
     pub host: String,
     /// Workspaces served: (name, absolute path).
     pub workspaces: Vec<(String, PathBuf)>,
+    /// The agent loop's limits.
+    pub agent: AgentConfig,
+    /// The tools' limits.
+    pub tools: ToolLimits,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -45,6 +58,8 @@ impl std::fmt::Debug for WorkerConfig {
             .field("token", &"<redacted>")
             .field("host", &self.host)
             .field("workspaces", &self.workspaces)
+            .field("agent", &self.agent)
+            .field("tools", &self.tools)
             .finish()
     }
 }
@@ -167,6 +182,23 @@ async fn connect_once(
     }
     let registered: WorkerHelloResult = serde_json::from_value(resp.result.unwrap_or_default())?;
     tracing::info!(workspaces = registered.workspaces.len(), "worker connected");
+    let mut workspaces = HashMap::new();
+    for r in &registered.workspaces {
+        let Some((_, path)) = config.workspaces.iter().find(|(name, _)| *name == r.name) else {
+            continue;
+        };
+        match Workspace::open(path) {
+            Ok(ws) => {
+                workspaces.insert(r.workspace_id.clone(), Arc::new(ws));
+            }
+            Err(e) => tracing::error!(workspace = %r.name, error = %e, "cannot open the workspace"),
+        }
+    }
+    let ctx = TurnContext {
+        workspaces,
+        agent: config.agent.clone(),
+        tools: config.tools.clone(),
+    };
 
     let (out_tx, mut out_rx) = mpsc::channel::<Message>(256);
     let link = Link {
@@ -188,7 +220,7 @@ async fn connect_once(
                     None => break Err(anyhow::anyhow!("server closed the connection")),
                 };
                 if let Message::Text(text) = msg {
-                    on_message(&link, &turns, &running, &text);
+                    on_message(&link, &ctx, &turns, &running, &text);
                 }
             }
             out = out_rx.recv() => if let Some(m) = out && let Err(e) = sink.send(m).await { break Err(e.into()) },
@@ -206,7 +238,15 @@ async fn connect_once(
 /// Running turns' cancellation tokens, by turn id.
 type Running = Arc<Mutex<HashMap<String, CancellationToken>>>;
 
-fn on_message(link: &Link, turns: &CancellationToken, running: &Running, text: &str) {
+/// What a connection's turns run with.
+struct TurnContext {
+    /// The registered workspaces, by id.
+    workspaces: HashMap<String, Arc<Workspace>>,
+    agent: AgentConfig,
+    tools: ToolLimits,
+}
+
+fn on_message(link: &Link, ctx: &TurnContext, turns: &CancellationToken, running: &Running, text: &str) {
     let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
         return;
     };
@@ -218,6 +258,11 @@ fn on_message(link: &Link, turns: &CancellationToken, running: &Running, text: &
             wp::TURN_RUN => match serde_json::from_value::<TurnRun>(req.params) {
                 Ok(run) => {
                     let link = link.clone();
+                    let tools = match ctx.workspaces.get(&run.workspace_id) {
+                        Some(ws) if !run.no_tools => Some(Tools::new(ws.clone(), ctx.tools.clone())),
+                        _ => None,
+                    };
+                    let agent = ctx.agent.clone();
                     let cancel = turns.child_token();
                     running
                         .lock()
@@ -226,7 +271,7 @@ fn on_message(link: &Link, turns: &CancellationToken, running: &Running, text: &
                     let running = running.clone();
                     tokio::spawn(async move {
                         let turn_id = run.turn_id.clone();
-                        turn::run(link, run, cancel).await;
+                        turn::run(link, run, tools, agent, cancel).await;
                         running.lock().expect("running lock").remove(&turn_id);
                     });
                 }
