@@ -274,6 +274,17 @@ pub struct TestWorker {
 
 impl TestWorker {
     pub async fn start(server: &TestServer, token: &str, name: &str, path: &Path) -> anyhow::Result<TestWorker> {
+        Self::start_with_args(server, token, name, path, &[]).await
+    }
+
+    /// The same, with extra `berth worker` arguments (e.g. `--max-steps 2`).
+    pub async fn start_with_args(
+        server: &TestServer,
+        token: &str,
+        name: &str,
+        path: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<TestWorker> {
         let dir = scratch_dir("worker");
         let token_file = dir.join("token");
         std::fs::write(&token_file, token)?;
@@ -290,6 +301,7 @@ impl TestWorker {
             .arg(&token_file)
             .arg("--workspace")
             .arg(format!("{name}={}", path.display()))
+            .args(extra)
             .env("RUST_LOG", "debug")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

@@ -65,7 +65,41 @@ pub enum Part {
     Delay(u64),
 }
 
+impl Part {
+    /// A tool call whose JSON `arguments` are sent in pieces of at most `piece` bytes.
+    pub fn tool_call(index: u32, id: &str, name: &str, arguments: &Value, piece: usize) -> Part {
+        let text = arguments.to_string();
+        let mut pieces = Vec::new();
+        let mut rest = text.as_str();
+        while !rest.is_empty() {
+            let mut end = rest.len().min(piece.max(1));
+            while !rest.is_char_boundary(end) {
+                end += 1;
+            }
+            pieces.push(rest[..end].to_owned());
+            rest = &rest[end..];
+        }
+        Part::ToolCall {
+            index,
+            id: id.to_owned(),
+            name: name.to_owned(),
+            argument_pieces: pieces,
+        }
+    }
+}
+
 impl Reply {
+    /// One step that calls the given tools (each `(id, name, arguments)`), the arguments
+    /// split into pieces of at most `piece` bytes.
+    pub fn tools(calls: &[(&str, &str, Value)], piece: usize) -> Reply {
+        let parts = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (id, name, args))| Part::tool_call(i as u32, id, name, args, piece))
+            .collect();
+        Reply::Stream(parts)
+    }
+
     /// A stream of `Text` parts followed by `Usage { prompt: 10, completion: 5 }`.
     pub fn text(chunks: &[&str]) -> Reply {
         let mut parts: Vec<Part> = chunks.iter().map(|c| Part::Text((*c).to_owned())).collect();

@@ -112,7 +112,13 @@ impl Workspace {
             return Err(PathError(format!("{path}: is a directory")));
         }
         if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-            self.dir.create_dir_all(parent).map_err(|e| fs_error(path, &e))?;
+            if let Err(e) = self.dir.create_dir_all(parent) {
+                // A parent that is a symlink out says "exists": report why it is unusable.
+                return Err(match self.dir.open_dir(parent) {
+                    Err(why) => fs_error(path, &why),
+                    Ok(_) => fs_error(path, &e),
+                });
+            }
         }
         self.dir.write(&rel, contents).map_err(|e| fs_error(path, &e))
     }
@@ -232,8 +238,14 @@ mod tests {
         assert!(e.0.contains("outside the workspace"), "{e}");
         assert!(read(&w, "outdir/secret").is_err());
         assert!(w.list("outdir").is_err());
-        assert!(w.write("outdir/new.txt", b"x").is_err());
-        assert!(w.write("link", b"overwritten").is_err());
+        for (p, e) in [
+            ("outdir/new.txt", w.write("outdir/new.txt", b"x")),
+            ("link", w.write("link", b"overwritten")),
+            ("outdir/deep/new.txt", w.write("outdir/deep/new.txt", b"x")),
+        ] {
+            let e = e.unwrap_err();
+            assert!(e.0.contains("outside the workspace"), "{p}: {e}");
+        }
         assert!(!outside.join("new.txt").exists());
         assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "SECRET");
         // A symlink that stays inside is fine.

@@ -173,6 +173,9 @@ impl WorkerConn {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
+            wp::TURN_HISTORY | wp::TURN_TOOL_STATUS | wp::TURN_TOOL_ENDED => {
+                self.agent_request(&req.method, req.params).await
+            }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         req.id?;

@@ -11,6 +11,7 @@ mod claim;
 mod connection;
 mod relay;
 mod steps;
+mod tools;
 
 use std::{
     collections::HashMap,
