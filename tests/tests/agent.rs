@@ -32,9 +32,7 @@ async fn history(c: &mut Client, sid: &str) -> Vec<Value> {
     let mut rows = Vec::new();
     let mut after = Value::Null;
     loop {
-        let page = c
-            .ok("session.history", json!({"sessionId": sid, "after": after}))
-            .await;
+        let page = c.ok("session.history", json!({"sessionId": sid, "after": after})).await;
         rows.extend(page["rows"].as_array().unwrap().iter().cloned());
         if page["nextAfter"].is_null() {
             return rows;
@@ -66,7 +64,11 @@ fn rows_from_events(events: &[Value]) -> Vec<Value> {
 fn kinds(rows: &[Value]) -> Vec<String> {
     rows.iter()
         .map(|r| match r["tool"]["status"].as_str() {
-            Some(s) => format!("{}:{}:{s}", r["kind"].as_str().unwrap(), r["tool"]["name"].as_str().unwrap()),
+            Some(s) => format!(
+                "{}:{}:{s}",
+                r["kind"].as_str().unwrap(),
+                r["tool"]["name"].as_str().unwrap()
+            ),
             None => r["kind"].as_str().unwrap().to_string(),
         })
         .collect()
@@ -131,7 +133,14 @@ async fn a_turn_writes_a_file_runs_a_command_that_reads_it_and_answers() {
         .collect();
     assert_eq!(
         names,
-        ["shell", "read_file", "write_file", "edit_file", "list_directory", "search_files"]
+        [
+            "shell",
+            "read_file",
+            "write_file",
+            "edit_file",
+            "list_directory",
+            "search_files"
+        ]
     );
     let m1 = messages(&mock, 1);
     assert_eq!(m1[0]["role"], "system");
@@ -197,10 +206,7 @@ async fn two_calls_in_one_step_with_arguments_in_many_chunks_run_in_order() {
     // The second call reads what the first wrote: order matters.
     let first = json!({"path": "order.txt", "content": "written by the first call"});
     let second = json!({"command": "cat order.txt && echo ' then the second'"});
-    mock.push(Reply::tools(
-        &[("c1", "write_file", first), ("c2", "shell", second)],
-        2,
-    ));
+    mock.push(Reply::tools(&[("c1", "write_file", first), ("c2", "shell", second)], 2));
     mock.push(Reply::text(&["Both ran."]));
     let events = turn(&mut c, &mut watch, &sid, "Two things").await;
     assert_eq!(events.last().unwrap()["state"], "completed");
@@ -216,7 +222,10 @@ async fn two_calls_in_one_step_with_arguments_in_many_chunks_run_in_order() {
     assert_eq!(m[3]["tool_call_id"], "c1");
     assert_eq!(m[3]["content"], "wrote 25 bytes to order.txt");
     assert_eq!(m[4]["tool_call_id"], "c2");
-    assert_eq!(m[4]["content"], "written by the first call then the second\n[exit code 0]");
+    assert_eq!(
+        m[4]["content"],
+        "written by the first call then the second\n[exit code 0]"
+    );
 
     let ended: Vec<&str> = events
         .iter()
@@ -257,7 +266,9 @@ async fn stop_during(command: &str, pidfile: &str, pids: usize) {
     let sid = auto_session(&stack, &mut c).await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     mock.push(Reply::tools(&[("c1", "shell", json!({"command": command}))], 8));
-    let sent = c.ok("session.send", json!({"sessionId": sid, "prompt": "run it"})).await;
+    let sent = c
+        .ok("session.send", json!({"sessionId": sid, "prompt": "run it"}))
+        .await;
     let path = stack.workspace_dir.join(pidfile);
     let read = |p: &Path| -> Vec<i32> {
         std::fs::read_to_string(p)
@@ -295,7 +306,8 @@ async fn stop_during_sleep_kills_the_command() {
 
 #[tokio::test]
 async fn stop_kills_a_shell_that_ignores_sigterm_and_its_child() {
-    let script = "echo $$ > pids; trap '' TERM; (trap '' TERM; sleep 600; echo never) & echo $! >> pids; wait; sleep 600";
+    let script =
+        "echo $$ > pids; trap '' TERM; (trap '' TERM; sleep 600; echo never) & echo $! >> pids; wait; sleep 600";
     stop_during(script, "pids", 2).await;
 }
 
@@ -323,7 +335,11 @@ async fn paths_outside_the_workspace_are_tool_errors_and_nothing_outside_is_touc
         ("w1", "write_file", json!({"path": "../x", "content": "escaped"})),
         ("w2", "write_file", json!({"path": "link", "content": "overwritten"})),
         ("w3", "write_file", json!({"path": "outdir/new", "content": "escaped"})),
-        ("e1", "edit_file", json!({"path": "link", "old_string": "SECRET", "new_string": "x"})),
+        (
+            "e1",
+            "edit_file",
+            json!({"path": "link", "old_string": "SECRET", "new_string": "x"}),
+        ),
         ("l1", "list_directory", json!({"path": "outdir"})),
         ("s1", "search_files", json!({"pattern": "SECRET", "path": "outdir"})),
     ];
@@ -379,7 +395,10 @@ async fn paths_outside_the_workspace_are_tool_errors_and_nothing_outside_is_touc
         .collect();
     assert_eq!(bodies.len(), 40);
     for b in bodies {
-        assert!(b == "inside" || b.contains("outside the workspace") || b.contains("no such file"), "{b}");
+        assert!(
+            b == "inside" || b.contains("outside the workspace") || b.contains("no such file"),
+            "{b}"
+        );
     }
 }
 
@@ -421,15 +440,21 @@ async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session
     let mut c = stack.client(0).await;
     let sid = auto_session(&stack, &mut c).await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    mock.push(Reply::tools(&[("c1", "shell", json!({"command": "echo $$ > pid; sleep 600"}))], 8));
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "long job"})).await;
+    mock.push(Reply::tools(
+        &[("c1", "shell", json!({"command": "echo $$ > pid; sleep 600"}))],
+        8,
+    ));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "long job"}))
+        .await;
     watch
         .until(30, |e| e["type"] == "tool.status" && e["status"] == "running")
         .await
         .expect("the command runs");
     let pidfile = stack.workspace_dir.join("pid");
     let pgid: i32 = berth_e2e::harness::eventually(30, || {
-        let p = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok());
+        let p = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
         async move { p }
     })
     .await

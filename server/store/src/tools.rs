@@ -3,9 +3,7 @@
 //! follows in the same transaction, so a later read shows the final status and a watcher
 //! sees every change).
 
-use berth_protocol::{
-    ErrorCode, NewRow, Position, Row, RowKind, SessionHistoryParams, ToolInfo, worker::ToolStatus,
-};
+use berth_protocol::{ErrorCode, NewRow, Position, Row, RowKind, SessionHistoryParams, ToolInfo, worker::ToolStatus};
 use deadpool_postgres::GenericClient;
 use serde_json::json;
 
@@ -111,7 +109,16 @@ impl Store {
             hidden: None,
         };
         let payload = json!({"position": position, "callId": call_id, "status": status});
-        let seq = append_event(&tx, tenant_id, &session_id, "tool.ended", Some(turn_id), payload, &[row]).await?;
+        let seq = append_event(
+            &tx,
+            tenant_id,
+            &session_id,
+            "tool.ended",
+            Some(turn_id),
+            payload,
+            &[row],
+        )
+        .await?;
         tx.commit().await?;
         Ok(seq)
     }
@@ -152,7 +159,13 @@ async fn set_call_status(
     tx.ex(
         "UPDATE rows SET tool = jsonb_set(tool, '{status}', to_jsonb($5::text))
           WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4",
-        &[&session_id, &tenant_id, &position.source_sequence, &position.item_index, &status.as_str()],
+        &[
+            &session_id,
+            &tenant_id,
+            &position.source_sequence,
+            &position.item_index,
+            &status.as_str(),
+        ],
     )
     .await?;
     Ok(tool.name)

@@ -134,18 +134,21 @@ async fn call_tool(
     }
     let Some(tools) = tools else {
         let output = "This session has no tools; the call did not run.".to_string();
-        t.tool_ended(position, &call.id, ToolStatus::Failed, output.clone()).await?;
+        t.tool_ended(position, &call.id, ToolStatus::Failed, output.clone())
+            .await?;
         return Ok(output);
     };
     if policy::needs_approval(&call.name, run.auto_approve) {
         match policy::ask(t, call, cancel).await? {
             Answer::Approved => {}
             Answer::Denied(output) => {
-                t.tool_ended(position, &call.id, ToolStatus::Denied, output.clone()).await?;
+                t.tool_ended(position, &call.id, ToolStatus::Denied, output.clone())
+                    .await?;
                 return Ok(output);
             }
             Answer::Unavailable(output) => {
-                t.tool_ended(position, &call.id, ToolStatus::Failed, output.clone()).await?;
+                t.tool_ended(position, &call.id, ToolStatus::Failed, output.clone())
+                    .await?;
                 return Ok(output);
             }
         }

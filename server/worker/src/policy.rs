@@ -31,7 +31,8 @@ pub(crate) enum Answer {
 
 /// Ask the server whether `call` may run; waits until answered or the turn is stopped.
 pub(crate) async fn ask(t: &TurnLink, call: &ToolCall, cancel: &CancellationToken) -> Result<Answer, Halt> {
-    let input = serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| Value::String(call.arguments.clone()));
+    let input =
+        serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| Value::String(call.arguments.clone()));
     let params = json!({
         "turnId": t.turn_id(),
         "callId": call.id,
@@ -45,10 +46,7 @@ pub(crate) async fn ask(t: &TurnLink, call: &ToolCall, cancel: &CancellationToke
     };
     match answer {
         Ok(v) => {
-            let approved = v
-                .pointer("/outcome/approved")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+            let approved = v.pointer("/outcome/approved").and_then(Value::as_bool).unwrap_or(false);
             Ok(if approved {
                 Answer::Approved
             } else {

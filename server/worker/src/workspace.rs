@@ -111,14 +111,14 @@ impl Workspace {
         if rel == Path::new(".") {
             return Err(PathError(format!("{path}: is a directory")));
         }
-        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-            if let Err(e) = self.dir.create_dir_all(parent) {
-                // A parent that is a symlink out says "exists": report why it is unusable.
-                return Err(match self.dir.open_dir(parent) {
-                    Err(why) => fs_error(path, &why),
-                    Ok(_) => fs_error(path, &e),
-                });
-            }
+        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty())
+            && let Err(e) = self.dir.create_dir_all(parent)
+        {
+            // A parent that is a symlink out says "exists": report why it is unusable.
+            return Err(match self.dir.open_dir(parent) {
+                Err(why) => fs_error(path, &why),
+                Ok(_) => fs_error(path, &e),
+            });
         }
         self.dir.write(&rel, contents).map_err(|e| fs_error(path, &e))
     }
@@ -163,7 +163,9 @@ impl Workspace {
 }
 
 fn outside(path: &str) -> PathError {
-    PathError(format!("{path}: outside the workspace (paths are relative to the workspace root)"))
+    PathError(format!(
+        "{path}: outside the workspace (paths are relative to the workspace root)"
+    ))
 }
 
 /// A filesystem error as the model should read it; escapes say so plainly.
@@ -173,7 +175,9 @@ fn fs_error(path: &str, e: &io::Error) -> PathError {
     let escape = e.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error())
         || e.to_string().contains("outside of the filesystem");
     if escape {
-        return PathError(format!("{path}: leads outside the workspace (through `..` or a symlink)"));
+        return PathError(format!(
+            "{path}: leads outside the workspace (through `..` or a symlink)"
+        ));
     }
     match e.kind() {
         io::ErrorKind::NotFound => PathError(format!("{path}: no such file or directory")),

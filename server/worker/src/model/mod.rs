@@ -194,7 +194,9 @@ impl Accumulator {
 
     /// The step, its tool calls given unique ids (some servers send none).
     fn finish(mut self) -> Completion {
-        self.c.tool_calls.retain(|c| !c.name.is_empty() || !c.arguments.is_empty());
+        self.c
+            .tool_calls
+            .retain(|c| !c.name.is_empty() || !c.arguments.is_empty());
         let mut seen = std::collections::HashSet::new();
         for (i, call) in self.c.tool_calls.iter_mut().enumerate() {
             let mut n = i;

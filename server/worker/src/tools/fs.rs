@@ -39,10 +39,7 @@ pub(super) fn read(ws: &Workspace, a: ReadArgs) -> Outcome {
     loop {
         line.clear();
         // Bound one line too: a huge single-line file must not fill memory.
-        let read = match (&mut reader)
-            .take(READ_MAX as u64 + 1)
-            .read_until(b'\n', &mut line)
-        {
+        let read = match (&mut reader).take(READ_MAX as u64 + 1).read_until(b'\n', &mut line) {
             Ok(r) => r,
             Err(e) => return Outcome::error(format!("{}: {e}", a.path)),
         };
@@ -173,7 +170,10 @@ mod tests {
     fn read_returns_line_ranges() {
         let (_t, w) = ws();
         std::fs::write(w.root().join("f.txt"), "one\ntwo\nthree\nfour\n").unwrap();
-        assert_eq!(read(&w, read_args("f.txt", None, None)), Outcome::ok("one\ntwo\nthree\nfour\n"));
+        assert_eq!(
+            read(&w, read_args("f.txt", None, None)),
+            Outcome::ok("one\ntwo\nthree\nfour\n")
+        );
         let r = read(&w, read_args("f.txt", Some(2), Some(2)));
         assert!(r.ok);
         assert_eq!(r.output, "two\nthree\n\n[more lines follow: continue with offset=4]");
@@ -209,10 +209,19 @@ mod tests {
         let missing = edit(&w, e("delta", "x"));
         assert!(!missing.ok && missing.output.contains("not found"), "{missing:?}");
         let ambiguous = edit(&w, e("alpha", "x"));
-        assert!(!ambiguous.ok && ambiguous.output.contains("occurs 2 times"), "{ambiguous:?}");
-        assert_eq!(std::fs::read_to_string(w.root().join("f")).unwrap(), "alpha beta alpha gamma");
+        assert!(
+            !ambiguous.ok && ambiguous.output.contains("occurs 2 times"),
+            "{ambiguous:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(w.root().join("f")).unwrap(),
+            "alpha beta alpha gamma"
+        );
         assert!(edit(&w, e("beta", "BETA")).ok);
-        assert_eq!(std::fs::read_to_string(w.root().join("f")).unwrap(), "alpha BETA alpha gamma");
+        assert_eq!(
+            std::fs::read_to_string(w.root().join("f")).unwrap(),
+            "alpha BETA alpha gamma"
+        );
     }
 
     #[test]

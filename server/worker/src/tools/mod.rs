@@ -78,9 +78,7 @@ impl Tools {
 
     /// The schemas the model sees (OpenAI chat-completions `tools`).
     pub(crate) fn schemas() -> Vec<Value> {
-        let f = |name: &str, description: &str, parameters: Value| {
-            json!({"type": "function", "function": {"name": name, "description": description, "parameters": parameters}})
-        };
+        let f = |name: &str, description: &str, parameters: Value| json!({"type": "function", "function": {"name": name, "description": description, "parameters": parameters}});
         vec![
             f(
                 SHELL,

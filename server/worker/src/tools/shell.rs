@@ -121,7 +121,10 @@ pub(crate) async fn run(root: &Path, a: Args, limits: &ToolLimits, cancel: &Canc
         text.push('\n');
     }
     if timed_out {
-        text.push_str(&format!("[timed out after {} s; the command was killed]", timeout.as_secs()));
+        text.push_str(&format!(
+            "[timed out after {} s; the command was killed]",
+            timeout.as_secs()
+        ));
         return Outcome::error(text);
     }
     match status.and_then(|s| s.code()) {
@@ -188,7 +191,11 @@ mod tests {
         .await;
         assert!(!r.ok);
         let root = t.path().canonicalize().unwrap();
-        assert!(r.output.starts_with(&format!("{}\nerr\n0\n", root.display())), "{}", r.output);
+        assert!(
+            r.output.starts_with(&format!("{}\nerr\n0\n", root.display())),
+            "{}",
+            r.output
+        );
         assert!(r.output.ends_with("[exit code 3]"));
         assert!(is_secret_env("BERTH_WORKER_TOKEN") && is_secret_env("DATABASE_URL"));
         assert!(!is_secret_env("PATH"));
@@ -201,9 +208,19 @@ mod tests {
             shell_output_max: 100,
             ..ToolLimits::default()
         };
-        let r = run(t.path(), args("yes x | head -c 1000", None), &limits, &CancellationToken::new()).await;
+        let r = run(
+            t.path(),
+            args("yes x | head -c 1000", None),
+            &limits,
+            &CancellationToken::new(),
+        )
+        .await;
         assert!(r.ok);
-        assert!(r.output.contains("[… 900 more bytes of output not kept]"), "{}", r.output);
+        assert!(
+            r.output.contains("[… 900 more bytes of output not kept]"),
+            "{}",
+            r.output
+        );
     }
 
     #[tokio::test]
