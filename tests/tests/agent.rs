@@ -501,3 +501,50 @@ async fn a_session_without_tools_sends_no_tools() {
     let req = &mock.requests()[0];
     assert!(req.get("tools").is_none(), "{req}");
 }
+
+#[tokio::test]
+async fn a_large_output_is_cut_for_the_model_and_whole_in_history() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let command = "head -c 200000 /dev/zero | tr '\\0' a; echo; echo END";
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": command}))], 16));
+    mock.push(Reply::text(&["Long."]));
+    let events = turn(&mut c, &mut watch, &sid, "Print a lot").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let expected = format!("{}\nEND\n[exit code 0]", "a".repeat(200_000));
+
+    // The model saw a marked cut, with the head and the tail.
+    let shown = messages(&mock, 1)[3]["content"].as_str().unwrap().to_string();
+    assert!(shown.len() < 40_000, "{}", shown.len());
+    assert!(shown.contains("bytes cut here"));
+    assert!(shown.starts_with("aaaa") && shown.ends_with("END\n[exit code 0]"));
+
+    // History keeps all of it: a small page cuts and marks the field, source reads it whole.
+    let result = events.iter().find(|e| e["type"] == "tool.ended").unwrap()["rows"][0].clone();
+    let page = c
+        .ok(
+            "session.history",
+            json!({"sessionId": sid, "target": {"kind": "row", "position": result["position"], "field": "body"}, "maxBytes": 4096}),
+        )
+        .await;
+    assert_eq!(page["rows"][0]["truncated"]["body"]["bytes"], expected.len());
+    let mut whole = String::new();
+    let mut offset = 0u64;
+    loop {
+        let r = c
+            .ok(
+                "session.source",
+                json!({"sessionId": sid, "position": result["position"], "field": "body", "offset": offset, "limit": 65536}),
+            )
+            .await;
+        whole.push_str(r["data"].as_str().unwrap());
+        match r["nextOffset"].as_u64() {
+            Some(n) => offset = n,
+            None => break,
+        }
+    }
+    assert_eq!(whole, expected);
+}

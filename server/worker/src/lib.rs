@@ -259,8 +259,14 @@ fn on_message(link: &Link, ctx: &TurnContext, turns: &CancellationToken, running
                 Ok(run) => {
                     let link = link.clone();
                     let tools = match ctx.workspaces.get(&run.workspace_id) {
-                        Some(ws) if !run.no_tools => Some(Tools::new(ws.clone(), ctx.tools.clone())),
-                        _ => None,
+                        _ if run.no_tools => None,
+                        Some(ws) => Some(Tools::new(ws.clone(), ctx.tools.clone())),
+                        None => {
+                            // Registered but not openable (removed since start): the model is
+                            // offered no tools rather than tools that cannot work.
+                            tracing::error!(turn.id = %run.turn_id, "the turn's workspace is not open on this worker");
+                            None
+                        }
                     };
                     let agent = ctx.agent.clone();
                     let cancel = turns.child_token();
