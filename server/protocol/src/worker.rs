@@ -194,3 +194,7 @@ pub const MODEL_PROXY_PATH: &str = "/v1/model/chat/completions";
 pub struct ProxyError {
     pub error: Cause,
 }
+
+/// The request header naming the turn a model-proxy call is for: the proxy serves only a
+/// running turn handed to a connection of the calling worker credential.
+pub const MODEL_PROXY_TURN_HEADER: &str = "berth-turn";

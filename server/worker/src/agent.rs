@@ -56,7 +56,7 @@ pub(crate) async fn run(
             body["tools"] = Value::Array(Tools::schemas());
         }
         let completion = tokio::select! {
-            c = model::stream(&t.link, &body, |text, thinking| delta(t, text, thinking)) => c?,
+            c = model::stream(&t.link, t.turn_id(), &body, |text, thinking| delta(t, text, thinking)) => c?,
             _ = cancel.cancelled() => return Err(Halt::Stopped),
         };
         let (rows, first_call) = step_rows(&completion);

@@ -15,6 +15,9 @@ use crate::{
     turn::{Halt, TurnLink},
 };
 
+/// Times an approval request answered `unavailable` is asked again.
+const ASK_RETRIES: u32 = 5;
+
 pub(crate) fn needs_approval(tool: &str, auto_approve: bool) -> bool {
     !auto_approve && matches!(tool, tools::SHELL | tools::WRITE_FILE | tools::EDIT_FILE)
 }
@@ -40,9 +43,24 @@ pub(crate) async fn ask(t: &TurnLink, call: &ToolCall, cancel: &CancellationToke
         "tool": {"name": call.name, "callId": call.id},
         "input": input,
     });
-    let answer = tokio::select! {
-        a = t.request(wp::TURN_INTERACTION, params) => a,
-        _ = cancel.cancelled() => return Err(Halt::Stopped),
+    // `unavailable` is transient (the server asks to be asked again; the same call waits on
+    // the same interaction).
+    let mut attempt = 0u32;
+    let answer = loop {
+        let answer = tokio::select! {
+            a = t.request(wp::TURN_INTERACTION, params.clone()) => a,
+            _ = cancel.cancelled() => return Err(Halt::Stopped),
+        };
+        match answer {
+            Err(Halt::Refused(code)) if code == "unavailable" && attempt < ASK_RETRIES => {
+                attempt += 1;
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(500 * u64::from(attempt))) => {}
+                    _ = cancel.cancelled() => return Err(Halt::Stopped),
+                }
+            }
+            other => break other,
+        }
     };
     match answer {
         Ok(v) => {

@@ -11,7 +11,7 @@ use std::future::Future;
 
 use berth_protocol::{
     Cause,
-    worker::{ProxyError, Usage},
+    worker::{self as wp, ProxyError, Usage},
 };
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
@@ -59,9 +59,14 @@ fn failed(code: &str) -> StreamError {
     })
 }
 
-/// Stream one completion for the request `body`, calling `on_delta(text, thinking)` as
-/// output arrives.
-pub(crate) async fn stream<F, Fut>(link: &Link, body: &Value, on_delta: F) -> Result<Completion, StreamError>
+/// Stream one completion of turn `turn_id` for the request `body`, calling
+/// `on_delta(text, thinking)` as output arrives.
+pub(crate) async fn stream<F, Fut>(
+    link: &Link,
+    turn_id: &str,
+    body: &Value,
+    on_delta: F,
+) -> Result<Completion, StreamError>
 where
     F: Fn(Option<String>, Option<String>) -> Fut,
     Fut: Future<Output = bool>,
@@ -70,6 +75,7 @@ where
         .http
         .post(&link.proxy_url)
         .bearer_auth(&link.token)
+        .header(wp::MODEL_PROXY_TURN_HEADER, turn_id)
         .json(body)
         .send()
         .await
