@@ -230,8 +230,10 @@ async fn connect_once(
             }
         }
     };
-    // The server interrupts this connection's running turns; stop working on them.
+    // The server interrupts this connection's running turns; stop working on them, and
+    // fail requests still waiting for an answer that can no longer come.
     turns.cancel();
+    link.pending.lock().expect("pending lock").clear();
     result
 }
 

@@ -20,8 +20,11 @@ use serde_json::Value;
 
 use crate::Link;
 
-/// Bytes of one model response at most (text, thinking and tool arguments included).
-const RESPONSE_MAX: usize = 32 << 20;
+/// Bytes of one model response on the wire at most (SSE framing and JSON envelopes included).
+const RESPONSE_MAX: usize = 64 << 20;
+/// Bytes of a step's content at most (text, thinking and tool arguments together), so that
+/// the step's rows fit one frame to the server even when JSON-escaped.
+const CONTENT_MAX: usize = 1 << 20;
 /// Bytes of one SSE line at most (the parser rescans an unfinished line as data arrives).
 const LINE_MAX: usize = 4 << 20;
 /// Tool calls in one step at most (`tool_calls[].index` is bounded by it).
@@ -155,6 +158,8 @@ impl Guard {
 #[derive(Default)]
 struct Accumulator {
     c: Completion,
+    /// Content bytes so far.
+    bytes: usize,
 }
 
 impl Accumulator {
@@ -169,6 +174,19 @@ impl Accumulator {
         }
         let mut live = None;
         for choice in chunk.choices.unwrap_or_default() {
+            let d = &choice.delta;
+            self.bytes += [&d.content, &d.reasoning_content, &d.reasoning]
+                .iter()
+                .map(|s| s.as_ref().map_or(0, String::len))
+                .sum::<usize>();
+            for tc in d.tool_calls.iter().flatten() {
+                self.bytes += tc.function.as_ref().map_or(0, |f| {
+                    f.name.as_ref().map_or(0, String::len) + f.arguments.as_ref().map_or(0, String::len)
+                });
+            }
+            if self.bytes > CONTENT_MAX {
+                return Err(failed("provider-response-too-large"));
+            }
             let d = choice.delta;
             let thinking = d.reasoning_content.or(d.reasoning).filter(|s| !s.is_empty());
             let text = d.content.filter(|s| !s.is_empty());
@@ -296,6 +314,18 @@ mod tests {
         let mut acc = Accumulator::default();
         let r = acc.add(tc(4_000_000_000, Some("x"), Some("shell"), "{}"));
         assert!(matches!(r, Err(StreamError::Failed(c)) if c.code == "provider-protocol"));
+
+        // Content past the bound fails the step instead of growing without limit.
+        let mut acc = Accumulator::default();
+        let piece = "x".repeat(64 << 10);
+        let mut result = Ok(None);
+        for _ in 0..(CONTENT_MAX / piece.len() + 1) {
+            result = acc.add(tc(0, None, Some(""), &piece));
+            if result.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(result, Err(StreamError::Failed(c)) if c.code == "provider-response-too-large"));
     }
 
     #[test]
