@@ -23,8 +23,8 @@ use crate::Link;
 /// Bytes of one model response on the wire at most (SSE framing and JSON envelopes included).
 const RESPONSE_MAX: usize = 64 << 20;
 /// Bytes of a step's content at most (text, thinking and tool arguments together), so that
-/// the step's rows fit one frame to the server even when JSON-escaped.
-const CONTENT_MAX: usize = 1 << 20;
+/// the step's rows fit one frame to the server (8 MiB by default).
+const CONTENT_MAX: usize = 4 << 20;
 /// Bytes of one SSE line at most (the parser rescans an unfinished line as data arrives).
 const LINE_MAX: usize = 4 << 20;
 /// Tool calls in one step at most (`tool_calls[].index` is bounded by it).
