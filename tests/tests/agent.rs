@@ -139,7 +139,8 @@ async fn a_turn_writes_a_file_runs_a_command_that_reads_it_and_answers() {
             "write_file",
             "edit_file",
             "list_directory",
-            "search_files"
+            "search_files",
+            "delegate"
         ]
     );
     let m1 = messages(&mock, 1);
@@ -547,4 +548,130 @@ async fn a_large_output_is_cut_for_the_model_and_whole_in_history() {
         }
     }
     assert_eq!(whole, expected);
+}
+
+/// The tool names offered in provider request `i`.
+fn offered(mock: &MockProvider, i: usize) -> Vec<String> {
+    mock.requests()[i]["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The sessions `sid` started (`session.list {parent}`).
+async fn children(c: &mut Client, sid: &str) -> Vec<String> {
+    let list = c.ok("session.list", json!({"parent": sid})).await;
+    list["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["sessionId"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sub_agent_runs_and_its_answer_returns_to_the_parent_within_the_depth_bound() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+
+    // Parent, child (three steps, the second one past the depth bound), parent again.
+    mock.push(Reply::tools(
+        &[("d1", "delegate", json!({"prompt": "Write child.txt and report"}))],
+        9,
+    ));
+    mock.push(Reply::tools(
+        &[(
+            "w1",
+            "write_file",
+            json!({"path": "child.txt", "content": "from the child"}),
+        )],
+        9,
+    ));
+    mock.push(Reply::tools(&[("d2", "delegate", json!({"prompt": "deeper"}))], 9));
+    mock.push(Reply::text(&["child done: wrote child.txt"]));
+    mock.push(Reply::text(&["The sub-agent wrote it."]));
+    let events = turn(&mut c, &mut watch, &sid, "Get it done by a sub-agent").await;
+    assert_eq!(events.last().unwrap()["state"], "completed", "{:?}", events.last());
+
+    // The parent's call returned the child's final answer.
+    let ended = events.iter().find(|e| e["type"] == "tool.ended").unwrap();
+    assert_eq!(ended["status"], "completed");
+    assert_eq!(ended["rows"][0]["body"], "child done: wrote child.txt");
+    let m = messages(&mock, 4);
+    assert_eq!(m[3]["tool_call_id"], "d1");
+    assert_eq!(m[3]["content"], "child done: wrote child.txt");
+    assert!(offered(&mock, 0).contains(&"delegate".to_string()));
+    assert!(
+        !offered(&mock, 1).contains(&"delegate".to_string()),
+        "the child has no depth left"
+    );
+    assert_eq!(
+        std::fs::read_to_string(stack.workspace_dir.join("child.txt")).unwrap(),
+        "from the child"
+    );
+
+    // The child is an ordinary session naming its parent; its own delegate call failed.
+    let kids = children(&mut c, &sid).await;
+    assert_eq!(kids.len(), 1);
+    let rows = history(&mut c, &kids[0]).await;
+    assert_eq!(
+        kinds(&rows),
+        [
+            "user",
+            "toolCall:write_file:completed",
+            "toolResult:write_file:completed",
+            "toolCall:delegate:failed",
+            "toolResult:delegate:failed",
+            "assistant"
+        ]
+    );
+    assert_eq!(rows[0]["body"], "Write child.txt and report");
+    assert!(rows[4]["body"].as_str().unwrap().contains("delegation depth"));
+    assert!(children(&mut c, &kids[0]).await.is_empty());
+}
+
+#[tokio::test]
+async fn stopping_the_parent_stops_the_sub_agent() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(
+        &[("d1", "delegate", json!({"prompt": "wait a long time"}))],
+        9,
+    ));
+    mock.push(Reply::tools(
+        &[("s1", "shell", json!({"command": "echo $$ > child.pid; sleep 600"}))],
+        9,
+    ));
+    let sent = c
+        .ok("session.send", json!({"sessionId": sid, "prompt": "delegate"}))
+        .await;
+    let pidfile = stack.workspace_dir.join("child.pid");
+    let pgid: i32 = berth_e2e::harness::eventually(30, || {
+        let p = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        async move { p }
+    })
+    .await
+    .expect("the child runs its command");
+    let kid = children(&mut c, &sid).await.remove(0);
+    let mut child_watch = c.subscribe("session.watch", json!({"sessionId": kid, "after": 0}));
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": sent["turnId"]}))
+        .await;
+    let parent_end = watch.until(30, is_turn_end).await.expect("parent ends");
+    assert_eq!(parent_end.last().unwrap()["state"], "cancelled");
+    let child_end = child_watch.until(30, is_turn_end).await.expect("child ends");
+    assert_eq!(child_end.last().unwrap()["state"], "cancelled");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(group_members(pgid), Vec::<i32>::new(), "the child's command remains");
 }

@@ -20,6 +20,7 @@ pub const TURN_HISTORY: &str = "turn.history";
 pub const TURN_TOOL_STATUS: &str = "turn.toolStatus";
 pub const TURN_TOOL_ENDED: &str = "turn.toolEnded";
 pub const TURN_INTERACTION: &str = "turn.interaction";
+pub const TURN_DELEGATE: &str = "turn.delegate";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -65,6 +66,9 @@ pub struct TurnRun {
     /// Tool calls run without asking.
     #[serde(default)]
     pub auto_approve: bool,
+    /// How many levels of sub-agents this session may still start (0: no delegate tool).
+    #[serde(default)]
+    pub delegation_depth: u32,
 }
 
 /// Worker → server: a page of the session's rows (in order, hidden rows left out) as the
@@ -83,6 +87,25 @@ pub struct TurnHistoryResult {
     pub rows: Vec<Row>,
     /// Where the next page starts; null at the end.
     pub next: Option<Position>,
+}
+
+/// Worker → server: a delegate call starts a child session (same workspace, `parent` set,
+/// one level less of delegation) whose first turn runs `prompt`. Answered at once with the
+/// child's ids; the child's turn is handed out like any other. Asking again for the same
+/// call answers the same child.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnDelegate {
+    pub turn_id: String,
+    pub call_id: String,
+    pub prompt: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnDelegateResult {
+    pub session_id: String,
+    pub turn_id: String,
 }
 
 /// A tool call's status: `requested → running → completed | failed | denied`

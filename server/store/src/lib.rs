@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod delegate;
 mod history;
 mod identity;
 pub mod receipts;

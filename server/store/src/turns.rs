@@ -299,7 +299,7 @@ impl Store {
                 "UPDATE turns t SET dispatched_to = $1 FROM sessions s
                   WHERE s.id = t.session_id AND s.tenant_id = $2 AND s.workspace_id = ANY($3)
                     AND t.state = 'running' AND t.dispatched_to IS NULL AND s.removed_at IS NULL
-                  RETURNING t.id, t.session_id, s.workspace_id, s.model, s.no_tools, s.auto_approve",
+                  RETURNING t.id, t.session_id, s.workspace_id, s.model, s.no_tools, s.auto_approve, s.delegation_depth",
                 &[&connection_id, &tenant_id, &workspace_ids],
             )
             .await?;
@@ -315,6 +315,7 @@ impl Store {
                     model: c.get(3),
                     no_tools: c.get(4),
                     auto_approve: c.get(5),
+                    delegation_depth: c.get::<_, i32>(6).max(0) as u32,
                 },
             })
             .collect())
@@ -667,6 +668,8 @@ pub(crate) async fn cancel_turn(
             .await?;
         }
         notify_dispatch(tx, session_id).await?;
+        // Sub-agents it started stop with it.
+        crate::delegate::cancel_children(tx, tenant_id, &turn_id).await?;
     } else if queue_event {
         queue_changed(tx, tenant_id, session_id).await?;
     }

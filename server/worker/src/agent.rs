@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    delegate::{self, DELEGATE},
     model::{self, Completion, ToolCall, messages::Conversation},
     policy::{self, Answer},
     tools::Tools,
@@ -40,7 +41,7 @@ pub(crate) async fn run(
     tools: Option<&Tools>,
     config: &AgentConfig,
     cancel: &CancellationToken,
-) -> Result<(), Halt> {
+) -> Result<String, Halt> {
     let mut conv = Conversation::new(tools.is_some());
     let history = tokio::select! {
         h = t.history() => h?,
@@ -53,7 +54,11 @@ pub(crate) async fn run(
     for _ in 0..config.max_steps {
         let mut body = json!({"model": run.model, "messages": conv.messages(), "stream": true});
         if tools.is_some() {
-            body["tools"] = Value::Array(Tools::schemas());
+            let mut schemas = Tools::schemas();
+            if run.delegation_depth > 0 {
+                schemas.push(delegate::schema());
+            }
+            body["tools"] = Value::Array(schemas);
         }
         let completion = tokio::select! {
             c = model::stream(&t.link, t.turn_id(), &body, |text, thinking| delta(t, text, thinking)) => c?,
@@ -63,7 +68,7 @@ pub(crate) async fn run(
         let sequence = t.step(rows, completion.usage).await?;
         conv.push_step(&completion);
         if completion.tool_calls.is_empty() {
-            return Ok(());
+            return Ok(completion.text);
         }
         for (i, call) in completion.tool_calls.iter().enumerate() {
             let position = Position {
@@ -154,7 +159,11 @@ async fn call_tool(
         }
     }
     t.tool_status(position, &call.id, ToolStatus::Running).await?;
-    let outcome = tools.call(&call.name, &call.arguments, cancel).await;
+    let outcome = if call.name == DELEGATE {
+        delegate::run(t, call, cancel).await?
+    } else {
+        tools.call(&call.name, &call.arguments, cancel).await
+    };
     if cancel.is_cancelled() {
         return Err(Halt::Stopped);
     }

@@ -4,6 +4,7 @@
 //! streaming proxy, so this machine needs no provider key and no internet egress.
 
 mod agent;
+mod delegate;
 mod model;
 mod policy;
 mod tools;
@@ -111,6 +112,8 @@ pub(crate) struct Link {
     pub(crate) http: reqwest::Client,
     pub(crate) proxy_url: String,
     pub(crate) token: String,
+    /// How this connection's turns ended (for parents waiting on sub-agents).
+    pub(crate) endings: Arc<delegate::Endings>,
 }
 
 impl Link {
@@ -208,6 +211,7 @@ async fn connect_once(
         http: http.clone(),
         proxy_url: format!("{http_base}{}", wp::MODEL_PROXY_PATH),
         token: config.token.clone(),
+        endings: Arc::default(),
     };
     let turns = CancellationToken::new();
     let running: Running = Arc::default();

@@ -13,7 +13,7 @@ use berth_protocol::{
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Link, agent, model::StreamError, tools::Tools};
+use crate::{Link, agent, delegate::Ended, model::StreamError, tools::Tools};
 
 /// Why a turn stops before completing.
 #[derive(Debug)]
@@ -150,20 +150,36 @@ pub(crate) async fn run(
         turn_id: run.turn_id.clone(),
     };
     let outcome = agent::run(&t, &run, tools.as_ref(), &config, &cancel).await;
-    let (state, cause) = match outcome {
-        Ok(()) => (TurnState::Completed, None),
-        Err(Halt::Failed(cause)) => (TurnState::Failed, Some(cause)),
-        Err(Halt::Refused(code)) => (TurnState::Failed, Some(self::cause(&format!("refused-{code}")))),
+    let (state, cause, answer) = match outcome {
+        Ok(answer) => (TurnState::Completed, None, answer),
+        Err(Halt::Failed(cause)) => (TurnState::Failed, Some(cause), String::new()),
+        Err(Halt::Refused(code)) => (
+            TurnState::Failed,
+            Some(self::cause(&format!("refused-{code}"))),
+            String::new(),
+        ),
         Err(Halt::Stopped) | Err(Halt::Settled) => {
             tracing::info!(turn.id = %run.turn_id, "turn was settled by the server (stopped)");
+            t.link
+                .endings
+                .record(&run.turn_id, ended(TurnState::Cancelled, None, String::new()));
             return;
         }
         Err(Halt::Link(e)) => {
             tracing::warn!(turn.id = %run.turn_id, error = %e, "lost the server mid-turn");
+            t.link
+                .endings
+                .record(&run.turn_id, ended(TurnState::Interrupted, None, String::new()));
             return;
         }
     };
+    let code = cause.as_ref().map(|c| c.code.clone());
     settle(&t, state, cause).await;
+    t.link.endings.record(&run.turn_id, ended(state, code, answer));
+}
+
+fn ended(state: TurnState, cause: Option<String>, answer: String) -> Ended {
+    Ended { state, answer, cause }
 }
 
 /// A turn left running would hold its session's queue: retry a failed settle a few times

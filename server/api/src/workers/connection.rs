@@ -173,7 +173,7 @@ impl WorkerConn {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
-            wp::TURN_HISTORY | wp::TURN_TOOL_STATUS | wp::TURN_TOOL_ENDED => {
+            wp::TURN_HISTORY | wp::TURN_TOOL_STATUS | wp::TURN_TOOL_ENDED | wp::TURN_DELEGATE => {
                 self.agent_request(&req.method, req.params).await
             }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),

@@ -1,12 +1,14 @@
 //! What a worker's agent loop asks of the API tier besides steps and ends: the session's
-//! rows before a turn (`turn.history`, in pages, so no conversation size breaks the link)
-//! and tool calls' status changes and ends (`turn.toolStatus` → `tool.status`,
-//! `turn.toolEnded` → `tool.ended` with the result row). Each is answered only for a turn
+//! rows before a turn (`turn.history`, in pages, so no conversation size breaks the link),
+//! tool calls' status changes and ends (`turn.toolStatus` → `tool.status`,
+//! `turn.toolEnded` → `tool.ended` with the result row) and sub-agents (`turn.delegate`). Each is answered only for a turn
 //! that runs and is handed to this connection.
 
 use berth_protocol::{
     ErrorCode,
-    worker::{self as wp, TurnHistory, TurnHistoryResult, TurnToolEnded, TurnToolStatus},
+    worker::{
+        self as wp, TurnDelegate, TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnToolEnded, TurnToolStatus,
+    },
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -19,7 +21,7 @@ fn params<T: DeserializeOwned>(v: Value) -> Result<T, ApiError> {
 }
 
 impl WorkerConn {
-    /// `turn.history`, `turn.toolStatus`, `turn.toolEnded`.
+    /// `turn.history`, `turn.toolStatus`, `turn.toolEnded`, `turn.delegate`.
     pub(super) async fn agent_request(&mut self, method: &str, p: Value) -> Result<Value, ApiError> {
         let tenant = self.principal.tenant_id.clone();
         let state = self.state.clone();
@@ -46,6 +48,12 @@ impl WorkerConn {
                     .await?;
                 self.state.metrics.events_appended.inc();
                 Ok(json!({"sequence": seq}))
+            }
+            wp::TURN_DELEGATE => {
+                let d: TurnDelegate = params(p)?;
+                let (session_id, turn_id) = store.delegate(conn, &tenant, &d.turn_id, &d.call_id, &d.prompt).await?;
+                // The child's turn is handed out like any (the send notified the dispatchers).
+                Ok(serde_json::to_value(TurnDelegateResult { session_id, turn_id }).unwrap_or_default())
             }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         }
