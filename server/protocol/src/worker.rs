@@ -5,6 +5,9 @@
 //! `turn.end`; notification `turn.delta`. Server → worker notifications: `turn.run` (the
 //! turn's settings only), `turn.stop {turnId}` (the turn was cancelled: stop working on it;
 //! the server has already settled it).
+//!
+//! Model calls go to the API tier's proxy ([`MODEL_PROXY_PATH`]) with the worker credential
+//! and the turn named in [`MODEL_PROXY_TURN_HEADER`].
 
 use serde::{Deserialize, Serialize};
 

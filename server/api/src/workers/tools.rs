@@ -13,46 +13,58 @@ use berth_protocol::{
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::WorkerConn;
+use super::turn::TurnTask;
 use crate::error::ApiError;
 
 fn params<T: DeserializeOwned>(v: Value) -> Result<T, ApiError> {
     serde_json::from_value(v).map_err(|_| ApiError::code(ErrorCode::BadParams))
 }
 
-impl WorkerConn {
+impl TurnTask {
     /// `turn.history`, `turn.toolStatus`, `turn.toolEnded`, `turn.delegate`.
     pub(super) async fn agent_request(&mut self, method: &str, p: Value) -> Result<Value, ApiError> {
-        let tenant = self.principal.tenant_id.clone();
-        let state = self.state.clone();
-        let store = &state.store;
-        let conn = self.connection_id.as_str();
+        let conn = self.conn.clone();
+        let (store, tenant, id) = (
+            &conn.state.store,
+            &conn.principal.tenant_id,
+            conn.connection_id.as_str(),
+        );
+        let turn = self.turn_id.as_str();
         match method {
             wp::TURN_HISTORY => {
                 let h: TurnHistory = params(p)?;
-                let (rows, next) = store.turn_history(conn, &tenant, &h.turn_id, h.after).await?;
+                let (rows, next) = store.turn_history(id, tenant, turn, h.after).await?;
                 Ok(serde_json::to_value(TurnHistoryResult { rows, next }).unwrap_or_default())
             }
             wp::TURN_TOOL_STATUS => {
                 let s: TurnToolStatus = params(p)?;
-                let seq = store
-                    .tool_status(conn, &tenant, &s.turn_id, s.position, &s.call_id, s.status)
-                    .await?;
-                self.state.metrics.events_appended.inc();
+                let seq = {
+                    let _permits = conn.write_permits().await;
+                    store
+                        .tool_status(id, tenant, turn, s.position, &s.call_id, s.status)
+                        .await?
+                };
+                conn.state.metrics.events_appended.inc();
                 Ok(json!({"sequence": seq}))
             }
             wp::TURN_TOOL_ENDED => {
                 let e: TurnToolEnded = params(p)?;
-                let seq = store
-                    .tool_ended(conn, &tenant, &e.turn_id, e.position, &e.call_id, e.status, &e.output)
-                    .await?;
-                self.state.metrics.events_appended.inc();
+                let seq = {
+                    let _permits = conn.write_permits().await;
+                    store
+                        .tool_ended(id, tenant, turn, e.position, &e.call_id, e.status, &e.output)
+                        .await?
+                };
+                conn.state.metrics.events_appended.inc();
                 Ok(json!({"sequence": seq}))
             }
             wp::TURN_DELEGATE => {
                 let d: TurnDelegate = params(p)?;
-                let (session_id, turn_id) = store.delegate(conn, &tenant, &d.turn_id, &d.call_id, &d.prompt).await?;
-                // The child's turn is handed out like any (the send notified the dispatchers).
+                // The child's turn is handed out like any (its send notifies the dispatchers).
+                let (session_id, turn_id) = {
+                    let _permits = conn.write_permits().await;
+                    store.delegate(id, tenant, turn, &d.call_id, &d.prompt).await?
+                };
                 Ok(serde_json::to_value(TurnDelegateResult { session_id, turn_id }).unwrap_or_default())
             }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
