@@ -66,12 +66,18 @@ impl Stack {
 
     /// The same, with extra `berth worker` arguments.
     pub async fn start_worker_with_args(&mut self, replica: usize, extra: &[&str]) {
-        let worker = TestWorker::start_with_args(
+        self.start_worker_with_env(replica, extra, &[]).await;
+    }
+
+    /// The same, with extra environment for the worker process.
+    pub async fn start_worker_with_env(&mut self, replica: usize, extra: &[&str], env: &[(&str, &str)]) {
+        let worker = TestWorker::start_with_env(
             &self.servers[replica],
             &self.worker_token,
             "proj",
             &self.workspace_dir,
             extra,
+            env,
         )
         .await
         .expect("worker");

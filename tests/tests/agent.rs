@@ -675,3 +675,38 @@ async fn stopping_the_parent_stops_the_sub_agent() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(group_members(pgid), Vec::<i32>::new(), "the child's command remains");
 }
+
+#[tokio::test]
+async fn a_shell_command_sees_none_of_berths_secrets() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    stack.kill_worker().await;
+    let token = stack.worker_token.clone();
+    stack
+        .start_worker_with_env(
+            0,
+            &[],
+            &[
+                ("BERTH_WORKER_TOKEN", &token),
+                ("DATABASE_URL", "postgres://berth:hunter2@db/berth"),
+                ("PGPASSWORD", "hunter2"),
+                ("HARMLESS_SETTING", "kept"),
+            ],
+        )
+        .await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": "env"}))], 8));
+    mock.push(Reply::text(&["ok"]));
+    let events = turn(&mut c, &mut watch, &sid, "show the environment").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let out = events.iter().find(|e| e["type"] == "tool.ended").unwrap()["rows"][0]["body"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(out.contains("HARMLESS_SETTING=kept"), "{out}");
+    for secret in [token.as_str(), "hunter2", "BERTH_", "DATABASE_URL"] {
+        assert!(!out.contains(secret), "{secret} reached the command");
+    }
+}
