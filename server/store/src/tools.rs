@@ -125,7 +125,8 @@ impl Store {
 }
 
 /// Move the call row at `position` (of `turn_id`, with `call_id`) to `status`; a call that
-/// already ended, or a move backwards, is refused. Returns the tool's name.
+/// is not there, already ended, or a move backwards is `bad-params` (never `not-found`,
+/// which tells a worker its turn is over). Returns the tool's name.
 async fn set_call_status(
     tx: &impl GenericClient,
     tenant_id: &str,
@@ -142,11 +143,11 @@ async fn set_call_status(
             &[&session_id, &tenant_id, &position.source_sequence, &position.item_index, &turn_id],
         )
         .await?
-        .ok_or(StoreError::Code(ErrorCode::NotFound))?;
+        .ok_or(StoreError::Code(ErrorCode::BadParams))?;
     let tool: Option<serde_json::Value> = row.get(0);
     let tool = tool
         .and_then(|t| serde_json::from_value::<ToolInfo>(t).ok())
-        .ok_or(StoreError::Code(ErrorCode::NotFound))?;
+        .ok_or(StoreError::Code(ErrorCode::BadParams))?;
     let current = ToolStatus::parse(&tool.status);
     let allowed = match current {
         Some(ToolStatus::Requested) => status != ToolStatus::Requested,
