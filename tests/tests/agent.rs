@@ -710,3 +710,42 @@ async fn a_shell_command_sees_none_of_berths_secrets() {
         assert!(!out.contains(secret), "{secret} reached the command");
     }
 }
+
+#[tokio::test]
+async fn a_row_larger_than_a_history_page_reaches_a_later_turn_whole() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    // Past the shell's 1 MiB output cap, so the stored result is just over a history page.
+    let command = "head -c 1100000 /dev/zero | tr '\\0' b; echo";
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": command}))], 16));
+    mock.push(Reply::text(&["Big."]));
+    let events = turn(&mut c, &mut watch, &sid, "Print more than a page").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let stored = events.iter().find(|e| e["type"] == "tool.ended").unwrap()["rows"][0]["body"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(stored.len() > 1 << 20, "{}", stored.len());
+    assert!(
+        stored.ends_with("not kept]\n[exit code 0]"),
+        "{}",
+        &stored[stored.len() - 80..]
+    );
+
+    // The next turn reads history in pages: the cut row is read on to its end, so the
+    // model sees the real tail (and the same view as in the turn that ran the command).
+    mock.push(Reply::text(&["Again."]));
+    let events = turn(&mut c, &mut watch, &sid, "And?").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let in_turn = messages(&mock, 1)[3].clone();
+    let later = messages(&mock, 2)[3].clone();
+    assert_eq!(later["tool_call_id"], "c1");
+    assert!(
+        later == in_turn,
+        "a later turn sees the result as the turn that ran it did"
+    );
+    assert!(later["content"].as_str().unwrap().ends_with("[exit code 0]"));
+}

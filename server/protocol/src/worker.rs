@@ -1,7 +1,7 @@
 //! The worker protocol: JSON-RPC 2.0 over the worker's outbound WebSocket (`GET /v1/worker`).
 //!
 //! Worker → server requests: `worker.hello`, `turn.history` (the session's rows before the
-//! turn, in pages), `turn.step`, `turn.toolStatus`, `turn.toolEnded`, `turn.interaction`,
+//! turn, in pages; `turn.source` reads on a field a page cut), `turn.step`, `turn.toolStatus`, `turn.toolEnded`, `turn.interaction`,
 //! `turn.end`; notification `turn.delta`. Server → worker notifications: `turn.run` (the
 //! turn's settings only), `turn.stop {turnId}` (the turn was cancelled: stop working on it;
 //! the server has already settled it).
@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Cause, NewRow, Position, Row, TurnState};
+use crate::{Cause, NewRow, Position, Row, RowField, TurnState};
 
 pub const WORKER_HELLO: &str = "worker.hello";
 pub const TURN_RUN: &str = "turn.run";
@@ -20,6 +20,7 @@ pub const TURN_STEP: &str = "turn.step";
 pub const TURN_END: &str = "turn.end";
 pub const TURN_STOP: &str = "turn.stop";
 pub const TURN_HISTORY: &str = "turn.history";
+pub const TURN_SOURCE: &str = "turn.source";
 pub const TURN_TOOL_STATUS: &str = "turn.toolStatus";
 pub const TURN_TOOL_ENDED: &str = "turn.toolEnded";
 pub const TURN_INTERACTION: &str = "turn.interaction";
@@ -109,6 +110,17 @@ pub struct TurnDelegate {
 pub struct TurnDelegateResult {
     pub session_id: String,
     pub turn_id: String,
+}
+
+/// Worker → server: the rest of a row field a `turn.history` page cut (it is marked
+/// `truncated`), from byte `offset`; answered like `session.source`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnSource {
+    pub turn_id: String,
+    pub position: Position,
+    pub field: RowField,
+    pub offset: u64,
 }
 
 /// A tool call's status: `requested → running → completed | failed | denied`

@@ -3,7 +3,10 @@
 //! follows in the same transaction, so a later read shows the final status and a watcher
 //! sees every change).
 
-use berth_protocol::{ErrorCode, NewRow, Position, Row, RowKind, SessionHistoryParams, ToolInfo, worker::ToolStatus};
+use berth_protocol::{
+    ErrorCode, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams, SessionSourceParams,
+    SessionSourceResult, ToolInfo, worker::ToolStatus,
+};
 use deadpool_postgres::GenericClient;
 use serde_json::json;
 
@@ -27,17 +30,7 @@ impl Store {
         turn_id: &str,
         after: Option<Position>,
     ) -> Result<(Vec<Row>, Option<Position>)> {
-        let session_id: String = {
-            let mut client = self.pool.get().await?;
-            let tx = tenant_tx(&mut client, tenant_id).await?;
-            tx.qo(
-                "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2 AND state = 'running' AND dispatched_to = $3",
-                &[&turn_id, &tenant_id, &connection_id],
-            )
-            .await?
-            .map(|r| r.get(0))
-            .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))?
-        };
+        let session_id = self.turn_session(connection_id, tenant_id, turn_id).await?;
         let page = self
             .history(
                 tenant_id,
@@ -51,6 +44,43 @@ impl Store {
             )
             .await?;
         Ok((page.rows, page.next_after))
+    }
+
+    /// The rest of a row field that a `turn_history` page cut, from byte `offset`.
+    pub async fn turn_source(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        turn_id: &str,
+        position: Position,
+        field: RowField,
+        offset: u64,
+    ) -> Result<SessionSourceResult> {
+        let session_id = self.turn_session(connection_id, tenant_id, turn_id).await?;
+        self.source(
+            tenant_id,
+            &SessionSourceParams {
+                session_id,
+                position,
+                field,
+                offset,
+                limit: Some(HISTORY_BUDGET_MAX as u32),
+            },
+        )
+        .await
+    }
+
+    /// The session of a turn that runs and is handed to `connection_id`.
+    async fn turn_session(&self, connection_id: &str, tenant_id: &str, turn_id: &str) -> Result<String> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        tx.qo(
+            "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2 AND state = 'running' AND dispatched_to = $3",
+            &[&turn_id, &tenant_id, &connection_id],
+        )
+        .await?
+        .map(|r| r.get(0))
+        .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))
     }
 
     /// A running turn's tool call (the `toolCall` row at `position`) moved to `running`:

@@ -4,9 +4,9 @@
 //! more written, and settling writes history before `turn.ended` goes out.
 
 use berth_protocol::{
-    Cause, NewRow, Position, Row, TurnState,
+    Cause, NewRow, Position, Row, RowField, SessionSourceResult, TurnState,
     worker::{
-        self as wp, ToolStatus, TurnEnd, TurnHistory, TurnHistoryResult, TurnRun, TurnStep, TurnToolEnded,
+        self as wp, ToolStatus, TurnEnd, TurnHistory, TurnHistoryResult, TurnRun, TurnSource, TurnStep, TurnToolEnded,
         TurnToolStatus, Usage,
     },
 };
@@ -69,7 +69,8 @@ impl TurnLink {
         }
     }
 
-    /// The session's rows so far (ending with this turn's prompt), page by page.
+    /// The session's rows so far (ending with this turn's prompt), page by page, each field
+    /// a page cut read on to its end.
     pub(crate) async fn history(&self) -> Result<Vec<Row>, Halt> {
         let mut rows = Vec::new();
         let mut after: Option<Position> = None;
@@ -81,12 +82,46 @@ impl TurnLink {
             let v = self.request(wp::TURN_HISTORY, to_value(&p)).await?;
             let page: TurnHistoryResult =
                 serde_json::from_value(v).map_err(|_| Halt::Failed(cause("history-unreadable")))?;
-            rows.extend(page.rows);
+            for mut row in page.rows {
+                self.complete(&mut row).await?;
+                rows.push(row);
+            }
             match page.next {
                 Some(n) if Some(n) != after => after = Some(n),
                 _ => return Ok(rows),
             }
         }
+    }
+
+    /// Read the rest of the fields a history page cut (`turn.source`).
+    async fn complete(&self, row: &mut Row) -> Result<(), Halt> {
+        let Some(cut) = row.truncated.take() else {
+            return Ok(());
+        };
+        for (field, t) in cut {
+            let mut offset = t.returned;
+            while offset < t.bytes {
+                let p = TurnSource {
+                    turn_id: self.turn_id.clone(),
+                    position: row.position,
+                    field,
+                    offset,
+                };
+                let v = self.request(wp::TURN_SOURCE, to_value(&p)).await?;
+                let part: SessionSourceResult =
+                    serde_json::from_value(v).map_err(|_| Halt::Failed(cause("history-unreadable")))?;
+                let text = match field {
+                    RowField::Body => &mut row.body,
+                    RowField::Thinking => row.thinking.get_or_insert_with(String::new),
+                };
+                text.push_str(&part.data);
+                match part.next_offset {
+                    Some(n) if n > offset => offset = n,
+                    _ => break,
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Publish a completed model step (one `model.completed` event); returns its sequence.

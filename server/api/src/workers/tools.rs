@@ -7,7 +7,8 @@
 use berth_protocol::{
     ErrorCode,
     worker::{
-        self as wp, TurnDelegate, TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnToolEnded, TurnToolStatus,
+        self as wp, TurnDelegate, TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnSource, TurnToolEnded,
+        TurnToolStatus,
     },
 };
 use serde::de::DeserializeOwned;
@@ -21,7 +22,7 @@ fn params<T: DeserializeOwned>(v: Value) -> Result<T, ApiError> {
 }
 
 impl TurnTask {
-    /// `turn.history`, `turn.toolStatus`, `turn.toolEnded`, `turn.delegate`.
+    /// `turn.history`, `turn.source`, `turn.toolStatus`, `turn.toolEnded`, `turn.delegate`.
     pub(super) async fn agent_request(&mut self, method: &str, p: Value) -> Result<Value, ApiError> {
         let conn = self.conn.clone();
         let (store, tenant, id) = (
@@ -35,6 +36,13 @@ impl TurnTask {
                 let h: TurnHistory = params(p)?;
                 let (rows, next) = store.turn_history(id, tenant, turn, h.after).await?;
                 Ok(serde_json::to_value(TurnHistoryResult { rows, next }).unwrap_or_default())
+            }
+            wp::TURN_SOURCE => {
+                let s: TurnSource = params(p)?;
+                let r = store
+                    .turn_source(id, tenant, turn, s.position, s.field, s.offset)
+                    .await?;
+                Ok(serde_json::to_value(r).unwrap_or_default())
             }
             wp::TURN_TOOL_STATUS => {
                 let s: TurnToolStatus = params(p)?;

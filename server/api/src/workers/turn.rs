@@ -35,6 +35,7 @@ pub(super) fn is_turn_method(method: &str) -> bool {
             | wp::TURN_STEP
             | wp::TURN_END
             | wp::TURN_HISTORY
+            | wp::TURN_SOURCE
             | wp::TURN_TOOL_STATUS
             | wp::TURN_TOOL_ENDED
             | wp::TURN_DELEGATE
@@ -127,7 +128,7 @@ impl TurnTask {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
-            wp::TURN_HISTORY | wp::TURN_TOOL_STATUS | wp::TURN_TOOL_ENDED | wp::TURN_DELEGATE => {
+            wp::TURN_HISTORY | wp::TURN_SOURCE | wp::TURN_TOOL_STATUS | wp::TURN_TOOL_ENDED | wp::TURN_DELEGATE => {
                 self.agent_request(&req.method, req.params).await
             }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
