@@ -4,9 +4,8 @@
 
 use std::{future::Future, pin::Pin};
 
-use berth_protocol::ErrorCode;
+use berth_protocol::{ErrorCode, EventPayload, SessionCreated};
 use deadpool_postgres::GenericClient;
-use serde_json::json;
 
 use crate::{
     Cached, Result, Store, StoreError,
@@ -77,8 +76,11 @@ impl Store {
                     ],
                 )
                 .await?;
-                let payload = json!({"workspaceId": workspace_id, "parent": parent});
-                append_event(&tx, tenant_id, &child, "session.created", None, payload, &[]).await?;
+                let created = EventPayload::SessionCreated(SessionCreated {
+                    workspace_id,
+                    parent: Some(parent.clone()),
+                });
+                append_event(&tx, tenant_id, &child, None, &created, &[]).await?;
                 child
             }
         };

@@ -4,11 +4,10 @@
 //! sees every change).
 
 use berth_protocol::{
-    ErrorCode, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams, SessionSourceParams,
-    SessionSourceResult, ToolInfo, worker::ToolStatus,
+    ErrorCode, EventPayload, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams, SessionSourceParams,
+    SessionSourceResult, ToolCallStatus, ToolInfo, worker::ToolStatus,
 };
 use deadpool_postgres::GenericClient;
-use serde_json::json;
 
 use crate::{
     Cached, Result, Store, StoreError,
@@ -101,8 +100,12 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
         set_call_status(&tx, tenant_id, &session_id, turn_id, position, call_id, status).await?;
-        let payload = json!({"position": position, "callId": call_id, "status": status});
-        let seq = append_event(&tx, tenant_id, &session_id, "tool.status", Some(turn_id), payload, &[]).await?;
+        let event = EventPayload::ToolStatus(ToolCallStatus {
+            position,
+            call_id: call_id.to_string(),
+            status,
+        });
+        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[]).await?;
         tx.commit().await?;
         Ok(seq)
     }
@@ -138,17 +141,12 @@ impl Store {
             }),
             hidden: None,
         };
-        let payload = json!({"position": position, "callId": call_id, "status": status});
-        let seq = append_event(
-            &tx,
-            tenant_id,
-            &session_id,
-            "tool.ended",
-            Some(turn_id),
-            payload,
-            &[row],
-        )
-        .await?;
+        let event = EventPayload::ToolEnded(ToolCallStatus {
+            position,
+            call_id: call_id.to_string(),
+            status,
+        });
+        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[row]).await?;
         tx.commit().await?;
         Ok(seq)
     }
