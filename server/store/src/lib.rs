@@ -12,9 +12,11 @@ pub mod token;
 
 pub mod admin;
 mod delegate;
+mod fork;
 mod history;
 mod identity;
 pub mod receipts;
+pub mod search;
 mod sessions;
 mod tools;
 mod turns;
