@@ -320,11 +320,10 @@ impl WorkerConn {
                 thinking: 0,
             };
             self.turns.insert(c.run.turn_id.clone(), live);
-            self.relay_now(
-                &c.run.session_id,
+            let (session, phase) = (
+                c.run.session_id.clone(),
                 json!({"type": "phase", "phase": "running", "turnId": c.run.turn_id}),
-            )
-            .await;
+            );
             let mut run = c.run;
             if run.model.is_none() {
                 run.model = self.state.config.model.model.clone();
@@ -334,6 +333,8 @@ impl WorkerConn {
                 serde_json::to_value(run)?,
             )))
             .await?;
+            // After the hand-out: the relay is a database round trip the turn need not wait for.
+            self.relay_now(&session, phase).await;
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 //! streaming proxy, so this machine needs no provider key and no internet egress.
 
 mod model;
+mod net;
 mod turn;
 
 use std::{
@@ -65,9 +66,7 @@ impl WorkerConfig {
 
 /// Run until `shutdown`, reconnecting with exponential backoff (capped, jittered).
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .build()?;
+    let http = net::http_client()?;
     let mut backoff = Duration::from_millis(200);
     loop {
         match connect_once(&config, &http, &shutdown).await {
@@ -136,9 +135,7 @@ async fn connect_once(
         "authorization",
         HeaderValue::from_str(&format!("Bearer {}", config.token))?,
     );
-    let (socket, _) = tokio_tungstenite::connect_async(req)
-        .await
-        .context("connecting to the API tier")?;
+    let (socket, _) = net::connect(req).await.context("connecting to the API tier")?;
     let (mut sink, mut stream) = socket.split();
 
     let hello = WorkerHello {
