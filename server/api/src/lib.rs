@@ -65,6 +65,8 @@ pub struct App {
     pub login_limiter: auth::LoginLimiter,
     /// Requests per credential.
     pub request_limiter: auth::KeyedLimiter,
+    /// Per-tenant limits of the model proxy.
+    pub proxy: proxy::ProxyLimits,
 }
 
 impl App {
@@ -101,12 +103,14 @@ pub async fn serve(
     let http = net::http_client()?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
+    let proxy = proxy::ProxyLimits::new(&config.model);
+    let workers = workers::Registry::new(&config.limits);
     let state = AppState(Arc::new(App {
         store,
         config,
         metrics: metrics::Metrics::new(),
         hub: hub::Hub::default(),
-        workers: workers::Registry::default(),
+        workers,
         http,
         shutdown: token.clone(),
         connections: connections::Connections::default(),
@@ -115,6 +119,7 @@ pub async fn serve(
             capacity: config_burst,
             refill_every: Duration::from_secs(1) / config_rate.max(1),
         }),
+        proxy,
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
@@ -149,6 +154,11 @@ pub async fn serve(
     )
     .with_graceful_shutdown(async move { t.cancelled().await })
     .await?;
+    // Upgraded WebSockets outlive axum's graceful shutdown: let them finish their cleanup
+    // (they were told to close when `token` was cancelled) while the database is still up.
+    if !state.connections.drained(Duration::from_secs(10)).await {
+        tracing::warn!("connections still open after the shutdown grace period");
+    }
     metrics_server.await??;
     Ok(())
 }

@@ -159,7 +159,13 @@ fn init_tracing(settings: &Settings) {
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_new(settings.get(None, "RUST_LOG").unwrap_or_else(|| "info".into()))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal: files and pipes get plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour);
     if settings.get(None, "BERTH_LOG_FORMAT").as_deref() == Some("json") {
         builder.json().init();
     } else {
@@ -234,6 +240,13 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         base_url: settings.get(None, "BERTH_MODEL_BASE_URL"),
         api_key: settings.secret("BERTH_MODEL_API_KEY")?.map(Secret),
         model: settings.get(None, "BERTH_MODEL"),
+        context_tokens: settings.parse(None, "BERTH_MODEL_CONTEXT_TOKENS", "200000")?,
+        max_output_tokens: match settings.get(None, "BERTH_MODEL_MAX_OUTPUT_TOKENS") {
+            Some(v) => Some(v.parse().context("BERTH_MODEL_MAX_OUTPUT_TOKENS")?),
+            None => None,
+        },
+        max_concurrent: settings.parse(None, "BERTH_MODEL_MAX_CONCURRENT", "64")?,
+        requests_per_min: settings.parse(None, "BERTH_MODEL_RATE_PER_MIN", "600")?,
     };
     config.jwt = Some(std::sync::Arc::new(jwt_keys(settings, &run_dir)?));
     config.jwt_ttl = std::time::Duration::from_secs(settings.parse(None, "BERTH_JWT_TTL_SECS", "900")?);
@@ -251,6 +264,13 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         max_json_depth: settings.parse(None, "BERTH_MAX_JSON_DEPTH", &defaults.max_json_depth.to_string())?,
         ping_interval: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_PING_SECS", "20")?),
         idle_timeout: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_IDLE_SECS", "60")?),
+        worker_max_turns: settings.parse(None, "BERTH_WORKER_MAX_TURNS", &defaults.worker_max_turns.to_string())?,
+        worker_max_writes: settings.parse(None, "BERTH_WORKER_MAX_WRITES", &defaults.worker_max_writes.to_string())?,
+        replica_max_turn_writes: settings.parse(
+            None,
+            "BERTH_TURN_WRITES_PER_REPLICA",
+            &defaults.replica_max_turn_writes.to_string(),
+        )?,
     };
     let retention: u64 = settings.parse(None, "BERTH_RECEIPT_RETENTION_SECS", "604800")?;
     config.receipt_retention = std::time::Duration::from_secs(retention);
@@ -267,6 +287,15 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     let metrics_addr = metrics_listener.local_addr()?;
     println!("berth: listening on http://{addr} (metrics on http://{metrics_addr}/metrics)");
     println!("berth: admin credential file: {}", token_path.display());
+    if dev {
+        println!("berth: try it (https://github.com/vi/websocat):");
+        println!(
+            "  websocat -H \"Authorization: Bearer $(cat {})\" ws://{addr}/v1/rpc",
+            token_path.display()
+        );
+        println!("  then send: {{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"workspace.list\"}}");
+        println!("berth: Ctrl-C stops Berth and its private PostgreSQL");
+    }
     std::io::stdout().flush()?;
 
     let shutdown = CancellationToken::new();

@@ -1,0 +1,160 @@
+//! Worker connections (`GET /v1/worker`): registration, presence, turn hand-out and the
+//! events a worker streams back.
+//!
+//! A worker connects outbound with a worker credential, declares its workspaces in
+//! `worker.hello`, and is then handed turns. Hand-out is driven by the database: any
+//! replica that admits or settles a turn sends `NOTIFY berth_dispatch, '<workspace>'`, and
+//! the replica that holds a connection for that workspace claims the turns
+//! ([`berth_store::Store::claim_turns`]) and sends `turn.run`.
+//!
+//! One connection carries many turns, and they must not wait for each other: the reader
+//! routes each message to its turn's own task (an ordered queue, so a turn's messages keep
+//! their order), claims and heartbeats run in a task of their own, and one writer task owns
+//! the socket. Work is bounded: turns handed to a connection, queued messages per turn, and
+//! database writes in flight per connection and per replica; at a bound the reader stops
+//! reading, which pushes back on the worker instead of growing memory.
+
+mod claim;
+mod connection;
+mod relay;
+mod steps;
+mod turn;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    extract::{State, WebSocketUpgrade, ws::Message},
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+};
+use berth_store::{CredentialKind, Principal, token};
+use serde::Serialize;
+use tokio::sync::{Notify, Semaphore, mpsc};
+
+pub use relay::RelayedDelta;
+
+use crate::{AppState, config::Limits, connections::Registration, rpc::bearer};
+
+/// Worker connections held by this replica, by connection id.
+pub struct Registry {
+    conns: Mutex<HashMap<String, LocalWorker>>,
+    /// Database writes in flight for turns, across this replica's worker connections.
+    writes: Arc<Semaphore>,
+}
+
+/// A worker connection held by this replica.
+struct LocalWorker {
+    workspaces: Vec<String>,
+    /// Makes the connection claim turns.
+    kick: Arc<Notify>,
+    /// Turns to stop (cancelled by a client on any replica).
+    stop: mpsc::UnboundedSender<String>,
+}
+
+impl Registry {
+    pub fn new(limits: &Limits) -> Registry {
+        Registry {
+            conns: Mutex::default(),
+            writes: Arc::new(Semaphore::new(limits.replica_max_turn_writes.max(1))),
+        }
+    }
+
+    /// Wake the connections serving `workspace_id` to claim turns.
+    pub fn kick(&self, workspace_id: &str) {
+        for w in self.conns.lock().expect("registry lock").values() {
+            if w.workspaces.iter().any(|id| id == workspace_id) {
+                w.kick.notify_one();
+            }
+        }
+    }
+
+    pub fn kick_all(&self) {
+        for w in self.conns.lock().expect("registry lock").values() {
+            w.kick.notify_one();
+        }
+    }
+
+    /// Tell the worker on `connection_id` (if this replica holds it) to stop `turn_id`.
+    pub fn stop(&self, connection_id: &str, turn_id: &str) {
+        if let Some(w) = self.conns.lock().expect("registry lock").get(connection_id) {
+            let _ = w.stop.send(turn_id.to_string());
+        }
+    }
+}
+
+pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
+    let Some(presented) = bearer(&headers) else {
+        state.metrics.auth_failures.with_label_values(&["missing"]).inc();
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let principal = match state.store.authenticate(presented).await {
+        Ok(Some(p)) if p.kind == CredentialKind::Worker => p,
+        Ok(Some(_)) => {
+            state.metrics.auth_failures.with_label_values(&["not-a-worker"]).inc();
+            return StatusCode::FORBIDDEN.into_response();
+        }
+        Ok(None) => {
+            state.metrics.auth_failures.with_label_values(&["invalid"]).inc();
+            return StatusCode::UNAUTHORIZED.into_response();
+        }
+        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    };
+    let revoked = tokio_util::sync::CancellationToken::new();
+    let max = state.config.limits.max_connections_per_credential;
+    // Unregistered when dropped: also when the upgrade never completes.
+    let Some(registration) = Registration::new(&state, &principal, max, revoked.clone()) else {
+        return StatusCode::TOO_MANY_REQUESTS.into_response();
+    };
+    ws.max_message_size(state.config.max_text_message)
+        .on_upgrade(move |socket| async move {
+            let connection_id = token::new_id("wcn");
+            state.metrics.workers_connected.inc();
+            state.metrics.connections.with_label_values(&["worker"]).inc();
+            connection::serve(state.clone(), principal, connection_id, revoked, socket).await;
+            drop(registration);
+            state.metrics.workers_connected.dec();
+            state.metrics.connections.with_label_values(&["worker"]).dec();
+        })
+}
+
+/// One worker connection, shared by its reader, claimer and turn tasks.
+struct Conn {
+    state: AppState,
+    principal: Principal,
+    connection_id: String,
+    /// The workspace ids the worker serves.
+    workspaces: Vec<String>,
+    /// Messages to the worker (the writer task owns the socket).
+    out: mpsc::Sender<Message>,
+    /// Turns handed to this connection: the queue of each one's task.
+    turns: Mutex<HashMap<String, turn::TurnHandle>>,
+    /// Database writes in flight for this connection's turns.
+    writes: Arc<Semaphore>,
+    /// Cancelled when the connection ends: turn tasks and the claimer stop.
+    closing: tokio_util::sync::CancellationToken,
+}
+
+impl Conn {
+    /// Send to the worker (dropped if the connection is gone: it ends anyway).
+    async fn send(&self, msg: Message) {
+        let _ = self.out.send(msg).await;
+    }
+
+    /// Permits for one database write: this connection's and the replica's.
+    async fn write_permits(&self) -> (tokio::sync::SemaphorePermit<'_>, tokio::sync::SemaphorePermit<'_>) {
+        let own = self.writes.acquire().await.expect("never closed");
+        let replica = self.state.workers.writes.acquire().await.expect("never closed");
+        (own, replica)
+    }
+
+    fn turn_count(&self) -> usize {
+        self.turns.lock().expect("turns lock").len()
+    }
+}
+
+fn text_msg<T: Serialize>(v: &T) -> Message {
+    Message::Text(serde_json::to_string(v).unwrap_or_default().into())
+}

@@ -1,0 +1,73 @@
+//! Persisting what a worker streams back: completed steps (`turn.step`) and ends
+//! (`turn.end`).
+
+use berth_protocol::worker::{TurnEnd, TurnStep};
+use berth_store::StoreError;
+use serde_json::json;
+
+use super::turn::TurnTask;
+use crate::error::ApiError;
+
+impl TurnTask {
+    /// `turn.step`: append the completed step as one `model.completed` event (its usage is
+    /// what the model proxy metered, not the worker's report).
+    pub(super) async fn step(&mut self, step: TurnStep) -> Result<serde_json::Value, ApiError> {
+        self.flush_relay().await;
+        let conn = self.conn.clone();
+        let r = {
+            let _permits = conn.write_permits().await;
+            conn.state
+                .store
+                .append_step(
+                    &conn.connection_id,
+                    &conn.principal.tenant_id,
+                    &self.turn_id,
+                    &step.rows,
+                )
+                .await
+        };
+        conn.state.hub.end_step(&self.live.session);
+        self.live.step += 1;
+        self.live.text = 0;
+        self.live.thinking = 0;
+        let seq = r?;
+        conn.state.metrics.events_appended.inc();
+        Ok(json!({"sequence": seq}))
+    }
+
+    /// `turn.end`: settle the turn (`turn.ended`), tell watchers it went idle, and let the
+    /// turn go (its queue closes; the task ends).
+    pub(super) async fn end(&mut self, end: TurnEnd) -> Result<serde_json::Value, ApiError> {
+        self.flush_relay().await;
+        let conn = self.conn.clone();
+        let r = {
+            let _permits = conn.write_permits().await;
+            conn.state
+                .store
+                .end_turn(
+                    Some(&conn.connection_id),
+                    &conn.principal.tenant_id,
+                    &self.turn_id,
+                    end.state,
+                    end.cause.as_ref(),
+                )
+                .await
+        };
+        let r = match r {
+            // Not settled: the worker retries its `turn.end`, which must still reach this task.
+            Err(e @ (StoreError::Db(_) | StoreError::Unavailable(_) | StoreError::Other(_))) => return Err(e.into()),
+            r => r,
+        };
+        conn.turns.lock().expect("turns lock").remove(&self.turn_id);
+        let metrics = &conn.state.metrics;
+        metrics.turn_duration.observe(self.live.started.elapsed().as_secs_f64());
+        conn.state.hub.end_step(&self.live.session);
+        let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
+        self.relay_now(idle).await;
+        let (_, seq) = r?;
+        metrics.events_appended.inc();
+        metrics.turns.with_label_values(&[end.state.as_str()]).inc();
+        tracing::info!(turn.id = %end.turn_id, state = end.state.as_str(), "turn settled");
+        Ok(json!({"sequence": seq}))
+    }
+}
