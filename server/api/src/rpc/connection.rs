@@ -30,9 +30,10 @@ pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
             }
         },
         (None, Some(p)) => p,
+        // Not a wrong credential but a malformed sign-in: the token is required here.
         (None, None) => {
             ctx.state.metrics.auth_failures.with_label_values(&["missing"]).inc();
-            return Err(ApiError::code(ErrorCode::Unauthorized));
+            return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "token"})));
         }
     };
     ctx.conn.sign_in(&ctx.state, principal.clone())?;
@@ -67,14 +68,12 @@ pub async fn status(ctx: Ctx, _p: Empty) -> ApiResult<StatusResult> {
     })
 }
 
-/// End a subscription early; its original request is answered after cleanup.
+/// End a subscription early; its original request is answered once its task has stopped
+/// (the slot and its id stay taken until then).
 pub async fn close(ctx: Ctx, p: SubscriptionCloseParams) -> ApiResult<Empty> {
-    let sub = ctx.conn.subs.lock().expect("conn lock").remove(&p.id);
-    match sub {
-        Some(token) => {
-            token.cancel();
-            Ok(Empty {})
-        }
-        None => Err(ApiError::code(ErrorCode::NotFound)),
+    if ctx.conn.subs.lock().expect("conn lock").close(p.id) {
+        Ok(Empty {})
+    } else {
+        Err(ApiError::code(ErrorCode::NotFound))
     }
 }
