@@ -455,6 +455,8 @@ impl Store {
     ) -> Result<()> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        // Live output is not history (the completed step is): no need to wait for the disk.
+        tx.ex("SET LOCAL synchronous_commit = off", &[]).await?;
         let updated = tx
             .ex(
                 "UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4

@@ -6,6 +6,7 @@
 mod agent;
 mod delegate;
 mod model;
+mod net;
 mod policy;
 mod tools;
 mod turn;
@@ -81,9 +82,7 @@ impl WorkerConfig {
 
 /// Run until `shutdown`, reconnecting with exponential backoff (capped, jittered).
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .build()?;
+    let http = net::http_client()?;
     let mut backoff = Duration::from_millis(200);
     loop {
         match connect_once(&config, &http, &shutdown).await {
@@ -154,9 +153,7 @@ async fn connect_once(
         "authorization",
         HeaderValue::from_str(&format!("Bearer {}", config.token))?,
     );
-    let (socket, _) = tokio_tungstenite::connect_async(req)
-        .await
-        .context("connecting to the API tier")?;
+    let (socket, _) = net::connect(req).await.context("connecting to the API tier")?;
     let (mut sink, mut stream) = socket.split();
 
     let hello = WorkerHello {
