@@ -166,6 +166,7 @@ mod tests {
             }),
             hidden: None,
             truncated: None,
+            attachments: None,
         }
     }
 
