@@ -13,6 +13,7 @@ pub mod hub;
 mod listen;
 mod login;
 pub mod metrics;
+mod providers;
 mod proxy;
 mod rpc;
 mod workers;
@@ -54,8 +55,10 @@ pub struct App {
     pub hub: hub::Hub,
     /// Worker connections held by this replica.
     pub workers: workers::Registry,
-    /// HTTP client for the model provider.
+    /// HTTP client for outbound calls.
     pub http: reqwest::Client,
+    /// HTTP client for model providers (their connect timeout).
+    pub provider_http: reqwest::Client,
     /// Cancelled when the replica shuts down; long-lived tasks end with it.
     pub shutdown: CancellationToken,
     /// Live connections by principal (for revocation and per-credential limits).
@@ -102,6 +105,9 @@ pub async fn serve(
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .build()?;
+    let provider_http = reqwest::Client::builder()
+        .connect_timeout(config.model.resilience.connect_timeout)
+        .build()?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
     let proxy = proxy::ProxyLimits::new(&config.model);
@@ -113,6 +119,7 @@ pub async fn serve(
         hub: hub::Hub::default(),
         workers,
         http,
+        provider_http,
         shutdown: token.clone(),
         connections: connections::Connections::default(),
         login_limiter: auth::LoginLimiter::default(),

@@ -110,8 +110,6 @@ impl SessionCreateParams {
     pub fn unsupported_field(&self) -> Option<&'static str> {
         [
             ("agent", self.agent.is_some()),
-            ("provider", self.provider.is_some()),
-            ("baseUrl", self.base_url.is_some()),
             ("delegationDepth", self.delegation_depth.is_some()),
             ("channel", self.channel.is_some()),
             ("kind", self.kind.is_some()),

@@ -28,6 +28,16 @@ pub struct ClaimedTurn {
     pub run: TurnRun,
 }
 
+/// What the model proxy holds a turn's calls to.
+#[derive(Debug, Clone)]
+pub struct ProxyTurn {
+    pub model: Option<String>,
+    pub provider: Option<String>,
+    /// A client-chosen endpoint (only stored for a profile that allows one).
+    pub base_url: Option<String>,
+    pub session_id: String,
+}
+
 /// The live output of a session's running step (for watchers joining mid-turn).
 #[derive(Debug, Clone, Default)]
 pub struct Partial {
@@ -338,7 +348,8 @@ impl Store {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let claimed = tx
             .qa(
-                "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, $4) FROM sessions s
+                "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, $4), provider = s.provider,
+                        base_url = s.base_url FROM sessions s
                   WHERE s.id = t.session_id AND t.dispatched_to IS NULL AND t.state = 'running'
                     AND t.id IN (SELECT u.id FROM turns u JOIN sessions v ON v.id = u.session_id
                                   WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
@@ -369,16 +380,17 @@ impl Store {
             .collect())
     }
 
-    /// For the model proxy: the model `turn_id` was dispatched with (None: the tenant
-    /// default), if the turn is running and was handed to a live connection of the calling
-    /// worker credential; `turn-not-running` otherwise.
-    pub async fn proxy_turn(&self, worker: &Principal, turn_id: &str) -> Result<Option<String>> {
+    /// For the model proxy: the model, provider profile and endpoint `turn_id` was
+    /// dispatched with (None: the defaults), if the turn is running and was handed to a live
+    /// connection of the calling worker credential; `turn-not-running` otherwise.
+    pub async fn proxy_turn(&self, worker: &Principal, turn_id: &str) -> Result<ProxyTurn> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
         let row = tx
             .qo(
                 &format!(
-                    "SELECT t.model FROM turns t JOIN worker_presence p ON p.connection_id = t.dispatched_to
+                    "SELECT t.model, t.provider, t.base_url, t.session_id FROM turns t
+                       JOIN worker_presence p ON p.connection_id = t.dispatched_to
                       WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running'
                         AND p.tenant_id = $2 AND p.credential_id = $3
                         AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
@@ -388,7 +400,12 @@ impl Store {
             .await?;
         tx.commit().await?;
         match row {
-            Some(r) => Ok(r.get(0)),
+            Some(r) => Ok(ProxyTurn {
+                model: r.get(0),
+                provider: r.get(1),
+                base_url: r.get(2),
+                session_id: r.get(3),
+            }),
             None => Err(StoreError::Code(ErrorCode::TurnNotRunning)),
         }
     }

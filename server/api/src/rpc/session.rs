@@ -26,11 +26,43 @@ fn default_model(ctx: &Ctx) -> Option<&str> {
     ctx.state.config.model.model.as_deref()
 }
 
+/// Check a `{provider, model}` choice against the configured profiles (SPEC §4.3): an
+/// unknown profile or a model the profile does not offer is a typed error. A profile named
+/// without a model gets its first model.
+fn choose_model(ctx: &Ctx, provider: Option<&str>, model: Option<String>) -> ApiResult<Option<String>> {
+    let providers = ctx.state.config.providers.current();
+    let profile = match (provider, providers.get(provider)) {
+        (Some(name), None) => {
+            return Err(ApiError::with(ErrorCode::UnknownProvider, json!({"provider": name})));
+        }
+        (_, profile) => profile,
+    };
+    let Some(profile) = profile else { return Ok(model) };
+    match model {
+        Some(m) if !profile.offers(&m) => Err(ApiError::with(ErrorCode::UnknownModel, json!({"model": m}))),
+        Some(m) => Ok(Some(m)),
+        None if provider.is_some() => Ok(profile.models.first().map(|m| m.id.clone())),
+        None => Ok(None),
+    }
+}
+
 #[tracing::instrument(skip_all, fields(workspace.id = %p.workspace_id))]
-pub async fn create(ctx: Ctx, p: SessionCreateParams) -> ApiResult<SessionSnapshot> {
+pub async fn create(ctx: Ctx, mut p: SessionCreateParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
     if let Some(field) = p.unsupported_field() {
         return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": field})));
+    }
+    p.model = choose_model(&ctx, p.provider.as_deref(), p.model.take())?;
+    if let Some(url) = &p.base_url {
+        let providers = ctx.state.config.providers.current();
+        let allowed = providers.get(p.provider.as_deref()).is_some_and(|pr| pr.allow_base_url);
+        if !allowed {
+            return Err(ApiError::with(ErrorCode::BaseUrlNotAllowed, json!({"field": "baseUrl"})));
+        }
+        let ok = reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
+        if !ok || url.len() > 2000 {
+            return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "baseUrl"})));
+        }
     }
     let snap = ctx
         .state
@@ -99,12 +131,9 @@ pub async fn rename(ctx: Ctx, p: SessionRenameParams) -> ApiResult<SessionSnapsh
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn set_model(ctx: Ctx, p: SessionSetModelParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
-    if p.provider.is_some() {
-        // No provider profiles exist yet to name (SPEC §4.3).
-        return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": "provider"})));
-    }
+    let model = choose_model(&ctx, p.provider.as_deref(), p.model)?;
     let store = &ctx.state.store;
-    let (provider, model) = (p.provider.as_deref(), p.model.as_deref());
+    let (provider, model) = (p.provider.as_deref(), model.as_deref());
     Ok(store
         .set_model(
             &me.tenant_id,

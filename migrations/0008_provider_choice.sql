@@ -1,0 +1,7 @@
+-- A session's provider choice (`session.create {provider, baseUrl}`, `session.setModel`):
+-- the client-chosen endpoint, honoured only for a profile that allows one. A turn records
+-- the provider and endpoint it was dispatched with, beside its model, so the model proxy
+-- holds the worker to them.
+ALTER TABLE sessions ADD COLUMN base_url text;
+ALTER TABLE turns ADD COLUMN provider text;
+ALTER TABLE turns ADD COLUMN base_url text;
