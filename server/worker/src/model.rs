@@ -71,6 +71,9 @@ where
                 break;
             }
             let chunk: Chunk = serde_json::from_str(&data).map_err(|_| cause("provider-protocol"))?;
+            if let Some(c) = chunk.error {
+                return Err(StepError::Failed(c));
+            }
             if let Some(u) = chunk.usage {
                 completion.usage = Some(Usage {
                     input_tokens: u.prompt_tokens,
@@ -145,6 +148,9 @@ impl SseParser {
 
 #[derive(Deserialize)]
 struct Chunk {
+    /// The proxy's typed failure in the middle of a stream (idle timeout, …).
+    #[serde(default)]
+    error: Option<Cause>,
     #[serde(default)]
     choices: Option<Vec<Choice>>,
     #[serde(default)]

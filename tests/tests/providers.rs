@@ -1,0 +1,326 @@
+//! Model providers (issue 10): profiles and their wire formats, resilience, typed causes,
+//! the per-session choice of provider and endpoint, and reload — against the scripted
+//! provider speaking Chat Completions, the Responses API and Anthropic Messages.
+
+use berth_e2e::{Client, Format, MockProvider, Part, Reply, Stack, client::code};
+use serde_json::{Value, json};
+
+fn is_turn_end(v: &Value) -> bool {
+    v["type"] == "turn.ended"
+}
+
+/// Profiles `resp` (Responses API) and `anth` (Anthropic Messages) on `mock`, beside the
+/// default chat-completions profile; each with its own key.
+fn profiles(mock: &MockProvider) -> Vec<(String, String)> {
+    let url = mock.base_url();
+    [
+        ("BERTH_PROVIDERS", "resp,anth"),
+        ("BERTH_PROVIDER_RESP_API", "responses"),
+        ("BERTH_PROVIDER_RESP_BASE_URL", &url),
+        ("BERTH_PROVIDER_RESP_API_KEY", "sk-resp-key"),
+        ("BERTH_PROVIDER_RESP_MODELS", "resp-model:128000,resp-mini"),
+        ("BERTH_PROVIDER_ANTH_API", "anthropic-messages"),
+        ("BERTH_PROVIDER_ANTH_BASE_URL", &url),
+        ("BERTH_PROVIDER_ANTH_API_KEY", "sk-anth-key"),
+        ("BERTH_PROVIDER_ANTH_MODELS", "claude-test"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+async fn stack_with(mock: &MockProvider, extra: &[(&str, &str)]) -> Stack {
+    let owned = profiles(mock);
+    let mut env: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.extend_from_slice(extra);
+    Stack::start_with(mock, 1, &env).await
+}
+
+/// Send `prompt` in a new session created with `create` params; returns the session id and
+/// the turn's end.
+async fn run_turn(stack: &Stack, c: &mut Client, create: Value, prompt: &str) -> (String, Value) {
+    let mut params = json!({"workspaceId": stack.workspace_id});
+    for (k, v) in create.as_object().unwrap() {
+        params[k] = v.clone();
+    }
+    let snap = c.ok("session.create", params).await;
+    let sid = snap["sessionId"].as_str().unwrap().to_string();
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": prompt})).await;
+    let items = w.until(60, is_turn_end).await.expect("turn ended");
+    (sid, items.last().unwrap().clone())
+}
+
+/// History rows without what differs between sessions (ids, times).
+async fn rows(c: &mut Client, sid: &str) -> Vec<Value> {
+    let h = c.ok("session.history", json!({"sessionId": sid})).await;
+    h["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| json!({"kind": r["kind"], "body": r["body"], "thinking": r.get("thinking")}))
+        .collect()
+}
+
+fn answer() -> Reply {
+    Reply::Stream(vec![
+        Part::Reasoning("Let me ".into()),
+        Part::Reasoning("think.".into()),
+        Part::Text("Hello ".into()),
+        Part::Text("from the model.".into()),
+        Part::Usage {
+            prompt: 21,
+            completion: 8,
+        },
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_turn_completes_through_each_wire_format_with_identical_rows() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[]).await;
+    let mut c = stack.client(0).await;
+    let mut histories = Vec::new();
+    for (create, format, key) in [
+        (json!({}), Format::Chat, "Bearer sk-test-provider-key"),
+        (json!({"provider": "resp"}), Format::Responses, "Bearer sk-resp-key"),
+        (json!({"provider": "anth", "model": "claude-test"}), Format::Anthropic, "sk-anth-key"),
+    ] {
+        mock.push(answer());
+        let (sid, end) = run_turn(&stack, &mut c, create, "hi").await;
+        assert_eq!(end["state"], "completed", "{format:?}: {end}");
+        histories.push(rows(&mut c, &sid).await);
+        let (got_format, credential) = mock.credentials().last().cloned().unwrap();
+        assert_eq!(got_format, format);
+        assert_eq!(credential.as_deref(), Some(key), "{format:?}: each profile's own key");
+        // The usage the provider reported, in its own format, is metered the same.
+        let usage = stack
+            .sql_i64("SELECT input_tokens FROM turns WHERE session_id = $1", &sid)
+            .await;
+        assert_eq!(usage, 21, "{format:?}");
+    }
+    assert_eq!(histories[0], histories[1]);
+    assert_eq!(histories[0], histories[2]);
+    assert!(histories[0].iter().any(|r| r["body"] == "Hello from the model."));
+    // Each request was in its provider's shape, with the profile's model.
+    let reqs = mock.requests();
+    assert_eq!(reqs[0]["model"], "mock-model");
+    assert_eq!(reqs[0]["stream_options"]["include_usage"], true);
+    assert_eq!(reqs[1]["model"], "resp-model", "a profile named without a model gets its first");
+    assert!(reqs[1]["input"].is_array() && reqs[1]["stream"] == true);
+    assert_eq!(reqs[2]["model"], "claude-test");
+    assert!(reqs[2]["messages"].is_array() && reqs[2]["max_tokens"].is_u64());
+    // Tokens by provider in the metrics.
+    let metrics = stack.servers[0].metrics().await;
+    for provider in ["default", "resp", "anth"] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with("berth_model_tokens_total{kind=\"input\"")
+                && l.contains(&format!("provider=\"{provider}\"}}"))
+                && l.ends_with(" 21")),
+            "{provider}: {metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_providers_and_models_are_typed_errors() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[]).await;
+    let mut c = stack.client(0).await;
+    let ws = stack.workspace_id.clone();
+    let e = c
+        .call("session.create", json!({"workspaceId": ws, "provider": "nope"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "unknown-provider");
+    let e = c
+        .call(
+            "session.create",
+            json!({"workspaceId": ws, "provider": "anth", "model": "gpt-x"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "unknown-model");
+    let snap = c.ok("session.create", json!({"workspaceId": ws})).await;
+    let sid = snap["sessionId"].clone();
+    let e = c
+        .call("session.setModel", json!({"sessionId": sid, "provider": "resp", "model": "claude-test"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "unknown-model");
+    let snap = c
+        .ok("session.setModel", json!({"sessionId": sid, "provider": "resp", "model": "resp-mini"}))
+        .await;
+    assert_eq!(snap["provider"], "resp");
+    assert_eq!(snap["modelId"], "resp-mini");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rate_limited_call_is_retried_after_the_providers_retry_after() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[("BERTH_MODEL_MAX_RETRIES", "2")]).await;
+    let mut c = stack.client(0).await;
+    mock.push(Reply::StatusRetryAfter { status: 429, secs: 1 });
+    mock.push(Reply::text(&["after ", "the wait"]));
+    let (sid, end) = run_turn(&stack, &mut c, json!({}), "hi").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(mock.requests().len(), 2);
+    assert_eq!(c.history_bodies(&sid).await.last().unwrap(), "after the wait");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repeated_server_errors_fail_the_step_with_a_typed_cause_and_no_body_or_key_in_logs() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[("BERTH_MODEL_MAX_RETRIES", "2")]).await;
+    let mut c = stack.client(0).await;
+    for _ in 0..3 {
+        mock.push(Reply::Status(500));
+    }
+    let (sid, end) = run_turn(&stack, &mut c, json!({}), "hi").await;
+    assert_eq!(end["state"], "failed");
+    assert_eq!(end["cause"], json!({"code": "provider-status", "status": 500}));
+    assert_eq!(mock.requests().len(), 3, "the first call and two retries");
+    let diags = c.ok("session.diagnostics", json!({"sessionId": sid})).await;
+    assert_eq!(diags["diagnostics"][0]["kind"], "model-step");
+    assert_eq!(diags["diagnostics"][0]["cause"]["status"], 500);
+    let logs = std::fs::read_to_string(&stack.servers[0].log).unwrap()
+        + &std::fs::read_to_string(&stack.worker.as_ref().unwrap().log).unwrap();
+    assert!(!logs.contains("scripted status"), "a provider body reached a log");
+    assert!(!logs.contains("sk-test-provider-key") && !logs.contains("sk-resp-key"));
+    assert!(!end.to_string().contains("scripted status"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_stream_fails_with_provider_timeout() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[("BERTH_MODEL_IDLE_TIMEOUT_SECS", "1")]).await;
+    let mut c = stack.client(0).await;
+    for (create, _format) in [
+        (json!({}), Format::Chat),
+        (json!({"provider": "resp"}), Format::Responses),
+        (json!({"provider": "anth"}), Format::Anthropic),
+    ] {
+        mock.push(Reply::StreamThenHang(vec![Part::Text("partial".into())]));
+        let (_, end) = run_turn(&stack, &mut c, create, "hi").await;
+        assert_eq!(end["state"], "failed");
+        assert_eq!(end["cause"], json!({"code": "provider-timeout"}), "{_format:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_during_a_stalled_stream_settles_the_turn() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[]).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::StreamThenHang(vec![Part::Text("partial".into())]));
+    let sent = c.ok("session.send", json!({"sessionId": sid, "prompt": "hi"})).await;
+    w.until(30, |v| v["type"] == "model.delta").await.expect("the stream started");
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": sent["turnId"]})).await;
+    // Well inside the idle timeout (120 s): the stall does not hold the stop.
+    let items = w.until(5, is_turn_end).await.expect("settled soon after stop");
+    assert_eq!(items.last().unwrap()["state"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_chosen_endpoint_is_refused_unless_allowed_and_never_gets_a_key() {
+    let mock = MockProvider::start().await;
+    let elsewhere = MockProvider::start().await;
+    let url = mock.base_url();
+    let stack = stack_with(
+        &mock,
+        &[
+            ("BERTH_PROVIDERS", "resp,anth,open"),
+            ("BERTH_PROVIDER_OPEN_BASE_URL", &url),
+            ("BERTH_PROVIDER_OPEN_API_KEY", "sk-open-key"),
+            ("BERTH_PROVIDER_OPEN_ALLOW_BASE_URL", "true"),
+        ],
+    )
+    .await;
+    let mut c = stack.client(0).await;
+    let ws = stack.workspace_id.clone();
+    for create in [
+        json!({"workspaceId": ws, "baseUrl": elsewhere.base_url()}),
+        json!({"workspaceId": ws, "provider": "anth", "baseUrl": elsewhere.base_url()}),
+    ] {
+        let e = c.call("session.create", create).await.unwrap_err();
+        assert_eq!(code(&e), "base-url-not-allowed");
+    }
+    let e = c
+        .call(
+            "session.create",
+            json!({"workspaceId": ws, "provider": "open", "baseUrl": "file:///etc/passwd"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "bad-params");
+    // Allowed: the call goes to the chosen endpoint, without the profile's key.
+    elsewhere.push(Reply::text(&["from elsewhere"]));
+    let (sid, end) = run_turn(
+        &stack,
+        &mut c,
+        json!({"provider": "open", "baseUrl": elsewhere.base_url()}),
+        "hi",
+    )
+    .await;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(c.history_bodies(&sid).await.last().unwrap(), "from elsewhere");
+    assert_eq!(elsewhere.requests().len(), 1);
+    assert!(
+        elsewhere.credentials().iter().all(|(_, k)| k.is_none()),
+        "the chosen endpoint never receives a key"
+    );
+    assert!(mock.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads_provider_profiles_without_dropping_connections() {
+    let mock = MockProvider::start().await;
+    let dir = berth_e2e::harness::scratch_dir("conf");
+    let conf = dir.join("berth.conf");
+    std::fs::write(&conf, "# no extra profiles yet\n").unwrap();
+    let conf_path = conf.display().to_string();
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_CONFIG", &conf_path)]).await;
+    let mut c = stack.client(0).await;
+    let ws = stack.workspace_id.clone();
+    let e = c
+        .call("session.create", json!({"workspaceId": ws, "provider": "late"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "unknown-provider");
+    std::fs::write(
+        &conf,
+        format!(
+            "BERTH_PROVIDERS=late\nBERTH_PROVIDER_LATE_API=anthropic-messages\nBERTH_PROVIDER_LATE_BASE_URL={}\nBERTH_PROVIDER_LATE_MODELS=late-model\n",
+            mock.base_url()
+        ),
+    )
+    .unwrap();
+    let pid = stack.servers[0].child.id().expect("server pid");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let created = berth_e2e::harness::eventually(10, || {
+        let url = stack.servers[0].ws_url();
+        let token = stack.token.clone();
+        let ws = ws.clone();
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            c.call("session.create", json!({"workspaceId": ws, "provider": "late"}))
+                .await
+                .ok()
+        }
+    })
+    .await
+    .expect("the reloaded profile is offered");
+    assert_eq!(created["modelId"], "late-model");
+    // The connection opened before the reload still serves.
+    assert_eq!(c.ok("ping", json!({})).await, json!({"pong": true}));
+    mock.push(answer());
+    let (_, end) = run_turn(&stack, &mut c, json!({"provider": "late"}), "hi").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(mock.credentials().last().unwrap().0, Format::Anthropic);
+}
