@@ -461,6 +461,11 @@ async fn every_method_and_event_matches_the_protocol_types() {
     );
     check!(method::SessionList, json!({}));
     check!(method::SessionDiagnostics, json!({"sessionId": sid}));
+    let mut diags = c.subscribe("session.watchDiagnostics", json!({"sessionId": sid}));
+    walked.insert(method::SessionWatchDiagnostics::NAME);
+    let item = diags.next(10).await.expect("the current diagnostic revision");
+    assert_typed::<berth_protocol::DiagnosticsRevision>("diagnostics item", &item);
+    c.ok("subscription.close", json!({"id": diags.id})).await;
     // The queue: offline worker (a notice), three queued turns, then edits.
     stack.kill_worker().await;
     let q1 = check!(method::SessionSend, json!({"sessionId": sid, "prompt": "q1"}));

@@ -89,6 +89,7 @@ async fn the_same_turn_completes_through_each_wire_format_with_identical_rows() 
         mock.push(answer());
         let (sid, end) = run_turn(&stack, &mut c, create, "hi").await;
         assert_eq!(end["state"], "completed", "{format:?}: {end}");
+        assert_eq!(end["usage"], json!({"inputTokens": 21, "outputTokens": 8}), "{format:?}");
         histories.push(rows(&mut c, &sid).await);
         let (got_format, credential) = mock.credentials().last().cloned().unwrap();
         assert_eq!(got_format, format);
@@ -176,7 +177,19 @@ async fn repeated_server_errors_fail_the_step_with_a_typed_cause_and_no_body_or_
     for _ in 0..3 {
         mock.push(Reply::Status(500));
     }
-    let (sid, end) = run_turn(&stack, &mut c, json!({}), "hi").await;
+    let sid = stack.session(&mut c).await;
+    let mut diag_watch = c.subscribe("session.watchDiagnostics", json!({"sessionId": sid}));
+    assert_eq!(
+        diag_watch.next(10).await.expect("current revision"),
+        json!({"diagnosticRevision": 0})
+    );
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "hi"})).await;
+    let end = w.until(60, is_turn_end).await.expect("turn ended").pop().unwrap();
+    assert_eq!(
+        diag_watch.next(10).await.expect("the change"),
+        json!({"diagnosticRevision": 1})
+    );
     assert_eq!(end["state"], "failed");
     assert_eq!(end["cause"], json!({"code": "provider-status", "status": 500}));
     assert_eq!(mock.requests().len(), 3, "the first call and two retries");

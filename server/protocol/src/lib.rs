@@ -115,6 +115,9 @@ methods! {
     SessionSource = "session.source" (SessionSourceParams) -> SessionSourceResult;
     /// Execution, model-step and title failures, newest first.
     SessionDiagnostics = "session.diagnostics" (SessionDiagnosticsParams) -> SessionDiagnosticsResult;
+    /// Subscription: the session's diagnostic revision on subscribe and after each change;
+    /// items are [`DiagnosticsRevision`]s. The final value is null.
+    SessionWatchDiagnostics = "session.watchDiagnostics" (SessionRef) -> ();
     /// Edit a queued prompt (revision-guarded).
     QueueUpdate = "queue.update" (QueueUpdateParams) -> QueueEntry;
     /// Move a queued prompt (revision-guarded).

@@ -409,6 +409,13 @@ pub struct Diagnostic {
     pub at: String,
 }
 
+/// A `session.watchDiagnostics` item: the session's diagnostic revision now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiagnosticsRevision {
+    pub diagnostic_revision: i64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsResult {

@@ -535,14 +535,21 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = lock_running_turn(&tx, connection_id, tenant_id, turn_id).await?;
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
-        tx.ex(
-            "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = '' WHERE id = $1",
-            &[&turn_id, &state.as_str(), &cause_json],
-        )
-        .await?;
+        let totals = tx
+            .q1(
+                "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = ''
+                  WHERE id = $1 RETURNING input_tokens, output_tokens",
+                &[&turn_id, &state.as_str(), &cause_json],
+            )
+            .await?;
+        let (input, output): (i64, i64) = (totals.get(0), totals.get(1));
         let ended = EventPayload::TurnEnded(TurnEnded {
             state,
             cause: cause.cloned(),
+            usage: (input > 0 || output > 0).then(|| Usage {
+                input_tokens: u64::try_from(input).unwrap_or(0),
+                output_tokens: u64::try_from(output).unwrap_or(0),
+            }),
         });
         let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &ended, &[]).await?;
         if let Some(c) = cause {
@@ -625,6 +632,20 @@ impl Store {
             }
         }
         ended
+    }
+
+    /// The session's diagnostic revision (not-found for another tenant's or a removed session).
+    pub async fn diagnostic_revision(&self, tenant_id: &str, session_id: &str) -> Result<i64> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let row = tx
+            .qo(
+                "SELECT diagnostic_revision FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+                &[&session_id, &tenant_id],
+            )
+            .await?;
+        tx.commit().await?;
+        row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
     }
 
     /// Diagnostics newest first, under a fixed revision fence.
@@ -778,6 +799,7 @@ pub(crate) async fn cancel_turn(
     let ended = EventPayload::TurnEnded(TurnEnded {
         state: TurnState::Cancelled,
         cause: None,
+        usage: None,
     });
     append_event(tx, tenant_id, session_id, Some(&turn_id), &ended, &[]).await?;
     if state == "running" {

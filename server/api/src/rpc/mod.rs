@@ -349,7 +349,7 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
             ApiError::with(ErrorCode::RateLimited, json!({"limit": "requests", "retryAfterMs": ms})),
         ));
     }
-    let permit = if req.method == method::SessionWatch::NAME {
+    let permit = if is_subscription(&req.method) {
         let mut subs = conn.subs.lock().expect("conn lock");
         if subs.contains_key(&id) {
             return Err(fail(
@@ -387,11 +387,16 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
     }))
 }
 
+/// Methods answered by a subscription (items until closed).
+fn is_subscription(method: &str) -> bool {
+    method == method::SessionWatch::NAME || method == method::SessionWatchDiagnostics::NAME
+}
+
 async fn run_job(job: Job) {
     let Job { ctx, req, _permit } = job;
     let started = Instant::now();
     let result = dispatch(&ctx, &req.method, req.params).await;
-    if req.method == method::SessionWatch::NAME
+    if is_subscription(&req.method)
         && let Some(id) = ctx.id
     {
         ctx.conn.subs.lock().expect("conn lock").remove(&id);
@@ -488,6 +493,9 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionPause::NAME => call::<method::SessionPause, _, _>(ctx, params, session::pause).await,
         method::SessionStop::NAME => call::<method::SessionStop, _, _>(ctx, params, session::stop).await,
         method::SessionSource::NAME => call::<method::SessionSource, _, _>(ctx, params, session::source).await,
+        method::SessionWatchDiagnostics::NAME => {
+            call::<method::SessionWatchDiagnostics, _, _>(ctx, params, session::watch_diagnostics).await
+        }
         method::SessionDiagnostics::NAME => {
             call::<method::SessionDiagnostics, _, _>(ctx, params, session::diagnostics).await
         }
@@ -558,6 +566,7 @@ mod tests {
         "SessionStop",
         "SessionSource",
         "SessionDiagnostics",
+        "SessionWatchDiagnostics",
         "QueueUpdate",
         "QueueMove",
         "QueueRemove",

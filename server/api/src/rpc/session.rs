@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use berth_protocol::{
-    Cleared, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync, ResyncReason,
+    Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync, ResyncReason,
     SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams,
     SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
     SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
@@ -229,6 +229,51 @@ pub async fn history(ctx: Ctx, p: SessionHistoryParams) -> ApiResult<SessionHist
 pub async fn source(ctx: Ctx, p: SessionSourceParams) -> ApiResult<SessionSourceResult> {
     let me = ctx.principal()?;
     Ok(ctx.state.store.source(&me.tenant_id, &p).await?)
+}
+
+/// `session.watchDiagnostics`: the diagnostic revision on subscribe, then after each
+/// change. Diagnostics written with an event wake it through the session's channel; others
+/// (titles) poke the channel on the replica that wrote them, and a periodic re-read covers
+/// the rest.
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn watch_diagnostics(ctx: Ctx, p: SessionRef) -> ApiResult<()> {
+    let me = ctx.principal()?;
+    let id = ctx.id.ok_or(ApiError::code(ErrorCode::InvalidRequest))?;
+    let store = &ctx.state.store;
+    store.diagnostic_revision(&me.tenant_id, &p.session_id).await?;
+    let mut sub = ctx.state.hub.subscribe(&p.session_id);
+    let cancel = ctx
+        .conn
+        .subs
+        .lock()
+        .expect("conn lock")
+        .get(&id)
+        .cloned()
+        .unwrap_or_else(|| ctx.conn.closed.child_token());
+    let mut sent = None;
+    let mut safety = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        let revision = match store.diagnostic_revision(&me.tenant_id, &p.session_id).await {
+            Ok(r) => r,
+            // Removed meanwhile: the subscription ends.
+            Err(berth_store::StoreError::Code(ErrorCode::NotFound)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if sent != Some(revision) {
+            sent = Some(revision);
+            let item = DiagnosticsRevision {
+                diagnostic_revision: revision,
+            };
+            if !ctx.item(&item).await {
+                return Err(ApiError(super::gone()));
+            }
+        }
+        tokio::select! {
+            changed = sub.events.changed() => if changed.is_err() { return Ok(()) },
+            _ = safety.tick() => {}
+            _ = cancel.cancelled() => return Ok(()),
+        }
+    }
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
