@@ -5,3 +5,5 @@
 ALTER TABLE sessions ADD COLUMN base_url text;
 ALTER TABLE turns ADD COLUMN provider text;
 ALTER TABLE turns ADD COLUMN base_url text;
+-- Automatic titles are tried once per session (after its first settled turn).
+ALTER TABLE sessions ADD COLUMN title_attempted boolean NOT NULL DEFAULT false;

@@ -337,3 +337,83 @@ async fn sighup_reloads_provider_profiles_without_dropping_connections() {
     assert_eq!(end["state"], "completed", "{end}");
     assert_eq!(mock.credentials().last().unwrap().0, Format::Anthropic);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_turn_names_the_session_once_and_never_over_a_human_title() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[("BERTH_AUTO_TITLES", "true")]).await;
+    let mut c = stack.client(0).await;
+    // Untitled: the title follows the first turn, through the session's own profile.
+    let snap = c
+        .ok("session.create", json!({"workspaceId": stack.workspace_id, "provider": "anth"}))
+        .await;
+    let sid = snap["sessionId"].as_str().unwrap().to_string();
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(answer());
+    mock.push(Reply::text(&["\"Greeting ", "the model.\""]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "hi there"})).await;
+    let items = w
+        .until(60, |v| v["type"] == "session.titleChanged")
+        .await
+        .expect("an automatic title");
+    assert_eq!(items.last().unwrap()["title"], "Greeting the model");
+    assert!(items.iter().any(is_turn_end), "the title follows the settled turn");
+    let title_request = &mock.requests()[1];
+    assert!(title_request.to_string().contains("hi there"), "named from the first prompt");
+    assert_eq!(mock.credentials()[1].0, Format::Anthropic);
+    // Once: a second turn asks for no title.
+    mock.push(Reply::text(&["again"]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "more"})).await;
+    w.until(60, is_turn_end).await.expect("second turn");
+
+    // A human title first: no title request, the title stays.
+    let snap = c
+        .ok("session.create", json!({"workspaceId": stack.workspace_id, "title": "Mine"}))
+        .await;
+    let human = snap["sessionId"].as_str().unwrap().to_string();
+    mock.push(Reply::text(&["ok"]));
+    let mut hw = c.subscribe("session.watch", json!({"sessionId": human, "after": 0}));
+    c.ok("session.send", json!({"sessionId": human, "prompt": "hello"})).await;
+    hw.until(60, is_turn_end).await.expect("turn");
+    // A later untitled session's title shows every earlier attempt had its chance.
+    mock.push(Reply::text(&["fine"]));
+    mock.push(Reply::text(&["Later one"]));
+    let (later, _) = run_turn(&stack, &mut c, json!({}), "later").await;
+    berth_e2e::harness::eventually(30, || {
+        let url = stack.servers[0].ws_url();
+        let token = stack.token.clone();
+        let later = later.clone();
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            let s = c.ok("session.get", json!({"sessionId": later})).await;
+            (s["title"] == "Later one").then_some(())
+        }
+    })
+    .await
+    .expect("the later session is named");
+    let s = c.ok("session.get", json!({"sessionId": human})).await;
+    assert_eq!(s["title"], "Mine");
+    assert_eq!(mock.requests().len(), 6, "no title request for the human-titled session");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_title_request_is_a_title_diagnostic_after_the_answer() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[("BERTH_AUTO_TITLES", "true")]).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let mut diags = c.subscribe("session.watchDiagnostics", json!({"sessionId": sid}));
+    assert_eq!(diags.next(10).await.unwrap(), json!({"diagnosticRevision": 0}));
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(answer());
+    mock.push(Reply::Status(500));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "hi"})).await;
+    let end = w.until(60, is_turn_end).await.unwrap().pop().unwrap();
+    assert_eq!(end["state"], "completed", "the answer is not failed by its title");
+    assert_eq!(diags.next(30).await.unwrap(), json!({"diagnosticRevision": 1}));
+    let d = c.ok("session.diagnostics", json!({"sessionId": sid})).await;
+    assert_eq!(d["diagnostics"][0]["kind"], "title");
+    assert_eq!(d["diagnostics"][0]["cause"], json!({"code": "provider-status", "status": 500}));
+    let s = c.ok("session.get", json!({"sessionId": sid})).await;
+    assert_eq!(s["title"], "");
+}

@@ -275,6 +275,8 @@ pub struct Config {
     pub model: ModelConfig,
     /// The provider profiles (the default one included); reloadable.
     pub providers: Providers,
+    /// `BERTH_AUTO_TITLES` (default true): name untitled sessions after their first turn.
+    pub auto_titles: bool,
     /// This replica's id (random per process unless set).
     pub replica_id: String,
     /// `BERTH_RECEIPT_RETENTION_SECS`: how long operation receipts are kept (default 7 days).
@@ -345,6 +347,7 @@ impl Config {
             max_text_message: 8 << 20,
             model: ModelConfig::default(),
             providers: Providers::default(),
+            auto_titles: true,
             replica_id: berth_store::token::new_id("rep"),
             receipt_retention: std::time::Duration::from_secs(7 * 24 * 3600),
             jwt: None,

@@ -16,6 +16,7 @@ pub mod metrics;
 mod providers;
 mod proxy;
 mod rpc;
+mod titles;
 mod workers;
 
 use std::{sync::Arc, time::Duration};

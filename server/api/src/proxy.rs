@@ -33,7 +33,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::{
     AppState,
     auth::{BucketConfig, KeyedLimiter},
-    config::{ModelConfig, Resilience},
+    config::{ModelConfig, ProviderProfile, Resilience},
     providers,
     rpc::bearer,
 };
@@ -135,11 +135,8 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
     let Some(model) = turn.model.or_else(|| model_cfg.model.clone()) else {
         return fail(StatusCode::SERVICE_UNAVAILABLE, "provider-unconfigured", None);
     };
-    // A client-chosen endpoint only where the profile allows one, and never with its key.
-    let (base, with_key) = match &turn.base_url {
-        Some(url) if profile.allow_base_url => (url.as_str(), false),
-        Some(_) => return fail(StatusCode::FORBIDDEN, ErrorCode::BaseUrlNotAllowed.as_str(), None),
-        None => (profile.base_url.as_str(), true),
+    let Some((base, with_key)) = endpoint(profile, turn.base_url.as_deref()) else {
+        return fail(StatusCode::FORBIDDEN, ErrorCode::BaseUrlNotAllowed.as_str(), None);
     };
     // The turn's model, one choice, streamed with usage, output capped: whatever was asked.
     obj.insert("model".into(), model.clone().into());
@@ -157,12 +154,7 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
             );
         }
     }
-    // Metric labels stay bounded: a configured model, or "other".
-    let label = if model_cfg.model.as_deref() == Some(model.as_str()) || profile.models.iter().any(|m| m.id == model) {
-        model.clone()
-    } else {
-        "other".to_string()
-    };
+    let label = model_label(model_cfg, profile, &model);
     let outgoing = providers::request(profile.api, obj);
     let url = format!("{}{}", base.trim_end_matches('/'), outgoing.path);
     let build = || {
@@ -186,12 +178,12 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
     let meter = Meter {
         state: state.clone(),
         tenant: principal.tenant_id,
-        turn: turn_id,
+        turn: Some(turn_id),
         provider: profile.name.clone(),
         label,
         scan: UsageScanner::default(),
         recorded: false,
-        _permit: permit,
+        _permit: Some(permit),
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     tokio::spawn(pump(
@@ -212,11 +204,30 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// Metric labels stay bounded: a configured model, or "other".
+pub(crate) fn model_label(cfg: &ModelConfig, profile: &ProviderProfile, model: &str) -> String {
+    if cfg.model.as_deref() == Some(model) || profile.models.iter().any(|m| m.id == model) {
+        model.to_string()
+    } else {
+        "other".to_string()
+    }
+}
+
+/// Where a call of `profile` goes and whether it carries the key: a client-chosen endpoint
+/// only where the profile allows one, and then never with the key (None: not allowed).
+pub(crate) fn endpoint<'a>(profile: &'a ProviderProfile, chosen: Option<&'a str>) -> Option<(&'a str, bool)> {
+    match chosen {
+        Some(url) if profile.allow_base_url => Some((url, false)),
+        Some(_) => None,
+        None => Some((profile.base_url.as_str(), true)),
+    }
+}
+
 /// Send a provider request, retrying 429, 5xx and unreachable with jittered exponential
 /// backoff (or the provider's `Retry-After`), within the configured bounds. The answer is
 /// a successful response or a typed cause; a provider's error body is read only to tell a
 /// context overflow and never logged or passed on.
-async fn send_with_retries(
+pub(crate) async fn send_with_retries(
     build: impl Fn() -> reqwest::RequestBuilder,
     res: &Resilience,
 ) -> Result<reqwest::Response, Cause> {
@@ -299,7 +310,7 @@ async fn overflowed(resp: reqwest::Response) -> bool {
 /// Moves the provider's stream to the worker as the normalized stream (translated when
 /// the profile speaks another format), metering usage, ending a stream that goes silent
 /// for the idle timeout with a typed failure, and stopping as soon as the worker is gone.
-async fn pump(
+pub(crate) async fn pump(
     resp: reqwest::Response,
     mut translate: Option<Box<dyn providers::Translate>>,
     idle: Duration,
@@ -365,15 +376,16 @@ async fn pump(
 
 /// Meters one call's usage from the provider's stream; holds the tenant's slot until the
 /// stream ends or the worker goes away.
-struct Meter {
-    state: AppState,
-    tenant: String,
-    turn: String,
-    provider: String,
-    label: String,
-    scan: UsageScanner,
-    recorded: bool,
-    _permit: OwnedSemaphorePermit,
+pub(crate) struct Meter {
+    pub(crate) state: AppState,
+    pub(crate) tenant: String,
+    /// The turn the usage counts to (None: a call of the API tier's own, e.g. a title).
+    pub(crate) turn: Option<String>,
+    pub(crate) provider: String,
+    pub(crate) label: String,
+    pub(crate) scan: UsageScanner,
+    pub(crate) recorded: bool,
+    pub(crate) _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Meter {
@@ -388,15 +400,16 @@ impl Meter {
             .inc_by(usage.input_tokens);
         m.with_label_values(&[&self.provider, &self.label, "output"])
             .inc_by(usage.output_tokens);
-        if let Err(e) = self.state.store.meter_usage(&self.tenant, &self.turn, usage).await {
-            tracing::warn!(turn.id = %self.turn, error = %e, "recording metered usage failed");
+        let Some(turn) = &self.turn else { return };
+        if let Err(e) = self.state.store.meter_usage(&self.tenant, turn, usage).await {
+            tracing::warn!(turn.id = %turn, error = %e, "recording metered usage failed");
         }
     }
 }
 
 /// Follows the `data:` lines of an SSE byte stream for the provider's usage.
 #[derive(Default)]
-struct UsageScanner {
+pub(crate) struct UsageScanner {
     line: Vec<u8>,
     /// The current line outgrew the bound: skip to its end (usage chunks are small).
     skipping: bool,

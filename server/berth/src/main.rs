@@ -291,6 +291,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         },
     };
     config.providers = berth_api::config::Providers::new(providers(settings)?);
+    config.auto_titles = settings.parse(None, "BERTH_AUTO_TITLES", "true")?;
     config.jwt = Some(std::sync::Arc::new(jwt_keys(settings, &run_dir)?));
     config.jwt_ttl = std::time::Duration::from_secs(settings.parse(None, "BERTH_JWT_TTL_SECS", "900")?);
     let defaults = berth_api::config::Limits::default();

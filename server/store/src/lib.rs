@@ -25,7 +25,7 @@ use tokio_postgres::NoTls;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
 pub use receipts::{Begin, Receipt, ReceiptView};
-pub use turns::{ClaimedTurn, Partial, ProxyTurn};
+pub use turns::{ClaimedTurn, Partial, ProxyTurn, TitleSource};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.
 pub const CHANNEL_EVENTS: &str = "berth_events";
