@@ -8,8 +8,10 @@
 
 mod admin;
 mod connection;
+mod fork;
 mod queue;
 mod receipts;
+mod search;
 mod session;
 mod workspace;
 
@@ -496,6 +498,11 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionWatchDiagnostics::NAME => {
             call::<method::SessionWatchDiagnostics, _, _>(ctx, params, session::watch_diagnostics).await
         }
+        method::SessionSearch::NAME => call::<method::SessionSearch, _, _>(ctx, params, search::search).await,
+        method::SessionFork::NAME => call::<method::SessionFork, _, _>(ctx, params, fork::fork).await,
+        method::SessionForkReceipt::NAME => {
+            call::<method::SessionForkReceipt, _, _>(ctx, params, fork::fork_receipt).await
+        }
         method::SessionDiagnostics::NAME => {
             call::<method::SessionDiagnostics, _, _>(ctx, params, session::diagnostics).await
         }
@@ -565,6 +572,9 @@ mod tests {
         "SessionPause",
         "SessionStop",
         "SessionSource",
+        "SessionSearch",
+        "SessionFork",
+        "SessionForkReceipt",
         "SessionDiagnostics",
         "SessionWatchDiagnostics",
         "QueueUpdate",
