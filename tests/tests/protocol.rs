@@ -461,6 +461,7 @@ async fn every_method_and_event_matches_the_protocol_types() {
     );
     check!(method::SessionList, json!({}));
     check!(method::SessionDiagnostics, json!({"sessionId": sid}));
+    check!(method::SessionContext, json!({"sessionId": sid}));
     let mut diags = c.subscribe("session.watchDiagnostics", json!({"sessionId": sid}));
     walked.insert(method::SessionWatchDiagnostics::NAME);
     let item = diags.next(10).await.expect("the current diagnostic revision");

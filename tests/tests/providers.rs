@@ -417,3 +417,53 @@ async fn a_failing_title_request_is_a_title_diagnostic_after_the_answer() {
     let s = c.ok("session.get", json!({"sessionId": sid})).await;
     assert_eq!(s["title"], "");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_context_reports_the_latest_request_with_the_providers_usage() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[]).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let none = c.ok("session.context", json!({"sessionId": sid})).await;
+    assert_eq!(none, json!({"request": null}));
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(answer());
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "a prompt of some length"}))
+        .await;
+    let end = w.until(60, is_turn_end).await.unwrap().pop().unwrap();
+    let report = c.ok("session.context", json!({"sessionId": sid})).await["request"].clone();
+    assert_eq!(report["turnId"], end["turnId"]);
+    assert_eq!(report["provider"], "default");
+    assert_eq!(report["model"], "mock-model");
+    assert_eq!(report["inputTokens"], 21, "the provider's own count, beside the estimate");
+    let roles = report["roles"].as_array().unwrap();
+    let user = roles.iter().find(|r| r["role"] == "user").expect("user input");
+    assert_eq!(user["messages"], 1);
+    assert!(user["estimatedTokens"].as_u64().unwrap() > 0);
+    let sum: u64 = roles.iter().map(|r| r["estimatedTokens"].as_u64().unwrap()).sum::<u64>()
+        + report["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["estimatedTokens"].as_u64().unwrap())
+            .sum::<u64>();
+    assert_eq!(report["estimatedTokens"], sum);
+    assert!(!report.to_string().contains("a prompt of some length"), "sizes, not text");
+    // A fence before the request: nothing yet.
+    let before = c
+        .ok("session.context", json!({"sessionId": sid, "through": 1}))
+        .await;
+    assert_eq!(before["request"], Value::Null);
+    // A fork does not inherit its source's requests.
+    let revision = c.ok("session.get", json!({"sessionId": sid})).await["historyRevision"].clone();
+    let fork = c
+        .ok(
+            "session.fork",
+            json!({"sessionId": sid, "sourceRevision": revision, "operationId": "ctx-fork"}),
+        )
+        .await;
+    let forked = c
+        .ok("session.context", json!({"sessionId": fork["sessionId"]}))
+        .await;
+    assert_eq!(forked["request"], Value::Null);
+}

@@ -155,6 +155,18 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         }
     }
     let label = model_label(model_cfg, profile, &model);
+    // What the request holds, for `session.context` (best effort: the call goes on without).
+    let context = match state
+        .store
+        .record_context(&principal.tenant_id, &turn_id, &profile.name, &model, &providers::measure(&obj))
+        .await
+    {
+        Ok(id) => Some(id),
+        Err(e) => {
+            tracing::warn!(turn.id = %turn_id, error = %e, "context record not written");
+            None
+        }
+    };
     let outgoing = providers::request(profile.api, obj);
     let url = format!("{}{}", base.trim_end_matches('/'), outgoing.path);
     let build = || {
@@ -179,6 +191,7 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         state: state.clone(),
         tenant: principal.tenant_id,
         turn: Some(turn_id),
+        context,
         provider: profile.name.clone(),
         label,
         scan: UsageScanner::default(),
@@ -381,6 +394,8 @@ pub(crate) struct Meter {
     pub(crate) tenant: String,
     /// The turn the usage counts to (None: a call of the API tier's own, e.g. a title).
     pub(crate) turn: Option<String>,
+    /// The `session.context` record the input usage belongs to.
+    pub(crate) context: Option<String>,
     pub(crate) provider: String,
     pub(crate) label: String,
     pub(crate) scan: UsageScanner,
@@ -400,6 +415,11 @@ impl Meter {
             .inc_by(usage.input_tokens);
         m.with_label_values(&[&self.provider, &self.label, "output"])
             .inc_by(usage.output_tokens);
+        if let Some(id) = &self.context
+            && let Err(e) = self.state.store.context_usage(&self.tenant, id, usage.input_tokens).await
+        {
+            tracing::warn!(error = %e, "recording a request's input usage failed");
+        }
         let Some(turn) = &self.turn else { return };
         if let Err(e) = self.state.store.meter_usage(&self.tenant, turn, usage).await {
             tracing::warn!(turn.id = %turn, error = %e, "recording metered usage failed");

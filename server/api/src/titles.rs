@@ -89,6 +89,7 @@ async fn ask(state: &AppState, tenant: &str, source: &berth_store::TitleSource) 
         state: state.clone(),
         tenant: tenant.to_string(),
         turn: None,
+        context: None,
         provider: profile.name.clone(),
         label: proxy::model_label(&state.config.model, profile, &model),
         scan: Default::default(),

@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod context;
 mod fork;
 mod history;
 mod identity;
@@ -27,6 +28,7 @@ use tokio_postgres::NoTls;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
 pub use receipts::{Begin, Receipt, ReceiptView};
+pub use context::ContextMeasure;
 pub use turns::{ClaimedTurn, Partial, ProxyTurn, TitleSource};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.

@@ -106,6 +106,54 @@ pub(crate) fn finish(out: &mut Vec<Value>, reason: &str, usage: Option<(u64, u64
     }
 }
 
+/// What a chat request holds, for `session.context`: the input by role (in order of first
+/// appearance) and the tool schemas, in bytes and estimated tokens (about four bytes a
+/// token); never the text itself.
+pub(crate) fn measure(chat: &Map<String, Value>) -> berth_store::ContextMeasure {
+    let tokens = |bytes: u64| bytes.div_ceil(4);
+    let mut roles: Vec<berth_protocol::RoleInput> = Vec::new();
+    for m in chat.get("messages").and_then(Value::as_array).into_iter().flatten() {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("unknown");
+        let bytes = serde_json::to_string(m).map_or(0, |t| t.len() as u64);
+        match roles.iter_mut().find(|r| r.role == role) {
+            Some(r) => {
+                r.messages += 1;
+                r.bytes += bytes;
+            }
+            None => roles.push(berth_protocol::RoleInput {
+                role: role.to_string(),
+                messages: 1,
+                bytes,
+                estimated_tokens: 0,
+            }),
+        }
+    }
+    for r in &mut roles {
+        r.estimated_tokens = tokens(r.bytes);
+    }
+    let tools: Vec<berth_protocol::ToolSchemaSize> = chat
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let bytes = serde_json::to_string(t).map_or(0, |s| s.len() as u64);
+            berth_protocol::ToolSchemaSize {
+                name: t.pointer("/function/name").and_then(Value::as_str).unwrap_or("").to_string(),
+                bytes,
+                estimated_tokens: tokens(bytes),
+            }
+        })
+        .collect();
+    let estimated_tokens =
+        roles.iter().map(|r| r.estimated_tokens).sum::<u64>() + tools.iter().map(|t| t.estimated_tokens).sum::<u64>();
+    berth_store::ContextMeasure {
+        roles,
+        tools,
+        estimated_tokens,
+    }
+}
+
 /// Longest SSE line accepted from a provider.
 const LINE_MAX: usize = 16 << 20;
 

@@ -498,6 +498,7 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionWatchDiagnostics::NAME => {
             call::<method::SessionWatchDiagnostics, _, _>(ctx, params, session::watch_diagnostics).await
         }
+        method::SessionContext::NAME => call::<method::SessionContext, _, _>(ctx, params, session::context).await,
         method::SessionSearch::NAME => call::<method::SessionSearch, _, _>(ctx, params, search::search).await,
         method::SessionFork::NAME => call::<method::SessionFork, _, _>(ctx, params, fork::fork).await,
         method::SessionForkReceipt::NAME => {
@@ -577,6 +578,7 @@ mod tests {
         "SessionForkReceipt",
         "SessionDiagnostics",
         "SessionWatchDiagnostics",
+        "SessionContext",
         "QueueUpdate",
         "QueueMove",
         "QueueRemove",

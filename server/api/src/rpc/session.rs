@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use berth_protocol::{
-    Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync, ResyncReason,
+    Cleared, DiagnosticsRevision, SessionContextParams, SessionContextResult, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync, ResyncReason,
     SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams,
     SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
     SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
@@ -229,6 +229,14 @@ pub async fn history(ctx: Ctx, p: SessionHistoryParams) -> ApiResult<SessionHist
 pub async fn source(ctx: Ctx, p: SessionSourceParams) -> ApiResult<SessionSourceResult> {
     let me = ctx.principal()?;
     Ok(ctx.state.store.source(&me.tenant_id, &p).await?)
+}
+
+/// `session.context`: the latest main model request the session prepared (SPEC §4.10).
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn context(ctx: Ctx, p: SessionContextParams) -> ApiResult<SessionContextResult> {
+    let me = ctx.principal()?;
+    let request = ctx.state.store.context(&me.tenant_id, &p.session_id, p.through).await?;
+    Ok(SessionContextResult { request })
 }
 
 /// `session.watchDiagnostics`: the diagnostic revision on subscribe, then after each
