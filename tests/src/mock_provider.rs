@@ -420,7 +420,9 @@ fn named(v: Value) -> Step {
 fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step> {
     let mut steps = VecDeque::new();
     let response = |status: &str| json!({"id": format!("resp_{}", ctx.id), "object": "response", "status": status, "model": ctx.model});
-    steps.push_back(named(json!({"type": "response.created", "response": response("in_progress")})));
+    steps.push_back(named(
+        json!({"type": "response.created", "response": response("in_progress")}),
+    ));
     let mut usage = None;
     // The output item being written: (output_index, kind).
     let mut open: Option<(u64, &str)> = None;
@@ -429,7 +431,9 @@ fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
         let index = next_index;
         next_index += 1;
         *open = Some((index, kind));
-        steps.push_back(named(json!({"type": "response.output_item.added", "output_index": index, "item": item})));
+        steps.push_back(named(
+            json!({"type": "response.output_item.added", "output_index": index, "item": item}),
+        ));
         index
     };
     for part in parts {
@@ -437,7 +441,12 @@ fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
             Part::Text(t) => {
                 let index = match open {
                     Some((i, "message")) => i,
-                    _ => start("message", json!({"type": "message", "id": "msg_1", "role": "assistant", "content": []}), &mut open, &mut steps),
+                    _ => start(
+                        "message",
+                        json!({"type": "message", "id": "msg_1", "role": "assistant", "content": []}),
+                        &mut open,
+                        &mut steps,
+                    ),
                 };
                 steps.push_back(named(json!({"type": "response.output_text.delta", "item_id": "msg_1",
                     "output_index": index, "content_index": 0, "delta": t})));
@@ -445,12 +454,24 @@ fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
             Part::Reasoning(t) => {
                 let index = match open {
                     Some((i, "reasoning")) => i,
-                    _ => start("reasoning", json!({"type": "reasoning", "id": "rs_1", "summary": []}), &mut open, &mut steps),
+                    _ => start(
+                        "reasoning",
+                        json!({"type": "reasoning", "id": "rs_1", "summary": []}),
+                        &mut open,
+                        &mut steps,
+                    ),
                 };
-                steps.push_back(named(json!({"type": "response.reasoning_summary_text.delta", "item_id": "rs_1",
-                    "output_index": index, "summary_index": 0, "delta": t})));
+                steps.push_back(named(
+                    json!({"type": "response.reasoning_summary_text.delta", "item_id": "rs_1",
+                    "output_index": index, "summary_index": 0, "delta": t}),
+                ));
             }
-            Part::ToolCall { id, name, argument_pieces, .. } => {
+            Part::ToolCall {
+                id,
+                name,
+                argument_pieces,
+                ..
+            } => {
                 let item = json!({"type": "function_call", "id": format!("fc_{id}"), "call_id": id, "name": name, "arguments": ""});
                 let index = start("function_call", item, &mut open, &mut steps);
                 for piece in argument_pieces {
@@ -497,7 +518,9 @@ fn plan_anthropic(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
         let index = next;
         next += 1;
         *open = Some((index, kind));
-        steps.push_back(named(json!({"type": "content_block_start", "index": index, "content_block": block})));
+        steps.push_back(named(
+            json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
         index
     };
     for part in parts {
@@ -513,12 +536,22 @@ fn plan_anthropic(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
             Part::Reasoning(t) => {
                 let index = match open {
                     Some((i, "thinking")) => i,
-                    _ => start("thinking", json!({"type": "thinking", "thinking": ""}), &mut open, &mut steps),
+                    _ => start(
+                        "thinking",
+                        json!({"type": "thinking", "thinking": ""}),
+                        &mut open,
+                        &mut steps,
+                    ),
                 };
                 steps.push_back(named(json!({"type": "content_block_delta", "index": index,
                     "delta": {"type": "thinking_delta", "thinking": t}})));
             }
-            Part::ToolCall { id, name, argument_pieces, .. } => {
+            Part::ToolCall {
+                id,
+                name,
+                argument_pieces,
+                ..
+            } => {
                 any_tool = true;
                 let block = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
                 let index = start("tool_use", block, &mut open, &mut steps);
@@ -539,8 +572,10 @@ fn plan_anthropic(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
         steps.push_back(named(json!({"type": "content_block_stop", "index": i})));
     }
     let reason = if any_tool { "tool_use" } else { "end_turn" };
-    steps.push_back(named(json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": null},
-        "usage": {"output_tokens": output}})));
+    steps.push_back(named(
+        json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": null},
+        "usage": {"output_tokens": output}}),
+    ));
     steps.push_back(named(json!({"type": "message_stop"})));
     steps
 }

@@ -84,12 +84,20 @@ async fn the_same_turn_completes_through_each_wire_format_with_identical_rows() 
     for (create, format, key) in [
         (json!({}), Format::Chat, "Bearer sk-test-provider-key"),
         (json!({"provider": "resp"}), Format::Responses, "Bearer sk-resp-key"),
-        (json!({"provider": "anth", "model": "claude-test"}), Format::Anthropic, "sk-anth-key"),
+        (
+            json!({"provider": "anth", "model": "claude-test"}),
+            Format::Anthropic,
+            "sk-anth-key",
+        ),
     ] {
         mock.push(answer());
         let (sid, end) = run_turn(&stack, &mut c, create, "hi").await;
         assert_eq!(end["state"], "completed", "{format:?}: {end}");
-        assert_eq!(end["usage"], json!({"inputTokens": 21, "outputTokens": 8}), "{format:?}");
+        assert_eq!(
+            end["usage"],
+            json!({"inputTokens": 21, "outputTokens": 8}),
+            "{format:?}"
+        );
         histories.push(rows(&mut c, &sid).await);
         let (got_format, credential) = mock.credentials().last().cloned().unwrap();
         assert_eq!(got_format, format);
@@ -107,7 +115,10 @@ async fn the_same_turn_completes_through_each_wire_format_with_identical_rows() 
     let reqs = mock.requests();
     assert_eq!(reqs[0]["model"], "mock-model");
     assert_eq!(reqs[0]["stream_options"]["include_usage"], true);
-    assert_eq!(reqs[1]["model"], "resp-model", "a profile named without a model gets its first");
+    assert_eq!(
+        reqs[1]["model"], "resp-model",
+        "a profile named without a model gets its first"
+    );
     assert!(reqs[1]["input"].is_array() && reqs[1]["stream"] == true);
     assert_eq!(reqs[2]["model"], "claude-test");
     assert!(reqs[2]["messages"].is_array() && reqs[2]["max_tokens"].is_u64());
@@ -115,9 +126,11 @@ async fn the_same_turn_completes_through_each_wire_format_with_identical_rows() 
     let metrics = stack.servers[0].metrics().await;
     for provider in ["default", "resp", "anth"] {
         assert!(
-            metrics.lines().any(|l| l.starts_with("berth_model_tokens_total{kind=\"input\"")
-                && l.contains(&format!("provider=\"{provider}\"}}"))
-                && l.ends_with(" 21")),
+            metrics
+                .lines()
+                .any(|l| l.starts_with("berth_model_tokens_total{kind=\"input\"")
+                    && l.contains(&format!("provider=\"{provider}\"}}"))
+                    && l.ends_with(" 21")),
             "{provider}: {metrics}"
         );
     }
@@ -145,12 +158,18 @@ async fn unknown_providers_and_models_are_typed_errors() {
     let snap = c.ok("session.create", json!({"workspaceId": ws})).await;
     let sid = snap["sessionId"].clone();
     let e = c
-        .call("session.setModel", json!({"sessionId": sid, "provider": "resp", "model": "claude-test"}))
+        .call(
+            "session.setModel",
+            json!({"sessionId": sid, "provider": "resp", "model": "claude-test"}),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&e), "unknown-model");
     let snap = c
-        .ok("session.setModel", json!({"sessionId": sid, "provider": "resp", "model": "resp-mini"}))
+        .ok(
+            "session.setModel",
+            json!({"sessionId": sid, "provider": "resp", "model": "resp-mini"}),
+        )
         .await;
     assert_eq!(snap["provider"], "resp");
     assert_eq!(snap["modelId"], "resp-mini");
@@ -229,8 +248,11 @@ async fn stop_during_a_stalled_stream_settles_the_turn() {
     let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     mock.push(Reply::StreamThenHang(vec![Part::Text("partial".into())]));
     let sent = c.ok("session.send", json!({"sessionId": sid, "prompt": "hi"})).await;
-    w.until(30, |v| v["type"] == "model.delta").await.expect("the stream started");
-    c.ok("session.stop", json!({"sessionId": sid, "turnId": sent["turnId"]})).await;
+    w.until(30, |v| v["type"] == "model.delta")
+        .await
+        .expect("the stream started");
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": sent["turnId"]}))
+        .await;
     // Well inside the idle timeout (120 s): the stall does not hold the stop.
     let items = w.until(5, is_turn_end).await.expect("settled soon after stop");
     assert_eq!(items.last().unwrap()["state"], "cancelled");
@@ -345,13 +367,17 @@ async fn the_first_turn_names_the_session_once_and_never_over_a_human_title() {
     let mut c = stack.client(0).await;
     // Untitled: the title follows the first turn, through the session's own profile.
     let snap = c
-        .ok("session.create", json!({"workspaceId": stack.workspace_id, "provider": "anth"}))
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "provider": "anth"}),
+        )
         .await;
     let sid = snap["sessionId"].as_str().unwrap().to_string();
     let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     mock.push(answer());
     mock.push(Reply::text(&["\"Greeting ", "the model.\""]));
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "hi there"})).await;
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "hi there"}))
+        .await;
     let items = w
         .until(60, |v| v["type"] == "session.titleChanged")
         .await
@@ -359,7 +385,10 @@ async fn the_first_turn_names_the_session_once_and_never_over_a_human_title() {
     assert_eq!(items.last().unwrap()["title"], "Greeting the model");
     assert!(items.iter().any(is_turn_end), "the title follows the settled turn");
     let title_request = &mock.requests()[1];
-    assert!(title_request.to_string().contains("hi there"), "named from the first prompt");
+    assert!(
+        title_request.to_string().contains("hi there"),
+        "named from the first prompt"
+    );
     assert_eq!(mock.credentials()[1].0, Format::Anthropic);
     // Once: a second turn asks for no title.
     mock.push(Reply::text(&["again"]));
@@ -368,12 +397,16 @@ async fn the_first_turn_names_the_session_once_and_never_over_a_human_title() {
 
     // A human title first: no title request, the title stays.
     let snap = c
-        .ok("session.create", json!({"workspaceId": stack.workspace_id, "title": "Mine"}))
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "title": "Mine"}),
+        )
         .await;
     let human = snap["sessionId"].as_str().unwrap().to_string();
     mock.push(Reply::text(&["ok"]));
     let mut hw = c.subscribe("session.watch", json!({"sessionId": human, "after": 0}));
-    c.ok("session.send", json!({"sessionId": human, "prompt": "hello"})).await;
+    c.ok("session.send", json!({"sessionId": human, "prompt": "hello"}))
+        .await;
     hw.until(60, is_turn_end).await.expect("turn");
     // A later untitled session's title shows every earlier attempt had its chance.
     mock.push(Reply::text(&["fine"]));
@@ -393,7 +426,11 @@ async fn the_first_turn_names_the_session_once_and_never_over_a_human_title() {
     .expect("the later session is named");
     let s = c.ok("session.get", json!({"sessionId": human})).await;
     assert_eq!(s["title"], "Mine");
-    assert_eq!(mock.requests().len(), 6, "no title request for the human-titled session");
+    assert_eq!(
+        mock.requests().len(),
+        6,
+        "no title request for the human-titled session"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -413,7 +450,10 @@ async fn a_failing_title_request_is_a_title_diagnostic_after_the_answer() {
     assert_eq!(diags.next(30).await.unwrap(), json!({"diagnosticRevision": 1}));
     let d = c.ok("session.diagnostics", json!({"sessionId": sid})).await;
     assert_eq!(d["diagnostics"][0]["kind"], "title");
-    assert_eq!(d["diagnostics"][0]["cause"], json!({"code": "provider-status", "status": 500}));
+    assert_eq!(
+        d["diagnostics"][0]["cause"],
+        json!({"code": "provider-status", "status": 500})
+    );
     let s = c.ok("session.get", json!({"sessionId": sid})).await;
     assert_eq!(s["title"], "");
 }
@@ -428,19 +468,28 @@ async fn session_context_reports_the_latest_request_with_the_providers_usage() {
     assert_eq!(none, json!({"request": null}));
     let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     mock.push(answer());
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "a prompt of some length"}))
-        .await;
+    c.ok(
+        "session.send",
+        json!({"sessionId": sid, "prompt": "a prompt of some length"}),
+    )
+    .await;
     let end = w.until(60, is_turn_end).await.unwrap().pop().unwrap();
     let report = c.ok("session.context", json!({"sessionId": sid})).await["request"].clone();
     assert_eq!(report["turnId"], end["turnId"]);
     assert_eq!(report["provider"], "default");
     assert_eq!(report["model"], "mock-model");
-    assert_eq!(report["inputTokens"], 21, "the provider's own count, beside the estimate");
+    assert_eq!(
+        report["inputTokens"], 21,
+        "the provider's own count, beside the estimate"
+    );
     let roles = report["roles"].as_array().unwrap();
     let user = roles.iter().find(|r| r["role"] == "user").expect("user input");
     assert_eq!(user["messages"], 1);
     assert!(user["estimatedTokens"].as_u64().unwrap() > 0);
-    let sum: u64 = roles.iter().map(|r| r["estimatedTokens"].as_u64().unwrap()).sum::<u64>()
+    let sum: u64 = roles
+        .iter()
+        .map(|r| r["estimatedTokens"].as_u64().unwrap())
+        .sum::<u64>()
         + report["tools"]
             .as_array()
             .unwrap()
@@ -448,11 +497,12 @@ async fn session_context_reports_the_latest_request_with_the_providers_usage() {
             .map(|t| t["estimatedTokens"].as_u64().unwrap())
             .sum::<u64>();
     assert_eq!(report["estimatedTokens"], sum);
-    assert!(!report.to_string().contains("a prompt of some length"), "sizes, not text");
+    assert!(
+        !report.to_string().contains("a prompt of some length"),
+        "sizes, not text"
+    );
     // A fence before the request: nothing yet.
-    let before = c
-        .ok("session.context", json!({"sessionId": sid, "through": 1}))
-        .await;
+    let before = c.ok("session.context", json!({"sessionId": sid, "through": 1})).await;
     assert_eq!(before["request"], Value::Null);
     // A fork does not inherit its source's requests.
     let revision = c.ok("session.get", json!({"sessionId": sid})).await["historyRevision"].clone();
@@ -462,8 +512,6 @@ async fn session_context_reports_the_latest_request_with_the_providers_usage() {
             json!({"sessionId": sid, "sourceRevision": revision, "operationId": "ctx-fork"}),
         )
         .await;
-    let forked = c
-        .ok("session.context", json!({"sessionId": fork["sessionId"]}))
-        .await;
+    let forked = c.ok("session.context", json!({"sessionId": fork["sessionId"]})).await;
     assert_eq!(forked["request"], Value::Null);
 }

@@ -158,7 +158,13 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
     // What the request holds, for `session.context` (best effort: the call goes on without).
     let context = match state
         .store
-        .record_context(&principal.tenant_id, &turn_id, &profile.name, &model, &providers::measure(&obj))
+        .record_context(
+            &principal.tenant_id,
+            &turn_id,
+            &profile.name,
+            &model,
+            &providers::measure(&obj),
+        )
         .await
     {
         Ok(id) => Some(id),
@@ -172,7 +178,11 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
     let build = || {
         let req = state.provider_http.post(&url).json(&outgoing.body);
         let req = providers::headers(profile.api, req);
-        if with_key { providers::authorize(profile, req) } else { req }
+        if with_key {
+            providers::authorize(profile, req)
+        } else {
+            req
+        }
     };
     let started = Instant::now();
     let resp = match send_with_retries(build, &model_cfg.resilience).await {
@@ -315,9 +325,15 @@ async fn overflowed(resp: reqwest::Response) -> bool {
         }
     }
     let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
-    ["context_length_exceeded", "context length", "context window", "prompt is too long", "too many tokens"]
-        .iter()
-        .any(|m| text.contains(m))
+    [
+        "context_length_exceeded",
+        "context length",
+        "context window",
+        "prompt is too long",
+        "too many tokens",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
 }
 
 /// Moves the provider's stream to the worker as the normalized stream (translated when
@@ -416,7 +432,11 @@ impl Meter {
         m.with_label_values(&[&self.provider, &self.label, "output"])
             .inc_by(usage.output_tokens);
         if let Some(id) = &self.context
-            && let Err(e) = self.state.store.context_usage(&self.tenant, id, usage.input_tokens).await
+            && let Err(e) = self
+                .state
+                .store
+                .context_usage(&self.tenant, id, usage.input_tokens)
+                .await
         {
             tracing::warn!(error = %e, "recording a request's input usage failed");
         }

@@ -82,7 +82,11 @@ async fn ask(state: &AppState, tenant: &str, source: &berth_store::TitleSource) 
     let build = || {
         let req = state.provider_http.post(&url).json(&outgoing.body);
         let req = providers::headers(profile.api, req);
-        if with_key { providers::authorize(profile, req) } else { req }
+        if with_key {
+            providers::authorize(profile, req)
+        } else {
+            req
+        }
     };
     let resp = proxy::send_with_retries(build, &state.config.model.resilience).await?;
     let meter = proxy::Meter {
@@ -115,8 +119,13 @@ async fn ask(state: &AppState, tenant: &str, source: &berth_store::TitleSource) 
                 done = true;
                 return;
             }
-            let Ok(chunk) = serde_json::from_str::<Value>(data) else { return };
-            if let Some(err) = chunk.get("error").and_then(|e| serde_json::from_value::<Cause>(e.clone()).ok()) {
+            let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+                return;
+            };
+            if let Some(err) = chunk
+                .get("error")
+                .and_then(|e| serde_json::from_value::<Cause>(e.clone()).ok())
+            {
                 failure = Some(err);
             }
             if let Some(piece) = chunk.pointer("/choices/0/delta/content").and_then(Value::as_str)
@@ -151,7 +160,10 @@ mod tests {
 
     #[test]
     fn titles_are_one_clean_line() {
-        assert_eq!(clean("\n \"Fixing the build.\"\nmore").as_deref(), Some("Fixing the build"));
+        assert_eq!(
+            clean("\n \"Fixing the build.\"\nmore").as_deref(),
+            Some("Fixing the build")
+        );
         assert_eq!(clean("Title: Greeting").as_deref(), Some("Greeting"));
         assert_eq!(clean("  \n "), None);
         assert_eq!(clean(&"x".repeat(500)).map(|t| t.len()), Some(80));

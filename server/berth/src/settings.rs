@@ -22,7 +22,7 @@ impl Settings {
         let mut file = HashMap::new();
         if let Some(path) = &path {
             let text =
-                std::fs::read_to_string(&path).with_context(|| format!("reading config file {}", path.display()))?;
+                std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
             for (n, line) in text.lines().enumerate() {
                 let line = line.trim();
                 if line.is_empty() || line.starts_with('#') {

@@ -61,7 +61,12 @@ impl Store {
     }
 
     /// The latest request of the session at or before `through` (None: none).
-    pub async fn context(&self, tenant_id: &str, session_id: &str, through: Option<i64>) -> Result<Option<ContextReport>> {
+    pub async fn context(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        through: Option<i64>,
+    ) -> Result<Option<ContextReport>> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let exists = tx
@@ -84,8 +89,7 @@ impl Store {
             .await?;
         tx.commit().await?;
         let Some(r) = row else { return Ok(None) };
-        let measure: ContextMeasure =
-            serde_json::from_value(r.get(4)).map_err(|e| StoreError::Other(e.into()))?;
+        let measure: ContextMeasure = serde_json::from_value(r.get(4)).map_err(|e| StoreError::Other(e.into()))?;
         Ok(Some(ContextReport {
             turn_id: r.get(0),
             sequence: r.get(1),

@@ -25,10 +25,10 @@ use berth_protocol::ErrorCode;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
+pub use context::ContextMeasure;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
 pub use receipts::{Begin, Receipt, ReceiptView};
-pub use context::ContextMeasure;
 pub use turns::{ClaimedTurn, Partial, ProxyTurn, TitleSource};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.

@@ -27,7 +27,10 @@ pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
                     blocks.push(json!({"type": "text", "text": said}));
                 }
                 for tc in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-                    let args = tc.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("{}");
+                    let args = tc
+                        .pointer("/function/arguments")
+                        .and_then(Value::as_str)
+                        .unwrap_or("{}");
                     blocks.push(json!({
                         "type": "tool_use",
                         "id": tc.get("id").cloned().unwrap_or_default(),

@@ -139,7 +139,11 @@ pub(crate) fn measure(chat: &Map<String, Value>) -> berth_store::ContextMeasure 
         .map(|t| {
             let bytes = serde_json::to_string(t).map_or(0, |s| s.len() as u64);
             berth_protocol::ToolSchemaSize {
-                name: t.pointer("/function/name").and_then(Value::as_str).unwrap_or("").to_string(),
+                name: t
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
                 bytes,
                 estimated_tokens: tokens(bytes),
             }
@@ -243,7 +247,8 @@ mod tests {
         let mut got = Vec::new();
         let mut f = |e: &str, d: &str| got.push((e.to_string(), d.to_string()));
         p.feed(b"event: a\r\ndata: {\"x\"", &mut f).unwrap();
-        p.feed(b":1}\r\n\r\n: comment\n\ndata: one\ndata: two\n\n", &mut f).unwrap();
+        p.feed(b":1}\r\n\r\n: comment\n\ndata: one\ndata: two\n\n", &mut f)
+            .unwrap();
         assert_eq!(
             got,
             vec![("a".into(), "{\"x\":1}".into()), (String::new(), "one\ntwo".into())]

@@ -188,7 +188,10 @@ mod tests {
         }
         assert!(done);
         assert_eq!(out[0]["choices"][0]["delta"]["tool_calls"][0]["id"], "c1");
-        assert_eq!(out[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"], ":1}");
+        assert_eq!(
+            out[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"],
+            ":1}"
+        );
         assert_eq!(out[3]["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(out[4]["usage"]["prompt_tokens"], 7);
     }

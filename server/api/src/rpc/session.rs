@@ -3,11 +3,12 @@
 use std::time::Duration;
 
 use berth_protocol::{
-    Cleared, DiagnosticsRevision, SessionContextParams, SessionContextResult, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync, ResyncReason,
-    SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams,
-    SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
-    SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
-    SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef, WatchState,
+    Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync,
+    ResyncReason, SessionContextParams, SessionContextResult, SessionCreateParams, SessionDiagnosticsParams,
+    SessionDiagnosticsResult, SessionHistoryParams, SessionHistoryResult, SessionListParams, SessionListResult,
+    SessionOpParams, SessionPauseParams, SessionRef, SessionRenameParams, SessionSendParams, SessionSendResult,
+    SessionSetModelParams, SessionSnapshot, SessionSourceParams, SessionSourceResult, SessionStopParams,
+    SessionWatchParams, TurnRef, WatchState,
 };
 use berth_store::Partial;
 use serde_json::json;
@@ -57,7 +58,10 @@ pub async fn create(ctx: Ctx, mut p: SessionCreateParams) -> ApiResult<SessionSn
         let providers = ctx.state.config.providers.current();
         let allowed = providers.get(p.provider.as_deref()).is_some_and(|pr| pr.allow_base_url);
         if !allowed {
-            return Err(ApiError::with(ErrorCode::BaseUrlNotAllowed, json!({"field": "baseUrl"})));
+            return Err(ApiError::with(
+                ErrorCode::BaseUrlNotAllowed,
+                json!({"field": "baseUrl"}),
+            ));
         }
         let ok = reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
         if !ok || url.len() > 2000 {
