@@ -153,7 +153,6 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"sessionId": sid}),
             json!({"sessionId": "ses_random"}),
         ),
-
         (
             "session.create",
             json!({"workspaceId": wsid}),
