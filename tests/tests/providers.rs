@@ -58,7 +58,7 @@ async fn rows(c: &mut Client, sid: &str) -> Vec<Value> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| json!({"kind": r["kind"], "body": r["body"], "thinking": r.get("thinking")}))
+        .map(|r| json!({"kind": r["kind"], "body": r["body"], "thinking": r.get("thinking"), "tool": r.get("tool")}))
         .collect()
 }
 
@@ -75,53 +75,131 @@ fn answer() -> Reply {
     ])
 }
 
+/// A step that thinks, then calls two tools (arguments in small pieces): the second reads
+/// what the first wrote.
+fn tool_step() -> Reply {
+    Reply::Stream(vec![
+        Part::Reasoning("Write, then read.".into()),
+        Part::tool_call(
+            0,
+            "c1",
+            "write_file",
+            &json!({"path": "note.txt", "content": "written through the provider"}),
+            5,
+        ),
+        Part::tool_call(1, "c2", "shell", &json!({"command": "cat note.txt"}), 4),
+        Part::Usage {
+            prompt: 30,
+            completion: 4,
+        },
+    ])
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn the_same_turn_completes_through_each_wire_format_with_identical_rows() {
+async fn the_same_tool_using_turn_completes_through_each_wire_format_with_identical_rows() {
     let mock = MockProvider::start().await;
     let stack = stack_with(&mock, &[]).await;
     let mut c = stack.client(0).await;
     let mut histories = Vec::new();
     for (create, format, key) in [
-        (json!({}), Format::Chat, "Bearer sk-test-provider-key"),
-        (json!({"provider": "resp"}), Format::Responses, "Bearer sk-resp-key"),
         (
-            json!({"provider": "anth", "model": "claude-test"}),
+            json!({"autoApprove": true}),
+            Format::Chat,
+            "Bearer sk-test-provider-key",
+        ),
+        (
+            json!({"autoApprove": true, "provider": "resp"}),
+            Format::Responses,
+            "Bearer sk-resp-key",
+        ),
+        (
+            json!({"autoApprove": true, "provider": "anth", "model": "claude-test"}),
             Format::Anthropic,
             "sk-anth-key",
         ),
     ] {
+        mock.push(tool_step());
         mock.push(answer());
-        let (sid, end) = run_turn(&stack, &mut c, create, "hi").await;
+        let (sid, end) = run_turn(&stack, &mut c, create, "write and read a note").await;
         assert_eq!(end["state"], "completed", "{format:?}: {end}");
         assert_eq!(
             end["usage"],
-            json!({"inputTokens": 21, "outputTokens": 8}),
+            json!({"inputTokens": 51, "outputTokens": 12}),
             "{format:?}"
         );
         histories.push(rows(&mut c, &sid).await);
-        let (got_format, credential) = mock.credentials().last().cloned().unwrap();
-        assert_eq!(got_format, format);
-        assert_eq!(credential.as_deref(), Some(key), "{format:?}: each profile's own key");
+        for (got_format, credential) in mock.credentials().iter().rev().take(2) {
+            assert_eq!(*got_format, format);
+            assert_eq!(credential.as_deref(), Some(key), "{format:?}: each profile's own key");
+        }
         // The usage the provider reported, in its own format, is metered the same.
         let usage = stack
             .sql_i64("SELECT input_tokens FROM turns WHERE session_id = $1", &sid)
             .await;
-        assert_eq!(usage, 21, "{format:?}");
+        assert_eq!(usage, 51, "{format:?}");
     }
     assert_eq!(histories[0], histories[1]);
     assert_eq!(histories[0], histories[2]);
-    assert!(histories[0].iter().any(|r| r["body"] == "Hello from the model."));
-    // Each request was in its provider's shape, with the profile's model.
+    let rows = &histories[0];
+    assert!(rows.iter().any(|r| r["body"] == "Hello from the model."), "{rows:?}");
+    assert!(rows.iter().any(|r| r["kind"] == "toolCall"), "{rows:?}");
+    assert!(
+        rows.iter().any(|r| r["body"]
+            .as_str()
+            .unwrap_or("")
+            .contains("written through the provider")),
+        "the second call read what the first wrote: {rows:?}"
+    );
+    // Each request was in its provider's shape, with the profile's model, the tool
+    // schemas, and (in the second step) the calls and their results.
     let reqs = mock.requests();
+    assert_eq!(reqs.len(), 6);
     assert_eq!(reqs[0]["model"], "mock-model");
     assert_eq!(reqs[0]["stream_options"]["include_usage"], true);
     assert_eq!(
-        reqs[1]["model"], "resp-model",
+        reqs[2]["model"], "resp-model",
         "a profile named without a model gets its first"
     );
-    assert!(reqs[1]["input"].is_array() && reqs[1]["stream"] == true);
-    assert_eq!(reqs[2]["model"], "claude-test");
-    assert!(reqs[2]["messages"].is_array() && reqs[2]["max_tokens"].is_u64());
+    assert!(reqs[2]["stream"] == true && reqs[2]["input"].is_array());
+    assert!(
+        reqs[2]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "shell")
+    );
+    let input = reqs[3]["input"].as_array().unwrap();
+    assert!(
+        input
+            .iter()
+            .any(|i| i["type"] == "function_call" && i["call_id"] == "c2")
+    );
+    assert!(
+        input
+            .iter()
+            .any(|i| i["type"] == "function_call_output" && i["call_id"] == "c1")
+    );
+    assert_eq!(reqs[4]["model"], "claude-test");
+    assert!(reqs[4]["max_tokens"].is_u64());
+    assert!(
+        reqs[4]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["input_schema"].is_object())
+    );
+    let blocks: Vec<&Value> = reqs[5]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().into_iter().flatten())
+        .collect();
+    assert!(blocks.iter().any(|b| b["type"] == "tool_use" && b["id"] == "c2"));
+    assert!(
+        blocks
+            .iter()
+            .any(|b| b["type"] == "tool_result" && b["tool_use_id"] == "c1")
+    );
     // Tokens by provider in the metrics.
     let metrics = stack.servers[0].metrics().await;
     for provider in ["default", "resp", "anth"] {
@@ -130,7 +208,7 @@ async fn the_same_turn_completes_through_each_wire_format_with_identical_rows() 
                 .lines()
                 .any(|l| l.starts_with("berth_model_tokens_total{kind=\"input\"")
                     && l.contains(&format!("provider=\"{provider}\"}}"))
-                    && l.ends_with(" 21")),
+                    && l.ends_with(" 51")),
             "{provider}: {metrics}"
         );
     }
@@ -500,6 +578,12 @@ async fn session_context_reports_the_latest_request_with_the_providers_usage() {
     assert!(
         !report.to_string().contains("a prompt of some length"),
         "sizes, not text"
+    );
+    let tools = report["tools"].as_array().unwrap();
+    assert!(
+        tools
+            .iter()
+            .any(|t| t["name"] == "shell" && t["estimatedTokens"].as_u64() > Some(0))
     );
     // A fence before the request: nothing yet.
     let before = c.ok("session.context", json!({"sessionId": sid, "through": 1})).await;
