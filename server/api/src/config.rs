@@ -49,6 +49,9 @@ pub struct Config {
     pub jwt_ttl: std::time::Duration,
     /// Per-connection and per-credential limits.
     pub limits: Limits,
+    /// `BERTH_INTERACTION_TIMEOUT_SECS`: how long an approval or question waits for an answer
+    /// before its fallback answers (default 15 minutes).
+    pub interaction_timeout: std::time::Duration,
 }
 
 /// Limits that keep one client from taking the server down. Exceeding one answers a typed
@@ -102,6 +105,7 @@ impl Config {
             jwt: None,
             jwt_ttl: std::time::Duration::from_secs(15 * 60),
             limits: Limits::default(),
+            interaction_timeout: std::time::Duration::from_secs(15 * 60),
         }
     }
 }

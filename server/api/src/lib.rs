@@ -54,6 +54,10 @@ pub struct App {
     pub hub: hub::Hub,
     /// Worker connections held by this replica.
     pub workers: workers::Registry,
+    /// Wake-ups for the open `turn.interaction` requests of this replica's workers.
+    pub interactions: workers::interaction::Waiters,
+    /// The `session.watch` subscriptions this replica holds (recorded in PostgreSQL).
+    pub watchers: rpc::interaction::Watchers,
     /// HTTP client for the model provider.
     pub http: reqwest::Client,
     /// Cancelled when the replica shuts down; long-lived tasks end with it.
@@ -108,6 +112,8 @@ pub async fn serve(
         metrics: metrics::Metrics::new(),
         hub: hub::Hub::default(),
         workers: workers::Registry::default(),
+        interactions: Default::default(),
+        watchers: Default::default(),
         http,
         shutdown: token.clone(),
         connections: connections::Connections::default(),
@@ -119,6 +125,7 @@ pub async fn serve(
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
+    workers::interaction::spawn_housekeeping(state.clone());
 
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))

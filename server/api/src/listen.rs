@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use berth_store::{CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, CHANNEL_EVENTS, CHANNEL_REVOKE};
+use berth_store::{
+    CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, CHANNEL_EVENTS, CHANNEL_INTERACTIONS, CHANNEL_REVOKE,
+};
 
 use crate::AppState;
 
@@ -21,6 +23,7 @@ pub fn spawn(state: AppState) {
                     CHANNEL_DELTAS,
                     CHANNEL_CONTROL,
                     CHANNEL_REVOKE,
+                    CHANNEL_INTERACTIONS,
                 ])
                 .await
             {
@@ -28,6 +31,7 @@ pub fn spawn(state: AppState) {
                     backoff = Duration::from_millis(100);
                     state.hub.poke_all();
                     state.workers.kick_all();
+                    state.interactions.wake_all();
                     // Revocations sent while we were not listening were missed.
                     crate::connections::verify_soon(&state, None);
                     loop {
@@ -62,6 +66,7 @@ fn handle(state: &AppState, channel: &str, payload: &str) {
             }
         }
         CHANNEL_DISPATCH => state.workers.kick(payload),
+        CHANNEL_INTERACTIONS => state.interactions.wake(payload),
         CHANNEL_REVOKE => {
             let closed = state.connections.revoke(payload);
             if closed > 0 {

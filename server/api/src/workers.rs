@@ -34,6 +34,8 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::{AppState, connections::Registration, error::ApiError, rpc::bearer};
 
+pub mod interaction;
+
 /// Worker connections held by this replica, by connection id.
 #[derive(Default)]
 pub struct Registry {

@@ -25,6 +25,9 @@ pub enum ErrorCode {
     RateLimited,
     PayloadTooLarge,
     HistoryCleared,
+    /// The interaction was already resolved (answered, expired, closed); the error carries
+    /// its `state` and recorded `outcome`.
+    InteractionClosed,
     Unsupported,
     Unavailable,
     Internal,
@@ -52,6 +55,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate-limited",
             ErrorCode::PayloadTooLarge => "payload-too-large",
             ErrorCode::HistoryCleared => "history-cleared",
+            ErrorCode::InteractionClosed => "interaction-closed",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",

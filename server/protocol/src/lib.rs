@@ -87,6 +87,12 @@ methods! {
     SessionSource = "session.source" (SessionSourceParams) -> SessionSourceResult;
     /// Execution, model-step and title failures, newest first.
     SessionDiagnostics = "session.diagnostics" (SessionDiagnosticsParams) -> SessionDiagnosticsResult;
+    /// Interactions of the session waiting for an answer, oldest first.
+    SessionPendingInteractions = "session.pendingInteractions" (SessionRef) -> Vec<Interaction>;
+    /// One interaction as it was asked (and how it was resolved, once it was).
+    SessionInteraction = "session.interaction" (InteractionRef) -> Interaction;
+    /// Answer an interaction; a second answer or one after expiry is `interaction-closed`.
+    SessionRespond = "session.respond" (SessionRespondParams) -> InteractionResolution;
     /// Edit a queued prompt (revision-guarded).
     QueueUpdate = "queue.update" (QueueUpdateParams) -> QueueEntry;
     /// Move a queued prompt (revision-guarded).

@@ -1,12 +1,12 @@
 //! The worker protocol: JSON-RPC 2.0 over the worker's outbound WebSocket (`GET /v1/worker`).
 //!
-//! Worker → server requests: `worker.hello`, `turn.step`, `turn.end`; notification
+//! Worker → server requests: `worker.hello`, `turn.step`, `turn.interaction`, `turn.end`; notification
 //! `turn.delta`. Server → worker notifications: `turn.run`, `turn.stop {turnId}` (the turn
 //! was cancelled: stop working on it; the server has already settled it).
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Cause, NewRow, TurnState};
+use crate::{Cause, InteractionOutcome, InteractionState, InteractionTool, NewRow, TurnState};
 
 pub const WORKER_HELLO: &str = "worker.hello";
 pub const TURN_RUN: &str = "turn.run";
@@ -14,6 +14,7 @@ pub const TURN_DELTA: &str = "turn.delta";
 pub const TURN_STEP: &str = "turn.step";
 pub const TURN_END: &str = "turn.end";
 pub const TURN_STOP: &str = "turn.stop";
+pub const TURN_INTERACTION: &str = "turn.interaction";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -108,4 +109,40 @@ pub const MODEL_PROXY_PATH: &str = "/v1/model/chat/completions";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProxyError {
     pub error: Cause,
+}
+
+/// Worker → server: hold a tool call for approval (`kind: "approval"`) or ask a question
+/// (any other kind). The request stays open until the interaction is resolved; the worker's
+/// other messages flow meanwhile. Asking again with the same `(turnId, callId)` waits on the
+/// same interaction.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnInteraction {
+    pub turn_id: String,
+    pub call_id: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<InteractionTool>,
+    /// The tool's arguments (approvals) or the question (questions).
+    #[serde(default)]
+    pub input: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<serde_json::Value>,
+    /// The outcome when nobody answers; default `{approved: false}` for approvals and
+    /// `{choice: null}` for questions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<InteractionOutcome>,
+}
+
+/// The answer to `turn.interaction`, sent once the interaction is resolved. A denial is
+/// `{approved: false}`: the tool must not run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnInteractionResult {
+    pub interaction_id: String,
+    pub outcome: InteractionOutcome,
+    /// How it was resolved (answered, expired, unwatched, auto, closed).
+    pub state: InteractionState,
 }

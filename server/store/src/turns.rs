@@ -436,6 +436,7 @@ impl Store {
         if let Some(c) = cause {
             payload["cause"] = serde_json::to_value(c).unwrap_or_default();
         }
+        crate::interactions::close_for_turn(&tx, tenant_id, turn_id).await?;
         let seq = append_event(&tx, tenant_id, &session_id, "turn.ended", Some(turn_id), payload, &[]).await?;
         if let Some(c) = cause {
             let kind = if state == TurnState::Interrupted {
@@ -649,6 +650,7 @@ pub(crate) async fn cancel_turn(
         &[&turn_id],
     )
     .await?;
+    crate::interactions::close_for_turn(tx, tenant_id, &turn_id).await?;
     append_event(
         tx,
         tenant_id,
@@ -695,7 +697,7 @@ async fn check_queued(tx: &impl GenericClient, session_id: &str, queue_id: &str,
 /// clear and remove do), then the turn is checked under that lock — still running, its
 /// session not removed, and, when a worker connection writes, handed to that connection. A
 /// turn settled meanwhile is `turn-not-running`, so nothing is written after `turn.ended`.
-async fn lock_running_turn(
+pub(crate) async fn lock_running_turn(
     tx: &impl GenericClient,
     connection_id: Option<&str>,
     tenant_id: &str,

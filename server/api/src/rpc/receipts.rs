@@ -20,6 +20,7 @@ const MUTATIONS: &[&str] = &[
     "session.rename",
     "session.setModel",
     "session.pause",
+    "session.respond",
     "queue.update",
     "queue.move",
     "queue.remove",
