@@ -90,6 +90,22 @@ impl Connections {
         self.live.lock().expect("connections lock").remove(&id);
     }
 
+    /// Wait until every connection has unregistered (each does so after its own cleanup,
+    /// e.g. a worker's turns recorded `interrupted`), for at most `grace`. Shutdown waits
+    /// for this before the database may go away. Returns whether all were gone in time.
+    pub async fn drained(&self, grace: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            if self.live.lock().expect("connections lock").is_empty() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// Whether the credential has room for one more connection on this replica.
     pub fn has_room(&self, credential_id: &str, max: usize) -> bool {
         let live = self.live.lock().expect("connections lock");

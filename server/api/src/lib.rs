@@ -157,6 +157,11 @@ pub async fn serve(
     )
     .with_graceful_shutdown(async move { t.cancelled().await })
     .await?;
+    // Upgraded WebSockets outlive axum's graceful shutdown: let them finish their cleanup
+    // (they were told to close when `token` was cancelled) while the database is still up.
+    if !state.connections.drained(Duration::from_secs(10)).await {
+        tracing::warn!("connections still open after the shutdown grace period");
+    }
     metrics_server.await??;
     Ok(())
 }

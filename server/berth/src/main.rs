@@ -159,7 +159,13 @@ fn init_tracing(settings: &Settings) {
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_new(settings.get(None, "RUST_LOG").unwrap_or_else(|| "info".into()))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal: files and pipes get plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour);
     if settings.get(None, "BERTH_LOG_FORMAT").as_deref() == Some("json") {
         builder.json().init();
     } else {
@@ -269,6 +275,15 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     let metrics_addr = metrics_listener.local_addr()?;
     println!("berth: listening on http://{addr} (metrics on http://{metrics_addr}/metrics)");
     println!("berth: admin credential file: {}", token_path.display());
+    if dev {
+        println!("berth: try it (https://github.com/vi/websocat):");
+        println!(
+            "  websocat -H \"Authorization: Bearer $(cat {})\" ws://{addr}/v1/rpc",
+            token_path.display()
+        );
+        println!("  then send: {{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"workspace.list\"}}");
+        println!("berth: Ctrl-C stops Berth and its private PostgreSQL");
+    }
     std::io::stdout().flush()?;
 
     let shutdown = CancellationToken::new();

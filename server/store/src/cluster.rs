@@ -296,9 +296,14 @@ fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) -> &mut Command {
 fn die_with_parent(cmd: &mut Command) {
     // Runs in the child after fork and after the uid change, before exec. If Berth dies
     // without a clean stop, postgres gets SIGINT (fast shutdown) instead of lingering.
+    // Its own process group keeps a terminal's Ctrl-C (sent to the foreground group) away
+    // from it: Berth drains first and then stops the cluster itself.
     unsafe {
         cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::setpgid(0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

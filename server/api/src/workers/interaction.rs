@@ -23,6 +23,7 @@ use berth_protocol::{
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::WorkerConn;
 use crate::{AppState, error::ApiError};
 
 /// How often a waiting request re-reads its interaction even without a wake-up.
@@ -79,31 +80,63 @@ impl Waiters {
     }
 }
 
-/// Answer one `turn.interaction` request in its own task; the response goes to `replies`.
-/// The task ends with the connection (`closed`): the connection's turns are then
-/// interrupted, which closes their interactions.
-pub fn spawn(
-    state: AppState,
-    connection_id: String,
-    tenant_id: String,
-    id: Option<u32>,
-    params: serde_json::Value,
-    replies: mpsc::UnboundedSender<RpcResponse>,
+/// A worker connection's open `turn.interaction` requests. Each is answered by its own task
+/// whose response comes back through this channel, so the connection keeps reading and
+/// writing meanwhile; the tasks end when the connection does (its turns are then
+/// interrupted, which closes their interactions).
+pub(super) struct Requests {
+    tx: mpsc::UnboundedSender<RpcResponse>,
+    rx: mpsc::UnboundedReceiver<RpcResponse>,
     closed: CancellationToken,
-) {
-    tokio::spawn(async move {
-        let answer = tokio::select! {
-            r = answer(&state, &connection_id, &tenant_id, params) => r,
-            _ = closed.cancelled() => return,
-        };
-        let response = match answer {
-            Ok(r) => RpcResponse::ok(id, serde_json::to_value(r).unwrap_or_default()),
-            Err(e) => RpcResponse::err(id, e.0),
-        };
-        if id.is_some() {
-            let _ = replies.send(response);
+}
+
+impl Default for Requests {
+    fn default() -> Requests {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Requests {
+            tx,
+            rx,
+            closed: CancellationToken::new(),
         }
-    });
+    }
+}
+
+impl Drop for Requests {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+impl Requests {
+    /// The next response to send to the worker.
+    pub(super) async fn next(&mut self) -> Option<RpcResponse> {
+        self.rx.recv().await
+    }
+}
+
+impl WorkerConn {
+    /// `turn.interaction`: answered by its own task once the interaction is resolved.
+    pub(super) fn ask(&self, id: Option<u32>, params: serde_json::Value) {
+        let (state, replies, closed) = (
+            self.state.clone(),
+            self.interactions.tx.clone(),
+            self.interactions.closed.clone(),
+        );
+        let (connection_id, tenant_id) = (self.connection_id.clone(), self.principal.tenant_id.clone());
+        tokio::spawn(async move {
+            let answer = tokio::select! {
+                r = answer(&state, &connection_id, &tenant_id, params) => r,
+                _ = closed.cancelled() => return,
+            };
+            let response = match answer {
+                Ok(r) => RpcResponse::ok(id, serde_json::to_value(r).unwrap_or_default()),
+                Err(e) => RpcResponse::err(id, e.0),
+            };
+            if id.is_some() {
+                let _ = replies.send(response);
+            }
+        });
+    }
 }
 
 #[tracing::instrument(skip_all, fields(worker.connection = %connection_id))]

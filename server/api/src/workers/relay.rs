@@ -1,0 +1,113 @@
+//! Live output: deltas relayed to local watchers at once and, coalesced, to the other
+//! replicas (and stored as the step's partial text).
+
+use berth_protocol::worker::TurnDelta;
+use berth_store::CHANNEL_DELTAS;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::WorkerConn;
+
+/// A live item relayed to the other replicas' watchers.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RelayedDelta {
+    pub replica: String,
+    pub session: String,
+    pub item: serde_json::Value,
+}
+
+/// NOTIFY payloads must stay under 8000 bytes, after JSON escaping (up to 6 bytes per
+/// input byte for control characters) and the envelope.
+const RELAY_TEXT_MAX: usize = 1200;
+
+/// Coalesced output not yet relayed.
+pub(super) struct Pending {
+    pub(super) session: String,
+    step: i32,
+    text_offset: u64,
+    text: String,
+    thinking_offset: u64,
+    thinking: String,
+}
+
+impl WorkerConn {
+    pub(super) fn delta(&mut self, d: TurnDelta) {
+        let Some(live) = self.turns.get_mut(&d.turn_id) else {
+            return;
+        };
+        let text = d.text.unwrap_or_default();
+        let thinking = d.thinking.unwrap_or_default();
+        if text.is_empty() && thinking.is_empty() {
+            return;
+        }
+        let item = json!({
+            "type": "model.delta", "turnId": d.turn_id, "step": live.step,
+            "text": text, "textOffset": live.text, "thinking": thinking, "thinkingOffset": live.thinking,
+        });
+        let pending = self.relay.entry(d.turn_id.clone()).or_insert_with(|| Pending {
+            session: live.session.clone(),
+            step: live.step,
+            text_offset: live.text,
+            text: String::new(),
+            thinking_offset: live.thinking,
+            thinking: String::new(),
+        });
+        pending.text.push_str(&text);
+        pending.thinking.push_str(&thinking);
+        live.text += text.len() as u64;
+        live.thinking += thinking.len() as u64;
+        self.state
+            .hub
+            .local_delta(&live.session, &d.turn_id, live.step, &text, &thinking, item);
+    }
+
+    /// Store coalesced output as the step's partial text and relay it to other replicas,
+    /// in one transaction (live only; the completed step is what history keeps).
+    pub(super) async fn flush_relay(&mut self) {
+        for (turn, p) in std::mem::take(&mut self.relay) {
+            let mut payloads = Vec::new();
+            for (field, offset_field, value, mut offset) in [
+                ("text", "textOffset", &p.text, p.text_offset),
+                ("thinking", "thinkingOffset", &p.thinking, p.thinking_offset),
+            ] {
+                for piece in berth_protocol::text::chunks(value, RELAY_TEXT_MAX) {
+                    let item = json!({"type": "model.delta", "turnId": turn, "step": p.step, field: piece, offset_field: offset});
+                    offset += piece.len() as u64;
+                    let msg = RelayedDelta {
+                        replica: self.state.config.replica_id.clone(),
+                        session: p.session.clone(),
+                        item,
+                    };
+                    payloads.push(serde_json::to_string(&msg).unwrap_or_default());
+                }
+            }
+            let tenant = &self.principal.tenant_id;
+            if let Err(e) = self
+                .state
+                .store
+                .append_partial(tenant, &turn, &p.text, &p.thinking, CHANNEL_DELTAS, &payloads)
+                .await
+            {
+                tracing::warn!(error = %e, "relaying live deltas failed");
+            }
+        }
+    }
+
+    pub(super) async fn relay_now(&self, session: &str, item: serde_json::Value) {
+        self.state.hub.live(session, item.clone());
+        self.notify_others(session, item).await;
+    }
+
+    pub(super) async fn notify_others(&self, session: &str, item: serde_json::Value) {
+        let msg = RelayedDelta {
+            replica: self.state.config.replica_id.clone(),
+            session: session.to_string(),
+            item,
+        };
+        if let Ok(payload) = serde_json::to_string(&msg)
+            && let Err(e) = self.state.store.notify(CHANNEL_DELTAS, &payload).await
+        {
+            tracing::warn!(error = %e, "relaying live deltas failed");
+        }
+    }
+}
