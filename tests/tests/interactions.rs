@@ -39,8 +39,10 @@ impl FakeWorker {
     async fn connect(server: &TestServer, host: &str) -> FakeWorker {
         let token = server.worker_token().await;
         let mut req = format!("ws://{}/v1/worker", server.addr).into_client_request().unwrap();
-        req.headers_mut()
-            .insert("authorization", HeaderValue::from_str(&format!("Bearer {token}")).unwrap());
+        req.headers_mut().insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
         let (ws, _) = tokio_tungstenite::connect_async(req).await.expect("worker websocket");
         let (mut sink, mut stream) = ws.split();
         let (out, mut out_rx) = mpsc::unbounded_channel::<Message>();
@@ -113,7 +115,9 @@ impl FakeWorker {
 
     async fn call(&mut self, method: &str, params: Value) -> Response {
         let rx = self.request(method, params);
-        answer(rx, 30).await.unwrap_or_else(|| panic!("no response to {method}"))
+        answer(rx, 30)
+            .await
+            .unwrap_or_else(|| panic!("no response to {method}"))
     }
 
     /// The next `method` notification from the server (others are skipped).
@@ -255,9 +259,7 @@ async fn a_pending_approval_survives_the_client_and_its_replica_and_is_answered_
 
     // A client through the restarted replica finds it and rebuilds the prompt.
     let mut c2 = stack.client(1).await;
-    let pending = c2
-        .ok("session.pendingInteractions", json!({"sessionId": sid}))
-        .await;
+    let pending = c2.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
     let pending = pending.as_array().unwrap();
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(pending[0]["interactionId"], iid.as_str());
@@ -296,9 +298,7 @@ async fn a_pending_approval_survives_the_client_and_its_replica_and_is_answered_
     assert_eq!(code(&again), "interaction-closed");
     assert_eq!(again.data["outcome"], json!({"approved": true}));
     assert_eq!(again.data["state"], "answered");
-    let empty = c2
-        .ok("session.pendingInteractions", json!({"sessionId": sid}))
-        .await;
+    let empty = c2.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
     assert_eq!(empty, json!([]));
 
     let end = worker
@@ -310,7 +310,12 @@ async fn a_pending_approval_survives_the_client_and_its_replica_and_is_answered_
         .iter()
         .map(|e| e["type"].as_str().unwrap().to_string())
         .collect();
-    let at = |k: &str| kinds.iter().position(|x| x == k).unwrap_or_else(|| panic!("{k} in {kinds:?}"));
+    let at = |k: &str| {
+        kinds
+            .iter()
+            .position(|x| x == k)
+            .unwrap_or_else(|| panic!("{k} in {kinds:?}"))
+    };
     assert!(at("interaction.requested") < at("interaction.resolved"));
     assert!(at("interaction.resolved") < at("turn.ended"));
 }
@@ -351,7 +356,10 @@ async fn unanswered_interactions_expire_with_their_fallbacks() {
     assert_eq!(late.data["outcome"], json!({"approved": false}));
     assert_eq!(late.data["state"], "expired");
     let one = c
-        .ok("session.interaction", json!({"interactionId": question["interactionId"]}))
+        .ok(
+            "session.interaction",
+            json!({"interactionId": question["interactionId"]}),
+        )
         .await;
     assert_eq!(one["state"], "expired");
     assert_eq!(one["outcome"], json!({"choice": "dev"}));
@@ -388,22 +396,26 @@ async fn with_nobody_watching_the_fallback_answers_at_once() {
     assert_eq!(q["outcome"], json!({"choice": null}));
     assert_eq!(q["state"], "unwatched");
     // Asking again with the same call id finds the same interaction.
-    let again = result(
-        answer(worker.ask(&turn, "call-1", approval("make")), 10)
+    let again = result(answer(worker.ask(&turn, "call-1", approval("make")), 10).await.unwrap());
+    assert_eq!(again["interactionId"], got["interactionId"]);
+
+    // Input PostgreSQL cannot hold (U+0000) is kept with U+FFFD, never an error.
+    let nul = result(
+        answer(worker.ask(&turn, "call-nul", approval("printf 'a\0b'")), 10)
             .await
             .unwrap(),
     );
-    assert_eq!(again["interactionId"], got["interactionId"]);
+    let stored = c
+        .ok("session.interaction", json!({"interactionId": nul["interactionId"]}))
+        .await;
+    assert_eq!(stored["input"]["command"], "printf 'a\u{FFFD}b'");
 
     let evs = events(&mut c, &sid).await;
     let resolved: Vec<&Value> = evs.iter().filter(|e| e["type"] == "interaction.resolved").collect();
-    assert_eq!(resolved.len(), 2, "{evs:?}");
+    assert_eq!(resolved.len(), 3, "{evs:?}");
     assert_eq!(resolved[0]["state"], "unwatched");
     assert_eq!(resolved[0]["outcome"], json!({"approved": false}));
-    assert_eq!(
-        evs.iter().filter(|e| e["type"] == "interaction.requested").count(),
-        2
-    );
+    assert_eq!(evs.iter().filter(|e| e["type"] == "interaction.requested").count(), 3);
 }
 
 /// `autoApprove` sessions answer approvals themselves, even while watched.
@@ -448,10 +460,21 @@ async fn stopping_the_turn_closes_its_pending_interactions() {
     );
     let seen = w.until(10, |e| e["type"] == "turn.ended").await.unwrap();
     let kinds: Vec<&str> = seen.iter().filter_map(|e| e["type"].as_str()).collect();
-    let resolved = kinds.iter().position(|k| *k == "interaction.resolved").expect("resolved");
-    assert!(resolved < kinds.len() - 1, "interaction.resolved comes before turn.ended");
+    let resolved = kinds
+        .iter()
+        .position(|k| *k == "interaction.resolved")
+        .expect("resolved");
+    assert!(
+        resolved < kinds.len() - 1,
+        "interaction.resolved comes before turn.ended"
+    );
     // Asking for a turn that no longer runs is refused.
-    let late = worker.call("turn.interaction", json!({"turnId": turn, "callId": "x", "kind": "approval"})).await;
+    let late = worker
+        .call(
+            "turn.interaction",
+            json!({"turnId": turn, "callId": "x", "kind": "approval"}),
+        )
+        .await;
     assert_eq!(late.error.unwrap().data["code"], "turn-not-running");
 }
 
@@ -503,9 +526,7 @@ async fn respond_takes_operation_receipts_and_checks_its_answer() {
         .await
         .unwrap_err();
     assert_eq!(code(&conflict), "operation-conflict");
-    let receipt = c
-        .ok("operation.receipt", json!({"operationId": "op-respond-1"}))
-        .await;
+    let receipt = c.ok("operation.receipt", json!({"operationId": "op-respond-1"})).await;
     assert_eq!(receipt["result"], first);
     let resolved = stack
         .sql_i64(
@@ -537,24 +558,37 @@ async fn another_tenants_interactions_are_not_found() {
         .await
         .unwrap();
     let b_token = server
-        .admin(&["token", "create", "--tenant", "tenant-b", "--user", "b@example.com", "--note", "b"])
+        .admin(&[
+            "token",
+            "create",
+            "--tenant",
+            "tenant-b",
+            "--user",
+            "b@example.com",
+            "--note",
+            "b",
+        ])
         .await
         .unwrap();
     let mut b = Client::authed(&server.ws_url(), b_token.trim()).await.unwrap();
     for (method, params) in [
         ("session.interaction", json!({"interactionId": iid})),
         ("session.interaction", json!({"interactionId": "int_missing"})),
-        ("session.respond", json!({"interactionId": iid, "answer": {"approved": true}})),
-        ("session.respond", json!({"interactionId": "int_missing", "answer": {"approved": true}})),
+        (
+            "session.respond",
+            json!({"interactionId": iid, "answer": {"approved": true}}),
+        ),
+        (
+            "session.respond",
+            json!({"interactionId": "int_missing", "answer": {"approved": true}}),
+        ),
         ("session.pendingInteractions", json!({"sessionId": sid})),
     ] {
         let e = b.call(method, params.clone()).await.unwrap_err();
         assert_eq!(code(&e), "not-found", "{method} {params}");
     }
     assert!(ask.try_recv().is_err(), "still waiting");
-    let pending = a
-        .ok("session.pendingInteractions", json!({"sessionId": sid}))
-        .await;
+    let pending = a.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
     assert_eq!(pending[0]["interactionId"], iid);
     assert_eq!(pending[0]["state"], "pending");
 }

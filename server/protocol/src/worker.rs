@@ -114,7 +114,7 @@ pub struct ProxyError {
 /// Worker → server: hold a tool call for approval (`kind: "approval"`) or ask a question
 /// (any other kind). The request stays open until the interaction is resolved; the worker's
 /// other messages flow meanwhile. Asking again with the same `(turnId, callId)` waits on the
-/// same interaction.
+/// same interaction (so after an `unavailable` error the worker may simply ask again).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnInteraction {

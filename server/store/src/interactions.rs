@@ -61,6 +61,25 @@ fn bad() -> StoreError {
     StoreError::Code(ErrorCode::BadParams)
 }
 
+/// PostgreSQL's jsonb cannot hold U+0000: model-made input that contains it is stored with
+/// U+FFFD, as history text is.
+fn without_nul(v: &mut Value) {
+    match v {
+        Value::String(s) if s.contains('\0') => *s = s.replace('\0', "\u{FFFD}"),
+        Value::Array(items) => items.iter_mut().for_each(without_nul),
+        Value::Object(map) => {
+            if map.keys().any(|k| k.contains('\0')) {
+                *map = std::mem::take(map)
+                    .into_iter()
+                    .map(|(k, v)| (k.replace('\0', "\u{FFFD}"), v))
+                    .collect();
+            }
+            map.values_mut().for_each(without_nul);
+        }
+        _ => {}
+    }
+}
+
 /// Is `outcome` a valid answer to an interaction of `kind` offering `options`?
 fn fits(kind: &str, options: Option<&[String]>, outcome: &InteractionOutcome) -> bool {
     match outcome {
@@ -86,7 +105,9 @@ fn parse_answer(answer: &Value) -> Option<InteractionOutcome> {
     }
     match obj.get("choice")? {
         Value::Null => Some(InteractionOutcome::Choice { choice: None }),
-        Value::String(s) => Some(InteractionOutcome::Choice { choice: Some(s.clone()) }),
+        Value::String(s) => Some(InteractionOutcome::Choice {
+            choice: Some(s.clone()),
+        }),
         _ => None,
     }
 }
@@ -139,7 +160,9 @@ async fn resolve(
         )
         .await?;
     if n != 1 {
-        return Err(StoreError::Other(anyhow::anyhow!("interaction was not pending under its lock")));
+        return Err(StoreError::Other(anyhow::anyhow!(
+            "interaction was not pending under its lock"
+        )));
     }
     let resolution = InteractionResolution {
         interaction_id: i.interaction_id.clone(),
@@ -157,11 +180,8 @@ async fn resolve(
         &[],
     )
     .await?;
-    tx.ex(
-        "SELECT pg_notify($1, $2)",
-        &[&CHANNEL_INTERACTIONS, &i.interaction_id],
-    )
-    .await?;
+    tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_INTERACTIONS, &i.interaction_id])
+        .await?;
     Ok(resolution)
 }
 
@@ -197,7 +217,8 @@ impl Store {
         ask: &TurnInteraction,
         timeout: std::time::Duration,
     ) -> Result<Interaction> {
-        if ask.kind.is_empty() || ask.kind.len() > 64 || ask.call_id.is_empty() || ask.call_id.len() > 200 {
+        let well_formed = |s: &str, max: usize| !s.is_empty() && s.len() <= max && !s.contains('\0');
+        if !well_formed(&ask.kind, 64) || !well_formed(&ask.call_id, 200) {
             return Err(bad());
         }
         let approval = ask.kind == INTERACTION_APPROVAL;
@@ -243,6 +264,7 @@ impl Store {
         if let Some(p) = &ask.params {
             request["params"] = p.clone();
         }
+        without_nul(&mut request);
         let id = token::new_id("int");
         let fallback_json = serde_json::to_value(&fallback).map_err(|e| StoreError::Other(e.into()))?;
         let row = tx
@@ -359,7 +381,15 @@ impl Store {
         if !fits(&i.kind, i.options.as_deref(), &outcome) {
             return Err(bad());
         }
-        let r = resolve(&tx, tenant_id, &i, InteractionState::Answered, outcome, Some(answered_by)).await?;
+        let r = resolve(
+            &tx,
+            tenant_id,
+            &i,
+            InteractionState::Answered,
+            outcome,
+            Some(answered_by),
+        )
+        .await?;
         finish(&tx, op, &r).await?;
         tx.commit().await?;
         Ok(Ok(r))

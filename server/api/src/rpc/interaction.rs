@@ -3,9 +3,7 @@
 
 use std::{collections::HashSet, sync::Mutex};
 
-use berth_protocol::{
-    ErrorCode, Interaction, InteractionRef, InteractionResolution, SessionRef, SessionRespondParams,
-};
+use berth_protocol::{ErrorCode, Interaction, InteractionRef, InteractionResolution, SessionRef, SessionRespondParams};
 use serde_json::json;
 
 use super::Ctx;
@@ -94,7 +92,11 @@ impl Watcher {
 impl Drop for Watcher {
     fn drop(&mut self) {
         self.state.watchers.ids.lock().expect("watchers lock").remove(&self.id);
-        let (state, tenant, id) = (self.state.clone(), std::mem::take(&mut self.tenant_id), std::mem::take(&mut self.id));
+        let (state, tenant, id) = (
+            self.state.clone(),
+            std::mem::take(&mut self.tenant_id),
+            std::mem::take(&mut self.id),
+        );
         tokio::spawn(async move {
             if let Err(e) = state.store.watcher_remove(&tenant, &id).await {
                 tracing::warn!(error = %e, "removing a session watcher failed; its heartbeat lapses instead");

@@ -499,7 +499,9 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionPendingInteractions::NAME => {
             call::<method::SessionPendingInteractions, _, _>(ctx, params, interaction::pending).await
         }
-        method::SessionInteraction::NAME => call::<method::SessionInteraction, _, _>(ctx, params, interaction::get).await,
+        method::SessionInteraction::NAME => {
+            call::<method::SessionInteraction, _, _>(ctx, params, interaction::get).await
+        }
         method::SessionRespond::NAME => call::<method::SessionRespond, _, _>(ctx, params, interaction::respond).await,
         method::QueueUpdate::NAME => call::<method::QueueUpdate, _, _>(ctx, params, queue::update).await,
         method::QueueMove::NAME => call::<method::QueueMove, _, _>(ctx, params, queue::move_entry).await,

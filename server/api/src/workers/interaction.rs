@@ -146,13 +146,10 @@ async fn answer(
     tenant_id: &str,
     params: serde_json::Value,
 ) -> Result<TurnInteractionResult, ApiError> {
-    let ask: TurnInteraction =
-        serde_json::from_value(params).map_err(|_| ApiError::code(ErrorCode::BadParams))?;
+    let ask: TurnInteraction = serde_json::from_value(params).map_err(|_| ApiError::code(ErrorCode::BadParams))?;
     let store = &state.store;
     let timeout = state.config.interaction_timeout;
-    let asked = store
-        .ask_interaction(connection_id, tenant_id, &ask, timeout)
-        .await?;
+    let asked = store.ask_interaction(connection_id, tenant_id, &ask, timeout).await?;
     tracing::info!(turn.id = %ask.turn_id, interaction.id = %asked.interaction_id, kind = %asked.kind,
         state = asked.state.as_str(), "interaction asked");
     let mut waiter = state.interactions.subscribe(&asked.interaction_id);
@@ -163,10 +160,18 @@ async fn answer(
             return Ok(done);
         }
         let until_expiry = chrono::DateTime::parse_from_rfc3339(&current.expires_at)
-            .map(|at| (at.with_timezone(&chrono::Utc) - chrono::Utc::now()).to_std().unwrap_or_default())
+            .map(|at| {
+                (at.with_timezone(&chrono::Utc) - chrono::Utc::now())
+                    .to_std()
+                    .unwrap_or_default()
+            })
             .unwrap_or(RECHECK);
         // After an expiry attempt the database's clock decides; do not spin on ours.
-        let until_expiry = if expiry_tried { until_expiry.max(RECHECK) } else { until_expiry };
+        let until_expiry = if expiry_tried {
+            until_expiry.max(RECHECK)
+        } else {
+            until_expiry
+        };
         tokio::select! {
             _ = waiter.rx.changed() => {}
             _ = tokio::time::sleep(until_expiry) => {
