@@ -489,3 +489,52 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_must_match_the_kind_and_the_options() {
+        let yes = InteractionOutcome::Approval { approved: true };
+        let pick = |c: Option<&str>| InteractionOutcome::Choice {
+            choice: c.map(str::to_string),
+        };
+        let opts = vec!["a".to_string(), "b".to_string()];
+        assert!(fits("approval", None, &yes));
+        assert!(!fits("approval", None, &pick(None)));
+        assert!(!fits("choice", Some(&opts), &yes));
+        assert!(fits("choice", Some(&opts), &pick(Some("b"))));
+        assert!(fits("choice", Some(&opts), &pick(None)), "null declines");
+        assert!(!fits("choice", Some(&opts), &pick(Some("c"))));
+        assert!(fits("text", None, &pick(Some("anything"))), "no options: free text");
+    }
+
+    #[test]
+    fn answers_have_exactly_one_typed_field() {
+        assert_eq!(
+            parse_answer(&json!({"approved": false})),
+            Some(InteractionOutcome::Approval { approved: false })
+        );
+        assert_eq!(
+            parse_answer(&json!({"choice": null})),
+            Some(InteractionOutcome::Choice { choice: None })
+        );
+        for bad in [
+            json!({}),
+            json!({"approved": "yes"}),
+            json!({"choice": 3}),
+            json!({"choice": "a", "approved": true}),
+            json!(true),
+        ] {
+            assert_eq!(parse_answer(&bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn nul_characters_are_replaced_everywhere() {
+        let mut v = json!({"a\u{0}": ["x\u{0}y", {"k": "\u{0}"}], "n": 1});
+        without_nul(&mut v);
+        assert_eq!(v, json!({"a\u{FFFD}": ["x\u{FFFD}y", {"k": "\u{FFFD}"}], "n": 1}));
+    }
+}
