@@ -68,6 +68,8 @@ pub struct App {
     pub login_limiter: auth::LoginLimiter,
     /// Requests per credential.
     pub request_limiter: auth::KeyedLimiter,
+    /// Per-tenant limits of the model proxy.
+    pub proxy: proxy::ProxyLimits,
 }
 
 impl App {
@@ -106,12 +108,14 @@ pub async fn serve(
         .build()?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
+    let proxy = proxy::ProxyLimits::new(&config.model);
+    let workers = workers::Registry::new(&config.limits);
     let state = AppState(Arc::new(App {
         store,
         config,
         metrics: metrics::Metrics::new(),
         hub: hub::Hub::default(),
-        workers: workers::Registry::default(),
+        workers,
         interactions: Default::default(),
         watchers: Default::default(),
         http,
@@ -122,6 +126,7 @@ pub async fn serve(
             capacity: config_burst,
             refill_every: Duration::from_secs(1) / config_rate.max(1),
         }),
+        proxy,
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());

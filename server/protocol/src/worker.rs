@@ -3,6 +3,9 @@
 //! Worker → server requests: `worker.hello`, `turn.step`, `turn.interaction`, `turn.end`; notification
 //! `turn.delta`. Server → worker notifications: `turn.run`, `turn.stop {turnId}` (the turn
 //! was cancelled: stop working on it; the server has already settled it).
+//!
+//! Model calls go to the API tier's proxy ([`MODEL_PROXY_PATH`]) with the worker credential
+//! and the turn named in [`MODEL_PROXY_TURN_HEADER`].
 
 use serde::{Deserialize, Serialize};
 
@@ -146,3 +149,6 @@ pub struct TurnInteractionResult {
     /// How it was resolved (answered, expired, unwatched, auto, closed).
     pub state: InteractionState,
 }
+/// The request header naming the turn a model-proxy call is for: the proxy serves only a
+/// running turn handed to a connection of the calling worker credential.
+pub const MODEL_PROXY_TURN_HEADER: &str = "berth-turn";

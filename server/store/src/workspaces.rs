@@ -5,7 +5,7 @@ use berth_protocol::{Workspace, worker::WorkspaceDecl};
 use crate::{Cached, Principal, Result, Store, fmt_time, not_found, tenant_tx, token};
 
 /// How long a presence row counts as live without a heartbeat.
-const PRESENCE_TTL: &str = "45 seconds";
+pub(crate) const PRESENCE_TTL: &str = "45 seconds";
 
 impl Store {
     /// Bind a worker credential to the host it serves (on its first hello). Refused with

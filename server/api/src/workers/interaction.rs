@@ -1,11 +1,11 @@
 //! `turn.interaction`: the worker holds a tool call for approval or asks a question, and its
 //! request stays open until the interaction is resolved.
 //!
-//! Each request runs as its own task (the connection keeps reading and writing meanwhile)
-//! and sends its response through the connection's outbound channel. Resolution may happen
-//! on any replica: the resolving transaction sends `NOTIFY berth_interactions, '<id>'`, this
-//! replica's LISTEN connection wakes the waiting task through [`Waiters`], and the task reads
-//! the outcome from the table. Wake-ups are only hints: the task re-reads after a LISTEN
+//! Each request runs as its own task, apart from its turn's ordered queue (the turn and the
+//! connection keep flowing meanwhile), and sends its response through the connection's
+//! writer. Resolution may happen on any replica: the resolving transaction sends
+//! `NOTIFY berth_interactions, '<id>'`, this replica's LISTEN connection wakes the waiting
+//! task through [`Waiters`], and the task reads the outcome from the table. Wake-ups are only hints: the task re-reads after a LISTEN
 //! reconnect ([`Waiters::wake_all`]) and every few seconds, and at `expiresAt` it records the
 //! fallback itself. Nothing is kept in memory that the table does not hold.
 
@@ -17,13 +17,12 @@ use std::{
 
 use berth_protocol::{
     ErrorCode, Interaction, InteractionState,
-    jsonrpc::Response as RpcResponse,
+    jsonrpc::{Request, Response as RpcResponse},
     worker::{TurnInteraction, TurnInteractionResult},
 };
-use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
 
-use super::WorkerConn;
+use super::{Conn, text_msg};
 use crate::{AppState, error::ApiError};
 
 /// How often a waiting request re-reads its interaction even without a wake-up.
@@ -80,63 +79,28 @@ impl Waiters {
     }
 }
 
-/// A worker connection's open `turn.interaction` requests. Each is answered by its own task
-/// whose response comes back through this channel, so the connection keeps reading and
-/// writing meanwhile; the tasks end when the connection does (its turns are then
-/// interrupted, which closes their interactions).
-pub(super) struct Requests {
-    tx: mpsc::UnboundedSender<RpcResponse>,
-    rx: mpsc::UnboundedReceiver<RpcResponse>,
-    closed: CancellationToken,
-}
-
-impl Default for Requests {
-    fn default() -> Requests {
-        let (tx, rx) = mpsc::unbounded_channel();
-        Requests {
-            tx,
-            rx,
-            closed: CancellationToken::new(),
+/// `turn.interaction` (routed here by the turn's task): answered by its own task once the
+/// interaction is resolved, so the turn's other messages and the connection keep flowing.
+/// The task ends with the connection (whose turns are then interrupted, which closes their
+/// interactions); stopping the turn closes the interaction, which answers it.
+pub(super) fn ask(conn: &Arc<Conn>, req: Request) {
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        let closing = conn.closing.clone();
+        let state = &conn.state;
+        let answer = tokio::select! {
+            r = answer(state, &conn.connection_id, &conn.principal.tenant_id, req.params) => r,
+            _ = closing.cancelled() => return,
+        };
+        if req.id.is_none() {
+            return;
         }
-    }
-}
-
-impl Drop for Requests {
-    fn drop(&mut self) {
-        self.closed.cancel();
-    }
-}
-
-impl Requests {
-    /// The next response to send to the worker.
-    pub(super) async fn next(&mut self) -> Option<RpcResponse> {
-        self.rx.recv().await
-    }
-}
-
-impl WorkerConn {
-    /// `turn.interaction`: answered by its own task once the interaction is resolved.
-    pub(super) fn ask(&self, id: Option<u32>, params: serde_json::Value) {
-        let (state, replies, closed) = (
-            self.state.clone(),
-            self.interactions.tx.clone(),
-            self.interactions.closed.clone(),
-        );
-        let (connection_id, tenant_id) = (self.connection_id.clone(), self.principal.tenant_id.clone());
-        tokio::spawn(async move {
-            let answer = tokio::select! {
-                r = answer(&state, &connection_id, &tenant_id, params) => r,
-                _ = closed.cancelled() => return,
-            };
-            let response = match answer {
-                Ok(r) => RpcResponse::ok(id, serde_json::to_value(r).unwrap_or_default()),
-                Err(e) => RpcResponse::err(id, e.0),
-            };
-            if id.is_some() {
-                let _ = replies.send(response);
-            }
-        });
-    }
+        let response = match answer {
+            Ok(r) => RpcResponse::ok(req.id, serde_json::to_value(r).unwrap_or_default()),
+            Err(e) => RpcResponse::err(req.id, e.0),
+        };
+        conn.send(text_msg(&response)).await;
+    });
 }
 
 #[tracing::instrument(skip_all, fields(worker.connection = %connection_id))]
