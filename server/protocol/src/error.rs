@@ -24,6 +24,8 @@ pub enum ErrorCode {
     OperationInProgress,
     RateLimited,
     PayloadTooLarge,
+    /// The session's queue holds [`crate::MAX_QUEUE_LENGTH`] turns already.
+    QueueFull,
     HistoryCleared,
     /// The interaction was already resolved (answered, expired, closed); the error carries
     /// its `state` and recorded `outcome`.
@@ -54,6 +56,7 @@ impl ErrorCode {
             ErrorCode::OperationInProgress => "operation-in-progress",
             ErrorCode::RateLimited => "rate-limited",
             ErrorCode::PayloadTooLarge => "payload-too-large",
+            ErrorCode::QueueFull => "queue-full",
             ErrorCode::HistoryCleared => "history-cleared",
             ErrorCode::InteractionClosed => "interaction-closed",
             ErrorCode::Unsupported => "unsupported",

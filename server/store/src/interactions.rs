@@ -12,8 +12,8 @@
 //! and a turn ending never deadlock.
 
 use berth_protocol::{
-    ErrorCode, INTERACTION_APPROVAL, Interaction, InteractionOutcome, InteractionResolution, InteractionState,
-    worker::TurnInteraction,
+    ErrorCode, EventPayload, INTERACTION_APPROVAL, Interaction, InteractionOutcome, InteractionRequested,
+    InteractionResolution, InteractionState, worker::TurnInteraction,
 };
 use deadpool_postgres::GenericClient;
 use serde_json::{Value, json};
@@ -170,16 +170,8 @@ async fn resolve(
         outcome,
         answered_by: answered_by.map(str::to_string),
     };
-    append_event(
-        tx,
-        tenant_id,
-        &i.session_id,
-        "interaction.resolved",
-        Some(&i.turn_id),
-        serde_json::to_value(&resolution).map_err(|e| StoreError::Other(e.into()))?,
-        &[],
-    )
-    .await?;
+    let event = EventPayload::InteractionResolved(resolution.clone());
+    append_event(tx, tenant_id, &i.session_id, Some(&i.turn_id), &event, &[]).await?;
     tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_INTERACTIONS, &i.interaction_id])
         .await?;
     Ok(resolution)
@@ -288,16 +280,10 @@ impl Store {
             )
             .await?;
         let mut interaction = parse_one(row.get(0))?;
-        append_event(
-            &tx,
-            tenant_id,
-            &session_id,
-            "interaction.requested",
-            Some(&ask.turn_id),
-            json!({ "interaction": interaction }),
-            &[],
-        )
-        .await?;
+        let event = EventPayload::InteractionRequested(InteractionRequested {
+            interaction: Box::new(interaction.clone()),
+        });
+        append_event(&tx, tenant_id, &session_id, Some(&ask.turn_id), &event, &[]).await?;
         let settle = if approval && auto_approve {
             Some((InteractionState::Auto, InteractionOutcome::Approval { approved: true }))
         } else if watchers == 0 {
