@@ -67,6 +67,15 @@ pub enum EventPayload {
     /// An interaction was resolved: answered, expired, unwatched, auto-approved or closed.
     #[serde(rename = "interaction.resolved")]
     InteractionResolved(InteractionResolution),
+    /// The first event of a fork's own: the history before it was copied from `branch`.
+    #[serde(rename = "session.forked")]
+    SessionForked(Forked),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Forked {
+    pub branch: crate::Branch,
 }
 
 /// A payload without fields.
@@ -139,6 +148,7 @@ impl EventPayload {
             EventPayload::QueueChanged(_) => "queue.changed",
             EventPayload::InteractionRequested(_) => "interaction.requested",
             EventPayload::InteractionResolved(_) => "interaction.resolved",
+            EventPayload::SessionForked(_) => "session.forked",
         }
     }
 
@@ -215,6 +225,13 @@ impl EventPayload {
                     choice: Some("main".into()),
                 },
                 answered_by: Some("usr_1".into()),
+            }),
+            EventPayload::SessionForked(Forked {
+                branch: crate::Branch {
+                    session_id: "ses_1".into(),
+                    turn_id: Some("trn_1".into()),
+                    sequence: 7,
+                },
             }),
         ]
     }

@@ -11,10 +11,12 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod fork;
 mod history;
 mod identity;
 mod interactions;
 pub mod receipts;
+pub mod search;
 mod sessions;
 mod turns;
 mod workspaces;
