@@ -11,7 +11,7 @@ use std::{
 };
 
 use berth_e2e::{
-    Client, MockProvider, Stack, TestServer,
+    Client, MockProvider, Reply, Stack, TestServer,
     client::code,
     harness::{eventually, scratch_dir},
 };
@@ -591,4 +591,114 @@ async fn another_tenants_interactions_are_not_found() {
     let pending = a.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
     assert_eq!(pending[0]["interactionId"], iid);
     assert_eq!(pending[0]["state"], "pending");
+}
+
+/// Issue 9's acceptance, with the real worker's agent loop: the client disconnects while a
+/// shell call waits for approval, reconnects through the other API replica, finds it with
+/// `session.pendingInteractions` and approves; the tool had not run before the answer and
+/// the turn completes. A denied call never runs and the model's next request carries the
+/// denial.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_waits_for_approval_across_a_reconnect_and_a_denied_call_never_runs() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut c1 = stack.client(0).await;
+    let sid = stack.session(&mut c1).await;
+    let mut w1 = watch(&mut c1, &sid).await;
+    let sentinel = stack.workspace_dir.join("sentinel.txt");
+    let command = json!({"command": "echo ran > sentinel.txt"});
+    mock.push(Reply::tools(&[("call_1", "shell", command.clone())], 6));
+    mock.push(Reply::text(&["Done."]));
+    let sent = c1
+        .ok("session.send", json!({"sessionId": sid, "prompt": "make the sentinel"}))
+        .await;
+    let turn = sent["turnId"].as_str().unwrap().to_string();
+    let seen = w1
+        .until(30, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("the shell call is held for approval");
+    let iid = seen.last().unwrap()["interaction"]["interactionId"].clone();
+    assert!(!sentinel.exists(), "held, not run");
+
+    c1.close();
+    drop(w1);
+    let mut c2 = stack.client(1).await;
+    let pending = c2.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
+    assert_eq!(pending.as_array().unwrap().len(), 1, "{pending}");
+    assert_eq!(pending[0]["interactionId"], iid);
+    assert_eq!(pending[0]["kind"], "approval");
+    assert_eq!(pending[0]["tool"], json!({"name": "shell", "callId": "call_1"}));
+    assert_eq!(pending[0]["input"], command);
+    assert!(!sentinel.exists(), "the tool had not run before the answer");
+    c2.ok(
+        "session.respond",
+        json!({"interactionId": iid, "answer": {"approved": true}}),
+    )
+    .await;
+    let mut w2 = c2.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let events = w2
+        .until(60, |e| e["type"] == "turn.ended" && e["turnId"] == turn.as_str())
+        .await
+        .expect("the turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{:?}", events.last());
+    assert_eq!(std::fs::read_to_string(&sentinel).unwrap(), "ran\n");
+    let types: Vec<&str> = events
+        .iter()
+        .filter(|e| e.get("sequence").is_some())
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    let at = |k: &str| {
+        types
+            .iter()
+            .position(|t| *t == k)
+            .unwrap_or_else(|| panic!("{k} in {types:?}"))
+    };
+    assert!(at("interaction.requested") < at("interaction.resolved"));
+    assert!(at("interaction.resolved") < at("tool.ended"), "{types:?}");
+    let results = messages_of(&mock, 1);
+    assert_eq!(results.last().unwrap()["role"], "tool");
+    assert_eq!(results.last().unwrap()["tool_call_id"], "call_1");
+
+    // A denial: the tool never runs and the model's next request carries the denial.
+    let denied_file = stack.workspace_dir.join("denied.txt");
+    mock.push(Reply::tools(
+        &[("call_2", "shell", json!({"command": "echo ran > denied.txt"}))],
+        6,
+    ));
+    mock.push(Reply::text(&["Understood."]));
+    let sent = c2
+        .ok("session.send", json!({"sessionId": sid, "prompt": "now the other one"}))
+        .await;
+    let turn2 = sent["turnId"].as_str().unwrap().to_string();
+    let seen = w2
+        .until(30, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("held again");
+    let iid2 = seen.last().unwrap()["interaction"]["interactionId"].clone();
+    c2.ok(
+        "session.respond",
+        json!({"interactionId": iid2, "answer": {"approved": false}}),
+    )
+    .await;
+    let events = w2
+        .until(60, |e| e["type"] == "turn.ended" && e["turnId"] == turn2.as_str())
+        .await
+        .expect("the turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    assert!(!denied_file.exists(), "a denied call never runs");
+    let next = messages_of(&mock, 3);
+    let denial = next.last().unwrap();
+    assert_eq!(denial["role"], "tool");
+    assert_eq!(denial["tool_call_id"], "call_2");
+    assert!(
+        denial["content"].as_str().unwrap().contains("denied"),
+        "the model reads the denial: {denial}"
+    );
+    let ended = events.iter().find(|e| e["type"] == "tool.ended").expect("tool.ended");
+    assert_eq!(ended["status"], "denied");
+}
+
+/// The messages of provider request `i`.
+fn messages_of(mock: &MockProvider, i: usize) -> Vec<Value> {
+    mock.requests()[i]["messages"].as_array().unwrap().clone()
 }

@@ -19,6 +19,7 @@ mod connection;
 pub(crate) mod interaction;
 mod relay;
 mod steps;
+mod tools;
 mod turn;
 
 use std::{

@@ -31,7 +31,15 @@ pub(super) struct TurnHandle {
 pub(super) fn is_turn_method(method: &str) -> bool {
     matches!(
         method,
-        wp::TURN_DELTA | wp::TURN_STEP | wp::TURN_END | wp::TURN_INTERACTION
+        wp::TURN_DELTA
+            | wp::TURN_STEP
+            | wp::TURN_END
+            | wp::TURN_HISTORY
+            | wp::TURN_SOURCE
+            | wp::TURN_TOOL_STATUS
+            | wp::TURN_TOOL_ENDED
+            | wp::TURN_DELEGATE
+            | wp::TURN_INTERACTION
     )
 }
 
@@ -122,6 +130,9 @@ impl TurnTask {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
+            wp::TURN_HISTORY | wp::TURN_SOURCE | wp::TURN_TOOL_STATUS | wp::TURN_TOOL_ENDED | wp::TURN_DELEGATE => {
+                self.agent_request(&req.method, req.params).await
+            }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         self.reply(req.id, result).await;
