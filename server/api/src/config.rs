@@ -287,6 +287,9 @@ pub struct Config {
     pub jwt_ttl: std::time::Duration,
     /// Per-connection and per-credential limits.
     pub limits: Limits,
+    /// `BERTH_INTERACTION_TIMEOUT_SECS`: how long an approval or question waits for an answer
+    /// before its fallback answers (default 15 minutes).
+    pub interaction_timeout: std::time::Duration,
     /// `BERTH_TRUSTED_PROXIES`: networks (CIDRs) of reverse proxies whose
     /// `X-Forwarded-For` names the client address; from anyone else it is ignored.
     pub trusted_proxies: Vec<ipnet::IpNet>,
@@ -380,6 +383,7 @@ impl Config {
             jwt: None,
             jwt_ttl: std::time::Duration::from_secs(15 * 60),
             limits: Limits::default(),
+            interaction_timeout: std::time::Duration::from_secs(15 * 60),
             trusted_proxies: Vec::new(),
             listen_probe_interval: std::time::Duration::from_secs(15),
             listen_probe_timeout: std::time::Duration::from_secs(10),

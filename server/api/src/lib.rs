@@ -57,6 +57,10 @@ pub struct App {
     pub hub: hub::Hub,
     /// Worker connections held by this replica.
     pub workers: workers::Registry,
+    /// Wake-ups for the open `turn.interaction` requests of this replica's workers.
+    pub interactions: workers::interaction::Waiters,
+    /// The `session.watch` subscriptions this replica holds (recorded in PostgreSQL).
+    pub watchers: rpc::interaction::Watchers,
     /// HTTP client for outbound calls.
     pub http: reqwest::Client,
     /// HTTP client for model providers (their connect timeout).
@@ -119,6 +123,8 @@ pub async fn serve(
         metrics: metrics::Metrics::new(),
         hub: hub::Hub::default(),
         workers,
+        interactions: Default::default(),
+        watchers: Default::default(),
         http,
         provider_http,
         shutdown: token.clone(),
@@ -133,6 +139,7 @@ pub async fn serve(
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
+    workers::interaction::spawn_housekeeping(state.clone());
 
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))
