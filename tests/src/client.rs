@@ -198,6 +198,11 @@ impl Client {
         let _ = self.out.send(Message::Text(text.to_string().into()));
     }
 
+    /// Close the connection (a WebSocket Close frame), as a client going away does.
+    pub fn close(&self) {
+        let _ = self.out.send(Message::Close(None));
+    }
+
     pub fn send_binary(&self, bytes: Vec<u8>) {
         let _ = self.out.send(Message::Binary(bytes.into()));
     }

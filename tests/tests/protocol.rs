@@ -441,7 +441,7 @@ async fn every_method_and_event_matches_the_protocol_types() {
             completion: 4,
         },
     ]));
-    check!(
+    let t1 = check!(
         method::SessionSend,
         json!({"sessionId": sid, "prompt": "hi", "operationId": "walk-1"})
     );
@@ -467,6 +467,23 @@ async fn every_method_and_event_matches_the_protocol_types() {
     let item = diags.next(10).await.expect("the current diagnostic revision");
     assert_typed::<berth_protocol::DiagnosticsRevision>("diagnostics item", &item);
     c.ok("subscription.close", json!({"id": diags.id})).await;
+    // Interactions: this worker never asks, so one is written as the store writes it.
+    berth_e2e::harness::db(&stack.database_url)
+        .await
+        .execute(
+            "INSERT INTO interactions (id, tenant_id, session_id, turn_id, call_id, kind, request, fallback, state, expires_at)
+             SELECT 'int_walk', tenant_id, id, $2, 'call', 'approval', '{\"input\": {\"command\": \"make\"}}',
+                    '{\"approved\": false}', 'pending', now() + interval '1 hour' FROM sessions WHERE id = $1",
+            &[&sid, &t1["turnId"].as_str().unwrap()],
+        )
+        .await
+        .unwrap();
+    check!(method::SessionPendingInteractions, json!({"sessionId": sid}));
+    check!(method::SessionInteraction, json!({"interactionId": "int_walk"}));
+    check!(
+        method::SessionRespond,
+        json!({"interactionId": "int_walk", "answer": {"approved": true}})
+    );
     check!(
         method::SessionSearch,
         json!({"sessionId": sid, "query": "HELLO", "caseSensitive": false, "wholeWord": true})
@@ -566,6 +583,7 @@ async fn every_method_and_event_matches_the_protocol_types() {
         "model.completed",
         "turn.ended",
         "queue.changed",
+        "interaction.resolved",
     ] {
         assert!(events.contains(produced), "{produced} is not in the typed union");
         assert!(types.contains(produced), "the walk did not see {produced}: {types:?}");

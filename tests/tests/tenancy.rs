@@ -74,6 +74,17 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
     .await;
     let wsid = stack.workspace_id.clone();
     let pos = json!({"sourceSequence": 2, "itemIndex": 0});
+    // A pending interaction of A's (written directly: this test's worker never asks).
+    berth_e2e::harness::db(&stack.database_url)
+        .await
+        .execute(
+            "INSERT INTO interactions (id, tenant_id, session_id, turn_id, call_id, kind, request, fallback, state, expires_at)
+             SELECT 'int_of_a', tenant_id, id, $2, 'call', 'approval', '{\"input\": {}}', '{\"approved\": false}', 'pending',
+                    now() + interval '1 hour' FROM sessions WHERE id = $1",
+            &[&sid, &t1["turnId"].as_str().unwrap()],
+        )
+        .await
+        .unwrap();
 
     let b_token = tenant_b(&stack.servers[0]).await;
     let mut b = Client::authed(&stack.servers[0].ws_url(), &b_token).await.unwrap();
@@ -154,9 +165,24 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"sessionId": "ses_random"}),
         ),
         (
+            "session.pendingInteractions",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
             "session.context",
             json!({"sessionId": sid}),
             json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "session.interaction",
+            json!({"interactionId": "int_of_a"}),
+            json!({"interactionId": "int_random"}),
+        ),
+        (
+            "session.respond",
+            json!({"interactionId": "int_of_a", "answer": {"approved": true}}),
+            json!({"interactionId": "int_random", "answer": {"approved": true}}),
         ),
         (
             "session.create",

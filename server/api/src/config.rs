@@ -295,6 +295,9 @@ pub struct Config {
     pub object_store: ObjectStoreConfig,
     /// `BERTH_MAX_ATTACHMENT_BYTES`: the largest attachment (and binary message) accepted.
     pub max_attachment_bytes: usize,
+    /// `BERTH_INTERACTION_TIMEOUT_SECS`: how long an approval or question waits for an answer
+    /// before its fallback answers (default 15 minutes).
+    pub interaction_timeout: std::time::Duration,
     /// `BERTH_TRUSTED_PROXIES`: networks (CIDRs) of reverse proxies whose
     /// `X-Forwarded-For` names the client address; from anyone else it is ignored.
     pub trusted_proxies: Vec<ipnet::IpNet>,
@@ -416,6 +419,7 @@ impl Config {
             limits: Limits::default(),
             object_store: ObjectStoreConfig::default(),
             max_attachment_bytes: 32 << 20,
+            interaction_timeout: std::time::Duration::from_secs(15 * 60),
             trusted_proxies: Vec::new(),
             listen_probe_interval: std::time::Duration::from_secs(15),
             listen_probe_timeout: std::time::Duration::from_secs(10),

@@ -58,6 +58,10 @@ pub struct App {
     pub hub: hub::Hub,
     /// Worker connections held by this replica.
     pub workers: workers::Registry,
+    /// Wake-ups for the open `turn.interaction` requests of this replica's workers.
+    pub interactions: workers::interaction::Waiters,
+    /// The `session.watch` subscriptions this replica holds (recorded in PostgreSQL).
+    pub watchers: rpc::interaction::Watchers,
     /// HTTP client for outbound calls.
     pub http: reqwest::Client,
     /// HTTP client for model providers (their connect timeout).
@@ -130,6 +134,8 @@ pub async fn serve(
         metrics,
         hub: hub::Hub::default(),
         workers,
+        interactions: Default::default(),
+        watchers: Default::default(),
         http,
         provider_http,
         shutdown: token.clone(),
@@ -145,6 +151,7 @@ pub async fn serve(
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
+    workers::interaction::spawn_housekeeping(state.clone());
 
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))

@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use berth_store::{CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, CHANNEL_EVENTS, CHANNEL_REVOKE};
+use berth_store::{
+    CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, CHANNEL_EVENTS, CHANNEL_INTERACTIONS, CHANNEL_REVOKE,
+};
 
 use crate::AppState;
 
@@ -24,6 +26,7 @@ pub fn spawn(state: AppState) {
                     CHANNEL_DELTAS,
                     CHANNEL_CONTROL,
                     CHANNEL_REVOKE,
+                    CHANNEL_INTERACTIONS,
                 ]),
             )
             .await
@@ -33,6 +36,7 @@ pub fn spawn(state: AppState) {
                     backoff = Duration::from_millis(100);
                     state.hub.poke_all();
                     state.workers.kick_all();
+                    state.interactions.wake_all();
                     // Revocations sent while we were not listening were missed.
                     crate::connections::verify_soon(&state, None);
                     let mut probe = tokio::time::interval(state.config.listen_probe_interval);
@@ -80,6 +84,7 @@ fn handle(state: &AppState, channel: &str, payload: &str) {
             }
         }
         CHANNEL_DISPATCH => state.workers.kick(payload),
+        CHANNEL_INTERACTIONS => state.interactions.wake(payload),
         CHANNEL_REVOKE => {
             let closed = state.connections.revoke(payload);
             if closed > 0 {

@@ -397,6 +397,8 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         .collect::<anyhow::Result<_>>()?;
     let retention: u64 = settings.parse(None, "BERTH_RECEIPT_RETENTION_SECS", "604800")?;
     config.receipt_retention = std::time::Duration::from_secs(retention);
+    let interaction_timeout: u64 = settings.parse(None, "BERTH_INTERACTION_TIMEOUT_SECS", "900")?;
+    config.interaction_timeout = std::time::Duration::from_secs(interaction_timeout);
     if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {
         config.replica_id = id;
     }

@@ -27,6 +27,9 @@ pub enum ErrorCode {
     /// The session's queue holds [`crate::MAX_QUEUE_LENGTH`] turns already.
     QueueFull,
     HistoryCleared,
+    /// The interaction was already resolved (answered, expired, closed); the error carries
+    /// its `state` and recorded `outcome`.
+    InteractionClosed,
     Unsupported,
     Unavailable,
     Internal,
@@ -61,6 +64,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => "payload-too-large",
             ErrorCode::QueueFull => "queue-full",
             ErrorCode::HistoryCleared => "history-cleared",
+            ErrorCode::InteractionClosed => "interaction-closed",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",

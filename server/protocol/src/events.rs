@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Cause, Notice, Position, QueueEntry, QueueState, Row, SessionPhase, TurnState,
+    Cause, Interaction, InteractionOutcome, InteractionResolution, InteractionState, Notice, Position, QueueEntry,
+    QueueState, Row, SessionPhase, TurnState,
     worker::{ToolStatus, Usage},
 };
 
@@ -67,6 +68,12 @@ pub enum EventPayload {
     /// a removal, a pause or a clear).
     #[serde(rename = "queue.changed")]
     QueueChanged(QueueState),
+    /// A tool call is held for approval, or a question is asked (SPEC §4.6).
+    #[serde(rename = "interaction.requested")]
+    InteractionRequested(InteractionRequested),
+    /// An interaction was resolved: answered, expired, unwatched, auto-approved or closed.
+    #[serde(rename = "interaction.resolved")]
+    InteractionResolved(InteractionResolution),
     /// The first event of a fork's own: the history before it was copied from `branch`.
     #[serde(rename = "session.forked")]
     SessionForked(Forked),
@@ -140,6 +147,13 @@ pub struct TurnEnded {
     pub usage: Option<Usage>,
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InteractionRequested {
+    /// The interaction as asked (`state: pending`); boxed to keep the payload enum small.
+    pub interaction: Box<Interaction>,
+}
+
 impl EventPayload {
     /// The wire `type`.
     pub fn type_name(&self) -> &'static str {
@@ -156,6 +170,8 @@ impl EventPayload {
             EventPayload::ToolEnded(_) => "tool.ended",
             EventPayload::TurnEnded(_) => "turn.ended",
             EventPayload::QueueChanged(_) => "queue.changed",
+            EventPayload::InteractionRequested(_) => "interaction.requested",
+            EventPayload::InteractionResolved(_) => "interaction.resolved",
             EventPayload::SessionForked(_) => "session.forked",
         }
     }
@@ -226,6 +242,35 @@ impl EventPayload {
                 queue: vec![entry],
                 paused: true,
             }),
+            EventPayload::InteractionRequested(InteractionRequested {
+                interaction: Box::new(Interaction {
+                    interaction_id: "int_1".into(),
+                    kind: crate::INTERACTION_APPROVAL.into(),
+                    session_id: "ses_1".into(),
+                    turn_id: "trn_1".into(),
+                    tool: Some(crate::InteractionTool {
+                        name: "shell".into(),
+                        call_id: "call_1".into(),
+                    }),
+                    input: serde_json::json!({"command": "make"}),
+                    options: None,
+                    params: None,
+                    fallback: InteractionOutcome::Approval { approved: false },
+                    created_at: "2026-01-01T00:00:00.000Z".into(),
+                    expires_at: "2026-01-01T00:15:00.000Z".into(),
+                    state: InteractionState::Pending,
+                    outcome: None,
+                    resolved_at: None,
+                }),
+            }),
+            EventPayload::InteractionResolved(InteractionResolution {
+                interaction_id: "int_1".into(),
+                state: InteractionState::Answered,
+                outcome: InteractionOutcome::Choice {
+                    choice: Some("main".into()),
+                },
+                answered_by: Some("usr_1".into()),
+            }),
             EventPayload::SessionForked(Forked {
                 branch: crate::Branch {
                     session_id: "ses_1".into(),
@@ -279,7 +324,7 @@ pub struct WatchState {
     pub queued: u32,
     pub queue: Vec<QueueEntry>,
     pub paused: bool,
-    pub pending_interactions: Vec<crate::PendingInteraction>,
+    pub pending_interactions: Vec<crate::Interaction>,
 }
 
 /// Live items were dropped for this watcher (it read too slowly). Drop the live view

@@ -133,6 +133,12 @@ methods! {
     /// The latest main model request the session prepared: input by role, tool schemas,
     /// estimated tokens, and the provider-reported input usage.
     SessionContext = "session.context" (SessionContextParams) -> SessionContextResult;
+    /// Interactions of the session waiting for an answer, oldest first.
+    SessionPendingInteractions = "session.pendingInteractions" (SessionRef) -> Vec<Interaction>;
+    /// One interaction as it was asked (and how it was resolved, once it was).
+    SessionInteraction = "session.interaction" (InteractionRef) -> Interaction;
+    /// Answer an interaction; a second answer or one after expiry is `interaction-closed`.
+    SessionRespond = "session.respond" (SessionRespondParams) -> InteractionResolution;
     /// Edit a queued prompt (revision-guarded).
     QueueUpdate = "queue.update" (QueueUpdateParams) -> QueueEntry;
     /// Move a queued prompt (revision-guarded).

@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Cause, NewRow, Position, Row, RowField, TurnState};
+use crate::{Cause, InteractionOutcome, InteractionState, InteractionTool, NewRow, Position, Row, RowField, TurnState};
 
 pub const WORKER_HELLO: &str = "worker.hello";
 pub const TURN_RUN: &str = "turn.run";
@@ -255,6 +255,41 @@ pub struct ProxyError {
     pub error: Cause,
 }
 
+/// Worker → server: hold a tool call for approval (`kind: "approval"`) or ask a question
+/// (any other kind). The request stays open until the interaction is resolved; the worker's
+/// other messages flow meanwhile. Asking again with the same `(turnId, callId)` waits on the
+/// same interaction (so after an `unavailable` error the worker may simply ask again).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnInteraction {
+    pub turn_id: String,
+    pub call_id: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<InteractionTool>,
+    /// The tool's arguments (approvals) or the question (questions).
+    #[serde(default)]
+    pub input: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<serde_json::Value>,
+    /// The outcome when nobody answers; default `{approved: false}` for approvals and
+    /// `{choice: null}` for questions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<InteractionOutcome>,
+}
+
+/// The answer to `turn.interaction`, sent once the interaction is resolved. A denial is
+/// `{approved: false}`: the tool must not run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnInteractionResult {
+    pub interaction_id: String,
+    pub outcome: InteractionOutcome,
+    /// How it was resolved (answered, expired, unwatched, auto, closed).
+    pub state: InteractionState,
+}
 /// The request header naming the turn a model-proxy call is for: the proxy serves only a
 /// running turn handed to a connection of the calling worker credential.
 pub const MODEL_PROXY_TURN_HEADER: &str = "berth-turn";

@@ -17,6 +17,7 @@ mod delegate;
 mod fork;
 mod history;
 mod identity;
+mod interactions;
 pub mod receipts;
 pub mod search;
 mod sessions;
@@ -46,6 +47,9 @@ pub const CHANNEL_DISPATCH: &str = "berth_dispatch";
 pub const CHANNEL_DELTAS: &str = "berth_deltas";
 /// Channel carrying revocations: `cred:<credential id>` or `user:<user id>`.
 pub const CHANNEL_REVOKE: &str = "berth_revoke";
+/// Channel carrying the id of an interaction that was just resolved (its outcome is read
+/// from the table).
+pub const CHANNEL_INTERACTIONS: &str = "berth_interactions";
 /// Channel carrying control messages for worker connections: `stop:<connection>:<turn>`.
 pub const CHANNEL_CONTROL: &str = "berth_control";
 

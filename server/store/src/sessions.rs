@@ -408,15 +408,18 @@ pub(crate) async fn snapshot(
     // One statement: the session, its running turn and its queue.
     let row = client
         .qo(
-            "SELECT s.id, s.workspace_id, s.title, s.model, s.revision, s.last_sequence, s.created_at, s.updated_at,
+            &format!("SELECT s.id, s.workspace_id, s.title, s.model, s.revision, s.last_sequence, s.created_at, s.updated_at,
                     s.paused, s.provider,
                     (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
                     coalesce((SELECT json_agg(json_build_object('queueId', t.id, 'turnId', t.id,
                                                                 'queueRevision', t.queue_revision,
                                                                 'preview', substring(t.prompt for $3),
                                                                 'promptBytes', octet_length(t.prompt)) ORDER BY t.queue_position)
-                                FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'), '[]'::json)
+                                FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'), '[]'::json),
+                    {}
                FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2 AND s.removed_at IS NULL",
+                crate::interactions::pending_json_sql()
+            ),
             &[&session_id, &tenant_id, &(QUEUE_PREVIEW_BYTES as i32)],
         )
         .await?;
@@ -447,7 +450,7 @@ pub(crate) async fn snapshot(
         history_revision: row.get(4),
         sequence: row.get(5),
         paused: row.get(8),
-        pending_interactions: Vec::new(),
+        pending_interactions: crate::interactions::parse_list(row.get(12))?,
         provider: row.get(9),
         created_at: fmt_time(row.get(6)),
         updated_at: fmt_time(row.get(7)),

@@ -584,6 +584,7 @@ impl Store {
                 output_tokens: u64::try_from(output).unwrap_or(0),
             }),
         });
+        crate::interactions::close_for_turn(&tx, tenant_id, turn_id).await?;
         let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &ended, &[]).await?;
         if let Some(c) = cause {
             let kind = if state == TurnState::Interrupted {
@@ -906,6 +907,7 @@ pub(crate) async fn cancel_turn(
         cause: None,
         usage: None,
     });
+    crate::interactions::close_for_turn(tx, tenant_id, &turn_id).await?;
     append_event(tx, tenant_id, session_id, Some(&turn_id), &ended, &[]).await?;
     if state == "running" {
         if let Some(conn) = dispatched {

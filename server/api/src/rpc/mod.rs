@@ -12,6 +12,7 @@
 mod admin;
 mod connection;
 mod fork;
+pub(crate) mod interaction;
 mod queue;
 mod receipts;
 mod search;
@@ -749,6 +750,13 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionDiagnostics::NAME => {
             call::<method::SessionDiagnostics, _, _>(ctx, params, session::diagnostics).await
         }
+        method::SessionPendingInteractions::NAME => {
+            call::<method::SessionPendingInteractions, _, _>(ctx, params, interaction::pending).await
+        }
+        method::SessionInteraction::NAME => {
+            call::<method::SessionInteraction, _, _>(ctx, params, interaction::get).await
+        }
+        method::SessionRespond::NAME => call::<method::SessionRespond, _, _>(ctx, params, interaction::respond).await,
         method::QueueUpdate::NAME => call::<method::QueueUpdate, _, _>(ctx, params, queue::update).await,
         method::QueueMove::NAME => call::<method::QueueMove, _, _>(ctx, params, queue::move_entry).await,
         method::QueueRemove::NAME => call::<method::QueueRemove, _, _>(ctx, params, queue::remove).await,
@@ -897,6 +905,9 @@ mod tests {
         "SessionDiagnostics",
         "SessionWatchDiagnostics",
         "SessionContext",
+        "SessionPendingInteractions",
+        "SessionInteraction",
+        "SessionRespond",
         "QueueUpdate",
         "QueueMove",
         "QueueRemove",

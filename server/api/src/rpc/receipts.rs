@@ -20,6 +20,7 @@ const MUTATIONS: &[&str] = &[
     "session.rename",
     "session.setModel",
     "session.pause",
+    "session.respond",
     "session.fork",
     "queue.update",
     "queue.move",

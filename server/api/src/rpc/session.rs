@@ -402,6 +402,8 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
     // Only sessions of the caller's tenant get a hub entry; then subscribe before the first
     // read of events, so that no wake-up can fall between the two.
     store.last_sequence(&me.tenant_id, &p.session_id).await?;
+    // Recorded for every replica: an interaction asked while nobody watches is answered by its fallback.
+    let _watcher = super::interaction::Watcher::register(&ctx.state, &me.tenant_id, &p.session_id).await?;
     let mut sub = ctx.state.hub.subscribe(&p.session_id);
     // The slot was reserved under this request id when the frame was admitted.
     let cancel = ctx

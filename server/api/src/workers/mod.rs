@@ -16,6 +16,7 @@
 
 mod claim;
 mod connection;
+pub(crate) mod interaction;
 mod relay;
 mod steps;
 mod tools;

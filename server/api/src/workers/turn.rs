@@ -39,6 +39,7 @@ pub(super) fn is_turn_method(method: &str) -> bool {
             | wp::TURN_TOOL_STATUS
             | wp::TURN_TOOL_ENDED
             | wp::TURN_DELEGATE
+            | wp::TURN_INTERACTION
     )
 }
 
@@ -124,6 +125,7 @@ impl TurnTask {
                 Ok(step) => self.step(step).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
+            wp::TURN_INTERACTION => return super::interaction::ask(&self.conn, req),
             wp::TURN_END => match serde_json::from_value::<TurnEnd>(req.params) {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),

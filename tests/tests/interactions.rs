@@ -1,0 +1,704 @@
+//! Interactions: approvals and questions held in PostgreSQL (issue 9, SPEC §4.6).
+//!
+//! The worker side is driven by a small worker client over the real worker WebSocket
+//! (`/v1/worker`, a real worker credential), so each test controls exactly when the worker
+//! asks and what it does while its `turn.interaction` request is open.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use berth_e2e::{
+    Client, MockProvider, Reply, Stack, TestServer,
+    client::code,
+    harness::{eventually, scratch_dir},
+};
+use berth_protocol::jsonrpc::{Request, Response};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
+
+type Pending = Arc<Mutex<HashMap<u32, oneshot::Sender<Response>>>>;
+
+/// A worker speaking the worker protocol by hand.
+struct FakeWorker {
+    out: mpsc::UnboundedSender<Message>,
+    pending: Pending,
+    /// Server → worker notifications (`turn.run`, `turn.stop`).
+    notes: mpsc::UnboundedReceiver<Request>,
+    next_id: u32,
+    workspace_id: String,
+}
+
+impl FakeWorker {
+    /// Connect to `server` with a new worker credential for host `host` and declare one
+    /// workspace.
+    async fn connect(server: &TestServer, host: &str) -> FakeWorker {
+        let token = server.worker_token().await;
+        let mut req = format!("ws://{}/v1/worker", server.addr).into_client_request().unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        let (ws, _) = tokio_tungstenite::connect_async(req).await.expect("worker websocket");
+        let (mut sink, mut stream) = ws.split();
+        let (out, mut out_rx) = mpsc::unbounded_channel::<Message>();
+        tokio::spawn(async move {
+            while let Some(m) = out_rx.recv().await {
+                if sink.send(m).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let pending: Pending = Arc::default();
+        let (note_tx, notes) = mpsc::unbounded_channel();
+        let p = pending.clone();
+        let out2 = out.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(msg)) = stream.next().await {
+                match msg {
+                    Message::Text(t) => {
+                        let v: Value = serde_json::from_str(&t).unwrap();
+                        if v.get("method").is_some() {
+                            let _ = note_tx.send(serde_json::from_value::<Request>(v).unwrap());
+                        } else {
+                            let resp: Response = serde_json::from_value(v).unwrap();
+                            if let Some(tx) = resp.id.and_then(|id| p.lock().unwrap().remove(&id)) {
+                                let _ = tx.send(resp);
+                            }
+                        }
+                    }
+                    Message::Ping(d) => {
+                        let _ = out2.send(Message::Pong(d));
+                    }
+                    Message::Close(_) => break,
+                    _ => {}
+                }
+            }
+        });
+        let dir = scratch_dir("fake-workspace");
+        let mut w = FakeWorker {
+            out,
+            pending,
+            notes,
+            next_id: 1,
+            workspace_id: String::new(),
+        };
+        let hello = w
+            .call(
+                "worker.hello",
+                json!({"protocol": 1, "host": host, "workspaces": [{"name": "fake", "path": dir.display().to_string()}]}),
+            )
+            .await;
+        w.workspace_id = hello.result.expect("worker.hello result")["workspaces"][0]["workspaceId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        w
+    }
+
+    /// Send a request; its response arrives on the returned receiver.
+    fn request(&mut self, method: &str, params: Value) -> oneshot::Receiver<Response> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(id, tx);
+        let req = Request::new(id, method, params);
+        let _ = self
+            .out
+            .send(Message::Text(serde_json::to_string(&req).unwrap().into()));
+        rx
+    }
+
+    async fn call(&mut self, method: &str, params: Value) -> Response {
+        let rx = self.request(method, params);
+        answer(rx, 30)
+            .await
+            .unwrap_or_else(|| panic!("no response to {method}"))
+    }
+
+    /// The next `method` notification from the server (others are skipped).
+    async fn notification(&mut self, method: &str) -> Value {
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(30), self.notes.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no {method} within 30 s"))
+                .expect("worker connection open");
+            if n.method == method {
+                return n.params;
+            }
+        }
+    }
+
+    /// Ask (approval or question) for `turn_id`; the response comes once it is resolved.
+    fn ask(&mut self, turn_id: &str, call_id: &str, extra: Value) -> oneshot::Receiver<Response> {
+        let mut params = json!({"turnId": turn_id, "callId": call_id});
+        for (k, v) in extra.as_object().unwrap() {
+            params[k] = v.clone();
+        }
+        self.request("turn.interaction", params)
+    }
+}
+
+/// The response on `rx` within `secs` seconds.
+async fn answer(rx: oneshot::Receiver<Response>, secs: u64) -> Option<Response> {
+    tokio::time::timeout(Duration::from_secs(secs), rx).await.ok()?.ok()
+}
+
+fn result(resp: Response) -> Value {
+    match (resp.result, resp.error) {
+        (Some(r), None) => r,
+        (_, e) => panic!("expected a result, got {e:?}"),
+    }
+}
+
+fn approval(command: &str) -> Value {
+    json!({
+        "kind": "approval",
+        "tool": {"name": "shell", "callId": "c"},
+        "input": {"command": command},
+    })
+}
+
+/// A session in the fake worker's workspace, started with one prompt; returns
+/// (session id, running turn id) once the worker was handed the turn.
+async fn running_turn(client: &mut Client, worker: &mut FakeWorker, extra: Value) -> (String, String) {
+    let mut params = json!({"workspaceId": worker.workspace_id});
+    for (k, v) in extra.as_object().unwrap() {
+        params[k] = v.clone();
+    }
+    let s = client.ok("session.create", params).await;
+    let sid = s["sessionId"].as_str().unwrap().to_string();
+    let sent = client
+        .ok("session.send", json!({"sessionId": sid, "prompt": "do it"}))
+        .await;
+    let turn = sent["turnId"].as_str().unwrap().to_string();
+    let run = worker.notification("turn.run").await;
+    assert_eq!(run["turnId"], turn.as_str());
+    (sid, turn)
+}
+
+/// Open a watch and wait until it has delivered the session's first event (the watcher is
+/// then recorded for every replica).
+async fn watch(client: &mut Client, sid: &str) -> berth_e2e::client::Subscription {
+    let mut w = client.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    w.until(10, |e| e["type"] == "session.created")
+        .await
+        .expect("watch catches up");
+    w
+}
+
+/// Every event of the session, in order.
+async fn events(client: &mut Client, sid: &str) -> Vec<Value> {
+    let last = client.ok("session.get", json!({"sessionId": sid})).await["sequence"]
+        .as_i64()
+        .unwrap();
+    let mut w = client.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let seen = w
+        .until(10, |e| e["sequence"].as_i64() == Some(last))
+        .await
+        .expect("history");
+    client.ok("subscription.close", json!({"id": w.id})).await;
+    seen.into_iter().filter(|e| e.get("sequence").is_some()).collect()
+}
+
+/// The issue's scenario, minus the agent loop: the worker holds a call; the client that
+/// watched disconnects and its replica goes away; a client on another replica finds the
+/// interaction, answers, and the worker's open request gets the outcome (woken across
+/// replicas). Meanwhile the worker's connection keeps serving its other messages.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pending_approval_survives_the_client_and_its_replica_and_is_answered_elsewhere() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 2).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c1 = stack.client(1).await;
+    let (sid, turn) = running_turn(&mut c1, &mut worker, json!({})).await;
+    let mut w1 = watch(&mut c1, &sid).await;
+    let ask = worker.ask(&turn, "call-1", approval("touch sentinel"));
+    let requested = w1
+        .until(10, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("interaction.requested reaches the watcher");
+    let requested = requested.last().unwrap();
+    assert_eq!(requested["turnId"], turn.as_str());
+    let iid = requested["interaction"]["interactionId"].as_str().unwrap().to_string();
+    assert_eq!(requested["interaction"]["state"], "pending");
+    assert_eq!(requested["interaction"]["tool"]["name"], "shell");
+
+    // The open request does not hold the worker's connection: a step goes through.
+    let step = worker
+        .call(
+            "turn.step",
+            json!({"turnId": turn, "rows": [{"kind": "assistant", "body": "waiting for approval"}]}),
+        )
+        .await;
+    assert!(step.error.is_none(), "turn.step answered while the interaction waits");
+    let mut ask = ask;
+    assert!(
+        ask.try_recv().is_err(),
+        "the request stays open until the interaction is resolved"
+    );
+
+    // The watching client goes away, and so does its replica.
+    c1.close();
+    drop(w1);
+    let gone = eventually(10, || async {
+        let n = stack
+            .sql_i64("SELECT count(*) FROM session_watchers WHERE session_id = $1", &sid)
+            .await;
+        (n == 0).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the closed watch is no longer recorded");
+    stack.servers[1].terminate().await;
+    let restarted = TestServer::start(&stack.database_url, &mock.base_url()).await.unwrap();
+    stack.servers[1] = restarted;
+
+    // A client through the restarted replica finds it and rebuilds the prompt.
+    let mut c2 = stack.client(1).await;
+    let pending = c2.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
+    let pending = pending.as_array().unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["interactionId"], iid.as_str());
+    assert_eq!(pending[0]["kind"], "approval");
+    assert_eq!(pending[0]["input"], json!({"command": "touch sentinel"}));
+    assert_eq!(pending[0]["fallback"], json!({"approved": false}));
+    let snap = c2.ok("session.get", json!({"sessionId": sid})).await;
+    assert_eq!(snap["pendingInteractions"][0]["interactionId"], iid.as_str());
+    let one = c2.ok("session.interaction", json!({"interactionId": iid})).await;
+    assert_eq!(one["sessionId"], sid.as_str());
+    assert_eq!(one["turnId"], turn.as_str());
+    assert_eq!(one["tool"], json!({"name": "shell", "callId": "c"}));
+
+    let answered = c2
+        .ok(
+            "session.respond",
+            json!({"interactionId": iid, "answer": {"approved": true}}),
+        )
+        .await;
+    assert_eq!(answered["state"], "answered");
+    assert_eq!(answered["outcome"], json!({"approved": true}));
+    let got = result(answer(ask, 15).await.expect("the worker's request is answered"));
+    assert_eq!(
+        got,
+        json!({"interactionId": iid, "outcome": {"approved": true}, "state": "answered"})
+    );
+
+    // A second answer gets the recorded outcome.
+    let again = c2
+        .call(
+            "session.respond",
+            json!({"interactionId": iid, "answer": {"approved": false}}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&again), "interaction-closed");
+    assert_eq!(again.data["outcome"], json!({"approved": true}));
+    assert_eq!(again.data["state"], "answered");
+    let empty = c2.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
+    assert_eq!(empty, json!([]));
+
+    let end = worker
+        .call("turn.end", json!({"turnId": turn, "state": "completed"}))
+        .await;
+    assert!(end.error.is_none());
+    let kinds: Vec<String> = events(&mut c2, &sid)
+        .await
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_string())
+        .collect();
+    let at = |k: &str| {
+        kinds
+            .iter()
+            .position(|x| x == k)
+            .unwrap_or_else(|| panic!("{k} in {kinds:?}"))
+    };
+    assert!(at("interaction.requested") < at("interaction.resolved"));
+    assert!(at("interaction.resolved") < at("turn.ended"));
+}
+
+/// Unanswered interactions expire with their fallbacks (approvals: denied); answering
+/// afterwards is `interaction-closed` with the recorded outcome. Two open requests of one
+/// connection wait side by side.
+#[tokio::test(flavor = "multi_thread")]
+async fn unanswered_interactions_expire_with_their_fallbacks() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_INTERACTION_TIMEOUT_SECS", "2")]).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut c, &mut worker, json!({})).await;
+    let _w = watch(&mut c, &sid).await;
+    let denied = worker.ask(&turn, "call-1", approval("rm -rf build"));
+    let question = worker.ask(
+        &turn,
+        "q-1",
+        json!({"kind": "choice", "input": {"question": "which branch?"}, "options": ["main", "dev"],
+               "params": {"default": "dev"}, "fallback": {"choice": "dev"}}),
+    );
+    let denied = result(answer(denied, 20).await.expect("expiry answers the approval"));
+    assert_eq!(denied["outcome"], json!({"approved": false}));
+    assert_eq!(denied["state"], "expired");
+    let question = result(answer(question, 20).await.expect("expiry answers the question"));
+    assert_eq!(question["outcome"], json!({"choice": "dev"}));
+    assert_eq!(question["state"], "expired");
+
+    let late = c
+        .call(
+            "session.respond",
+            json!({"interactionId": denied["interactionId"], "answer": {"approved": true}}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&late), "interaction-closed");
+    assert_eq!(late.data["outcome"], json!({"approved": false}));
+    assert_eq!(late.data["state"], "expired");
+    let one = c
+        .ok(
+            "session.interaction",
+            json!({"interactionId": question["interactionId"]}),
+        )
+        .await;
+    assert_eq!(one["state"], "expired");
+    assert_eq!(one["outcome"], json!({"choice": "dev"}));
+    assert_eq!(one["options"], json!(["main", "dev"]));
+    assert_eq!(one["params"], json!({"default": "dev"}));
+    assert_eq!(
+        c.ok("session.pendingInteractions", json!({"sessionId": sid})).await,
+        json!([])
+    );
+}
+
+/// Asked while nobody watches the session, the fallback answers at once (the timeout is
+/// the default 15 minutes, so this is not expiry); the history records both events.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_nobody_watching_the_fallback_answers_at_once() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut c, &mut worker, json!({})).await;
+    let got = result(
+        answer(worker.ask(&turn, "call-1", approval("make")), 10)
+            .await
+            .expect("answered at once"),
+    );
+    assert_eq!(got["outcome"], json!({"approved": false}));
+    assert_eq!(got["state"], "unwatched");
+    let q = worker.ask(
+        &turn,
+        "q-1",
+        json!({"kind": "confirm", "input": "go on?", "fallback": {"choice": null}}),
+    );
+    let q = result(answer(q, 10).await.expect("answered at once"));
+    assert_eq!(q["outcome"], json!({"choice": null}));
+    assert_eq!(q["state"], "unwatched");
+    // Asking again with the same call id finds the same interaction.
+    let again = result(answer(worker.ask(&turn, "call-1", approval("make")), 10).await.unwrap());
+    assert_eq!(again["interactionId"], got["interactionId"]);
+
+    // Input PostgreSQL cannot hold (U+0000) is kept with U+FFFD, never an error.
+    let nul = result(
+        answer(worker.ask(&turn, "call-nul", approval("printf 'a\0b'")), 10)
+            .await
+            .unwrap(),
+    );
+    let stored = c
+        .ok("session.interaction", json!({"interactionId": nul["interactionId"]}))
+        .await;
+    assert_eq!(stored["input"]["command"], "printf 'a\u{FFFD}b'");
+
+    let evs = events(&mut c, &sid).await;
+    let resolved: Vec<&Value> = evs.iter().filter(|e| e["type"] == "interaction.resolved").collect();
+    assert_eq!(resolved.len(), 3, "{evs:?}");
+    assert_eq!(resolved[0]["state"], "unwatched");
+    assert_eq!(resolved[0]["outcome"], json!({"approved": false}));
+    assert_eq!(evs.iter().filter(|e| e["type"] == "interaction.requested").count(), 3);
+}
+
+/// `autoApprove` sessions answer approvals themselves, even while watched.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_approve_sessions_answer_approvals_themselves() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut c, &mut worker, json!({"autoApprove": true})).await;
+    let _w = watch(&mut c, &sid).await;
+    let got = result(
+        answer(worker.ask(&turn, "call-1", approval("cargo test")), 10)
+            .await
+            .expect("answered at once"),
+    );
+    assert_eq!(got["outcome"], json!({"approved": true}));
+    assert_eq!(got["state"], "auto");
+}
+
+/// Stopping the turn closes its pending interactions (before `turn.ended`), and the
+/// worker's request is answered with the fallback.
+#[tokio::test(flavor = "multi_thread")]
+async fn stopping_the_turn_closes_its_pending_interactions() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(1).await;
+    let (sid, turn) = running_turn(&mut c, &mut worker, json!({})).await;
+    let mut w = watch(&mut c, &sid).await;
+    let ask = worker.ask(&turn, "call-1", approval("deploy"));
+    w.until(10, |e| e["type"] == "interaction.requested").await.unwrap();
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": turn})).await;
+    let got = result(answer(ask, 15).await.expect("answered when the turn stops"));
+    assert_eq!(got["outcome"], json!({"approved": false}));
+    assert_eq!(got["state"], "closed");
+    let stop = worker.notification("turn.stop").await;
+    assert_eq!(stop["turnId"], turn.as_str());
+    assert_eq!(
+        c.ok("session.pendingInteractions", json!({"sessionId": sid})).await,
+        json!([])
+    );
+    let seen = w.until(10, |e| e["type"] == "turn.ended").await.unwrap();
+    let kinds: Vec<&str> = seen.iter().filter_map(|e| e["type"].as_str()).collect();
+    let resolved = kinds
+        .iter()
+        .position(|k| *k == "interaction.resolved")
+        .expect("resolved");
+    assert!(
+        resolved < kinds.len() - 1,
+        "interaction.resolved comes before turn.ended"
+    );
+    // Asking for a turn that no longer runs is refused.
+    let late = worker
+        .call(
+            "turn.interaction",
+            json!({"turnId": turn, "callId": "x", "kind": "approval"}),
+        )
+        .await;
+    assert_eq!(late.error.unwrap().data["code"], "turn-not-running");
+}
+
+/// `session.respond` takes operation receipts: a retry replays the outcome without
+/// answering again; the same id with another answer is `operation-conflict`. Answers that
+/// do not fit the interaction are `bad-params`.
+#[tokio::test(flavor = "multi_thread")]
+async fn respond_takes_operation_receipts_and_checks_its_answer() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut c, &mut worker, json!({})).await;
+    let mut w = watch(&mut c, &sid).await;
+    let ask = worker.ask(
+        &turn,
+        "q-1",
+        json!({"kind": "choice", "input": "which?", "options": ["a", "b"]}),
+    );
+    let seen = w.until(10, |e| e["type"] == "interaction.requested").await.unwrap();
+    let iid = seen.last().unwrap()["interaction"]["interactionId"].clone();
+    assert_eq!(seen.last().unwrap()["interaction"]["fallback"], json!({"choice": null}));
+
+    for bad in [
+        json!({"approved": true}),
+        json!({"choice": "c"}),
+        json!({"choice": 1}),
+        json!({"choice": "a", "approved": true}),
+        json!("a"),
+    ] {
+        let e = c
+            .call("session.respond", json!({"interactionId": iid, "answer": bad}))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), "bad-params", "{bad}");
+    }
+    let params = json!({"interactionId": iid, "answer": {"choice": "b"}, "operationId": "op-respond-1"});
+    let first = c.ok("session.respond", params.clone()).await;
+    assert_eq!(first["outcome"], json!({"choice": "b"}));
+    let got = result(answer(ask, 10).await.unwrap());
+    assert_eq!(got["outcome"], json!({"choice": "b"}));
+    let replay = c.ok("session.respond", params).await;
+    assert_eq!(replay, first, "a retry replays the original outcome");
+    let conflict = c
+        .call(
+            "session.respond",
+            json!({"interactionId": iid, "answer": {"choice": "a"}, "operationId": "op-respond-1"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&conflict), "operation-conflict");
+    let receipt = c.ok("operation.receipt", json!({"operationId": "op-respond-1"})).await;
+    assert_eq!(receipt["result"], first);
+    let resolved = stack
+        .sql_i64(
+            "SELECT count(*) FROM events WHERE session_id = $1 AND type = 'interaction.resolved'",
+            &sid,
+        )
+        .await;
+    assert_eq!(resolved, 1, "answered once");
+}
+
+/// Another tenant's interaction ids answer `not-found`, exactly like ids that do not exist,
+/// and change nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_tenants_interactions_are_not_found() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let server = &stack.servers[0];
+    let mut worker = FakeWorker::connect(server, "fake-host").await;
+    let mut a = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
+    let mut w = watch(&mut a, &sid).await;
+    let mut ask = worker.ask(&turn, "call-1", approval("ls"));
+    let seen = w.until(10, |e| e["type"] == "interaction.requested").await.unwrap();
+    let iid = seen.last().unwrap()["interaction"]["interactionId"].clone();
+
+    server.admin(&["tenant", "create", "tenant-b"]).await.unwrap();
+    server
+        .admin(&["user", "create", "--tenant", "tenant-b", "--email", "b@example.com"])
+        .await
+        .unwrap();
+    let b_token = server
+        .admin(&[
+            "token",
+            "create",
+            "--tenant",
+            "tenant-b",
+            "--user",
+            "b@example.com",
+            "--note",
+            "b",
+        ])
+        .await
+        .unwrap();
+    let mut b = Client::authed(&server.ws_url(), b_token.trim()).await.unwrap();
+    for (method, params) in [
+        ("session.interaction", json!({"interactionId": iid})),
+        ("session.interaction", json!({"interactionId": "int_missing"})),
+        (
+            "session.respond",
+            json!({"interactionId": iid, "answer": {"approved": true}}),
+        ),
+        (
+            "session.respond",
+            json!({"interactionId": "int_missing", "answer": {"approved": true}}),
+        ),
+        ("session.pendingInteractions", json!({"sessionId": sid})),
+    ] {
+        let e = b.call(method, params.clone()).await.unwrap_err();
+        assert_eq!(code(&e), "not-found", "{method} {params}");
+    }
+    assert!(ask.try_recv().is_err(), "still waiting");
+    let pending = a.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
+    assert_eq!(pending[0]["interactionId"], iid);
+    assert_eq!(pending[0]["state"], "pending");
+}
+
+/// Issue 9's acceptance, with the real worker's agent loop: the client disconnects while a
+/// shell call waits for approval, reconnects through the other API replica, finds it with
+/// `session.pendingInteractions` and approves; the tool had not run before the answer and
+/// the turn completes. A denied call never runs and the model's next request carries the
+/// denial.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_waits_for_approval_across_a_reconnect_and_a_denied_call_never_runs() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut c1 = stack.client(0).await;
+    let sid = stack.session(&mut c1).await;
+    let mut w1 = watch(&mut c1, &sid).await;
+    let sentinel = stack.workspace_dir.join("sentinel.txt");
+    let command = json!({"command": "echo ran > sentinel.txt"});
+    mock.push(Reply::tools(&[("call_1", "shell", command.clone())], 6));
+    mock.push(Reply::text(&["Done."]));
+    let sent = c1
+        .ok("session.send", json!({"sessionId": sid, "prompt": "make the sentinel"}))
+        .await;
+    let turn = sent["turnId"].as_str().unwrap().to_string();
+    let seen = w1
+        .until(30, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("the shell call is held for approval");
+    let iid = seen.last().unwrap()["interaction"]["interactionId"].clone();
+    assert!(!sentinel.exists(), "held, not run");
+
+    c1.close();
+    drop(w1);
+    let mut c2 = stack.client(1).await;
+    let pending = c2.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
+    assert_eq!(pending.as_array().unwrap().len(), 1, "{pending}");
+    assert_eq!(pending[0]["interactionId"], iid);
+    assert_eq!(pending[0]["kind"], "approval");
+    assert_eq!(pending[0]["tool"], json!({"name": "shell", "callId": "call_1"}));
+    assert_eq!(pending[0]["input"], command);
+    assert!(!sentinel.exists(), "the tool had not run before the answer");
+    c2.ok(
+        "session.respond",
+        json!({"interactionId": iid, "answer": {"approved": true}}),
+    )
+    .await;
+    let mut w2 = c2.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let events = w2
+        .until(60, |e| e["type"] == "turn.ended" && e["turnId"] == turn.as_str())
+        .await
+        .expect("the turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{:?}", events.last());
+    assert_eq!(std::fs::read_to_string(&sentinel).unwrap(), "ran\n");
+    let types: Vec<&str> = events
+        .iter()
+        .filter(|e| e.get("sequence").is_some())
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    let at = |k: &str| {
+        types
+            .iter()
+            .position(|t| *t == k)
+            .unwrap_or_else(|| panic!("{k} in {types:?}"))
+    };
+    assert!(at("interaction.requested") < at("interaction.resolved"));
+    assert!(at("interaction.resolved") < at("tool.ended"), "{types:?}");
+    let results = messages_of(&mock, 1);
+    assert_eq!(results.last().unwrap()["role"], "tool");
+    assert_eq!(results.last().unwrap()["tool_call_id"], "call_1");
+
+    // A denial: the tool never runs and the model's next request carries the denial.
+    let denied_file = stack.workspace_dir.join("denied.txt");
+    mock.push(Reply::tools(
+        &[("call_2", "shell", json!({"command": "echo ran > denied.txt"}))],
+        6,
+    ));
+    mock.push(Reply::text(&["Understood."]));
+    let sent = c2
+        .ok("session.send", json!({"sessionId": sid, "prompt": "now the other one"}))
+        .await;
+    let turn2 = sent["turnId"].as_str().unwrap().to_string();
+    let seen = w2
+        .until(30, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("held again");
+    let iid2 = seen.last().unwrap()["interaction"]["interactionId"].clone();
+    c2.ok(
+        "session.respond",
+        json!({"interactionId": iid2, "answer": {"approved": false}}),
+    )
+    .await;
+    let events = w2
+        .until(60, |e| e["type"] == "turn.ended" && e["turnId"] == turn2.as_str())
+        .await
+        .expect("the turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    assert!(!denied_file.exists(), "a denied call never runs");
+    let next = messages_of(&mock, 3);
+    let denial = next.last().unwrap();
+    assert_eq!(denial["role"], "tool");
+    assert_eq!(denial["tool_call_id"], "call_2");
+    assert!(
+        denial["content"].as_str().unwrap().contains("denied"),
+        "the model reads the denial: {denial}"
+    );
+    let ended = events.iter().find(|e| e["type"] == "tool.ended").expect("tool.ended");
+    assert_eq!(ended["status"], "denied");
+}
+
+/// The messages of provider request `i`.
+fn messages_of(mock: &MockProvider, i: usize) -> Vec<Value> {
+    mock.requests()[i]["messages"].as_array().unwrap().clone()
+}
