@@ -49,6 +49,9 @@ pub struct Config {
     pub jwt_ttl: std::time::Duration,
     /// Per-connection and per-credential limits.
     pub limits: Limits,
+    /// `BERTH_INTERNAL_URL`: where other replicas reach this one to forward worker calls
+    /// (default: `http://<listen address>` unless that is a wildcard address).
+    pub internal_url: Option<String>,
 }
 
 /// Limits that keep one client from taking the server down. Exceeding one answers a typed
@@ -102,6 +105,7 @@ impl Config {
             jwt: None,
             jwt_ttl: std::time::Duration::from_secs(15 * 60),
             limits: Limits::default(),
+            internal_url: None,
         }
     }
 }

@@ -64,6 +64,8 @@ pub struct App {
     pub login_limiter: auth::LoginLimiter,
     /// Requests per credential.
     pub request_limiter: auth::KeyedLimiter,
+    /// The cluster secret and this replica's internal address (routing worker calls).
+    pub cluster: workers::calls::Cluster,
 }
 
 impl App {
@@ -102,6 +104,7 @@ pub async fn serve(
         .build()?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
+    let cluster = workers::calls::Cluster::load(&store, config.internal_url.as_deref(), listener.local_addr()?).await?;
     let state = AppState(Arc::new(App {
         store,
         config,
@@ -116,13 +119,16 @@ pub async fn serve(
             capacity: config_burst,
             refill_every: Duration::from_secs(1) / config_rate.max(1),
         }),
+        cluster,
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
+    workers::calls::spawn_announce(state.clone());
 
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))
         .route("/v1/worker", get(workers::upgrade))
+        .route(workers::calls::INTERNAL_CALL_PATH, post(workers::calls::internal_call))
         .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
         .route("/v1/auth/login", post(login::login))
         .route("/healthz", get(|| async { "ok" }))

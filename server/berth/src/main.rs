@@ -260,6 +260,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     };
     let retention: u64 = settings.parse(None, "BERTH_RECEIPT_RETENTION_SECS", "604800")?;
     config.receipt_retention = std::time::Duration::from_secs(retention);
+    config.internal_url = settings.get(None, "BERTH_INTERNAL_URL");
     if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {
         config.replica_id = id;
     }

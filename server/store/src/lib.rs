@@ -14,8 +14,10 @@ pub mod admin;
 mod history;
 mod identity;
 pub mod receipts;
+mod routing;
 mod sessions;
 mod turns;
+mod workspace_ops;
 mod workspaces;
 
 use berth_protocol::ErrorCode;
@@ -25,6 +27,7 @@ use tokio_postgres::NoTls;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
 pub use receipts::{Begin, Receipt, ReceiptView};
+pub use routing::WorkerRoute;
 pub use turns::{ClaimedTurn, Partial};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.

@@ -8,6 +8,8 @@
 
 mod admin;
 mod connection;
+mod files;
+mod git;
 mod queue;
 mod receipts;
 mod session;
@@ -355,7 +357,7 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
             ApiError::with(ErrorCode::RateLimited, json!({"limit": "requests", "retryAfterMs": ms})),
         ));
     }
-    let permit = if req.method == method::SessionWatch::NAME {
+    let permit = if req.method == method::SessionWatch::NAME || files::is_subscription(&req.method) {
         let mut subs = conn.subs.lock().expect("conn lock");
         if subs.contains_key(&id) {
             return Err(fail(
@@ -397,7 +399,7 @@ async fn run_job(job: Job) {
     let Job { ctx, req, _permit } = job;
     let started = Instant::now();
     let result = dispatch(&ctx, &req.method, req.params).await;
-    if req.method == method::SessionWatch::NAME
+    if (req.method == method::SessionWatch::NAME || files::is_subscription(&req.method))
         && let Some(id) = ctx.id
     {
         ctx.conn.subs.lock().expect("conn lock").remove(&id);
@@ -479,6 +481,14 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         }
         method::WorkspaceList::NAME => call::<method::WorkspaceList, _, _>(ctx, params, workspace::list).await,
         method::WorkspaceGet::NAME => call::<method::WorkspaceGet, _, _>(ctx, params, workspace::get).await,
+        method::WorkspaceRename::NAME => call::<method::WorkspaceRename, _, _>(ctx, params, workspace::rename).await,
+        method::WorkspaceRemove::NAME => call::<method::WorkspaceRemove, _, _>(ctx, params, workspace::remove).await,
+        method::WorkspaceFiles::NAME => call::<method::WorkspaceFiles, _, _>(ctx, params, workspace::files).await,
+        method::GitStatusGet::NAME => call::<method::GitStatusGet, _, _>(ctx, params, git::status).await,
+        method::GitDiffGet::NAME => call::<method::GitDiffGet, _, _>(ctx, params, git::diff).await,
+        method::FilesList::NAME => call::<method::FilesList, _, _>(ctx, params, files::list).await,
+        method::FilesWatch::NAME => call::<method::FilesWatch, _, _>(ctx, params, files::watch).await,
+        method::FilesRead::NAME => call::<method::FilesRead, _, _>(ctx, params, files::read).await,
         method::SessionCreate::NAME => call::<method::SessionCreate, _, _>(ctx, params, session::create).await,
         method::SessionGet::NAME => call::<method::SessionGet, _, _>(ctx, params, session::get).await,
         method::SessionSend::NAME => call::<method::SessionSend, _, _>(ctx, params, session::send).await,
@@ -546,6 +556,14 @@ mod tests {
         "Status",
         "WorkspaceList",
         "WorkspaceGet",
+        "WorkspaceRename",
+        "WorkspaceRemove",
+        "WorkspaceFiles",
+        "GitStatusGet",
+        "GitDiffGet",
+        "FilesList",
+        "FilesWatch",
+        "FilesRead",
         "SessionCreate",
         "SessionGet",
         "SessionSend",

@@ -23,6 +23,8 @@ const MUTATIONS: &[&str] = &[
     "queue.update",
     "queue.move",
     "queue.remove",
+    "workspace.rename",
+    "workspace.remove",
     "admin.credential.create",
     "admin.credential.revoke",
     "admin.user.create",

@@ -81,8 +81,12 @@ impl WorkerConn {
 
         let kick = Arc::new(Notify::new());
         let (stop_tx, mut stop_rx) = mpsc::unbounded_channel();
+        let (calls_tx, mut calls_rx) = mpsc::unbounded_channel();
         let local = LocalWorker {
+            tenant_id: self.principal.tenant_id.clone(),
             workspaces: ids.clone(),
+            calls: calls_tx,
+            call_slots: super::calls::call_slots(),
             kick: kick.clone(),
             stop: stop_tx,
         };
@@ -115,6 +119,7 @@ impl WorkerConn {
                     }
                 }
                 _ = kick.notified() => self.claim(&ids, &mut sink).await?,
+                Some(msg) = calls_rx.recv() => self.to_worker(msg, &mut sink).await?,
                 Some(turn) = stop_rx.recv() => {
                     if let Some(live) = self.turns.remove(&turn) {
                         self.relay.remove(&turn);
@@ -156,6 +161,7 @@ impl WorkerConn {
     pub(super) async fn handle(&mut self, text: &str) -> Option<RpcResponse> {
         let req: Request = match serde_json::from_str(text) {
             Ok(r) => r,
+            Err(_) if self.call_answer(text) => return None,
             Err(_) => return Some(RpcResponse::err(None, RpcError::new(ErrorCode::ParseError))),
         };
         let result: Result<serde_json::Value, ApiError> = match req.method.as_str() {
@@ -163,6 +169,10 @@ impl WorkerConn {
                 if let Ok(d) = serde_json::from_value::<TurnDelta>(req.params) {
                     self.delta(d);
                 }
+                return None;
+            }
+            wp::CALL_ITEM => {
+                self.call_item(req.params);
                 return None;
             }
             wp::TURN_STEP => match serde_json::from_value::<TurnStep>(req.params) {
@@ -183,6 +193,8 @@ impl WorkerConn {
     }
 
     pub(super) async fn cleanup(&mut self) {
+        // Calls in progress end now with a typed error (their channels close).
+        self.calls.clear();
         self.state
             .workers
             .conns

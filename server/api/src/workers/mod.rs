@@ -7,6 +7,7 @@
 //! the replica that holds a connection for that workspace claims the turns
 //! ([`berth_store::Store::claim_turns`]) and sends `turn.run`.
 
+pub(crate) mod calls;
 mod claim;
 mod connection;
 mod relay;
@@ -35,11 +36,17 @@ use relay::Pending;
 #[derive(Default)]
 pub struct Registry {
     conns: Mutex<HashMap<String, LocalWorker>>,
+    /// Ids of worker calls started here.
+    next_call: calls::CallIds,
 }
 
 /// A worker connection held by this replica.
 struct LocalWorker {
+    tenant_id: String,
     workspaces: Vec<String>,
+    /// Calls, credit and cancellations for the worker.
+    calls: mpsc::UnboundedSender<calls::ToWorker>,
+    call_slots: Arc<tokio::sync::Semaphore>,
     /// Makes the connection claim turns.
     kick: Arc<Notify>,
     /// Turns to stop (cancelled by a client on any replica).
@@ -104,6 +111,7 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
                 connection_id,
                 turns: HashMap::new(),
                 relay: HashMap::new(),
+                calls: HashMap::new(),
                 revoked,
             };
             if let Err(e) = conn.run(socket).await {
@@ -124,6 +132,8 @@ struct WorkerConn {
     turns: HashMap<String, LiveTurn>,
     /// Deltas waiting to be relayed to other replicas (and stored as partial output), by turn.
     relay: HashMap<String, Pending>,
+    /// Worker calls in progress on this connection, by call id.
+    calls: HashMap<u32, mpsc::Sender<calls::CallEvent>>,
     /// Cancelled when the worker's credential is revoked.
     revoked: tokio_util::sync::CancellationToken,
 }
