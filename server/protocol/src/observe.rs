@@ -90,11 +90,15 @@ pub struct GitDiffParams {
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum GitDiff {
     /// A unified diff (`--- a/…`, `+++ b/…`, hunks with 3 lines of context).
-    Text { patch: String },
+    Text {
+        patch: String,
+    },
     Binary,
     Unchanged,
     /// This path cannot be compared (e.g. `submodule`, `not-utf8`).
-    Unsupported { reason: String },
+    Unsupported {
+        reason: String,
+    },
 }
 
 /// `files.list` parameters.

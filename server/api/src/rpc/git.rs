@@ -10,7 +10,14 @@ pub async fn status(ctx: Ctx, p: GitStatusParams) -> ApiResult<Option<GitStatus>
     let me = ctx.principal()?;
     let workspace = ctx.state.store.session_workspace(&me.tenant_id, &p.session_id).await?;
     let params = serde_json::to_value(&p).unwrap_or_default();
-    calls::unary(&ctx.state, &me.tenant_id, &workspace, method::GitStatusGet::NAME, params).await
+    calls::unary(
+        &ctx.state,
+        &me.tenant_id,
+        &workspace,
+        method::GitStatusGet::NAME,
+        params,
+    )
+    .await
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]

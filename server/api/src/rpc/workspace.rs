@@ -61,5 +61,12 @@ pub async fn files(ctx: Ctx, p: WorkspaceFilesParams) -> ApiResult<WorkspaceFile
     // The workspace must be the caller's tenant's (not-found otherwise), online or not.
     ctx.state.store.get_workspace(&me.tenant_id, &p.workspace_id).await?;
     let params = serde_json::to_value(&p).unwrap_or_default();
-    calls::unary(&ctx.state, &me.tenant_id, &p.workspace_id, method::WorkspaceFiles::NAME, params).await
+    calls::unary(
+        &ctx.state,
+        &me.tenant_id,
+        &p.workspace_id,
+        method::WorkspaceFiles::NAME,
+        params,
+    )
+    .await
 }

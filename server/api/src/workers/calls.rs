@@ -167,11 +167,16 @@ impl CallStream {
 
     async fn recv(&mut self) -> CallEvent {
         match &mut self.inner {
-            Inner::Local { id, rx, ctl, unacked, .. } => match rx.recv().await {
+            Inner::Local {
+                id, rx, ctl, unacked, ..
+            } => match rx.recv().await {
                 Some(CallEvent::Item(v)) => {
                     *unacked += 1;
                     if *unacked >= wp::CALL_WINDOW / 2 {
-                        let _ = ctl.send(ToWorker::Ack { id: *id, items: *unacked });
+                        let _ = ctl.send(ToWorker::Ack {
+                            id: *id,
+                            items: *unacked,
+                        });
                         *unacked = 0;
                     }
                     CallEvent::Item(v)
@@ -293,7 +298,11 @@ pub async fn call(
         return Ok(stream);
     }
     let offline = || ApiError::code(ErrorCode::WorkspaceOffline);
-    let route = state.store.worker_route(tenant_id, workspace_id).await?.ok_or_else(offline)?;
+    let route = state
+        .store
+        .worker_route(tenant_id, workspace_id)
+        .await?
+        .ok_or_else(offline)?;
     if route.replica_id == state.config.replica_id {
         // Presence not yet cleaned up after our connection ended.
         return Err(offline());
@@ -352,10 +361,7 @@ pub async fn unary<T: serde::de::DeserializeOwned>(
 
 /// `POST /v1/internal/call`: another replica forwards a call for a worker this replica holds.
 pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Json(req): Json<Forwarded>) -> Response {
-    let presented = headers
-        .get(SECRET_HEADER)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
+    let presented = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
     let expected = state.cluster.secret.as_bytes();
     if !bool::from(subtle::ConstantTimeEq::ct_eq(presented, expected)) {
         state.metrics.auth_failures.with_label_values(&["cluster"]).inc();

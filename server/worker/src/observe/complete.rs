@@ -14,7 +14,9 @@ pub(crate) fn files(root: &Path, prefix: &str) -> Result<WorkspaceFilesResult, b
     if prefix.starts_with('/') || prefix.contains('\0') || prefix.split('/').any(|c| c == "..") {
         return Err(invalid());
     }
-    let root = root.canonicalize().map_err(|_| failure(ErrorCode::Unavailable, "reason", "workspace"))?;
+    let root = root
+        .canonicalize()
+        .map_err(|_| failure(ErrorCode::Unavailable, "reason", "workspace"))?;
     // The directory part of the prefix: nothing outside it (or its ancestors) is entered.
     let base = prefix.rsplit_once('/').map(|(d, _)| d.to_string()).unwrap_or_default();
     let walk_root = root.clone();

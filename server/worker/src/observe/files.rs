@@ -14,8 +14,8 @@ use std::{
 use base64::Engine;
 use berth_protocol::{
     ErrorCode, FILES_LIST_BYTES, FILES_LIST_PAGE, FILES_READ_CHUNK, FileContentKind, FileEntry, FileKind,
-    FilesListParams, FilesListResult, FilesReadItem, FilesReadParams, FilesWatchEnd, FilesWatchItem,
-    FilesWatchParams, RpcError,
+    FilesListParams, FilesListResult, FilesReadItem, FilesReadParams, FilesWatchEnd, FilesWatchItem, FilesWatchParams,
+    RpcError,
 };
 use cap_std::fs::MetadataExt;
 use sha2::{Digest, Sha256};
@@ -160,7 +160,10 @@ fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, digest: &[u8]
 
 /// Read the whole file through one handle; retried when a writer changed it meanwhile.
 fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>, RpcError> {
-    let parent = rel.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = rel
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     for _ in 0..3 {
         let opened = match ws.open_regular(rel) {
             Ok(o) => o,
@@ -189,7 +192,10 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
             .read_to_end(&mut data)
             .map_err(|e| io_failure(&e))?;
         let after = cap_std::fs::Metadata::from_file(&opened.handle).map_err(|e| io_failure(&e))?;
-        if after.len() != data.len() as u64 || after.mtime() != opened.meta.mtime() || after.mtime_nsec() != opened.meta.mtime_nsec() {
+        if after.len() != data.len() as u64
+            || after.mtime() != opened.meta.mtime()
+            || after.mtime_nsec() != opened.meta.mtime_nsec()
+        {
             // Written to while we read: read again.
             continue;
         }
@@ -254,7 +260,9 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
         items.send(&FilesReadItem::Changed { version: cap.version }).await;
         return Ok(());
     }
-    let (kind, mime) = if std::str::from_utf8(&cap.data).is_ok() {
+    // Git's rule for binary (a NUL early on) and then UTF-8 decide what is text.
+    let nul = cap.data[..cap.data.len().min(8000)].contains(&0);
+    let (kind, mime) = if !nul && std::str::from_utf8(&cap.data).is_ok() {
         (FileContentKind::Text, "text/plain; charset=utf-8")
     } else if let Some(mime) = image_mime(&cap.data) {
         (FileContentKind::Image, mime)
@@ -291,7 +299,13 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     let now = super::blocking(move || Ok(w.lstat(&r).ok())).await?;
     let replaced = !now.is_some_and(|m| {
         (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec())
-            == (cap.meta.dev(), cap.meta.ino(), cap.meta.len(), cap.meta.mtime(), cap.meta.mtime_nsec())
+            == (
+                cap.meta.dev(),
+                cap.meta.ino(),
+                cap.meta.len(),
+                cap.meta.mtime(),
+                cap.meta.mtime_nsec(),
+            )
     });
     let end = FilesReadItem::End {
         version: cap.version,

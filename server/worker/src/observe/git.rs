@@ -132,7 +132,9 @@ fn check_filters(repo: &gix::Repository, root: &Path, attribute_files: &[PathBuf
     for file in files {
         let Ok(text) = std::fs::read(&file) else { continue };
         for token in text.split(|b| b.is_ascii_whitespace()) {
-            let Some(name) = token.strip_prefix(b"filter=") else { continue };
+            let Some(name) = token.strip_prefix(b"filter=") else {
+                continue;
+            };
             let name = String::from_utf8_lossy(name);
             let configured = ["clean", "smudge", "process"]
                 .iter()
@@ -250,10 +252,7 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
         };
         worktree.push(git_entry(path, change));
     }
-    let untracked = untracked_paths
-        .iter()
-        .map(|p| git_entry(p, GitChange::Added))
-        .collect();
+    let untracked = untracked_paths.iter().map(|p| git_entry(p, GitChange::Added)).collect();
     Ok(Some(GitStatus {
         head,
         staged,
@@ -310,7 +309,9 @@ fn untracked(root: &Path, index: &Index) -> Result<(Vec<Vec<u8>>, Vec<PathBuf>),
         if entry.file_type().is_none_or(|t| t.is_dir()) {
             continue;
         }
-        let Ok(rel) = entry.path().strip_prefix(root) else { continue };
+        let Ok(rel) = entry.path().strip_prefix(root) else {
+            continue;
+        };
         let rel = rel.as_os_str().as_bytes();
         if entry.file_name() == ".gitattributes" {
             attributes.push(entry.path().to_path_buf());
@@ -347,9 +348,8 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
         }
         None => None,
     };
-    let read_file = || -> Result<Option<(Vec<u8>, EntryKind)>, RpcError> {
-        worktree_blob(&fs_path(root, path)).map_err(broken)
-    };
+    let read_file =
+        || -> Result<Option<(Vec<u8>, EntryKind)>, RpcError> { worktree_blob(&fs_path(root, path)).map_err(broken) };
     let (old, new): (Option<(Vec<u8>, EntryKind)>, Option<(Vec<u8>, EntryKind)>) = match area {
         GitArea::Staged => {
             let (_, tree) = head_tree(&repo)?;
@@ -380,7 +380,10 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     if old.as_ref().map(|o| &o.0) == new.as_ref().map(|n| &n.0) {
         return Ok(GitDiff::Unchanged);
     }
-    let (before, after) = (old.as_ref().map(|o| o.0.as_slice()), new.as_ref().map(|n| n.0.as_slice()));
+    let (before, after) = (
+        old.as_ref().map(|o| o.0.as_slice()),
+        new.as_ref().map(|n| n.0.as_slice()),
+    );
     let binary = |d: Option<&[u8]>| d.is_some_and(|d| d[..d.len().min(BINARY_PROBE)].contains(&0));
     if binary(before) || binary(after) {
         return Ok(GitDiff::Binary);
@@ -510,7 +513,10 @@ mod tests {
             "@@ -1,5 +1,5 @@\n line 1\n-line 2\n+two\n line 3\n line 4\n line 5\n\
              @@ -15,6 +15,5 @@ line 14\n line 15\n line 16\n line 17\n-line 18\n line 19\n line 20\n"
         );
-        assert_eq!(hunks("", "a\nb"), "@@ -0,0 +1,2 @@\n+a\n+b\n\\ No newline at end of file\n");
+        assert_eq!(
+            hunks("", "a\nb"),
+            "@@ -0,0 +1,2 @@\n+a\n+b\n\\ No newline at end of file\n"
+        );
         assert_eq!(hunks("a\n", ""), "@@ -1 +0,0 @@\n-a\n");
     }
 }

@@ -174,9 +174,7 @@ fn params<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, RpcError> {
 }
 
 /// Run blocking filesystem work off the async threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, RpcError> + Send + 'static,
-) -> Result<T, RpcError> {
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, RpcError> + Send + 'static) -> Result<T, RpcError> {
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|_| Err(RpcError::new(ErrorCode::Internal)))
@@ -242,7 +240,10 @@ pub(crate) fn decode_path(p: &WorkspacePath) -> Result<Vec<u8>, RpcError> {
     if bytes.is_empty() || bytes.starts_with(b"/") || bytes.contains(&0) {
         return Err(invalid());
     }
-    if bytes.split(|b| *b == b'/').any(|c| c.is_empty() || c == b"." || c == b"..") {
+    if bytes
+        .split(|b| *b == b'/')
+        .any(|c| c.is_empty() || c == b"." || c == b"..")
+    {
         return Err(invalid());
     }
     Ok(bytes)
