@@ -241,7 +241,7 @@ impl Registry {
         let conns = self.conns.lock().expect("registry lock");
         let Some(worker) = conns
             .values()
-            .find(|w| w.tenant_id == tenant_id && w.workspaces.iter().any(|id| *id == call.workspace_id))
+            .find(|w| w.tenant_id == tenant_id && w.workspaces.contains(&call.workspace_id))
         else {
             return Ok(None);
         };
@@ -471,7 +471,7 @@ pub(super) fn call_slots() -> Arc<Semaphore> {
 
 impl super::WorkerConn {
     /// Pass a call, a credit or a cancellation on to the worker.
-    pub(super) async fn to_worker(
+    pub(super) async fn send_to_worker(
         &mut self,
         msg: ToWorker,
         sink: &mut futures_util::stream::SplitSink<axum::extract::ws::WebSocket, axum::extract::ws::Message>,

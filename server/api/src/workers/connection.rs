@@ -119,7 +119,7 @@ impl WorkerConn {
                     }
                 }
                 _ = kick.notified() => self.claim(&ids, &mut sink).await?,
-                Some(msg) = calls_rx.recv() => self.to_worker(msg, &mut sink).await?,
+                Some(msg) = calls_rx.recv() => self.send_to_worker(msg, &mut sink).await?,
                 Some(turn) = stop_rx.recv() => {
                     if let Some(live) = self.turns.remove(&turn) {
                         self.relay.remove(&turn);

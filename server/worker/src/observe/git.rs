@@ -52,8 +52,13 @@ struct Item {
     kind: EntryKind,
 }
 
+/// A tree flattened: blobs, symlinks and submodules by path.
+type Flat = BTreeMap<Vec<u8>, Item>;
+/// One side of a diff: the content git would store, and its kind (None: absent).
+type Side = Option<(Vec<u8>, EntryKind)>;
+
 /// HEAD's tree, flattened (empty when unborn).
-fn head_tree(repo: &gix::Repository) -> Result<(Option<GitHead>, BTreeMap<Vec<u8>, Item>), RpcError> {
+fn head_tree(repo: &gix::Repository) -> Result<(Option<GitHead>, Flat), RpcError> {
     let head = repo.head().map_err(broken)?;
     let reference = head.referent_name().map(|n| n.as_bstr().to_str_lossy().into_owned());
     let Some(id) = head.id() else {
@@ -153,7 +158,7 @@ fn fs_path(root: &Path, rel: &[u8]) -> PathBuf {
 
 /// The blob git would store for the file at `path` (no filters), with its kind; None when
 /// there is nothing there that git tracks (absent, or a directory).
-fn worktree_blob(path: &Path) -> std::io::Result<Option<(Vec<u8>, EntryKind)>> {
+fn worktree_blob(path: &Path) -> std::io::Result<Side> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -350,7 +355,7 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     };
     let read_file =
         || -> Result<Option<(Vec<u8>, EntryKind)>, RpcError> { worktree_blob(&fs_path(root, path)).map_err(broken) };
-    let (old, new): (Option<(Vec<u8>, EntryKind)>, Option<(Vec<u8>, EntryKind)>) = match area {
+    let (old, new): (Side, Side) = match area {
         GitArea::Staged => {
             let (_, tree) = head_tree(&repo)?;
             let old = match tree.get(path) {
