@@ -677,6 +677,17 @@ async fn workspaces_are_renamed_completed_and_removed() {
         ..
     } = setup().await;
     let wid = stack.workspace_id.clone();
+    // The replica-to-replica endpoint wants the cluster secret.
+    let call = json!({"tenantId": "x", "call": {"workspaceId": wid, "method": "git.status"}});
+    for secret in [None, Some("wrong")] {
+        let mut req = reqwest::Client::new()
+            .post(format!("http://{}/v1/internal/call", stack.servers[0].addr))
+            .json(&call);
+        if let Some(s) = secret {
+            req = req.header("x-berth-cluster-secret", s);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 403);
+    }
     let renamed = client
         .ok(
             "workspace.rename",

@@ -427,7 +427,9 @@ impl Cluster {
         configured: Option<&str>,
         listen: std::net::SocketAddr,
     ) -> anyhow::Result<Cluster> {
-        let candidate = berth_store::token::new_id("cs");
+        let mut bytes = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+        let candidate: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let secret = store.cluster_secret(&candidate).await?;
         let internal_url = match configured {
             Some(u) => Some(u.trim_end_matches('/').to_string()),
