@@ -463,9 +463,6 @@ pub fn spawn_announce(state: AppState) {
     });
 }
 
-/// Give the call ids this replica hands out a home in [`Registry`].
-pub(super) type CallIds = std::sync::atomic::AtomicU32;
-
 /// The per-connection call slots.
 pub(super) fn call_slots() -> Arc<Semaphore> {
     Arc::new(Semaphore::new(CALLS_PER_WORKER))

@@ -37,7 +37,7 @@ use relay::Pending;
 pub struct Registry {
     conns: Mutex<HashMap<String, LocalWorker>>,
     /// Ids of worker calls started here.
-    next_call: calls::CallIds,
+    next_call: std::sync::atomic::AtomicU32,
 }
 
 /// A worker connection held by this replica.
