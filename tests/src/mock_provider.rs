@@ -120,6 +120,8 @@ impl MockProvider {
         let app = Router::new()
             .route("/v1/chat/completions", post(handle))
             .route("/chat/completions", post(handle))
+            // Conversations past 2 MB are legitimate; a real provider takes them too.
+            .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(state);
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         tokio::spawn(async move {

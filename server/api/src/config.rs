@@ -14,7 +14,7 @@ impl std::fmt::Debug for Secret {
 }
 
 /// The default OpenAI-compatible provider.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ModelConfig {
     /// `BERTH_MODEL_BASE_URL`: an OpenAI-compatible `…/v1`.
     pub base_url: Option<String>,
@@ -22,6 +22,38 @@ pub struct ModelConfig {
     pub api_key: Option<Secret>,
     /// `BERTH_MODEL`: the tenant-level default model.
     pub model: Option<String>,
+    /// `BERTH_MODEL_CONTEXT_TOKENS`: the model's context window; the proxy's request-body
+    /// limit follows from it, so a conversation the model accepts is never refused.
+    pub context_tokens: u64,
+    /// `BERTH_MODEL_MAX_OUTPUT_TOKENS`: cap on a request's `max_tokens` (None: no cap).
+    pub max_output_tokens: Option<u64>,
+    /// `BERTH_MODEL_MAX_CONCURRENT`: concurrent proxy calls per tenant (per replica).
+    pub max_concurrent: usize,
+    /// `BERTH_MODEL_RATE_PER_MIN`: proxy calls per tenant per minute (per replica).
+    pub requests_per_min: u32,
+}
+
+impl Default for ModelConfig {
+    fn default() -> ModelConfig {
+        ModelConfig {
+            base_url: None,
+            api_key: None,
+            model: None,
+            context_tokens: 200_000,
+            max_output_tokens: None,
+            max_concurrent: 64,
+            requests_per_min: 600,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The proxy's request-body limit: room for a full context window of JSON-escaped text
+    /// (16 bytes a token: a token is a few bytes of text, more once JSON-escaped) plus 1 MiB.
+    pub fn body_limit(&self) -> usize {
+        let bytes = self.context_tokens.saturating_mul(16).saturating_add(1 << 20);
+        usize::try_from(bytes).unwrap_or(usize::MAX)
+    }
 }
 
 /// Everything `serve` needs.
@@ -73,6 +105,14 @@ pub struct Limits {
     pub ping_interval: std::time::Duration,
     /// `BERTH_WS_IDLE_SECS`: a WebSocket that sends nothing (not even a pong) for this long is closed.
     pub idle_timeout: std::time::Duration,
+    /// `BERTH_WORKER_MAX_TURNS`: turns handed to one worker connection at once; more wait
+    /// (running, not yet handed out) until one ends.
+    pub worker_max_turns: usize,
+    /// `BERTH_WORKER_MAX_WRITES`: database writes in flight for one worker connection's
+    /// turns; beyond it the connection stops reading (backpressure to the worker).
+    pub worker_max_writes: usize,
+    /// `BERTH_TURN_WRITES_PER_REPLICA`: the same bound across all worker connections of a replica.
+    pub replica_max_turn_writes: usize,
 }
 
 impl Default for Limits {
@@ -86,6 +126,9 @@ impl Default for Limits {
             max_json_depth: 64,
             ping_interval: std::time::Duration::from_secs(20),
             idle_timeout: std::time::Duration::from_secs(60),
+            worker_max_turns: 256,
+            worker_max_writes: 16,
+            replica_max_turn_writes: 64,
         }
     }
 }

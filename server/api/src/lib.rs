@@ -64,6 +64,8 @@ pub struct App {
     pub login_limiter: auth::LoginLimiter,
     /// Requests per credential.
     pub request_limiter: auth::KeyedLimiter,
+    /// Per-tenant limits of the model proxy.
+    pub proxy: proxy::ProxyLimits,
     /// The cluster secret and this replica's internal address (routing worker calls).
     pub cluster: workers::calls::Cluster,
 }
@@ -104,13 +106,15 @@ pub async fn serve(
         .build()?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
+    let proxy = proxy::ProxyLimits::new(&config.model);
+    let workers = workers::Registry::new(&config.limits);
     let cluster = workers::calls::Cluster::load(&store, config.internal_url.as_deref(), listener.local_addr()?).await?;
     let state = AppState(Arc::new(App {
         store,
         config,
         metrics: metrics::Metrics::new(),
         hub: hub::Hub::default(),
-        workers: workers::Registry::default(),
+        workers,
         http,
         shutdown: token.clone(),
         connections: connections::Connections::default(),
@@ -119,6 +123,7 @@ pub async fn serve(
             capacity: config_burst,
             refill_every: Duration::from_secs(1) / config_rate.max(1),
         }),
+        proxy,
         cluster,
     }));
     listen::spawn(state.clone());

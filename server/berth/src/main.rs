@@ -240,6 +240,13 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         base_url: settings.get(None, "BERTH_MODEL_BASE_URL"),
         api_key: settings.secret("BERTH_MODEL_API_KEY")?.map(Secret),
         model: settings.get(None, "BERTH_MODEL"),
+        context_tokens: settings.parse(None, "BERTH_MODEL_CONTEXT_TOKENS", "200000")?,
+        max_output_tokens: match settings.get(None, "BERTH_MODEL_MAX_OUTPUT_TOKENS") {
+            Some(v) => Some(v.parse().context("BERTH_MODEL_MAX_OUTPUT_TOKENS")?),
+            None => None,
+        },
+        max_concurrent: settings.parse(None, "BERTH_MODEL_MAX_CONCURRENT", "64")?,
+        requests_per_min: settings.parse(None, "BERTH_MODEL_RATE_PER_MIN", "600")?,
     };
     config.jwt = Some(std::sync::Arc::new(jwt_keys(settings, &run_dir)?));
     config.jwt_ttl = std::time::Duration::from_secs(settings.parse(None, "BERTH_JWT_TTL_SECS", "900")?);
@@ -257,6 +264,13 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         max_json_depth: settings.parse(None, "BERTH_MAX_JSON_DEPTH", &defaults.max_json_depth.to_string())?,
         ping_interval: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_PING_SECS", "20")?),
         idle_timeout: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_IDLE_SECS", "60")?),
+        worker_max_turns: settings.parse(None, "BERTH_WORKER_MAX_TURNS", &defaults.worker_max_turns.to_string())?,
+        worker_max_writes: settings.parse(None, "BERTH_WORKER_MAX_WRITES", &defaults.worker_max_writes.to_string())?,
+        replica_max_turn_writes: settings.parse(
+            None,
+            "BERTH_TURN_WRITES_PER_REPLICA",
+            &defaults.replica_max_turn_writes.to_string(),
+        )?,
     };
     let retention: u64 = settings.parse(None, "BERTH_RECEIPT_RETENTION_SECS", "604800")?;
     config.receipt_retention = std::time::Duration::from_secs(retention);

@@ -4,6 +4,9 @@
 //! `turn.delta`. Server → worker notifications: `turn.run`, `turn.stop {turnId}` (the turn
 //! was cancelled: stop working on it; the server has already settled it).
 //!
+//! Model calls go to the API tier's proxy ([`MODEL_PROXY_PATH`]) with the worker credential
+//! and the turn named in [`MODEL_PROXY_TURN_HEADER`].
+//!
 //! Observation calls (git, files) go the other way: the server sends a `call` request (its
 //! own id space), the worker streams `call.item` notifications for subscriptions and then
 //! answers the request. The worker keeps at most [`CALL_WINDOW`] items of a call unacknowledged;
@@ -157,3 +160,7 @@ pub const MODEL_PROXY_PATH: &str = "/v1/model/chat/completions";
 pub struct ProxyError {
     pub error: Cause,
 }
+
+/// The request header naming the turn a model-proxy call is for: the proxy serves only a
+/// running turn handed to a connection of the calling worker credential.
+pub const MODEL_PROXY_TURN_HEADER: &str = "berth-turn";

@@ -1,5 +1,7 @@
 //! Turns: admission, the queue, dispatch to workers, steps, settling, stop.
 
+use std::collections::HashMap;
+
 use berth_protocol::{
     Cause, Diagnostic, ErrorCode, NewRow, QueueEntry, QueueState, Removed, RowKind, SessionDiagnosticsResult,
     SessionSendResult, TurnRef, TurnState,
@@ -9,13 +11,13 @@ use deadpool_postgres::GenericClient;
 use serde_json::json;
 
 use crate::{
-    CHANNEL_CONTROL, CHANNEL_DISPATCH, Cached, Result, Store, StoreError, fmt_time,
+    CHANNEL_CONTROL, CHANNEL_DISPATCH, Cached, Principal, Result, Store, StoreError, fmt_time,
     history::append_event,
     not_found,
     receipts::{Receipt, finish},
     sessions::{lock_session, queue_changed},
     tenant_tx, token,
-    workspaces::online_sql,
+    workspaces::{PRESENCE_TTL, online_sql},
 };
 
 /// A turn handed to a worker connection, with the session's tenant.
@@ -256,25 +258,32 @@ impl Store {
     }
 
     /// Hand out work to a worker connection serving `workspace_ids`: start the next queued
-    /// turn of every idle session there, then claim every running turn not yet handed out.
+    /// turn of every idle session there, then claim up to `limit` running turns not yet
+    /// handed out, recording the model each is dispatched with (the session's, else
+    /// `default_model`). Everything runs under the tenant's transactions; the claimed turns'
+    /// conversations are read in one query.
     pub async fn claim_turns(
         &self,
         connection_id: &str,
         tenant_id: &str,
         workspace_ids: &[String],
+        default_model: Option<&str>,
+        limit: usize,
     ) -> Result<Vec<ClaimedTurn>> {
         let mut client = self.pool.get().await?;
-        let candidates = client
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let candidates = tx
             .qa(
-                "SELECT DISTINCT ON (t.session_id) t.id, t.session_id, t.prompt FROM turns t JOIN sessions s ON s.id = t.session_id
+                "SELECT DISTINCT ON (t.session_id) t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id
                   WHERE s.tenant_id = $1 AND s.workspace_id = ANY($2) AND t.state = 'queued' AND NOT s.paused AND s.removed_at IS NULL
                     AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.session_id = t.session_id AND r.state = 'running')
                   ORDER BY t.session_id, t.queue_position",
                 &[&tenant_id, &workspace_ids],
             )
             .await?;
+        tx.commit().await?;
         for c in candidates {
-            let session_id: String = c.get(1);
+            let session_id: String = c.get(0);
             let tx = tenant_tx(&mut client, tenant_id).await?;
             // Re-check under the session lock: another replica may have started one, or the
             // queue may have changed order.
@@ -294,31 +303,88 @@ impl Store {
             }
             tx.commit().await?;
         }
-        let claimed = client
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let claimed = tx
             .qa(
-                "UPDATE turns t SET dispatched_to = $1 FROM sessions s
-                  WHERE s.id = t.session_id AND s.tenant_id = $2 AND s.workspace_id = ANY($3)
-                    AND t.state = 'running' AND t.dispatched_to IS NULL AND s.removed_at IS NULL
-                  RETURNING t.id, t.session_id, s.workspace_id, s.model",
-                &[&connection_id, &tenant_id, &workspace_ids],
+                "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, $4) FROM sessions s
+                  WHERE s.id = t.session_id AND t.dispatched_to IS NULL AND t.state = 'running'
+                    AND t.id IN (SELECT u.id FROM turns u JOIN sessions v ON v.id = u.session_id
+                                  WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
+                                    AND u.state = 'running' AND u.dispatched_to IS NULL
+                                  ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
+                  RETURNING t.id, t.session_id, s.workspace_id, t.model",
+                &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
             )
             .await?;
-        let mut out = Vec::with_capacity(claimed.len());
-        for c in claimed {
-            let session_id: String = c.get(1);
-            let messages = messages(&client, tenant_id, &session_id).await?;
-            out.push(ClaimedTurn {
-                tenant_id: tenant_id.to_string(),
-                run: TurnRun {
-                    turn_id: c.get(0),
-                    session_id,
-                    workspace_id: c.get(2),
-                    model: c.get(3),
-                    messages,
-                },
-            });
+        let sessions: Vec<String> = claimed.iter().map(|c| c.get(1)).collect();
+        let mut conversations = conversations(&tx, tenant_id, &sessions).await?;
+        tx.commit().await?;
+        Ok(claimed
+            .into_iter()
+            .map(|c| {
+                let session_id: String = c.get(1);
+                ClaimedTurn {
+                    tenant_id: tenant_id.to_string(),
+                    run: TurnRun {
+                        turn_id: c.get(0),
+                        messages: conversations.remove(&session_id).unwrap_or_default(),
+                        session_id,
+                        workspace_id: c.get(2),
+                        model: c.get(3),
+                    },
+                }
+            })
+            .collect())
+    }
+
+    /// For the model proxy: the model `turn_id` was dispatched with (None: the tenant
+    /// default), if the turn is running and was handed to a live connection of the calling
+    /// worker credential; `turn-not-running` otherwise.
+    pub async fn proxy_turn(&self, worker: &Principal, turn_id: &str) -> Result<Option<String>> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
+        let row = tx
+            .qo(
+                &format!(
+                    "SELECT t.model FROM turns t JOIN worker_presence p ON p.connection_id = t.dispatched_to
+                      WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running'
+                        AND p.tenant_id = $2 AND p.credential_id = $3
+                        AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
+                ),
+                &[&turn_id, &worker.tenant_id, &worker.credential_id],
+            )
+            .await?;
+        tx.commit().await?;
+        match row {
+            Some(r) => Ok(r.get(0)),
+            None => Err(StoreError::Code(ErrorCode::TurnNotRunning)),
         }
-        Ok(out)
+    }
+
+    /// Record the usage the model proxy metered from the provider's stream: added to the
+    /// turn's totals, and kept as the running step's usage for its `model.completed`.
+    pub async fn meter_usage(&self, tenant_id: &str, turn_id: &str, usage: Usage) -> Result<()> {
+        let (input, output) = (
+            i64::try_from(usage.input_tokens).unwrap_or(i64::MAX),
+            i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
+        );
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        tx.ex(
+            "UPDATE turns SET input_tokens = input_tokens + $3, output_tokens = output_tokens + $4,
+                    step_usage = jsonb_build_object(
+                        'inputTokens', coalesce((step_usage->>'inputTokens')::bigint, 0) + $3,
+                        'outputTokens', coalesce((step_usage->>'outputTokens')::bigint, 0) + $4)
+              WHERE id = $1 AND tenant_id = $2",
+            &[&turn_id, &tenant_id, &input, &output],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Persist a completed model step as one `model.completed` event. Only the connection
@@ -329,11 +395,22 @@ impl Store {
         tenant_id: &str,
         turn_id: &str,
         rows: &[NewRow],
-        usage: Option<Usage>,
     ) -> Result<i64> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
+        // The usage the model proxy metered for this step (the worker's own report is not
+        // trusted); the turn row is locked through its session.
+        let metered: Option<serde_json::Value> = tx
+            .q1("SELECT step_usage FROM turns WHERE id = $1", &[&turn_id])
+            .await?
+            .get(0);
+        tx.ex(
+            "UPDATE turns SET step = step + 1, partial_text = '', partial_thinking = '', step_usage = NULL WHERE id = $1",
+            &[&turn_id],
+        )
+        .await?;
+        let usage: Option<Usage> = metered.and_then(|u| serde_json::from_value(u).ok());
         let payload = json!({ "usage": usage });
         let seq = append_event(
             &tx,
@@ -343,11 +420,6 @@ impl Store {
             Some(turn_id),
             payload,
             rows,
-        )
-        .await?;
-        tx.ex(
-            "UPDATE turns SET step = step + 1, partial_text = '', partial_thinking = '' WHERE id = $1",
-            &[&turn_id],
         )
         .await?;
         tx.commit().await?;
@@ -450,9 +522,17 @@ impl Store {
         Ok((session_id, seq))
     }
 
-    /// The worker connection is gone: its running turns end `interrupted` (never retried).
+    /// The worker connection is gone: its presence row is deleted and its running turns end
+    /// `interrupted` (never retried). A turn that cannot be settled now is left to the sweep,
+    /// which interrupts every running turn whose connection has no live presence.
     pub async fn interrupt_connection(&self, connection_id: &str) -> Result<Vec<String>> {
         let client = self.pool.get().await?;
+        client
+            .ex(
+                "DELETE FROM worker_presence WHERE connection_id = $1",
+                &[&connection_id],
+            )
+            .await?;
         let rows = client
             .qa(
                 "SELECT id, tenant_id FROM turns WHERE dispatched_to = $1 AND state = 'running'",
@@ -460,6 +540,36 @@ impl Store {
             )
             .await?;
         drop(client);
+        Ok(self.interrupt(rows).await)
+    }
+
+    /// Forget worker connections whose replica stopped heartbeating (it died), then
+    /// interrupt every running turn handed to a connection with no live presence row —
+    /// whatever left it so (a crash or an error between deleting the presence and
+    /// interrupting). Any replica may run this; it is idempotent.
+    pub async fn sweep_stale_presence(&self) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        client
+            .ex(
+                &format!("DELETE FROM worker_presence WHERE heartbeat_at < now() - interval '{PRESENCE_TTL}'"),
+                &[],
+            )
+            .await?;
+        let orphans = client
+            .qa(
+                "SELECT t.id, t.tenant_id FROM turns t
+                  WHERE t.state = 'running' AND t.dispatched_to IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM worker_presence p WHERE p.connection_id = t.dispatched_to)",
+                &[],
+            )
+            .await?;
+        drop(client);
+        Ok(self.interrupt(orphans).await)
+    }
+
+    /// End these `(turn, tenant)` rows `interrupted`, each in its own transaction; one that
+    /// fails is logged and left for the next sweep, and the others still end.
+    async fn interrupt(&self, rows: Vec<tokio_postgres::Row>) -> Vec<String> {
         let cause = Cause {
             code: "worker-lost".into(),
             status: None,
@@ -473,28 +583,12 @@ impl Store {
             {
                 Ok(_) => ended.push(turn),
                 Err(StoreError::Code(ErrorCode::TurnNotRunning)) => {}
-                Err(e) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(turn.id = %turn, error = %e, "interrupting a lost worker's turn failed; the sweep retries")
+                }
             }
         }
-        Ok(ended)
-    }
-
-    /// Worker connections whose replica stopped heartbeating (it died): forget them and
-    /// interrupt their turns. Any replica may run this; it is idempotent.
-    pub async fn sweep_stale_presence(&self) -> Result<Vec<String>> {
-        let client = self.pool.get().await?;
-        let stale = client
-            .qa(
-                "DELETE FROM worker_presence WHERE heartbeat_at < now() - interval '45 seconds' RETURNING connection_id",
-                &[],
-            )
-            .await?;
-        drop(client);
-        let mut ended = Vec::new();
-        for r in stale {
-            ended.extend(self.interrupt_connection(r.get(0)).await?);
-        }
-        Ok(ended)
+        ended
     }
 
     /// Diagnostics newest first, under a fixed revision fence.
@@ -758,20 +852,30 @@ async fn start_turn(
     .await
 }
 
-/// The conversation so far as chat messages (visible user and assistant rows, in order).
-async fn messages(client: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<Vec<ChatMessage>> {
+/// The conversations so far of `sessions` as chat messages (visible user and assistant
+/// rows, in order), in one query.
+async fn conversations(
+    client: &impl GenericClient,
+    tenant_id: &str,
+    sessions: &[String],
+) -> Result<HashMap<String, Vec<ChatMessage>>> {
+    let mut out: HashMap<String, Vec<ChatMessage>> = HashMap::new();
+    if sessions.is_empty() {
+        return Ok(out);
+    }
     let rows = client
         .qa(
-            "SELECT kind, body FROM rows WHERE session_id = $1 AND tenant_id = $2 AND kind IN ('user', 'assistant')
-              ORDER BY source_sequence, item_index",
-            &[&session_id, &tenant_id],
+            "SELECT session_id, kind, body FROM rows
+              WHERE session_id = ANY($1) AND tenant_id = $2 AND kind IN ('user', 'assistant')
+              ORDER BY session_id, source_sequence, item_index",
+            &[&sessions, &tenant_id],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .map(|r| ChatMessage {
-            role: r.get(0),
-            content: r.get(1),
-        })
-        .collect())
+    for r in rows {
+        out.entry(r.get(0)).or_default().push(ChatMessage {
+            role: r.get(1),
+            content: r.get(2),
+        });
+    }
+    Ok(out)
 }

@@ -4,7 +4,7 @@ use std::future::Future;
 
 use berth_protocol::{
     Cause,
-    worker::{ProxyError, TurnRun, Usage},
+    worker::{self as wp, ProxyError, TurnRun, Usage},
 };
 use futures_util::StreamExt;
 use serde::Deserialize;
@@ -46,6 +46,7 @@ where
         .http
         .post(&link.proxy_url)
         .bearer_auth(&link.token)
+        .header(wp::MODEL_PROXY_TURN_HEADER, &run.turn_id)
         .json(&body)
         .send()
         .await

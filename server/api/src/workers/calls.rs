@@ -17,19 +17,20 @@
 //! mid-call ends the call with a typed error.
 
 use std::{
+    collections::HashMap,
     pin::Pin,
-    sync::{Arc, atomic::Ordering},
+    sync::{Arc, Mutex, atomic::Ordering},
     time::Duration,
 };
 
 use axum::{
     Json,
     body::Body,
-    extract::State,
+    extract::{State, ws::Message},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
-use berth_protocol::{ErrorCode, Method, RpcError, method, worker as wp};
+use berth_protocol::{ErrorCode, Method, RpcError, jsonrpc::Request, method, worker as wp};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
@@ -64,20 +65,80 @@ pub enum CallEvent {
     Done(Result<Value, RpcError>),
 }
 
-/// What a connection loop sends its worker on behalf of calls.
-pub(super) enum ToWorker {
-    Call {
-        id: u32,
-        call: wp::Call,
-        tx: mpsc::Sender<CallEvent>,
-    },
-    Ack {
-        id: u32,
-        items: u32,
-    },
-    Cancel {
-        id: u32,
-    },
+/// The calls in progress on one worker connection, shared by the connection (which
+/// routes the worker's items and answers here) and the calls' consumers.
+pub(super) struct CallTable {
+    /// None once the connection has ended: no call starts, and every consumer's channel
+    /// is closed (which its stream reports as `worker-disconnected`).
+    calls: Mutex<Option<HashMap<u32, mpsc::Sender<CallEvent>>>>,
+    /// To the worker (the connection's writer).
+    out: mpsc::Sender<Message>,
+    slots: Arc<Semaphore>,
+}
+
+fn to_message(req: &berth_protocol::jsonrpc::Request) -> Message {
+    Message::Text(serde_json::to_string(req).unwrap_or_default().into())
+}
+
+impl CallTable {
+    pub(super) fn new(out: mpsc::Sender<Message>) -> Arc<CallTable> {
+        Arc::new(CallTable {
+            calls: Mutex::new(Some(HashMap::new())),
+            out,
+            slots: Arc::new(Semaphore::new(CALLS_PER_WORKER)),
+        })
+    }
+
+    /// The connection ended: every call in progress ends with a typed error.
+    pub(super) fn close(&self) {
+        self.calls.lock().expect("calls lock").take();
+    }
+
+    fn remove(&self, id: u32) -> Option<mpsc::Sender<CallEvent>> {
+        self.calls.lock().expect("calls lock").as_mut()?.remove(&id)
+    }
+
+    fn contains(&self, id: u32) -> bool {
+        self.calls
+            .lock()
+            .expect("calls lock")
+            .as_ref()
+            .is_some_and(|m| m.contains_key(&id))
+    }
+
+    /// A `call.item` from the worker.
+    pub(super) fn item(&self, params: Value) {
+        let Ok(item) = serde_json::from_value::<wp::CallItem>(params) else {
+            return;
+        };
+        let mut calls = self.calls.lock().expect("calls lock");
+        let Some(map) = calls.as_mut() else { return };
+        let Some(tx) = map.get(&item.call_id) else { return };
+        // The worker keeps within its credit, so the channel has room; a worker that does
+        // not ends the call instead of growing a buffer.
+        if tx.try_send(CallEvent::Item(item.item)).is_err() {
+            tracing::warn!("worker overran a call's credit; call ended");
+            if let Some(tx) = map.remove(&item.call_id) {
+                let _ = tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
+            }
+        }
+    }
+
+    /// A response from the worker; true if it answered a call.
+    pub(super) fn answer(&self, text: &str) -> bool {
+        let Ok(resp) = serde_json::from_str::<berth_protocol::jsonrpc::Response>(text) else {
+            return false;
+        };
+        let Some(tx) = resp.id.and_then(|id| self.remove(id)) else {
+            return false;
+        };
+        let done = match (resp.result, resp.error) {
+            (_, Some(e)) => Err(e),
+            (r, None) => Ok(r.unwrap_or(Value::Null)),
+        };
+        let _ = tx.try_send(CallEvent::Done(done));
+        true
+    }
 }
 
 /// How long a call may wait for its worker.
@@ -113,7 +174,7 @@ enum Inner {
     Local {
         id: u32,
         rx: mpsc::Receiver<CallEvent>,
-        ctl: mpsc::UnboundedSender<ToWorker>,
+        table: Arc<CallTable>,
         /// Items taken but not yet acknowledged to the worker.
         unacked: u32,
         _slot: OwnedSemaphorePermit,
@@ -167,16 +228,16 @@ impl CallStream {
 
     async fn recv(&mut self) -> CallEvent {
         match &mut self.inner {
-            Inner::Local {
-                id, rx, ctl, unacked, ..
-            } => match rx.recv().await {
+            Inner::Local { id, rx, table, unacked, .. } => match rx.recv().await {
                 Some(CallEvent::Item(v)) => {
                     *unacked += 1;
-                    if *unacked >= wp::CALL_WINDOW / 2 {
-                        let _ = ctl.send(ToWorker::Ack {
-                            id: *id,
+                    if *unacked >= wp::CALL_WINDOW / 2 && table.contains(*id) {
+                        let ack = wp::CallAck {
+                            call_id: *id,
                             items: *unacked,
-                        });
+                        };
+                        let req = Request::notification(wp::CALL_ACK, serde_json::to_value(ack).unwrap_or_default());
+                        let _ = table.out.send(to_message(&req)).await;
                         *unacked = 0;
                     }
                     CallEvent::Item(v)
@@ -210,8 +271,17 @@ impl CallStream {
             return;
         }
         self.finished = true;
-        if let Inner::Local { id, ctl, .. } = &self.inner {
-            let _ = ctl.send(ToWorker::Cancel { id: *id });
+        if let Inner::Local { id, table, .. } = &self.inner
+            && table.remove(*id).is_some()
+        {
+            // Still running on the worker: tell it to stop (from a task, as this may run in
+            // `drop`).
+            let cancel = wp::CallCancel { call_id: *id };
+            let req = Request::notification(wp::CALL_CANCEL, serde_json::to_value(cancel).unwrap_or_default());
+            let out = table.out.clone();
+            tokio::spawn(async move {
+                let _ = out.send(to_message(&req)).await;
+            });
         }
     }
 
@@ -237,16 +307,19 @@ impl Drop for CallStream {
 impl Registry {
     /// Start `call` on a connection this replica holds for the tenant's workspace (None: it
     /// holds none).
-    pub(crate) fn call_local(&self, tenant_id: &str, call: wp::Call) -> ApiResult<Option<CallStream>> {
-        let conns = self.conns.lock().expect("registry lock");
-        let Some(worker) = conns
-            .values()
-            .find(|w| w.tenant_id == tenant_id && w.workspaces.contains(&call.workspace_id))
-        else {
-            return Ok(None);
+    pub(crate) async fn call_local(&self, tenant_id: &str, call: wp::Call) -> ApiResult<Option<CallStream>> {
+        let table = {
+            let conns = self.conns.lock().expect("registry lock");
+            let worker = conns
+                .values()
+                .find(|w| w.tenant_id == tenant_id && w.workspaces.contains(&call.workspace_id));
+            match worker {
+                Some(w) => w.calls.clone(),
+                None => return Ok(None),
+            }
         };
-        let slot = worker
-            .call_slots
+        let slot = table
+            .slots
             .clone()
             .try_acquire_owned()
             .map_err(|_| ApiError::with(ErrorCode::RateLimited, json!({"limit": "worker-calls"})))?;
@@ -254,21 +327,29 @@ impl Registry {
         // Room for a full credit window plus the answer: the worker never sends more.
         let (tx, rx) = mpsc::channel(wp::CALL_WINDOW as usize + 2);
         let wait = Wait::of(&call.method);
-        if worker.calls.send(ToWorker::Call { id, call, tx }).is_err() {
-            return Ok(None);
+        let req = Request::new(id, wp::CALL, serde_json::to_value(&call).unwrap_or_default());
+        {
+            let mut calls = table.calls.lock().expect("calls lock");
+            let Some(map) = calls.as_mut() else {
+                return Ok(None);
+            };
+            map.insert(id, tx);
         }
-        Ok(Some(CallStream {
+        let stream = CallStream {
             inner: Inner::Local {
                 id,
                 rx,
-                ctl: worker.calls.clone(),
+                table: table.clone(),
                 unacked: 0,
                 _slot: slot,
             },
             wait,
             deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
             finished: false,
-        }))
+        };
+        // If the connection is gone meanwhile, the stream reports it.
+        let _ = table.out.send(to_message(&req)).await;
+        Ok(Some(stream))
     }
 }
 
@@ -294,7 +375,7 @@ pub async fn call(
         method: method_name.to_string(),
         params,
     };
-    if let Some(stream) = state.workers.call_local(tenant_id, call.clone())? {
+    if let Some(stream) = state.workers.call_local(tenant_id, call.clone()).await? {
         return Ok(stream);
     }
     let offline = || ApiError::code(ErrorCode::WorkspaceOffline);
@@ -373,7 +454,7 @@ pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Js
         v.push(b'\n');
         Bytes::from(v)
     };
-    match state.workers.call_local(&req.tenant_id, req.call) {
+    match state.workers.call_local(&req.tenant_id, req.call).await {
         Ok(Some(mut stream)) => {
             tokio::spawn(async move {
                 let mut keepalive = tokio::time::interval(KEEPALIVE);
@@ -461,75 +542,4 @@ pub fn spawn_announce(state: AppState) {
             }
         }
     });
-}
-
-/// The per-connection call slots.
-pub(super) fn call_slots() -> Arc<Semaphore> {
-    Arc::new(Semaphore::new(CALLS_PER_WORKER))
-}
-
-impl super::WorkerConn {
-    /// Pass a call, a credit or a cancellation on to the worker.
-    pub(super) async fn send_to_worker(
-        &mut self,
-        msg: ToWorker,
-        sink: &mut futures_util::stream::SplitSink<axum::extract::ws::WebSocket, axum::extract::ws::Message>,
-    ) -> anyhow::Result<()> {
-        use berth_protocol::jsonrpc::Request;
-        use futures_util::SinkExt;
-        let out = match msg {
-            ToWorker::Call { id, call, tx } => {
-                self.calls.insert(id, tx);
-                Request::new(id, wp::CALL, serde_json::to_value(call)?)
-            }
-            ToWorker::Ack { id, items } => {
-                if !self.calls.contains_key(&id) {
-                    return Ok(());
-                }
-                Request::notification(wp::CALL_ACK, serde_json::to_value(wp::CallAck { call_id: id, items })?)
-            }
-            ToWorker::Cancel { id } => {
-                if self.calls.remove(&id).is_none() {
-                    return Ok(());
-                }
-                Request::notification(wp::CALL_CANCEL, serde_json::to_value(wp::CallCancel { call_id: id })?)
-            }
-        };
-        sink.send(super::text_msg(&out)).await?;
-        Ok(())
-    }
-
-    /// A `call.item` from the worker.
-    pub(super) fn call_item(&mut self, params: Value) {
-        let Ok(item) = serde_json::from_value::<wp::CallItem>(params) else {
-            return;
-        };
-        let Some(tx) = self.calls.get(&item.call_id) else {
-            return;
-        };
-        // The worker keeps within its credit, so the channel has room; a worker that does
-        // not ends the call instead of growing a buffer.
-        if tx.try_send(CallEvent::Item(item.item)).is_err() {
-            tracing::warn!(worker.connection = %self.connection_id, "worker overran a call's credit; call ended");
-            if let Some(tx) = self.calls.remove(&item.call_id) {
-                let _ = tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
-            }
-        }
-    }
-
-    /// A response from the worker; true if it answered a call.
-    pub(super) fn call_answer(&mut self, text: &str) -> bool {
-        let Ok(resp) = serde_json::from_str::<berth_protocol::jsonrpc::Response>(text) else {
-            return false;
-        };
-        let Some(tx) = resp.id.and_then(|id| self.calls.remove(&id)) else {
-            return false;
-        };
-        let done = match (resp.result, resp.error) {
-            (_, Some(e)) => Err(e),
-            (r, None) => Ok(r.unwrap_or(Value::Null)),
-        };
-        let _ = tx.try_send(CallEvent::Done(done));
-        true
-    }
 }

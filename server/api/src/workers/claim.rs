@@ -1,48 +1,124 @@
-//! Turn hand-out: claim the workspaces' dispatched turns and send `turn.run`.
+//! Turn hand-out and presence, in a task of their own: claim the workspaces' dispatched
+//! turns and send `turn.run`; keep the presence row fresh. A database error here is logged
+//! and retried: it does not end a healthy connection (only a presence that could not be
+//! refreshed for long enough to go stale does).
 
-use axum::extract::ws::{Message, WebSocket};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
 use berth_protocol::{jsonrpc::Request, worker as wp};
-use futures_util::SinkExt;
-use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
-use super::{LiveTurn, WorkerConn, text_msg};
+use super::{Conn, text_msg, turn};
 
-impl WorkerConn {
-    pub(super) async fn claim(
-        &mut self,
-        workspaces: &[String],
-        sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
-    ) -> anyhow::Result<()> {
-        let claimed = self
-            .state
-            .store
-            .claim_turns(&self.connection_id, &self.principal.tenant_id, workspaces)
-            .await?;
-        for c in claimed {
-            tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, "turn handed to worker");
-            let live = LiveTurn {
-                session: c.run.session_id.clone(),
-                started: std::time::Instant::now(),
-                step: 0,
-                text: 0,
-                thinking: 0,
-            };
-            self.turns.insert(c.run.turn_id.clone(), live);
-            self.relay_now(
-                &c.run.session_id,
-                json!({"type": "phase", "phase": "running", "turnId": c.run.turn_id}),
-            )
-            .await;
-            let mut run = c.run;
-            if run.model.is_none() {
-                run.model = self.state.config.model.model.clone();
+/// How often claims are retried without a wake-up (a missed NOTIFY, a failed claim).
+const SAFETY: Duration = Duration::from_secs(5);
+const HEARTBEAT: Duration = Duration::from_secs(10);
+/// A failed claim or heartbeat is retried this soon.
+const RETRY: Duration = Duration::from_secs(1);
+/// Without a successful heartbeat for this long the presence row is about to go stale (its
+/// TTL is 45 s) and other replicas will interrupt the turns: give the connection up.
+const PRESENCE_AT_RISK: Duration = Duration::from_secs(40);
+
+pub(super) async fn claimer(conn: Arc<Conn>, kick: Arc<Notify>, lost: CancellationToken) {
+    let mut safety = tokio::time::interval(SAFETY);
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.reset();
+    let mut last_beat = Instant::now();
+    let (mut claim_failed, mut beat_failed) = (false, false);
+    loop {
+        let retrying = claim_failed || beat_failed;
+        tokio::select! {
+            _ = conn.closing.cancelled() => return,
+            _ = kick.notified() => claim_failed = !claim(&conn).await,
+            _ = safety.tick() => claim_failed = !claim(&conn).await,
+            _ = heartbeat.tick() => beat_failed = !beat(&conn, &mut last_beat, &lost).await,
+            _ = tokio::time::sleep(RETRY), if retrying => {
+                if claim_failed {
+                    claim_failed = !claim(&conn).await;
+                }
+                if beat_failed {
+                    beat_failed = !beat(&conn, &mut last_beat, &lost).await;
+                }
             }
-            sink.send(text_msg(&Request::notification(
-                wp::TURN_RUN,
-                serde_json::to_value(run)?,
-            )))
-            .await?;
         }
-        Ok(())
     }
+}
+
+/// Refresh the presence row (re-inserting it if it was swept). False: it failed.
+async fn beat(conn: &Conn, last: &mut Instant, lost: &CancellationToken) -> bool {
+    let store = &conn.state.store;
+    let r = match store.presence_heartbeat(&conn.connection_id).await {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            tracing::warn!(worker.connection = %conn.connection_id, "presence was swept; restoring it");
+            store
+                .presence_insert(
+                    &conn.connection_id,
+                    &conn.principal,
+                    &conn.state.config.replica_id,
+                    &conn.workspaces,
+                )
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(()) => {
+            *last = Instant::now();
+            true
+        }
+        Err(e) => {
+            tracing::warn!(worker.connection = %conn.connection_id, error = %e, "presence heartbeat failed; retrying");
+            if last.elapsed() > PRESENCE_AT_RISK {
+                lost.cancel();
+            }
+            false
+        }
+    }
+}
+
+/// Claim what may be handed out, up to the connection's bound, and send `turn.run` for
+/// each. False: the claim failed (it is retried).
+async fn claim(conn: &Arc<Conn>) -> bool {
+    let state = &conn.state;
+    let room = state.config.limits.worker_max_turns.saturating_sub(conn.turn_count());
+    let claimed = match state
+        .store
+        .claim_turns(
+            &conn.connection_id,
+            &conn.principal.tenant_id,
+            &conn.workspaces,
+            state.config.model.model.as_deref(),
+            room,
+        )
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(worker.connection = %conn.connection_id, error = ?e, "claiming turns failed; retrying");
+            return false;
+        }
+    };
+    for c in claimed {
+        tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, "turn handed to worker");
+        // Registered before `turn.run` goes out, so the worker's first message finds it.
+        let handle = turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id);
+        conn.turns
+            .lock()
+            .expect("turns lock")
+            .insert(c.run.turn_id.clone(), handle);
+        let run = match serde_json::to_value(&c.run) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "encoding turn.run failed");
+                continue;
+            }
+        };
+        conn.send(text_msg(&Request::notification(wp::TURN_RUN, run))).await;
+    }
+    true
 }

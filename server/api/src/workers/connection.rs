@@ -1,218 +1,280 @@
-//! The per-connection loop: `worker.hello`, then messages, hand-out wake-ups, stops,
-//! heartbeats and pings until the worker goes away; cleanup afterwards.
+//! The per-connection loop: `worker.hello`, then the reader routes each message to its
+//! turn's task while pings, stops, shutdown and revocation are watched; cleanup afterwards.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use axum::extract::ws::{Message, WebSocket};
 use berth_protocol::{
     ErrorCode, PROTOCOL_VERSION, RpcError,
     jsonrpc::{Request, Response as RpcResponse},
-    worker::{self as wp, TurnDelta, TurnEnd, TurnStep, WorkerHello, WorkerHelloResult},
+    worker::{self as wp, WorkerHello, WorkerHelloResult},
 };
-use futures_util::{SinkExt, StreamExt};
+use berth_store::Principal;
+use futures_util::{SinkExt, StreamExt, stream::SplitSink};
 use serde_json::json;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
 
-use super::{LocalWorker, WorkerConn, text_msg};
-use crate::error::ApiError;
+use super::{Conn, LocalWorker, claim, text_msg};
+use crate::{AppState, error::ApiError};
 
-impl WorkerConn {
-    pub(super) async fn run(&mut self, socket: WebSocket) -> anyhow::Result<()> {
-        let (mut sink, mut stream) = socket.split();
-        let hello = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
-        let Ok(Some(Ok(Message::Text(text)))) = hello else {
-            anyhow::bail!("no worker.hello")
-        };
-        let req: Request = serde_json::from_str(&text)?;
-        let params: WorkerHello = match (req.method.as_str(), serde_json::from_value(req.params)) {
-            (wp::WORKER_HELLO, Ok(p)) => p,
-            _ => {
-                let err = RpcResponse::err(req.id, RpcError::new(ErrorCode::BadParams));
-                sink.send(Message::Text(serde_json::to_string(&err)?.into())).await?;
-                anyhow::bail!("bad worker.hello");
-            }
-        };
-        if params.protocol != PROTOCOL_VERSION {
-            let err = RpcError::with_fields(
-                ErrorCode::UnsupportedProtocol,
-                json!({"supported": berth_protocol::SUPPORTED_PROTOCOLS})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
-            );
-            sink.send(Message::Text(
-                serde_json::to_string(&RpcResponse::err(req.id, err))?.into(),
-            ))
-            .await?;
-            anyhow::bail!("unsupported worker protocol {}", params.protocol);
+/// Messages waiting for the socket.
+const OUT_QUEUE: usize = 256;
+
+pub(super) async fn serve(
+    state: AppState,
+    principal: Principal,
+    connection_id: String,
+    revoked: CancellationToken,
+    socket: WebSocket,
+) {
+    let (mut sink, mut stream) = socket.split();
+    let ids = match hello(&state, &principal, &connection_id, &mut sink, &mut stream).await {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::info!(worker.connection = %connection_id, error = %e, "worker connection ended");
+            // Nothing was claimed, but presence may have been recorded.
+            cleanup_presence(&state, &connection_id).await;
+            return;
         }
-        let state = self.state.clone();
-        let store = &state.store;
-        if let Err(e) = store.bind_worker_host(&self.principal, &params.host).await {
-            let err = ApiError::from(e);
-            sink.send(text_msg(&RpcResponse::err(req.id, err.0))).await?;
-            anyhow::bail!("worker.hello refused for host {}", params.host);
-        }
-        let ids = store
-            .register_workspaces(&self.principal, &params.host, &params.workspaces)
-            .await?;
-        store
-            .presence_insert(
-                &self.connection_id,
-                &self.principal,
-                &self.state.config.replica_id,
-                &ids,
-            )
-            .await?;
-        let result = WorkerHelloResult {
-            workspaces: params
-                .workspaces
-                .iter()
-                .zip(&ids)
-                .map(|(d, id)| wp::RegisteredWorkspace {
-                    name: d.name.clone(),
-                    workspace_id: id.clone(),
-                })
-                .collect(),
-        };
-        sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))
-            .await?;
-        tracing::info!(worker.connection = %self.connection_id, host = %params.host, workspaces = ids.len(), "worker connected");
-
-        let kick = Arc::new(Notify::new());
-        let (stop_tx, mut stop_rx) = mpsc::unbounded_channel();
-        let (calls_tx, mut calls_rx) = mpsc::unbounded_channel();
-        let local = LocalWorker {
-            tenant_id: self.principal.tenant_id.clone(),
-            workspaces: ids.clone(),
-            calls: calls_tx,
-            call_slots: super::calls::call_slots(),
+    };
+    let (out, out_rx) = mpsc::channel::<Message>(OUT_QUEUE);
+    let writer = tokio::spawn(write_loop(sink, out_rx, state.config.limits.idle_timeout));
+    let conn = Arc::new(Conn {
+        state: state.clone(),
+        principal,
+        connection_id: connection_id.clone(),
+        workspaces: ids,
+        out: out.clone(),
+        turns: Mutex::new(HashMap::new()),
+        writes: Arc::new(Semaphore::new(state.config.limits.worker_max_writes.max(1))),
+        closing: CancellationToken::new(),
+        calls: super::calls::CallTable::new(out.clone()),
+    });
+    let kick = Arc::new(Notify::new());
+    let (stop_tx, stop_rx) = mpsc::unbounded_channel();
+    state.workers.conns.lock().expect("registry lock").insert(
+        connection_id.clone(),
+        LocalWorker {
+            tenant_id: conn.principal.tenant_id.clone(),
+            workspaces: conn.workspaces.clone(),
+            calls: conn.calls.clone(),
             kick: kick.clone(),
             stop: stop_tx,
-        };
-        self.state
-            .workers
-            .conns
-            .lock()
-            .expect("registry lock")
-            .insert(self.connection_id.clone(), local);
-        kick.notify_one();
-        let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
-        let mut flush = tokio::time::interval(Duration::from_millis(50));
-        let mut safety = tokio::time::interval(Duration::from_secs(5));
-        let limits = self.state.config.limits.clone();
-        let mut ping = tokio::time::interval(limits.ping_interval);
-        let mut last_heard = std::time::Instant::now();
-        loop {
-            tokio::select! {
-                msg = stream.next() => {
-                    let Some(msg) = msg else { break };
-                    last_heard = std::time::Instant::now();
-                    match msg? {
-                        Message::Text(text) => {
-                            if let Some(reply) = self.handle(&text).await {
-                                sink.send(text_msg(&reply)).await?;
-                            }
-                        }
-                        Message::Close(_) => break,
-                        _ => {}
-                    }
+        },
+    );
+    kick.notify_one();
+    // Cancelled by the claimer when the connection's presence cannot be kept.
+    let lost = CancellationToken::new();
+    let claimer = tokio::spawn(claim::claimer(conn.clone(), kick, lost.clone()));
+    if let Err(e) = read_loop(&conn, &mut stream, stop_rx, writer, &revoked, &lost).await {
+        tracing::info!(worker.connection = %connection_id, error = %e, "worker connection ended");
+    }
+    conn.closing.cancel();
+    conn.calls.close();
+    let _ = claimer.await;
+    state
+        .workers
+        .conns
+        .lock()
+        .expect("registry lock")
+        .remove(&connection_id);
+    cleanup_presence(&state, &connection_id).await;
+}
+
+/// `worker.hello`: bind the host, register the workspaces and the presence; returns the
+/// workspace ids.
+async fn hello(
+    state: &AppState,
+    principal: &Principal,
+    connection_id: &str,
+    sink: &mut SplitSink<WebSocket, Message>,
+    stream: &mut futures_util::stream::SplitStream<WebSocket>,
+) -> anyhow::Result<Vec<String>> {
+    let hello = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
+    let Ok(Some(Ok(Message::Text(text)))) = hello else {
+        anyhow::bail!("no worker.hello")
+    };
+    let req: Request = serde_json::from_str(&text)?;
+    let params: WorkerHello = match (req.method.as_str(), serde_json::from_value(req.params)) {
+        (wp::WORKER_HELLO, Ok(p)) => p,
+        _ => {
+            let err = RpcResponse::err(req.id, RpcError::new(ErrorCode::BadParams));
+            sink.send(Message::Text(serde_json::to_string(&err)?.into())).await?;
+            anyhow::bail!("bad worker.hello");
+        }
+    };
+    if params.protocol != PROTOCOL_VERSION {
+        let err = RpcError::with_fields(
+            ErrorCode::UnsupportedProtocol,
+            json!({"supported": berth_protocol::SUPPORTED_PROTOCOLS})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        sink.send(Message::Text(
+            serde_json::to_string(&RpcResponse::err(req.id, err))?.into(),
+        ))
+        .await?;
+        anyhow::bail!("unsupported worker protocol {}", params.protocol);
+    }
+    let store = &state.store;
+    if let Err(e) = store.bind_worker_host(principal, &params.host).await {
+        let err = ApiError::from(e);
+        sink.send(text_msg(&RpcResponse::err(req.id, err.0))).await?;
+        anyhow::bail!("worker.hello refused for host {}", params.host);
+    }
+    let ids = store
+        .register_workspaces(principal, &params.host, &params.workspaces)
+        .await?;
+    store
+        .presence_insert(connection_id, principal, &state.config.replica_id, &ids)
+        .await?;
+    let result = WorkerHelloResult {
+        workspaces: params
+            .workspaces
+            .iter()
+            .zip(&ids)
+            .map(|(d, id)| wp::RegisteredWorkspace {
+                name: d.name.clone(),
+                workspace_id: id.clone(),
+            })
+            .collect(),
+    };
+    sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))
+        .await?;
+    tracing::info!(worker.connection = %connection_id, host = %params.host, workspaces = ids.len(), "worker connected");
+    Ok(ids)
+}
+
+/// The one task that writes to the socket; a close frame is the last thing it sends. A
+/// worker that stops reading for the idle timeout ends the connection (its queue is bounded,
+/// so everything waiting on it stops instead of growing).
+async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut out: mpsc::Receiver<Message>, timeout: Duration) {
+    while let Some(msg) = out.recv().await {
+        let close = matches!(msg, Message::Close(_));
+        match tokio::time::timeout(timeout, sink.send(msg)).await {
+            Ok(Ok(())) if !close => {}
+            _ => return,
+        }
+    }
+}
+
+async fn read_loop(
+    conn: &Arc<Conn>,
+    stream: &mut futures_util::stream::SplitStream<WebSocket>,
+    mut stop_rx: mpsc::UnboundedReceiver<String>,
+    mut writer: tokio::task::JoinHandle<()>,
+    revoked: &CancellationToken,
+    lost: &CancellationToken,
+) -> anyhow::Result<()> {
+    let limits = conn.state.config.limits.clone();
+    let mut ping = tokio::time::interval(limits.ping_interval);
+    let mut last_heard = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            msg = stream.next() => {
+                let Some(msg) = msg else { break };
+                last_heard = std::time::Instant::now();
+                match msg? {
+                    Message::Text(text) => route(conn, &text).await,
+                    Message::Close(_) => break,
+                    _ => {}
                 }
-                _ = kick.notified() => self.claim(&ids, &mut sink).await?,
-                Some(msg) = calls_rx.recv() => self.send_to_worker(msg, &mut sink).await?,
-                Some(turn) = stop_rx.recv() => {
-                    if let Some(live) = self.turns.remove(&turn) {
-                        self.relay.remove(&turn);
-                        self.state.hub.end_step(&live.session);
-                        self.relay_now(&live.session, json!({"type": "phase", "phase": "idle", "turnId": turn})).await;
-                    }
-                    let stop = Request::notification(wp::TURN_STOP, json!({"turnId": turn}));
-                    sink.send(text_msg(&stop)).await?;
+            }
+            Some(turn) = stop_rx.recv() => {
+                let handle = conn.turns.lock().expect("turns lock").remove(&turn);
+                if let Some(h) = handle {
+                    h.cancel.cancel();
                 }
-                _ = safety.tick() => self.claim(&ids, &mut sink).await?,
-                _ = heartbeat.tick() => {
-                    if !store.presence_heartbeat(&self.connection_id).await? {
-                        tracing::warn!(worker.connection = %self.connection_id, "presence was swept; restoring it");
-                        store.presence_insert(&self.connection_id, &self.principal, &self.state.config.replica_id, &ids).await?;
-                    }
-                }
-                // A worker that vanished without closing (sleep, NAT timeout) answers no pings:
-                // drop it so that its turns end `interrupted` and it can reconnect cleanly.
-                _ = ping.tick() => {
-                    if last_heard.elapsed() > limits.idle_timeout {
-                        tracing::warn!(worker.connection = %self.connection_id, "worker silent; closing");
-                        break;
-                    }
-                    sink.send(Message::Ping(Default::default())).await?;
-                }
-                _ = flush.tick() => self.flush_relay().await,
-                _ = self.state.shutdown.cancelled() => break,
-                _ = self.revoked.cancelled() => {
-                    let frame = axum::extract::ws::CloseFrame { code: 1008, reason: "revoked".into() };
-                    let _ = sink.send(Message::Close(Some(frame))).await;
+                let stop = Request::notification(wp::TURN_STOP, json!({"turnId": turn}));
+                conn.send(text_msg(&stop)).await;
+            }
+            // A worker that vanished without closing (sleep, NAT timeout) answers no pings:
+            // drop it so that its turns end `interrupted` and it can reconnect cleanly.
+            _ = ping.tick() => {
+                if last_heard.elapsed() > limits.idle_timeout {
+                    tracing::warn!(worker.connection = %conn.connection_id, "worker silent; closing");
                     break;
                 }
+                conn.send(Message::Ping(Default::default())).await;
+            }
+            _ = &mut writer => break,
+            _ = lost.cancelled() => {
+                tracing::warn!(worker.connection = %conn.connection_id, "presence could not be kept; closing");
+                break;
+            }
+            _ = conn.state.shutdown.cancelled() => break,
+            _ = revoked.cancelled() => {
+                let frame = axum::extract::ws::CloseFrame { code: 1008, reason: "revoked".into() };
+                conn.send(Message::Close(Some(frame))).await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), &mut writer).await;
+                break;
             }
         }
-        Ok(())
     }
+    writer.abort();
+    Ok(())
+}
 
-    /// One message from the worker; returns the response for requests.
-    pub(super) async fn handle(&mut self, text: &str) -> Option<RpcResponse> {
-        let req: Request = match serde_json::from_str(text) {
-            Ok(r) => r,
-            Err(_) if self.call_answer(text) => return None,
-            Err(_) => return Some(RpcResponse::err(None, RpcError::new(ErrorCode::ParseError))),
-        };
-        let result: Result<serde_json::Value, ApiError> = match req.method.as_str() {
-            wp::TURN_DELTA => {
-                if let Ok(d) = serde_json::from_value::<TurnDelta>(req.params) {
-                    self.delta(d);
-                }
-                return None;
+/// One message from the worker: to its turn's queue (waiting while that queue is full), or
+/// answered here when it names no turn this connection holds.
+async fn route(conn: &Arc<Conn>, text: &str) {
+    let req: Request = match serde_json::from_str(text) {
+        Ok(r) => r,
+        Err(_) if conn.calls.answer(text) => return,
+        Err(_) => {
+            let err = RpcResponse::err(None, RpcError::new(ErrorCode::ParseError));
+            conn.send(text_msg(&err)).await;
+            return;
+        }
+    };
+    let turn_id = req.params.get("turnId").and_then(|t| t.as_str()).map(str::to_string);
+    let code = match turn_id {
+        Some(turn_id) => {
+            let queue = conn
+                .turns
+                .lock()
+                .expect("turns lock")
+                .get(&turn_id)
+                .map(|h| h.queue.clone());
+            let Some(queue) = queue else {
+                // Settled or stopped already (or never handed here): nothing to write.
+                return reply_err(conn, req, ErrorCode::TurnNotRunning).await;
+            };
+            match queue.send(req).await {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(req)) => return reply_err(conn, req, ErrorCode::TurnNotRunning).await,
             }
-            wp::CALL_ITEM => {
-                self.call_item(req.params);
-                return None;
-            }
-            wp::TURN_STEP => match serde_json::from_value::<TurnStep>(req.params) {
-                Ok(step) => self.step(step).await,
-                Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
-            },
-            wp::TURN_END => match serde_json::from_value::<TurnEnd>(req.params) {
-                Ok(end) => self.end(end).await,
-                Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
-            },
-            _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
-        };
-        req.id?;
-        Some(match result {
-            Ok(v) => RpcResponse::ok(req.id, v),
-            Err(e) => RpcResponse::err(req.id, e.0),
-        })
+        }
+        None if req.method == wp::CALL_ITEM => return conn.calls.item(req.params),
+        None if super::turn::is_turn_method(&req.method) => ErrorCode::BadParams,
+        None => ErrorCode::MethodNotFound,
+    };
+    reply_err(conn, req, code).await;
+}
+
+async fn reply_err(conn: &Conn, req: Request, code: ErrorCode) {
+    if req.id.is_some() {
+        conn.send(text_msg(&RpcResponse::err(req.id, RpcError::new(code))))
+            .await;
     }
+}
 
-    pub(super) async fn cleanup(&mut self) {
-        // Calls in progress end now with a typed error (their channels close).
-        self.calls.clear();
-        self.state
-            .workers
-            .conns
-            .lock()
-            .expect("registry lock")
-            .remove(&self.connection_id);
-        let store = &self.state.store;
-        if let Err(e) = store.presence_remove(&self.connection_id).await {
-            tracing::warn!(error = %e, "removing worker presence failed");
-        }
-        match store.interrupt_connection(&self.connection_id).await {
-            Ok(turns) => {
-                for t in turns {
-                    self.state.metrics.turns.with_label_values(&["interrupted"]).inc();
-                    tracing::warn!(turn.id = %t, "worker lost mid-turn; turn interrupted");
-                }
+/// The connection is gone: delete its presence and interrupt its running turns. What fails
+/// here is left to the sweep, which interrupts every running turn without a live presence.
+async fn cleanup_presence(state: &AppState, connection_id: &str) {
+    match state.store.interrupt_connection(connection_id).await {
+        Ok(turns) => {
+            for t in turns {
+                state.metrics.turns.with_label_values(&["interrupted"]).inc();
+                tracing::warn!(turn.id = %t, "worker lost mid-turn; turn interrupted");
             }
-            Err(e) => tracing::error!(error = %e, "interrupting the lost worker's turns failed"),
         }
+        Err(e) => tracing::error!(error = %e, "cleaning up the lost worker failed; the sweep will"),
     }
 }

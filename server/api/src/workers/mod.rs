@@ -6,12 +6,20 @@
 //! replica that admits or settles a turn sends `NOTIFY berth_dispatch, '<workspace>'`, and
 //! the replica that holds a connection for that workspace claims the turns
 //! ([`berth_store::Store::claim_turns`]) and sends `turn.run`.
+//!
+//! One connection carries many turns, and they must not wait for each other: the reader
+//! routes each message to its turn's own task (an ordered queue, so a turn's messages keep
+//! their order), claims and heartbeats run in a task of their own, and one writer task owns
+//! the socket. Work is bounded: turns handed to a connection, queued messages per turn, and
+//! database writes in flight per connection and per replica; at a bound the reader stops
+//! reading, which pushes back on the worker instead of growing memory.
 
 pub(crate) mod calls;
 mod claim;
 mod connection;
 mod relay;
 mod steps;
+mod turn;
 
 use std::{
     collections::HashMap,
@@ -25,17 +33,17 @@ use axum::{
 };
 use berth_store::{CredentialKind, Principal, token};
 use serde::Serialize;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
 
 pub use relay::RelayedDelta;
 
-use crate::{AppState, connections::Registration, rpc::bearer};
-use relay::Pending;
+use crate::{AppState, config::Limits, connections::Registration, rpc::bearer};
 
 /// Worker connections held by this replica, by connection id.
-#[derive(Default)]
 pub struct Registry {
     conns: Mutex<HashMap<String, LocalWorker>>,
+    /// Database writes in flight for turns, across this replica's worker connections.
+    writes: Arc<Semaphore>,
     /// Ids of worker calls started here.
     next_call: std::sync::atomic::AtomicU32,
 }
@@ -44,9 +52,8 @@ pub struct Registry {
 struct LocalWorker {
     tenant_id: String,
     workspaces: Vec<String>,
-    /// Calls, credit and cancellations for the worker.
-    calls: mpsc::UnboundedSender<calls::ToWorker>,
-    call_slots: Arc<tokio::sync::Semaphore>,
+    /// Worker calls (git, files) in progress on this connection.
+    calls: Arc<calls::CallTable>,
     /// Makes the connection claim turns.
     kick: Arc<Notify>,
     /// Turns to stop (cancelled by a client on any replica).
@@ -54,6 +61,14 @@ struct LocalWorker {
 }
 
 impl Registry {
+    pub fn new(limits: &Limits) -> Registry {
+        Registry {
+            conns: Mutex::default(),
+            writes: Arc::new(Semaphore::new(limits.replica_max_turn_writes.max(1))),
+            next_call: Default::default(),
+        }
+    }
+
     /// Wake the connections serving `workspace_id` to claim turns.
     pub fn kick(&self, workspace_id: &str) {
         for w in self.conns.lock().expect("registry lock").values() {
@@ -105,48 +120,48 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
             let connection_id = token::new_id("wcn");
             state.metrics.workers_connected.inc();
             state.metrics.connections.with_label_values(&["worker"]).inc();
-            let mut conn = WorkerConn {
-                state: state.clone(),
-                principal,
-                connection_id,
-                turns: HashMap::new(),
-                relay: HashMap::new(),
-                calls: HashMap::new(),
-                revoked,
-            };
-            if let Err(e) = conn.run(socket).await {
-                tracing::info!(worker.connection = %conn.connection_id, error = %e, "worker connection ended");
-            }
-            conn.cleanup().await;
+            connection::serve(state.clone(), principal, connection_id, revoked, socket).await;
             drop(registration);
             state.metrics.workers_connected.dec();
             state.metrics.connections.with_label_values(&["worker"]).dec();
         })
 }
 
-struct WorkerConn {
+/// One worker connection, shared by its reader, claimer and turn tasks.
+struct Conn {
     state: AppState,
     principal: Principal,
     connection_id: String,
-    /// Turns handed to this connection, with their live-output position.
-    turns: HashMap<String, LiveTurn>,
-    /// Deltas waiting to be relayed to other replicas (and stored as partial output), by turn.
-    relay: HashMap<String, Pending>,
-    /// Worker calls in progress on this connection, by call id.
-    calls: HashMap<u32, mpsc::Sender<calls::CallEvent>>,
-    /// Cancelled when the worker's credential is revoked.
-    revoked: tokio_util::sync::CancellationToken,
+    /// The workspace ids the worker serves.
+    workspaces: Vec<String>,
+    /// Messages to the worker (the writer task owns the socket).
+    out: mpsc::Sender<Message>,
+    /// Turns handed to this connection: the queue of each one's task.
+    turns: Mutex<HashMap<String, turn::TurnHandle>>,
+    /// Database writes in flight for this connection's turns.
+    writes: Arc<Semaphore>,
+    /// Cancelled when the connection ends: turn tasks and the claimer stop.
+    closing: tokio_util::sync::CancellationToken,
+    /// Worker calls (git, files) in progress.
+    calls: Arc<calls::CallTable>,
 }
 
-/// Where a running turn's live output is: the step and how many bytes of text and
-/// thinking it has streamed (the offsets carried by `model.delta`).
-struct LiveTurn {
-    session: String,
-    /// When the turn was handed to the worker.
-    started: std::time::Instant,
-    step: i32,
-    text: u64,
-    thinking: u64,
+impl Conn {
+    /// Send to the worker (dropped if the connection is gone: it ends anyway).
+    async fn send(&self, msg: Message) {
+        let _ = self.out.send(msg).await;
+    }
+
+    /// Permits for one database write: this connection's and the replica's.
+    async fn write_permits(&self) -> (tokio::sync::SemaphorePermit<'_>, tokio::sync::SemaphorePermit<'_>) {
+        let own = self.writes.acquire().await.expect("never closed");
+        let replica = self.state.workers.writes.acquire().await.expect("never closed");
+        (own, replica)
+    }
+
+    fn turn_count(&self) -> usize {
+        self.turns.lock().expect("turns lock").len()
+    }
 }
 
 fn text_msg<T: Serialize>(v: &T) -> Message {

@@ -6,7 +6,7 @@ use berth_store::CHANNEL_DELTAS;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::WorkerConn;
+use super::turn::TurnTask;
 
 /// A live item relayed to the other replicas' watchers.
 #[derive(Debug, Serialize, Deserialize)]
@@ -22,7 +22,6 @@ const RELAY_TEXT_MAX: usize = 1200;
 
 /// Coalesced output not yet relayed.
 pub(super) struct Pending {
-    pub(super) session: String,
     step: i32,
     text_offset: u64,
     text: String,
@@ -30,22 +29,19 @@ pub(super) struct Pending {
     thinking: String,
 }
 
-impl WorkerConn {
+impl TurnTask {
     pub(super) fn delta(&mut self, d: TurnDelta) {
-        let Some(live) = self.turns.get_mut(&d.turn_id) else {
-            return;
-        };
+        let live = &mut self.live;
         let text = d.text.unwrap_or_default();
         let thinking = d.thinking.unwrap_or_default();
         if text.is_empty() && thinking.is_empty() {
             return;
         }
         let item = json!({
-            "type": "model.delta", "turnId": d.turn_id, "step": live.step,
+            "type": "model.delta", "turnId": self.turn_id, "step": live.step,
             "text": text, "textOffset": live.text, "thinking": thinking, "thinkingOffset": live.thinking,
         });
-        let pending = self.relay.entry(d.turn_id.clone()).or_insert_with(|| Pending {
-            session: live.session.clone(),
+        let pending = self.pending.get_or_insert_with(|| Pending {
             step: live.step,
             text_offset: live.text,
             text: String::new(),
@@ -56,56 +52,54 @@ impl WorkerConn {
         pending.thinking.push_str(&thinking);
         live.text += text.len() as u64;
         live.thinking += thinking.len() as u64;
-        self.state
+        self.conn
+            .state
             .hub
-            .local_delta(&live.session, &d.turn_id, live.step, &text, &thinking, item);
+            .local_delta(&live.session, &self.turn_id, live.step, &text, &thinking, item);
     }
 
     /// Store coalesced output as the step's partial text and relay it to other replicas,
     /// in one transaction (live only; the completed step is what history keeps).
     pub(super) async fn flush_relay(&mut self) {
-        for (turn, p) in std::mem::take(&mut self.relay) {
-            let mut payloads = Vec::new();
-            for (field, offset_field, value, mut offset) in [
-                ("text", "textOffset", &p.text, p.text_offset),
-                ("thinking", "thinkingOffset", &p.thinking, p.thinking_offset),
-            ] {
-                for piece in berth_protocol::text::chunks(value, RELAY_TEXT_MAX) {
-                    let item = json!({"type": "model.delta", "turnId": turn, "step": p.step, field: piece, offset_field: offset});
-                    offset += piece.len() as u64;
-                    let msg = RelayedDelta {
-                        replica: self.state.config.replica_id.clone(),
-                        session: p.session.clone(),
-                        item,
-                    };
-                    payloads.push(serde_json::to_string(&msg).unwrap_or_default());
-                }
+        let Some(p) = self.pending.take() else { return };
+        let state = &self.conn.state;
+        let mut payloads = Vec::new();
+        for (field, offset_field, value, mut offset) in [
+            ("text", "textOffset", &p.text, p.text_offset),
+            ("thinking", "thinkingOffset", &p.thinking, p.thinking_offset),
+        ] {
+            for piece in berth_protocol::text::chunks(value, RELAY_TEXT_MAX) {
+                let item = json!({"type": "model.delta", "turnId": self.turn_id, "step": p.step, field: piece, offset_field: offset});
+                offset += piece.len() as u64;
+                let msg = RelayedDelta {
+                    replica: state.config.replica_id.clone(),
+                    session: self.live.session.clone(),
+                    item,
+                };
+                payloads.push(serde_json::to_string(&msg).unwrap_or_default());
             }
-            let tenant = &self.principal.tenant_id;
-            if let Err(e) = self
-                .state
-                .store
-                .append_partial(tenant, &turn, &p.text, &p.thinking, CHANNEL_DELTAS, &payloads)
-                .await
-            {
-                tracing::warn!(error = %e, "relaying live deltas failed");
-            }
+        }
+        let tenant = &self.conn.principal.tenant_id;
+        let _permits = self.conn.write_permits().await;
+        if let Err(e) = state
+            .store
+            .append_partial(tenant, &self.turn_id, &p.text, &p.thinking, CHANNEL_DELTAS, &payloads)
+            .await
+        {
+            tracing::warn!(error = %e, "relaying live deltas failed");
         }
     }
 
-    pub(super) async fn relay_now(&self, session: &str, item: serde_json::Value) {
-        self.state.hub.live(session, item.clone());
-        self.notify_others(session, item).await;
-    }
-
-    pub(super) async fn notify_others(&self, session: &str, item: serde_json::Value) {
+    pub(super) async fn relay_now(&self, item: serde_json::Value) {
+        let state = &self.conn.state;
+        state.hub.live(&self.live.session, item.clone());
         let msg = RelayedDelta {
-            replica: self.state.config.replica_id.clone(),
-            session: session.to_string(),
+            replica: state.config.replica_id.clone(),
+            session: self.live.session.clone(),
             item,
         };
         if let Ok(payload) = serde_json::to_string(&msg)
-            && let Err(e) = self.state.store.notify(CHANNEL_DELTAS, &payload).await
+            && let Err(e) = state.store.notify(CHANNEL_DELTAS, &payload).await
         {
             tracing::warn!(error = %e, "relaying live deltas failed");
         }

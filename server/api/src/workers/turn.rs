@@ -1,0 +1,136 @@
+//! One turn's task: the worker's messages for that turn, handled in order and apart from
+//! every other turn's, so a slow write of one turn never holds up another.
+
+use std::{sync::Arc, time::Duration};
+
+use berth_protocol::{
+    ErrorCode,
+    jsonrpc::{Request, Response as RpcResponse},
+    worker::{self as wp, TurnDelta, TurnEnd, TurnStep},
+};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{Conn, relay::Pending, text_msg};
+use crate::error::ApiError;
+
+/// Messages queued for one turn; when full, the reader waits (backpressure to the worker).
+const TURN_QUEUE: usize = 64;
+/// How often coalesced live output is stored and relayed to other replicas.
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
+
+/// The reader's handle on a turn's task.
+pub(super) struct TurnHandle {
+    pub queue: mpsc::Sender<Request>,
+    /// Cancelled when the turn is stopped or the connection ends.
+    pub cancel: CancellationToken,
+}
+
+/// Methods that carry a `turnId` and go to the turn's task.
+pub(super) fn is_turn_method(method: &str) -> bool {
+    matches!(method, wp::TURN_DELTA | wp::TURN_STEP | wp::TURN_END)
+}
+
+/// Where a running turn's live output is: the step and how many bytes of text and
+/// thinking it has streamed (the offsets carried by `model.delta`).
+pub(super) struct LiveTurn {
+    pub session: String,
+    /// When the turn was handed to the worker.
+    pub started: std::time::Instant,
+    pub step: i32,
+    pub text: u64,
+    pub thinking: u64,
+}
+
+/// One turn's state, owned by its task.
+pub(super) struct TurnTask {
+    pub conn: Arc<Conn>,
+    pub turn_id: String,
+    pub live: LiveTurn,
+    /// Output not yet stored and relayed to other replicas.
+    pub pending: Option<Pending>,
+}
+
+pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHandle {
+    let (queue, rx) = mpsc::channel(TURN_QUEUE);
+    let cancel = conn.closing.child_token();
+    let task = TurnTask {
+        conn,
+        turn_id: turn_id.to_string(),
+        live: LiveTurn {
+            session: session_id.to_string(),
+            started: std::time::Instant::now(),
+            step: 0,
+            text: 0,
+            thinking: 0,
+        },
+        pending: None,
+    };
+    tokio::spawn(task.run(rx, cancel.clone()));
+    TurnHandle { queue, cancel }
+}
+
+impl TurnTask {
+    async fn run(mut self, mut rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
+        let running = json!({"type": "phase", "phase": "running", "turnId": self.turn_id});
+        self.relay_now(running).await;
+        let mut flush = tokio::time::interval(FLUSH_EVERY);
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    // Stopped (already settled by the server) or the connection ended.
+                    self.pending = None;
+                    self.conn.state.hub.end_step(&self.live.session);
+                    let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
+                    self.relay_now(idle).await;
+                    rx.close();
+                    while let Some(req) = rx.recv().await {
+                        self.reply(req.id, Err(ApiError::code(ErrorCode::TurnNotRunning))).await;
+                    }
+                    return;
+                }
+                req = rx.recv() => match req {
+                    Some(req) => self.handle(req).await,
+                    // The turn ended: the reader dropped its queue.
+                    None => return,
+                },
+                _ = flush.tick(), if self.pending.is_some() => self.flush_relay().await,
+            }
+        }
+    }
+
+    async fn handle(&mut self, req: Request) {
+        let result = match req.method.as_str() {
+            wp::TURN_DELTA => {
+                if let Ok(d) = serde_json::from_value::<TurnDelta>(req.params) {
+                    self.delta(d);
+                }
+                return;
+            }
+            wp::TURN_STEP => match serde_json::from_value::<TurnStep>(req.params) {
+                Ok(step) => self.step(step).await,
+                Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
+            },
+            wp::TURN_END => match serde_json::from_value::<TurnEnd>(req.params) {
+                Ok(end) => self.end(end).await,
+                Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
+            },
+            _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
+        };
+        self.reply(req.id, result).await;
+    }
+
+    async fn reply(&self, id: Option<u32>, result: Result<serde_json::Value, ApiError>) {
+        if id.is_none() {
+            return;
+        }
+        let resp = match result {
+            Ok(v) => RpcResponse::ok(id, v),
+            Err(e) => RpcResponse::err(id, e.0),
+        };
+        self.conn.send(text_msg(&resp)).await;
+    }
+}

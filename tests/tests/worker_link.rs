@@ -1,0 +1,381 @@
+//! The turn path between the API tier and its workers under pressure (issue 7 items 2, 6,
+//! 7, 8, 14 and issue 20): the model proxy's scope and limits, turns left running by a lost
+//! connection, transient database errors, claims under the tenant's role, and turns of one
+//! worker that must not wait for each other.
+
+use berth_e2e::{MockProvider, Part, Reply, Stack, harness::eventually};
+use berth_protocol::worker::{MODEL_PROXY_PATH, MODEL_PROXY_TURN_HEADER};
+use serde_json::{Value, json};
+
+fn is_turn_end(v: &Value) -> bool {
+    v["type"] == "turn.ended"
+}
+
+/// Start a turn in a new session whose model reply is `reply`, with a watcher on it;
+/// returns (session, turn, watcher).
+async fn start_turn(
+    stack: &Stack,
+    c: &mut berth_e2e::Client,
+    mock: &MockProvider,
+    reply: Reply,
+    prompt: &str,
+) -> (String, String, berth_e2e::client::Subscription) {
+    let sid = stack.session(c).await;
+    mock.push(reply);
+    let w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let sent = c.ok("session.send", json!({"sessionId": sid, "prompt": prompt})).await;
+    (sid, sent["turnId"].as_str().expect("turnId").to_string(), w)
+}
+
+async fn turn_state(stack: &Stack, turn: &str) -> String {
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    db.query_one("SELECT state FROM turns WHERE id = $1", &[&turn])
+        .await
+        .expect("turn")
+        .get(0)
+}
+
+fn proxy_url(stack: &Stack) -> String {
+    format!("http://{}{MODEL_PROXY_PATH}", stack.servers[0].addr)
+}
+
+/// A proxy call as a worker would make it (or a rogue one), returning status and body.
+async fn proxy_call(stack: &Stack, token: &str, turn: Option<&str>, body: &Value) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(proxy_url(stack))
+        .bearer_auth(token)
+        .json(body);
+    if let Some(t) = turn {
+        req = req.header(MODEL_PROXY_TURN_HEADER, t);
+    }
+    let resp = req.send().await.expect("proxy reachable");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// The summed `berth_model_tokens_total` of one kind, from the metrics listener.
+async fn metered_tokens(stack: &Stack, kind: &str) -> u64 {
+    let text = stack.servers[0].metrics().await;
+    text.lines()
+        .filter(|l| l.starts_with("berth_model_tokens_total") && l.contains(&format!("kind=\"{kind}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Issue 7 item 6: a proxy call names a running turn held by a connection of the calling
+/// worker credential; the model is the turn's, `n` and `max_tokens` are the server's; usage
+/// is metered from the provider's stream; per-tenant concurrency is bounded.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_model_proxy_serves_only_the_callers_running_turns_within_limits() {
+    let mock = MockProvider::start().await;
+    let env = [
+        ("BERTH_MODEL_MAX_CONCURRENT", "2"),
+        ("BERTH_MODEL_MAX_OUTPUT_TOKENS", "100"),
+    ];
+    let stack = Stack::start_with(&mock, 1, &env).await;
+    let mut c = stack.client(0).await;
+    // The worker's own call for this turn stays open: one of the tenant's two slots.
+    let (_, turn, mut w) = start_turn(
+        &stack,
+        &mut c,
+        &mock,
+        Reply::StreamThenHang(vec![Part::Text("working".into())]),
+        "go",
+    )
+    .await;
+    w.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("the turn streams");
+    let body = json!({
+        "model": "some-expensive-model", "n": 4, "max_tokens": 100000,
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+
+    // No turn named, a turn that does not run, a credential that is not a worker's, a
+    // worker credential whose connection does not hold the turn: all refused, typed.
+    let (status, err) = proxy_call(&stack, &stack.worker_token, None, &body).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (400, Some("bad-params")));
+    let (status, err) = proxy_call(&stack, &stack.worker_token, Some("trn_nope"), &body).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (403, Some("turn-not-running")));
+    let (status, _) = proxy_call(&stack, &stack.token, Some(&turn), &body).await;
+    assert_eq!(status, 401);
+    let other = stack.servers[0].worker_token().await;
+    let (status, err) = proxy_call(&stack, &other, Some(&turn), &body).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (403, Some("turn-not-running")));
+    assert_eq!(mock.requests().len(), 1, "no refused call reached the provider");
+
+    // The holder's credential may call for its running turn, on the server's terms.
+    mock.push(Reply::Stream(vec![
+        Part::Text("x".into()),
+        Part::Usage {
+            prompt: 7,
+            completion: 3,
+        },
+    ]));
+    let (status, streamed) = proxy_call(&stack, &stack.worker_token, Some(&turn), &body).await;
+    assert_eq!(status, 200);
+    assert!(streamed.as_str().unwrap_or("").contains("[DONE]"));
+    let sent = mock.requests().last().cloned().expect("the provider was called");
+    assert_eq!(sent["model"], "mock-model", "the turn's model, not the caller's");
+    assert_eq!(sent["max_tokens"], 100);
+    assert!(sent.get("n").is_none());
+    // Metered from the stream by the API tier, though no worker reported any step.
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let row = db
+        .query_one("SELECT input_tokens, output_tokens FROM turns WHERE id = $1", &[&turn])
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (7, 3));
+    assert_eq!(metered_tokens(&stack, "input").await, 7);
+    assert_eq!(metered_tokens(&stack, "output").await, 3);
+
+    // Two calls of the tenant are open (the worker's and this one): a third is refused.
+    mock.push(Reply::StreamThenHang(vec![Part::Text("y".into())]));
+    let open = reqwest::Client::new()
+        .post(proxy_url(&stack))
+        .bearer_auth(&stack.worker_token)
+        .header(MODEL_PROXY_TURN_HEADER, &turn)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status().as_u16(), 200);
+    let (status, err) = proxy_call(&stack, &stack.worker_token, Some(&turn), &body).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (429, Some("rate-limited")));
+    // Closing one frees its slot.
+    drop(open);
+    mock.push(Reply::text(&["z"]));
+    let freed = eventually(20, || async {
+        let (status, _) = proxy_call(&stack, &stack.worker_token, Some(&turn), &body).await;
+        (status == 200).then_some(())
+    })
+    .await;
+    assert!(freed.is_some(), "a closed call gives its slot back");
+}
+
+/// Issue 7 item 2 (the proxy's part): the request-body limit follows the model's context
+/// window, so a session whose conversation passes 2 MB keeps working.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conversation_past_two_megabytes_still_reaches_the_model() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_MODEL_CONTEXT_TOKENS", "1000000")]).await;
+    let mut c = stack.client(0).await;
+    let big = "y".repeat(1_300_000);
+    let (sid, _, mut w) = start_turn(&stack, &mut c, &mock, Reply::text(&["one"]), &big).await;
+    let end = w.until(60, is_turn_end).await.expect("first turn ends");
+    assert_eq!(end.last().unwrap()["state"], "completed");
+    mock.push(Reply::text(&["two"]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": big})).await;
+    let end = w.until(60, is_turn_end).await.expect("second turn ends");
+    assert_eq!(
+        end.last().unwrap()["state"],
+        "completed",
+        "the second turn's request (> 2 MB) was accepted: {end:?}"
+    );
+    let sent = mock.requests().last().cloned().unwrap();
+    assert!(sent.to_string().len() > 2 << 20);
+}
+
+/// Issue 7 item 7: a running turn whose connection has no presence row (the presence was
+/// deleted but interrupting failed, or the replica crashed in between) is interrupted by
+/// the sweep instead of blocking its session forever.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweep_interrupts_running_turns_whose_connection_is_gone() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let (_, turn, mut w) = start_turn(
+        &stack,
+        &mut c,
+        &mock,
+        Reply::StreamThenHang(vec![Part::Text("working".into())]),
+        "go",
+    )
+    .await;
+    w.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("the turn streams");
+    // What a crash between "delete presence" and "interrupt turns" leaves behind.
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    db.execute("UPDATE turns SET dispatched_to = 'wcn_lost' WHERE id = $1", &[&turn])
+        .await
+        .unwrap();
+    let items = w.until(40, is_turn_end).await.expect("the sweep settles the turn");
+    let end = items.last().unwrap();
+    assert_eq!(end["state"], "interrupted");
+    assert_eq!(end["cause"]["code"], "worker-lost");
+}
+
+/// Issue 7 item 8: database errors on claims and heartbeats are logged and retried; the
+/// worker stays connected and its running turn keeps running. The faults are injected with
+/// triggers that fail the presence heartbeat and the claim's update.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transient_database_error_does_not_disconnect_a_healthy_worker() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let (_, running, mut w) = start_turn(
+        &stack,
+        &mut c,
+        &mock,
+        Reply::StreamThenHang(vec![Part::Text("working".into())]),
+        "go",
+    )
+    .await;
+    w.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("the turn streams");
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let connection: String = db
+        .query_one("SELECT connection_id FROM worker_presence", &[])
+        .await
+        .unwrap()
+        .get(0);
+    db.batch_execute(
+        "CREATE SEQUENCE beat_faults; CREATE SEQUENCE claim_faults;
+         CREATE FUNCTION beat_fault() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS
+           $$ BEGIN PERFORM nextval('beat_faults'); RAISE EXCEPTION 'injected fault'; END $$;
+         CREATE FUNCTION claim_fault() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS
+           $$ BEGIN PERFORM nextval('claim_faults'); RAISE EXCEPTION 'injected fault'; END $$;
+         CREATE TRIGGER beat_fault BEFORE UPDATE ON worker_presence FOR EACH ROW EXECUTE FUNCTION beat_fault();
+         CREATE TRIGGER claim_fault BEFORE UPDATE OF dispatched_to ON turns FOR EACH ROW
+           WHEN (NEW.dispatched_to IS DISTINCT FROM OLD.dispatched_to) EXECUTE FUNCTION claim_fault();",
+    )
+    .await
+    .unwrap();
+    // A turn to hand out while claims fail.
+    let (_, _, mut w2) = start_turn(&stack, &mut c, &mock, Reply::text(&["later"]), "next").await;
+    let hit = eventually(30, || async {
+        let q = "SELECT (SELECT is_called FROM beat_faults) AND (SELECT is_called FROM claim_faults)";
+        db.query_one(q, &[]).await.ok()?.get::<_, bool>(0).then_some(())
+    })
+    .await;
+    // (Before the fix the first failed claim dropped the connection, so no heartbeat of it
+    // ever failed: the worker kept reconnecting.)
+    assert!(hit.is_some(), "a heartbeat and a claim of one connection both failed");
+    db.batch_execute("DROP TRIGGER beat_fault ON worker_presence; DROP TRIGGER claim_fault ON turns;")
+        .await
+        .unwrap();
+    // The claim is retried: the second turn runs to the end on the same connection.
+    let end = w2
+        .until(30, is_turn_end)
+        .await
+        .expect("the turn is handed out after the fault");
+    assert_eq!(end.last().unwrap()["state"], "completed");
+    let now: String = db
+        .query_one("SELECT connection_id FROM worker_presence", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(now, connection, "the worker stayed connected");
+    assert_eq!(
+        turn_state(&stack, &running).await,
+        "running",
+        "its running turn was not interrupted"
+    );
+}
+
+/// Issue 7 item 14: claiming turns reads and writes tenant rows as the tenant's role (under
+/// row-level security), not as the owner.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_run_under_the_tenants_role() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    db.batch_execute(
+        "CREATE TABLE claim_roles (role text);
+         GRANT INSERT ON claim_roles TO berth_app;
+         CREATE FUNCTION record_claim_role() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN INSERT INTO claim_roles VALUES (current_user); RETURN NEW; END $$;
+         CREATE TRIGGER record_claim_role BEFORE UPDATE OF dispatched_to ON turns FOR EACH ROW
+           WHEN (OLD.dispatched_to IS NULL AND NEW.dispatched_to IS NOT NULL) EXECUTE FUNCTION record_claim_role();",
+    )
+    .await
+    .unwrap();
+    let mut c = stack.client(0).await;
+    let (_, _, mut w) = start_turn(&stack, &mut c, &mock, Reply::text(&["hi"]), "go").await;
+    let end = w.until(30, is_turn_end).await.expect("turn ends");
+    assert_eq!(end.last().unwrap()["state"], "completed");
+    let roles: Vec<String> = db
+        .query("SELECT role FROM claim_roles", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(roles, ["berth_app"]);
+}
+
+/// Issue 20: a turn whose step write is held (its session row locked by the test) does not
+/// delay another turn of the same worker, which is handed out, runs and ends meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_step_write_does_not_delay_another_turn_on_the_same_worker() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    // Turn A streams a little, pauses (the test locks its session then), and finishes.
+    let reply = Reply::Stream(vec![Part::Text("a".into()), Part::Delay(3000), Part::Text("b".into())]);
+    let (sid_a, turn_a, mut wa) = start_turn(&stack, &mut c, &mock, reply, "slow").await;
+    wa.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("turn A streams");
+    let mut locker = berth_e2e::harness::db(&stack.database_url).await;
+    let lock = locker.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&sid_a])
+        .await
+        .unwrap();
+    // Wait until A's step write is blocked on that lock.
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let held = eventually(30, || async {
+        let q = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        (db.query_one(q, &[]).await.ok()?.get::<_, i64>(0) > 0).then_some(())
+    })
+    .await;
+    assert!(held.is_some(), "turn A's step write waits on the session lock");
+
+    let (_, _, mut wb) = start_turn(&stack, &mut c, &mock, Reply::text(&["quick"]), "fast").await;
+    let end = wb.until(30, is_turn_end).await.expect("turn B ends while A is held");
+    assert_eq!(end.last().unwrap()["state"], "completed");
+    assert_eq!(turn_state(&stack, &turn_a).await, "running", "A was still held");
+
+    lock.rollback().await.unwrap();
+    let end = wa.until(30, is_turn_end).await.expect("turn A ends once released");
+    assert_eq!(end.last().unwrap()["state"], "completed");
+}
+
+/// Issue 20: in-flight turn work per worker connection is bounded. With room for one turn,
+/// a second session's turn starts but waits unclaimed (nothing buffered for it) and is
+/// handed out as soon as the first turn ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn turns_beyond_a_connections_bound_wait_to_be_handed_out() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_WORKER_MAX_TURNS", "1")]).await;
+    let mut c = stack.client(0).await;
+    let (sid_a, turn_a, mut wa) = start_turn(
+        &stack,
+        &mut c,
+        &mock,
+        Reply::StreamThenHang(vec![Part::Text("working".into())]),
+        "first",
+    )
+    .await;
+    wa.until(20, |i| i["type"] == "model.delta")
+        .await
+        .expect("turn A streams");
+    let (_, turn_b, mut wb) = start_turn(&stack, &mut c, &mock, Reply::text(&["second"]), "second").await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let undispatched = "SELECT state = 'running' AND dispatched_to IS NULL FROM turns WHERE id = $1";
+    assert!(db.query_one(undispatched, &[&turn_b]).await.unwrap().get::<_, bool>(0));
+    // A claim pass (the safety retry runs every 5 s) still leaves it waiting.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert!(
+        db.query_one(undispatched, &[&turn_b]).await.unwrap().get::<_, bool>(0),
+        "the connection is full: B is not handed out"
+    );
+    assert_eq!(mock.requests().len(), 1);
+    c.ok("session.stop", json!({"sessionId": sid_a, "turnId": turn_a}))
+        .await;
+    let end = wb.until(30, is_turn_end).await.expect("B is handed out once A ends");
+    assert_eq!(end.last().unwrap()["state"], "completed");
+}
