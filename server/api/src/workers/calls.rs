@@ -228,7 +228,9 @@ impl CallStream {
 
     async fn recv(&mut self) -> CallEvent {
         match &mut self.inner {
-            Inner::Local { id, rx, table, unacked, .. } => match rx.recv().await {
+            Inner::Local {
+                id, rx, table, unacked, ..
+            } => match rx.recv().await {
                 Some(CallEvent::Item(v)) => {
                     *unacked += 1;
                     if *unacked >= wp::CALL_WINDOW / 2 && table.contains(*id) {
