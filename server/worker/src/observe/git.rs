@@ -507,7 +507,75 @@ fn range(start: u32, len: u32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::hunks;
+    use std::{path::Path, process::Command};
+
+    use super::{hunks, status};
+
+    fn git(dir: &Path, args: &[&str]) {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.com")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.com")
+            .output()
+            .expect("git runs");
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn repo() -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        git(tmp.path(), &["init", "-q", "-b", "main"]);
+        std::fs::create_dir(tmp.path().join("dir")).unwrap();
+        std::fs::write(tmp.path().join("dir/a"), "a\n").unwrap();
+        std::fs::write(tmp.path().join("b"), "b\n").unwrap();
+        git(tmp.path(), &["add", "-A"]);
+        git(tmp.path(), &["commit", "-q", "-m", "base"]);
+        tmp
+    }
+
+    fn feature(root: &Path) -> String {
+        let e = status(root).unwrap_err();
+        assert_eq!(e.data_code(), Some("unsupported"));
+        e.data["feature"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn sparse_checkouts_and_submodules_fail_explicitly() {
+        let sparse = repo();
+        assert!(status(sparse.path()).unwrap().is_some());
+        git(sparse.path(), &["sparse-checkout", "set", "--no-cone", "/b"]);
+        assert_eq!(feature(sparse.path()), "sparse-checkout");
+
+        let outer = repo();
+        let inner = repo();
+        git(
+            outer.path(),
+            &[
+                "-c",
+                "protocol.file.allow=always",
+                "submodule",
+                "add",
+                "-q",
+                inner.path().to_str().unwrap(),
+                "sub",
+            ],
+        );
+        assert_eq!(feature(outer.path()), "submodules");
+    }
+
+    #[test]
+    fn a_directory_inside_a_repository_is_not_its_root() {
+        let r = repo();
+        assert_eq!(status(&r.path().join("dir")).unwrap(), None);
+    }
 
     #[test]
     fn hunks_look_like_git() {
