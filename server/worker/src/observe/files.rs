@@ -342,10 +342,32 @@ fn scan(ws: &Workspace, rel: &Path) -> Result<Option<(String, Vec<u8>)>, RpcErro
     Ok(Some((identity(&dir.meta), h.finalize().to_vec())))
 }
 
+/// Filesystems whose changes made elsewhere (another client of the share) never reach
+/// inotify: NFS, SMB/CIFS, FUSE, 9p, Ceph, AFS, Coda (`statfs` magic numbers).
+const REMOTE_FILESYSTEMS: &[u64] = &[
+    0x6969,
+    0x517B,
+    0xFE53_4D42,
+    0xFF53_4D42,
+    0x6573_5546,
+    0x0102_1997,
+    0x00C3_6400,
+    0x5346_414F,
+    0x7375_7245,
+];
+
+/// Whether native notifications can be trusted for the directory `dir`.
+fn notifications_trusted(dir: &cap_std::fs::Dir) -> bool {
+    match rustix::fs::fstatfs(dir) {
+        Ok(fs) => !REMOTE_FILESYSTEMS.contains(&((fs.f_type as u64) & 0xFFFF_FFFF)),
+        Err(_) => false,
+    }
+}
+
 /// `files.watch`: `ready`, then `changed` (coalesced) whenever the directory needs
 /// rereading; ends with `unavailable` when it is removed or replaced. Native notifications
-/// (inotify through `notify`) when they can be set up, else metadata polling at a 10% duty
-/// cycle.
+/// (inotify through `notify`) when they can be set up and trusted (a local filesystem),
+/// else metadata polling at a 10% duty cycle.
 pub(crate) async fn watch(
     ws: Arc<Workspace>,
     p: FilesWatchParams,
@@ -354,9 +376,12 @@ pub(crate) async fn watch(
     let rel = directory(p.path.as_ref())?;
     let dir = ws.open_directory(&rel).map_err(open_failure)?;
     let ready_identity = identity(&dir.meta);
+    let trusted = notifications_trusted(&dir.handle);
     drop(dir);
     let wake = Arc::new(tokio::sync::Notify::new());
-    let native = {
+    let native = if !trusted {
+        Err(notify::Error::generic("a remote filesystem"))
+    } else {
         use notify::Watcher;
         let wake = wake.clone();
         notify::recommended_watcher(move |_event: notify::Result<notify::Event>| wake.notify_one()).and_then(|mut w| {
@@ -367,7 +392,7 @@ pub(crate) async fn watch(
     let native = match native {
         Ok(w) => Some(w),
         Err(e) => {
-            tracing::info!(error = %e, "native file notifications unavailable; polling");
+            tracing::info!(error = %e, "native file notifications unavailable or untrusted; polling");
             None
         }
     };
@@ -433,6 +458,14 @@ mod tests {
         assert_eq!(at, data.len());
         assert_eq!(chunk_ends(b"", true), Vec::<usize>::new());
         assert_eq!(chunk_ends(&[0u8; 70_000], false), vec![32768, 65536, 70_000]);
+    }
+
+    #[test]
+    fn local_directories_are_watched_natively() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        let dir = ws.open_directory(Path::new(".")).unwrap();
+        assert!(notifications_trusted(&dir.handle));
     }
 
     #[test]
