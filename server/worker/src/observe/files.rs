@@ -147,6 +147,9 @@ struct Capture {
     data: Vec<u8>,
     meta: cap_std::fs::Metadata,
     version: String,
+    /// SHA-256 of `data`, hex (every chunk is cut from `data`, so it is the digest of
+    /// what is delivered).
+    sha256: String,
 }
 
 fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, digest: &[u8]) -> String {
@@ -206,6 +209,7 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
             data,
             meta: after,
             version,
+            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
         }));
     }
     Err(failure(ErrorCode::Unavailable, "reason", "changing"))
@@ -280,11 +284,9 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     if !items.send(&begin).await {
         return Ok(());
     }
-    let mut hasher = Sha256::new();
     let mut offset = 0usize;
     for end in chunk_ends(&cap.data, kind == FileContentKind::Text) {
         let piece = &cap.data[offset..end];
-        hasher.update(piece);
         let chunk = FilesReadItem::Chunk {
             offset: offset as u64,
             data_base64: base64::engine::general_purpose::STANDARD.encode(piece),
@@ -310,7 +312,7 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     let end = FilesReadItem::End {
         version: cap.version,
         size,
-        sha256: hasher.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+        sha256: cap.sha256,
         replaced,
     };
     items.send(&end).await;
