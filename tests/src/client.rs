@@ -85,6 +85,32 @@ impl Client {
         let (ws, _) = tokio_tungstenite::connect_async(req)
             .await
             .context("websocket connect")?;
+        Ok(Self::over(ws))
+    }
+
+    /// Connect with a small socket receive buffer, so that a client that stops reading
+    /// makes the server's side back up after little data (slow-reader tests).
+    pub async fn connect_small_buffer(url: &str) -> anyhow::Result<Client> {
+        let req = url.into_client_request()?;
+        let host = req.uri().host().context("host")?;
+        let port = req.uri().port_u16().context("port")?;
+        let addr = tokio::net::lookup_host((host, port)).await?.next().context("address")?;
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_recv_buffer_size(4096)?;
+        let tcp = socket.connect(addr).await?;
+        let (ws, _) = tokio_tungstenite::client_async(req, tokio_tungstenite::MaybeTlsStream::Plain(tcp))
+            .await
+            .context("websocket connect")?;
+        Ok(Self::over(ws))
+    }
+
+    fn over(
+        ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    ) -> Client {
         let (mut sink, mut stream) = ws.split();
         let (out, mut out_rx) = mpsc::unbounded_channel::<Message>();
         tokio::spawn(async move {
@@ -140,7 +166,7 @@ impl Client {
             s.lock().unwrap().clear();
             p.lock().unwrap().clear();
         });
-        Ok(Client {
+        Client {
             out,
             pending,
             subs,
@@ -148,7 +174,7 @@ impl Client {
             orphans,
             closed,
             paused,
-        })
+        }
     }
 
     /// Connect and `hello` with `token`.

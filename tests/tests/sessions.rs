@@ -223,7 +223,7 @@ async fn queue_revisions_pause_and_offline_worker() {
 
     let first = a.ok("session.send", json!({"sessionId": sid, "prompt": "first"})).await;
     assert_eq!(first["state"], "queued");
-    assert_eq!(first["revision"], 0);
+    assert_eq!(first["queueRevision"], 0);
     let notice = watch
         .until(10, |i| i["type"] == "session.notice")
         .await
@@ -246,11 +246,11 @@ async fn queue_revisions_pause_and_offline_worker() {
     let (ra, rb) = tokio::join!(
         a.call(
             "queue.update",
-            json!({"sessionId": sid, "queueId": q2, "revision": 0, "prompt": "from A"})
+            json!({"sessionId": sid, "queueId": q2, "queueRevision": 0, "prompt": "from A"})
         ),
         b.call(
             "queue.update",
-            json!({"sessionId": sid, "queueId": q2, "revision": 0, "prompt": "from B"})
+            json!({"sessionId": sid, "queueId": q2, "queueRevision": 0, "prompt": "from B"})
         ),
     );
     let (won, lost) = match (ra, rb) {
@@ -258,16 +258,22 @@ async fn queue_revisions_pause_and_offline_worker() {
         other => panic!("exactly one must win: {other:?}"),
     };
     assert_eq!(code(&lost), "stale-revision");
-    assert_eq!(won["revision"], 1);
-    let winner_prompt = won["prompt"].as_str().unwrap().to_string();
+    assert_eq!(won["queueRevision"], 1);
+    let winner_prompt = won["preview"].as_str().unwrap().to_string();
     // Stale revisions are refused for move and remove too.
     let e = a
-        .call("queue.move", json!({"sessionId": sid, "queueId": q2, "revision": 0}))
+        .call(
+            "queue.move",
+            json!({"sessionId": sid, "queueId": q2, "queueRevision": 0}),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&e), "stale-revision");
     let e = a
-        .call("queue.remove", json!({"sessionId": sid, "queueId": q2, "revision": 0}))
+        .call(
+            "queue.remove",
+            json!({"sessionId": sid, "queueId": q2, "queueRevision": 0}),
+        )
         .await
         .unwrap_err();
     assert_eq!(code(&e), "stale-revision");
@@ -275,7 +281,7 @@ async fn queue_revisions_pause_and_offline_worker() {
     let moved = a
         .ok(
             "queue.move",
-            json!({"sessionId": sid, "queueId": q3, "revision": 0, "beforeQueueId": q1}),
+            json!({"sessionId": sid, "queueId": q3, "queueRevision": 0, "beforeQueueId": q1}),
         )
         .await;
     let order: Vec<&Value> = moved["queue"]
@@ -286,18 +292,22 @@ async fn queue_revisions_pause_and_offline_worker() {
         .collect();
     assert_eq!(order, [&q3, &q1, &q2]);
     let snap = b.ok("session.get", json!({"sessionId": sid})).await;
-    assert_eq!(snap["queued"].as_array().unwrap().len(), 3);
-    assert_eq!(snap["queued"][2]["prompt"], winner_prompt.as_str());
+    assert_eq!(snap["queued"], 3);
+    assert_eq!(snap["queue"].as_array().unwrap().len(), 3);
+    assert_eq!(snap["queue"][2]["preview"], winner_prompt.as_str());
     // Remove the first entry (now in the middle).
     assert_eq!(
-        a.ok("queue.remove", json!({"sessionId": sid, "queueId": q1, "revision": 0}))
-            .await["removed"],
+        a.ok(
+            "queue.remove",
+            json!({"sessionId": sid, "queueId": q1, "queueRevision": 0})
+        )
+        .await["removed"],
         true
     );
     let e = a
         .call(
             "queue.update",
-            json!({"sessionId": sid, "queueId": q1, "revision": 0, "prompt": "x"}),
+            json!({"sessionId": sid, "queueId": q1, "queueRevision": 0, "prompt": "x"}),
         )
         .await
         .unwrap_err();
@@ -761,7 +771,7 @@ async fn session_list_orders_pages_and_summarises() {
     assert_eq!(seen[0]["modelId"], "other-model");
     assert!(
         seen.iter()
-            .all(|e| e["phase"] == "idle" && e["running"] == false && e["queued"] == 0 && e["messageCount"] == 0)
+            .all(|e| e["phase"] == "idle" && e.get("running").is_none() && e["queued"] == 0 && e["messageCount"] == 0)
     );
     let e = c.call("session.list", json!({"after": "garbage"})).await.unwrap_err();
     assert_eq!(code(&e), "bad-params");

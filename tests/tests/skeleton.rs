@@ -375,14 +375,14 @@ async fn bad_input_gets_typed_errors_on_a_connection_that_stays_open() {
     let e = c.call("no.such.method", json!({})).await.unwrap_err();
     assert_eq!(code(&e), "method-not-found");
     assert_eq!(e.code, -32601);
-    // Bad params: wrong types, unknown fields, unknown ids.
+    // Bad params: wrong types; unknown fields are ignored; unknown ids.
     let e = c.call("session.create", json!({"workspaceId": 5})).await.unwrap_err();
     assert_eq!(code(&e), "bad-params");
     let e = c
         .call("session.get", json!({"sessionId": "ses_x", "bogus": true}))
         .await
         .unwrap_err();
-    assert_eq!(code(&e), "bad-params");
+    assert_eq!(code(&e), "not-found");
     let e = c
         .call("session.get", json!({"sessionId": "ses_missing"}))
         .await

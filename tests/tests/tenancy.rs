@@ -200,18 +200,23 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
         ),
         (
             "queue.update",
-            json!({"sessionId": sid, "queueId": q, "revision": 0, "prompt": "B"}),
-            json!({"sessionId": "ses_random", "queueId": "trn_random", "revision": 0, "prompt": "B"}),
+            json!({"sessionId": sid, "queueId": q, "queueRevision": 0, "prompt": "B"}),
+            json!({"sessionId": "ses_random", "queueId": "trn_random", "queueRevision": 0, "prompt": "B"}),
         ),
         (
             "queue.move",
-            json!({"sessionId": sid, "queueId": q, "revision": 0}),
-            json!({"sessionId": "ses_random", "queueId": "trn_random", "revision": 0}),
+            json!({"sessionId": sid, "queueId": q, "queueRevision": 0}),
+            json!({"sessionId": "ses_random", "queueId": "trn_random", "queueRevision": 0}),
+        ),
+        (
+            "queue.get",
+            json!({"sessionId": sid, "queueId": q}),
+            json!({"sessionId": "ses_random", "queueId": "trn_random"}),
         ),
         (
             "queue.remove",
-            json!({"sessionId": sid, "queueId": q, "revision": 0}),
-            json!({"sessionId": "ses_random", "queueId": "trn_random", "revision": 0}),
+            json!({"sessionId": sid, "queueId": q, "queueRevision": 0}),
+            json!({"sessionId": "ses_random", "queueId": "trn_random", "queueRevision": 0}),
         ),
         (
             "operation.receipt",

@@ -161,8 +161,12 @@ async fn a_conversation_past_two_megabytes_still_reaches_the_model() {
     let mock = MockProvider::start().await;
     let stack = Stack::start_with(&mock, 1, &[("BERTH_MODEL_CONTEXT_TOKENS", "1000000")]).await;
     let mut c = stack.client(0).await;
-    let big = "y".repeat(1_300_000);
-    let (sid, _, mut w) = start_turn(&stack, &mut c, &mock, Reply::text(&["one"]), &big).await;
+    // Prompts are bounded (`MAX_PROMPT_BYTES`): the conversation grows past 2 MB through
+    // the model's long first answer instead.
+    let big = "y".repeat(berth_protocol::MAX_PROMPT_BYTES);
+    let long_answer: Vec<String> = (0..30).map(|_| "z".repeat(64_000)).collect();
+    let long_answer: Vec<&str> = long_answer.iter().map(String::as_str).collect();
+    let (sid, _, mut w) = start_turn(&stack, &mut c, &mock, Reply::text(&long_answer), &big).await;
     let end = w.until(60, is_turn_end).await.expect("first turn ends");
     assert_eq!(end.last().unwrap()["state"], "completed");
     mock.push(Reply::text(&["two"]));

@@ -15,7 +15,8 @@ use std::{
 use berth_store::Partial;
 use tokio::sync::{broadcast, watch};
 
-/// Live items kept per session for slow receivers before they lag (and skip).
+/// Live items kept per session for slow receivers; one that falls further behind lags and
+/// gets `resync` (then the partial text again), never a silent gap.
 const LIVE_BUFFER: usize = 1024;
 
 #[derive(Default)]
@@ -76,6 +77,12 @@ impl Hub {
             live: ch.live.subscribe(),
             partial: ch.partial.clone(),
         }
+    }
+
+    /// The local partial output of the session's running step, if this replica holds it.
+    pub fn partial(&self, session_id: &str) -> Option<Partial> {
+        let map = self.sessions.lock().expect("hub lock");
+        map.get(session_id).and_then(|ch| ch.partial.clone())
     }
 
     /// A new event was committed in `session_id` (sequence 0: the session changed, e.g. removed).

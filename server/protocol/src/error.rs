@@ -24,6 +24,8 @@ pub enum ErrorCode {
     OperationInProgress,
     RateLimited,
     PayloadTooLarge,
+    /// The session's queue holds [`crate::MAX_QUEUE_LENGTH`] turns already.
+    QueueFull,
     HistoryCleared,
     Unsupported,
     Unavailable,
@@ -51,6 +53,7 @@ impl ErrorCode {
             ErrorCode::OperationInProgress => "operation-in-progress",
             ErrorCode::RateLimited => "rate-limited",
             ErrorCode::PayloadTooLarge => "payload-too-large",
+            ErrorCode::QueueFull => "queue-full",
             ErrorCode::HistoryCleared => "history-cleared",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Unavailable => "unavailable",

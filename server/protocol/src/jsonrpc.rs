@@ -76,3 +76,11 @@ pub enum Message {
 
 /// The notification that carries subscription items.
 pub const SUBSCRIPTION_ITEM: &str = "subscription.item";
+
+/// The params of a `subscription.item` notification: the subscribing request's id and one
+/// item (for `session.watch`, a [`crate::WatchItem`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionItem<T> {
+    pub id: u32,
+    pub item: T,
+}

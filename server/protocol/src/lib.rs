@@ -4,8 +4,26 @@
 //! event and row shapes, and the error codes — without pulling in the server. Each method
 //! is declared once in [`methods!`]; the server's dispatcher and the method list come from
 //! that declaration.
+//!
+//! Conventions every method follows:
+//! - **Absent, never null.** An optional field without a value is left out of results,
+//!   events and items. In params, `null` and absent mean the same (so a retry that sends
+//!   `null` for an absent field is the same operation).
+//! - **Unknown params fields are ignored** (as LSP and MCP do), so that a newer client can
+//!   talk to an older server; a known field with the wrong type is `bad-params`. Fields the
+//!   SPEC names but this release does not offer yet answer `unsupported {field}`.
+//! - **One cursor convention.** A paged method answers `next<Cursor>` (`nextAfter`,
+//!   `nextBefore`, `nextOffset`); the client passes it back unchanged as `<cursor>` (`after`,
+//!   `before`, `offset`) with every other parameter, including the `through` fence, kept
+//!   fixed. An absent `next<Cursor>` ends the walk. Cursors are opaque unless documented.
+//! - **Revisions are named for what they guard:** `historyRevision` (the session's history,
+//!   guards fork), `queueRevision` (one queue entry, guards `queue.*`) and
+//!   `diagnosticRevision` (the diagnostics log, its own counter).
+//! - **Ids** carry a prefix naming their kind (`ses_`, `trn_`, `wsp_`, …); a queue entry's
+//!   `queueId` is its turn's id.
 
 pub mod error;
+pub mod events;
 pub mod jsonrpc;
 pub mod observe;
 pub mod text;
@@ -13,6 +31,7 @@ pub mod types;
 pub mod worker;
 
 pub use error::{ErrorCode, RpcError};
+pub use events::*;
 pub use observe::*;
 pub use types::*;
 
@@ -20,6 +39,14 @@ pub use types::*;
 pub const PROTOCOL_VERSION: u32 = 1;
 /// Every protocol version this release speaks.
 pub const SUPPORTED_PROTOCOLS: &[u32] = &[1];
+
+/// The largest prompt `session.send` and `queue.update` take, in bytes of UTF-8
+/// (more → `payload-too-large {limit: "prompt", max}`).
+pub const MAX_PROMPT_BYTES: usize = 256 << 10;
+/// The most turns a session's queue holds (one more → `queue-full`).
+pub const MAX_QUEUE_LENGTH: usize = 100;
+/// The most bytes of a queued prompt that queue entries carry (`preview`).
+pub const QUEUE_PREVIEW_BYTES: usize = 256;
 
 /// A method: its wire name plus its parameter and result types.
 pub trait Method {
@@ -84,8 +111,9 @@ methods! {
     SessionSend = "session.send" (SessionSendParams) -> SessionSendResult;
     /// Read history rows under a fixed `through` fence.
     SessionHistory = "session.history" (SessionHistoryParams) -> SessionHistoryResult;
-    /// Subscription: every event after `after`, then live.
-    SessionWatch = "session.watch" (SessionWatchParams) -> serde_json::Value;
+    /// Subscription: every event after `after`, then a `state` item, then live; items are
+    /// [`WatchItem`]s. The final value is null.
+    SessionWatch = "session.watch" (SessionWatchParams) -> ();
     /// End a subscription early.
     SubscriptionClose = "subscription.close" (SubscriptionCloseParams) -> Empty;
     /// Sessions by `updatedAt` desc then id desc, paged.
@@ -112,8 +140,10 @@ methods! {
     QueueMove = "queue.move" (QueueMoveParams) -> QueueState;
     /// Remove a queued prompt (revision-guarded).
     QueueRemove = "queue.remove" (QueueRemoveParams) -> Removed;
+    /// A queued prompt's whole text (queue entries carry a preview).
+    QueueGet = "queue.get" (QueueGetParams) -> QueuedPrompt;
     /// The stored outcome of an operation, or null.
-    OperationReceipt = "operation.receipt" (OperationReceiptParams) -> Option<serde_json::Value>;
+    OperationReceipt = "operation.receipt" (OperationReceiptParams) -> Option<ReceiptView>;
     /// Create a credential (admins); the plaintext is returned once.
     AdminCredentialCreate = "admin.credential.create" (AdminCredentialCreateParams) -> CredentialView;
     /// The tenant's credentials (admins).
@@ -131,6 +161,5 @@ methods! {
 }
 
 /// No parameters / no result fields.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Empty {}

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// `hello` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct HelloParams {
     pub protocol: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -58,37 +58,86 @@ pub struct Workspace {
     pub host: String,
     pub path: String,
     pub online: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct WorkspaceRef {
     pub workspace_id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionRef {
     pub session_id: String,
 }
 
 /// `session.create` parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionCreateParams {
     pub workspace_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_tools: Option<bool>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_approve: Option<bool>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
+    // SPEC fields this release does not offer yet: typed (a wrong type is `bad-params`),
+    // and present means `unsupported {field}` (see `unsupported_field`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegation_depth: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<SessionKind>,
 }
+
+impl SessionCreateParams {
+    /// The first field given that this release does not offer yet (answered `unsupported`).
+    pub fn unsupported_field(&self) -> Option<&'static str> {
+        [
+            ("agent", self.agent.is_some()),
+            ("provider", self.provider.is_some()),
+            ("baseUrl", self.base_url.is_some()),
+            ("delegationDepth", self.delegation_depth.is_some()),
+            ("channel", self.channel.is_some()),
+            ("kind", self.kind.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(name, given)| given.then_some(name))
+    }
+}
+
+/// What a session is for (`session.create {kind}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SessionKind {
+    Coordinator,
+}
+
+/// What a session is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SessionPhase {
+    Idle,
+    Running,
+}
+
+/// An interaction waiting for an answer (filled in with interactions, SPEC §4.6).
+pub type PendingInteraction = serde_json::Value;
 
 /// Where a session's effective model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,23 +155,29 @@ pub struct SessionSnapshot {
     pub session_id: String,
     pub workspace_id: String,
     pub title: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_model_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_model_level: Option<ModelLevel>,
-    /// `idle` or `running`.
-    pub phase: String,
-    /// The running turn, if any.
+    pub phase: SessionPhase,
+    /// The running turn's id, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running: Option<String>,
-    /// Queued turns in order.
-    pub queued: Vec<QueueEntry>,
-    /// History revision (guards fork).
-    pub revision: i64,
+    /// How many turns are queued.
+    pub queued: u32,
+    /// The queued turns in order (previews, not whole prompts).
+    pub queue: Vec<QueueEntry>,
+    /// The history revision (what `session.fork` is guarded by).
+    pub history_revision: i64,
     /// Last event sequence.
     pub sequence: i64,
     /// The queue is held (`session.pause`).
     pub paused: bool,
     /// Interactions waiting for an answer.
-    pub pending_interactions: Vec<serde_json::Value>,
+    pub pending_interactions: Vec<PendingInteraction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     pub created_at: String,
     pub updated_at: String,
@@ -130,16 +185,16 @@ pub struct SessionSnapshot {
 
 /// `session.list` parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionListParams {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_id: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
     /// The previous page's `nextAfter`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
 }
 
@@ -147,6 +202,7 @@ pub struct SessionListParams {
 #[serde(rename_all = "camelCase")]
 pub struct SessionListResult {
     pub entries: Vec<SessionListEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_after: Option<String>,
 }
 
@@ -157,44 +213,51 @@ pub struct SessionListEntry {
     pub session_id: String,
     pub workspace_id: String,
     pub title: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_model_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_model_level: Option<ModelLevel>,
     pub message_count: i64,
     pub updated_at: String,
-    pub phase: String,
-    pub running: bool,
-    pub queued: i64,
+    pub phase: SessionPhase,
+    /// The running turn's id, if any (as in the snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<String>,
+    /// How many turns are queued (as in the snapshot).
+    pub queued: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionRenameParams {
     pub session_id: String,
     pub title: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionSetModelParams {
     pub session_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
 /// `session.remove`, `session.clear`: a session and an optional operation id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionOpParams {
     pub session_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
@@ -210,20 +273,20 @@ pub struct Cleared {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionPauseParams {
     pub session_id: String,
     pub paused: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionStopParams {
     pub session_id: String,
     pub turn_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
@@ -235,41 +298,41 @@ pub struct TurnRef {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct QueueUpdateParams {
     pub session_id: String,
     pub queue_id: String,
-    pub revision: i64,
+    pub queue_revision: i64,
     pub prompt: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct QueueMoveParams {
     pub session_id: String,
     pub queue_id: String,
-    pub revision: i64,
+    pub queue_revision: i64,
     /// Move before this entry; absent or null moves to the end.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub before_queue_id: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct QueueRemoveParams {
     pub session_id: String,
     pub queue_id: String,
-    pub revision: i64,
-    #[serde(default)]
+    pub queue_revision: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
 /// The queue after a change (also the payload of `queue.changed`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueState {
     pub queue: Vec<QueueEntry>,
@@ -277,9 +340,36 @@ pub struct QueueState {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct OperationReceiptParams {
     pub operation_id: String,
+}
+
+/// A stored operation receipt (`operation.receipt`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReceiptView {
+    pub operation_id: String,
+    /// The method the operation called.
+    pub method: String,
+    pub state: ReceiptState,
+    /// The method's result (its result type), when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    /// The method's typed error, when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::RpcError>,
+    pub created_at: String,
+}
+
+/// Where an operation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ReceiptState {
+    /// The first attempt is still running (a retry answers `operation-in-progress`).
+    Pending,
+    /// The outcome is stored (`result` or `error`).
+    Done,
 }
 
 /// A notice: a fact for the client to word, never a sentence.
@@ -293,14 +383,14 @@ pub struct Notice {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsParams {
     pub session_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub through: Option<i64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub before: Option<i64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
 }
 
@@ -308,11 +398,14 @@ pub struct SessionDiagnosticsParams {
 #[serde(rename_all = "camelCase")]
 pub struct Diagnostic {
     pub diagnostic_id: String,
-    /// The session's diagnostic revision this record was written at.
-    pub revision: i64,
+    /// The session's diagnostic revision this record was written at (its own counter,
+    /// independent of history).
+    pub diagnostic_revision: i64,
     /// `execution`, `model-step`, `title`.
     pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<i64>,
     pub cause: Cause,
     pub at: String,
@@ -323,27 +416,53 @@ pub struct Diagnostic {
 pub struct SessionDiagnosticsResult {
     pub through: i64,
     pub diagnostics: Vec<Diagnostic>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_before: Option<i64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A queued turn as the queue shows it: a preview of its prompt, never the whole text
+/// (`queue.get` reads that). `queueId` is the turn's id (`trn_…`); both are given so that
+/// queue edits and turn references read naturally.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueEntry {
     pub queue_id: String,
     pub turn_id: String,
+    /// Guards `queue.update`, `queue.move`, `queue.remove` (stale → `stale-revision`).
+    pub queue_revision: i64,
+    /// The prompt's first [`crate::QUEUE_PREVIEW_BYTES`] bytes at most (cut on a character boundary).
+    pub preview: String,
+    /// The whole prompt's length in bytes (more than the preview's: it was cut).
+    pub prompt_bytes: u64,
+}
+
+/// `queue.get`: one queued turn's whole prompt.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueGetParams {
+    pub session_id: String,
+    pub queue_id: String,
+}
+
+/// A queued turn with its whole prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuedPrompt {
+    pub queue_id: String,
+    pub turn_id: String,
+    pub queue_revision: i64,
     pub prompt: String,
-    pub revision: i64,
 }
 
 /// `session.send` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionSendParams {
     pub session_id: String,
     pub prompt: String,
     #[serde(default)]
     pub attachments: Vec<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
@@ -355,7 +474,7 @@ pub struct SessionSendResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub revision: Option<i64>,
+    pub queue_revision: Option<i64>,
 }
 
 /// A turn's lifecycle state.
@@ -419,26 +538,26 @@ pub struct Position {
 
 /// `session.history` parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionHistoryParams {
     pub session_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub through: Option<i64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<Position>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
     /// Page byte budget (default and maximum set by the server).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<u32>,
     /// Open one row or one event under the fence.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<HistoryTarget>,
 }
 
 /// What `session.history` opens when given a `target`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "camelCase")]
 pub enum HistoryTarget {
     Row { position: Position, field: RowField },
     Event { sequence: i64 },
@@ -462,14 +581,14 @@ pub struct Truncation {
 
 /// `session.source`: read a row's field onward from a byte offset.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionSourceParams {
     pub session_id: String,
     pub position: Position,
     pub field: RowField,
     #[serde(default)]
     pub offset: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
 }
 
@@ -479,6 +598,7 @@ pub struct SessionSourceResult {
     pub data: String,
     pub offset: u64,
     /// Where the next read starts (exclusive of what this one returned); null at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_offset: Option<u64>,
     pub bytes: u64,
 }
@@ -488,6 +608,7 @@ pub struct SessionSourceResult {
 pub struct SessionHistoryResult {
     pub through: i64,
     pub rows: Vec<Row>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_after: Option<Position>,
 }
 
@@ -539,6 +660,7 @@ pub struct ToolInfo {
 #[serde(rename_all = "camelCase")]
 pub struct Row {
     pub position: Position,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<String>,
     pub kind: RowKind,
     pub body: String,
@@ -567,25 +689,9 @@ pub struct NewRow {
     pub hidden: Option<bool>,
 }
 
-/// A persisted history event: `{sequence, type, at, turnId?, rows?, …}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Event {
-    pub sequence: i64,
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub at: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub turn_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rows: Vec<Row>,
-    #[serde(flatten)]
-    pub data: serde_json::Map<String, serde_json::Value>,
-}
-
 /// `session.watch` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionWatchParams {
     pub session_id: String,
     #[serde(default)]
@@ -593,38 +699,24 @@ pub struct SessionWatchParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct SubscriptionCloseParams {
     pub id: u32,
 }
 
-/// Live-only watch item: streamed model output (no sequence; not history).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ModelDelta {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub turn_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub thinking: Option<String>,
-}
-
 /// `admin.credential.create`: a user credential (`userId`) or a worker credential (`worker: true`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AdminCredentialCreateParams {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
     #[serde(default)]
     pub worker: bool,
     #[serde(default)]
     pub note: String,
     /// RFC 3339.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
@@ -635,12 +727,17 @@ pub struct CredentialView {
     pub credential_id: String,
     /// `user` or `worker`.
     pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_email: Option<String>,
     pub note: String,
     pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_used_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<String>,
     /// The plaintext, present only in the response that created it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -648,10 +745,10 @@ pub struct CredentialView {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AdminCredentialRevokeParams {
     pub credential_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
@@ -661,15 +758,15 @@ pub struct Revoked {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AdminUserCreateParams {
     pub email: String,
     /// `admin` or `member` (default).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 
@@ -685,10 +782,10 @@ pub struct UserView {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AdminUserDisableParams {
     pub user_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
 }
 

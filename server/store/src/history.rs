@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use berth_protocol::{
-    ErrorCode, Event, HistoryTarget, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams,
+    ErrorCode, Event, EventPayload, HistoryTarget, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams,
     SessionHistoryResult, SessionSourceParams, SessionSourceResult, ToolInfo, Truncation,
 };
 use deadpool_postgres::GenericClient;
@@ -24,16 +24,21 @@ pub(crate) fn pg_text(s: &str) -> std::borrow::Cow<'_, str> {
 
 /// Append one event (and the rows it publishes) inside the caller's transaction. The
 /// sequence comes from bumping `sessions.last_sequence`, which also serializes appends per
-/// session; the NOTIFY is delivered when the transaction commits.
+/// session; the NOTIFY is delivered when the transaction commits. Only the typed union can
+/// be appended, so every stored event is one the protocol crate describes.
 pub(crate) async fn append_event(
     tx: &impl GenericClient,
     tenant_id: &str,
     session_id: &str,
-    kind: &str,
     turn_id: Option<&str>,
-    payload: serde_json::Value,
+    event: &EventPayload,
     rows: &[NewRow],
 ) -> Result<i64> {
+    let kind = event.type_name();
+    let mut payload = serde_json::to_value(event).map_err(|e| StoreError::Other(e.into()))?;
+    if let Some(fields) = payload.as_object_mut() {
+        fields.remove("type");
+    }
     let seq: i64 = tx
         .q1(
             "UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
@@ -83,6 +88,16 @@ pub(crate) async fn append_event(
     Ok(seq)
 }
 
+/// A stored event's payload read back into the typed union (`type` lives in its own column).
+fn stored_payload(kind: String, payload: serde_json::Value) -> Result<EventPayload> {
+    let mut fields = match payload {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    fields.insert("type".into(), kind.into());
+    serde_json::from_value(fields.into()).map_err(|e| StoreError::Other(anyhow::anyhow!("stored event payload: {e}")))
+}
+
 const ROW_COLUMNS: &str = "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden";
 
 /// Default and largest page byte budgets for `session.history`.
@@ -111,11 +126,15 @@ fn row_from(r: &tokio_postgres::Row) -> Row {
     }
 }
 
-/// Cut a row's fields to `budget` bytes in all, marking what was cut.
-fn fit(row: &mut Row, budget: usize) {
+/// Cut a row's fields to `budget` bytes in all, `first` served first, marking what was cut.
+fn fit(row: &mut Row, budget: usize, first: RowField) {
     let mut left = budget;
     let mut marks = BTreeMap::new();
-    for field in [RowField::Body, RowField::Thinking] {
+    let order = match first {
+        RowField::Body => [RowField::Body, RowField::Thinking],
+        RowField::Thinking => [RowField::Thinking, RowField::Body],
+    };
+    for field in order {
         let value = match field {
             RowField::Body => Some(&mut row.body),
             RowField::Thinking => row.thinking.as_mut(),
@@ -165,7 +184,9 @@ impl Store {
         Ok(self.fence(&client, tenant_id, session_id).await?.0)
     }
 
-    /// Events with `sequence > after`, in order, at most `limit`, each with its rows.
+    /// Events with `sequence > after`, in order, each with its rows: at most `limit`, and
+    /// no more than `max_bytes` of payloads and row text (but always at least one event, which
+    /// carries all of its rows). The flag says whether more events followed the batch.
     /// A cursor that points into cleared history answers `history-cleared`.
     pub async fn events_after(
         &self,
@@ -173,23 +194,48 @@ impl Store {
         session_id: &str,
         after: i64,
         limit: i64,
-    ) -> Result<Vec<EventRecord>> {
+        max_bytes: usize,
+    ) -> Result<(Vec<EventRecord>, bool)> {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let (_, cleared) = self.fence(&client, tenant_id, session_id).await?;
         if after > 0 && after < cleared - 1 {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
+        // Sizes first (nothing large is read), to cut the batch at the byte budget.
+        let sizes = client
+            .qa(
+                "SELECT e.sequence, octet_length(e.payload::text)::bigint + coalesce(r.bytes, 0)::bigint FROM events e
+                   LEFT JOIN LATERAL (SELECT sum(octet_length(body) + coalesce(octet_length(thinking), 0)) AS bytes
+                                        FROM rows WHERE session_id = e.session_id AND source_sequence = e.sequence) r ON true
+                  WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.sequence > $3 ORDER BY e.sequence LIMIT $4",
+                &[&session_id, &tenant_id, &after, &(limit + 1)],
+            )
+            .await?;
+        let mut take = 0usize;
+        let mut used = 0usize;
+        for s in sizes.iter().take(limit as usize) {
+            let size = s.get::<_, i64>(1) as usize;
+            if take > 0 && used + size > max_bytes {
+                break;
+            }
+            used += size;
+            take += 1;
+        }
+        let more = take < sizes.len();
+        let Some(last) = sizes.get(take.wrapping_sub(1)).map(|r| r.get::<_, i64>(0)) else {
+            return Ok((Vec::new(), false));
+        };
         let events = client
             .qa(
                 "SELECT sequence, type, turn_id, payload, at FROM events
-                  WHERE session_id = $1 AND tenant_id = $2 AND sequence > $3 ORDER BY sequence LIMIT $4",
-                &[&session_id, &tenant_id, &after, &limit],
+                  WHERE session_id = $1 AND tenant_id = $2 AND sequence > $3 AND sequence <= $4 ORDER BY sequence",
+                &[&session_id, &tenant_id, &after, &last],
             )
             .await?;
-        let Some(last) = events.last().map(|r| r.get::<_, i64>(0)) else {
-            return Ok(Vec::new());
-        };
+        if events.is_empty() {
+            return Ok((Vec::new(), false));
+        }
         let first: i64 = events[0].get(0);
         if after > 0 && first != after + 1 {
             // Cleared between the fence read and this one.
@@ -212,20 +258,15 @@ impl Store {
             while let Some(r) = rows.next_if(|r| r.position.source_sequence == sequence) {
                 published.push(r);
             }
-            let data = match e.get::<_, serde_json::Value>(3) {
-                serde_json::Value::Object(m) => m,
-                _ => serde_json::Map::new(),
-            };
             out.push(Event {
                 sequence,
-                kind: e.get(1),
                 at: fmt_time(e.get(4)),
                 turn_id: e.get(2),
                 rows: published,
-                data,
+                payload: stored_payload(e.get(1), e.get(3))?,
             });
         }
-        Ok(out)
+        Ok((out, more))
     }
 
     /// A page of rows under the `through` fence (pinned to the current last sequence when
@@ -253,7 +294,7 @@ impl Store {
             .map_or(HISTORY_BUDGET_DEFAULT, |b| b as usize)
             .clamp(1024, HISTORY_BUDGET_MAX);
         match &p.target {
-            Some(HistoryTarget::Row { position, field: _ }) => {
+            Some(HistoryTarget::Row { position, field }) => {
                 let row = client
                     .qo(
                         &format!(
@@ -271,7 +312,7 @@ impl Store {
                     .await?;
                 let Some(row) = row else { return not_found() };
                 let mut row = row_from(&row);
-                fit(&mut row, budget);
+                fit(&mut row, budget, *field);
                 return Ok(SessionHistoryResult {
                     through,
                     rows: vec![row],
@@ -294,30 +335,33 @@ impl Store {
             }
             None => {}
         }
-        let (lo, hi) = match &p.target {
+        let start = p.after.unwrap_or(Position {
+            source_sequence: 0,
+            item_index: -1,
+        });
+        // An event's rows are paged like any others (`after` continues within the event);
+        // hidden rows show only when their event is opened this way.
+        let (lo, hi, hidden) = match &p.target {
             Some(HistoryTarget::Event { sequence }) => (
-                Position {
+                start.max(Position {
                     source_sequence: *sequence,
                     item_index: -1,
-                },
-                *sequence,
-            ),
-            _ => (
-                p.after.unwrap_or(Position {
-                    source_sequence: 0,
-                    item_index: -1,
                 }),
-                through,
+                *sequence,
+                "true",
             ),
+            _ => (start, through, "NOT hidden"),
         };
         let limit = i64::from(p.limit.unwrap_or(100).clamp(1, 500));
         // Sizes first (no bodies read), to decide the page within the byte budget.
         let sizes = client
             .qa(
-                "SELECT source_sequence, item_index, octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint
-                   FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
-                    AND source_sequence <= $3 AND (source_sequence, item_index) > ($4, $5)
-                  ORDER BY source_sequence, item_index LIMIT $6",
+                &format!(
+                    "SELECT source_sequence, item_index, octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint
+                       FROM rows WHERE session_id = $1 AND tenant_id = $2 AND {hidden}
+                        AND source_sequence <= $3 AND (source_sequence, item_index) > ($4, $5)
+                      ORDER BY source_sequence, item_index LIMIT $6"
+                ),
                 &[&session_id, &tenant_id, &hi, &lo.source_sequence, &lo.item_index, &(limit + 1)],
             )
             .await?;
@@ -346,7 +390,7 @@ impl Store {
         let rows = client
             .qa(
                 &format!(
-                    "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
+                    "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND {hidden}
                       AND (source_sequence, item_index) > ($3, $4) AND (source_sequence, item_index) <= ($5, $6)
                       ORDER BY source_sequence, item_index"
                 ),
@@ -362,7 +406,7 @@ impl Store {
             .await?;
         let mut rows: Vec<Row> = rows.iter().map(row_from).collect();
         if let [only] = rows.as_mut_slice() {
-            fit(only, budget);
+            fit(only, budget, RowField::Body);
         }
         Ok(SessionHistoryResult {
             through,
@@ -433,7 +477,7 @@ mod tests {
     #[test]
     fn fit_cuts_on_char_boundaries_and_marks_fields() {
         let mut r = row("héllo wörld", Some("thoughts"));
-        fit(&mut r, 2);
+        fit(&mut r, 2, RowField::Body);
         assert_eq!(r.body, "h");
         assert_eq!(r.thinking.as_deref(), Some(""));
         let marks = r.truncated.unwrap();
@@ -448,7 +492,16 @@ mod tests {
         assert_eq!(marks[&RowField::Thinking].bytes, 8);
 
         let mut small = row("ok", None);
-        fit(&mut small, 100);
+        fit(&mut small, 100, RowField::Body);
         assert!(small.truncated.is_none());
+
+        // The targeted field is served first.
+        let mut r = row("a long body", Some("think"));
+        fit(&mut r, 5, RowField::Thinking);
+        assert_eq!(r.thinking.as_deref(), Some("think"));
+        assert_eq!(r.body, "");
+        let marks = r.truncated.unwrap();
+        assert!(!marks.contains_key(&RowField::Thinking));
+        assert_eq!(marks[&RowField::Body].returned, 0);
     }
 }

@@ -6,7 +6,7 @@
 //! the receipt turns `done` exactly when the work commits; an attempt that lost ownership
 //! (its pending receipt went stale and another attempt took over) rolls back.
 
-use berth_protocol::ErrorCode;
+use berth_protocol::{ErrorCode, ReceiptState};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 
@@ -33,19 +33,7 @@ pub enum Begin {
     },
 }
 
-/// A stored receipt as `operation.receipt` shows it.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReceiptView {
-    pub operation_id: String,
-    pub method: String,
-    pub state: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<Value>,
-    pub created_at: String,
-}
+pub use berth_protocol::ReceiptView;
 
 /// A pending receipt older than this is presumed abandoned (its replica died mid-call) and
 /// may be taken over by a retry.
@@ -173,9 +161,15 @@ impl Store {
         Ok(row.map(|r| ReceiptView {
             operation_id: operation_id.to_string(),
             method: r.get(0),
-            state: r.get(1),
+            state: if r.get::<_, &str>(1) == "pending" {
+                ReceiptState::Pending
+            } else {
+                ReceiptState::Done
+            },
             result: r.get(2),
-            error: r.get(3),
+            error: r
+                .get::<_, Option<Value>>(3)
+                .and_then(|e| serde_json::from_value(e).ok()),
             created_at: fmt_time(r.get(4)),
         }))
     }

@@ -1,11 +1,11 @@
 //! Sessions: create, snapshot, list, rename, model, pause, remove, clear.
 
 use berth_protocol::{
-    Cleared, ErrorCode, ModelLevel, QueueEntry, QueueState, Removed, SessionCreateParams, SessionListEntry,
-    SessionListResult, SessionSnapshot,
+    Cleared, ErrorCode, EventPayload, ModelChanged, ModelLevel, Nothing, QUEUE_PREVIEW_BYTES, QueueEntry, QueueState,
+    Removed, SessionCreateParams, SessionCreated, SessionListEntry, SessionListResult, SessionPhase, SessionSnapshot,
+    TitleChanged,
 };
 use deadpool_postgres::GenericClient;
-use serde_json::json;
 
 use crate::{
     Cached, Result, Store, StoreError, fmt_time,
@@ -24,12 +24,10 @@ fn effective(model: &Option<String>, default_model: Option<&str>) -> (Option<Str
     }
 }
 
-/// A change to a session's own columns: `SET` clause (parameters from `$2`), its values,
-/// and the event type that records it.
+/// A change to a session's own columns: `SET` clause (parameters from `$2`) and its values.
 struct Change<'a> {
     set: &'static str,
     values: &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)],
-    event: &'static str,
 }
 
 /// Lock a live session of the tenant for the rest of the transaction; not-found otherwise.
@@ -46,18 +44,40 @@ pub(crate) async fn lock_session(tx: &impl GenericClient, tenant_id: &str, sessi
     Ok(())
 }
 
-/// Cancel the session's running and queued turns (removal, clearing).
-async fn cancel_active(tx: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<()> {
+/// Cancel the session's running and queued turns (removal, clearing); true when a queued
+/// one was among them (the queue changed).
+async fn cancel_active(tx: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<bool> {
     let active = tx
         .qa(
-            "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
+            "SELECT id, state = 'queued' FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
             &[&session_id],
         )
         .await?;
+    let mut queue_changed = false;
     for t in active {
+        queue_changed |= t.get::<_, bool>(1);
         cancel_turn(tx, tenant_id, session_id, t.get(0), false).await?;
     }
-    Ok(())
+    Ok(queue_changed)
+}
+
+/// A queued turn's columns as a queue entry (`t` is `turns`): the prompt's first characters
+/// only, so that no queue view ever copies whole prompts.
+pub(crate) fn entry_columns() -> String {
+    format!("t.id, substring(t.prompt for {QUEUE_PREVIEW_BYTES}), octet_length(t.prompt)::bigint, t.queue_revision")
+}
+
+/// A queue entry from [`entry_columns`] starting at column `at`.
+pub(crate) fn entry_from(r: &tokio_postgres::Row, at: usize) -> QueueEntry {
+    let id: String = r.get(at);
+    let head: String = r.get(at + 1);
+    QueueEntry {
+        queue_id: id.clone(),
+        turn_id: id,
+        preview: berth_protocol::text::prefix(&head, QUEUE_PREVIEW_BYTES).to_string(),
+        prompt_bytes: r.get::<_, i64>(at + 2) as u64,
+        queue_revision: r.get(at + 3),
+    }
 }
 
 /// The session's queue, in order.
@@ -68,19 +88,14 @@ pub(crate) async fn queue_state(tx: &impl GenericClient, session_id: &str) -> Re
         .get(0);
     let rows = tx
         .qa(
-            "SELECT id, prompt, queue_revision FROM turns WHERE session_id = $1 AND state = 'queued' ORDER BY queue_position",
+            &format!(
+                "SELECT {} FROM turns t WHERE t.session_id = $1 AND t.state = 'queued' ORDER BY t.queue_position",
+                entry_columns()
+            ),
             &[&session_id],
         )
         .await?;
-    let queue = rows
-        .iter()
-        .map(|t| QueueEntry {
-            queue_id: t.get(0),
-            turn_id: t.get(0),
-            prompt: t.get(1),
-            revision: t.get(2),
-        })
-        .collect();
+    let queue = rows.iter().map(|r| entry_from(r, 0)).collect();
     Ok(QueueState { queue, paused })
 }
 
@@ -91,9 +106,8 @@ pub(crate) async fn queue_changed(tx: &impl GenericClient, tenant_id: &str, sess
         tx,
         tenant_id,
         session_id,
-        "queue.changed",
         None,
-        serde_json::to_value(&state).unwrap_or_default(),
+        &EventPayload::QueueChanged(state.clone()),
         &[],
     )
     .await?;
@@ -135,16 +149,10 @@ impl Store {
             ],
         )
         .await?;
-        append_event(
-            &tx,
-            tenant_id,
-            &id,
-            "session.created",
-            None,
-            json!({"workspaceId": p.workspace_id}),
-            &[],
-        )
-        .await?;
+        let created = EventPayload::SessionCreated(SessionCreated {
+            workspace_id: p.workspace_id.clone(),
+        });
+        append_event(&tx, tenant_id, &id, None, &created, &[]).await?;
         let snapshot = snapshot(&tx, tenant_id, &id, default_model).await?;
         finish(&tx, op, &snapshot).await?;
         tx.commit().await?;
@@ -190,7 +198,7 @@ impl Store {
                 "SELECT s.id, s.workspace_id, s.title, s.model, s.updated_at,
                         (extract(epoch from s.updated_at) * 1000000)::bigint AS us,
                         (SELECT count(*) FROM rows r WHERE r.session_id = s.id AND NOT r.hidden AND r.kind IN ('user', 'assistant')),
-                        EXISTS (SELECT 1 FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
+                        (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
                         (SELECT count(*) FROM turns t WHERE t.session_id = s.id AND t.state = 'queued')
                    FROM sessions s
                   WHERE s.tenant_id = $1 AND s.removed_at IS NULL AND ($2::text IS NULL OR s.workspace_id = $2)
@@ -205,7 +213,7 @@ impl Store {
         for r in rows.iter().take(limit as usize) {
             let model: Option<String> = r.get(3);
             let (effective_model_id, effective_model_level) = effective(&model, default_model);
-            let running: bool = r.get(7);
+            let running: Option<String> = r.get(7);
             let id: String = r.get(0);
             next_after = Some(format!("{}:{}", r.get::<_, i64>(5), id));
             entries.push(SessionListEntry {
@@ -217,9 +225,13 @@ impl Store {
                 effective_model_level,
                 message_count: r.get(6),
                 updated_at: fmt_time(r.get(4)),
-                phase: if running { "running" } else { "idle" }.into(),
+                phase: if running.is_some() {
+                    SessionPhase::Running
+                } else {
+                    SessionPhase::Idle
+                },
                 running,
-                queued: r.get(8),
+                queued: r.get::<_, i64>(8) as u32,
                 branch: None,
             });
         }
@@ -240,17 +252,10 @@ impl Store {
         let change = Change {
             set: "title = $2",
             values: &[&title],
-            event: "session.titleChanged",
         };
-        self.change_session(
-            tenant_id,
-            session_id,
-            change,
-            json!({"title": title}),
-            default_model,
-            op,
-        )
-        .await
+        let event = EventPayload::SessionTitleChanged(TitleChanged { title: title.into() });
+        self.change_session(tenant_id, session_id, change, event, default_model, op)
+            .await
     }
 
     pub async fn set_model(
@@ -265,10 +270,12 @@ impl Store {
         let change = Change {
             set: "provider = $2, model = $3",
             values: &[&provider, &model],
-            event: "session.modelChanged",
         };
-        let payload = json!({"provider": provider, "model": model});
-        self.change_session(tenant_id, session_id, change, payload, default_model, op)
+        let event = EventPayload::SessionModelChanged(ModelChanged {
+            provider: provider.map(Into::into),
+            model: model.map(Into::into),
+        });
+        self.change_session(tenant_id, session_id, change, event, default_model, op)
             .await
     }
 
@@ -278,7 +285,7 @@ impl Store {
         tenant_id: &str,
         session_id: &str,
         change: Change<'_>,
-        payload: serde_json::Value,
+        event: EventPayload,
         default_model: Option<&str>,
         op: Option<&Receipt>,
     ) -> Result<SessionSnapshot> {
@@ -289,7 +296,7 @@ impl Store {
         values.extend_from_slice(change.values);
         tx.ex(&format!("UPDATE sessions SET {} WHERE id = $1", change.set), &values)
             .await?;
-        append_event(&tx, tenant_id, session_id, change.event, None, payload, &[]).await?;
+        append_event(&tx, tenant_id, session_id, None, &event, &[]).await?;
         let snap = snapshot(&tx, tenant_id, session_id, default_model).await?;
         finish(&tx, op, &snap).await?;
         tx.commit().await?;
@@ -365,8 +372,13 @@ impl Store {
             .get(0);
         tx.ex("DELETE FROM events WHERE session_id = $1", &[&session_id])
             .await?;
-        cancel_active(&tx, tenant_id, session_id).await?;
-        let seq = append_event(&tx, tenant_id, session_id, "session.cleared", None, json!({}), &[]).await?;
+        let queue_was_cancelled = cancel_active(&tx, tenant_id, session_id).await?;
+        let cleared = EventPayload::SessionCleared(Nothing {});
+        let seq = append_event(&tx, tenant_id, session_id, None, &cleared, &[]).await?;
+        if queue_was_cancelled {
+            // Watchers drawing the queue see it empty (after the clear, so it is kept).
+            queue_changed(&tx, tenant_id, session_id).await?;
+        }
         tx.ex(
             "UPDATE sessions SET cleared_at_sequence = $2, revision = revision + 1 WHERE id = $1",
             &[&session_id, &(before + 1)],
@@ -391,16 +403,22 @@ pub(crate) async fn snapshot(
             "SELECT s.id, s.workspace_id, s.title, s.model, s.revision, s.last_sequence, s.created_at, s.updated_at,
                     s.paused, s.provider,
                     (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
-                    coalesce((SELECT json_agg(json_build_object('queueId', t.id, 'turnId', t.id, 'prompt', t.prompt,
-                                                                'revision', t.queue_revision) ORDER BY t.queue_position)
+                    coalesce((SELECT json_agg(json_build_object('queueId', t.id, 'turnId', t.id,
+                                                                'queueRevision', t.queue_revision,
+                                                                'preview', substring(t.prompt for $3),
+                                                                'promptBytes', octet_length(t.prompt)) ORDER BY t.queue_position)
                                 FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'), '[]'::json)
                FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2 AND s.removed_at IS NULL",
-            &[&session_id, &tenant_id],
+            &[&session_id, &tenant_id, &(QUEUE_PREVIEW_BYTES as i32)],
         )
         .await?;
     let Some(row) = row else { return not_found() };
     let running: Option<String> = row.get(10);
-    let queued: Vec<QueueEntry> = serde_json::from_value(row.get(11)).map_err(|e| StoreError::Other(e.into()))?;
+    let mut queue: Vec<QueueEntry> = serde_json::from_value(row.get(11)).map_err(|e| StoreError::Other(e.into()))?;
+    for e in &mut queue {
+        let kept = berth_protocol::text::prefix(&e.preview, QUEUE_PREVIEW_BYTES).len();
+        e.preview.truncate(kept);
+    }
     let model: Option<String> = row.get(3);
     let (effective_model_id, effective_model_level) = effective(&model, default_model);
     Ok(SessionSnapshot {
@@ -410,10 +428,15 @@ pub(crate) async fn snapshot(
         model_id: model,
         effective_model_id,
         effective_model_level,
-        phase: if running.is_some() { "running" } else { "idle" }.into(),
+        phase: if running.is_some() {
+            SessionPhase::Running
+        } else {
+            SessionPhase::Idle
+        },
         running,
-        queued,
-        revision: row.get(4),
+        queued: queue.len() as u32,
+        queue,
+        history_revision: row.get(4),
         sequence: row.get(5),
         paused: row.get(8),
         pending_interactions: Vec::new(),

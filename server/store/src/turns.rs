@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 
 use berth_protocol::{
-    Cause, Diagnostic, ErrorCode, NewRow, QueueEntry, QueueState, Removed, RowKind, SessionDiagnosticsResult,
-    SessionSendResult, TurnRef, TurnState,
+    Cause, Diagnostic, ErrorCode, EventPayload, MAX_QUEUE_LENGTH, ModelCompleted, NewRow, Nothing, Notice,
+    QUEUE_PREVIEW_BYTES, QueueEntry, QueueState, QueuedPrompt, Removed, RowKind, SessionDiagnosticsResult,
+    SessionSendResult, TurnEnded, TurnQueued, TurnRef, TurnState,
     worker::{ChatMessage, TurnRun, Usage},
 };
 use deadpool_postgres::GenericClient;
@@ -62,13 +63,18 @@ impl Store {
         let workspace_id: String = session.get(0);
         let paused: bool = session.get(1);
         let online: bool = session.get(2);
-        let busy: bool = tx
+        let active = tx
             .q1(
-                "SELECT EXISTS (SELECT 1 FROM turns WHERE session_id = $1 AND state IN ('running', 'queued'))",
+                "SELECT count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running')
+                   FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
                 &[&session_id],
             )
-            .await?
-            .get(0);
+            .await?;
+        let (queued, running): (i64, i64) = (active.get(0), active.get(1));
+        let busy = queued + running > 0;
+        if queued >= MAX_QUEUE_LENGTH as i64 {
+            return Err(StoreError::Code(ErrorCode::QueueFull));
+        }
         let turn_id = token::new_id("trn");
         let position: i64 = tx
             .q1(
@@ -83,26 +89,26 @@ impl Store {
         )
         .await?;
         let result = if !busy && !paused && online {
-            start_turn(&tx, tenant_id, session_id, &turn_id, prompt).await?;
+            start_turn(&tx, tenant_id, session_id, &turn_id, prompt, false).await?;
             tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DISPATCH, &workspace_id])
                 .await?;
             SessionSendResult {
                 turn_id,
                 state: TurnState::Running,
                 queue_id: None,
-                revision: None,
+                queue_revision: None,
             }
         } else {
-            append_event(
-                &tx,
-                tenant_id,
-                session_id,
-                "turn.queued",
-                Some(&turn_id),
-                json!({"queueId": turn_id, "prompt": prompt, "revision": 0}),
-                &[],
-            )
-            .await?;
+            let entry = QueueEntry {
+                queue_id: turn_id.clone(),
+                turn_id: turn_id.clone(),
+                queue_revision: 0,
+                preview: berth_protocol::text::prefix(prompt, QUEUE_PREVIEW_BYTES).to_string(),
+                prompt_bytes: prompt.len() as u64,
+            };
+            let queued = EventPayload::TurnQueued(TurnQueued { entry });
+            append_event(&tx, tenant_id, session_id, Some(&turn_id), &queued, &[]).await?;
+            queue_changed(&tx, tenant_id, session_id).await?;
             if !online {
                 notice(
                     &tx,
@@ -118,7 +124,7 @@ impl Store {
                 queue_id: Some(turn_id.clone()),
                 turn_id,
                 state: TurnState::Queued,
-                revision: Some(0),
+                queue_revision: Some(0),
             }
         };
         finish(&tx, op, &result).await?;
@@ -171,12 +177,34 @@ impl Store {
         let entry = QueueEntry {
             queue_id: queue_id.into(),
             turn_id: queue_id.into(),
-            prompt: prompt.into(),
-            revision: revision + 1,
+            queue_revision: revision + 1,
+            preview: berth_protocol::text::prefix(prompt, QUEUE_PREVIEW_BYTES).to_string(),
+            prompt_bytes: prompt.len() as u64,
         };
         finish(&tx, op, &entry).await?;
         tx.commit().await?;
         Ok(entry)
+    }
+
+    /// A queued turn's whole prompt (queue entries carry a preview).
+    pub async fn queue_get(&self, tenant_id: &str, session_id: &str, queue_id: &str) -> Result<QueuedPrompt> {
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
+        let row = client
+            .qo(
+                "SELECT t.prompt, t.queue_revision FROM turns t JOIN sessions s ON s.id = t.session_id
+                  WHERE t.id = $1 AND t.session_id = $2 AND t.tenant_id = $3 AND t.state = 'queued'
+                    AND s.removed_at IS NULL",
+                &[&queue_id, &session_id, &tenant_id],
+            )
+            .await?;
+        let Some(row) = row else { return not_found() };
+        Ok(QueuedPrompt {
+            queue_id: queue_id.into(),
+            turn_id: queue_id.into(),
+            queue_revision: row.get(1),
+            prompt: row.get(0),
+        })
     }
 
     /// Move a queued prompt before another (or to the end), guarded by its revision.
@@ -299,7 +327,7 @@ impl Store {
                 )
                 .await?;
             if let Some(next) = next {
-                start_turn(&tx, tenant_id, &session_id, next.get(0), next.get(1)).await?;
+                start_turn(&tx, tenant_id, &session_id, next.get(0), next.get(1), true).await?;
             }
             tx.commit().await?;
         }
@@ -411,17 +439,8 @@ impl Store {
         )
         .await?;
         let usage: Option<Usage> = metered.and_then(|u| serde_json::from_value(u).ok());
-        let payload = json!({ "usage": usage });
-        let seq = append_event(
-            &tx,
-            tenant_id,
-            &session_id,
-            "model.completed",
-            Some(turn_id),
-            payload,
-            rows,
-        )
-        .await?;
+        let completed = EventPayload::ModelCompleted(ModelCompleted { usage });
+        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &completed, rows).await?;
         tx.commit().await?;
         Ok(seq)
     }
@@ -504,11 +523,11 @@ impl Store {
             &[&turn_id, &state.as_str(), &cause_json],
         )
         .await?;
-        let mut payload = json!({ "state": state });
-        if let Some(c) = cause {
-            payload["cause"] = serde_json::to_value(c).unwrap_or_default();
-        }
-        let seq = append_event(&tx, tenant_id, &session_id, "turn.ended", Some(turn_id), payload, &[]).await?;
+        let ended = EventPayload::TurnEnded(TurnEnded {
+            state,
+            cause: cause.cloned(),
+        });
+        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &ended, &[]).await?;
         if let Some(c) = cause {
             let kind = if state == TurnState::Interrupted {
                 "execution"
@@ -627,7 +646,7 @@ impl Store {
             .take(limit as usize)
             .map(|r| Diagnostic {
                 diagnostic_id: r.get(0),
-                revision: r.get(1),
+                diagnostic_revision: r.get(1),
                 kind: r.get(2),
                 turn_id: r.get(3),
                 sequence: r.get(4),
@@ -639,7 +658,7 @@ impl Store {
             })
             .collect();
         let next_before = if more {
-            diagnostics.last().map(|d| d.revision)
+            diagnostics.last().map(|d| d.diagnostic_revision)
         } else {
             None
         };
@@ -660,16 +679,12 @@ pub(crate) async fn notice(
     code: &str,
     params: serde_json::Value,
 ) -> Result<i64> {
-    append_event(
-        tx,
-        tenant_id,
-        session_id,
-        "session.notice",
-        None,
-        json!({"level": level, "code": code, "params": params}),
-        &[],
-    )
-    .await
+    let notice = EventPayload::SessionNotice(Notice {
+        level: level.into(),
+        code: code.into(),
+        params,
+    });
+    append_event(tx, tenant_id, session_id, None, &notice, &[]).await
 }
 
 async fn diagnostic(
@@ -743,16 +758,11 @@ pub(crate) async fn cancel_turn(
         &[&turn_id],
     )
     .await?;
-    append_event(
-        tx,
-        tenant_id,
-        session_id,
-        "turn.ended",
-        Some(&turn_id),
-        json!({"state": "cancelled"}),
-        &[],
-    )
-    .await?;
+    let ended = EventPayload::TurnEnded(TurnEnded {
+        state: TurnState::Cancelled,
+        cause: None,
+    });
+    append_event(tx, tenant_id, session_id, Some(&turn_id), &ended, &[]).await?;
     if state == "running" {
         if let Some(conn) = dispatched {
             tx.ex(
@@ -820,13 +830,15 @@ async fn lock_running_turn(
     Ok(session_id)
 }
 
-/// queued → running, publishing the prompt as the user row of `turn.started`.
+/// queued → running, publishing the prompt as the user row of `turn.started`; a turn that
+/// waited in the queue (`from_queue`) also changes the queue that watchers draw.
 async fn start_turn(
     tx: &impl GenericClient,
     tenant_id: &str,
     session_id: &str,
     turn_id: &str,
     prompt: &str,
+    from_queue: bool,
 ) -> Result<i64> {
     tx.ex(
         "UPDATE turns SET state = 'running', started_at = now() WHERE id = $1",
@@ -840,16 +852,12 @@ async fn start_turn(
         tool: None,
         hidden: None,
     };
-    append_event(
-        tx,
-        tenant_id,
-        session_id,
-        "turn.started",
-        Some(turn_id),
-        json!({}),
-        &[row],
-    )
-    .await
+    let started = EventPayload::TurnStarted(Nothing {});
+    let seq = append_event(tx, tenant_id, session_id, Some(turn_id), &started, &[row]).await?;
+    if from_queue {
+        queue_changed(tx, tenant_id, session_id).await?;
+    }
+    Ok(seq)
 }
 
 /// The conversations so far of `sessions` as chat messages (visible user and assistant

@@ -30,9 +30,10 @@ pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
             }
         },
         (None, Some(p)) => p,
+        // Not a wrong credential but a malformed sign-in: the token is required here.
         (None, None) => {
             ctx.state.metrics.auth_failures.with_label_values(&["missing"]).inc();
-            return Err(ApiError::code(ErrorCode::Unauthorized));
+            return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "token"})));
         }
     };
     ctx.conn.sign_in(&ctx.state, principal.clone())?;

@@ -150,12 +150,6 @@ impl Ctx {
         let note = Request::notification(SUBSCRIPTION_ITEM, json!({"id": self.id, "item": item}));
         self.conn.out.send(text(&note)).await.is_ok()
     }
-
-    /// Send a live-only item if there is room; dropping it loses nothing of history.
-    pub fn try_item(&self, item: &serde_json::Value) -> bool {
-        let note = Request::notification(SUBSCRIPTION_ITEM, json!({"id": self.id, "item": item}));
-        self.conn.out.try_send(text(&note)).is_ok()
-    }
 }
 
 fn text<T: serde::Serialize>(v: &T) -> Message {
@@ -469,10 +463,12 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
     if name == method::Hello::NAME {
         return call::<method::Hello, _, _>(ctx, params, connection::hello).await;
     }
+    // Before sign-in every other name, known or not, is `unauthorized`: an anonymous peer
+    // learns nothing about the method set.
+    ctx.principal()?;
     if !berth_protocol::METHOD_NAMES.contains(&name) {
         return Err(ApiError::code(ErrorCode::MethodNotFound));
     }
-    ctx.principal()?;
     match name {
         method::Ping::NAME => call::<method::Ping, _, _>(ctx, params, connection::ping).await,
         method::Status::NAME => call::<method::Status, _, _>(ctx, params, connection::status).await,
@@ -508,6 +504,7 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::QueueUpdate::NAME => call::<method::QueueUpdate, _, _>(ctx, params, queue::update).await,
         method::QueueMove::NAME => call::<method::QueueMove, _, _>(ctx, params, queue::move_entry).await,
         method::QueueRemove::NAME => call::<method::QueueRemove, _, _>(ctx, params, queue::remove).await,
+        method::QueueGet::NAME => call::<method::QueueGet, _, _>(ctx, params, queue::get).await,
         method::OperationReceipt::NAME => call::<method::OperationReceipt, _, _>(ctx, params, receipts::receipt).await,
         method::AdminCredentialCreate::NAME => {
             call::<method::AdminCredentialCreate, _, _>(ctx, params, admin::credential_create).await
@@ -582,6 +579,7 @@ mod tests {
         "QueueUpdate",
         "QueueMove",
         "QueueRemove",
+        "QueueGet",
         "OperationReceipt",
         "AdminCredentialCreate",
         "AdminCredentialList",

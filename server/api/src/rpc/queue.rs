@@ -1,6 +1,9 @@
 //! `queue.*`: revision-guarded edits of queued prompts.
 
-use berth_protocol::{QueueEntry, QueueMoveParams, QueueRemoveParams, QueueState, QueueUpdateParams, Removed};
+use berth_protocol::{
+    QueueEntry, QueueGetParams, QueueMoveParams, QueueRemoveParams, QueueState, QueueUpdateParams, QueuedPrompt,
+    Removed,
+};
 
 use super::Ctx;
 use crate::error::ApiResult;
@@ -8,13 +11,14 @@ use crate::error::ApiResult;
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id, queue.id = %p.queue_id))]
 pub async fn update(ctx: Ctx, p: QueueUpdateParams) -> ApiResult<QueueEntry> {
     let me = ctx.principal()?;
+    super::session::check_prompt(&p.prompt)?;
     let store = &ctx.state.store;
     Ok(store
         .queue_update(
             &me.tenant_id,
             &p.session_id,
             &p.queue_id,
-            p.revision,
+            p.queue_revision,
             &p.prompt,
             ctx.op.as_ref(),
         )
@@ -31,7 +35,7 @@ pub async fn move_entry(ctx: Ctx, p: QueueMoveParams) -> ApiResult<QueueState> {
             &me.tenant_id,
             &p.session_id,
             &p.queue_id,
-            p.revision,
+            p.queue_revision,
             before,
             ctx.op.as_ref(),
         )
@@ -44,6 +48,22 @@ pub async fn remove(ctx: Ctx, p: QueueRemoveParams) -> ApiResult<Removed> {
     Ok(ctx
         .state
         .store
-        .queue_remove(&me.tenant_id, &p.session_id, &p.queue_id, p.revision, ctx.op.as_ref())
+        .queue_remove(
+            &me.tenant_id,
+            &p.session_id,
+            &p.queue_id,
+            p.queue_revision,
+            ctx.op.as_ref(),
+        )
+        .await?)
+}
+
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id, queue.id = %p.queue_id))]
+pub async fn get(ctx: Ctx, p: QueueGetParams) -> ApiResult<QueuedPrompt> {
+    let me = ctx.principal()?;
+    Ok(ctx
+        .state
+        .store
+        .queue_get(&me.tenant_id, &p.session_id, &p.queue_id)
         .await?)
 }

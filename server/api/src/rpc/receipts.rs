@@ -2,12 +2,12 @@
 //! the original outcome without doing the work again; with other params it is
 //! `operation-conflict`; while the first attempt runs it is `operation-in-progress`.
 
-use berth_protocol::{ErrorCode, Method, OperationReceiptParams, RpcError};
+use berth_protocol::{ErrorCode, Method, OperationReceiptParams, ReceiptView, RpcError};
 use berth_store::Begin;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{Ctx, decode_and_run};
+use super::Ctx;
 use crate::error::{ApiError, ApiResult};
 
 /// Methods that take an `operationId`.
@@ -54,7 +54,16 @@ where
         ));
     }
     let (tenant, principal) = principal_key(ctx)?;
-    let mut hashed = params.clone();
+    // Params that do not decode are no operation: answered without a receipt.
+    let typed: M::Params = serde_json::from_value(params).map_err(|e| {
+        ApiError::with(
+            ErrorCode::BadParams,
+            serde_json::json!({"method": M::NAME, "line": e.line(), "column": e.column()}),
+        )
+    })?;
+    // The operation's identity is what the method understood: the decoded params written
+    // back out, so that `null` and absent, unknown fields and key order make no difference.
+    let mut hashed = serde_json::to_value(&typed).map_err(|_| ApiError::code(ErrorCode::Internal))?;
     if let Some(obj) = hashed.as_object_mut() {
         obj.remove("operationId");
         // Never keep even a digest of a password.
@@ -77,7 +86,10 @@ where
         Begin::Proceed(receipt) => {
             let mut owned = ctx.clone();
             owned.op = Some(receipt.clone());
-            let out = decode_and_run::<M, F, Fut>(owned, params, f).await;
+            let out = match f(owned, typed).await {
+                Ok(result) => serde_json::to_value(result).map_err(|_| ApiError::code(ErrorCode::Internal)),
+                Err(e) => Err(e),
+            };
             if let Err(e) = &out {
                 let recorded = match e.data_code() {
                     // Not an outcome: let a retry do the work.
@@ -98,12 +110,11 @@ where
 }
 
 /// `operation.receipt`: the stored outcome, or null.
-pub async fn receipt(ctx: Ctx, p: OperationReceiptParams) -> ApiResult<Option<Value>> {
+pub async fn receipt(ctx: Ctx, p: OperationReceiptParams) -> ApiResult<Option<ReceiptView>> {
     let (tenant, principal) = principal_key(&ctx)?;
-    let view = ctx
+    Ok(ctx
         .state
         .store
         .receipt_get(&tenant, &principal, &p.operation_id)
-        .await?;
-    Ok(view.map(|v| serde_json::to_value(v).unwrap_or_default()))
+        .await?)
 }

@@ -3,20 +3,24 @@
 use std::time::Duration;
 
 use berth_protocol::{
-    Cleared, ErrorCode, QueueState, Removed, SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult,
-    SessionHistoryParams, SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams,
-    SessionPauseParams, SessionRef, SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams,
-    SessionSnapshot, SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef,
+    Cleared, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync, ResyncReason,
+    SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams,
+    SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
+    SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
+    SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef, WatchState,
 };
 use berth_store::Partial;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::Ctx;
 use crate::error::{ApiError, ApiResult};
 
-/// Events read per catch-up query.
+/// Events read per catch-up query, and the byte budget of one batch (payloads and row
+/// text; one event larger than the budget still goes whole): what one watcher holds in
+/// memory while catching up.
 const CATCH_UP_BATCH: i64 = 200;
+const CATCH_UP_BYTES: usize = 1 << 20;
 
 fn default_model(ctx: &Ctx) -> Option<&str> {
     ctx.state.config.model.model.as_deref()
@@ -25,6 +29,9 @@ fn default_model(ctx: &Ctx) -> Option<&str> {
 #[tracing::instrument(skip_all, fields(workspace.id = %p.workspace_id))]
 pub async fn create(ctx: Ctx, p: SessionCreateParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
+    if let Some(field) = p.unsupported_field() {
+        return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": field})));
+    }
     let snap = ctx
         .state
         .store
@@ -92,6 +99,10 @@ pub async fn rename(ctx: Ctx, p: SessionRenameParams) -> ApiResult<SessionSnapsh
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn set_model(ctx: Ctx, p: SessionSetModelParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
+    if p.provider.is_some() {
+        // No provider profiles exist yet to name (SPEC §4.3).
+        return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": "provider"})));
+    }
     let store = &ctx.state.store;
     let (provider, model) = (p.provider.as_deref(), p.model.as_deref());
     Ok(store
@@ -158,6 +169,7 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
     if !p.attachments.is_empty() {
         return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": "attachments"})));
     }
+    check_prompt(&p.prompt)?;
     let r = ctx
         .state
         .store
@@ -165,6 +177,17 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
         .await?;
     tracing::info!(turn.id = %r.turn_id, state = r.state.as_str(), "turn admitted");
     Ok(r)
+}
+
+/// The prompt limit of `session.send` and `queue.update`.
+pub fn check_prompt(prompt: &str) -> ApiResult<()> {
+    if prompt.len() > MAX_PROMPT_BYTES {
+        return Err(ApiError::with(
+            ErrorCode::PayloadTooLarge,
+            json!({"limit": "prompt", "max": MAX_PROMPT_BYTES}),
+        ));
+    }
+    Ok(())
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
@@ -191,7 +214,7 @@ pub async fn diagnostics(ctx: Ctx, p: SessionDiagnosticsParams) -> ApiResult<Ses
 }
 
 /// What a watcher has delivered of the running step's live output, to drop the overlap
-/// between the partial text read at join time and deltas that were already in flight.
+/// between the partial text read at join (or resync) time and deltas already in flight.
 #[derive(Default)]
 struct LiveCursor {
     turn: String,
@@ -211,51 +234,81 @@ impl LiveCursor {
     }
 
     /// The part of a `model.delta` this watcher has not seen, or None.
-    fn admit(&mut self, item: &Value) -> Option<Value> {
-        let turn = item["turnId"].as_str()?;
-        let step = item["step"].as_i64().unwrap_or(0);
-        if turn != self.turn || step > self.step {
+    fn admit(&mut self, item: &ModelDelta) -> Option<ModelDelta> {
+        if item.turn_id != self.turn || item.step > self.step {
             *self = LiveCursor {
-                turn: turn.to_string(),
-                step,
+                turn: item.turn_id.clone(),
+                step: item.step,
                 text: 0,
                 thinking: 0,
             };
-        } else if step < self.step {
+        } else if item.step < self.step {
             return None;
         }
-        let mut out = item.clone();
-        let mut any = false;
-        for (field, offset_field, seen) in [
-            ("text", "textOffset", &mut self.text),
-            ("thinking", "thinkingOffset", &mut self.thinking),
+        let mut out = ModelDelta {
+            turn_id: item.turn_id.clone(),
+            step: item.step,
+            text: None,
+            text_offset: None,
+            thinking: None,
+            thinking_offset: None,
+        };
+        for (piece, offset, seen, out_piece, out_offset) in [
+            (
+                &item.text,
+                item.text_offset,
+                &mut self.text,
+                &mut out.text,
+                &mut out.text_offset,
+            ),
+            (
+                &item.thinking,
+                item.thinking_offset,
+                &mut self.thinking,
+                &mut out.thinking,
+                &mut out.thinking_offset,
+            ),
         ] {
-            let Some(s) = item[field].as_str() else { continue };
-            let offset = item[offset_field].as_u64().unwrap_or(*seen);
+            let Some(s) = piece.as_deref().filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            let offset = offset.unwrap_or(*seen);
             let end = offset + s.len() as u64;
             if end <= *seen {
-                out[field] = Value::Null;
                 continue;
             }
             let skip = seen.saturating_sub(offset) as usize;
-            if skip > 0 {
-                let Some(rest) = s.get(skip..) else { continue };
-                out[field] = rest.into();
-                out[offset_field] = (*seen).into();
-            }
+            let Some(rest) = s.get(skip..) else { continue };
+            *out_piece = Some(rest.to_string());
+            *out_offset = Some(offset.max(*seen));
             *seen = end;
-            any = true;
         }
-        any.then_some(out)
+        (out.text.is_some() || out.thinking.is_some()).then_some(out)
     }
+}
+
+/// The running step's output so far as one `model.delta` from offset 0 (None when empty).
+fn partial_item(p: &Partial) -> Option<ModelDelta> {
+    let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    let (text, thinking) = (some(&p.text), some(&p.thinking));
+    (text.is_some() || thinking.is_some()).then(|| ModelDelta {
+        turn_id: p.turn_id.clone(),
+        step: i64::from(p.step),
+        text_offset: text.as_ref().map(|_| 0),
+        text,
+        thinking_offset: thinking.as_ref().map(|_| 0),
+        thinking,
+    })
 }
 
 /// Subscription: catch up from the database, then follow wake-ups from the hub. The cursor
 /// only moves forward over events read from the database, so there are no gaps and no
-/// duplicates whichever replica appended them. A watcher joining mid-turn first gets the
-/// running step's text so far as one `model.delta`.
+/// duplicates whichever replica appended them. Once caught up, the watcher gets a `state`
+/// item (phase, queue, pending interactions) and the running step's text so far; live items
+/// are awaited like events (a slow reader slows its own subscription), and a watcher that
+/// still falls behind the live stream gets `resync`, then `state` and the text again.
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
-pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<Value> {
+pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
     let me = ctx.principal()?;
     let id = ctx.id.ok_or(ApiError::code(ErrorCode::InvalidRequest))?;
     if p.after < 0 {
@@ -275,69 +328,99 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<Value> {
         .get(&id)
         .cloned()
         .unwrap_or_else(|| ctx.conn.closed.child_token());
+    let gone = || ApiError(super::gone());
     let mut cursor = p.after;
     let mut live = LiveCursor::default();
+    // Whether the client's live view needs drawing from scratch (on join, after a lag).
+    let mut sync = true;
     let mut joined = false;
     let mut safety = tokio::time::interval(Duration::from_secs(5));
-    'watch: loop {
+    loop {
         loop {
-            let events = match store
-                .events_after(&me.tenant_id, &p.session_id, cursor, CATCH_UP_BATCH)
-                .await
-            {
-                Ok(e) => e,
-                Err(e) => break 'watch Err(e.into()),
-            };
-            let Some(last) = events.last().map(|e| e.sequence) else {
-                break;
-            };
-            // A short batch is everything there was: no need to ask again until woken.
-            let caught_up = (events.len() as i64) < CATCH_UP_BATCH;
+            if cancel.is_cancelled() {
+                return Ok(());
+            }
+            let (events, more) = store
+                .events_after(&me.tenant_id, &p.session_id, cursor, CATCH_UP_BATCH, CATCH_UP_BYTES)
+                .await?;
             for e in &events {
                 if !ctx.item(e).await {
-                    break 'watch Err(ApiError(super::gone()));
+                    return Err(gone());
                 }
                 if joined && let Ok(at) = chrono::DateTime::parse_from_rfc3339(&e.at) {
                     let lag = chrono::Utc::now().signed_duration_since(at).num_milliseconds().max(0);
                     ctx.state.metrics.fanout_lag.observe(lag as f64 / 1000.0);
                 }
             }
-            cursor = last;
-            if caught_up {
+            if let Some(last) = events.last() {
+                cursor = last.sequence;
+            }
+            if !more {
                 break;
             }
         }
-        if !joined {
-            joined = true;
-            let partial = match sub.partial.take() {
+        joined = true;
+        if sync {
+            sync = false;
+            let snap = store
+                .get_session(&me.tenant_id, &p.session_id, ctx.state.config.model.model.as_deref())
+                .await?;
+            let state = LiveItem::State(WatchState {
+                through: snap.sequence,
+                phase: snap.phase,
+                running: snap.running,
+                queued: snap.queued,
+                queue: snap.queue,
+                paused: snap.paused,
+                pending_interactions: snap.pending_interactions,
+            });
+            if !ctx.item(&state).await {
+                return Err(gone());
+            }
+            // The output so far: what this replica holds when it holds the turn's worker,
+            // taken together with the live stream's position; else what the database holds.
+            let partial = match sub.partial.take().or_else(|| ctx.state.hub.partial(&p.session_id)) {
                 Some(p) => Some(p),
-                None => store.partial(&me.tenant_id, &p.session_id).await.ok().flatten(),
+                None => store.partial(&me.tenant_id, &p.session_id).await?,
             };
+            live = LiveCursor::default();
             if let Some(partial) = partial {
                 live = LiveCursor::start(&partial);
-                if !partial.text.is_empty() || !partial.thinking.is_empty() {
-                    let item = json!({
-                        "type": "model.delta", "turnId": partial.turn_id, "step": partial.step,
-                        "text": partial.text, "textOffset": 0, "thinking": partial.thinking, "thinkingOffset": 0,
-                    });
-                    ctx.try_item(&item);
+                if let Some(item) = partial_item(&partial)
+                    && !ctx.item(&LiveItem::ModelDelta(item)).await
+                {
+                    return Err(gone());
                 }
             }
         }
         tokio::select! {
-            changed = sub.events.changed() => if changed.is_err() { break Ok(Value::Null) },
+            changed = sub.events.changed() => if changed.is_err() { return Ok(()) },
             item = sub.live.recv() => match item {
-                Ok(item) if item["type"] == "model.delta" => {
-                    if let Some(fresh) = live.admit(&item) {
-                        ctx.try_item(&fresh);
+                Ok(item) => {
+                    let item = match serde_json::from_value::<LiveItem>((*item).clone()) {
+                        Ok(LiveItem::ModelDelta(d)) => live.admit(&d).map(LiveItem::ModelDelta),
+                        Ok(other) => Some(other),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "live item outside the protocol dropped");
+                            None
+                        }
+                    };
+                    if let Some(item) = item && !ctx.item(&item).await {
+                        return Err(gone());
                     }
                 }
-                Ok(item) => { ctx.try_item(&item); }
-                Err(RecvError::Lagged(_)) => {}
-                Err(RecvError::Closed) => break Ok(Value::Null),
+                Err(RecvError::Lagged(_)) => {
+                    tracing::debug!("watcher fell behind the live stream; resync");
+                    let resync = LiveItem::Resync(Resync { reason: ResyncReason::Lagged });
+                    if !ctx.item(&resync).await {
+                        return Err(gone());
+                    }
+                    sync = true;
+                }
+                Err(RecvError::Closed) => return Ok(()),
             },
             _ = safety.tick() => {}
-            _ = cancel.cancelled() => break Ok(Value::Null),
+            _ = cancel.cancelled() => return Ok(()),
         }
     }
 }
@@ -346,8 +429,15 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<Value> {
 mod tests {
     use super::*;
 
-    fn delta(step: i64, text: &str, offset: u64) -> Value {
-        json!({"type": "model.delta", "turnId": "t", "step": step, "text": text, "textOffset": offset})
+    fn delta(step: i64, text: &str, offset: u64) -> ModelDelta {
+        ModelDelta {
+            turn_id: "t".into(),
+            step,
+            text: Some(text.into()),
+            text_offset: Some(offset),
+            thinking: Some(String::new()),
+            thinking_offset: Some(0),
+        }
     }
 
     #[test]
@@ -360,11 +450,12 @@ mod tests {
         });
         assert!(c.admit(&delta(0, "Hel", 0)).is_none(), "already delivered");
         let clipped = c.admit(&delta(0, "lo, w", 3)).unwrap();
-        assert_eq!(clipped["text"], ", w");
-        assert_eq!(clipped["textOffset"], 5);
-        assert_eq!(c.admit(&delta(0, "orld", 8)).unwrap()["text"], "orld");
+        assert_eq!(clipped.text.as_deref(), Some(", w"));
+        assert_eq!(clipped.text_offset, Some(5));
+        assert_eq!(clipped.thinking, None, "empty pieces are left out");
+        assert_eq!(c.admit(&delta(0, "orld", 8)).unwrap().text.as_deref(), Some("orld"));
         // A new step starts from zero; an old step is ignored.
-        assert_eq!(c.admit(&delta(1, "Next", 0)).unwrap()["text"], "Next");
+        assert_eq!(c.admit(&delta(1, "Next", 0)).unwrap().text.as_deref(), Some("Next"));
         assert!(c.admit(&delta(0, "late", 12)).is_none());
     }
 }

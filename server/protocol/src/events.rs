@@ -1,0 +1,327 @@
+//! History events and the items of a `session.watch` subscription.
+//!
+//! One enum, [`EventPayload`], tagged by `type`, with one variant per persisted event type
+//! and its payload struct: the store can only append what is declared here, and a client
+//! reads every event into it. To add an event type, add a variant (and a sample in
+//! [`EventPayload::samples`]); its wire name is the `rename`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Cause, Notice, QueueEntry, QueueState, Row, SessionPhase, TurnState, worker::Usage};
+
+/// A persisted history event: `{sequence, type, at, turnId?, rows?, …payload}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub sequence: i64,
+    pub at: String,
+    /// The turn the event belongs to (absent for session-level events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// The rows this event publishes (absent when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<Row>,
+    /// `type` and the type's own fields.
+    #[serde(flatten)]
+    pub payload: EventPayload,
+}
+
+/// Every persisted event type with its payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum EventPayload {
+    #[serde(rename = "session.created")]
+    SessionCreated(SessionCreated),
+    #[serde(rename = "session.titleChanged")]
+    SessionTitleChanged(TitleChanged),
+    #[serde(rename = "session.modelChanged")]
+    SessionModelChanged(ModelChanged),
+    /// A fact for the client to word (`workspace-offline`, …).
+    #[serde(rename = "session.notice")]
+    SessionNotice(Notice),
+    /// The first event after `session.clear`: everything before it is gone.
+    #[serde(rename = "session.cleared")]
+    SessionCleared(Nothing),
+    /// A turn was admitted behind others (or while paused or offline).
+    #[serde(rename = "turn.queued")]
+    TurnQueued(TurnQueued),
+    /// A turn started; publishes its prompt as the user row.
+    #[serde(rename = "turn.started")]
+    TurnStarted(Nothing),
+    /// A model step completed; publishes its rows.
+    #[serde(rename = "model.completed")]
+    ModelCompleted(ModelCompleted),
+    /// A turn settled; always the turn's last event.
+    #[serde(rename = "turn.ended")]
+    TurnEnded(TurnEnded),
+    /// The queue as it now is (after a send queued, a queued turn started, an edit, a move,
+    /// a removal, a pause or a clear).
+    #[serde(rename = "queue.changed")]
+    QueueChanged(QueueState),
+}
+
+/// A payload without fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Nothing {}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCreated {
+    pub workspace_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TitleChanged {
+    pub title: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelChanged {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnQueued {
+    /// The entry as the queue shows it.
+    pub entry: QueueEntry,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelCompleted {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnEnded {
+    pub state: TurnState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
+}
+
+impl EventPayload {
+    /// The wire `type`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            EventPayload::SessionCreated(_) => "session.created",
+            EventPayload::SessionTitleChanged(_) => "session.titleChanged",
+            EventPayload::SessionModelChanged(_) => "session.modelChanged",
+            EventPayload::SessionNotice(_) => "session.notice",
+            EventPayload::SessionCleared(_) => "session.cleared",
+            EventPayload::TurnQueued(_) => "turn.queued",
+            EventPayload::TurnStarted(_) => "turn.started",
+            EventPayload::ModelCompleted(_) => "model.completed",
+            EventPayload::TurnEnded(_) => "turn.ended",
+            EventPayload::QueueChanged(_) => "queue.changed",
+        }
+    }
+
+    /// One sample of every variant, for schema and round-trip tests. The exhaustive match
+    /// in `type_name` makes a new variant a compile error until it is named there; add its
+    /// sample here too.
+    pub fn samples() -> Vec<EventPayload> {
+        let entry = QueueEntry {
+            queue_id: "trn_1".into(),
+            turn_id: "trn_1".into(),
+            queue_revision: 0,
+            preview: "fix the".into(),
+            prompt_bytes: 20,
+        };
+        vec![
+            EventPayload::SessionCreated(SessionCreated {
+                workspace_id: "wsp_1".into(),
+            }),
+            EventPayload::SessionTitleChanged(TitleChanged { title: "t".into() }),
+            EventPayload::SessionModelChanged(ModelChanged {
+                provider: None,
+                model: Some("m".into()),
+            }),
+            EventPayload::SessionNotice(Notice {
+                level: "warning".into(),
+                code: "workspace-offline".into(),
+                params: serde_json::json!({"workspaceId": "wsp_1"}),
+            }),
+            EventPayload::SessionCleared(Nothing {}),
+            EventPayload::TurnQueued(TurnQueued { entry: entry.clone() }),
+            EventPayload::TurnStarted(Nothing {}),
+            EventPayload::ModelCompleted(ModelCompleted {
+                usage: Some(Usage {
+                    input_tokens: 1,
+                    output_tokens: 2,
+                }),
+            }),
+            EventPayload::TurnEnded(TurnEnded {
+                state: TurnState::Failed,
+                cause: Some(Cause {
+                    code: "provider-status".into(),
+                    status: Some(500),
+                }),
+            }),
+            EventPayload::QueueChanged(QueueState {
+                queue: vec![entry],
+                paused: true,
+            }),
+        ]
+    }
+}
+
+/// Live-only: streamed model output of the running step (no sequence; not history).
+/// Offsets are byte offsets into the step's text and thinking, so that a watcher can tell
+/// exactly where a piece goes; a piece at offset 0 starts (or, after `resync`, replaces)
+/// the step's text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDelta {
+    pub turn_id: String,
+    /// The model step within the turn (0, 1, …); a new step starts new text.
+    pub step: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_offset: Option<u64>,
+}
+
+/// Live-only: the session's phase changed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseItem {
+    pub phase: SessionPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+}
+
+/// What a client draws besides history: sent once a watch has caught up, and again after
+/// a `resync`. It reflects every event through sequence `through` (events after it follow).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchState {
+    pub through: i64,
+    pub phase: SessionPhase,
+    /// The running turn's id, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<String>,
+    pub queued: u32,
+    pub queue: Vec<QueueEntry>,
+    pub paused: bool,
+    pub pending_interactions: Vec<crate::PendingInteraction>,
+}
+
+/// Live items were dropped for this watcher (it read too slowly). Drop the live view
+/// (streamed text, phase): a `state` item and the running step's text from offset 0 follow.
+/// History events are never dropped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resync {
+    pub reason: ResyncReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ResyncReason {
+    /// The watcher fell behind the live stream.
+    Lagged,
+}
+
+/// The live-only items of a watch (no `sequence`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum LiveItem {
+    #[serde(rename = "model.delta")]
+    ModelDelta(ModelDelta),
+    #[serde(rename = "phase")]
+    Phase(PhaseItem),
+    #[serde(rename = "state")]
+    State(WatchState),
+    #[serde(rename = "resync")]
+    Resync(Resync),
+}
+
+/// Any item of a `session.watch` subscription: a history event (it has a `sequence`) or a
+/// live-only item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum WatchItem {
+    Event(Event),
+    Live(LiveItem),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serialize, read back into the typed union, serialize again: nothing may be lost or added.
+    fn round_trip(item: &WatchItem) {
+        let wire = serde_json::to_value(item).unwrap();
+        let back: WatchItem = serde_json::from_value(wire.clone()).unwrap();
+        assert_eq!(&back, item);
+        assert_eq!(serde_json::to_value(&back).unwrap(), wire);
+        assert!(!wire.to_string().contains("null"), "absent, never null: {wire}");
+    }
+
+    #[test]
+    fn every_event_type_round_trips_with_its_type_name() {
+        let samples = EventPayload::samples();
+        let mut names: Vec<_> = samples.iter().map(EventPayload::type_name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), samples.len(), "one sample per variant");
+        for payload in samples {
+            let name = payload.type_name();
+            let event = Event {
+                sequence: 3,
+                at: "2026-01-01T00:00:00Z".into(),
+                turn_id: Some("trn_1".into()),
+                rows: Vec::new(),
+                payload,
+            };
+            let wire = serde_json::to_value(&event).unwrap();
+            assert_eq!(wire["type"], name);
+            round_trip(&WatchItem::Event(event));
+        }
+    }
+
+    #[test]
+    fn live_items_round_trip() {
+        let delta = ModelDelta {
+            turn_id: "trn_1".into(),
+            step: 1,
+            text: Some("hi".into()),
+            text_offset: Some(4),
+            thinking: None,
+            thinking_offset: None,
+        };
+        for item in [
+            LiveItem::ModelDelta(delta),
+            LiveItem::Phase(PhaseItem {
+                phase: SessionPhase::Running,
+                turn_id: Some("trn_1".into()),
+            }),
+            LiveItem::Resync(Resync {
+                reason: ResyncReason::Lagged,
+            }),
+            LiveItem::State(WatchState {
+                through: 9,
+                phase: SessionPhase::Idle,
+                running: None,
+                queued: 0,
+                queue: Vec::new(),
+                paused: false,
+                pending_interactions: Vec::new(),
+            }),
+        ] {
+            round_trip(&WatchItem::Live(item));
+        }
+    }
+}
