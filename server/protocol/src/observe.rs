@@ -24,7 +24,8 @@ pub struct GitStatusParams {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GitStatus {
-    /// `None` for an unborn repository (no commit yet).
+    /// Absent for an unborn repository (no commit yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head: Option<GitHead>,
     /// HEAD compared to the index.
     pub staged: Vec<GitEntry>,
