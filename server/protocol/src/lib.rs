@@ -26,6 +26,7 @@ pub mod error;
 pub mod events;
 pub mod jsonrpc;
 pub mod observe;
+pub mod search;
 pub mod text;
 pub mod types;
 pub mod worker;
@@ -33,6 +34,7 @@ pub mod worker;
 pub use error::{ErrorCode, RpcError};
 pub use events::*;
 pub use observe::*;
+pub use search::*;
 pub use types::*;
 
 /// The protocol version this release speaks.
@@ -132,6 +134,12 @@ methods! {
     SessionStop = "session.stop" (SessionStopParams) -> TurnRef;
     /// Read a row's field onward from a byte offset.
     SessionSource = "session.source" (SessionSourceParams) -> SessionSourceResult;
+    /// Literal text search over the session's rows under a fixed fence, paged.
+    SessionSearch = "session.search" (SessionSearchParams) -> SessionSearchResult;
+    /// Start a side session from a settled turn or all current history.
+    SessionFork = "session.fork" (SessionForkParams) -> SessionForkResult;
+    /// The fork an `operationId` published, or null (which proves nothing).
+    SessionForkReceipt = "session.forkReceipt" (SessionForkReceiptParams) -> Option<SessionForkResult>;
     /// Execution, model-step and title failures, newest first.
     SessionDiagnostics = "session.diagnostics" (SessionDiagnosticsParams) -> SessionDiagnosticsResult;
     /// Edit a queued prompt (revision-guarded).

@@ -11,10 +11,12 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod fork;
 mod history;
 mod identity;
 pub mod receipts;
 mod routing;
+pub mod search;
 mod sessions;
 mod turns;
 mod workspace_ops;
