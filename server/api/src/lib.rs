@@ -64,6 +64,8 @@ pub struct App {
     pub login_limiter: auth::LoginLimiter,
     /// Requests per credential.
     pub request_limiter: auth::KeyedLimiter,
+    /// Password verifications running at once (argon2id is memory- and CPU-heavy).
+    pub password_checks: Arc<tokio::sync::Semaphore>,
     /// Per-tenant limits of the model proxy.
     pub proxy: proxy::ProxyLimits,
     /// The cluster secret and this replica's internal address (routing worker calls).
@@ -106,6 +108,7 @@ pub async fn serve(
         .build()?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
+    let password_checks = Arc::new(tokio::sync::Semaphore::new(config.limits.max_password_checks.max(1)));
     let proxy = proxy::ProxyLimits::new(&config.model);
     let workers = workers::Registry::new(&config.limits);
     let cluster = workers::calls::Cluster::load(&store, config.internal_url.as_deref(), listener.local_addr()?).await?;
@@ -123,6 +126,7 @@ pub async fn serve(
             capacity: config_burst,
             refill_every: Duration::from_secs(1) / config_rate.max(1),
         }),
+        password_checks,
         proxy,
         cluster,
     }));

@@ -45,26 +45,19 @@ pub async fn read(ctx: Ctx, p: FilesReadParams) -> ApiResult<()> {
     Ok(())
 }
 
-/// Pass a call's items on as subscription items until its answer, the subscription's
-/// close (answered null) or the connection's end.
+/// Pass a call's items on as subscription items until its answer. Closing the
+/// subscription (or the connection) drops this future, and with it the call: the worker is
+/// told to stop.
 async fn relay(ctx: &Ctx, mut stream: CallStream) -> ApiResult<Value> {
-    let cancel = ctx
-        .id
-        .and_then(|id| ctx.conn.subs.lock().expect("conn lock").get(&id).cloned())
-        .unwrap_or_else(|| ctx.conn.closed.child_token());
     loop {
-        tokio::select! {
-            ev = stream.next() => match ev {
-                Some(CallEvent::Item(item)) => {
-                    if !ctx.item(&item).await {
-                        return Err(ApiError(super::gone()));
-                    }
+        match stream.next().await {
+            Some(CallEvent::Item(item)) => {
+                if !ctx.item(&item).await {
+                    return Err(ApiError(super::gone()));
                 }
-                Some(CallEvent::Done(result)) => return result.map_err(ApiError),
-                None => return Err(ApiError(super::gone())),
-            },
-            // Dropping the stream cancels the worker's side.
-            _ = cancel.cancelled() => return Ok(Value::Null),
+            }
+            Some(CallEvent::Done(result)) => return result.map_err(ApiError),
+            None => return Err(ApiError(super::gone())),
         }
     }
 }
