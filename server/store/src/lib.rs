@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod delegate;
 mod fork;
 mod history;
 mod identity;
@@ -19,6 +20,7 @@ mod routing;
 pub mod search;
 mod sessions;
 mod tls;
+mod tools;
 mod turns;
 mod workspace_ops;
 mod workspaces;
