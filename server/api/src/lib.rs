@@ -77,6 +77,8 @@ pub struct App {
     pub password_checks: Arc<tokio::sync::Semaphore>,
     /// Per-tenant limits of the model proxy.
     pub proxy: proxy::ProxyLimits,
+    /// The cluster secret and this replica's internal address (routing worker calls).
+    pub cluster: workers::calls::Cluster,
 }
 
 impl App {
@@ -117,6 +119,7 @@ pub async fn serve(
     let password_checks = Arc::new(tokio::sync::Semaphore::new(config.limits.max_password_checks.max(1)));
     let proxy = proxy::ProxyLimits::new(&config.model);
     let workers = workers::Registry::new(&config.limits);
+    let cluster = workers::calls::Cluster::load(&store, config.internal_url.as_deref(), listener.local_addr()?).await?;
     let state = AppState(Arc::new(App {
         store,
         config,
@@ -136,14 +139,17 @@ pub async fn serve(
         }),
         password_checks,
         proxy,
+        cluster,
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
     workers::interaction::spawn_housekeeping(state.clone());
+    workers::calls::spawn_announce(state.clone());
 
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))
         .route("/v1/worker", get(workers::upgrade))
+        .route(workers::calls::INTERNAL_CALL_PATH, post(workers::calls::internal_call))
         .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
         .route("/v1/auth/login", post(login::login))
         .route("/healthz", get(|| async { "ok" }))
