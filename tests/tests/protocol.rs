@@ -461,6 +461,55 @@ async fn every_method_and_event_matches_the_protocol_types() {
     );
     check!(method::SessionList, json!({}));
     check!(method::SessionDiagnostics, json!({"sessionId": sid}));
+    // Observation (answered by the worker): a repository with a commit and a change.
+    let dir = stack.workspace_dir.clone();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "walk",
+        ],
+    ] {
+        let ok = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&dir)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+    std::fs::write(dir.join("walk.txt"), "walk\n").unwrap();
+    let walk_txt = json!({"bytesBase64": "d2Fsay50eHQ="});
+    check!(method::GitStatusGet, json!({"sessionId": sid}));
+    check!(
+        method::GitDiffGet,
+        json!({"sessionId": sid, "path": walk_txt, "area": "untracked"})
+    );
+    check!(method::FilesList, json!({"sessionId": sid}));
+    check!(method::WorkspaceFiles, json!({"workspaceId": ws, "prefix": "w"}));
+    check!(method::WorkspaceRename, json!({"workspaceId": ws, "title": "walked"}));
+    let mut read = c.subscribe("files.read", json!({"sessionId": sid, "path": walk_txt}));
+    walked.insert(method::FilesRead::NAME);
+    for _ in 0..3 {
+        let item = read.next(30).await.expect("a read item");
+        assert_typed::<berth_protocol::FilesReadItem>("files.read item", &item);
+    }
+    assert!(read.done.await.unwrap().error.is_none());
+    assert_typed::<<method::FilesRead as Method>::Result>("files.read", &Value::Null);
+    let mut files_watch = c.subscribe("files.watch", json!({"sessionId": sid}));
+    walked.insert(method::FilesWatch::NAME);
+    let ready = files_watch.next(30).await.expect("ready");
+    assert_typed::<berth_protocol::FilesWatchItem>("files.watch item", &ready);
+    c.ok("subscription.close", json!({"id": files_watch.id})).await;
+    let done = files_watch.done.await.unwrap();
+    assert!(done.error.is_none());
+    assert_typed::<<method::FilesWatch as Method>::Result>("files.watch", &Value::Null);
     check!(method::SessionContext, json!({"sessionId": sid}));
     let mut diags = c.subscribe("session.watchDiagnostics", json!({"sessionId": sid}));
     walked.insert(method::SessionWatchDiagnostics::NAME);
@@ -602,6 +651,8 @@ async fn every_method_and_event_matches_the_protocol_types() {
         .unwrap();
     assert!(done.error.is_none());
     assert_typed::<<method::SessionWatch as Method>::Result>("session.watch", &Value::Null);
+
+    check!(method::WorkspaceRemove, json!({"workspaceId": ws}));
 
     let all: BTreeSet<&str> = METHOD_NAMES.iter().copied().collect();
     assert_eq!(walked, all, "every declared method is walked");

@@ -200,6 +200,46 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"workspaceId": "wsp_random"}),
         ),
         (
+            "workspace.rename",
+            json!({"workspaceId": wsid, "title": "B's"}),
+            json!({"workspaceId": "wsp_random", "title": "B's"}),
+        ),
+        (
+            "workspace.remove",
+            json!({"workspaceId": wsid}),
+            json!({"workspaceId": "wsp_random"}),
+        ),
+        (
+            "workspace.files",
+            json!({"workspaceId": wsid, "prefix": ""}),
+            json!({"workspaceId": "wsp_random", "prefix": ""}),
+        ),
+        (
+            "git.status",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "git.diff",
+            json!({"sessionId": sid, "path": {"bytesBase64": "YQ=="}, "area": "worktree"}),
+            json!({"sessionId": "ses_random", "path": {"bytesBase64": "YQ=="}, "area": "worktree"}),
+        ),
+        (
+            "files.list",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "files.watch",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "files.read",
+            json!({"sessionId": sid, "path": {"bytesBase64": "YQ=="}}),
+            json!({"sessionId": "ses_random", "path": {"bytesBase64": "YQ=="}}),
+        ),
+        (
             "queue.update",
             json!({"sessionId": sid, "queueId": q, "queueRevision": 0, "prompt": "B"}),
             json!({"sessionId": "ses_random", "queueId": "trn_random", "queueRevision": 0, "prompt": "B"}),

@@ -298,6 +298,9 @@ pub struct Config {
     /// `BERTH_INTERACTION_TIMEOUT_SECS`: how long an approval or question waits for an answer
     /// before its fallback answers (default 15 minutes).
     pub interaction_timeout: std::time::Duration,
+    /// `BERTH_INTERNAL_URL`: where other replicas reach this one to forward worker calls
+    /// (default: `http://<listen address>` unless that is a wildcard address).
+    pub internal_url: Option<String>,
     /// `BERTH_TRUSTED_PROXIES`: networks (CIDRs) of reverse proxies whose
     /// `X-Forwarded-For` names the client address; from anyone else it is ignored.
     pub trusted_proxies: Vec<ipnet::IpNet>,
@@ -420,6 +423,7 @@ impl Config {
             object_store: ObjectStoreConfig::default(),
             max_attachment_bytes: 32 << 20,
             interaction_timeout: std::time::Duration::from_secs(15 * 60),
+            internal_url: None,
             trusted_proxies: Vec::new(),
             listen_probe_interval: std::time::Duration::from_secs(15),
             listen_probe_timeout: std::time::Duration::from_secs(10),

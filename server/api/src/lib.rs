@@ -80,6 +80,8 @@ pub struct App {
     pub proxy: proxy::ProxyLimits,
     /// Object storage (attachment bytes).
     pub blobs: blobs::Blobs,
+    /// The cluster secret and this replica's internal address (routing worker calls).
+    pub cluster: workers::calls::Cluster,
 }
 
 impl App {
@@ -128,6 +130,7 @@ pub async fn serve(
         metrics.object_store_bytes.clone(),
     )?;
     tracing::info!(object_store = %blobs.url, "object storage");
+    let cluster = workers::calls::Cluster::load(&store, config.internal_url.as_deref(), listener.local_addr()?).await?;
     let state = AppState(Arc::new(App {
         store,
         config,
@@ -148,14 +151,17 @@ pub async fn serve(
         password_checks,
         proxy,
         blobs,
+        cluster,
     }));
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
     workers::interaction::spawn_housekeeping(state.clone());
+    workers::calls::spawn_announce(state.clone());
 
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))
         .route("/v1/worker", get(workers::upgrade))
+        .route(workers::calls::INTERNAL_CALL_PATH, post(workers::calls::internal_call))
         .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
         .route(berth_protocol::worker::ATTACHMENTS_PATH, get(rpc::upload::worker_fetch))
         .route("/v1/auth/login", post(login::login))

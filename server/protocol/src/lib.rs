@@ -25,6 +25,7 @@
 pub mod error;
 pub mod events;
 pub mod jsonrpc;
+pub mod observe;
 pub mod search;
 pub mod text;
 pub mod types;
@@ -32,6 +33,7 @@ pub mod worker;
 
 pub use error::{ErrorCode, RpcError};
 pub use events::*;
+pub use observe::*;
 pub use search::*;
 pub use types::*;
 
@@ -88,6 +90,23 @@ methods! {
     WorkspaceList = "workspace.list" (Empty) -> Vec<Workspace>;
     /// One workspace.
     WorkspaceGet = "workspace.get" (WorkspaceRef) -> Workspace;
+    /// Set a workspace's title.
+    WorkspaceRename = "workspace.rename" (WorkspaceRenameParams) -> Workspace;
+    /// Remove a workspace with its sessions (idempotent).
+    WorkspaceRemove = "workspace.remove" (WorkspaceRemoveParams) -> Removed;
+    /// Path completion candidates in a workspace (answered by its worker).
+    WorkspaceFiles = "workspace.files" (WorkspaceFilesParams) -> WorkspaceFilesResult;
+    /// The session's repository: staged, worktree and untracked changes (null: no repository).
+    GitStatusGet = "git.status" (GitStatusParams) -> Option<GitStatus>;
+    /// One path's difference in one area.
+    GitDiffGet = "git.diff" (GitDiffParams) -> GitDiff;
+    /// A page of a directory's direct children.
+    FilesList = "files.list" (FilesListParams) -> FilesListResult;
+    /// Subscription: `ready`, then `changed` whenever the directory needs rereading; ends
+    /// with `unavailable` when the directory goes away.
+    FilesWatch = "files.watch" (FilesWatchParams) -> Option<FilesWatchEnd>;
+    /// Subscription: one file's content as `begin`, `chunk`s and `end` (or one outcome item).
+    FilesRead = "files.read" (FilesReadParams) -> ();
     /// Create a session in a workspace.
     SessionCreate = "session.create" (SessionCreateParams) -> SessionSnapshot;
     /// A session's snapshot.

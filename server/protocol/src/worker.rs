@@ -8,6 +8,12 @@
 //!
 //! Model calls go to the API tier's proxy ([`MODEL_PROXY_PATH`]) with the worker credential
 //! and the turn named in [`MODEL_PROXY_TURN_HEADER`].
+//!
+//! Observation calls (git, files) go the other way: the server sends a `call` request (its
+//! own id space), the worker streams `call.item` notifications for subscriptions and then
+//! answers the request. The worker keeps at most [`CALL_WINDOW`] items of a call unacknowledged;
+//! the server returns credit with `call.ack` as the items are consumed, and `call.cancel`
+//! stops a call early.
 
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +31,48 @@ pub const TURN_TOOL_STATUS: &str = "turn.toolStatus";
 pub const TURN_TOOL_ENDED: &str = "turn.toolEnded";
 pub const TURN_INTERACTION: &str = "turn.interaction";
 pub const TURN_DELEGATE: &str = "turn.delegate";
+pub const CALL: &str = "call";
+pub const CALL_ITEM: &str = "call.item";
+pub const CALL_ACK: &str = "call.ack";
+pub const CALL_CANCEL: &str = "call.cancel";
+
+/// Items of one call the worker may send before the server acknowledges them.
+pub const CALL_WINDOW: u32 = 32;
+
+/// Server → worker: answer a client method for one of the worker's workspaces. `method` is
+/// the client method's name (`git.status`, `files.read`, …); `params` are its parameters
+/// with the session resolved away.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Call {
+    pub workspace_id: String,
+    pub method: String,
+    #[serde(default)]
+    pub params: serde_json::Value,
+}
+
+/// Worker → server: one subscription item of call `call_id`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallItem {
+    pub call_id: u32,
+    pub item: serde_json::Value,
+}
+
+/// Server → worker: `items` more items of call `call_id` may be sent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallAck {
+    pub call_id: u32,
+    pub items: u32,
+}
+
+/// Server → worker: stop call `call_id` (its answer is no longer wanted).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallCancel {
+    pub call_id: u32,
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -19,11 +19,13 @@ mod history;
 mod identity;
 mod interactions;
 pub mod receipts;
+mod routing;
 pub mod search;
 mod sessions;
 mod tls;
 mod tools;
 mod turns;
+mod workspace_ops;
 mod workspaces;
 
 use std::{path::PathBuf, time::Duration};
@@ -37,6 +39,7 @@ pub use context::ContextMeasure;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
 pub use receipts::{Begin, Receipt, ReceiptView};
+pub use routing::WorkerRoute;
 pub use turns::{ClaimedTurn, Partial, ProxyTurn, TitleSource};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.

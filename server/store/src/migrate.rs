@@ -17,7 +17,8 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0009_interactions.sql", include_str!("../../../migrations/0009_interactions.sql")),
     ("0010_delegation.sql", include_str!("../../../migrations/0010_delegation.sql")),
     ("0011_provider_choice.sql", include_str!("../../../migrations/0011_provider_choice.sql")),
-    ("0012_attachments.sql", include_str!("../../../migrations/0012_attachments.sql")),
+    ("0012_worker_call_routing.sql", include_str!("../../../migrations/0012_worker_call_routing.sql")),
+    ("0013_attachments.sql", include_str!("../../../migrations/0013_attachments.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

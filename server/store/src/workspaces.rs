@@ -148,7 +148,7 @@ impl Store {
     }
 }
 
-const WORKSPACE_SELECT: &str = "SELECT w.id, w.title, w.host, w.path, w.last_seen_at,
+pub(crate) const WORKSPACE_SELECT: &str = "SELECT w.id, w.title, w.host, w.path, w.last_seen_at,
     EXISTS (SELECT 1 FROM worker_presence p WHERE w.id = ANY(p.workspace_ids) AND p.tenant_id = w.tenant_id
             AND p.heartbeat_at > now() - interval '45 seconds') AS online
     FROM workspaces w";
@@ -161,7 +161,7 @@ pub(crate) fn online_sql(workspace_expr: &str) -> String {
     )
 }
 
-fn workspace_from_row(r: &tokio_postgres::Row) -> Workspace {
+pub(crate) fn workspace_from_row(r: &tokio_postgres::Row) -> Workspace {
     Workspace {
         workspace_id: r.get(0),
         title: r.get(1),

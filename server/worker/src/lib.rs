@@ -8,6 +8,7 @@ mod attachments;
 mod delegate;
 mod model;
 mod net;
+mod observe;
 mod policy;
 mod tools;
 mod turn;
@@ -213,6 +214,15 @@ async fn connect_once(
     };
     let turns = CancellationToken::new();
     let running: Running = Arc::default();
+    let roots = registered
+        .workspaces
+        .iter()
+        .filter_map(|r| {
+            let (_, path) = config.workspaces.iter().find(|(name, _)| *name == r.name)?;
+            Some((r.workspace_id.clone(), path.clone()))
+        })
+        .collect();
+    let observer = observe::Observer::new(link.clone(), roots, turns.child_token());
     let result = loop {
         tokio::select! {
             msg = stream.next() => {
@@ -221,6 +231,9 @@ async fn connect_once(
                     Some(Err(e)) => break Err(e.into()),
                     None => break Err(anyhow::anyhow!("server closed the connection")),
                 };
+                if let Message::Text(text) = &msg && observer.handle(text) {
+                    continue;
+                }
                 if let Message::Text(text) = msg {
                     on_message(&link, &ctx, &turns, &running, &text);
                 }

@@ -11,7 +11,9 @@
 
 mod admin;
 mod connection;
+mod files;
 mod fork;
+mod git;
 pub(crate) mod interaction;
 mod queue;
 mod receipts;
@@ -623,7 +625,9 @@ fn admit_checked(state: &AppState, conn: &Arc<Conn>, req: Request, id: u32) -> R
 
 /// Methods answered by a subscription (items until closed).
 fn is_subscription(method: &str) -> bool {
-    method == method::SessionWatch::NAME || method == method::SessionWatchDiagnostics::NAME
+    method == method::SessionWatch::NAME
+        || method == method::SessionWatchDiagnostics::NAME
+        || files::is_subscription(method)
 }
 
 async fn run_job(job: Job) {
@@ -724,6 +728,14 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         }
         method::WorkspaceList::NAME => call::<method::WorkspaceList, _, _>(ctx, params, workspace::list).await,
         method::WorkspaceGet::NAME => call::<method::WorkspaceGet, _, _>(ctx, params, workspace::get).await,
+        method::WorkspaceRename::NAME => call::<method::WorkspaceRename, _, _>(ctx, params, workspace::rename).await,
+        method::WorkspaceRemove::NAME => call::<method::WorkspaceRemove, _, _>(ctx, params, workspace::remove).await,
+        method::WorkspaceFiles::NAME => call::<method::WorkspaceFiles, _, _>(ctx, params, workspace::files).await,
+        method::GitStatusGet::NAME => call::<method::GitStatusGet, _, _>(ctx, params, git::status).await,
+        method::GitDiffGet::NAME => call::<method::GitDiffGet, _, _>(ctx, params, git::diff).await,
+        method::FilesList::NAME => call::<method::FilesList, _, _>(ctx, params, files::list).await,
+        method::FilesWatch::NAME => call::<method::FilesWatch, _, _>(ctx, params, files::watch).await,
+        method::FilesRead::NAME => call::<method::FilesRead, _, _>(ctx, params, files::read).await,
         method::SessionCreate::NAME => call::<method::SessionCreate, _, _>(ctx, params, session::create).await,
         method::SessionGet::NAME => call::<method::SessionGet, _, _>(ctx, params, session::get).await,
         method::SessionSend::NAME => call::<method::SessionSend, _, _>(ctx, params, session::send).await,
@@ -884,6 +896,14 @@ mod tests {
         "Status",
         "WorkspaceList",
         "WorkspaceGet",
+        "WorkspaceRename",
+        "WorkspaceRemove",
+        "WorkspaceFiles",
+        "GitStatusGet",
+        "GitDiffGet",
+        "FilesList",
+        "FilesWatch",
+        "FilesRead",
         "SessionCreate",
         "SessionGet",
         "SessionSend",

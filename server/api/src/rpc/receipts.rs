@@ -25,6 +25,8 @@ const MUTATIONS: &[&str] = &[
     "queue.update",
     "queue.move",
     "queue.remove",
+    "workspace.rename",
+    "workspace.remove",
     "admin.credential.create",
     "admin.credential.revoke",
     "admin.user.create",

@@ -42,24 +42,27 @@ pub(super) async fn serve(
             return;
         }
     };
-    let (out, out_rx) = mpsc::channel(OUT_QUEUE);
+    let (out, out_rx) = mpsc::channel::<Message>(OUT_QUEUE);
     let writer = tokio::spawn(write_loop(sink, out_rx, state.config.limits.idle_timeout));
     let conn = Arc::new(Conn {
         state: state.clone(),
         principal,
         connection_id: connection_id.clone(),
         workspaces: ids,
-        out,
+        out: out.clone(),
         turns: Mutex::new(HashMap::new()),
         writes: Arc::new(Semaphore::new(state.config.limits.worker_max_writes.max(1))),
         closing: CancellationToken::new(),
+        calls: super::calls::CallTable::new(out.clone()),
     });
     let kick = Arc::new(Notify::new());
     let (stop_tx, stop_rx) = mpsc::unbounded_channel();
     state.workers.conns.lock().expect("registry lock").insert(
         connection_id.clone(),
         LocalWorker {
+            tenant_id: conn.principal.tenant_id.clone(),
             workspaces: conn.workspaces.clone(),
+            calls: conn.calls.clone(),
             kick: kick.clone(),
             stop: stop_tx,
         },
@@ -72,6 +75,7 @@ pub(super) async fn serve(
         tracing::info!(worker.connection = %connection_id, error = %e, "worker connection ended");
     }
     conn.closing.cancel();
+    conn.calls.close();
     let _ = claimer.await;
     state
         .workers
@@ -222,6 +226,7 @@ async fn read_loop(
 async fn route(conn: &Arc<Conn>, text: &str) {
     let req: Request = match serde_json::from_str(text) {
         Ok(r) => r,
+        Err(_) if conn.calls.answer(text) => return,
         Err(_) => {
             let err = RpcResponse::err(None, RpcError::new(ErrorCode::ParseError));
             conn.send(text_msg(&err)).await;
@@ -246,6 +251,7 @@ async fn route(conn: &Arc<Conn>, text: &str) {
                 Err(mpsc::error::SendError(req)) => return reply_err(conn, req, ErrorCode::TurnNotRunning).await,
             }
         }
+        None if req.method == wp::CALL_ITEM => return conn.calls.item(req.params),
         None if super::turn::is_turn_method(&req.method) => ErrorCode::BadParams,
         None => ErrorCode::MethodNotFound,
     };

@@ -14,6 +14,7 @@
 //! database writes in flight per connection and per replica; at a bound the reader stops
 //! reading, which pushes back on the worker instead of growing memory.
 
+pub(crate) mod calls;
 mod claim;
 mod connection;
 pub(crate) mod interaction;
@@ -45,11 +46,16 @@ pub struct Registry {
     conns: Mutex<HashMap<String, LocalWorker>>,
     /// Database writes in flight for turns, across this replica's worker connections.
     writes: Arc<Semaphore>,
+    /// Ids of worker calls started here.
+    next_call: std::sync::atomic::AtomicU32,
 }
 
 /// A worker connection held by this replica.
 struct LocalWorker {
+    tenant_id: String,
     workspaces: Vec<String>,
+    /// Worker calls (git, files) in progress on this connection.
+    calls: Arc<calls::CallTable>,
     /// Makes the connection claim turns.
     kick: Arc<Notify>,
     /// Turns to stop (cancelled by a client on any replica).
@@ -61,6 +67,7 @@ impl Registry {
         Registry {
             conns: Mutex::default(),
             writes: Arc::new(Semaphore::new(limits.replica_max_turn_writes.max(1))),
+            next_call: Default::default(),
         }
     }
 
@@ -137,6 +144,8 @@ struct Conn {
     writes: Arc<Semaphore>,
     /// Cancelled when the connection ends: turn tasks and the claimer stop.
     closing: tokio_util::sync::CancellationToken,
+    /// Worker calls (git, files) in progress.
+    calls: Arc<calls::CallTable>,
 }
 
 impl Conn {

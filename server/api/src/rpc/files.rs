@@ -1,0 +1,67 @@
+//! `files.list`, `files.watch`, `files.read`: answered by the worker that holds the
+//! session's workspace. The two subscriptions relay the worker's items as they come and end
+//! with its answer; closing one (or the connection) cancels the worker's side.
+
+use berth_protocol::{
+    ErrorCode, FilesListParams, FilesListResult, FilesReadParams, FilesWatchEnd, FilesWatchParams, Method, method,
+};
+use serde_json::Value;
+
+use super::Ctx;
+use crate::{
+    error::{ApiError, ApiResult},
+    workers::calls::{self, CallEvent, CallStream},
+};
+
+/// Methods that stay open as subscriptions (besides `session.watch`).
+pub fn is_subscription(name: &str) -> bool {
+    name == method::FilesWatch::NAME || name == method::FilesRead::NAME
+}
+
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn list(ctx: Ctx, p: FilesListParams) -> ApiResult<FilesListResult> {
+    let me = ctx.principal()?;
+    let workspace = ctx.state.store.session_workspace(&me.tenant_id, &p.session_id).await?;
+    let params = serde_json::to_value(&p).unwrap_or_default();
+    calls::unary(&ctx.state, &me.tenant_id, &workspace, method::FilesList::NAME, params).await
+}
+
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn watch(ctx: Ctx, p: FilesWatchParams) -> ApiResult<Option<FilesWatchEnd>> {
+    let me = ctx.principal()?;
+    let workspace = ctx.state.store.session_workspace(&me.tenant_id, &p.session_id).await?;
+    let params = serde_json::to_value(&p).unwrap_or_default();
+    let stream = calls::call(&ctx.state, &me.tenant_id, &workspace, method::FilesWatch::NAME, params).await?;
+    decode(relay(&ctx, stream).await?)
+}
+
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn read(ctx: Ctx, p: FilesReadParams) -> ApiResult<()> {
+    let me = ctx.principal()?;
+    let workspace = ctx.state.store.session_workspace(&me.tenant_id, &p.session_id).await?;
+    let params = serde_json::to_value(&p).unwrap_or_default();
+    let stream = calls::call(&ctx.state, &me.tenant_id, &workspace, method::FilesRead::NAME, params).await?;
+    relay(&ctx, stream).await?;
+    Ok(())
+}
+
+/// Pass a call's items on as subscription items until its answer. Closing the
+/// subscription (or the connection) drops this future, and with it the call: the worker is
+/// told to stop.
+async fn relay(ctx: &Ctx, mut stream: CallStream) -> ApiResult<Value> {
+    loop {
+        match stream.next().await {
+            Some(CallEvent::Item(item)) => {
+                if !ctx.item(&item).await {
+                    return Err(ApiError(super::gone()));
+                }
+            }
+            Some(CallEvent::Done(result)) => return result.map_err(ApiError),
+            None => return Err(ApiError(super::gone())),
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(v: Value) -> ApiResult<T> {
+    serde_json::from_value(v).map_err(|_| ApiError::code(ErrorCode::Internal))
+}

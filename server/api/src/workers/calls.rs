@@ -1,0 +1,547 @@
+//! Worker calls: a client method (git, files) answered by the worker that holds the
+//! workspace, through whichever replica holds that worker's connection.
+//!
+//! - **Local**: this replica holds a connection serving the workspace. The call goes to the
+//!   connection loop, which sends the worker a `call` request and passes its `call.item`s
+//!   and its answer back through a channel sized to the worker's credit window
+//!   ([`wp::CALL_WINDOW`]); the consumer returns credit (`call.ack`) as it takes items, so a
+//!   slow reader slows the worker instead of growing a buffer.
+//! - **Remote**: presence names another replica. This replica POSTs the call to that
+//!   replica's `/v1/internal/call` (its address from the `replicas` table, authenticated with
+//!   the cluster secret), which runs it locally and streams the events back as JSON lines
+//!   over the HTTP response; TCP carries the back-pressure. Large answers never touch
+//!   PostgreSQL or NOTIFY.
+//!
+//! Every call is bounded: a worker connection serves at most [`CALLS_PER_WORKER`] at once;
+//! unary calls time out, streams time out when idle; a worker or replica that goes away
+//! mid-call ends the call with a typed error.
+
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::{Arc, Mutex, atomic::Ordering},
+    time::Duration,
+};
+
+use axum::{
+    Json,
+    body::Body,
+    extract::{State, ws::Message},
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+};
+use berth_protocol::{ErrorCode, Method, RpcError, jsonrpc::Request, method, worker as wp};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+use super::Registry;
+use crate::{
+    AppState,
+    error::{ApiError, ApiResult},
+};
+
+/// Calls one worker connection serves at once (watches included).
+pub const CALLS_PER_WORKER: usize = 256;
+/// The path replicas forward calls to.
+pub const INTERNAL_CALL_PATH: &str = "/v1/internal/call";
+/// The header carrying the cluster secret.
+const SECRET_HEADER: &str = "x-berth-cluster-secret";
+/// How long a unary call (status, diff, list) may take.
+const UNARY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a stream (a file read) may go without an item.
+const STREAM_IDLE: Duration = Duration::from_secs(60);
+/// How often a forwarding replica shows it is alive on a quiet stream (a watch).
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// A forwarded stream with nothing, not even a keepalive, for this long is dead.
+const REMOTE_IDLE: Duration = Duration::from_secs(45);
+
+/// What a call yields: items (subscriptions), then its answer.
+#[derive(Debug)]
+pub enum CallEvent {
+    Item(Value),
+    Done(Result<Value, RpcError>),
+}
+
+/// The calls in progress on one worker connection, shared by the connection (which
+/// routes the worker's items and answers here) and the calls' consumers.
+pub(super) struct CallTable {
+    /// None once the connection has ended: no call starts, and every consumer's channel
+    /// is closed (which its stream reports as `worker-disconnected`).
+    calls: Mutex<Option<HashMap<u32, mpsc::Sender<CallEvent>>>>,
+    /// To the worker (the connection's writer).
+    out: mpsc::Sender<Message>,
+    slots: Arc<Semaphore>,
+}
+
+fn to_message(req: &berth_protocol::jsonrpc::Request) -> Message {
+    Message::Text(serde_json::to_string(req).unwrap_or_default().into())
+}
+
+impl CallTable {
+    pub(super) fn new(out: mpsc::Sender<Message>) -> Arc<CallTable> {
+        Arc::new(CallTable {
+            calls: Mutex::new(Some(HashMap::new())),
+            out,
+            slots: Arc::new(Semaphore::new(CALLS_PER_WORKER)),
+        })
+    }
+
+    /// The connection ended: every call in progress ends with a typed error.
+    pub(super) fn close(&self) {
+        self.calls.lock().expect("calls lock").take();
+    }
+
+    fn remove(&self, id: u32) -> Option<mpsc::Sender<CallEvent>> {
+        self.calls.lock().expect("calls lock").as_mut()?.remove(&id)
+    }
+
+    fn contains(&self, id: u32) -> bool {
+        self.calls
+            .lock()
+            .expect("calls lock")
+            .as_ref()
+            .is_some_and(|m| m.contains_key(&id))
+    }
+
+    /// A `call.item` from the worker.
+    pub(super) fn item(&self, params: Value) {
+        let Ok(item) = serde_json::from_value::<wp::CallItem>(params) else {
+            return;
+        };
+        let mut calls = self.calls.lock().expect("calls lock");
+        let Some(map) = calls.as_mut() else { return };
+        let Some(tx) = map.get(&item.call_id) else { return };
+        // The worker keeps within its credit, so the channel has room; a worker that does
+        // not ends the call instead of growing a buffer.
+        if tx.try_send(CallEvent::Item(item.item)).is_err() {
+            tracing::warn!("worker overran a call's credit; call ended");
+            if let Some(tx) = map.remove(&item.call_id) {
+                let _ = tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
+            }
+        }
+    }
+
+    /// A response from the worker; true if it answered a call.
+    pub(super) fn answer(&self, text: &str) -> bool {
+        let Ok(resp) = serde_json::from_str::<berth_protocol::jsonrpc::Response>(text) else {
+            return false;
+        };
+        let Some(tx) = resp.id.and_then(|id| self.remove(id)) else {
+            return false;
+        };
+        let done = match (resp.result, resp.error) {
+            (_, Some(e)) => Err(e),
+            (r, None) => Ok(r.unwrap_or(Value::Null)),
+        };
+        let _ = tx.try_send(CallEvent::Done(done));
+        true
+    }
+}
+
+/// How long a call may wait for its worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// One answer within [`UNARY_TIMEOUT`].
+    Unary,
+    /// Items, each within [`STREAM_IDLE`].
+    Stream,
+    /// Items whenever they come (a watch): only a lost worker or replica ends it.
+    Open,
+}
+
+impl Wait {
+    fn of(method_name: &str) -> Wait {
+        match method_name {
+            method::FilesWatch::NAME => Wait::Open,
+            method::FilesRead::NAME => Wait::Stream,
+            _ => Wait::Unary,
+        }
+    }
+}
+
+/// The consumer's end of a call.
+pub struct CallStream {
+    inner: Inner,
+    wait: Wait,
+    deadline: tokio::time::Instant,
+    finished: bool,
+}
+
+enum Inner {
+    Local {
+        id: u32,
+        rx: mpsc::Receiver<CallEvent>,
+        table: Arc<CallTable>,
+        /// Items taken but not yet acknowledged to the worker.
+        unacked: u32,
+        _slot: OwnedSemaphorePermit,
+    },
+    Remote {
+        body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+        buf: Vec<u8>,
+    },
+}
+
+/// One line of a forwarded call's response body.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum Line {
+    Item(Value),
+    Result(Value),
+    Error(RpcError),
+    Keepalive,
+}
+
+fn unavailable(reason: &str) -> RpcError {
+    let mut fields = serde_json::Map::new();
+    fields.insert("reason".into(), reason.into());
+    RpcError::with_fields(ErrorCode::Unavailable, fields)
+}
+
+impl CallStream {
+    /// The next item or the answer; None after the answer.
+    pub async fn next(&mut self) -> Option<CallEvent> {
+        if self.finished {
+            return None;
+        }
+        let limit = match (self.wait, &self.inner) {
+            (Wait::Unary, _) => Some(self.deadline),
+            (_, Inner::Remote { .. }) => Some(tokio::time::Instant::now() + REMOTE_IDLE.max(STREAM_IDLE)),
+            (Wait::Stream, _) => Some(tokio::time::Instant::now() + STREAM_IDLE),
+            (Wait::Open, _) => None,
+        };
+        let event = match limit {
+            Some(at) => match tokio::time::timeout_at(at, self.recv()).await {
+                Ok(e) => e,
+                Err(_) => CallEvent::Done(Err(unavailable("timeout"))),
+            },
+            None => self.recv().await,
+        };
+        if let CallEvent::Done(_) = event {
+            self.finish();
+        }
+        Some(event)
+    }
+
+    async fn recv(&mut self) -> CallEvent {
+        match &mut self.inner {
+            Inner::Local {
+                id, rx, table, unacked, ..
+            } => match rx.recv().await {
+                Some(CallEvent::Item(v)) => {
+                    *unacked += 1;
+                    if *unacked >= wp::CALL_WINDOW / 2 && table.contains(*id) {
+                        let ack = wp::CallAck {
+                            call_id: *id,
+                            items: *unacked,
+                        };
+                        let req = Request::notification(wp::CALL_ACK, serde_json::to_value(ack).unwrap_or_default());
+                        let _ = table.out.send(to_message(&req)).await;
+                        *unacked = 0;
+                    }
+                    CallEvent::Item(v)
+                }
+                Some(done) => done,
+                // The connection loop dropped the call: the worker went away.
+                None => CallEvent::Done(Err(unavailable("worker-disconnected"))),
+            },
+            Inner::Remote { body, buf } => loop {
+                if let Some(end) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=end).collect();
+                    match serde_json::from_slice::<Line>(&line) {
+                        Ok(Line::Item(v)) => return CallEvent::Item(v),
+                        Ok(Line::Result(v)) => return CallEvent::Done(Ok(v)),
+                        Ok(Line::Error(e)) => return CallEvent::Done(Err(e)),
+                        Ok(Line::Keepalive) => continue,
+                        Err(_) => return CallEvent::Done(Err(unavailable("replica-unreachable"))),
+                    }
+                }
+                match body.next().await {
+                    Some(Ok(bytes)) => buf.extend_from_slice(&bytes),
+                    // The forwarding replica went away mid-call.
+                    Some(Err(_)) | None => return CallEvent::Done(Err(unavailable("replica-unreachable"))),
+                }
+            },
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        if let Inner::Local { id, table, .. } = &self.inner
+            && table.remove(*id).is_some()
+        {
+            // Still running on the worker: tell it to stop (from a task, as this may run in
+            // `drop`).
+            let cancel = wp::CallCancel { call_id: *id };
+            let req = Request::notification(wp::CALL_CANCEL, serde_json::to_value(cancel).unwrap_or_default());
+            let out = table.out.clone();
+            tokio::spawn(async move {
+                let _ = out.send(to_message(&req)).await;
+            });
+        }
+    }
+
+    /// Wait for the answer, dropping items (unary methods have none).
+    pub async fn answer(mut self) -> Result<Value, RpcError> {
+        loop {
+            match self.next().await {
+                Some(CallEvent::Done(r)) => return r,
+                Some(CallEvent::Item(_)) => {}
+                None => return Err(unavailable("worker-disconnected")),
+            }
+        }
+    }
+}
+
+impl Drop for CallStream {
+    fn drop(&mut self) {
+        // An unfinished call's answer is no longer wanted: the worker stops working on it.
+        self.finish();
+    }
+}
+
+impl Registry {
+    /// Start `call` on a connection this replica holds for the tenant's workspace (None: it
+    /// holds none).
+    pub(crate) async fn call_local(&self, tenant_id: &str, call: wp::Call) -> ApiResult<Option<CallStream>> {
+        let table = {
+            let conns = self.conns.lock().expect("registry lock");
+            let worker = conns
+                .values()
+                .find(|w| w.tenant_id == tenant_id && w.workspaces.contains(&call.workspace_id));
+            match worker {
+                Some(w) => w.calls.clone(),
+                None => return Ok(None),
+            }
+        };
+        let slot = table
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ApiError::with(ErrorCode::RateLimited, json!({"limit": "worker-calls"})))?;
+        let id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        // Room for a full credit window plus the answer: the worker never sends more.
+        let (tx, rx) = mpsc::channel(wp::CALL_WINDOW as usize + 2);
+        let wait = Wait::of(&call.method);
+        let req = Request::new(id, wp::CALL, serde_json::to_value(&call).unwrap_or_default());
+        {
+            let mut calls = table.calls.lock().expect("calls lock");
+            let Some(map) = calls.as_mut() else {
+                return Ok(None);
+            };
+            map.insert(id, tx);
+        }
+        let stream = CallStream {
+            inner: Inner::Local {
+                id,
+                rx,
+                table: table.clone(),
+                unacked: 0,
+                _slot: slot,
+            },
+            wait,
+            deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
+            finished: false,
+        };
+        // If the connection is gone meanwhile, the stream reports it.
+        let _ = table.out.send(to_message(&req)).await;
+        Ok(Some(stream))
+    }
+}
+
+/// The request body of a forwarded call.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Forwarded {
+    tenant_id: String,
+    call: wp::Call,
+}
+
+/// Start `method` on the worker that holds `workspace_id`, wherever it is connected.
+/// `workspace-offline` when no worker holds it.
+pub async fn call(
+    state: &AppState,
+    tenant_id: &str,
+    workspace_id: &str,
+    method_name: &str,
+    params: Value,
+) -> ApiResult<CallStream> {
+    let call = wp::Call {
+        workspace_id: workspace_id.to_string(),
+        method: method_name.to_string(),
+        params,
+    };
+    if let Some(stream) = state.workers.call_local(tenant_id, call.clone()).await? {
+        return Ok(stream);
+    }
+    let offline = || ApiError::code(ErrorCode::WorkspaceOffline);
+    let route = state
+        .store
+        .worker_route(tenant_id, workspace_id)
+        .await?
+        .ok_or_else(offline)?;
+    if route.replica_id == state.config.replica_id {
+        // Presence not yet cleaned up after our connection ended.
+        return Err(offline());
+    }
+    let Some(url) = route.internal_url else {
+        return Err(ApiError(unavailable("replica-unreachable")));
+    };
+    let body = Forwarded {
+        tenant_id: tenant_id.to_string(),
+        call,
+    };
+    let resp = state
+        .http
+        .post(format!("{}{INTERNAL_CALL_PATH}", url.trim_end_matches('/')))
+        .header(SECRET_HEADER, &state.cluster.secret)
+        .json(&body)
+        .send()
+        .await;
+    let resp = match resp {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            tracing::warn!(replica = %route.replica_id, status = %r.status(), "forwarding a worker call was refused");
+            return Err(ApiError(unavailable("replica-unreachable")));
+        }
+        Err(e) => {
+            tracing::warn!(replica = %route.replica_id, error = %e, "forwarding a worker call failed");
+            return Err(ApiError(unavailable("replica-unreachable")));
+        }
+    };
+    Ok(CallStream {
+        inner: Inner::Remote {
+            body: Box::pin(resp.bytes_stream()),
+            buf: Vec::new(),
+        },
+        wait: Wait::of(method_name),
+        deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
+        finished: false,
+    })
+}
+
+/// A unary call's answer, decoded.
+pub async fn unary<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    tenant_id: &str,
+    workspace_id: &str,
+    method_name: &str,
+    params: Value,
+) -> ApiResult<T> {
+    let stream = call(state, tenant_id, workspace_id, method_name, params).await?;
+    let value = stream.answer().await.map_err(ApiError)?;
+    serde_json::from_value(value).map_err(|e| {
+        tracing::warn!(method = method_name, error = %e, "worker answered with a malformed result");
+        ApiError::code(ErrorCode::Internal)
+    })
+}
+
+/// `POST /v1/internal/call`: another replica forwards a call for a worker this replica holds.
+pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Json(req): Json<Forwarded>) -> Response {
+    let presented = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+    let expected = state.cluster.secret.as_bytes();
+    if !bool::from(subtle::ConstantTimeEq::ct_eq(presented, expected)) {
+        state.metrics.auth_failures.with_label_values(&["cluster"]).inc();
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    let line = |l: &Line| {
+        let mut v = serde_json::to_vec(l).unwrap_or_default();
+        v.push(b'\n');
+        Bytes::from(v)
+    };
+    match state.workers.call_local(&req.tenant_id, req.call).await {
+        Ok(Some(mut stream)) => {
+            tokio::spawn(async move {
+                let mut keepalive = tokio::time::interval(KEEPALIVE);
+                keepalive.tick().await;
+                loop {
+                    let out = tokio::select! {
+                        ev = stream.next() => match ev {
+                            Some(CallEvent::Item(v)) => Line::Item(v),
+                            Some(CallEvent::Done(Ok(v))) => Line::Result(v),
+                            Some(CallEvent::Done(Err(e))) => Line::Error(e),
+                            None => break,
+                        },
+                        _ = keepalive.tick() => Line::Keepalive,
+                    };
+                    // The requesting replica went away: dropping the stream cancels the call.
+                    if tx.send(line(&out)).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Ok(None) => {
+            let _ = tx.try_send(line(&Line::Error(RpcError::new(ErrorCode::WorkspaceOffline))));
+        }
+        Err(e) => {
+            let _ = tx.try_send(line(&Line::Error(e.0)));
+        }
+    }
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    Response::builder()
+        .header("content-type", "application/x-ndjson")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// What this replica needs to take part in routing.
+pub struct Cluster {
+    /// Shared by every replica of the database (generated by the first).
+    pub secret: String,
+    /// Where other replicas reach this one (None: they cannot; see `BERTH_INTERNAL_URL`).
+    pub internal_url: Option<String>,
+}
+
+impl Cluster {
+    /// Load the cluster secret and work out this replica's internal address: the configured
+    /// one, else the listener's own address unless it is a wildcard.
+    pub async fn load(
+        store: &berth_store::Store,
+        configured: Option<&str>,
+        listen: std::net::SocketAddr,
+    ) -> anyhow::Result<Cluster> {
+        let mut bytes = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+        let candidate: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let secret = store.cluster_secret(&candidate).await?;
+        let internal_url = match configured {
+            Some(u) => Some(u.trim_end_matches('/').to_string()),
+            None if listen.ip().is_unspecified() => {
+                tracing::warn!(
+                    "BERTH_INTERNAL_URL is not set and the listener is a wildcard address: other replicas cannot forward worker calls to this one"
+                );
+                None
+            }
+            None => Some(format!("http://{listen}")),
+        };
+        Ok(Cluster { secret, internal_url })
+    }
+}
+
+/// Keep this replica's internal address announced while it runs.
+pub fn spawn_announce(state: AppState) {
+    let Some(url) = state.cluster.internal_url.clone() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(30));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => if let Err(e) = state.store.replica_announce(&state.config.replica_id, &url).await {
+                    tracing::warn!(error = %e, "announcing this replica's address failed");
+                },
+                _ = state.shutdown.cancelled() => return,
+            }
+        }
+    });
+}

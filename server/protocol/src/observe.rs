@@ -1,0 +1,287 @@
+//! Observing a workspace (answered by the worker that holds it): `git.*`, `files.*` and the
+//! workspace methods that read or change the workspace itself.
+//!
+//! Paths inside a workspace travel as [`WorkspacePath`]: the exact relative pathname bytes,
+//! base64-encoded, so names that are not UTF-8 survive the round trip.
+
+use serde::{Deserialize, Serialize};
+
+/// A relative path inside a workspace: its exact bytes, base64 (standard, padded).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspacePath {
+    pub bytes_base64: String,
+}
+
+/// `git.status` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GitStatusParams {
+    pub session_id: String,
+}
+
+/// The repository's state: `null` as a whole when the workspace is not a repository.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GitStatus {
+    /// Absent for an unborn repository (no commit yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<GitHead>,
+    /// HEAD compared to the index.
+    pub staged: Vec<GitEntry>,
+    /// The index compared to the files.
+    pub worktree: Vec<GitEntry>,
+    /// Files neither tracked nor ignored.
+    pub untracked: Vec<GitEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GitHead {
+    /// The commit id (hex).
+    pub oid: String,
+    /// The branch HEAD points at (`refs/heads/…`); absent when detached.
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GitEntry {
+    pub path: WorkspacePath,
+    pub change: GitChange,
+}
+
+/// How a path changed. Renames are a deletion plus an addition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GitChange {
+    Added,
+    Modified,
+    Deleted,
+    /// File ↔ symlink ↔ submodule.
+    TypeChanged,
+    /// A merge conflict (the index holds several stages).
+    Unmerged,
+}
+
+/// Which comparison `git.diff` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GitArea {
+    /// HEAD → index.
+    Staged,
+    /// Index → file.
+    Worktree,
+    /// Empty → file.
+    Untracked,
+}
+
+/// `git.diff` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GitDiffParams {
+    pub session_id: String,
+    pub path: WorkspacePath,
+    pub area: GitArea,
+}
+
+/// One path's difference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum GitDiff {
+    /// A unified diff (`--- a/…`, `+++ b/…`, hunks with 3 lines of context).
+    Text {
+        patch: String,
+    },
+    Binary,
+    Unchanged,
+    /// This path cannot be compared (e.g. `submodule`, `not-utf8`).
+    Unsupported {
+        reason: String,
+    },
+}
+
+/// `files.list` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FilesListParams {
+    pub session_id: String,
+    /// The directory; absent or null for the workspace root.
+    #[serde(default)]
+    pub path: Option<WorkspacePath>,
+    /// The `next` of the previous page.
+    #[serde(default)]
+    pub after: Option<String>,
+}
+
+/// One page of a directory's direct children, sorted by name bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FilesListResult {
+    /// Identifies the directory itself (device and inode); compare with `files.watch`'s `ready`.
+    pub directory_identity: String,
+    pub entries: Vec<FileEntry>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileEntry {
+    /// The path relative to the workspace root.
+    pub path: WorkspacePath,
+    pub kind: FileKind,
+    /// Bytes, for regular files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FileKind {
+    File,
+    Dir,
+    /// A leaf: never followed.
+    Symlink,
+    Other,
+}
+
+/// `files.watch` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FilesWatchParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub path: Option<WorkspacePath>,
+}
+
+/// A `files.watch` item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum FilesWatchItem {
+    /// The initial scan is done.
+    #[serde(rename_all = "camelCase")]
+    Ready { directory_identity: String },
+    /// The directory needs rereading (coalesced).
+    Changed,
+}
+
+/// How a `files.watch` ended: `unavailable` when the directory was removed or replaced;
+/// null when it was closed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum FilesWatchEnd {
+    Unavailable,
+}
+
+/// `files.read` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FilesReadParams {
+    pub session_id: String,
+    pub path: WorkspacePath,
+    /// Read only if the file is still this version (else a `changed` item).
+    #[serde(default)]
+    pub expected_version: Option<String>,
+}
+
+/// A `files.read` item: `begin`, `chunk`s, `end`; or one explicit outcome instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum FilesReadItem {
+    #[serde(rename_all = "camelCase")]
+    Begin {
+        version: String,
+        size: u64,
+        kind: FileContentKind,
+        mime: String,
+    },
+    /// At most 32 KiB of original bytes; text chunks end on UTF-8 boundaries.
+    #[serde(rename_all = "camelCase")]
+    Chunk { offset: u64, data_base64: String },
+    /// `sha256` (hex) covers every byte delivered; `replaced` says the path no longer names
+    /// the version delivered (it was replaced or changed while being read).
+    #[serde(rename_all = "camelCase")]
+    End {
+        version: String,
+        size: u64,
+        sha256: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        replaced: bool,
+    },
+    /// No such file.
+    Absent,
+    /// The file is not `expectedVersion` any more.
+    #[serde(rename_all = "camelCase")]
+    Changed { version: String },
+    /// Neither UTF-8 text nor a supported image.
+    Binary,
+    /// Not a regular file, or too large (`reason`).
+    #[serde(rename_all = "camelCase")]
+    Unsupported { reason: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FileContentKind {
+    Text,
+    Image,
+}
+
+/// `workspace.rename` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceRenameParams {
+    pub workspace_id: String,
+    pub title: String,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+/// `workspace.remove` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceRemoveParams {
+    pub workspace_id: String,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+}
+
+/// `workspace.files` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceFilesParams {
+    pub workspace_id: String,
+    /// Only paths starting with this (`/`-separated, relative).
+    #[serde(default)]
+    pub prefix: Option<String>,
+}
+
+/// Completion candidates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceFilesResult {
+    /// Sorted by path; ancestors of matching files are included as directories.
+    pub entries: Vec<WorkspaceFile>,
+    /// More matched than [`WORKSPACE_FILES_MAX`].
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceFile {
+    /// Relative, `/`-separated.
+    pub path: String,
+    pub dir: bool,
+}
+
+/// The most entries `workspace.files` answers.
+pub const WORKSPACE_FILES_MAX: usize = 2000;
+/// The most entries a `files.list` page holds.
+pub const FILES_LIST_PAGE: usize = 128;
+/// The soft byte target of a `files.list` page.
+pub const FILES_LIST_BYTES: usize = 512 << 10;
+/// The most original bytes a `files.read` chunk carries.
+pub const FILES_READ_CHUNK: usize = 32 << 10;

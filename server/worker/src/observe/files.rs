@@ -1,0 +1,487 @@
+//! `files.list`, `files.read`, `files.watch`: every path goes through the worker's one
+//! confinement ([`Workspace`]), opened beneath the workspace root with the last component
+//! never followed.
+
+use std::{
+    ffi::OsStr,
+    io::Read,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use base64::Engine;
+use berth_protocol::{
+    ErrorCode, FILES_LIST_BYTES, FILES_LIST_PAGE, FILES_READ_CHUNK, FileContentKind, FileEntry, FileKind,
+    FilesListParams, FilesListResult, FilesReadItem, FilesReadParams, FilesWatchEnd, FilesWatchItem, FilesWatchParams,
+    RpcError,
+};
+use cap_std::fs::MetadataExt;
+use sha2::{Digest, Sha256};
+
+use super::{Items, decode_path, encode_path, failure};
+use crate::workspace::{OpenError, Workspace};
+
+/// Entries never listed or read: git's directory and Berth's own state.
+const EXCLUDED: &[&[u8]] = &[b".git", b".berth"];
+/// The largest file `files.read` captures (it holds the whole file in one buffer).
+pub(crate) const READ_MAX: u64 = 64 << 20;
+/// How long changes settle before `changed` goes out (coalescing bursts).
+const SETTLE: Duration = Duration::from_millis(50);
+/// The polling fallback rests at least this long between scans…
+const POLL_MIN_PAUSE: Duration = Duration::from_secs(1);
+/// …and at least this many times the last scan's duration (a 10% duty cycle).
+const POLL_PAUSE_FACTOR: u32 = 9;
+
+fn open_failure(e: OpenError) -> RpcError {
+    match e {
+        OpenError::Absent => failure(ErrorCode::NotFound, "reason", "absent"),
+        OpenError::Symlink => failure(ErrorCode::Unsupported, "reason", "symlink"),
+        OpenError::WrongKind => failure(ErrorCode::BadParams, "reason", "wrong-kind"),
+        OpenError::Outside => failure(ErrorCode::Forbidden, "reason", "outside-workspace"),
+        OpenError::Raced => failure(ErrorCode::Unavailable, "reason", "changed-during-open"),
+        OpenError::Io(e) => io_failure(&e),
+    }
+}
+
+fn io_failure(e: &std::io::Error) -> RpcError {
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        return failure(ErrorCode::Forbidden, "reason", "permission-denied");
+    }
+    tracing::warn!(error = %e, "workspace I/O failed");
+    failure(ErrorCode::Unavailable, "reason", "io-error")
+}
+
+/// The relative path of a client's optional directory (`.` for the root); `.git` and
+/// Berth's state are never entered.
+fn directory(p: Option<&berth_protocol::WorkspacePath>) -> Result<PathBuf, RpcError> {
+    match p {
+        None => Ok(PathBuf::from(".")),
+        Some(p) => relative(p),
+    }
+}
+
+fn relative(p: &berth_protocol::WorkspacePath) -> Result<PathBuf, RpcError> {
+    let bytes = decode_path(p)?;
+    if bytes.split(|b| *b == b'/').any(|c| EXCLUDED.contains(&c)) {
+        return Err(failure(ErrorCode::Forbidden, "reason", "private"));
+    }
+    Ok(PathBuf::from(OsStr::from_bytes(&bytes)))
+}
+
+fn identity(meta: &cap_std::fs::Metadata) -> String {
+    format!("{:x}:{:x}", meta.dev(), meta.ino())
+}
+
+fn join(dir: &Path, name: &[u8]) -> Vec<u8> {
+    if dir == Path::new(".") {
+        name.to_vec()
+    } else {
+        let mut p = dir.as_os_str().as_bytes().to_vec();
+        p.push(b'/');
+        p.extend_from_slice(name);
+        p
+    }
+}
+
+/// `files.list`: one page of direct children, sorted by name bytes.
+pub(crate) fn list(ws: &Workspace, p: &FilesListParams) -> Result<FilesListResult, RpcError> {
+    let rel = directory(p.path.as_ref())?;
+    let dir = ws.open_directory(&rel).map_err(open_failure)?;
+    let after = match &p.after {
+        Some(a) => Some(
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(a)
+                .map_err(|_| failure(ErrorCode::BadParams, "field", "after"))?,
+        ),
+        None => None,
+    };
+    let mut names = Vec::new();
+    for entry in dir.handle.entries().map_err(|e| io_failure(&e))? {
+        let entry = entry.map_err(|e| io_failure(&e))?;
+        let name = entry.file_name().as_bytes().to_vec();
+        if EXCLUDED.contains(&name.as_slice()) || after.as_ref().is_some_and(|a| name <= *a) {
+            continue;
+        }
+        names.push((name, entry));
+    }
+    names.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut entries = Vec::new();
+    let mut bytes = 0usize;
+    let mut last: Option<Vec<u8>> = None;
+    let mut next = None;
+    for (name, entry) in names {
+        let (kind, size) = match entry.metadata() {
+            Ok(m) if m.file_type().is_symlink() => (FileKind::Symlink, None),
+            Ok(m) if m.is_dir() => (FileKind::Dir, None),
+            Ok(m) if m.is_file() => (FileKind::File, Some(m.len())),
+            // Gone since the directory was read, or unreadable: still an entry.
+            _ => (FileKind::Other, None),
+        };
+        let e = FileEntry {
+            path: encode_path(&join(&rel, &name)),
+            kind,
+            size,
+        };
+        // Roughly what the entry costs on the wire; one complete first entry always fits.
+        let cost = e.path.bytes_base64.len() + 64;
+        if entries.len() == FILES_LIST_PAGE || (!entries.is_empty() && bytes + cost > FILES_LIST_BYTES) {
+            // The cursor is the last name delivered.
+            next = last.map(|n| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(n));
+            break;
+        }
+        bytes += cost;
+        entries.push(e);
+        last = Some(name);
+    }
+    Ok(FilesListResult {
+        directory_identity: identity(&dir.meta),
+        entries,
+        next,
+    })
+}
+
+/// What `files.read` captured: one buffer, and the identity it came from.
+struct Capture {
+    data: Vec<u8>,
+    meta: cap_std::fs::Metadata,
+    version: String,
+    /// SHA-256 of `data`, hex (every chunk is cut from `data`, so it is the digest of
+    /// what is delivered).
+    sha256: String,
+}
+
+fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, digest: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(digest);
+    h.update(format!("{}:{}:{}:", meta.dev(), meta.ino(), parent).as_bytes());
+    h.update(rel.as_os_str().as_bytes());
+    let v = h.finalize();
+    v[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Read the whole file through one handle; retried when a writer changed it meanwhile.
+fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>, RpcError> {
+    let parent = rel
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    for _ in 0..3 {
+        let opened = match ws.open_regular(rel) {
+            Ok(o) => o,
+            Err(OpenError::Absent) => return Ok(Err(FilesReadItem::Absent)),
+            Err(OpenError::Symlink) => {
+                return Ok(Err(FilesReadItem::Unsupported {
+                    reason: "symlink".into(),
+                }));
+            }
+            Err(OpenError::WrongKind) => {
+                return Ok(Err(FilesReadItem::Unsupported {
+                    reason: "not-a-file".into(),
+                }));
+            }
+            Err(OpenError::Raced) => continue,
+            Err(e) => return Err(open_failure(e)),
+        };
+        if opened.meta.len() > READ_MAX {
+            return Ok(Err(FilesReadItem::Unsupported {
+                reason: "too-large".into(),
+            }));
+        }
+        let mut data = Vec::with_capacity(opened.meta.len() as usize);
+        (&opened.handle)
+            .take(READ_MAX + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| io_failure(&e))?;
+        let after = cap_std::fs::Metadata::from_file(&opened.handle).map_err(|e| io_failure(&e))?;
+        if after.len() != data.len() as u64
+            || after.mtime() != opened.meta.mtime()
+            || after.mtime_nsec() != opened.meta.mtime_nsec()
+        {
+            // Written to while we read: read again.
+            continue;
+        }
+        let parent_id = ws.lstat(parent).map(|m| identity(&m)).unwrap_or_default();
+        let digest = Sha256::digest(&data);
+        let version = version(rel, &after, &parent_id, &digest);
+        return Ok(Ok(Capture {
+            data,
+            meta: after,
+            version,
+            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+        }));
+    }
+    Err(failure(ErrorCode::Unavailable, "reason", "changing"))
+}
+
+/// The image types a client can show, by their magic bytes.
+fn image_mime(data: &[u8]) -> Option<&'static str> {
+    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if data.starts_with(b"\xff\xd8\xff") {
+        Some("image/jpeg")
+    } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if data.len() >= 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}
+
+/// Chunk boundaries: at most [`FILES_READ_CHUNK`] bytes, text cut on UTF-8 boundaries.
+fn chunk_ends(data: &[u8], text: bool) -> Vec<usize> {
+    let mut ends = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let mut end = (at + FILES_READ_CHUNK).min(data.len());
+        // A UTF-8 continuation byte (10xxxxxx) cannot start a chunk.
+        while text && end < data.len() && end > at && data[end] & 0xC0 == 0x80 {
+            end -= 1;
+        }
+        ends.push(end);
+        at = end;
+    }
+    ends
+}
+
+/// `files.read`: `begin`, chunks and `end` from one buffer, or one explicit outcome.
+pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) -> Result<(), RpcError> {
+    let rel = relative(&p.path)?;
+    let (w, r) = (ws.clone(), rel.clone());
+    let capture = super::blocking(move || capture(&w, &r)).await?;
+    let cap = match capture {
+        Ok(c) => c,
+        Err(outcome) => {
+            items.send(&outcome).await;
+            return Ok(());
+        }
+    };
+    if let Some(expected) = &p.expected_version
+        && *expected != cap.version
+    {
+        items.send(&FilesReadItem::Changed { version: cap.version }).await;
+        return Ok(());
+    }
+    // Git's rule for binary (a NUL early on) and then UTF-8 decide what is text.
+    let nul = cap.data[..cap.data.len().min(8000)].contains(&0);
+    let (kind, mime) = if !nul && std::str::from_utf8(&cap.data).is_ok() {
+        (FileContentKind::Text, "text/plain; charset=utf-8")
+    } else if let Some(mime) = image_mime(&cap.data) {
+        (FileContentKind::Image, mime)
+    } else {
+        items.send(&FilesReadItem::Binary).await;
+        return Ok(());
+    };
+    let size = cap.data.len() as u64;
+    let begin = FilesReadItem::Begin {
+        version: cap.version.clone(),
+        size,
+        kind,
+        mime: mime.into(),
+    };
+    if !items.send(&begin).await {
+        return Ok(());
+    }
+    let mut offset = 0usize;
+    for end in chunk_ends(&cap.data, kind == FileContentKind::Text) {
+        let piece = &cap.data[offset..end];
+        let chunk = FilesReadItem::Chunk {
+            offset: offset as u64,
+            data_base64: base64::engine::general_purpose::STANDARD.encode(piece),
+        };
+        if !items.send(&chunk).await {
+            return Ok(());
+        }
+        offset = end;
+    }
+    // Whether the path still names what was delivered.
+    let (w, r) = (ws.clone(), rel.clone());
+    let now = super::blocking(move || Ok(w.lstat(&r).ok())).await?;
+    let replaced = !now.is_some_and(|m| {
+        (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec())
+            == (
+                cap.meta.dev(),
+                cap.meta.ino(),
+                cap.meta.len(),
+                cap.meta.mtime(),
+                cap.meta.mtime_nsec(),
+            )
+    });
+    let end = FilesReadItem::End {
+        version: cap.version,
+        size,
+        sha256: cap.sha256,
+        replaced,
+    };
+    items.send(&end).await;
+    Ok(())
+}
+
+/// A cheap signature of a directory's entries (names, kinds, sizes, times) for polling.
+fn scan(ws: &Workspace, rel: &Path) -> Result<Option<(String, Vec<u8>)>, RpcError> {
+    let dir = match ws.open_directory(rel) {
+        Ok(d) => d,
+        Err(OpenError::Absent | OpenError::WrongKind | OpenError::Symlink | OpenError::Raced) => return Ok(None),
+        Err(e) => return Err(open_failure(e)),
+    };
+    let mut h = Sha256::new();
+    let mut rows = Vec::new();
+    for entry in dir.handle.entries().map_err(|e| io_failure(&e))? {
+        let entry = entry.map_err(|e| io_failure(&e))?;
+        let mut row = entry.file_name().as_bytes().to_vec();
+        if let Ok(m) = entry.metadata() {
+            row.extend_from_slice(format!("\0{}:{}:{}:{}", m.ino(), m.len(), m.mtime(), m.mtime_nsec()).as_bytes());
+        }
+        rows.push(row);
+    }
+    rows.sort();
+    for r in rows {
+        h.update(&r);
+        h.update(b"\n");
+    }
+    Ok(Some((identity(&dir.meta), h.finalize().to_vec())))
+}
+
+/// Filesystems whose changes made elsewhere (another client of the share) never reach
+/// inotify: NFS, SMB/CIFS, FUSE, 9p, Ceph, AFS, Coda (`statfs` magic numbers).
+const REMOTE_FILESYSTEMS: &[u64] = &[
+    0x6969,
+    0x517B,
+    0xFE53_4D42,
+    0xFF53_4D42,
+    0x6573_5546,
+    0x0102_1997,
+    0x00C3_6400,
+    0x5346_414F,
+    0x7375_7245,
+];
+
+/// Whether native notifications can be trusted for the directory `dir`.
+fn notifications_trusted(dir: &cap_std::fs::Dir) -> bool {
+    match rustix::fs::fstatfs(dir) {
+        Ok(fs) => !REMOTE_FILESYSTEMS.contains(&((fs.f_type as u64) & 0xFFFF_FFFF)),
+        Err(_) => false,
+    }
+}
+
+/// `files.watch`: `ready`, then `changed` (coalesced) whenever the directory needs
+/// rereading; ends with `unavailable` when it is removed or replaced. Native notifications
+/// (inotify through `notify`) when they can be set up and trusted (a local filesystem),
+/// else metadata polling at a 10% duty cycle.
+pub(crate) async fn watch(
+    ws: Arc<Workspace>,
+    p: FilesWatchParams,
+    items: &Items,
+) -> Result<Option<FilesWatchEnd>, RpcError> {
+    let rel = directory(p.path.as_ref())?;
+    let dir = ws.open_directory(&rel).map_err(open_failure)?;
+    let ready_identity = identity(&dir.meta);
+    let trusted = notifications_trusted(&dir.handle);
+    drop(dir);
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let native = if !trusted {
+        Err(notify::Error::generic("a remote filesystem"))
+    } else {
+        use notify::Watcher;
+        let wake = wake.clone();
+        notify::recommended_watcher(move |_event: notify::Result<notify::Event>| wake.notify_one()).and_then(|mut w| {
+            w.watch(&ws.root().join(&rel), notify::RecursiveMode::NonRecursive)?;
+            Ok(w)
+        })
+    };
+    let native = match native {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::info!(error = %e, "native file notifications unavailable or untrusted; polling");
+            None
+        }
+    };
+    // The directory as of `ready` (after the watch is in place, so nothing falls between).
+    let (w, r) = (ws.clone(), rel.clone());
+    let Some((identity_now, mut signature)) = super::blocking(move || scan(&w, &r)).await? else {
+        return Ok(Some(FilesWatchEnd::Unavailable));
+    };
+    if identity_now != ready_identity {
+        return Ok(Some(FilesWatchEnd::Unavailable));
+    }
+    if !items
+        .send(&FilesWatchItem::Ready {
+            directory_identity: ready_identity.clone(),
+        })
+        .await
+    {
+        return Ok(None);
+    }
+    let mut pause = POLL_MIN_PAUSE;
+    loop {
+        if native.is_some() {
+            wake.notified().await;
+            tokio::time::sleep(SETTLE).await;
+        } else {
+            tokio::time::sleep(pause).await;
+        }
+        let started = Instant::now();
+        let (w, r) = (ws.clone(), rel.clone());
+        let scanned = super::blocking(move || scan(&w, &r)).await?;
+        pause = POLL_MIN_PAUSE.max(started.elapsed() * POLL_PAUSE_FACTOR);
+        let Some((id, sig)) = scanned else {
+            return Ok(Some(FilesWatchEnd::Unavailable));
+        };
+        if id != ready_identity {
+            return Ok(Some(FilesWatchEnd::Unavailable));
+        }
+        // Native events for the directory itself (e.g. its own times) need no reread.
+        if sig != signature {
+            signature = sig;
+            if !items.send(&FilesWatchItem::Changed).await {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_bounded_and_end_on_utf8_boundaries() {
+        let text = "é".repeat(40_000); // 80 000 bytes of two-byte characters
+        let data = text.as_bytes();
+        let ends = chunk_ends(data, true);
+        let mut at = 0;
+        for end in &ends {
+            assert!(end - at <= FILES_READ_CHUNK);
+            assert!(std::str::from_utf8(&data[at..*end]).is_ok());
+            at = *end;
+        }
+        assert_eq!(at, data.len());
+        assert_eq!(chunk_ends(b"", true), Vec::<usize>::new());
+        assert_eq!(chunk_ends(&[0u8; 70_000], false), vec![32768, 65536, 70_000]);
+    }
+
+    #[test]
+    fn local_directories_are_watched_natively() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        let dir = ws.open_directory(Path::new(".")).unwrap();
+        assert!(notifications_trusted(&dir.handle));
+    }
+
+    #[test]
+    fn polling_sees_changes_and_the_directory_going_away() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        let d = Path::new("d");
+        let (id, first) = scan(&ws, d).unwrap().unwrap();
+        std::fs::write(tmp.path().join("d/new.txt"), "x").unwrap();
+        let (id2, second) = scan(&ws, d).unwrap().unwrap();
+        assert_eq!(id, id2);
+        assert_ne!(first, second);
+        std::fs::remove_dir_all(tmp.path().join("d")).unwrap();
+        assert!(scan(&ws, d).unwrap().is_none());
+    }
+}

@@ -1,0 +1,595 @@
+//! `git.status` and `git.diff`, computed here from what `gix` reads (refs, objects, the
+//! index) plus `lstat` and content hashes of the files, so that no configured command ever
+//! runs: no filter, hook, fsmonitor, textconv or external diff. Repository features this
+//! cannot honour without running something (external filters) or does not handle
+//! (sparse checkout, submodules) fail explicitly with `unsupported {feature}`.
+//!
+//! The workspace must be the repository root: a workspace without `.git` is not a
+//! repository (`null`), whatever its parent directories are.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    ffi::OsStr,
+    os::unix::{ffi::OsStrExt, fs::PermissionsExt},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use berth_protocol::{ErrorCode, GitArea, GitChange, GitDiff, GitEntry, GitHead, GitStatus, RpcError};
+use gix::{ObjectId, bstr::ByteSlice, index::entry::Mode, objs::tree::EntryKind};
+
+use super::{encode_path, failure};
+
+/// Git's rule: a NUL in the first 8000 bytes makes content binary.
+const BINARY_PROBE: usize = 8000;
+
+/// `unsupported {feature}`.
+fn unsupported(feature: &str) -> RpcError {
+    failure(ErrorCode::Unsupported, "feature", feature)
+}
+
+fn broken(e: impl std::fmt::Display) -> RpcError {
+    tracing::warn!(error = %e, "reading the repository failed");
+    failure(ErrorCode::Unavailable, "reason", "repository-unreadable")
+}
+
+/// The repository at exactly `root`, or None when `root` is not a repository root.
+fn open(root: &Path) -> Result<Option<gix::Repository>, RpcError> {
+    if std::fs::symlink_metadata(root.join(".git")).is_err() {
+        return Ok(None);
+    }
+    let repo = gix::open(root).map_err(broken)?;
+    if repo.workdir().is_none() {
+        return Err(unsupported("bare-repository"));
+    }
+    Ok(Some(repo))
+}
+
+/// What a tree or the index says about one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Item {
+    id: ObjectId,
+    kind: EntryKind,
+}
+
+/// A tree flattened: blobs, symlinks and submodules by path.
+type Flat = BTreeMap<Vec<u8>, Item>;
+/// One side of a diff: the content git would store, and its kind (None: absent).
+type Side = Option<(Vec<u8>, EntryKind)>;
+
+/// HEAD's tree, flattened (empty when unborn).
+fn head_tree(repo: &gix::Repository) -> Result<(Option<GitHead>, Flat), RpcError> {
+    let head = repo.head().map_err(broken)?;
+    let reference = head.referent_name().map(|n| n.as_bstr().to_str_lossy().into_owned());
+    let Some(id) = head.id() else {
+        return Ok((None, BTreeMap::new()));
+    };
+    let git_head = GitHead {
+        oid: id.to_string(),
+        reference: if head.is_detached() { None } else { reference },
+    };
+    let tree = repo.head_commit().map_err(broken)?.tree().map_err(broken)?;
+    let files = tree.traverse().breadthfirst.files().map_err(broken)?;
+    let mut map = BTreeMap::new();
+    for f in files {
+        let kind = f.mode.kind();
+        if kind == EntryKind::Tree {
+            continue;
+        }
+        map.insert(f.filepath.to_vec(), Item { id: f.oid, kind });
+    }
+    Ok((Some(git_head), map))
+}
+
+fn index_kind(mode: Mode) -> Option<EntryKind> {
+    match mode {
+        Mode::FILE => Some(EntryKind::Blob),
+        Mode::FILE_EXECUTABLE => Some(EntryKind::BlobExecutable),
+        Mode::SYMLINK => Some(EntryKind::Link),
+        Mode::COMMIT => Some(EntryKind::Commit),
+        _ => None,
+    }
+}
+
+/// The index, checked for features this module does not handle.
+struct Index {
+    file: gix::worktree::Index,
+    /// Stage-0 entries by path.
+    entries: BTreeMap<Vec<u8>, usize>,
+    /// Paths with conflict stages.
+    unmerged: BTreeSet<Vec<u8>>,
+}
+
+fn load_index(repo: &gix::Repository) -> Result<Index, RpcError> {
+    let file = repo.index_or_empty().map_err(broken)?;
+    if file.is_sparse() {
+        return Err(unsupported("sparse-checkout"));
+    }
+    let mut entries = BTreeMap::new();
+    let mut unmerged = BTreeSet::new();
+    for (i, e) in file.entries().iter().enumerate() {
+        if e.flags.contains(gix::index::entry::Flags::SKIP_WORKTREE) {
+            return Err(unsupported("sparse-checkout"));
+        }
+        if e.mode == Mode::COMMIT {
+            return Err(unsupported("submodules"));
+        }
+        let path = e.path(&file).to_vec();
+        if e.stage() != gix::index::entry::Stage::Unconflicted {
+            unmerged.insert(path);
+        } else {
+            entries.insert(path, i);
+        }
+    }
+    Ok(Index {
+        file,
+        entries,
+        unmerged,
+    })
+}
+
+/// Refuse repositories whose attributes select a filter driver with a configured command:
+/// comparing without running it would be wrong, and running it is never allowed.
+fn check_filters(repo: &gix::Repository, root: &Path, attribute_files: &[PathBuf]) -> Result<(), RpcError> {
+    let config = repo.config_snapshot();
+    let mut files = vec![root.join(".gitattributes"), repo.git_dir().join("info/attributes")];
+    files.extend_from_slice(attribute_files);
+    for file in files {
+        let Ok(text) = std::fs::read(&file) else { continue };
+        for token in text.split(|b| b.is_ascii_whitespace()) {
+            let Some(name) = token.strip_prefix(b"filter=") else {
+                continue;
+            };
+            let name = String::from_utf8_lossy(name);
+            let configured = ["clean", "smudge", "process"]
+                .iter()
+                .any(|k| config.string(format!("filter.{name}.{k}").as_str()).is_some());
+            if configured {
+                return Err(unsupported("external-filter"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fs_path(root: &Path, rel: &[u8]) -> PathBuf {
+    root.join(OsStr::from_bytes(rel))
+}
+
+/// The blob git would store for the file at `path` (no filters), with its kind; None when
+/// there is nothing there that git tracks (absent, or a directory).
+fn worktree_blob(path: &Path) -> std::io::Result<Side> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        let target = std::fs::read_link(path)?;
+        return Ok(Some((target.as_os_str().as_bytes().to_vec(), EntryKind::Link)));
+    }
+    if !ft.is_file() {
+        return Ok(None);
+    }
+    let kind = if meta.permissions().mode() & 0o111 != 0 {
+        EntryKind::BlobExecutable
+    } else {
+        EntryKind::Blob
+    };
+    Ok(Some((std::fs::read(path)?, kind)))
+}
+
+fn blob_id(repo: &gix::Repository, data: &[u8]) -> Result<ObjectId, RpcError> {
+    gix::objs::compute_hash(repo.object_hash(), gix::objs::Kind::Blob, data).map_err(broken)
+}
+
+fn is_link(kind: EntryKind) -> bool {
+    kind == EntryKind::Link
+}
+
+/// `git.status`: `None` outside a repository.
+pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
+    let Some(repo) = open(root)? else { return Ok(None) };
+    let (head, tree) = head_tree(&repo)?;
+    let index = load_index(&repo)?;
+    let (untracked_paths, attribute_files) = untracked(root, &index)?;
+    check_filters(&repo, root, &attribute_files)?;
+
+    let mut staged = Vec::new();
+    let entry = |i: usize| &index.file.entries()[i];
+    let paths: BTreeSet<&Vec<u8>> = tree.keys().chain(index.entries.keys()).collect();
+    for path in paths {
+        if index.unmerged.contains(path) {
+            continue;
+        }
+        let old = tree.get(path);
+        let new = index.entries.get(path).map(|&i| entry(i));
+        let change = match (old, new) {
+            (None, Some(_)) => GitChange::Added,
+            (Some(_), None) => GitChange::Deleted,
+            (Some(o), Some(n)) => {
+                let kind = index_kind(n.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
+                if is_link(o.kind) != is_link(kind) {
+                    GitChange::TypeChanged
+                } else if o.id != n.id || o.kind != kind {
+                    GitChange::Modified
+                } else {
+                    continue;
+                }
+            }
+            (None, None) => continue,
+        };
+        staged.push(git_entry(path, change));
+    }
+    for path in &index.unmerged {
+        staged.push(git_entry(path, GitChange::Unmerged));
+    }
+
+    let mut worktree = Vec::new();
+    let timestamp = index.file.timestamp();
+    let options = gix::index::entry::stat::Options::default();
+    for (path, &i) in &index.entries {
+        let e = entry(i);
+        let full = fs_path(root, path);
+        // Unchanged stat information (and an index written after the file last changed)
+        // means unchanged content, as git decides it.
+        if let Ok(meta) = gix::index::fs::Metadata::from_path_no_follow(&full)
+            && let Ok(stat) = gix::index::entry::Stat::from_fs(&meta)
+            && e.stat.matches(&stat, options)
+            && !e.stat.is_racy(timestamp, options)
+        {
+            continue;
+        }
+        let change = match worktree_blob(&full).map_err(broken)? {
+            None => GitChange::Deleted,
+            Some((data, kind)) => {
+                let indexed = index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
+                if is_link(kind) != is_link(indexed) {
+                    GitChange::TypeChanged
+                } else if kind != indexed || blob_id(&repo, &data)? != e.id {
+                    GitChange::Modified
+                } else {
+                    continue;
+                }
+            }
+        };
+        worktree.push(git_entry(path, change));
+    }
+    let untracked = untracked_paths.iter().map(|p| git_entry(p, GitChange::Added)).collect();
+    Ok(Some(GitStatus {
+        head,
+        staged,
+        worktree,
+        untracked,
+    }))
+}
+
+fn git_entry(path: &[u8], change: GitChange) -> GitEntry {
+    GitEntry {
+        path: encode_path(path),
+        change,
+    }
+}
+
+/// Files that are neither tracked nor ignored (sorted), as `git status -uall` lists them,
+/// and the `.gitattributes` files seen on the way. A nested repository is one entry
+/// (`dir/`), never entered.
+fn untracked(root: &Path, index: &Index) -> Result<(Vec<Vec<u8>>, Vec<PathBuf>), RpcError> {
+    let nested: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
+    let root_owned = root.to_path_buf();
+    let nested_seen = nested.clone();
+    let walk = ignore::WalkBuilder::new(root)
+        .hidden(false)
+        .ignore(false)
+        .parents(false)
+        .git_ignore(true)
+        .git_exclude(true)
+        .git_global(true)
+        .require_git(false)
+        .follow_links(false)
+        .filter_entry(move |e| {
+            if e.file_name() == ".git" {
+                return false;
+            }
+            let is_dir = e.file_type().is_some_and(|t| t.is_dir());
+            if is_dir && e.path() != root_owned && e.path().join(".git").symlink_metadata().is_ok() {
+                nested_seen.lock().expect("nested lock").push(e.path().to_path_buf());
+                return false;
+            }
+            true
+        })
+        .build();
+    let tracked: HashSet<&[u8]> = index
+        .entries
+        .keys()
+        .chain(index.unmerged.iter())
+        .map(|p| p.as_slice())
+        .collect();
+    let mut out = Vec::new();
+    let mut attributes = Vec::new();
+    for entry in walk {
+        let entry = entry.map_err(broken)?;
+        if entry.file_type().is_none_or(|t| t.is_dir()) {
+            continue;
+        }
+        let Ok(rel) = entry.path().strip_prefix(root) else {
+            continue;
+        };
+        let rel = rel.as_os_str().as_bytes();
+        if entry.file_name() == ".gitattributes" {
+            attributes.push(entry.path().to_path_buf());
+        }
+        if !tracked.contains(rel) {
+            out.push(rel.to_vec());
+        }
+    }
+    for dir in nested.lock().expect("nested lock").iter() {
+        if let Ok(rel) = dir.strip_prefix(root) {
+            let mut p = rel.as_os_str().as_bytes().to_vec();
+            p.push(b'/');
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok((out, attributes))
+}
+
+/// `git.diff` of one path in one area.
+pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError> {
+    let Some(repo) = open(root)? else {
+        return Ok(GitDiff::Unsupported {
+            reason: "no-repository".into(),
+        });
+    };
+    let index = load_index(&repo)?;
+    check_filters(&repo, root, &[])?;
+    let blob = |id: ObjectId| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
+    let indexed = match index.entries.get(path) {
+        Some(&i) => {
+            let e = &index.file.entries()[i];
+            Some((e.id, index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?))
+        }
+        None => None,
+    };
+    let read_file =
+        || -> Result<Option<(Vec<u8>, EntryKind)>, RpcError> { worktree_blob(&fs_path(root, path)).map_err(broken) };
+    let (old, new): (Side, Side) = match area {
+        GitArea::Staged => {
+            let (_, tree) = head_tree(&repo)?;
+            let old = match tree.get(path) {
+                Some(item) if item.kind == EntryKind::Commit => return Ok(submodule()),
+                Some(item) => Some((blob(item.id)?, item.kind)),
+                None => None,
+            };
+            let new = match indexed {
+                Some((id, kind)) => Some((blob(id)?, kind)),
+                None => None,
+            };
+            (old, new)
+        }
+        GitArea::Worktree => {
+            let Some((id, kind)) = indexed else {
+                return Ok(GitDiff::Unchanged);
+            };
+            (Some((blob(id)?, kind)), read_file()?)
+        }
+        GitArea::Untracked => {
+            if indexed.is_some() {
+                return Ok(GitDiff::Unchanged);
+            }
+            (None, read_file()?)
+        }
+    };
+    if old.as_ref().map(|o| &o.0) == new.as_ref().map(|n| &n.0) {
+        return Ok(GitDiff::Unchanged);
+    }
+    let (before, after) = (
+        old.as_ref().map(|o| o.0.as_slice()),
+        new.as_ref().map(|n| n.0.as_slice()),
+    );
+    let binary = |d: Option<&[u8]>| d.is_some_and(|d| d[..d.len().min(BINARY_PROBE)].contains(&0));
+    if binary(before) || binary(after) {
+        return Ok(GitDiff::Binary);
+    }
+    let (Ok(b), Ok(a)) = (
+        std::str::from_utf8(before.unwrap_or_default()),
+        std::str::from_utf8(after.unwrap_or_default()),
+    ) else {
+        return Ok(GitDiff::Unsupported {
+            reason: "not-utf8".into(),
+        });
+    };
+    let name = String::from_utf8_lossy(path);
+    let mut patch = String::new();
+    patch.push_str(&match before {
+        Some(_) => format!("--- a/{name}\n"),
+        None => "--- /dev/null\n".into(),
+    });
+    patch.push_str(&match after {
+        Some(_) => format!("+++ b/{name}\n"),
+        None => "+++ /dev/null\n".into(),
+    });
+    patch.push_str(&hunks(b, a));
+    Ok(GitDiff::Text { patch })
+}
+
+fn submodule() -> GitDiff {
+    GitDiff::Unsupported {
+        reason: "submodule".into(),
+    }
+}
+
+/// Lines of context around changes, as git's default.
+const CONTEXT: u32 = 3;
+
+/// Unified hunks (3 lines of context) in git's format: git's line-sliding heuristic,
+/// `@@ -l,s +l,s @@ <function line>` with `,1` left out and an empty side numbered by the
+/// line before it, and a last line without newline marked.
+pub(crate) fn hunks(before: &str, after: &str) -> String {
+    use std::fmt::Write;
+
+    use imara_diff::{Algorithm, Diff, InternedInput};
+    let input = InternedInput::new(before, after);
+    let mut diff = Diff::compute(Algorithm::Myers, &input);
+    diff.postprocess_lines(&input);
+    let all: Vec<imara_diff::Hunk> = diff.hunks().collect();
+    let text = |t: &imara_diff::Token| input.interner[*t];
+    let (old, new) = (&input.before, &input.after);
+    let mut out = String::new();
+    let line = |out: &mut String, sign: char, s: &str| {
+        out.push(sign);
+        out.push_str(s);
+        if !s.ends_with('\n') {
+            out.push_str("\n\\ No newline at end of file\n");
+        }
+    };
+    let mut i = 0;
+    while i < all.len() {
+        // Changes closer than twice the context share a hunk.
+        let mut j = i;
+        while j + 1 < all.len() && all[j + 1].before.start - all[j].before.end <= 2 * CONTEXT {
+            j += 1;
+        }
+        let lead = CONTEXT.min(all[i].before.start);
+        let trail = CONTEXT.min(old.len() as u32 - all[j].before.end);
+        let (b_from, b_to) = (all[i].before.start - lead, all[j].before.end + trail);
+        let (a_from, a_to) = (all[i].after.start - lead, all[j].after.end + trail);
+        let _ = write!(
+            out,
+            "@@ -{} +{} @@",
+            range(b_from, b_to - b_from),
+            range(a_from, a_to - a_from)
+        );
+        if let Some(f) = old[..b_from as usize].iter().rev().map(text).find(|l| {
+            l.as_bytes()
+                .first()
+                .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_' || *c == b'$')
+        }) {
+            let f = f.trim_end();
+            let mut cut = f.len().min(80);
+            while !f.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.push(' ');
+            out.push_str(&f[..cut]);
+        }
+        out.push('\n');
+        let mut pos = b_from;
+        for h in &all[i..=j] {
+            for t in &old[pos as usize..h.before.start as usize] {
+                line(&mut out, ' ', text(t));
+            }
+            for t in &old[h.before.start as usize..h.before.end as usize] {
+                line(&mut out, '-', text(t));
+            }
+            for t in &new[h.after.start as usize..h.after.end as usize] {
+                line(&mut out, '+', text(t));
+            }
+            pos = h.before.end;
+        }
+        for t in &old[pos as usize..b_to as usize] {
+            line(&mut out, ' ', text(t));
+        }
+        i = j + 1;
+    }
+    out
+}
+
+fn range(start: u32, len: u32) -> String {
+    match len {
+        0 => format!("{start},0"),
+        1 => format!("{}", start + 1),
+        _ => format!("{},{len}", start + 1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{path::Path, process::Command};
+
+    use super::{hunks, status};
+
+    fn git(dir: &Path, args: &[&str]) {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.com")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.com")
+            .output()
+            .expect("git runs");
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn repo() -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        git(tmp.path(), &["init", "-q", "-b", "main"]);
+        std::fs::create_dir(tmp.path().join("dir")).unwrap();
+        std::fs::write(tmp.path().join("dir/a"), "a\n").unwrap();
+        std::fs::write(tmp.path().join("b"), "b\n").unwrap();
+        git(tmp.path(), &["add", "-A"]);
+        git(tmp.path(), &["commit", "-q", "-m", "base"]);
+        tmp
+    }
+
+    fn feature(root: &Path) -> String {
+        let e = status(root).unwrap_err();
+        assert_eq!(e.data_code(), Some("unsupported"));
+        e.data["feature"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn sparse_checkouts_and_submodules_fail_explicitly() {
+        let sparse = repo();
+        assert!(status(sparse.path()).unwrap().is_some());
+        git(sparse.path(), &["sparse-checkout", "set", "--no-cone", "/b"]);
+        assert_eq!(feature(sparse.path()), "sparse-checkout");
+
+        let outer = repo();
+        let inner = repo();
+        git(
+            outer.path(),
+            &[
+                "-c",
+                "protocol.file.allow=always",
+                "submodule",
+                "add",
+                "-q",
+                inner.path().to_str().unwrap(),
+                "sub",
+            ],
+        );
+        assert_eq!(feature(outer.path()), "submodules");
+    }
+
+    #[test]
+    fn a_directory_inside_a_repository_is_not_its_root() {
+        let r = repo();
+        assert_eq!(status(&r.path().join("dir")).unwrap(), None);
+    }
+
+    #[test]
+    fn hunks_look_like_git() {
+        let before: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+        let after = before.replace("line 2\n", "two\n").replace("line 18\n", "");
+        assert_eq!(
+            hunks(&before, &after),
+            "@@ -1,5 +1,5 @@\n line 1\n-line 2\n+two\n line 3\n line 4\n line 5\n\
+             @@ -15,6 +15,5 @@ line 14\n line 15\n line 16\n line 17\n-line 18\n line 19\n line 20\n"
+        );
+        assert_eq!(
+            hunks("", "a\nb"),
+            "@@ -0,0 +1,2 @@\n+a\n+b\n\\ No newline at end of file\n"
+        );
+        assert_eq!(hunks("a\n", ""), "@@ -1 +0,0 @@\n-a\n");
+    }
+}

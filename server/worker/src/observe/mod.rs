@@ -1,0 +1,250 @@
+//! Observations the API tier asks for on behalf of clients (`call` requests): git status
+//! and diffs, file listings, watches and reads, path completion. Each runs as its own task;
+//! subscription items go out as `call.item` within the credit the server grants
+//! (`call.ack`), and `call.cancel` stops a call. One module per observation.
+
+mod complete;
+mod files;
+mod git;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use base64::Engine;
+use berth_protocol::{
+    ErrorCode, FilesListParams, FilesReadParams, FilesWatchParams, GitDiffParams, Method, RpcError,
+    WorkspaceFilesParams, WorkspacePath,
+    jsonrpc::{Request, Response},
+    method,
+    worker::{self as wp, Call, CallAck, CallCancel, CallItem},
+};
+use serde_json::Value;
+use tokio::sync::Semaphore;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Link, workspace::Workspace};
+
+/// A call in progress: its credit and its cancellation.
+struct Running {
+    credit: Arc<Semaphore>,
+    cancel: CancellationToken,
+}
+
+/// Answers the server's `call`s for this connection's workspaces.
+#[derive(Clone)]
+pub(crate) struct Observer {
+    link: Link,
+    /// Workspace roots by workspace id.
+    roots: Arc<HashMap<String, PathBuf>>,
+    calls: Arc<Mutex<HashMap<u32, Running>>>,
+    /// Cancelled when the connection ends.
+    closed: CancellationToken,
+}
+
+impl Observer {
+    pub(crate) fn new(link: Link, roots: HashMap<String, PathBuf>, closed: CancellationToken) -> Observer {
+        Observer {
+            link,
+            roots: Arc::new(roots),
+            calls: Arc::default(),
+            closed,
+        }
+    }
+
+    /// Handle `text` if it is a `call`, `call.ack` or `call.cancel`; false otherwise.
+    pub(crate) fn handle(&self, text: &str) -> bool {
+        // Cheap test first: most messages are turn traffic.
+        if !text.contains("\"call") {
+            return false;
+        }
+        let Ok(req) = serde_json::from_str::<Request>(text) else {
+            return false;
+        };
+        match req.method.as_str() {
+            wp::CALL => {
+                let Some(id) = req.id else { return true };
+                match serde_json::from_value::<Call>(req.params) {
+                    Ok(call) => self.start(id, call),
+                    Err(_) => self.answer(id, Err(RpcError::new(ErrorCode::BadParams))),
+                }
+            }
+            wp::CALL_ACK => {
+                if let Ok(ack) = serde_json::from_value::<CallAck>(req.params)
+                    && let Some(c) = self.calls.lock().expect("calls lock").get(&ack.call_id)
+                {
+                    c.credit.add_permits(ack.items.min(wp::CALL_WINDOW) as usize);
+                }
+            }
+            wp::CALL_CANCEL => {
+                if let Ok(cancel) = serde_json::from_value::<CallCancel>(req.params)
+                    && let Some(c) = self.calls.lock().expect("calls lock").remove(&cancel.call_id)
+                {
+                    c.cancel.cancel();
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    fn start(&self, id: u32, call: Call) {
+        let Some(root) = self.roots.get(&call.workspace_id).cloned() else {
+            self.answer(id, Err(RpcError::new(ErrorCode::WorkspaceOffline)));
+            return;
+        };
+        let credit = Arc::new(Semaphore::new(wp::CALL_WINDOW as usize));
+        let cancel = self.closed.child_token();
+        self.calls.lock().expect("calls lock").insert(
+            id,
+            Running {
+                credit: credit.clone(),
+                cancel: cancel.clone(),
+            },
+        );
+        let this = self.clone();
+        tokio::spawn(async move {
+            let items = Items {
+                link: this.link.clone(),
+                id,
+                credit,
+                cancel: cancel.clone(),
+            };
+            let result = tokio::select! {
+                r = run(root, call, &items) => r,
+                _ = cancel.cancelled() => return,
+            };
+            this.calls.lock().expect("calls lock").remove(&id);
+            this.answer(id, result);
+        });
+    }
+
+    fn answer(&self, id: u32, result: Result<Value, RpcError>) {
+        let resp = match result {
+            Ok(v) => Response::ok(Some(id), v),
+            Err(e) => Response::err(Some(id), e),
+        };
+        let link = self.link.clone();
+        tokio::spawn(async move {
+            if let Ok(text) = serde_json::to_string(&resp) {
+                let _ = link.out.send(Message::Text(text.into())).await;
+            }
+        });
+    }
+}
+
+/// Where a call's subscription items go.
+pub(crate) struct Items {
+    link: Link,
+    id: u32,
+    credit: Arc<Semaphore>,
+    cancel: CancellationToken,
+}
+
+impl Items {
+    /// Send one item within the call's credit; false once the call is cancelled or the
+    /// connection is gone.
+    pub(crate) async fn send(&self, item: &impl serde::Serialize) -> bool {
+        let permit = tokio::select! {
+            p = self.credit.acquire() => p,
+            _ = self.cancel.cancelled() => return false,
+        };
+        let Ok(permit) = permit else { return false };
+        // Returned by the server's `call.ack`, not on drop.
+        permit.forget();
+        let Ok(item) = serde_json::to_value(item) else {
+            return false;
+        };
+        let note = Request::notification(
+            wp::CALL_ITEM,
+            serde_json::to_value(CallItem { call_id: self.id, item }).unwrap_or_default(),
+        );
+        let Ok(text) = serde_json::to_string(&note) else {
+            return false;
+        };
+        self.link.out.send(Message::Text(text.into())).await.is_ok()
+    }
+}
+
+fn params<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, RpcError> {
+    serde_json::from_value(v).map_err(|_| RpcError::new(ErrorCode::BadParams))
+}
+
+/// Run blocking filesystem work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, RpcError> + Send + 'static) -> Result<T, RpcError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|_| Err(RpcError::new(ErrorCode::Internal)))
+}
+
+fn to_value(v: impl serde::Serialize) -> Result<Value, RpcError> {
+    serde_json::to_value(v).map_err(|_| RpcError::new(ErrorCode::Internal))
+}
+
+async fn run(root: PathBuf, call: Call, items: &Items) -> Result<Value, RpcError> {
+    let workspace = || -> Result<Arc<Workspace>, RpcError> {
+        Workspace::open(&root)
+            .map(Arc::new)
+            .map_err(|_| failure(ErrorCode::Unavailable, "reason", "workspace-unreadable"))
+    };
+    match call.method.as_str() {
+        method::FilesList::NAME => {
+            let p: FilesListParams = params(call.params)?;
+            let ws = workspace()?;
+            to_value(blocking(move || files::list(&ws, &p)).await?)
+        }
+        method::FilesRead::NAME => {
+            files::read(workspace()?, params::<FilesReadParams>(call.params)?, items).await?;
+            Ok(Value::Null)
+        }
+        method::FilesWatch::NAME => {
+            to_value(files::watch(workspace()?, params::<FilesWatchParams>(call.params)?, items).await?)
+        }
+        method::WorkspaceFiles::NAME => {
+            let p: WorkspaceFilesParams = params(call.params)?;
+            let prefix = p.prefix.unwrap_or_default();
+            to_value(blocking(move || complete::files(&root, &prefix)).await?)
+        }
+        method::GitStatusGet::NAME => to_value(blocking(move || git::status(&root)).await?),
+        method::GitDiffGet::NAME => {
+            let p: GitDiffParams = params(call.params)?;
+            let path = decode_path(&p.path)?;
+            to_value(blocking(move || git::diff(&root, &path, p.area)).await?)
+        }
+        _ => Err(RpcError::new(ErrorCode::MethodNotFound)),
+    }
+}
+
+/// An error with its typed code and one safe field.
+pub(crate) fn failure(code: ErrorCode, field: &str, value: &str) -> RpcError {
+    let mut fields = serde_json::Map::new();
+    fields.insert(field.into(), value.into());
+    RpcError::with_fields(code, fields)
+}
+
+pub(crate) fn encode_path(bytes: &[u8]) -> WorkspacePath {
+    WorkspacePath {
+        bytes_base64: base64::engine::general_purpose::STANDARD.encode(bytes),
+    }
+}
+
+/// A client's path: relative, no `.`/`..` components, no NUL, not empty.
+pub(crate) fn decode_path(p: &WorkspacePath) -> Result<Vec<u8>, RpcError> {
+    let invalid = || failure(ErrorCode::BadParams, "reason", "invalid-path");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&p.bytes_base64)
+        .map_err(|_| invalid())?;
+    if bytes.is_empty() || bytes.starts_with(b"/") || bytes.contains(&0) {
+        return Err(invalid());
+    }
+    if bytes
+        .split(|b| *b == b'/')
+        .any(|c| c.is_empty() || c == b"." || c == b"..")
+    {
+        return Err(invalid());
+    }
+    Ok(bytes)
+}

@@ -1,0 +1,741 @@
+//! Files and git, answered by the worker through any replica: two API replicas, the worker
+//! on replica 0, the client on replica 1 (so every call is forwarded between replicas).
+//! Repositories are built with the git CLI, and the CLI is the reference.
+
+use std::{
+    collections::BTreeSet,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use base64::Engine;
+use berth_e2e::{Client, MockProvider, Stack, client::code};
+use serde_json::{Value, json};
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn unb64(s: &str) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD.decode(s).expect("base64")
+}
+
+/// Run git in `dir` with a fixed identity and no user or system configuration.
+fn git_cmd(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .output()
+        .expect("git runs")
+}
+
+fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
+    let out = git_cmd(dir, args);
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Empty the workspace directory (keeping the directory itself: it is the workspace).
+fn clear(dir: &Path) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() && !p.is_symlink() {
+            std::fs::remove_dir_all(&p).unwrap();
+        } else {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+}
+
+fn write(dir: &Path, rel: impl AsRef<Path>, data: impl AsRef<[u8]>) {
+    let p = dir.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, data).unwrap();
+}
+
+/// (area, path bytes, change) triples.
+type Status = BTreeSet<(String, Vec<u8>, String)>;
+
+fn change_of(letter: u8) -> &'static str {
+    match letter {
+        b'A' => "added",
+        b'M' => "modified",
+        b'D' => "deleted",
+        b'T' => "type-changed",
+        other => panic!("unexpected status letter {}", other as char),
+    }
+}
+
+/// `git status --porcelain=v2 -uall` (renames off: they are deletion plus addition).
+fn cli_status(dir: &Path) -> Status {
+    let out = git(
+        dir,
+        &["-c", "status.renames=false", "status", "--porcelain=v2", "-z", "-uall"],
+    );
+    let mut set = Status::new();
+    for rec in out.split(|b| *b == 0).filter(|r| !r.is_empty()) {
+        match rec[0] {
+            b'1' => {
+                // 1 XY sub mH mI mW hH hI path
+                let fields: Vec<&[u8]> = rec.splitn(9, |b| *b == b' ').collect();
+                let (x, y) = (fields[1][0], fields[1][1]);
+                let path = fields[8].to_vec();
+                if x != b'.' {
+                    set.insert(("staged".into(), path.clone(), change_of(x).into()));
+                }
+                if y != b'.' {
+                    set.insert(("worktree".into(), path, change_of(y).into()));
+                }
+            }
+            b'?' => {
+                set.insert(("untracked".into(), rec[2..].to_vec(), "added".into()));
+            }
+            other => panic!("unexpected porcelain record {}", other as char),
+        }
+    }
+    set
+}
+
+fn berth_status(status: &Value) -> Status {
+    let mut set = Status::new();
+    for area in ["staged", "worktree", "untracked"] {
+        for e in status[area].as_array().unwrap() {
+            set.insert((
+                area.into(),
+                unb64(e["path"]["bytesBase64"].as_str().unwrap()),
+                e["change"].as_str().unwrap().into(),
+            ));
+        }
+    }
+    set
+}
+
+/// The hunks of a `git diff` output (from the first `@@`).
+fn hunks(patch: &[u8]) -> String {
+    let text = String::from_utf8_lossy(patch);
+    text.find("\n@@").map(|i| text[i + 1..].to_string()).unwrap_or_default()
+}
+
+async fn diff(c: &mut Client, sid: &str, path: &[u8], area: &str) -> Value {
+    c.ok(
+        "git.diff",
+        json!({"sessionId": sid, "path": {"bytesBase64": b64(path)}, "area": area}),
+    )
+    .await
+}
+
+struct Setup {
+    _mock: MockProvider,
+    stack: Stack,
+    /// On replica 1; the worker is on replica 0.
+    client: Client,
+    sid: String,
+    dir: PathBuf,
+}
+
+async fn setup() -> Setup {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut client = stack.client(1).await;
+    let sid = stack.session(&mut client).await;
+    let dir = stack.workspace_dir.clone();
+    Setup {
+        _mock: mock,
+        stack,
+        client,
+        sid,
+        dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn git_status_and_diff_agree_with_the_git_cli() {
+    let Setup {
+        stack: _stack,
+        mut client,
+        sid,
+        dir,
+        ..
+    } = setup().await;
+    let non_utf8: &[u8] = b"caf\xe9.txt";
+
+    // A plain directory is not a repository.
+    write(&dir, "plain.txt", "x\n");
+    assert_eq!(client.ok("git.status", json!({"sessionId": sid})).await, Value::Null);
+
+    // An unborn repository: no head, a staged addition, an untracked file.
+    clear(&dir);
+    git(&dir, &["init", "-q", "-b", "main"]);
+    write(&dir, "first.txt", "one\n");
+    write(&dir, "loose.txt", "loose\n");
+    git(&dir, &["add", "first.txt"]);
+    let st = client.ok("git.status", json!({"sessionId": sid})).await;
+    assert_eq!(st["head"], Value::Null, "{st}");
+    assert_eq!(berth_status(&st), cli_status(&dir));
+    let d = diff(&mut client, &sid, b"first.txt", "staged").await;
+    assert_eq!(d["kind"], "text");
+    assert_eq!(
+        hunks(d["patch"].as_str().unwrap().as_bytes()),
+        hunks(&git(&dir, &["diff", "--cached", "--", "first.txt"]))
+    );
+
+    // Every kind of change at once.
+    clear(&dir);
+    git(&dir, &["init", "-q", "-b", "main"]);
+    let lines: String = (1..=30).map(|i| format!("line {i}\n")).collect();
+    for f in [
+        "staged.txt",
+        "modified.txt",
+        "both.txt",
+        "deleted.txt",
+        "removed.txt",
+        "old.txt",
+    ] {
+        write(&dir, f, &lines);
+    }
+    write(&dir, "image.bin", b"\x89PNG\0\0\x01binary");
+    write(&dir, ".gitignore", "*.log\n");
+    write(&dir, PathBuf::from(std::ffi::OsStr::from_bytes(non_utf8)), "caf\n");
+    git(&dir, &["add", "-A"]);
+    git(&dir, &["commit", "-q", "-m", "base"]);
+
+    write(&dir, "staged.txt", lines.replace("line 5\n", "line five\n"));
+    git(&dir, &["add", "staged.txt"]);
+    write(&dir, "modified.txt", lines.replace("line 20\n", "line twenty\n"));
+    write(&dir, "both.txt", lines.replace("line 1\n", "line one\n"));
+    git(&dir, &["add", "both.txt"]);
+    write(
+        &dir,
+        "both.txt",
+        lines.replace("line 1\n", "line one\n").replace("line 30\n", "end"),
+    );
+    std::fs::remove_file(dir.join("deleted.txt")).unwrap();
+    git(&dir, &["rm", "-q", "removed.txt"]);
+    git(&dir, &["mv", "old.txt", "renamed.txt"]);
+    write(&dir, "image.bin", b"\x89PNG\0\0\x02other");
+    write(
+        &dir,
+        PathBuf::from(std::ffi::OsStr::from_bytes(non_utf8)),
+        "café au lait\n",
+    );
+    write(&dir, "new/deep/untracked.txt", "new\n");
+    write(&dir, "ignored.log", "noise\n");
+    write(
+        &dir,
+        PathBuf::from(std::ffi::OsStr::from_bytes(b"new-\xff")),
+        "odd name\n",
+    );
+
+    let st = client.ok("git.status", json!({"sessionId": sid})).await;
+    let head = String::from_utf8(git(&dir, &["rev-parse", "HEAD"])).unwrap();
+    assert_eq!(st["head"]["oid"], head.trim());
+    assert_eq!(st["head"]["ref"], "refs/heads/main");
+    let ours = berth_status(&st);
+    assert_eq!(ours, cli_status(&dir));
+    // The shapes the CLI reports are all there (so the comparison covered them).
+    for (area, path, change) in [
+        ("staged", &b"staged.txt"[..], "modified"),
+        ("worktree", b"modified.txt", "modified"),
+        ("staged", b"both.txt", "modified"),
+        ("worktree", b"both.txt", "modified"),
+        ("worktree", b"deleted.txt", "deleted"),
+        ("staged", b"removed.txt", "deleted"),
+        ("staged", b"old.txt", "deleted"),
+        ("staged", b"renamed.txt", "added"),
+        ("worktree", b"image.bin", "modified"),
+        ("worktree", non_utf8, "modified"),
+        ("untracked", b"new/deep/untracked.txt", "added"),
+        ("untracked", b"new-\xff", "added"),
+    ] {
+        assert!(
+            ours.contains(&(area.to_string(), path.to_vec(), change.to_string())),
+            "{area} {} {change} missing from {ours:?}",
+            String::from_utf8_lossy(path)
+        );
+    }
+
+    // Diffs: the same hunks as `git diff`.
+    for (path, area, args) in [
+        (&b"staged.txt"[..], "staged", vec!["diff", "--cached", "--"]),
+        (b"both.txt", "staged", vec!["diff", "--cached", "--"]),
+        (b"both.txt", "worktree", vec!["diff", "--"]),
+        (b"modified.txt", "worktree", vec!["diff", "--"]),
+        (b"deleted.txt", "worktree", vec!["diff", "--"]),
+        (b"removed.txt", "staged", vec!["diff", "--cached", "--"]),
+        (b"renamed.txt", "staged", vec!["diff", "--cached", "--no-renames", "--"]),
+    ] {
+        let ours = diff(&mut client, &sid, path, area).await;
+        assert_eq!(ours["kind"], "text", "{ours}");
+        let name = String::from_utf8_lossy(path).into_owned();
+        let mut args = args.clone();
+        args.push(&name);
+        let theirs = git(&dir, &args);
+        assert_eq!(
+            hunks(ours["patch"].as_str().unwrap().as_bytes()),
+            hunks(&theirs),
+            "{name} {area}"
+        );
+        assert!(!hunks(&theirs).is_empty());
+    }
+    let untracked = diff(&mut client, &sid, b"new/deep/untracked.txt", "untracked").await;
+    let cli = git_cmd(
+        &dir,
+        &["diff", "--no-index", "--", "/dev/null", "new/deep/untracked.txt"],
+    );
+    assert_eq!(
+        hunks(untracked["patch"].as_str().unwrap().as_bytes()),
+        hunks(&cli.stdout)
+    );
+    let bin = diff(&mut client, &sid, b"image.bin", "worktree").await;
+    assert_eq!(bin, json!({"kind": "binary"}));
+    let same = diff(&mut client, &sid, b"staged.txt", "worktree").await;
+    assert_eq!(same, json!({"kind": "unchanged"}));
+    let text = diff(&mut client, &sid, non_utf8, "worktree").await;
+    assert_eq!(text["kind"], "text");
+    assert!(text["patch"].as_str().unwrap().contains("+café au lait"));
+
+    // Bad paths are typed errors.
+    for bad in [&b"../etc/passwd"[..], b"/etc/passwd", b""] {
+        let e = client
+            .call(
+                "git.diff",
+                json!({"sessionId": sid, "path": {"bytesBase64": b64(bad)}, "area": "worktree"}),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), "bad-params");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn configured_commands_never_run_through_berth_but_do_through_the_cli() {
+    let Setup {
+        stack: _stack,
+        mut client,
+        sid,
+        dir,
+        ..
+    } = setup().await;
+    let sentinels = berth_e2e::harness::scratch_dir("sentinels");
+    let s = sentinels.display().to_string();
+    git(&dir, &["init", "-q", "-b", "main"]);
+    write(&dir, "a.txt", "a\n");
+    write(&dir, "b.txt", "b\n");
+    git(&dir, &["add", "-A"]);
+    git(&dir, &["commit", "-q", "-m", "base"]);
+    // Every configured command the CLI would run during status and diff leaves a file.
+    write(&dir, ".gitattributes", "*.txt filter=sent diff=sent\n");
+    let fsmonitor = sentinels.join("fsmonitor.sh");
+    std::fs::write(&fsmonitor, format!("#!/bin/sh\ntouch {s}/fsmonitor\nexit 1\n")).unwrap();
+    let hook = dir.join(".git/hooks/post-index-change");
+    std::fs::write(&hook, format!("#!/bin/sh\ntouch {s}/hook\n")).unwrap();
+    for f in [&fsmonitor, &hook] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let clean = format!("touch {s}/clean; cat");
+    git(&dir, &["config", "core.fsmonitor", fsmonitor.to_str().unwrap()]);
+    git(&dir, &["config", "filter.sent.clean", &clean]);
+    git(
+        &dir,
+        &["config", "diff.external", &format!("sh -c 'touch {s}/external' --")],
+    );
+    git(
+        &dir,
+        &[
+            "config",
+            "diff.sent.textconv",
+            &format!("sh -c 'touch {s}/textconv; cat \"$1\"' --"),
+        ],
+    );
+    write(&dir, "a.txt", "changed\n");
+    // A new mtime, the same content: the CLI refreshes and rewrites the index.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    write(&dir, "b.txt", "b\n");
+    let made = || -> BTreeSet<String> {
+        std::fs::read_dir(&sentinels)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".sh"))
+            .collect()
+    };
+
+    // An external filter is refused explicitly (comparing without it would be wrong).
+    let e = client.call("git.status", json!({"sessionId": sid})).await.unwrap_err();
+    assert_eq!(
+        (code(&e), e.data["feature"].as_str()),
+        ("unsupported", Some("external-filter"))
+    );
+    let e = client
+        .call(
+            "git.diff",
+            json!({"sessionId": sid, "path": {"bytesBase64": b64(b"a.txt")}, "area": "worktree"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "unsupported");
+    // Without the filter, status and diff work and still run nothing.
+    git(&dir, &["config", "--unset", "filter.sent.clean"]);
+    let st = client.ok("git.status", json!({"sessionId": sid})).await;
+    assert_eq!(berth_status(&st), cli_status_quiet(&dir));
+    let d = diff(&mut client, &sid, b"a.txt", "worktree").await;
+    assert_eq!(d["kind"], "text");
+    assert!(d["patch"].as_str().unwrap().contains("-a\n+changed\n"), "{d}");
+    let unchanged = diff(&mut client, &sid, b"b.txt", "worktree").await;
+    assert_eq!(unchanged, json!({"kind": "unchanged"}));
+    assert_eq!(made(), BTreeSet::new(), "Berth ran a configured command");
+
+    // The same operations through the CLI run every one of them (so this test can fail).
+    git(&dir, &["config", "filter.sent.clean", &clean]);
+    git(&dir, &["status", "--porcelain"]);
+    git_cmd(&dir, &["diff"]);
+    git_cmd(&dir, &["diff", "--no-ext-diff"]);
+    let expected: BTreeSet<String> = ["clean", "external", "fsmonitor", "hook", "textconv"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(made(), expected);
+}
+
+/// `cli_status` on a copy without the repository's fsmonitor and hooks (they would leave
+/// sentinels).
+fn cli_status_quiet(dir: &Path) -> Status {
+    let tmp = berth_e2e::harness::scratch_dir("quiet");
+    let out = Command::new("cp").arg("-a").arg(dir).arg(&tmp).status().unwrap();
+    assert!(out.success());
+    let copy = tmp.join(dir.file_name().unwrap());
+    git(&copy, &["config", "--unset", "core.fsmonitor"]);
+    std::fs::remove_file(copy.join(".git/hooks/post-index-change")).unwrap();
+    cli_status(&copy)
+}
+
+/// Collected `files.read` items: (begin, content, end), checking contiguous offsets.
+async fn collect_read(sub: &mut berth_e2e::client::Subscription) -> (Value, Vec<u8>, Option<Value>) {
+    let begin = sub.next(60).await.expect("begin");
+    let mut content = Vec::new();
+    loop {
+        let Some(item) = sub.next(60).await else {
+            return (begin, content, None);
+        };
+        match item["type"].as_str() {
+            Some("chunk") => {
+                assert_eq!(
+                    item["offset"].as_u64().unwrap(),
+                    content.len() as u64,
+                    "contiguous offsets"
+                );
+                let data = unb64(item["dataBase64"].as_str().unwrap());
+                assert!(data.len() <= 32 << 10);
+                content.extend_from_slice(&data);
+            }
+            Some("end") => return (begin, content, Some(item)),
+            other => panic!("unexpected item {other:?}: {item}"),
+        }
+    }
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Valid UTF-8 text of about `len` bytes with multi-byte characters, so that chunk cuts
+/// meet character boundaries.
+fn text_of(len: usize, seed: &str) -> Vec<u8> {
+    let line = format!("{seed} — naïve café ünïcödé ✓ 0123456789\n");
+    line.repeat(len / line.len() + 1).into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_read_through_the_other_replica() {
+    let Setup {
+        stack: _stack,
+        mut client,
+        sid,
+        dir,
+        ..
+    } = setup().await;
+    let content = text_of(5 << 20, "five");
+    write(&dir, "big.txt", &content);
+    let mut sub = client.subscribe(
+        "files.read",
+        json!({"sessionId": sid, "path": {"bytesBase64": b64(b"big.txt")}}),
+    );
+    let (begin, got, end) = collect_read(&mut sub).await;
+    assert_eq!(begin["type"], "begin");
+    assert_eq!(begin["kind"], "text");
+    assert_eq!(begin["size"], content.len() as u64);
+    let end = end.expect("end");
+    assert!(got == content, "the content arrives whole");
+    assert_eq!(end["sha256"], sha256_hex(&content));
+    assert_eq!(end["version"], begin["version"]);
+    assert_eq!(end.get("replaced"), None);
+    let done = sub.done.await.unwrap();
+    assert!(
+        done.error.is_none() && done.result.unwrap_or_default().is_null(),
+        "final value null"
+    );
+    let version = begin["version"].as_str().unwrap().to_string();
+
+    // After a replace, `expectedVersion` reports the change instead of reading.
+    write(&dir, "replacement.tmp", "new\n");
+    std::fs::rename(dir.join("replacement.tmp"), dir.join("big.txt")).unwrap();
+    let mut stale = client.subscribe(
+        "files.read",
+        json!({"sessionId": sid, "path": {"bytesBase64": b64(b"big.txt")}, "expectedVersion": version}),
+    );
+    let changed = stale.next(30).await.unwrap();
+    assert_eq!(changed["type"], "changed");
+    assert_ne!(changed["version"], version.as_str());
+
+    // A replace during delivery: every chunk from the one captured buffer, and `end` says
+    // the path no longer names it. The file is large enough that the worker is still
+    // delivering (held back by credit) while the client does not read.
+    let old = text_of(48 << 20, "old");
+    write(&dir, "huge.txt", &old);
+    let mut sub = client.subscribe(
+        "files.read",
+        json!({"sessionId": sid, "path": {"bytesBase64": b64(b"huge.txt")}}),
+    );
+    let begin = sub.next(60).await.expect("begin");
+    client.pause_reading(true);
+    write(&dir, "huge.tmp", text_of(48 << 20, "new"));
+    std::fs::rename(dir.join("huge.tmp"), dir.join("huge.txt")).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    client.pause_reading(false);
+    let mut got = Vec::new();
+    let end = loop {
+        let item = sub.next(60).await.expect("item");
+        match item["type"].as_str() {
+            Some("chunk") => {
+                assert_eq!(item["offset"].as_u64().unwrap(), got.len() as u64);
+                got.extend_from_slice(&unb64(item["dataBase64"].as_str().unwrap()));
+            }
+            Some("end") => break item,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(begin["type"], "begin");
+    assert!(got == old, "all chunks come from the version captured first");
+    assert_eq!(end["sha256"], sha256_hex(&old));
+    assert_eq!(end["replaced"], true);
+
+    // Outcomes and refusals.
+    let outside = berth_e2e::harness::scratch_dir("outside");
+    std::fs::write(outside.join("secret"), "secret").unwrap();
+    std::os::unix::fs::symlink(outside.join("secret"), dir.join("leak")).unwrap();
+    std::os::unix::fs::symlink(&outside, dir.join("leakdir")).unwrap();
+    write(&dir, "blob.bin", b"\0\x01\x02binary");
+    let one = |path: &[u8]| json!({"sessionId": sid, "path": {"bytesBase64": b64(path)}});
+    for (path, expected) in [
+        (&b"missing.txt"[..], json!({"type": "absent"})),
+        (b"blob.bin", json!({"type": "binary"})),
+        (b"leak", json!({"type": "unsupported", "reason": "symlink"})),
+    ] {
+        let mut s = client.subscribe("files.read", one(path));
+        assert_eq!(s.next(30).await.unwrap(), expected);
+    }
+    for (path, expected) in [
+        (&b"leakdir/secret"[..], "forbidden"),
+        (b"../outside/secret", "bad-params"),
+        (b"/etc/passwd", "bad-params"),
+        (b".git/config", "forbidden"),
+    ] {
+        let s = client.subscribe("files.read", one(path));
+        let done = tokio::time::timeout(std::time::Duration::from_secs(30), s.done)
+            .await
+            .unwrap()
+            .unwrap();
+        let e = done
+            .error
+            .unwrap_or_else(|| panic!("{} was read", String::from_utf8_lossy(path)));
+        assert_eq!(code(&e), expected, "{}", String::from_utf8_lossy(path));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_list_and_watch_through_the_other_replica() {
+    let Setup {
+        stack: _stack,
+        mut client,
+        sid,
+        dir,
+        ..
+    } = setup().await;
+    std::fs::create_dir_all(dir.join(".git")).unwrap();
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    for i in 0..300 {
+        write(&dir, format!("sub/f{i:03}"), "x");
+    }
+    write(&dir, PathBuf::from(std::ffi::OsStr::from_bytes(b"sub/\xff-odd")), "y");
+    std::os::unix::fs::symlink("/etc", dir.join("sub/link")).unwrap();
+    // Pages of at most 128 entries, sorted by bytes, following `next`.
+    let sub_path = json!({"bytesBase64": b64(b"sub")});
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    let mut after = Value::Null;
+    let mut identity = None;
+    loop {
+        let page = client
+            .ok(
+                "files.list",
+                json!({"sessionId": sid, "path": sub_path, "after": after}),
+            )
+            .await;
+        assert!(page["entries"].as_array().unwrap().len() <= 128);
+        identity.get_or_insert(page["directoryIdentity"].clone());
+        for e in page["entries"].as_array().unwrap() {
+            names.push(unb64(e["path"]["bytesBase64"].as_str().unwrap()));
+            if e["path"]["bytesBase64"] == b64(b"sub/link") {
+                assert_eq!(e["kind"], "symlink");
+            }
+        }
+        match page.get("next") {
+            Some(n) => after = n.clone(),
+            None => break,
+        }
+    }
+    assert_eq!(names.len(), 302);
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted);
+    assert!(names.contains(&b"sub/\xff-odd".to_vec()));
+    let root = client.ok("files.list", json!({"sessionId": sid})).await;
+    let top: Vec<Value> = root["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].clone())
+        .collect();
+    assert_eq!(top, [json!({"bytesBase64": b64(b"sub")})], ".git is never listed");
+
+    // Watch: ready (matching the listing), changed after a file appears, unavailable when
+    // the directory goes away.
+    let mut watch = client.subscribe("files.watch", json!({"sessionId": sid, "path": sub_path}));
+    let ready = watch.next(30).await.expect("ready");
+    assert_eq!(ready["type"], "ready");
+    assert_eq!(Some(&ready["directoryIdentity"]), identity.as_ref());
+    write(&dir, "sub/created.txt", "new");
+    assert_eq!(watch.next(30).await.expect("changed"), json!({"type": "changed"}));
+    std::fs::remove_dir_all(dir.join("sub")).unwrap();
+    let done = tokio::time::timeout(std::time::Duration::from_secs(30), watch.done)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.result, Some(json!({"type": "unavailable"})));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_lost_mid_read_is_a_typed_error_and_then_offline() {
+    let Setup {
+        mut stack,
+        mut client,
+        sid,
+        dir,
+        ..
+    } = setup().await;
+    write(&dir, "huge.txt", text_of(48 << 20, "x"));
+    let mut sub = client.subscribe(
+        "files.read",
+        json!({"sessionId": sid, "path": {"bytesBase64": b64(b"huge.txt")}}),
+    );
+    assert_eq!(sub.next(60).await.expect("begin")["type"], "begin");
+    client.pause_reading(true);
+    stack.kill_worker().await;
+    client.pause_reading(false);
+    while let Some(item) = sub.next(10).await {
+        assert_eq!(item["type"], "chunk", "no end after the worker was lost");
+    }
+    let done = tokio::time::timeout(std::time::Duration::from_secs(60), sub.done)
+        .await
+        .expect("an answer, not a hang")
+        .unwrap();
+    let e = done.error.expect("a typed error");
+    assert_eq!(code(&e), "unavailable");
+    // With no worker, calls answer `workspace-offline` at once.
+    let e = client.call("git.status", json!({"sessionId": sid})).await.unwrap_err();
+    assert_eq!(code(&e), "workspace-offline");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workspaces_are_renamed_completed_and_removed() {
+    let Setup {
+        stack,
+        mut client,
+        sid,
+        dir,
+        ..
+    } = setup().await;
+    let wid = stack.workspace_id.clone();
+    // The replica-to-replica endpoint wants the cluster secret.
+    let call = json!({"tenantId": "x", "call": {"workspaceId": wid, "method": "git.status"}});
+    for secret in [None, Some("wrong")] {
+        let mut req = reqwest::Client::new()
+            .post(format!("http://{}/v1/internal/call", stack.servers[0].addr))
+            .json(&call);
+        if let Some(s) = secret {
+            req = req.header("x-berth-cluster-secret", s);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 403);
+    }
+    let renamed = client
+        .ok(
+            "workspace.rename",
+            json!({"workspaceId": wid, "title": "Renamed", "operationId": "op-1"}),
+        )
+        .await;
+    assert_eq!(renamed["title"], "Renamed");
+    let e = client
+        .call("workspace.rename", json!({"workspaceId": wid, "title": "  "}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "bad-params");
+
+    std::fs::create_dir_all(dir.join(".git")).unwrap();
+    write(&dir, ".gitignore", "target/\n");
+    write(&dir, "src/deep/mod.rs", "");
+    write(&dir, "src/lib.rs", "");
+    write(&dir, "target/out", "");
+    let files = client
+        .ok("workspace.files", json!({"workspaceId": wid, "prefix": "src/d"}))
+        .await;
+    assert_eq!(
+        files["entries"],
+        json!([{"path": "src/deep", "dir": true}, {"path": "src/deep/mod.rs", "dir": false}])
+    );
+    let all = client.ok("workspace.files", json!({"workspaceId": wid})).await;
+    let paths: Vec<&str> = all["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        paths.contains(&"src/lib.rs") && !paths.iter().any(|p| p.starts_with("target")),
+        "{paths:?}"
+    );
+
+    let removed = client
+        .ok("workspace.remove", json!({"workspaceId": wid, "operationId": "op-2"}))
+        .await;
+    assert_eq!(removed, json!({"removed": true}));
+    let e = client.call("session.get", json!({"sessionId": sid})).await.unwrap_err();
+    assert_eq!(code(&e), "not-found");
+    let again = client.ok("workspace.remove", json!({"workspaceId": wid})).await;
+    assert_eq!(again, json!({"removed": false}));
+    let e = client
+        .call("workspace.get", json!({"workspaceId": wid}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "not-found");
+}
