@@ -11,6 +11,7 @@ use crate::{Cause, Notice, QueueEntry, QueueState, Row, SessionPhase, TurnState,
 
 /// A persisted history event: `{sequence, type, at, turnId?, rows?, …payload}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     pub sequence: i64,
@@ -28,6 +29,7 @@ pub struct Event {
 
 /// Every persisted event type with its payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type")]
 pub enum EventPayload {
     #[serde(rename = "session.created")]
@@ -62,21 +64,25 @@ pub enum EventPayload {
 
 /// A payload without fields.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Nothing {}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionCreated {
     pub workspace_id: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TitleChanged {
     pub title: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelChanged {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,6 +92,7 @@ pub struct ModelChanged {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TurnQueued {
     /// The entry as the queue shows it.
@@ -93,6 +100,7 @@ pub struct TurnQueued {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelCompleted {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -100,6 +108,7 @@ pub struct ModelCompleted {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TurnEnded {
     pub state: TurnState,
@@ -178,6 +187,7 @@ impl EventPayload {
 /// exactly where a piece goes; a piece at offset 0 starts (or, after `resync`, replaces)
 /// the step's text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelDelta {
     pub turn_id: String,
@@ -195,6 +205,7 @@ pub struct ModelDelta {
 
 /// Live-only: the session's phase changed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PhaseItem {
     pub phase: SessionPhase,
@@ -205,6 +216,7 @@ pub struct PhaseItem {
 /// What a client draws besides history: sent once a watch has caught up, and again after
 /// a `resync`. It reflects every event through sequence `through` (events after it follow).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WatchState {
     pub through: i64,
@@ -222,12 +234,14 @@ pub struct WatchState {
 /// (streamed text, phase): a `state` item and the running step's text from offset 0 follow.
 /// History events are never dropped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Resync {
     pub reason: ResyncReason,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ResyncReason {
     /// The watcher fell behind the live stream.
@@ -236,6 +250,7 @@ pub enum ResyncReason {
 
 /// The live-only items of a watch (no `sequence`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type")]
 pub enum LiveItem {
     #[serde(rename = "model.delta")]
@@ -251,6 +266,7 @@ pub enum LiveItem {
 /// Any item of a `session.watch` subscription: a history event (it has a `sequence`) or a
 /// live-only item.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum WatchItem {
     Event(Event),

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// `hello` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HelloParams {
     pub protocol: u32,
@@ -15,6 +16,7 @@ pub struct HelloParams {
 
 /// Who the client says it is (for logs and metrics only).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ClientInfo {
     pub name: String,
@@ -22,6 +24,7 @@ pub struct ClientInfo {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HelloResult {
     pub protocol: u32,
@@ -37,11 +40,13 @@ pub struct HelloResult {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PingResult {
     pub pong: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct StatusResult {
     pub server_version: String,
@@ -51,6 +56,7 @@ pub struct StatusResult {
 
 /// A workspace as the client sees it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Workspace {
     pub workspace_id: String,
@@ -63,12 +69,14 @@ pub struct Workspace {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceRef {
     pub workspace_id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionRef {
     pub session_id: String,
@@ -76,6 +84,7 @@ pub struct SessionRef {
 
 /// `session.create` parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionCreateParams {
     pub workspace_id: String,
@@ -123,6 +132,7 @@ impl SessionCreateParams {
 
 /// What a session is for (`session.create {kind}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum SessionKind {
     Coordinator,
@@ -130,6 +140,7 @@ pub enum SessionKind {
 
 /// What a session is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum SessionPhase {
     Idle,
@@ -141,6 +152,7 @@ pub type PendingInteraction = serde_json::Value;
 
 /// Where a session's effective model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ModelLevel {
     Session,
@@ -150,6 +162,7 @@ pub enum ModelLevel {
 
 /// Everything a reconnecting client needs to draw a session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSnapshot {
     pub session_id: String,
@@ -185,6 +198,7 @@ pub struct SessionSnapshot {
 
 /// `session.list` parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionListParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,6 +213,7 @@ pub struct SessionListParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionListResult {
     pub entries: Vec<SessionListEntry>,
@@ -208,6 +223,7 @@ pub struct SessionListResult {
 
 /// One `session.list` entry (no message bodies).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionListEntry {
     pub session_id: String,
@@ -232,6 +248,7 @@ pub struct SessionListEntry {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionRenameParams {
     pub session_id: String,
@@ -241,6 +258,7 @@ pub struct SessionRenameParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSetModelParams {
     pub session_id: String,
@@ -254,6 +272,7 @@ pub struct SessionSetModelParams {
 
 /// `session.remove`, `session.clear`: a session and an optional operation id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionOpParams {
     pub session_id: String,
@@ -262,17 +281,20 @@ pub struct SessionOpParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Removed {
     pub removed: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Cleared {
     /// The `session.cleared` event's sequence.
     pub sequence: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionPauseParams {
     pub session_id: String,
@@ -282,6 +304,7 @@ pub struct SessionPauseParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionStopParams {
     pub session_id: String,
@@ -291,6 +314,7 @@ pub struct SessionStopParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TurnRef {
     pub turn_id: String,
@@ -298,6 +322,7 @@ pub struct TurnRef {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueUpdateParams {
     pub session_id: String,
@@ -309,6 +334,7 @@ pub struct QueueUpdateParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueMoveParams {
     pub session_id: String,
@@ -322,6 +348,7 @@ pub struct QueueMoveParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueRemoveParams {
     pub session_id: String,
@@ -333,6 +360,7 @@ pub struct QueueRemoveParams {
 
 /// The queue after a change (also the payload of `queue.changed`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueState {
     pub queue: Vec<QueueEntry>,
@@ -340,6 +368,7 @@ pub struct QueueState {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OperationReceiptParams {
     pub operation_id: String,
@@ -347,6 +376,7 @@ pub struct OperationReceiptParams {
 
 /// A stored operation receipt (`operation.receipt`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReceiptView {
     pub operation_id: String,
@@ -364,6 +394,7 @@ pub struct ReceiptView {
 
 /// Where an operation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ReceiptState {
     /// The first attempt is still running (a retry answers `operation-in-progress`).
@@ -374,6 +405,7 @@ pub enum ReceiptState {
 
 /// A notice: a fact for the client to word, never a sentence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Notice {
     /// `info`, `warning` or `error`.
     pub level: String,
@@ -383,6 +415,7 @@ pub struct Notice {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsParams {
     pub session_id: String,
@@ -395,6 +428,7 @@ pub struct SessionDiagnosticsParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Diagnostic {
     pub diagnostic_id: String,
@@ -412,6 +446,7 @@ pub struct Diagnostic {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsResult {
     pub through: i64,
@@ -424,6 +459,7 @@ pub struct SessionDiagnosticsResult {
 /// (`queue.get` reads that). `queueId` is the turn's id (`trn_…`); both are given so that
 /// queue edits and turn references read naturally.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueEntry {
     pub queue_id: String,
@@ -438,6 +474,7 @@ pub struct QueueEntry {
 
 /// `queue.get`: one queued turn's whole prompt.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueGetParams {
     pub session_id: String,
@@ -446,6 +483,7 @@ pub struct QueueGetParams {
 
 /// A queued turn with its whole prompt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueuedPrompt {
     pub queue_id: String,
@@ -456,6 +494,7 @@ pub struct QueuedPrompt {
 
 /// `session.send` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSendParams {
     pub session_id: String,
@@ -467,6 +506,7 @@ pub struct SessionSendParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSendResult {
     pub turn_id: String,
@@ -479,6 +519,7 @@ pub struct SessionSendResult {
 
 /// A turn's lifecycle state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum TurnState {
     Queued,
@@ -520,6 +561,7 @@ impl TurnState {
 
 /// Why a turn failed: a typed code plus safe fields, never a provider body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Cause {
     /// `provider-unreachable`, `provider-status`, `provider-timeout`, `provider-protocol`,
     /// `tool-failed`, `worker-lost`, `internal`.
@@ -530,6 +572,7 @@ pub struct Cause {
 
 /// A row's address: the event that emitted it, then its ordinal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Position {
     pub source_sequence: i64,
@@ -538,6 +581,7 @@ pub struct Position {
 
 /// `session.history` parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionHistoryParams {
     pub session_id: String,
@@ -557,6 +601,7 @@ pub struct SessionHistoryParams {
 
 /// What `session.history` opens when given a `target`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum HistoryTarget {
     Row { position: Position, field: RowField },
@@ -565,6 +610,7 @@ pub enum HistoryTarget {
 
 /// A row's text fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum RowField {
     Body,
@@ -573,6 +619,7 @@ pub enum RowField {
 
 /// A field cut to fit the page: `returned` bytes of `bytes` are in the row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Truncation {
     pub truncated: bool,
     pub bytes: u64,
@@ -581,6 +628,7 @@ pub struct Truncation {
 
 /// `session.source`: read a row's field onward from a byte offset.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSourceParams {
     pub session_id: String,
@@ -593,6 +641,7 @@ pub struct SessionSourceParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSourceResult {
     pub data: String,
@@ -604,6 +653,7 @@ pub struct SessionSourceResult {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionHistoryResult {
     pub through: i64,
@@ -614,6 +664,7 @@ pub struct SessionHistoryResult {
 
 /// What a row is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum RowKind {
     User,
@@ -648,6 +699,7 @@ impl RowKind {
 
 /// A tool row's tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ToolInfo {
     pub name: String,
@@ -657,6 +709,7 @@ pub struct ToolInfo {
 
 /// A conversation item published by an event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Row {
     pub position: Position,
@@ -677,6 +730,7 @@ pub struct Row {
 
 /// A row before the store gives it a position (what a worker or the API tier publishes).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NewRow {
     pub kind: RowKind,
@@ -691,6 +745,7 @@ pub struct NewRow {
 
 /// `session.watch` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionWatchParams {
     pub session_id: String,
@@ -699,12 +754,14 @@ pub struct SessionWatchParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SubscriptionCloseParams {
     pub id: u32,
 }
 
 /// `admin.credential.create`: a user credential (`userId`) or a worker credential (`worker: true`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminCredentialCreateParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -722,6 +779,7 @@ pub struct AdminCredentialCreateParams {
 
 /// A credential as administrators see it (never the secret, except `token` once at creation).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CredentialView {
     pub credential_id: String,
@@ -745,6 +803,7 @@ pub struct CredentialView {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminCredentialRevokeParams {
     pub credential_id: String,
@@ -753,11 +812,13 @@ pub struct AdminCredentialRevokeParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Revoked {
     pub revoked: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminUserCreateParams {
     pub email: String,
@@ -771,6 +832,7 @@ pub struct AdminUserCreateParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct UserView {
     pub user_id: String,
@@ -782,6 +844,7 @@ pub struct UserView {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminUserDisableParams {
     pub user_id: String,
@@ -790,11 +853,13 @@ pub struct AdminUserDisableParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Disabled {
     pub disabled: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminStatus {
     pub replica_id: String,
