@@ -197,7 +197,10 @@ fn spawn_housekeeping(state: AppState) {
 async fn schema() -> impl IntoResponse {
     static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let body = DOC.get_or_init(|| berth_protocol::schema::document().to_string());
-    ([(axum::http::header::CONTENT_TYPE, "application/schema+json")], body.as_str())
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/schema+json")],
+        body.as_str(),
+    )
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {

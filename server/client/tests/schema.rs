@@ -142,3 +142,27 @@ fn the_typescript_compiles_strictly_with_a_tiny_client() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn the_client_gives_an_operation_id_to_exactly_the_methods_that_take_one() {
+    let doc = schema::document();
+    let mut takes: Vec<&str> = Vec::new();
+    for (name, m) in doc["methods"].as_object().unwrap() {
+        let params = &m["params"];
+        let def = match params["$ref"].as_str() {
+            Some(r) => &doc["$defs"][r.trim_start_matches("#/$defs/")],
+            None => params,
+        };
+        // A mutation's id is optional; `operation.receipt` requires one (it looks one up).
+        let required = def["required"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|f| f == "operationId"));
+        if def["properties"].get("operationId").is_some() && !required {
+            takes.push(name);
+        }
+    }
+    let mut listed = berth_client::TAKES_OPERATION_ID.to_vec();
+    takes.sort();
+    listed.sort();
+    assert_eq!(listed, takes, "berth_client::TAKES_OPERATION_ID vs the schema");
+}

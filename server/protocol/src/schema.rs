@@ -80,7 +80,13 @@ pub fn error_codes(doc: &Value) -> Vec<String> {
     let alternatives = def["oneOf"].as_array().cloned().unwrap_or_else(|| vec![def.clone()]);
     let mut codes = Vec::new();
     for alt in &alternatives {
-        codes.extend(alt["enum"].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(String::from)));
+        codes.extend(
+            alt["enum"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(String::from)),
+        );
         codes.extend(alt["const"].as_str().map(String::from));
     }
     codes
@@ -156,7 +162,9 @@ fn doc_comment(out: &mut String, schema: &Value, indent: &str) {
 }
 
 fn ts_ident(name: &str) -> String {
-    name.chars().map(|c| if c.is_alphanumeric() { c } else { '_' }).collect()
+    name.chars()
+        .map(|c| if c.is_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 /// A TypeScript type for a schema (the subset schemars generates).
@@ -254,7 +262,11 @@ fn object(schema: &Value, depth: usize) -> String {
         doc_comment(&mut comment, prop, &pad);
         out.push_str(&comment);
         let optional = if required.contains(&name.as_str()) { "" } else { "?" };
-        out.push_str(&format!("{pad}{}{optional}: {};\n", json!(name), ts_type(prop, depth + 1)));
+        out.push_str(&format!(
+            "{pad}{}{optional}: {};\n",
+            json!(name),
+            ts_type(prop, depth + 1)
+        ));
     }
     out.push_str(&format!("{}}}", "  ".repeat(depth)));
     out
