@@ -50,6 +50,18 @@ export type AdminUserDisableParams = {
 };
 
 /**
+ * Where a forked session came from.
+ */
+export type Branch = {
+  /**
+   * The source's last event included in the fork.
+   */
+  "sequence": number;
+  "sessionId": string;
+  "turnId"?: string | null;
+};
+
+/**
  * Why a turn failed: a typed code plus safe fields, never a provider body.
  */
 export type Cause = {
@@ -163,6 +175,8 @@ export type Event = {
   "type": "turn.ended";
 } | QueueState & {
   "type": "queue.changed";
+} | Forked & {
+  "type": "session.forked";
 });
 
 /**
@@ -188,7 +202,13 @@ export type EventPayload = (SessionCreated & {
   "type": "turn.ended";
 } | QueueState & {
   "type": "queue.changed";
+} | Forked & {
+  "type": "session.forked";
 });
+
+export type Forked = {
+  "branch": Branch;
+};
 
 /**
  * `hello` parameters.
@@ -469,6 +489,28 @@ export type RpcError = {
 };
 
 /**
+ * Where a search page stopped. With `field` absent the row at `position` was searched
+ * whole; with `field` and `offset` the scan resumes in that row's field at that byte.
+ */
+export type SearchCursor = {
+  "field"?: (RowField | null);
+  "offset"?: number | null;
+  "position": Position;
+};
+
+/**
+ * A match: the row, the field and the byte range `[start, end)` in that field's text, so
+ * that `session.history {target: {kind: "row", position, field}}` and `session.source`
+ * open exactly it.
+ */
+export type SearchHit = {
+  "end": number;
+  "field": RowField;
+  "position": Position;
+  "start": number;
+};
+
+/**
  * `session.create` parameters.
  */
 export type SessionCreateParams = {
@@ -501,6 +543,41 @@ export type SessionDiagnosticsResult = {
   "diagnostics": Array<Diagnostic>;
   "nextBefore"?: number | null;
   "through": number;
+};
+
+/**
+ * `session.fork` parameters.
+ */
+export type SessionForkParams = {
+  /**
+   * Required: a lost response is recovered with `session.forkReceipt`.
+   */
+  "operationId": string;
+  "sessionId": string;
+  /**
+   * The source's history revision (`session.get`'s `revision`) the client saw.
+   */
+  "sourceRevision": number;
+  /**
+   * A settled turn to fork from (its history up to its end); absent or null: all
+   * current history, which must then have no running turn.
+   */
+  "turnId"?: string | null;
+};
+
+/**
+ * `session.forkReceipt` parameters.
+ */
+export type SessionForkReceiptParams = {
+  "operationId": string;
+};
+
+/**
+ * `session.fork` result (also what `session.forkReceipt` finds).
+ */
+export type SessionForkResult = {
+  "branch": Branch;
+  "sessionId": string;
 };
 
 /**
@@ -601,6 +678,36 @@ export type SessionRenameParams = {
   "operationId"?: string | null;
   "sessionId": string;
   "title": string;
+};
+
+/**
+ * `session.search` parameters. Keep `query`, the options and `through` fixed while
+ * following `nextAfter`; start with `after` absent.
+ */
+export type SessionSearchParams = {
+  "after"?: (SearchCursor | null);
+  "caseSensitive"?: boolean;
+  /**
+   * Literal text (not a pattern).
+   */
+  "query": string;
+  "sessionId": string;
+  /**
+   * The fence: no row published after this event is searched. Absent: the session's
+   * last sequence now, returned in the result.
+   */
+  "through"?: number | null;
+  "wholeWord"?: boolean;
+};
+
+/**
+ * One page of hits, in history order. A page may hold no hits and still advance:
+ * follow `nextAfter` until it is absent.
+ */
+export type SessionSearchResult = {
+  "hits": Array<SearchHit>;
+  "nextAfter"?: (SearchCursor | null);
+  "through": number;
 };
 
 /**
@@ -841,12 +948,15 @@ export interface Methods {
   "session.clear": { params: SessionOpParams; result: Cleared };
   "session.create": { params: SessionCreateParams; result: SessionSnapshot };
   "session.diagnostics": { params: SessionDiagnosticsParams; result: SessionDiagnosticsResult };
+  "session.fork": { params: SessionForkParams; result: SessionForkResult };
+  "session.forkReceipt": { params: SessionForkReceiptParams; result: (SessionForkResult | null) };
   "session.get": { params: SessionRef; result: SessionSnapshot };
   "session.history": { params: SessionHistoryParams; result: SessionHistoryResult };
   "session.list": { params: SessionListParams; result: SessionListResult };
   "session.pause": { params: SessionPauseParams; result: QueueState };
   "session.remove": { params: SessionOpParams; result: Removed };
   "session.rename": { params: SessionRenameParams; result: SessionSnapshot };
+  "session.search": { params: SessionSearchParams; result: SessionSearchResult };
   "session.send": { params: SessionSendParams; result: SessionSendResult };
   "session.setModel": { params: SessionSetModelParams; result: SessionSnapshot };
   "session.source": { params: SessionSourceParams; result: SessionSourceResult };

@@ -463,6 +463,24 @@ async fn every_method_and_event_matches_the_protocol_types() {
     );
     check!(method::SessionList, json!({}));
     check!(method::SessionDiagnostics, json!({"sessionId": sid}));
+    check!(
+        method::SessionSearch,
+        json!({"sessionId": sid, "query": "HELLO", "caseSensitive": false, "wholeWord": true})
+    );
+    let revision = c.ok("session.get", json!({"sessionId": sid})).await["historyRevision"].clone();
+    let fork = check!(
+        method::SessionFork,
+        json!({"sessionId": sid, "sourceRevision": revision, "operationId": "walk-fork"})
+    );
+    check!(method::SessionForkReceipt, json!({"operationId": "walk-fork"}));
+    let mut fork_watch = c.subscribe("session.watch", json!({"sessionId": fork["sessionId"], "after": 0}));
+    for item in fork_watch
+        .until(10, |i| i["type"] == "session.forked")
+        .await
+        .expect("the fork's own event")
+    {
+        assert_typed::<WatchItem>("fork watch item", &item);
+    }
     // The queue: offline worker (a notice), three queued turns, then edits.
     stack.kill_worker().await;
     let q1 = check!(method::SessionSend, json!({"sessionId": sid, "prompt": "q1"}));

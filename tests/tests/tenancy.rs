@@ -183,6 +183,21 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"operationId": receipt_op}),
             json!({"operationId": "op-random"}),
         ),
+        (
+            "session.search",
+            json!({"sessionId": sid, "query": "A"}),
+            json!({"sessionId": "ses_random", "query": "A"}),
+        ),
+        (
+            "session.fork",
+            json!({"sessionId": sid, "sourceRevision": 0, "operationId": "fork-theirs"}),
+            json!({"sessionId": "ses_random", "sourceRevision": 0, "operationId": "fork-random"}),
+        ),
+        (
+            "session.forkReceipt",
+            json!({"operationId": receipt_op}),
+            json!({"operationId": "op-random"}),
+        ),
         ("subscription.close", json!({"id": 1}), json!({"id": 4_000_000})),
         (
             "admin.credential.create",

@@ -60,6 +60,16 @@ pub enum EventPayload {
     /// a removal, a pause or a clear).
     #[serde(rename = "queue.changed")]
     QueueChanged(QueueState),
+    /// The first event of a fork's own: the history before it was copied from `branch`.
+    #[serde(rename = "session.forked")]
+    SessionForked(Forked),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Forked {
+    pub branch: crate::Branch,
 }
 
 /// A payload without fields.
@@ -130,6 +140,7 @@ impl EventPayload {
             EventPayload::ModelCompleted(_) => "model.completed",
             EventPayload::TurnEnded(_) => "turn.ended",
             EventPayload::QueueChanged(_) => "queue.changed",
+            EventPayload::SessionForked(_) => "session.forked",
         }
     }
 
@@ -177,6 +188,13 @@ impl EventPayload {
             EventPayload::QueueChanged(QueueState {
                 queue: vec![entry],
                 paused: true,
+            }),
+            EventPayload::SessionForked(Forked {
+                branch: crate::Branch {
+                    session_id: "ses_1".into(),
+                    turn_id: Some("trn_1".into()),
+                    sequence: 7,
+                },
             }),
         ]
     }

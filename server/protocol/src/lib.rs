@@ -27,12 +27,14 @@ pub mod events;
 pub mod jsonrpc;
 #[cfg(feature = "schema")]
 pub mod schema;
+pub mod search;
 pub mod text;
 pub mod types;
 pub mod worker;
 
 pub use error::{ErrorCode, RpcError};
 pub use events::*;
+pub use search::*;
 pub use types::*;
 
 /// The protocol version this release speaks.
@@ -125,6 +127,12 @@ methods! {
     SessionStop = "session.stop" (SessionStopParams) -> TurnRef;
     /// Read a row's field onward from a byte offset.
     SessionSource = "session.source" (SessionSourceParams) -> SessionSourceResult;
+    /// Literal text search over the session's rows under a fixed fence, paged.
+    SessionSearch = "session.search" (SessionSearchParams) -> SessionSearchResult;
+    /// Start a side session from a settled turn or all current history.
+    SessionFork = "session.fork" (SessionForkParams) -> SessionForkResult;
+    /// The fork an `operationId` published, or null (which proves nothing).
+    SessionForkReceipt = "session.forkReceipt" (SessionForkReceiptParams) -> Option<SessionForkResult>;
     /// Execution, model-step and title failures, newest first.
     SessionDiagnostics = "session.diagnostics" (SessionDiagnosticsParams) -> SessionDiagnosticsResult;
     /// Edit a queued prompt (revision-guarded).

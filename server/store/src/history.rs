@@ -164,7 +164,12 @@ fn fit(row: &mut Row, budget: usize, first: RowField) {
 
 impl Store {
     /// The session's (last sequence, cleared-at sequence), or not-found.
-    async fn fence(&self, client: &impl GenericClient, tenant_id: &str, session_id: &str) -> Result<(i64, i64)> {
+    pub(crate) async fn fence(
+        &self,
+        client: &impl GenericClient,
+        tenant_id: &str,
+        session_id: &str,
+    ) -> Result<(i64, i64)> {
         let row = client
             .qo(
                 "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",

@@ -11,9 +11,11 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod fork;
 mod history;
 mod identity;
 pub mod receipts;
+pub mod search;
 mod sessions;
 mod turns;
 mod workspaces;

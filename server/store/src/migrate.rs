@@ -13,6 +13,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0005_worker_host_binding.sql", include_str!("../../../migrations/0005_worker_host_binding.sql")),
     ("0006_turn_model_and_usage.sql", include_str!("../../../migrations/0006_turn_model_and_usage.sql")),
     ("0007_typed_event_payloads.sql", include_str!("../../../migrations/0007_typed_event_payloads.sql")),
+    ("0008_fork.sql", include_str!("../../../migrations/0008_fork.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -199,7 +199,8 @@ impl Store {
                         (extract(epoch from s.updated_at) * 1000000)::bigint AS us,
                         (SELECT count(*) FROM rows r WHERE r.session_id = s.id AND NOT r.hidden AND r.kind IN ('user', 'assistant')),
                         (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
-                        (SELECT count(*) FROM turns t WHERE t.session_id = s.id AND t.state = 'queued')
+                        (SELECT count(*) FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'),
+                        s.branch->>'sessionId'
                    FROM sessions s
                   WHERE s.tenant_id = $1 AND s.removed_at IS NULL AND ($2::text IS NULL OR s.workspace_id = $2)
                     AND ((extract(epoch from s.updated_at) * 1000000)::bigint, s.id) < ($3, $4)
@@ -232,7 +233,7 @@ impl Store {
                 },
                 running,
                 queued: r.get::<_, i64>(8) as u32,
-                branch: None,
+                branch: r.get(9),
             });
         }
         Ok(SessionListResult {

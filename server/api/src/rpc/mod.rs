@@ -8,8 +8,10 @@
 
 mod admin;
 mod connection;
+mod fork;
 mod queue;
 mod receipts;
+mod search;
 mod session;
 mod workspace;
 
@@ -488,6 +490,11 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionPause::NAME => call::<method::SessionPause, _, _>(ctx, params, session::pause).await,
         method::SessionStop::NAME => call::<method::SessionStop, _, _>(ctx, params, session::stop).await,
         method::SessionSource::NAME => call::<method::SessionSource, _, _>(ctx, params, session::source).await,
+        method::SessionSearch::NAME => call::<method::SessionSearch, _, _>(ctx, params, search::search).await,
+        method::SessionFork::NAME => call::<method::SessionFork, _, _>(ctx, params, fork::fork).await,
+        method::SessionForkReceipt::NAME => {
+            call::<method::SessionForkReceipt, _, _>(ctx, params, fork::fork_receipt).await
+        }
         method::SessionDiagnostics::NAME => {
             call::<method::SessionDiagnostics, _, _>(ctx, params, session::diagnostics).await
         }
@@ -557,6 +564,9 @@ mod tests {
         "SessionPause",
         "SessionStop",
         "SessionSource",
+        "SessionSearch",
+        "SessionFork",
+        "SessionForkReceipt",
         "SessionDiagnostics",
         "QueueUpdate",
         "QueueMove",

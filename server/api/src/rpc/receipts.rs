@@ -20,6 +20,7 @@ const MUTATIONS: &[&str] = &[
     "session.rename",
     "session.setModel",
     "session.pause",
+    "session.fork",
     "queue.update",
     "queue.move",
     "queue.remove",
@@ -107,12 +108,13 @@ where
     }
 }
 
+/// The caller's stored receipt for `operation_id`, if any.
+pub async fn lookup(ctx: &Ctx, operation_id: &str) -> ApiResult<Option<ReceiptView>> {
+    let (tenant, principal) = principal_key(ctx)?;
+    Ok(ctx.state.store.receipt_get(&tenant, &principal, operation_id).await?)
+}
+
 /// `operation.receipt`: the stored outcome, or null.
 pub async fn receipt(ctx: Ctx, p: OperationReceiptParams) -> ApiResult<Option<ReceiptView>> {
-    let (tenant, principal) = principal_key(&ctx)?;
-    Ok(ctx
-        .state
-        .store
-        .receipt_get(&tenant, &principal, &p.operation_id)
-        .await?)
+    lookup(&ctx, &p.operation_id).await
 }
