@@ -393,13 +393,13 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
                     if !remote.json {
                         printed.event(ev, &mut out)?;
                     }
-                    if let EventPayload::TurnEnded(end) = &ev.payload {
-                        if ev.turn_id.as_deref() == Some(sent.turn_id.as_str()) {
-                            if !remote.json && end.state != berth_client::protocol::TurnState::Completed {
-                                writeln!(out, "[turn {}]", end.state.as_str())?;
-                            }
-                            break;
+                    if let EventPayload::TurnEnded(end) = &ev.payload
+                        && ev.turn_id.as_deref() == Some(sent.turn_id.as_str())
+                    {
+                        if !remote.json && end.state != berth_client::protocol::TurnState::Completed {
+                            writeln!(out, "[turn {}]", end.state.as_str())?;
                         }
+                        break;
                     }
                 }
                 _ => {}

@@ -332,10 +332,10 @@ pub fn new_operation_id() -> String {
 }
 
 fn ensure_operation_id(params: &mut Value) {
-    if let Value::Object(map) = params {
-        if map.get("operationId").is_none_or(Value::is_null) {
-            map.insert("operationId".into(), Value::String(new_operation_id()));
-        }
+    if let Value::Object(map) = params
+        && map.get("operationId").is_none_or(Value::is_null)
+    {
+        map.insert("operationId".into(), Value::String(new_operation_id()));
     }
 }
 
