@@ -12,10 +12,14 @@ use std::{
 use anyhow::Context;
 use berth_client::{
     Client,
-    method::{SessionCreate, SessionHistory, SessionList, SessionSend, SessionStop, WorkspaceList},
+    method::{
+        SessionCreate, SessionFork, SessionGet, SessionHistory, SessionList, SessionSearch, SessionSend, SessionSource,
+        SessionStop, WorkspaceList,
+    },
     protocol::{
-        Event, EventPayload, LiveItem, RowKind, SessionCreateParams, SessionHistoryParams, SessionListParams,
-        SessionSendParams, SessionStopParams, WatchItem,
+        Event, EventPayload, LiveItem, RowKind, SessionCreateParams, SessionForkParams, SessionHistoryParams,
+        SessionListParams, SessionRef, SessionSearchParams, SessionSendParams, SessionSourceParams, SessionStopParams,
+        WatchItem,
     },
 };
 use serde::{Deserialize, Serialize};
@@ -69,6 +73,24 @@ pub enum ClientCommand {
         #[command(flatten)]
         remote: Remote,
         session: String,
+    },
+    /// Search a session's rows for a literal text.
+    Search {
+        #[command(flatten)]
+        remote: Remote,
+        session: String,
+        query: String,
+        #[arg(long)]
+        case_sensitive: bool,
+        #[arg(long)]
+        whole_word: bool,
+    },
+    /// Fork a session from a settled turn (or all of its current history).
+    Fork {
+        #[command(flatten)]
+        remote: Remote,
+        session: String,
+        turn: Option<String>,
     },
     /// Stop a running turn.
     Stop {
@@ -227,6 +249,80 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
                 }
             }
         }
+        ClientCommand::Search {
+            remote,
+            session,
+            query,
+            case_sensitive,
+            whole_word,
+        } => {
+            let client = connect(&remote).await?;
+            let mut params = SessionSearchParams {
+                session_id: session.clone(),
+                query,
+                case_sensitive,
+                whole_word,
+                through: None,
+                after: None,
+            };
+            loop {
+                let page = client.call::<SessionSearch>(params.clone()).await?;
+                for hit in &page.hits {
+                    if remote.json {
+                        print_json(hit)?;
+                        continue;
+                    }
+                    // The hit's text, as `session.source` reads it.
+                    let source = client
+                        .call::<SessionSource>(SessionSourceParams {
+                            session_id: session.clone(),
+                            position: hit.position,
+                            field: hit.field,
+                            offset: hit.start,
+                            limit: Some(u32::try_from(hit.end - hit.start).unwrap_or(u32::MAX)),
+                        })
+                        .await?;
+                    let field = serde_json::to_value(hit.field)?;
+                    println!(
+                        "{}:{} {} {}..{}  {}",
+                        hit.position.source_sequence,
+                        hit.position.item_index,
+                        field.as_str().unwrap_or(""),
+                        hit.start,
+                        hit.end,
+                        source.data
+                    );
+                }
+                match page.next_after {
+                    Some(after) => {
+                        params.through = Some(page.through);
+                        params.after = Some(after);
+                    }
+                    None => return Ok(()),
+                }
+            }
+        }
+        ClientCommand::Fork { remote, session, turn } => {
+            let client = connect(&remote).await?;
+            let snapshot = client
+                .call::<SessionGet>(SessionRef {
+                    session_id: session.clone(),
+                })
+                .await?;
+            let forked = client
+                .call::<SessionFork>(SessionForkParams {
+                    session_id: session,
+                    turn_id: turn,
+                    source_revision: snapshot.history_revision,
+                    operation_id: berth_client::new_operation_id(),
+                })
+                .await?;
+            if remote.json {
+                return print_json(&forked);
+            }
+            println!("{}", forked.session_id);
+            Ok(())
+        }
         ClientCommand::Stop { remote, session, turn } => {
             let client = connect(&remote).await?;
             let stopped = client
@@ -327,7 +423,7 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
         }
     };
     let snapshot = client
-        .call::<berth_client::method::SessionGet>(berth_client::protocol::SessionRef {
+        .call::<SessionGet>(SessionRef {
             session_id: session.clone(),
         })
         .await?;
@@ -344,7 +440,13 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
     });
     let mut printed = Printed::default();
     let stdout = std::io::stdout();
-    while let Some(prompt) = lines.recv().await {
+    loop {
+        // Ctrl-C between turns ends the chat (within one it stops the turn).
+        let prompt = tokio::select! {
+            line = lines.recv() => line,
+            _ = tokio::signal::ctrl_c() => None,
+        };
+        let Some(prompt) = prompt else { break };
         if prompt.trim().is_empty() {
             continue;
         }

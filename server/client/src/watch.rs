@@ -20,7 +20,6 @@ use crate::{Client, Error, Result, connection::answer};
 pub struct Watch {
     items: mpsc::Receiver<Result<WatchItem>>,
     last: Arc<AtomicI64>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl Watch {
@@ -43,22 +42,13 @@ impl Stream for Watch {
     }
 }
 
-impl Drop for Watch {
-    fn drop(&mut self) {
-        // The task notices the closed channel and closes the subscription itself; this is
-        // for a task stuck reconnecting.
-        if self.items.is_closed() {
-            self.task.abort();
-        }
-    }
-}
-
 pub(crate) fn start(client: Client, session_id: String, after: i64) -> Watch {
     // A small buffer: a slow consumer slows the reading of this subscription only.
     let (tx, items) = mpsc::channel(256);
     let last = Arc::new(AtomicI64::new(after));
-    let task = tokio::spawn(run(client, session_id, last.clone(), tx));
-    Watch { items, last, task }
+    // The task ends when the subscription does, or (closing it) when the Watch is dropped.
+    tokio::spawn(run(client, session_id, last.clone(), tx));
+    Watch { items, last }
 }
 
 async fn run(client: Client, session_id: String, last: Arc<AtomicI64>, tx: mpsc::Sender<Result<WatchItem>>) {
@@ -75,9 +65,9 @@ async fn run(client: Client, session_id: String, last: Arc<AtomicI64>, tx: mpsc:
         let id = client.next_id();
         let after = last.load(Ordering::SeqCst);
         let params = serde_json::json!({"sessionId": session_id, "after": after});
-        let mut sub = match conn.subscribe(id, "session.watch", params) {
-            Ok(s) => s,
-            Err(_) => continue,
+        let Ok(mut sub) = conn.subscribe(id, "session.watch", params) else {
+            // The connection closed under us: the next round reconnects.
+            continue;
         };
         loop {
             tokio::select! {
