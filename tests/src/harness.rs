@@ -34,8 +34,14 @@ fn cluster() -> &'static TestCluster {
         std::thread::spawn(|| {
             remove_stale_scratch_dirs();
             let dir = scratch_dir("pg");
-            let cluster =
-                PrivateCluster::start(&dir, &ClusterOptions { unsafe_no_fsync: true }).expect("start test cluster");
+            let cluster = PrivateCluster::start(
+                &dir,
+                &ClusterOptions {
+                    unsafe_no_fsync: true,
+                    ..ClusterOptions::default()
+                },
+            )
+            .expect("start test cluster");
             let admin_url = cluster.url("postgres");
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -415,7 +415,8 @@ fn account_digest(account: &str) -> [u8; 32] {
     Sha256::digest(account.to_lowercase().as_bytes()).into()
 }
 
-fn addr_key(addr: IpAddr) -> IpAddr {
+/// The address a limit counts under: IPv4 as is (also when IPv4-mapped), IPv6 by /64.
+pub(crate) fn addr_key(addr: IpAddr) -> IpAddr {
     match addr {
         IpAddr::V4(_) => addr,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

@@ -81,6 +81,14 @@ pub struct Config {
     pub jwt_ttl: std::time::Duration,
     /// Per-connection and per-credential limits.
     pub limits: Limits,
+    /// `BERTH_TRUSTED_PROXIES`: networks (CIDRs) of reverse proxies whose
+    /// `X-Forwarded-For` names the client address; from anyone else it is ignored.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// `BERTH_DB_PROBE_SECS`: how often the LISTEN connection is asked a trivial query, so
+    /// that a half-open one (notifications silently lost) is noticed and replaced.
+    pub listen_probe_interval: std::time::Duration,
+    /// `BERTH_DB_PROBE_TIMEOUT_SECS`: how long that probe may take.
+    pub listen_probe_timeout: std::time::Duration,
 }
 
 /// Limits that keep one client from taking the server down. Exceeding one answers a typed
@@ -102,6 +110,20 @@ pub struct Limits {
     pub ping_interval: std::time::Duration,
     /// `BERTH_WS_IDLE_SECS`: a WebSocket that sends nothing (not even a pong) for this long is closed.
     pub idle_timeout: std::time::Duration,
+    /// `BERTH_WS_OUTBOUND_BYTES`: bytes queued for one client WebSocket before its
+    /// responses and subscriptions wait (a larger single message waits for an empty queue).
+    pub outbound_bytes: usize,
+    /// `BERTH_WS_WRITE_TIMEOUT_SECS`: a write the client does not take within this long
+    /// closes the connection.
+    pub write_timeout: std::time::Duration,
+    /// `BERTH_HELLO_TIMEOUT_SECS`: a connection not authenticated within this long is closed.
+    pub hello_timeout: std::time::Duration,
+    /// `BERTH_MAX_UNAUTHENTICATED_PER_ADDRESS`: connections per source address (IPv6: per
+    /// /64) that have not authenticated yet, on each replica.
+    pub max_unauthenticated_per_address: usize,
+    /// `BERTH_MAX_PASSWORD_CHECKS`: concurrent password verifications (argon2id, 19 MiB
+    /// each) on each replica; logins beyond it answer 503 with `Retry-After`.
+    pub max_password_checks: usize,
     /// `BERTH_WORKER_MAX_TURNS`: turns handed to one worker connection at once; more wait
     /// (running, not yet handed out) until one ends.
     pub worker_max_turns: usize,
@@ -123,6 +145,11 @@ impl Default for Limits {
             max_json_depth: 64,
             ping_interval: std::time::Duration::from_secs(20),
             idle_timeout: std::time::Duration::from_secs(60),
+            outbound_bytes: 2 << 20,
+            write_timeout: std::time::Duration::from_secs(30),
+            hello_timeout: std::time::Duration::from_secs(10),
+            max_unauthenticated_per_address: 128,
+            max_password_checks: 4,
             worker_max_turns: 256,
             worker_max_writes: 16,
             replica_max_turn_writes: 64,
@@ -145,6 +172,9 @@ impl Config {
             jwt: None,
             jwt_ttl: std::time::Duration::from_secs(15 * 60),
             limits: Limits::default(),
+            trusted_proxies: Vec::new(),
+            listen_probe_interval: std::time::Duration::from_secs(15),
+            listen_probe_timeout: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -64,6 +64,8 @@ pub struct App {
     pub login_limiter: auth::LoginLimiter,
     /// Requests per credential.
     pub request_limiter: auth::KeyedLimiter,
+    /// Password verifications running at once (argon2id is memory- and CPU-heavy).
+    pub password_checks: Arc<tokio::sync::Semaphore>,
     /// Per-tenant limits of the model proxy.
     pub proxy: proxy::ProxyLimits,
 }
@@ -104,6 +106,7 @@ pub async fn serve(
         .build()?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
+    let password_checks = Arc::new(tokio::sync::Semaphore::new(config.limits.max_password_checks.max(1)));
     let proxy = proxy::ProxyLimits::new(&config.model);
     let workers = workers::Registry::new(&config.limits);
     let state = AppState(Arc::new(App {
@@ -120,6 +123,7 @@ pub async fn serve(
             capacity: config_burst,
             refill_every: Duration::from_secs(1) / config_rate.max(1),
         }),
+        password_checks,
         proxy,
     }));
     listen::spawn(state.clone());

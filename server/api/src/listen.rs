@@ -1,7 +1,9 @@
 //! The replica's one LISTEN connection: wakes local watchers on committed appends, kicks
 //! local worker connections when turns may be handed out, and relays other replicas'
 //! live deltas. Reconnects with backoff; after a reconnect every watcher is woken because
-//! notifications may have been missed while the connection was down.
+//! notifications may have been missed while the connection was down. A connection can die
+//! without a word (a half-open socket after a network failure or a failover), so it is
+//! probed with a trivial query on a timer; no answer in time counts as lost.
 
 use std::time::Duration;
 
@@ -13,32 +15,48 @@ pub fn spawn(state: AppState) {
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(100);
         loop {
-            match state
-                .store
-                .listen(&[
+            // Setting up may meet a silent socket too.
+            let listening = tokio::time::timeout(
+                state.config.listen_probe_timeout * 3,
+                state.store.listen(&[
                     CHANNEL_EVENTS,
                     CHANNEL_DISPATCH,
                     CHANNEL_DELTAS,
                     CHANNEL_CONTROL,
                     CHANNEL_REVOKE,
-                ])
-                .await
-            {
-                Ok((_client, mut rx)) => {
+                ]),
+            )
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("timed out")));
+            match listening {
+                Ok((client, mut rx)) => {
                     backoff = Duration::from_millis(100);
                     state.hub.poke_all();
                     state.workers.kick_all();
                     // Revocations sent while we were not listening were missed.
                     crate::connections::verify_soon(&state, None);
+                    let mut probe = tokio::time::interval(state.config.listen_probe_interval);
+                    probe.tick().await;
                     loop {
                         tokio::select! {
                             n = rx.recv() => match n {
                                 Some(n) => handle(&state, n.channel(), n.payload()),
                                 None => break,
                             },
+                            _ = probe.tick() => {
+                                let answer = tokio::time::timeout(
+                                    state.config.listen_probe_timeout,
+                                    client.simple_query("SELECT 1"),
+                                );
+                                if !matches!(answer.await, Ok(Ok(_))) {
+                                    tracing::warn!("listen connection did not answer its probe");
+                                    break;
+                                }
+                            }
                             _ = state.shutdown.cancelled() => return,
                         }
                     }
+                    state.metrics.listen_reconnects.inc();
                     tracing::warn!("listen connection lost; reconnecting");
                 }
                 Err(e) => tracing::warn!(error = %e, "listen connection failed"),

@@ -1,13 +1,15 @@
 //! `POST /v1/auth/login`: a person's password for a short-lived JWT that the WebSocket
-//! accepts like a credential. Rate limited per account and per source address; the answer
-//! never says whether the account exists.
+//! accepts like a credential. Rate limited per account and per source address (the client's
+//! address from `X-Forwarded-For` when the peer is a trusted proxy), with a cap on
+//! concurrent password verifications; the answer never says whether the account exists.
+//! These limits hold per replica.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use axum::{
     Json,
     extract::{ConnectInfo, State},
-    http::{HeaderValue, StatusCode, header},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
 use serde::Deserialize;
@@ -37,9 +39,44 @@ fn error(status: StatusCode, code: &str) -> Response {
     (status, Json(json!({"error": {"code": code}}))).into_response()
 }
 
+/// The client's address: the peer's, unless the peer is a trusted proxy; then the
+/// right-most `X-Forwarded-For` entry that is not itself a trusted proxy (entries left of
+/// it could be forged by the client). Unparseable entries stop the walk at the last hop
+/// known for sure.
+pub(crate) fn client_addr(peer: SocketAddr, headers: &HeaderMap, trusted: &[ipnet::IpNet]) -> IpAddr {
+    let is_trusted = |a: &IpAddr| {
+        let a = match a {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(*a, IpAddr::V4),
+            IpAddr::V4(_) => *a,
+        };
+        trusted.iter().any(|n| n.contains(&a))
+    };
+    let mut addr = peer.ip();
+    if !is_trusted(&addr) {
+        return addr;
+    }
+    let hops: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .collect();
+    for hop in hops.iter().rev() {
+        let Ok(hop) = hop.trim().parse::<IpAddr>() else {
+            break;
+        };
+        addr = hop;
+        if !is_trusted(&addr) {
+            break;
+        }
+    }
+    addr
+}
+
 pub async fn login(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
     body: Result<Json<LoginRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let Ok(Json(req)) = body else {
@@ -49,7 +86,8 @@ pub async fn login(
         return error(StatusCode::SERVICE_UNAVAILABLE, "unsupported");
     };
     let account = auth::account_key(&req.tenant, &req.email);
-    if let Err(wait) = state.login_limiter.check(&account, peer.ip()) {
+    let addr = client_addr(peer, &headers, &state.config.trusted_proxies);
+    if let Err(wait) = state.login_limiter.check(&account, addr) {
         state
             .metrics
             .auth_failures
@@ -69,15 +107,27 @@ pub async fn login(
         Ok(f) => f,
         Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
     };
+    // Verification costs 19 MiB and real CPU time: a bounded number run at once, and the
+    // rest are told to come back rather than queue up.
+    let Ok(permit) = state.password_checks.clone().try_acquire_owned() else {
+        state.metrics.auth_failures.with_label_values(&["login-busy"]).inc();
+        let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return resp;
+    };
     let password = req.password;
     // Hashing is CPU-heavy: keep it off the async workers.
-    let verdict = tokio::task::spawn_blocking(move || match found {
-        Some((tenant, user, role, Some(hash))) => {
-            auth::verify_password(&password, &hash).then_some((tenant, user, role))
-        }
-        _ => {
-            auth::dummy_verify();
-            None
+    let verdict = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        match found {
+            Some((tenant, user, role, Some(hash))) => {
+                auth::verify_password(&password, &hash).then_some((tenant, user, role))
+            }
+            _ => {
+                auth::dummy_verify();
+                None
+            }
         }
     })
     .await
@@ -98,4 +148,54 @@ pub async fn login(
         "tenantId": tenant_id,
     }))
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("x-forwarded-for", v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn forwarded_for_counts_only_behind_a_trusted_proxy() {
+        let trusted: Vec<ipnet::IpNet> = vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
+        let proxy: SocketAddr = "10.1.2.3:5555".parse().unwrap();
+        let stranger: SocketAddr = "203.0.113.9:5555".parse().unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // No trusted proxy: the header is ignored (a client could write anything).
+        assert_eq!(
+            client_addr(stranger, &xff(&["198.51.100.1"]), &trusted),
+            ip("203.0.113.9")
+        );
+        assert_eq!(client_addr(proxy, &xff(&["198.51.100.1"]), &[]), ip("10.1.2.3"));
+        // Behind the proxy: the right-most untrusted hop; forged entries left of it lose.
+        assert_eq!(
+            client_addr(proxy, &xff(&["198.51.100.1"]), &trusted),
+            ip("198.51.100.1")
+        );
+        assert_eq!(
+            client_addr(proxy, &xff(&["1.1.1.1, 198.51.100.1, 10.9.9.9"]), &trusted),
+            ip("198.51.100.1")
+        );
+        assert_eq!(
+            client_addr(proxy, &xff(&["1.1.1.1", "198.51.100.1"]), &trusted),
+            ip("198.51.100.1")
+        );
+        // Garbage stops the walk at the last hop known for sure.
+        assert_eq!(client_addr(proxy, &xff(&["garbage"]), &trusted), ip("10.1.2.3"));
+        assert_eq!(
+            client_addr(proxy, &xff(&["1.1.1.1, junk, 10.9.9.9"]), &trusted),
+            ip("10.9.9.9")
+        );
+        // No header behind the proxy: the proxy's own address.
+        assert_eq!(client_addr(proxy, &HeaderMap::new(), &trusted), ip("10.1.2.3"));
+        let local: SocketAddr = "[::1]:1".parse().unwrap();
+        assert_eq!(client_addr(local, &xff(&["2001:db8::7"]), &trusted), ip("2001:db8::7"));
+    }
 }

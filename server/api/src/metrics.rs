@@ -32,6 +32,8 @@ pub struct Metrics {
     pub db_pool_available: IntGauge,
     /// Authentication failures by reason.
     pub auth_failures: IntCounterVec,
+    /// Times the LISTEN connection was lost (closed, failed, or silent past its probe).
+    pub listen_reconnects: IntCounter,
 }
 
 impl Metrics {
@@ -77,6 +79,8 @@ impl Metrics {
                 &["reason"],
             )
             .expect("metric"),
+            listen_reconnects: IntCounter::new("berth_db_listen_reconnects_total", "LISTEN connections lost")
+                .expect("metric"),
             registry,
         };
         for c in [
@@ -93,6 +97,7 @@ impl Metrics {
             Box::new(m.db_pool_size.clone()),
             Box::new(m.db_pool_available.clone()),
             Box::new(m.auth_failures.clone()),
+            Box::new(m.listen_reconnects.clone()),
         ] {
             m.registry.register(c).expect("metrics registered once");
         }

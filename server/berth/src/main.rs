@@ -200,16 +200,30 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
 /// The store: `DATABASE_URL`, or the private cluster under the data dir (returned so that
 /// the caller owns it and it stops when dropped).
 async fn database(settings: &Settings, data_dir: &Path) -> anyhow::Result<(Store, Option<PrivateCluster>)> {
-    let pool_size = settings.parse(None, "BERTH_DB_POOL_SIZE", "16")?;
+    let defaults = berth_store::DbOptions::default();
+    let secs = |key: &str, default: std::time::Duration| -> anyhow::Result<std::time::Duration> {
+        Ok(std::time::Duration::from_secs(settings.parse(
+            None,
+            key,
+            &default.as_secs().to_string(),
+        )?))
+    };
+    let options = berth_store::DbOptions {
+        max_size: settings.parse(None, "BERTH_DB_POOL_SIZE", "16")?,
+        ca_file: settings.get(None, "BERTH_DB_CA_FILE").map(PathBuf::from),
+        connect_timeout: secs("BERTH_DB_CONNECT_TIMEOUT_SECS", defaults.connect_timeout)?,
+        tcp_user_timeout: secs("BERTH_DB_TCP_USER_TIMEOUT_SECS", defaults.tcp_user_timeout)?,
+        statement_timeout: secs("BERTH_DB_STATEMENT_TIMEOUT_SECS", defaults.statement_timeout)?,
+    };
     if let Some(url) = settings.secret("DATABASE_URL")? {
-        return Ok((Store::connect(&url, pool_size)?, None));
+        return Ok((Store::connect_with(&url, &options)?, None));
     }
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let cluster =
         tokio::task::spawn_blocking(move || PrivateCluster::start(&data_dir, &ClusterOptions::default())).await??;
     create_database(&cluster.url("postgres"), "berth", None).await?;
-    let store = Store::connect(&cluster.url("berth"), pool_size)?;
+    let store = Store::connect_with(&cluster.url("berth"), &options)?;
     Ok((store, Some(cluster)))
 }
 
@@ -268,6 +282,19 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         max_json_depth: settings.parse(None, "BERTH_MAX_JSON_DEPTH", &defaults.max_json_depth.to_string())?,
         ping_interval: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_PING_SECS", "20")?),
         idle_timeout: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_IDLE_SECS", "60")?),
+        outbound_bytes: settings.parse(None, "BERTH_WS_OUTBOUND_BYTES", &defaults.outbound_bytes.to_string())?,
+        write_timeout: std::time::Duration::from_secs(settings.parse(None, "BERTH_WS_WRITE_TIMEOUT_SECS", "30")?),
+        hello_timeout: std::time::Duration::from_secs(settings.parse(None, "BERTH_HELLO_TIMEOUT_SECS", "10")?),
+        max_unauthenticated_per_address: settings.parse(
+            None,
+            "BERTH_MAX_UNAUTHENTICATED_PER_ADDRESS",
+            &defaults.max_unauthenticated_per_address.to_string(),
+        )?,
+        max_password_checks: settings.parse(
+            None,
+            "BERTH_MAX_PASSWORD_CHECKS",
+            &defaults.max_password_checks.to_string(),
+        )?,
         worker_max_turns: settings.parse(None, "BERTH_WORKER_MAX_TURNS", &defaults.worker_max_turns.to_string())?,
         worker_max_writes: settings.parse(None, "BERTH_WORKER_MAX_WRITES", &defaults.worker_max_writes.to_string())?,
         replica_max_turn_writes: settings.parse(
@@ -276,6 +303,22 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
             &defaults.replica_max_turn_writes.to_string(),
         )?,
     };
+    config.listen_probe_interval = std::time::Duration::from_secs(settings.parse(None, "BERTH_DB_PROBE_SECS", "15")?);
+    config.listen_probe_timeout =
+        std::time::Duration::from_secs(settings.parse(None, "BERTH_DB_PROBE_TIMEOUT_SECS", "10")?);
+    config.trusted_proxies = settings
+        .get(None, "BERTH_TRUSTED_PROXIES")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            // A bare address is a one-address network.
+            s.parse::<ipnet::IpNet>()
+                .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .with_context(|| format!("BERTH_TRUSTED_PROXIES: {s:?} is not a CIDR or address"))
+        })
+        .collect::<anyhow::Result<_>>()?;
     let retention: u64 = settings.parse(None, "BERTH_RECEIPT_RETENTION_SECS", "604800")?;
     config.receipt_retention = std::time::Duration::from_secs(retention);
     if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {

@@ -21,6 +21,11 @@ use anyhow::{Context, bail};
 pub struct ClusterOptions {
     /// Turn off fsync (tests only: a crash may lose data).
     pub unsafe_no_fsync: bool,
+    /// Also listen on 127.0.0.1 at this port (tests of TCP connections; the default is the
+    /// Unix socket only).
+    pub tcp_port: Option<u16>,
+    /// Serve TLS on TCP with this certificate and key (PEM files; copied into the cluster).
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// A running private cluster. Dropping it stops the server (fast shutdown).
@@ -29,6 +34,7 @@ pub struct PrivateCluster {
     /// The keeper thread and its stop signal (None: attached to another process's cluster).
     keeper: Option<(std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>)>,
     socket_dir: PathBuf,
+    port: u16,
 }
 
 /// The superuser role the cluster is initialised with.
@@ -42,7 +48,8 @@ impl PrivateCluster {
         let data = dir.join("pg");
         let socket_dir = dir.join("run").join("pg");
         std::fs::create_dir_all(&socket_dir).with_context(|| format!("creating {}", socket_dir.display()))?;
-        if let Some(running) = PrivateCluster::attach(&data, &socket_dir) {
+        let port = options.tcp_port.unwrap_or(PORT);
+        if let Some(running) = PrivateCluster::attach(&data, &socket_dir, port) {
             return Ok(running);
         }
         let owner = if is_root() { Some(unprivileged_user()?) } else { None };
@@ -80,14 +87,34 @@ impl PrivateCluster {
         }
         let mut cmd = Command::new(bin.join("postgres"));
         cmd.arg("-D").arg(&data).arg("-k").arg(&socket_dir);
+        let listen = if options.tcp_port.is_some() { "127.0.0.1" } else { "" };
         cmd.args([
             "-c",
-            "listen_addresses=",
+            &format!("listen_addresses={listen}"),
             "-p",
-            &PORT.to_string(),
+            &port.to_string(),
             "-c",
             "max_connections=400",
         ]);
+        if let Some((cert, key)) = &options.tls {
+            // PostgreSQL wants the key private to the user it runs as.
+            for (from, name, mode) in [(cert, "server.crt", 0o644), (key, "server.key", 0o600)] {
+                let to = data.join(name);
+                std::fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))?;
+                if let Some((uid, gid)) = owner {
+                    std::os::unix::fs::chown(&to, Some(uid), Some(gid))?;
+                }
+            }
+            cmd.args([
+                "-c",
+                "ssl=on",
+                "-c",
+                "ssl_cert_file=server.crt",
+                "-c",
+                "ssl_key_file=server.key",
+            ]);
+        }
         if options.unsafe_no_fsync {
             cmd.args([
                 "-c",
@@ -118,7 +145,7 @@ impl PrivateCluster {
                         return;
                     }
                 };
-                let ready = wait_ready(&mut child, &ready_data, &ready_socket, &log_path);
+                let ready = wait_ready(&mut child, &ready_data, &ready_socket, port, &log_path);
                 let ok = ready.is_ok();
                 let _ = ready_tx.send(ready);
                 if ok {
@@ -131,28 +158,31 @@ impl PrivateCluster {
         Ok(PrivateCluster {
             keeper: Some((keeper, stop_tx)),
             socket_dir,
+            port,
         })
     }
 
     /// A cluster some other process already runs on this data directory (e.g. `berth serve`
     /// while `berth admin` is used): connect to it without owning it.
-    fn attach(data: &Path, socket_dir: &Path) -> Option<PrivateCluster> {
+    fn attach(data: &Path, socket_dir: &Path, port: u16) -> Option<PrivateCluster> {
         let pidfile = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
         let pid: i32 = pidfile.lines().next()?.trim().parse().ok()?;
-        if !alive(pid) || !pidfile.contains("ready") || !socket_dir.join(format!(".s.PGSQL.{PORT}")).exists() {
+        if !alive(pid) || !pidfile.contains("ready") || !socket_dir.join(format!(".s.PGSQL.{port}")).exists() {
             return None;
         }
         Some(PrivateCluster {
             keeper: None,
             socket_dir: socket_dir.to_path_buf(),
+            port,
         })
     }
 
-    /// A libpq-style connection string for `dbname` on this cluster.
+    /// A libpq-style connection string for `dbname` on this cluster (its Unix socket).
     pub fn url(&self, dbname: &str) -> String {
         format!(
-            "host={} port={PORT} user={CLUSTER_USER} dbname={dbname}",
-            self.socket_dir.display()
+            "host={} port={} user={CLUSTER_USER} dbname={dbname}",
+            self.socket_dir.display(),
+            self.port
         )
     }
 
@@ -166,8 +196,8 @@ impl PrivateCluster {
     }
 }
 
-fn wait_ready(child: &mut Child, data: &Path, socket_dir: &Path, log_path: &Path) -> anyhow::Result<()> {
-    let socket = socket_dir.join(format!(".s.PGSQL.{PORT}"));
+fn wait_ready(child: &mut Child, data: &Path, socket_dir: &Path, port: u16, log_path: &Path) -> anyhow::Result<()> {
+    let socket = socket_dir.join(format!(".s.PGSQL.{port}"));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(status) = child.try_wait()? {

@@ -17,12 +17,15 @@ mod identity;
 pub mod receipts;
 pub mod search;
 mod sessions;
+mod tls;
 mod turns;
 mod workspaces;
 
+use std::{path::PathBuf, time::Duration};
+
 use berth_protocol::ErrorCode;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
@@ -73,11 +76,62 @@ impl StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// How the store reaches the database, beyond the URL. Values the URL sets itself
+/// (`connect_timeout`, `tcp_user_timeout`, `options=-c statement_timeout=…`) win.
+#[derive(Debug, Clone)]
+pub struct DbOptions {
+    /// `BERTH_DB_POOL_SIZE`: connections in the pool.
+    pub max_size: usize,
+    /// `BERTH_DB_CA_FILE`: PEM certificates to verify the server's certificate and host name
+    /// against. Without it, `sslmode=require` and `prefer` encrypt without verifying (as
+    /// libpq does without a root certificate).
+    pub ca_file: Option<PathBuf>,
+    /// `BERTH_DB_CONNECT_TIMEOUT_SECS`: giving up on a connection attempt.
+    pub connect_timeout: Duration,
+    /// `BERTH_DB_TCP_USER_TIMEOUT_SECS`: how long sent data may stay unacknowledged before
+    /// the connection is dropped (a dead peer is noticed instead of waited for).
+    pub tcp_user_timeout: Duration,
+    /// `BERTH_DB_STATEMENT_TIMEOUT_SECS`: the server cancels a statement running longer
+    /// (zero: no limit). Migrations run without it.
+    pub statement_timeout: Duration,
+}
+
+impl Default for DbOptions {
+    fn default() -> DbOptions {
+        DbOptions {
+            max_size: 16,
+            ca_file: None,
+            connect_timeout: Duration::from_secs(10),
+            tcp_user_timeout: Duration::from_secs(30),
+            statement_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The driver configuration for `url` with `options` applied where the URL is silent.
+fn db_config(url: &str, options: &DbOptions) -> anyhow::Result<tokio_postgres::Config> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| anyhow::anyhow!("invalid DATABASE_URL: {e}"))?;
+    if config.get_connect_timeout().is_none() && !options.connect_timeout.is_zero() {
+        config.connect_timeout(options.connect_timeout);
+    }
+    if config.get_tcp_user_timeout().is_none() && !options.tcp_user_timeout.is_zero() {
+        config.tcp_user_timeout(options.tcp_user_timeout);
+    }
+    let given = config.get_options().unwrap_or_default().to_string();
+    if !given.contains("statement_timeout") && !options.statement_timeout.is_zero() {
+        let ms = options.statement_timeout.as_millis();
+        let all = format!("{given} -c statement_timeout={ms}");
+        config.options(all.trim_start());
+    }
+    Ok(config)
+}
+
 /// The database behind one type.
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
     config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
 }
 
 impl std::fmt::Debug for Store {
@@ -87,28 +141,49 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Connect a pool (lazily) to `url` (a `postgres://` URL or `key=value` string).
+    /// Connect a pool (lazily) to `url` (a `postgres://` URL or `key=value` string) with
+    /// the default [`DbOptions`].
     pub fn connect(url: &str, max_size: usize) -> anyhow::Result<Store> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| anyhow::anyhow!("invalid DATABASE_URL: {e}"))?;
+        Self::connect_with(
+            url,
+            &DbOptions {
+                max_size,
+                ..DbOptions::default()
+            },
+        )
+    }
+
+    /// Connect a pool (lazily) to `url`. TLS follows the URL's `sslmode` (`disable`,
+    /// `prefer` — the default — or `require`), over rustls.
+    pub fn connect_with(url: &str, options: &DbOptions) -> anyhow::Result<Store> {
+        let config = db_config(url, options)?;
+        let tls = tls::connector(options.ca_file.as_deref())?;
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
         let pool = Pool::builder(manager)
-            .max_size(max_size)
-            .wait_timeout(Some(std::time::Duration::from_secs(10)))
+            .max_size(options.max_size)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(
+                config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(10)),
+            ))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()?;
-        Ok(Store { pool, config })
+        Ok(Store { pool, config, tls })
     }
 
-    /// Apply pending migrations under the advisory lock.
+    /// Apply pending migrations under the advisory lock (without the statement timeout:
+    /// waiting for another replica's migration, or a long one, is expected).
     pub async fn migrate(&self) -> Result<usize> {
         let mut client = self.pool.get().await?;
-        Ok(migrate::migrate(&mut client).await?)
+        client.batch_execute("SET statement_timeout = 0").await?;
+        let applied = migrate::migrate(&mut client).await;
+        client.batch_execute("RESET statement_timeout").await?;
+        Ok(applied?)
     }
 
     /// `/readyz`: the database answers and migrations are current.
@@ -126,7 +201,8 @@ impl Store {
     }
 
     /// A dedicated connection that LISTENs on `channels`; notifications arrive on the
-    /// returned receiver until the connection drops (then the receiver closes).
+    /// returned receiver until the connection drops (then the receiver closes). Dropping
+    /// the receiver closes the connection (a half-open one too).
     pub async fn listen(
         &self,
         channels: &[&str],
@@ -134,11 +210,15 @@ impl Store {
         tokio_postgres::Client,
         tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
     )> {
-        let (client, mut connection) = self.config.connect(NoTls).await?;
+        let (client, mut connection) = self.config.connect(self.tls.clone()).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             loop {
-                match futures_util::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                let message = tokio::select! {
+                    m = futures_util::future::poll_fn(|cx| connection.poll_message(cx)) => m,
+                    _ = tx.closed() => break,
+                };
+                match message {
                     Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
                         if tx.send(n).is_err() {
                             break;
@@ -233,4 +313,39 @@ pub(crate) fn fmt_time(t: chrono::DateTime<chrono::Utc>) -> String {
 
 pub(crate) fn not_found<T>() -> Result<T> {
     Err(StoreError::Code(ErrorCode::NotFound))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connect timeout, TCP user timeout and statement timeout are set unless the URL sets
+    /// them itself.
+    #[test]
+    fn timeouts_are_applied_where_the_url_is_silent() {
+        let options = DbOptions::default();
+        let c = db_config("host=db user=berth dbname=berth", &options).unwrap();
+        assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(10)));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(30)));
+        assert_eq!(c.get_options(), Some("-c statement_timeout=30000"));
+
+        let c = db_config(
+            "postgres://berth@db/berth?connect_timeout=3&tcp_user_timeout=4&options=-c%20statement_timeout%3D5s",
+            &options,
+        )
+        .unwrap();
+        assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(4)));
+        assert_eq!(c.get_options(), Some("-c statement_timeout=5s"));
+
+        let c = db_config("host=db options='-c search_path=x'", &options).unwrap();
+        assert_eq!(c.get_options(), Some("-c search_path=x -c statement_timeout=30000"));
+
+        let none = DbOptions {
+            statement_timeout: Duration::ZERO,
+            ..DbOptions::default()
+        };
+        assert_eq!(db_config("host=db", &none).unwrap().get_options(), None);
+        assert!(db_config("host=db sslmode=verify-full", &options).is_err());
+    }
 }

@@ -68,14 +68,12 @@ pub async fn status(ctx: Ctx, _p: Empty) -> ApiResult<StatusResult> {
     })
 }
 
-/// End a subscription early; its original request is answered after cleanup.
+/// End a subscription early; its original request is answered once its task has stopped
+/// (the slot and its id stay taken until then).
 pub async fn close(ctx: Ctx, p: SubscriptionCloseParams) -> ApiResult<Empty> {
-    let sub = ctx.conn.subs.lock().expect("conn lock").remove(&p.id);
-    match sub {
-        Some(token) => {
-            token.cancel();
-            Ok(Empty {})
-        }
-        None => Err(ApiError::code(ErrorCode::NotFound)),
+    if ctx.conn.subs.lock().expect("conn lock").close(p.id) {
+        Ok(Empty {})
+    } else {
+        Err(ApiError::code(ErrorCode::NotFound))
     }
 }

@@ -1,10 +1,13 @@
 //! The client WebSocket (`GET /v1/rpc`): JSON-RPC 2.0, one message per text frame.
 //!
 //! Authentication is the `Authorization` header on the upgrade (HTTP 401 when wrong) or a
-//! `hello` request. Every request runs as its own task; responses and subscription items
-//! go through one bounded outbound queue drained by a writer task, so a slow client slows
-//! its own subscriptions (which then read from the database at their own pace) and never
-//! makes the server buffer without bound.
+//! `hello` request (within the hello timeout, or the connection closes). Every request runs
+//! as its own task; responses and subscription items go through one outbound queue bounded
+//! in bytes and drained by a writer task, so a slow client slows its own subscriptions
+//! (which then read from the database at their own pace) and never makes the server buffer
+//! without bound. A write the client does not take within the write timeout closes the
+//! connection; its registration (which counts against the per-credential limit) is dropped
+//! only after the writer has ended.
 
 mod admin;
 mod connection;
@@ -17,13 +20,14 @@ mod workspace;
 
 use std::{
     collections::HashMap,
+    net::SocketAddr,
     sync::{Arc, Mutex},
     time::Instant,
 };
 
 use axum::{
     extract::{
-        State, WebSocketUpgrade,
+        ConnectInfo, State, WebSocketUpgrade,
         ws::{CloseFrame, Message, WebSocket},
     },
     http::{HeaderMap, StatusCode, header},
@@ -37,7 +41,7 @@ use berth_protocol::{
 use berth_store::{CredentialKind, Principal};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -45,20 +49,23 @@ use crate::{
     error::{ApiError, ApiResult},
 };
 
-/// Outbound messages queued per connection before senders wait.
-const OUTBOUND_QUEUE: usize = 512;
+/// What a queued message costs beyond its payload (framing, bookkeeping), so that a flood
+/// of empty messages is bounded too.
+const MESSAGE_OVERHEAD: usize = 64;
 
-/// The bearer token of an `Authorization` header.
+/// The bearer token of an `Authorization` header. The scheme is case-insensitive (RFC 7235).
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim_start();
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
+pub async fn upgrade(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
     if let Some(origin) = headers.get(header::ORIGIN) {
         let allowed = origin
             .to_str()
@@ -82,15 +89,35 @@ pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebS
     if let Some(p) = &principal
         && !state
             .connections
-            .has_room(&p.credential_id, state.config.limits.max_connections_per_credential)
+            .has_room(p, state.config.limits.max_connections_per_credential)
     {
         return StatusCode::TOO_MANY_REQUESTS.into_response();
     }
+    // A connection that will authenticate by `hello` counts against its address until then.
+    let pending = if principal.is_none() {
+        let addr = crate::login::client_addr(peer, &headers, &state.config.trusted_proxies);
+        match state
+            .connections
+            .pending(addr, state.config.limits.max_unauthenticated_per_address)
+        {
+            Some(p) => Some(p),
+            None => {
+                state
+                    .metrics
+                    .auth_failures
+                    .with_label_values(&["unauthenticated-limit"])
+                    .inc();
+                return StatusCode::TOO_MANY_REQUESTS.into_response();
+            }
+        }
+    } else {
+        None
+    };
     // Leave room above the limit so that an oversized message is refused by us, with 1009.
     let max = state.config.max_text_message.saturating_add(64 << 10);
     ws.max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| run(state, principal, socket))
+        .on_upgrade(move |socket| run(state, principal, pending, socket))
 }
 
 /// What a request handler gets.
@@ -104,12 +131,123 @@ pub struct Ctx {
     pub op: Option<berth_store::Receipt>,
 }
 
+/// A connection's outbound queue, bounded in bytes: a message takes its size (plus
+/// [`MESSAGE_OVERHEAD`]) from the budget until the writer has handed it to the socket. A
+/// message larger than the whole budget waits for an empty queue.
+pub struct Outbound {
+    tx: mpsc::UnboundedSender<(Message, OwnedSemaphorePermit)>,
+    budget: Arc<Semaphore>,
+    max: usize,
+}
+
+impl Outbound {
+    fn new(max: usize) -> (Outbound, mpsc::UnboundedReceiver<(Message, OwnedSemaphorePermit)>) {
+        let max = max.clamp(4 * MESSAGE_OVERHEAD, u32::MAX as usize);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let budget = Arc::new(Semaphore::new(max));
+        (Outbound { tx, budget, max }, rx)
+    }
+
+    fn cost(&self, msg: &Message) -> u32 {
+        let len = match msg {
+            Message::Text(t) => t.len(),
+            Message::Binary(b) => b.len(),
+            _ => 0,
+        };
+        // `max` fits in u32 (clamped in `new`).
+        (len.saturating_add(MESSAGE_OVERHEAD).min(self.max)) as u32
+    }
+
+    /// Queue `msg`, waiting for room; false once the connection's writer has ended.
+    pub async fn send(&self, msg: Message) -> bool {
+        let Ok(permit) = self.budget.clone().acquire_many_owned(self.cost(&msg)).await else {
+            return false;
+        };
+        self.tx.send((msg, permit)).is_ok()
+    }
+
+    /// Queue `msg` if there is room now.
+    pub fn try_send(&self, msg: Message) -> bool {
+        let Ok(permit) = self.budget.clone().try_acquire_many_owned(self.cost(&msg)) else {
+            return false;
+        };
+        self.tx.send((msg, permit)).is_ok()
+    }
+}
+
+/// A connection's subscriptions by request id. A slot is freed only when the task it was
+/// reserved for ends (and only if the slot is still that task's); `subscription.close` just
+/// cancels it, so the id stays in use and counted until the task has really stopped.
+#[derive(Default)]
+pub struct Subs {
+    slots: HashMap<u32, Slot>,
+    next: u64,
+}
+
+struct Slot {
+    token: CancellationToken,
+    serial: u64,
+}
+
+impl Subs {
+    /// The cancellation token of subscription `id`.
+    pub fn get(&self, id: &u32) -> Option<&CancellationToken> {
+        self.slots.get(id).map(|s| &s.token)
+    }
+
+    /// Reserve a slot for a new subscription under `id`; returns its serial and token.
+    fn reserve(
+        &mut self,
+        id: u32,
+        parent: &CancellationToken,
+        max: usize,
+    ) -> Result<(u64, CancellationToken), ApiError> {
+        if self.slots.contains_key(&id) {
+            return Err(ApiError::with(ErrorCode::BadParams, json!({"reason": "id-in-use"})));
+        }
+        if self.slots.len() >= max {
+            return Err(ApiError::with(
+                ErrorCode::RateLimited,
+                json!({"limit": "subscriptions"}),
+            ));
+        }
+        self.next += 1;
+        let token = parent.child_token();
+        self.slots.insert(
+            id,
+            Slot {
+                token: token.clone(),
+                serial: self.next,
+            },
+        );
+        Ok((self.next, token))
+    }
+
+    /// Ask subscription `id` to end; false if there is none.
+    pub fn close(&self, id: u32) -> bool {
+        self.slots.get(&id).map(|s| s.token.cancel()).is_some()
+    }
+
+    /// The task holding slot `serial` under `id` has ended.
+    fn finish(&mut self, id: u32, serial: u64) {
+        if self.slots.get(&id).is_some_and(|s| s.serial == serial) {
+            self.slots.remove(&id);
+        }
+    }
+
+    fn cancel_all(&self) {
+        for s in self.slots.values() {
+            s.token.cancel();
+        }
+    }
+}
+
 /// Per-connection state.
 pub struct Conn {
     pub principal: Mutex<Option<Principal>>,
-    pub out: mpsc::Sender<Message>,
+    pub out: Outbound,
     /// Open subscriptions by request id.
-    pub subs: Mutex<HashMap<u32, CancellationToken>>,
+    pub subs: Mutex<Subs>,
     pub closed: CancellationToken,
     /// Cancelled when the principal is revoked (credential revoked, user disabled).
     pub revoked: CancellationToken,
@@ -117,19 +255,30 @@ pub struct Conn {
     pub registration: Mutex<Option<crate::connections::Registration>>,
     /// Requests being answered (subscriptions excluded).
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// While not authenticated: this connection's place in its address's count.
+    pending: Mutex<Option<crate::connections::Pending>>,
 }
 
 impl Conn {
     /// Authenticate the connection as `principal` (registering it for revocation and the
-    /// per-credential connection limit).
+    /// per-credential connection limit). A connection already signed in stays who it is:
+    /// the same principal may present a fresher token (a new login token of the same user
+    /// moves the expiry), any other principal is refused with `conflict` — so the
+    /// registration, and the watches running under it, always belong to the principal
+    /// the connection acts as.
     pub fn sign_in(&self, state: &AppState, principal: Principal) -> ApiResult<()> {
         let max = state.config.limits.max_connections_per_credential;
         let mut reg = self.registration.lock().expect("conn lock");
-        // Replacing the registration drops (unregisters) the previous one.
-        reg.take();
-        let registration = crate::connections::Registration::new(state, &principal, max, self.revoked.clone())
-            .ok_or_else(|| ApiError::with(ErrorCode::RateLimited, json!({"limit": "connections"})))?;
-        *reg = Some(registration);
+        if let Some(current) = reg.as_ref() {
+            if !state.connections.refresh(current.id(), &principal) {
+                return Err(ApiError::with(ErrorCode::Conflict, json!({"reason": "signed-in"})));
+            }
+        } else {
+            let registration = crate::connections::Registration::new(state, &principal, max, self.revoked.clone())
+                .ok_or_else(|| ApiError::with(ErrorCode::RateLimited, json!({"limit": "connections"})))?;
+            *reg = Some(registration);
+            self.pending.lock().expect("conn lock").take();
+        }
         *self.principal.lock().expect("conn lock") = Some(principal);
         Ok(())
     }
@@ -148,7 +297,7 @@ impl Ctx {
     /// Send one subscription item; waits when the outbound queue is full.
     pub async fn item(&self, item: &impl serde::Serialize) -> bool {
         let note = Request::notification(SUBSCRIPTION_ITEM, json!({"id": self.id, "item": item}));
-        self.conn.out.send(text(&note)).await.is_ok()
+        self.conn.out.send(text(&note)).await
     }
 }
 
@@ -163,19 +312,25 @@ fn close(code: u16, reason: &'static str) -> Message {
     }))
 }
 
-async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
+async fn run(
+    state: AppState,
+    principal: Option<Principal>,
+    pending: Option<crate::connections::Pending>,
+    socket: WebSocket,
+) {
     state.metrics.connections.with_label_values(&["client"]).inc();
     let limits = state.config.limits.clone();
     let (mut sink, mut stream) = socket.split();
-    let (tx, mut rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE);
+    let (out, mut rx) = Outbound::new(limits.outbound_bytes);
     let conn = Arc::new(Conn {
         principal: Mutex::new(None),
-        out: tx,
-        subs: Mutex::new(HashMap::new()),
+        out,
+        subs: Mutex::new(Subs::default()),
         closed: CancellationToken::new(),
         revoked: CancellationToken::new(),
         registration: Mutex::new(None),
         in_flight: Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight)),
+        pending: Mutex::new(pending),
     });
     if let Some(p) = principal
         && conn.sign_in(&state, p).is_err()
@@ -184,18 +339,41 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
         state.metrics.connections.with_label_values(&["client"]).dec();
         return;
     }
-    let writer = tokio::spawn(async move {
-        while let Some(msg) = rx.recv().await {
-            let last = matches!(msg, Message::Close(_));
-            if sink.send(msg).await.is_err() || last {
-                break;
+    // The writer hands queued messages to the socket, each within the write timeout; a
+    // client that stops reading is dropped then. Messages stay counted against the byte
+    // budget until written.
+    let writer_done = CancellationToken::new();
+    let writer = tokio::spawn({
+        let (done, closed, budget) = (writer_done.clone(), conn.closed.clone(), conn.out.budget.clone());
+        let write_timeout = limits.write_timeout;
+        async move {
+            loop {
+                // Once the connection is closing, send what is queued and stop.
+                let next = tokio::select! {
+                    biased;
+                    m = rx.recv() => m,
+                    _ = closed.cancelled() => rx.try_recv().ok(),
+                };
+                let Some((msg, _permit)) = next else { break };
+                let last = matches!(msg, Message::Close(_));
+                match tokio::time::timeout(write_timeout, sink.send(msg)).await {
+                    Ok(Ok(())) if !last => {}
+                    _ => break,
+                }
             }
+            // Senders waiting for room give up; the read loop ends.
+            budget.close();
+            done.cancel();
+            let _ = tokio::time::timeout(write_timeout, sink.close()).await;
         }
-        let _ = sink.close().await;
     });
     let mut ping = tokio::time::interval(limits.ping_interval);
     let mut last_heard = Instant::now();
+    let hello_deadline = tokio::time::sleep(limits.hello_timeout);
+    tokio::pin!(hello_deadline);
+    let mut writer_gone = false;
     loop {
+        let unauthenticated = conn.principal.lock().expect("conn lock").is_none();
         let msg = tokio::select! {
             m = stream.next() => m,
             _ = ping.tick() => {
@@ -206,12 +384,24 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
                 let _ = conn.out.try_send(Message::Ping(Default::default()));
                 continue;
             }
+            _ = &mut hello_deadline, if unauthenticated => {
+                // A `hello` may have succeeded while we waited.
+                if conn.principal.lock().expect("conn lock").is_some() {
+                    continue;
+                }
+                let _ = conn.out.try_send(close(1008, "not authenticated"));
+                break;
+            }
             _ = conn.revoked.cancelled() => {
                 let _ = conn.out.send(close(1008, "revoked")).await;
                 break;
             }
             _ = state.shutdown.cancelled() => {
                 let _ = conn.out.send(close(1001, "shutting down")).await;
+                break;
+            }
+            _ = writer_done.cancelled() => {
+                writer_gone = true;
                 break;
             }
         };
@@ -252,23 +442,30 @@ async fn run(state: AppState, principal: Option<Principal>, socket: WebSocket) {
         }
     }
     // Closing handshake: if we sent a Close, wait (briefly) for the peer's, so that the
-    // peer reads our close code before the socket goes away.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
-        while let Some(Ok(m)) = stream.next().await {
-            if matches!(m, Message::Close(_)) {
-                break;
+    // peer reads our close code before the socket goes away. A peer whose writes failed or
+    // timed out is not waited for.
+    if !writer_gone {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+            while let Some(Ok(m)) = stream.next().await {
+                if matches!(m, Message::Close(_)) {
+                    break;
+                }
             }
-        }
-    })
-    .await;
-    conn.closed.cancel();
-    for (_, sub) in conn.subs.lock().expect("conn lock").drain() {
-        sub.cancel();
+        })
+        .await;
     }
-    conn.registration.lock().expect("conn lock").take();
+    conn.closed.cancel();
+    conn.subs.lock().expect("conn lock").cancel_all();
+    // The connection counts (per credential, or per address before hello) until its
+    // writer has let go of the socket.
+    let registration = conn.registration.lock().expect("conn lock").take();
+    let pending = conn.pending.lock().expect("conn lock").take();
     drop(conn);
     let _ = writer.await;
+    drop(stream);
     state.metrics.connections.with_label_values(&["client"]).dec();
+    drop(registration);
+    drop(pending);
 }
 
 /// Nesting depth of a JSON text (brackets outside strings), without parsing it.
@@ -303,6 +500,19 @@ struct Job {
     req: Request,
     /// The connection's in-flight slot (None for subscriptions, which have their own count).
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// A subscription's slot: its serial and cancellation token.
+    sub: Option<(u64, CancellationToken)>,
+}
+
+/// Whether a decoded JSON value holds a NUL character anywhere (PostgreSQL text cannot).
+/// Checked on decoded strings: the JSON text `\\u0000` is a backslash and `u0000`.
+fn has_nul(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(a) => a.iter().any(has_nul),
+        serde_json::Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
 }
 
 /// Per-frame checks, done in the read loop before anything is spawned, so that a client
@@ -330,7 +540,7 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
     };
     // Notifications from clients carry nothing we act on.
     let Some(id) = req.id else { return Ok(None) };
-    if text_msg.contains("\\u0000") {
+    if has_nul(&req.params) {
         return Err(fail(
             Some(id),
             ApiError::with(ErrorCode::BadParams, json!({"reason": "nul-character"})),
@@ -351,22 +561,14 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
             ApiError::with(ErrorCode::RateLimited, json!({"limit": "requests", "retryAfterMs": ms})),
         ));
     }
-    let permit = if req.method == method::SessionWatch::NAME {
-        let mut subs = conn.subs.lock().expect("conn lock");
-        if subs.contains_key(&id) {
-            return Err(fail(
-                Some(id),
-                ApiError::with(ErrorCode::BadParams, json!({"reason": "id-in-use"})),
-            ));
-        }
-        if subs.len() >= state.config.limits.max_subscriptions {
-            return Err(fail(
-                Some(id),
-                ApiError::with(ErrorCode::RateLimited, json!({"limit": "subscriptions"})),
-            ));
-        }
-        subs.insert(id, conn.closed.child_token());
-        None
+    let (permit, sub) = if req.method == method::SessionWatch::NAME {
+        let sub = conn
+            .subs
+            .lock()
+            .expect("conn lock")
+            .reserve(id, &conn.closed, state.config.limits.max_subscriptions)
+            .map_err(|e| fail(Some(id), e))?;
+        (None, Some(sub))
     } else {
         let permit = conn.in_flight.clone().try_acquire_owned().map_err(|_| {
             fail(
@@ -374,7 +576,7 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
                 ApiError::with(ErrorCode::RateLimited, json!({"limit": "in-flight"})),
             )
         })?;
-        Some(permit)
+        (Some(permit), None)
     };
     let ctx = Ctx {
         state: state.clone(),
@@ -386,17 +588,23 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
         ctx,
         req,
         _permit: permit,
+        sub,
     }))
 }
 
 async fn run_job(job: Job) {
-    let Job { ctx, req, _permit } = job;
+    let Job { ctx, req, _permit, sub } = job;
     let started = Instant::now();
-    let result = dispatch(&ctx, &req.method, req.params).await;
-    if req.method == method::SessionWatch::NAME
-        && let Some(id) = ctx.id
-    {
-        ctx.conn.subs.lock().expect("conn lock").remove(&id);
+    let result = match &sub {
+        // A subscription stops wherever it is (catching up included) once cancelled.
+        Some((_, token)) => tokio::select! {
+            r = dispatch(&ctx, &req.method, req.params) => r,
+            _ = token.cancelled() => Ok(serde_json::Value::Null),
+        },
+        None => dispatch(&ctx, &req.method, req.params).await,
+    };
+    if let (Some((serial, _)), Some(id)) = (&sub, ctx.id) {
+        ctx.conn.subs.lock().expect("conn lock").finish(id, *serial);
     }
     let code = match &result {
         Ok(_) => "ok",
@@ -531,6 +739,81 @@ pub fn gone() -> RpcError {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            bearer(&h).map(str::to_owned)
+        };
+        for v in ["Bearer tok", "bearer tok", "BEARER tok", "  bEaReR   tok "] {
+            assert_eq!(with(v).as_deref(), Some("tok"), "{v:?}");
+        }
+        for v in ["Basic tok", "Bearertok", "Bearer", "tok"] {
+            assert_eq!(with(v), None, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn nul_is_checked_in_decoded_strings() {
+        let parse = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap();
+        // The JSON text `\\u0000`: a backslash followed by `u0000`, legitimate.
+        assert!(!has_nul(&parse(r#"{"prompt": "type \\u0000 here"}"#)));
+        assert!(has_nul(&parse(r#"{"prompt": "a\u0000b"}"#)));
+        assert!(has_nul(&parse(r#"{"a": [1, {"b": ["x\u0000"]}]}"#)));
+        assert!(has_nul(&parse(r#"{"k\u0000": 1}"#)));
+        assert!(!has_nul(&parse(r#"{"a": [1, null, true, "ok"]}"#)));
+    }
+
+    /// `subscription.close` does not free the slot: it stays taken (and counted) until its
+    /// own task ends, and a finished task never frees a slot that is no longer its own.
+    #[test]
+    fn subscription_slots_are_freed_only_by_their_task() {
+        let parent = CancellationToken::new();
+        let mut subs = Subs::default();
+        let (a, token_a) = subs.reserve(7, &parent, 1).unwrap();
+        assert!(subs.close(7));
+        assert!(token_a.is_cancelled());
+        // Still running: the id is in use and the slot counts.
+        assert_eq!(subs.reserve(7, &parent, 2).unwrap_err().data_code(), "bad-params");
+        assert_eq!(subs.reserve(8, &parent, 1).unwrap_err().data_code(), "rate-limited");
+        subs.finish(7, a);
+        let (b, token_b) = subs.reserve(7, &parent, 1).unwrap();
+        // A stale finish (the old task's serial) leaves the new slot alone.
+        subs.finish(7, a);
+        assert!(subs.get(&7).is_some());
+        assert!(!token_b.is_cancelled());
+        subs.finish(7, b);
+        assert!(subs.get(&7).is_none());
+        assert!(!subs.close(7));
+    }
+
+    /// The outbound queue holds at most its byte budget; a message larger than the whole
+    /// budget still goes out alone.
+    #[tokio::test]
+    async fn outbound_queue_is_bounded_in_bytes() {
+        let (out, mut rx) = Outbound::new(64 << 10);
+        let msg = || Message::Text("x".repeat(1000).into());
+        let mut queued = 0;
+        while out.try_send(msg()) {
+            queued += 1;
+        }
+        assert!(queued * 1000 <= 64 << 10, "{queued}");
+        assert!(queued >= 50, "{queued}");
+        // Writing one frees its bytes.
+        drop(rx.recv().await);
+        assert!(out.try_send(msg()));
+        assert!(!out.try_send(msg()));
+        while rx.try_recv().is_ok() {}
+        assert!(out.send(Message::Text("y".repeat(1 << 20).into())).await);
+        assert!(!out.try_send(msg()), "the oversized message takes the whole budget");
+        drop(rx.recv().await);
+        // Once the writer has ended, senders give up instead of waiting.
+        out.budget.close();
+        assert!(!out.send(msg()).await);
+    }
     /// Every declared method must appear in the dispatcher's match.
     #[test]
     fn every_declared_method_is_dispatched() {
