@@ -82,7 +82,8 @@ impl Client {
         if let Some(o) = origin {
             req.headers_mut().insert("origin", HeaderValue::from_str(o)?);
         }
-        let (ws, _) = tokio_tungstenite::connect_async(req)
+        // Nagle off, like a real client: small frames go out at once.
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(req, None, true)
             .await
             .context("websocket connect")?;
         Ok(Self::over(ws))

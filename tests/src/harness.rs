@@ -280,6 +280,29 @@ pub struct TestWorker {
 
 impl TestWorker {
     pub async fn start(server: &TestServer, token: &str, name: &str, path: &Path) -> anyhow::Result<TestWorker> {
+        Self::start_with_args(server, token, name, path, &[]).await
+    }
+
+    /// The same, with extra `berth worker` arguments (e.g. `--max-steps 2`).
+    pub async fn start_with_args(
+        server: &TestServer,
+        token: &str,
+        name: &str,
+        path: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<TestWorker> {
+        Self::start_with_env(server, token, name, path, extra, &[]).await
+    }
+
+    /// The same, with extra environment for the worker process.
+    pub async fn start_with_env(
+        server: &TestServer,
+        token: &str,
+        name: &str,
+        path: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestWorker> {
         let dir = scratch_dir("worker");
         let token_file = dir.join("token");
         std::fs::write(&token_file, token)?;
@@ -296,6 +319,8 @@ impl TestWorker {
             .arg(&token_file)
             .arg("--workspace")
             .arg(format!("{name}={}", path.display()))
+            .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "debug")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

@@ -63,9 +63,52 @@ pub enum Part {
     Usage { prompt: u64, completion: u64 },
     /// Pause between chunks, in milliseconds (lets tests observe live deltas).
     Delay(u64),
+    /// One chunk with `delta.content` = `<µs since [`epoch`]>` taken as it is sent, so that
+    /// a reader in the same process can tell how long the chunk took to reach it.
+    Stamp,
+}
+
+/// The process-wide instant that [`Part::Stamp`] counts from.
+pub fn epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+impl Part {
+    /// A tool call whose JSON `arguments` are sent in pieces of at most `piece` bytes.
+    pub fn tool_call(index: u32, id: &str, name: &str, arguments: &Value, piece: usize) -> Part {
+        let text = arguments.to_string();
+        let mut pieces = Vec::new();
+        let mut rest = text.as_str();
+        while !rest.is_empty() {
+            let mut end = rest.len().min(piece.max(1));
+            while !rest.is_char_boundary(end) {
+                end += 1;
+            }
+            pieces.push(rest[..end].to_owned());
+            rest = &rest[end..];
+        }
+        Part::ToolCall {
+            index,
+            id: id.to_owned(),
+            name: name.to_owned(),
+            argument_pieces: pieces,
+        }
+    }
 }
 
 impl Reply {
+    /// One step that calls the given tools (each `(id, name, arguments)`), the arguments
+    /// split into pieces of at most `piece` bytes.
+    pub fn tools(calls: &[(&str, &str, Value)], piece: usize) -> Reply {
+        let parts = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (id, name, args))| Part::tool_call(i as u32, id, name, args, piece))
+            .collect();
+        Reply::Stream(parts)
+    }
+
     /// A stream of `Text` parts followed by `Usage { prompt: 10, completion: 5 }`.
     pub fn text(chunks: &[&str]) -> Reply {
         let mut parts: Vec<Part> = chunks.iter().map(|c| Part::Text((*c).to_owned())).collect();
@@ -124,6 +167,10 @@ impl MockProvider {
             .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(state);
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        // Like a real provider: each chunk goes out as it is written (no Nagle delay).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         tokio::spawn(async move {
             let _ = axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
@@ -231,6 +278,10 @@ async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
                 Step::Send(bytes) => {
                     return Some((Ok::<Bytes, Infallible>(bytes), (steps, closed)));
                 }
+                Step::Stamp(mut chunk) => {
+                    chunk["choices"][0]["delta"]["content"] = format!("<{}>", epoch().elapsed().as_micros()).into();
+                    return Some((Ok(Bytes::from(format!("data: {chunk}\n\n"))), (steps, closed)));
+                }
                 Step::Hang => {
                     // Ends (error or change) only once the provider is dropped.
                     let _ = closed.changed().await;
@@ -285,6 +336,8 @@ impl ChunkCtx {
 
 enum Step {
     Send(Bytes),
+    /// A content chunk whose text is filled in with the time it is sent.
+    Stamp(Value),
     Sleep(u64),
     Hang,
 }
@@ -343,6 +396,7 @@ fn plan(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step> {
                 }
             }
             Part::Delay(ms) => steps.push_back(Step::Sleep(ms)),
+            Part::Stamp => steps.push_back(Step::Stamp(ctx.choice(delta(json!({"content": ""})), None))),
         }
     }
     if hang {

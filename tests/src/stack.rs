@@ -61,9 +61,26 @@ impl Stack {
 
     /// (Re)start the worker against replica `replica` and wait until its workspace is online.
     pub async fn start_worker(&mut self, replica: usize) {
-        let worker = TestWorker::start(&self.servers[replica], &self.worker_token, "proj", &self.workspace_dir)
-            .await
-            .expect("worker");
+        self.start_worker_with_args(replica, &[]).await;
+    }
+
+    /// The same, with extra `berth worker` arguments.
+    pub async fn start_worker_with_args(&mut self, replica: usize, extra: &[&str]) {
+        self.start_worker_with_env(replica, extra, &[]).await;
+    }
+
+    /// The same, with extra environment for the worker process.
+    pub async fn start_worker_with_env(&mut self, replica: usize, extra: &[&str], env: &[(&str, &str)]) {
+        let worker = TestWorker::start_with_env(
+            &self.servers[replica],
+            &self.worker_token,
+            "proj",
+            &self.workspace_dir,
+            extra,
+            env,
+        )
+        .await
+        .expect("worker");
         self.worker = Some(worker);
         let id = self.wait_online(true).await;
         self.workspace_id = id;

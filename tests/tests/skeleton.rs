@@ -156,7 +156,11 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0]["model"], "mock-model");
     assert_eq!(reqs[0]["stream"], true);
-    assert_eq!(reqs[0]["messages"], json!([{"role": "user", "content": "Say hello"}]));
+    assert_eq!(reqs[0]["messages"][0]["role"], "system");
+    assert_eq!(
+        reqs[0]["messages"].as_array().unwrap()[1..],
+        [json!({"role": "user", "content": "Say hello"})]
+    );
     assert_eq!(mock.authorizations()[0].as_deref(), Some("Bearer sk-test-provider-key"));
 
     // Reconnect from the middle: exactly the events after the cursor, no gap, no duplicate,
@@ -173,6 +177,8 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
             completion: 7,
         },
     ]));
+    // The tool runs (there is no README.md: a tool error the model reads), then it answers.
+    mock.push(Reply::text(&["There is no readme."]));
     drop(watch);
     let mut again = Client::authed(&s.server().ws_url(), &s.server().admin_token())
         .await
@@ -193,7 +199,27 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
         .await;
     let live = watch.until(30, is_turn_end).await.expect("second turn ends");
     let live_seqs: Vec<i64> = live.iter().filter_map(|e| e["sequence"].as_i64()).collect();
-    assert_eq!(live_seqs, [5, 6, 7]);
+    assert_eq!(live_seqs, [5, 6, 7, 8, 9, 10]);
+    let types: Vec<&str> = live
+        .iter()
+        .filter(|e| e.get("sequence").is_some())
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "turn.started",
+            "model.completed",
+            "tool.status",
+            "tool.ended",
+            "model.completed",
+            "turn.ended"
+        ]
+    );
+    let result = &live.iter().find(|e| e["type"] == "tool.ended").unwrap()["rows"][0];
+    assert_eq!(result["kind"], "toolResult");
+    assert_eq!(result["tool"]["status"], "failed");
+    assert_eq!(result["body"], "README.md: no such file or directory");
     let step = live.iter().find(|e| e["type"] == "model.completed").unwrap();
     let call = &step["rows"][0];
     assert_eq!(call["kind"], "toolCall");
@@ -206,17 +232,17 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
     // The second request carried the conversation so far.
     let reqs = mock.requests();
     assert_eq!(
-        reqs[1]["messages"],
-        json!([
-            {"role": "user", "content": "Say hello"},
-            {"role": "assistant", "content": "Hello, world"},
-            {"role": "user", "content": "Read the readme"}
-        ])
+        reqs[1]["messages"].as_array().unwrap()[1..],
+        [
+            json!({"role": "user", "content": "Say hello"}),
+            json!({"role": "assistant", "content": "Hello, world"}),
+            json!({"role": "user", "content": "Read the readme"})
+        ]
     );
 
     // The snapshot reflects it all; the provider key never reached the worker.
     let snap = again.ok("session.get", json!({"sessionId": sid})).await;
-    assert_eq!(snap["sequence"], 7);
+    assert_eq!(snap["sequence"], 10);
     assert_eq!(snap["phase"], "idle");
     let worker_log = std::fs::read_to_string(&s.stack.worker.as_ref().unwrap().log).unwrap();
     assert!(!worker_log.contains("sk-test-provider-key"));
@@ -226,7 +252,7 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
         "{metrics}"
     );
     assert!(metrics.contains("berth_workers_connected 1"));
-    assert!(metrics.contains("berth_model_tokens_total{kind=\"input\",model=\"mock-model\",provider=\"default\"} 32"));
+    assert!(metrics.contains("berth_model_tokens_total{kind=\"input\",model=\"mock-model\",provider=\"default\"} 42"));
     assert!(metrics.contains("berth_turn_duration_seconds_count 2"));
     assert!(
         !metrics.contains("berth_fanout_lag_seconds_count 0"),

@@ -13,6 +13,7 @@ pub mod hub;
 mod listen;
 mod login;
 pub mod metrics;
+pub mod net;
 mod proxy;
 mod rpc;
 mod workers;
@@ -101,9 +102,7 @@ pub async fn serve(
     metrics_listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .build()?;
+    let http = net::http_client()?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
     let password_checks = Arc::new(tokio::sync::Semaphore::new(config.limits.max_password_checks.max(1)));
@@ -149,13 +148,13 @@ pub async fn serve(
     });
     let t = token.clone();
     let metrics_server = tokio::spawn(async move {
-        axum::serve(metrics_listener, metrics_app)
+        axum::serve(net::nodelay(metrics_listener), metrics_app)
             .with_graceful_shutdown(async move { t.cancelled().await })
             .await
     });
     let t = token.clone();
     axum::serve(
-        listener,
+        net::nodelay(listener),
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
     .with_graceful_shutdown(async move { t.cancelled().await })

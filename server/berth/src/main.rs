@@ -77,6 +77,30 @@ struct WorkerArgs {
     /// This machine's stable name (default: the hostname).
     #[arg(long)]
     host: Option<String>,
+    /// Model steps one turn may take before it fails with `step-limit`
+    /// (BERTH_WORKER_MAX_STEPS; default 50).
+    #[arg(long)]
+    max_steps: Option<String>,
+    /// Longest a shell tool call may run, in seconds (BERTH_WORKER_SHELL_TIMEOUT_SECS; default 300).
+    #[arg(long)]
+    shell_timeout_secs: Option<String>,
+}
+
+/// The worker's loop and tool limits: flag > environment > config file > default.
+fn worker_limits(
+    settings: &Settings,
+    max_steps: Option<&str>,
+    shell_timeout: Option<&str>,
+) -> anyhow::Result<(berth_worker::AgentConfig, berth_worker::ToolLimits)> {
+    let agent = berth_worker::AgentConfig {
+        max_steps: settings.parse(max_steps, "BERTH_WORKER_MAX_STEPS", "50")?,
+    };
+    let secs: u64 = settings.parse(shell_timeout, "BERTH_WORKER_SHELL_TIMEOUT_SECS", "300")?;
+    let tools = berth_worker::ToolLimits {
+        shell_timeout: std::time::Duration::from_secs(secs),
+        shell_output_max: settings.parse(None, "BERTH_WORKER_SHELL_OUTPUT_MAX", "1048576")?,
+    };
+    Ok((agent, tools))
 }
 
 #[derive(Subcommand)]
@@ -355,11 +379,14 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
             .and_then(|n| n.to_str())
             .unwrap_or("workspace")
             .to_string();
+        let (agent, tools) = worker_limits(settings, None, None)?;
         let cfg = berth_worker::WorkerConfig {
             server: format!("http://{addr}"),
             token: worker_token,
             host: hostname(),
             workspaces: vec![(name, cwd)],
+            agent,
+            tools,
         };
         let s = shutdown.clone();
         worker_task = Some(tokio::spawn(async move { berth_worker::run(cfg, s).await }));
@@ -446,11 +473,14 @@ async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
             .with_context(|| format!("workspace {name}: {}", path.display()))?;
         workspaces.push((name, path));
     }
+    let (agent, tools) = worker_limits(settings, args.max_steps.as_deref(), args.shell_timeout_secs.as_deref())?;
     let cfg = berth_worker::WorkerConfig {
         server: args.server,
         token,
         host: args.host.unwrap_or_else(hostname),
         workspaces,
+        agent,
+        tools,
     };
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();

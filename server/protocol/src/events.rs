@@ -7,7 +7,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Cause, Notice, QueueEntry, QueueState, Row, SessionPhase, TurnState, worker::Usage};
+use crate::{
+    Cause, Notice, Position, QueueEntry, QueueState, Row, SessionPhase, TurnState,
+    worker::{ToolStatus, Usage},
+};
 
 /// A persisted history event: `{sequence, type, at, turnId?, rows?, …payload}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +56,12 @@ pub enum EventPayload {
     /// A model step completed; publishes its rows.
     #[serde(rename = "model.completed")]
     ModelCompleted(ModelCompleted),
+    /// A tool call (the `toolCall` row at `position`) started running.
+    #[serde(rename = "tool.status")]
+    ToolStatus(ToolCallStatus),
+    /// A tool call ended (`completed`, `failed`, `denied`); publishes its `toolResult` row.
+    #[serde(rename = "tool.ended")]
+    ToolEnded(ToolCallStatus),
     /// A turn settled; always the turn's last event.
     #[serde(rename = "turn.ended")]
     TurnEnded(TurnEnded),
@@ -82,6 +91,18 @@ pub struct Nothing {}
 #[serde(rename_all = "camelCase")]
 pub struct SessionCreated {
     pub workspace_id: String,
+    /// The session whose delegate call started this one (a sub-agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+}
+
+/// A tool call's status change: the call row's position and id, and the new status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCallStatus {
+    pub position: Position,
+    pub call_id: String,
+    pub status: ToolStatus,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -138,6 +159,8 @@ impl EventPayload {
             EventPayload::TurnQueued(_) => "turn.queued",
             EventPayload::TurnStarted(_) => "turn.started",
             EventPayload::ModelCompleted(_) => "model.completed",
+            EventPayload::ToolStatus(_) => "tool.status",
+            EventPayload::ToolEnded(_) => "tool.ended",
             EventPayload::TurnEnded(_) => "turn.ended",
             EventPayload::QueueChanged(_) => "queue.changed",
             EventPayload::SessionForked(_) => "session.forked",
@@ -158,6 +181,23 @@ impl EventPayload {
         vec![
             EventPayload::SessionCreated(SessionCreated {
                 workspace_id: "wsp_1".into(),
+                parent: Some("ses_1".into()),
+            }),
+            EventPayload::ToolStatus(ToolCallStatus {
+                position: Position {
+                    source_sequence: 3,
+                    item_index: 0,
+                },
+                call_id: "call_1".into(),
+                status: ToolStatus::Running,
+            }),
+            EventPayload::ToolEnded(ToolCallStatus {
+                position: Position {
+                    source_sequence: 3,
+                    item_index: 0,
+                },
+                call_id: "call_1".into(),
+                status: ToolStatus::Denied,
             }),
             EventPayload::SessionTitleChanged(TitleChanged { title: "t".into() }),
             EventPayload::SessionModelChanged(ModelChanged {

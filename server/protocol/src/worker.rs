@@ -1,15 +1,17 @@
 //! The worker protocol: JSON-RPC 2.0 over the worker's outbound WebSocket (`GET /v1/worker`).
 //!
-//! Worker → server requests: `worker.hello`, `turn.step`, `turn.end`; notification
-//! `turn.delta`. Server → worker notifications: `turn.run`, `turn.stop {turnId}` (the turn
-//! was cancelled: stop working on it; the server has already settled it).
+//! Worker → server requests: `worker.hello`, `turn.history` (the session's rows before the
+//! turn, in pages; `turn.source` reads on a field a page cut), `turn.step`, `turn.toolStatus`, `turn.toolEnded`, `turn.interaction`,
+//! `turn.end`; notification `turn.delta`. Server → worker notifications: `turn.run` (the
+//! turn's settings only), `turn.stop {turnId}` (the turn was cancelled: stop working on it;
+//! the server has already settled it).
 //!
 //! Model calls go to the API tier's proxy ([`MODEL_PROXY_PATH`]) with the worker credential
 //! and the turn named in [`MODEL_PROXY_TURN_HEADER`].
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Cause, NewRow, TurnState};
+use crate::{Cause, NewRow, Position, Row, RowField, TurnState};
 
 pub const WORKER_HELLO: &str = "worker.hello";
 pub const TURN_RUN: &str = "turn.run";
@@ -17,6 +19,12 @@ pub const TURN_DELTA: &str = "turn.delta";
 pub const TURN_STEP: &str = "turn.step";
 pub const TURN_END: &str = "turn.end";
 pub const TURN_STOP: &str = "turn.stop";
+pub const TURN_HISTORY: &str = "turn.history";
+pub const TURN_SOURCE: &str = "turn.source";
+pub const TURN_TOOL_STATUS: &str = "turn.toolStatus";
+pub const TURN_TOOL_ENDED: &str = "turn.toolEnded";
+pub const TURN_INTERACTION: &str = "turn.interaction";
+pub const TURN_DELEGATE: &str = "turn.delegate";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -46,14 +54,8 @@ pub struct RegisteredWorkspace {
     pub workspace_id: String,
 }
 
-/// One chat message of the model request the worker builds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
-
-/// Server → worker: run this turn.
+/// Server → worker: run this turn. It carries the turn's settings only; the conversation
+/// is read with `turn.history`, page by page, so no history size can break the link.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnRun {
@@ -62,8 +64,126 @@ pub struct TurnRun {
     pub workspace_id: String,
     /// The model to ask, if the session or tenant names one.
     pub model: Option<String>,
-    /// The conversation so far, ending with this turn's prompt.
-    pub messages: Vec<ChatMessage>,
+    /// The session offers the model no tools.
+    #[serde(default)]
+    pub no_tools: bool,
+    /// Tool calls run without asking.
+    #[serde(default)]
+    pub auto_approve: bool,
+    /// How many levels of sub-agents this session may still start (0: no delegate tool).
+    #[serde(default)]
+    pub delegation_depth: u32,
+}
+
+/// Worker → server: a page of the session's rows (in order, hidden rows left out) as the
+/// turn's conversation so far. `after` is the previous page's `next`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnHistory {
+    pub turn_id: String,
+    #[serde(default)]
+    pub after: Option<Position>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnHistoryResult {
+    pub rows: Vec<Row>,
+    /// Where the next page starts; null at the end.
+    pub next: Option<Position>,
+}
+
+/// Worker → server: a delegate call starts a child session (same workspace, `parent` set,
+/// one level less of delegation) whose first turn runs `prompt`. Answered at once with the
+/// child's ids; the child's turn is handed out like any other. Asking again for the same
+/// call answers the same child.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnDelegate {
+    pub turn_id: String,
+    pub call_id: String,
+    pub prompt: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnDelegateResult {
+    pub session_id: String,
+    pub turn_id: String,
+}
+
+/// Worker → server: the rest of a row field a `turn.history` page cut (it is marked
+/// `truncated`), from byte `offset`; answered like `session.source`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnSource {
+    pub turn_id: String,
+    pub position: Position,
+    pub field: RowField,
+    pub offset: u64,
+}
+
+/// A tool call's status: `requested → running → completed | failed | denied`
+/// (`requested → denied` when an approval is refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ToolStatus {
+    Requested,
+    Running,
+    Completed,
+    Failed,
+    Denied,
+}
+
+impl ToolStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolStatus::Requested => "requested",
+            ToolStatus::Running => "running",
+            ToolStatus::Completed => "completed",
+            ToolStatus::Failed => "failed",
+            ToolStatus::Denied => "denied",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ToolStatus> {
+        Some(match s {
+            "requested" => ToolStatus::Requested,
+            "running" => ToolStatus::Running,
+            "completed" => ToolStatus::Completed,
+            "failed" => ToolStatus::Failed,
+            "denied" => ToolStatus::Denied,
+            _ => return None,
+        })
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, ToolStatus::Completed | ToolStatus::Failed | ToolStatus::Denied)
+    }
+}
+
+/// Worker → server: a tool call (the `toolCall` row at `position`) changed status; appended
+/// as a `tool.status` event, and the row's stored status follows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnToolStatus {
+    pub turn_id: String,
+    pub position: Position,
+    pub call_id: String,
+    pub status: ToolStatus,
+}
+
+/// Worker → server: a tool call ended; appended as a `tool.ended` event that publishes the
+/// `toolResult` row (the whole output) and sets the call row's final status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnToolEnded {
+    pub turn_id: String,
+    /// The `toolCall` row's position.
+    pub position: Position,
+    pub call_id: String,
+    pub status: ToolStatus,
+    pub output: String,
 }
 
 /// Worker → server: streamed output (live only).

@@ -47,44 +47,68 @@ pub(crate) async fn append_event(
         )
         .await?
         .get(0);
-    tx.ex(
-        "INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload) VALUES ($1, $2, $3, $4, $5, $6)",
-        &[&session_id, &seq, &tenant_id, &kind, &turn_id, &payload],
-    )
-    .await?;
-    for (i, row) in rows.iter().enumerate() {
-        let tool = row.tool.as_ref().map(|t| {
-            let clean = ToolInfo {
-                name: pg_text(&t.name).into_owned(),
-                call_id: pg_text(&t.call_id).into_owned(),
-                status: pg_text(&t.status).into_owned(),
-            };
-            serde_json::to_value(clean).unwrap_or_default()
-        });
-        let (body, thinking) = (pg_text(&row.body), row.thinking.as_deref().map(pg_text));
-        tx.ex(
+    // The event, its rows and the notice go out pipelined: one round trip instead of one
+    // each. The statements are prepared first (cached after the first append on a
+    // connection) so that they are sent, and run, in this order: rows after their event.
+    let (event_sql, row_sql, notify_sql) = tokio::try_join!(
+        tx.prepare_cached(
+            "INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload) VALUES ($1, $2, $3, $4, $5, $6)"
+        ),
+        tx.prepare_cached(
             "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            &[
-                &session_id,
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        ),
+        tx.prepare_cached("SELECT pg_notify($1, $2)"),
+    )?;
+    let items: Vec<_> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let tool = row.tool.as_ref().map(|t| {
+                let clean = ToolInfo {
+                    name: pg_text(&t.name).into_owned(),
+                    call_id: pg_text(&t.call_id).into_owned(),
+                    status: pg_text(&t.status).into_owned(),
+                };
+                serde_json::to_value(clean).unwrap_or_default()
+            });
+            let (body, thinking) = (pg_text(&row.body), row.thinking.as_deref().map(pg_text));
+            (
+                i as i32,
+                row.kind.as_str(),
+                body,
+                thinking,
+                tool,
+                row.hidden.unwrap_or(false),
+            )
+        })
+        .collect();
+    let notice = format!("{session_id}:{seq}");
+    type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+    let event_params: [Param; 6] = [&session_id, &seq, &tenant_id, &kind, &turn_id, &payload];
+    let row_params: Vec<[Param; 10]> = items
+        .iter()
+        .map(|(i, kind, body, thinking, tool, hidden)| {
+            [
+                &session_id as Param,
                 &seq,
-                &(i as i32),
+                i,
                 &tenant_id,
                 &turn_id,
-                &row.kind.as_str(),
-                &body,
-                &thinking,
-                &tool,
-                &row.hidden.unwrap_or(false),
-            ],
-        )
-        .await?;
-    }
-    tx.ex(
-        "SELECT pg_notify($1, $2)",
-        &[&CHANNEL_EVENTS, &format!("{session_id}:{seq}")],
-    )
-    .await?;
+                kind,
+                body,
+                thinking,
+                tool,
+                hidden,
+            ]
+        })
+        .collect();
+    let notify_params: [Param; 2] = [&CHANNEL_EVENTS, &notice];
+    let event = tx.execute(&event_sql, &event_params);
+    let inserts = futures_util::future::try_join_all(row_params.iter().map(|p| tx.execute(&row_sql, p)));
+    let notify = tx.execute(&notify_sql, &notify_params);
+    // `biased`: first polled (and so sent) in this order.
+    tokio::try_join!(biased; event, inserts, notify)?;
     Ok(seq)
 }
 

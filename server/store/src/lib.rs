@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod delegate;
 mod fork;
 mod history;
 mod identity;
@@ -18,6 +19,7 @@ pub mod receipts;
 pub mod search;
 mod sessions;
 mod tls;
+mod tools;
 mod turns;
 mod workspaces;
 

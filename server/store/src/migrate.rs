@@ -14,6 +14,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0006_turn_model_and_usage.sql", include_str!("../../../migrations/0006_turn_model_and_usage.sql")),
     ("0007_typed_event_payloads.sql", include_str!("../../../migrations/0007_typed_event_payloads.sql")),
     ("0008_fork.sql", include_str!("../../../migrations/0008_fork.sql")),
+    ("0010_delegation.sql", include_str!("../../../migrations/0010_delegation.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -151,6 +151,7 @@ impl Store {
         .await?;
         let created = EventPayload::SessionCreated(SessionCreated {
             workspace_id: p.workspace_id.clone(),
+            parent: None,
         });
         append_event(&tx, tenant_id, &id, None, &created, &[]).await?;
         let snapshot = snapshot(&tx, tenant_id, &id, default_model).await?;
@@ -176,6 +177,7 @@ impl Store {
         &self,
         tenant_id: &str,
         workspace_id: Option<&str>,
+        parent: Option<&str>,
         after: Option<&str>,
         limit: u32,
         default_model: Option<&str>,
@@ -203,9 +205,10 @@ impl Store {
                         s.branch->>'sessionId'
                    FROM sessions s
                   WHERE s.tenant_id = $1 AND s.removed_at IS NULL AND ($2::text IS NULL OR s.workspace_id = $2)
+                    AND ($6::text IS NULL OR s.parent_id = $6)
                     AND ((extract(epoch from s.updated_at) * 1000000)::bigint, s.id) < ($3, $4)
                   ORDER BY s.updated_at DESC, s.id DESC LIMIT $5",
-                &[&tenant_id, &workspace_id, &after_us, &after_id, &(limit + 1)],
+                &[&tenant_id, &workspace_id, &after_us, &after_id, &(limit + 1), &parent],
             )
             .await?;
         let more = rows.len() as i64 > limit;

@@ -1,12 +1,10 @@
 //! Turns: admission, the queue, dispatch to workers, steps, settling, stop.
 
-use std::collections::HashMap;
-
 use berth_protocol::{
     Cause, Diagnostic, ErrorCode, EventPayload, MAX_QUEUE_LENGTH, ModelCompleted, NewRow, Nothing, Notice,
     QUEUE_PREVIEW_BYTES, QueueEntry, QueueState, QueuedPrompt, Removed, RowKind, SessionDiagnosticsResult,
     SessionSendResult, TurnEnded, TurnQueued, TurnRef, TurnState,
-    worker::{ChatMessage, TurnRun, Usage},
+    worker::{TurnRun, Usage},
 };
 use deadpool_postgres::GenericClient;
 use serde_json::json;
@@ -344,27 +342,25 @@ impl Store {
                                   WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
                                     AND u.state = 'running' AND u.dispatched_to IS NULL
                                   ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
-                  RETURNING t.id, t.session_id, s.workspace_id, t.model",
+                  RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools, s.auto_approve, s.delegation_depth",
                 &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
             )
             .await?;
-        let sessions: Vec<String> = claimed.iter().map(|c| c.get(1)).collect();
-        let mut conversations = conversations(&tx, tenant_id, &sessions).await?;
         tx.commit().await?;
+        // The settings only: the worker reads the conversation with `turn.history`.
         Ok(claimed
-            .into_iter()
-            .map(|c| {
-                let session_id: String = c.get(1);
-                ClaimedTurn {
-                    tenant_id: tenant_id.to_string(),
-                    run: TurnRun {
-                        turn_id: c.get(0),
-                        messages: conversations.remove(&session_id).unwrap_or_default(),
-                        session_id,
-                        workspace_id: c.get(2),
-                        model: c.get(3),
-                    },
-                }
+            .iter()
+            .map(|c| ClaimedTurn {
+                tenant_id: tenant_id.to_string(),
+                run: TurnRun {
+                    turn_id: c.get(0),
+                    session_id: c.get(1),
+                    workspace_id: c.get(2),
+                    model: c.get(3),
+                    no_tools: c.get(4),
+                    auto_approve: c.get(5),
+                    delegation_depth: c.get::<_, i32>(6).max(0) as u32,
+                },
             })
             .collect())
     }
@@ -459,6 +455,8 @@ impl Store {
     ) -> Result<()> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        // Live output is not history (the completed step is): no need to wait for the disk.
+        tx.ex("SET LOCAL synchronous_commit = off", &[]).await?;
         let updated = tx
             .ex(
                 "UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
@@ -772,6 +770,8 @@ pub(crate) async fn cancel_turn(
             .await?;
         }
         notify_dispatch(tx, session_id).await?;
+        // Sub-agents it started stop with it.
+        crate::delegate::cancel_children(tx, tenant_id, &turn_id).await?;
     } else if queue_event {
         queue_changed(tx, tenant_id, session_id).await?;
     }
@@ -799,7 +799,7 @@ async fn check_queued(tx: &impl GenericClient, session_id: &str, queue_id: &str,
 /// clear and remove do), then the turn is checked under that lock — still running, its
 /// session not removed, and, when a worker connection writes, handed to that connection. A
 /// turn settled meanwhile is `turn-not-running`, so nothing is written after `turn.ended`.
-async fn lock_running_turn(
+pub(crate) async fn lock_running_turn(
     tx: &impl GenericClient,
     connection_id: Option<&str>,
     tenant_id: &str,
@@ -858,32 +858,4 @@ async fn start_turn(
         queue_changed(tx, tenant_id, session_id).await?;
     }
     Ok(seq)
-}
-
-/// The conversations so far of `sessions` as chat messages (visible user and assistant
-/// rows, in order), in one query.
-async fn conversations(
-    client: &impl GenericClient,
-    tenant_id: &str,
-    sessions: &[String],
-) -> Result<HashMap<String, Vec<ChatMessage>>> {
-    let mut out: HashMap<String, Vec<ChatMessage>> = HashMap::new();
-    if sessions.is_empty() {
-        return Ok(out);
-    }
-    let rows = client
-        .qa(
-            "SELECT session_id, kind, body FROM rows
-              WHERE session_id = ANY($1) AND tenant_id = $2 AND kind IN ('user', 'assistant')
-              ORDER BY session_id, source_sequence, item_index",
-            &[&sessions, &tenant_id],
-        )
-        .await?;
-    for r in rows {
-        out.entry(r.get(0)).or_default().push(ChatMessage {
-            role: r.get(1),
-            content: r.get(2),
-        });
-    }
-    Ok(out)
 }

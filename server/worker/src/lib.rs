@@ -3,8 +3,17 @@
 //! workspaces and runs the turns it is handed. Model calls go through the API tier's
 //! streaming proxy, so this machine needs no provider key and no internet egress.
 
+mod agent;
+mod delegate;
 mod model;
+mod net;
+mod policy;
+mod tools;
 mod turn;
+mod workspace;
+
+pub use agent::AgentConfig;
+pub use tools::ToolLimits;
 
 use std::{
     collections::HashMap,
@@ -25,6 +34,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
 use tokio_util::sync::CancellationToken;
 
+use crate::{tools::Tools, workspace::Workspace};
+
 /// What the worker needs to run.
 #[derive(Clone)]
 pub struct WorkerConfig {
@@ -36,6 +47,10 @@ pub struct WorkerConfig {
     pub host: String,
     /// Workspaces served: (name, absolute path).
     pub workspaces: Vec<(String, PathBuf)>,
+    /// The agent loop's limits.
+    pub agent: AgentConfig,
+    /// The tools' limits.
+    pub tools: ToolLimits,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -45,6 +60,8 @@ impl std::fmt::Debug for WorkerConfig {
             .field("token", &"<redacted>")
             .field("host", &self.host)
             .field("workspaces", &self.workspaces)
+            .field("agent", &self.agent)
+            .field("tools", &self.tools)
             .finish()
     }
 }
@@ -65,9 +82,7 @@ impl WorkerConfig {
 
 /// Run until `shutdown`, reconnecting with exponential backoff (capped, jittered).
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .build()?;
+    let http = net::http_client()?;
     let mut backoff = Duration::from_millis(200);
     loop {
         match connect_once(&config, &http, &shutdown).await {
@@ -96,6 +111,8 @@ pub(crate) struct Link {
     pub(crate) http: reqwest::Client,
     pub(crate) proxy_url: String,
     pub(crate) token: String,
+    /// How this connection's turns ended (for parents waiting on sub-agents).
+    pub(crate) endings: Arc<delegate::Endings>,
 }
 
 impl Link {
@@ -136,9 +153,7 @@ async fn connect_once(
         "authorization",
         HeaderValue::from_str(&format!("Bearer {}", config.token))?,
     );
-    let (socket, _) = tokio_tungstenite::connect_async(req)
-        .await
-        .context("connecting to the API tier")?;
+    let (socket, _) = net::connect(req).await.context("connecting to the API tier")?;
     let (mut sink, mut stream) = socket.split();
 
     let hello = WorkerHello {
@@ -167,6 +182,23 @@ async fn connect_once(
     }
     let registered: WorkerHelloResult = serde_json::from_value(resp.result.unwrap_or_default())?;
     tracing::info!(workspaces = registered.workspaces.len(), "worker connected");
+    let mut workspaces = HashMap::new();
+    for r in &registered.workspaces {
+        let Some((_, path)) = config.workspaces.iter().find(|(name, _)| *name == r.name) else {
+            continue;
+        };
+        match Workspace::open(path) {
+            Ok(ws) => {
+                workspaces.insert(r.workspace_id.clone(), Arc::new(ws));
+            }
+            Err(e) => tracing::error!(workspace = %r.name, error = %e, "cannot open the workspace"),
+        }
+    }
+    let ctx = TurnContext {
+        workspaces,
+        agent: config.agent.clone(),
+        tools: config.tools.clone(),
+    };
 
     let (out_tx, mut out_rx) = mpsc::channel::<Message>(256);
     let link = Link {
@@ -176,6 +208,7 @@ async fn connect_once(
         http: http.clone(),
         proxy_url: format!("{http_base}{}", wp::MODEL_PROXY_PATH),
         token: config.token.clone(),
+        endings: Arc::default(),
     };
     let turns = CancellationToken::new();
     let running: Running = Arc::default();
@@ -188,7 +221,7 @@ async fn connect_once(
                     None => break Err(anyhow::anyhow!("server closed the connection")),
                 };
                 if let Message::Text(text) = msg {
-                    on_message(&link, &turns, &running, &text);
+                    on_message(&link, &ctx, &turns, &running, &text);
                 }
             }
             out = out_rx.recv() => if let Some(m) = out && let Err(e) = sink.send(m).await { break Err(e.into()) },
@@ -198,15 +231,25 @@ async fn connect_once(
             }
         }
     };
-    // The server interrupts this connection's running turns; stop working on them.
+    // The server interrupts this connection's running turns; stop working on them, and
+    // fail requests still waiting for an answer that can no longer come.
     turns.cancel();
+    link.pending.lock().expect("pending lock").clear();
     result
 }
 
 /// Running turns' cancellation tokens, by turn id.
 type Running = Arc<Mutex<HashMap<String, CancellationToken>>>;
 
-fn on_message(link: &Link, turns: &CancellationToken, running: &Running, text: &str) {
+/// What a connection's turns run with.
+struct TurnContext {
+    /// The registered workspaces, by id.
+    workspaces: HashMap<String, Arc<Workspace>>,
+    agent: AgentConfig,
+    tools: ToolLimits,
+}
+
+fn on_message(link: &Link, ctx: &TurnContext, turns: &CancellationToken, running: &Running, text: &str) {
     let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
         return;
     };
@@ -218,6 +261,17 @@ fn on_message(link: &Link, turns: &CancellationToken, running: &Running, text: &
             wp::TURN_RUN => match serde_json::from_value::<TurnRun>(req.params) {
                 Ok(run) => {
                     let link = link.clone();
+                    let tools = match ctx.workspaces.get(&run.workspace_id) {
+                        _ if run.no_tools => None,
+                        Some(ws) => Some(Tools::new(ws.clone(), ctx.tools.clone())),
+                        None => {
+                            // Registered but not openable (removed since start): the model is
+                            // offered no tools rather than tools that cannot work.
+                            tracing::error!(turn.id = %run.turn_id, "the turn's workspace is not open on this worker");
+                            None
+                        }
+                    };
+                    let agent = ctx.agent.clone();
                     let cancel = turns.child_token();
                     running
                         .lock()
@@ -226,7 +280,7 @@ fn on_message(link: &Link, turns: &CancellationToken, running: &Running, text: &
                     let running = running.clone();
                     tokio::spawn(async move {
                         let turn_id = run.turn_id.clone();
-                        turn::run(link, run, cancel).await;
+                        turn::run(link, run, tools, agent, cancel).await;
                         running.lock().expect("running lock").remove(&turn_id);
                     });
                 }

@@ -1,54 +1,242 @@
-//! One turn: a model step through the API tier's proxy, its rows published as one event,
-//! then the turn settles. Settling writes history before `turn.ended` goes out.
+//! One turn on the wire: read the session's history, run the agent loop, settle. Every
+//! write goes through [`TurnLink`], whose requests the server answers only while the turn
+//! runs and is handed to this connection; so a stopped or interrupted turn gets nothing
+//! more written, and settling writes history before `turn.ended` goes out.
 
 use berth_protocol::{
-    Cause, NewRow, RowKind, ToolInfo, TurnState,
-    worker::{self as wp, TurnDelta, TurnEnd, TurnRun, TurnStep},
+    Cause, NewRow, Position, Row, RowField, SessionSourceResult, TurnState,
+    worker::{
+        self as wp, ToolStatus, TurnEnd, TurnHistory, TurnHistoryResult, TurnRun, TurnSource, TurnStep, TurnToolEnded,
+        TurnToolStatus, Usage,
+    },
 };
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Link, model};
+use crate::{Link, agent, delegate::Ended, model::StreamError, tools::Tools};
 
-pub(crate) async fn run(link: Link, run: TurnRun, cancel: CancellationToken) {
+/// Why a turn stops before completing.
+#[derive(Debug)]
+pub(crate) enum Halt {
+    /// A typed failure; the turn settles `failed` with this cause.
+    Failed(Cause),
+    /// Stopped (by a client, or the connection went away): the server settles it.
+    Stopped,
+    /// The server already settled the turn (stopped, session removed): nothing to write.
+    Settled,
+    /// The connection to the API tier broke; the server interrupts the turn.
+    Link(anyhow::Error),
+    /// The server answered a request with this error code.
+    Refused(String),
+}
+
+impl From<StreamError> for Halt {
+    fn from(e: StreamError) -> Halt {
+        match e {
+            StreamError::Failed(c) => Halt::Failed(c),
+            StreamError::Link(e) => Halt::Link(e),
+        }
+    }
+}
+
+pub(crate) fn cause(code: &str) -> Cause {
+    Cause {
+        code: code.into(),
+        status: None,
+    }
+}
+
+/// The turn's side of the connection.
+pub(crate) struct TurnLink {
+    pub(crate) link: Link,
+    turn_id: String,
+}
+
+impl TurnLink {
+    pub(crate) fn turn_id(&self) -> &str {
+        &self.turn_id
+    }
+
+    /// A request about this turn; a refusal because the turn is over is `Settled`.
+    pub(crate) async fn request(&self, method: &str, params: Value) -> Result<Value, Halt> {
+        match self.link.request(method, params).await {
+            Ok(v) => Ok(v),
+            Err(e) => Err(match rpc_code(&e) {
+                Some("turn-not-running") | Some("not-found") => Halt::Settled,
+                Some(code) => Halt::Refused(code.to_string()),
+                None => Halt::Link(e),
+            }),
+        }
+    }
+
+    /// The session's rows so far (ending with this turn's prompt), page by page, each field
+    /// a page cut read on to its end.
+    pub(crate) async fn history(&self) -> Result<Vec<Row>, Halt> {
+        let mut rows = Vec::new();
+        let mut after: Option<Position> = None;
+        loop {
+            let p = TurnHistory {
+                turn_id: self.turn_id.clone(),
+                after,
+            };
+            let v = self.request(wp::TURN_HISTORY, to_value(&p)).await?;
+            let page: TurnHistoryResult =
+                serde_json::from_value(v).map_err(|_| Halt::Failed(cause("history-unreadable")))?;
+            for mut row in page.rows {
+                self.complete(&mut row).await?;
+                rows.push(row);
+            }
+            match page.next {
+                Some(n) if Some(n) != after => after = Some(n),
+                _ => return Ok(rows),
+            }
+        }
+    }
+
+    /// Read the rest of the fields a history page cut (`turn.source`).
+    async fn complete(&self, row: &mut Row) -> Result<(), Halt> {
+        let Some(cut) = row.truncated.take() else {
+            return Ok(());
+        };
+        for (field, t) in cut {
+            let mut offset = t.returned;
+            while offset < t.bytes {
+                let p = TurnSource {
+                    turn_id: self.turn_id.clone(),
+                    position: row.position,
+                    field,
+                    offset,
+                };
+                let v = self.request(wp::TURN_SOURCE, to_value(&p)).await?;
+                let part: SessionSourceResult =
+                    serde_json::from_value(v).map_err(|_| Halt::Failed(cause("history-unreadable")))?;
+                let text = match field {
+                    RowField::Body => &mut row.body,
+                    RowField::Thinking => row.thinking.get_or_insert_with(String::new),
+                };
+                text.push_str(&part.data);
+                match part.next_offset {
+                    Some(n) if n > offset => offset = n,
+                    _ => break,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Publish a completed model step (one `model.completed` event); returns its sequence.
+    pub(crate) async fn step(&self, rows: Vec<NewRow>, usage: Option<Usage>) -> Result<i64, Halt> {
+        let step = TurnStep {
+            turn_id: self.turn_id.clone(),
+            rows,
+            usage,
+        };
+        match self.request(wp::TURN_STEP, to_value(&step)).await {
+            Ok(v) => Ok(v.get("sequence").and_then(Value::as_i64).unwrap_or_default()),
+            // The server refused the step (e.g. it could not store it): settle `failed`.
+            Err(Halt::Refused(_)) => Err(Halt::Failed(cause("step-rejected"))),
+            Err(h) => Err(h),
+        }
+    }
+
+    pub(crate) async fn tool_status(&self, position: Position, call_id: &str, status: ToolStatus) -> Result<(), Halt> {
+        let p = TurnToolStatus {
+            turn_id: self.turn_id.clone(),
+            position,
+            call_id: call_id.to_string(),
+            status,
+        };
+        self.request(wp::TURN_TOOL_STATUS, to_value(&p)).await.map(drop)
+    }
+
+    pub(crate) async fn tool_ended(
+        &self,
+        position: Position,
+        call_id: &str,
+        status: ToolStatus,
+        output: String,
+    ) -> Result<(), Halt> {
+        let p = TurnToolEnded {
+            turn_id: self.turn_id.clone(),
+            position,
+            call_id: call_id.to_string(),
+            status,
+            output,
+        };
+        self.request(wp::TURN_TOOL_ENDED, to_value(&p)).await.map(drop)
+    }
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or_default()
+}
+
+/// Run the turn and settle it.
+pub(crate) async fn run(
+    link: Link,
+    run: TurnRun,
+    tools: Option<Tools>,
+    config: agent::AgentConfig,
+    cancel: CancellationToken,
+) {
     tracing::info!(turn.id = %run.turn_id, session.id = %run.session_id, "turn started");
-    let outcome = tokio::select! {
-        r = step(&link, &run) => r,
-        _ = cancel.cancelled() => return,
-    };
-    let (state, cause) = match outcome {
-        Ok(()) => (TurnState::Completed, None),
-        Err(StepError::Failed(cause)) => (TurnState::Failed, Some(cause)),
-        Err(StepError::Settled) => {
-            tracing::info!(turn.id = %run.turn_id, "turn was settled by the server (stopped)");
-            return;
-        }
-        Err(StepError::Link(e)) => {
-            tracing::warn!(turn.id = %run.turn_id, error = %e, "lost the server mid-turn");
-            return;
-        }
-    };
-    let end = TurnEnd {
+    let t = TurnLink {
+        link,
         turn_id: run.turn_id.clone(),
+    };
+    let outcome = agent::run(&t, &run, tools.as_ref(), &config, &cancel).await;
+    let (state, cause, answer) = match outcome {
+        Ok(answer) => (TurnState::Completed, None, answer),
+        Err(Halt::Failed(cause)) => (TurnState::Failed, Some(cause), String::new()),
+        Err(Halt::Refused(code)) => (
+            TurnState::Failed,
+            Some(self::cause(&format!("refused-{code}"))),
+            String::new(),
+        ),
+        Err(Halt::Stopped) | Err(Halt::Settled) => {
+            tracing::info!(turn.id = %run.turn_id, "turn was settled by the server (stopped)");
+            t.link
+                .endings
+                .record(&run.turn_id, ended(TurnState::Cancelled, None, String::new()));
+            return;
+        }
+        Err(Halt::Link(e)) => {
+            tracing::warn!(turn.id = %run.turn_id, error = %e, "lost the server mid-turn");
+            t.link
+                .endings
+                .record(&run.turn_id, ended(TurnState::Interrupted, None, String::new()));
+            return;
+        }
+    };
+    let code = cause.as_ref().map(|c| c.code.clone());
+    settle(&t, state, cause).await;
+    t.link.endings.record(&run.turn_id, ended(state, code, answer));
+}
+
+fn ended(state: TurnState, cause: Option<String>, answer: String) -> Ended {
+    Ended { state, answer, cause }
+}
+
+/// A turn left running would hold its session's queue: retry a failed settle a few times
+/// (the server answers `turn-not-running` once it is settled some other way).
+async fn settle(t: &TurnLink, state: TurnState, cause: Option<Cause>) {
+    let end = TurnEnd {
+        turn_id: t.turn_id.clone(),
         state,
         cause,
     };
-    // A turn left running would hold its session's queue: retry a failed settle a few
-    // times (the server answers `turn-not-running` once it is settled some other way).
     for attempt in 1..=5u32 {
-        match link
-            .request(wp::TURN_END, serde_json::to_value(&end).unwrap_or_default())
-            .await
-        {
+        match t.link.request(wp::TURN_END, to_value(&end)).await {
             Ok(_) => {
-                tracing::info!(turn.id = %run.turn_id, state = state.as_str(), "turn settled");
+                tracing::info!(turn.id = %t.turn_id, state = state.as_str(), "turn settled");
                 return;
             }
             Err(e) if rpc_code(&e) == Some("turn-not-running") || rpc_code(&e).is_none() => {
-                tracing::warn!(turn.id = %run.turn_id, error = %e, "could not settle the turn");
+                tracing::warn!(turn.id = %t.turn_id, error = %e, "could not settle the turn");
                 return;
             }
             Err(e) => {
-                tracing::warn!(turn.id = %run.turn_id, error = %e, attempt, "settling the turn failed; retrying");
+                tracing::warn!(turn.id = %t.turn_id, error = %e, attempt, "settling the turn failed; retrying");
                 tokio::time::sleep(std::time::Duration::from_millis(250 * u64::from(attempt))).await;
             }
         }
@@ -59,78 +247,4 @@ pub(crate) async fn run(link: Link, run: TurnRun, cancel: CancellationToken) {
 fn rpc_code(e: &anyhow::Error) -> Option<&str> {
     e.downcast_ref::<berth_protocol::RpcError>()
         .map(|r| r.data_code().unwrap_or("internal"))
-}
-
-pub(crate) enum StepError {
-    /// The step failed for a typed reason; the turn settles `failed`.
-    Failed(Cause),
-    /// The connection to the API tier broke; the server interrupts the turn.
-    Link(anyhow::Error),
-    /// The server already settled the turn (stopped, session removed): nothing to write.
-    Settled,
-}
-
-async fn step(link: &Link, run: &TurnRun) -> Result<(), StepError> {
-    let turn_id = run.turn_id.clone();
-    let delta_link = link.clone();
-    let completion = model::stream(link, run, move |text, thinking| {
-        let d = TurnDelta {
-            turn_id: turn_id.clone(),
-            text,
-            thinking,
-        };
-        let link = delta_link.clone();
-        async move {
-            link.notify(wp::TURN_DELTA, serde_json::to_value(&d).unwrap_or_default())
-                .await
-                .is_ok()
-        }
-    })
-    .await?;
-    let mut rows = Vec::new();
-    if !completion.text.is_empty() || !completion.thinking.is_empty() || completion.tool_calls.is_empty() {
-        rows.push(NewRow {
-            kind: RowKind::Assistant,
-            body: completion.text,
-            thinking: (!completion.thinking.is_empty()).then_some(completion.thinking),
-            tool: None,
-            hidden: None,
-        });
-    }
-    for call in completion.tool_calls {
-        rows.push(NewRow {
-            kind: RowKind::ToolCall,
-            body: call.arguments,
-            thinking: None,
-            tool: Some(ToolInfo {
-                name: call.name,
-                call_id: call.id,
-                status: "requested".into(),
-            }),
-            hidden: None,
-        });
-    }
-    let step = TurnStep {
-        turn_id: run.turn_id.clone(),
-        rows,
-        usage: completion.usage,
-    };
-    match link
-        .request(wp::TURN_STEP, serde_json::to_value(&step).unwrap_or_default())
-        .await
-    {
-        Ok(_) => {}
-        Err(e) => {
-            return Err(match rpc_code(&e) {
-                Some("turn-not-running") | Some("not-found") => StepError::Settled,
-                // The server refused the step (e.g. it could not store it): settle `failed`.
-                Some(_) => StepError::Failed(Cause {
-                    code: "step-rejected".into(),
-                    status: None,
-                }),
-                None => StepError::Link(e),
-            });
-        }
-    }
-    Ok(())
 }

@@ -55,19 +55,13 @@ pub async fn get(ctx: Ctx, p: SessionRef) -> ApiResult<SessionSnapshot> {
 #[tracing::instrument(skip_all)]
 pub async fn list(ctx: Ctx, p: SessionListParams) -> ApiResult<SessionListResult> {
     let me = ctx.principal()?;
-    if p.parent.is_some() {
-        // No session has a parent until coordinator sessions exist.
-        return Ok(SessionListResult {
-            entries: Vec::new(),
-            next_after: None,
-        });
-    }
     let limit = p.limit.unwrap_or(50);
     let store = &ctx.state.store;
     Ok(store
         .list_sessions(
             &me.tenant_id,
             p.workspace_id.as_deref(),
+            p.parent.as_deref(),
             p.after.as_deref(),
             limit,
             default_model(&ctx),

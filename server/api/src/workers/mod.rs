@@ -18,6 +18,7 @@ mod claim;
 mod connection;
 mod relay;
 mod steps;
+mod tools;
 mod turn;
 
 use std::{

@@ -29,7 +29,17 @@ pub(super) struct TurnHandle {
 
 /// Methods that carry a `turnId` and go to the turn's task.
 pub(super) fn is_turn_method(method: &str) -> bool {
-    matches!(method, wp::TURN_DELTA | wp::TURN_STEP | wp::TURN_END)
+    matches!(
+        method,
+        wp::TURN_DELTA
+            | wp::TURN_STEP
+            | wp::TURN_END
+            | wp::TURN_HISTORY
+            | wp::TURN_SOURCE
+            | wp::TURN_TOOL_STATUS
+            | wp::TURN_TOOL_ENDED
+            | wp::TURN_DELEGATE
+    )
 }
 
 /// Where a running turn's live output is: the step and how many bytes of text and
@@ -118,6 +128,9 @@ impl TurnTask {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
+            wp::TURN_HISTORY | wp::TURN_SOURCE | wp::TURN_TOOL_STATUS | wp::TURN_TOOL_ENDED | wp::TURN_DELEGATE => {
+                self.agent_request(&req.method, req.params).await
+            }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         self.reply(req.id, result).await;

@@ -1,0 +1,122 @@
+//! Sub-agents: a delegate call of a running turn starts a child session in the same
+//! workspace (`parent` set, one level less of delegation) and its first turn; stopping the
+//! parent's turn stops the turns of the children it started.
+
+use std::{future::Future, pin::Pin};
+
+use berth_protocol::{ErrorCode, EventPayload, SessionCreated};
+use deadpool_postgres::GenericClient;
+
+use crate::{
+    Cached, Result, Store, StoreError,
+    history::append_event,
+    sessions::lock_session,
+    tenant_tx, token,
+    turns::{cancel_turn, lock_running_turn},
+};
+
+impl Store {
+    /// Start the child of `turn_id`'s delegate call `call_id` (or find the one already
+    /// started for it) and its first turn with `prompt`. Returns (child session, its turn).
+    /// A session with no delegation depth left is `forbidden`.
+    pub async fn delegate(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        turn_id: &str,
+        call_id: &str,
+        prompt: &str,
+    ) -> Result<(String, String)> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let parent = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
+        let existing = tx
+            .qo(
+                "SELECT s.id, (SELECT t.id FROM turns t WHERE t.session_id = s.id ORDER BY t.created_at LIMIT 1)
+                   FROM sessions s WHERE s.tenant_id = $1 AND s.parent_turn_id = $2 AND s.parent_call_id = $3",
+                &[&tenant_id, &turn_id, &call_id],
+            )
+            .await?;
+        let child = match existing {
+            Some(r) => {
+                let (child, first): (String, Option<String>) = (r.get(0), r.get(1));
+                if let Some(first) = first {
+                    return Ok((child, first));
+                }
+                child
+            }
+            None => {
+                let s = tx
+                    .q1(
+                        "SELECT workspace_id, model, no_tools, auto_approve, delegation_depth FROM sessions WHERE id = $1",
+                        &[&parent],
+                    )
+                    .await?;
+                let depth: i32 = s.get(4);
+                if depth <= 0 {
+                    return Err(StoreError::Code(ErrorCode::Forbidden));
+                }
+                let child = token::new_id("ses");
+                let workspace_id: String = s.get(0);
+                tx.ex(
+                    "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve,
+                                           parent_id, parent_turn_id, parent_call_id, delegation_depth)
+                     VALUES ($1, $2, $3, '', $4, $5, $6, $7, $8, $9, $10)",
+                    &[
+                        &child,
+                        &tenant_id,
+                        &workspace_id,
+                        &s.get::<_, Option<String>>(1),
+                        &s.get::<_, bool>(2),
+                        &s.get::<_, bool>(3),
+                        &parent,
+                        &turn_id,
+                        &call_id,
+                        &(depth - 1),
+                    ],
+                )
+                .await?;
+                let created = EventPayload::SessionCreated(SessionCreated {
+                    workspace_id,
+                    parent: Some(parent.clone()),
+                });
+                append_event(&tx, tenant_id, &child, None, &created, &[]).await?;
+                child
+            }
+        };
+        tx.commit().await?;
+        let sent = self.send(tenant_id, &child, prompt, None).await?;
+        Ok((child, sent.turn_id))
+    }
+}
+
+/// Stop the running and queued turns of the sessions `turn_id` started (and theirs, in
+/// turn). The caller holds the parent session's lock; children are locked after it.
+pub(crate) fn cancel_children<'a, C: GenericClient>(
+    tx: &'a C,
+    tenant_id: &'a str,
+    turn_id: &'a str,
+) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
+    Box::pin(async move {
+        let children = tx
+            .qa(
+                "SELECT id FROM sessions WHERE tenant_id = $1 AND parent_turn_id = $2 AND removed_at IS NULL",
+                &[&tenant_id, &turn_id],
+            )
+            .await?;
+        for c in children {
+            let child: String = c.get(0);
+            lock_session(tx, tenant_id, &child).await?;
+            let active = tx
+                .qa(
+                    "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued') ORDER BY queue_position",
+                    &[&child],
+                )
+                .await?;
+            for t in active {
+                cancel_turn(tx, tenant_id, &child, t.get(0), true).await?;
+            }
+        }
+        Ok(())
+    })
+}

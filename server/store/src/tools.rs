@@ -1,0 +1,201 @@
+//! The agent loop's history: the rows a worker reads before a turn, and tool calls'
+//! status changes and ends, each appended as an event (the call row's stored status
+//! follows in the same transaction, so a later read shows the final status and a watcher
+//! sees every change).
+
+use berth_protocol::{
+    ErrorCode, EventPayload, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams, SessionSourceParams,
+    SessionSourceResult, ToolCallStatus, ToolInfo, worker::ToolStatus,
+};
+use deadpool_postgres::GenericClient;
+
+use crate::{
+    Cached, Result, Store, StoreError,
+    history::{HISTORY_BUDGET_MAX, append_event},
+    tenant_tx,
+    turns::lock_running_turn,
+};
+
+/// Rows per `turn.history` page at most.
+const TURN_HISTORY_ROWS: u32 = 500;
+
+impl Store {
+    /// A page of the session's rows (hidden ones left out) for the worker connection that
+    /// runs `turn_id`, after `after`; returns the rows and where the next page starts.
+    pub async fn turn_history(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        turn_id: &str,
+        after: Option<Position>,
+    ) -> Result<(Vec<Row>, Option<Position>)> {
+        let session_id = self.turn_session(connection_id, tenant_id, turn_id).await?;
+        let page = self
+            .history(
+                tenant_id,
+                &SessionHistoryParams {
+                    session_id,
+                    after,
+                    limit: Some(TURN_HISTORY_ROWS),
+                    max_bytes: Some(HISTORY_BUDGET_MAX as u32),
+                    ..SessionHistoryParams::default()
+                },
+            )
+            .await?;
+        Ok((page.rows, page.next_after))
+    }
+
+    /// The rest of a row field that a `turn_history` page cut, from byte `offset`.
+    pub async fn turn_source(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        turn_id: &str,
+        position: Position,
+        field: RowField,
+        offset: u64,
+    ) -> Result<SessionSourceResult> {
+        let session_id = self.turn_session(connection_id, tenant_id, turn_id).await?;
+        self.source(
+            tenant_id,
+            &SessionSourceParams {
+                session_id,
+                position,
+                field,
+                offset,
+                limit: Some(HISTORY_BUDGET_MAX as u32),
+            },
+        )
+        .await
+    }
+
+    /// The session of a turn that runs and is handed to `connection_id`.
+    async fn turn_session(&self, connection_id: &str, tenant_id: &str, turn_id: &str) -> Result<String> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        tx.qo(
+            "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2 AND state = 'running' AND dispatched_to = $3",
+            &[&turn_id, &tenant_id, &connection_id],
+        )
+        .await?
+        .map(|r| r.get(0))
+        .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))
+    }
+
+    /// A running turn's tool call (the `toolCall` row at `position`) moved to `running`:
+    /// append `tool.status`. Returns its sequence.
+    pub async fn tool_status(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        turn_id: &str,
+        position: Position,
+        call_id: &str,
+        status: ToolStatus,
+    ) -> Result<i64> {
+        if status != ToolStatus::Running {
+            return Err(StoreError::Code(ErrorCode::BadParams));
+        }
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
+        set_call_status(&tx, tenant_id, &session_id, turn_id, position, call_id, status).await?;
+        let event = EventPayload::ToolStatus(ToolCallStatus {
+            position,
+            call_id: call_id.to_string(),
+            status,
+        });
+        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[]).await?;
+        tx.commit().await?;
+        Ok(seq)
+    }
+
+    /// A running turn's tool call ended with a final `status`: append `tool.ended`, which
+    /// publishes the `toolResult` row holding the whole `output`. Returns its sequence.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn tool_ended(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        turn_id: &str,
+        position: Position,
+        call_id: &str,
+        status: ToolStatus,
+        output: &str,
+    ) -> Result<i64> {
+        if !status.is_final() {
+            return Err(StoreError::Code(ErrorCode::BadParams));
+        }
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
+        let name = set_call_status(&tx, tenant_id, &session_id, turn_id, position, call_id, status).await?;
+        let row = NewRow {
+            kind: RowKind::ToolResult,
+            body: output.to_string(),
+            thinking: None,
+            tool: Some(ToolInfo {
+                name,
+                call_id: call_id.to_string(),
+                status: status.as_str().to_string(),
+            }),
+            hidden: None,
+        };
+        let event = EventPayload::ToolEnded(ToolCallStatus {
+            position,
+            call_id: call_id.to_string(),
+            status,
+        });
+        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[row]).await?;
+        tx.commit().await?;
+        Ok(seq)
+    }
+}
+
+/// Move the call row at `position` (of `turn_id`, with `call_id`) to `status`; a call that
+/// is not there, already ended, or a move backwards is `bad-params` (never `not-found`,
+/// which tells a worker its turn is over). Returns the tool's name.
+async fn set_call_status(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    turn_id: &str,
+    position: Position,
+    call_id: &str,
+    status: ToolStatus,
+) -> Result<String> {
+    let row = tx
+        .qo(
+            "SELECT tool FROM rows WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4
+                AND turn_id = $5 AND kind = 'toolCall' FOR UPDATE",
+            &[&session_id, &tenant_id, &position.source_sequence, &position.item_index, &turn_id],
+        )
+        .await?
+        .ok_or(StoreError::Code(ErrorCode::BadParams))?;
+    let tool: Option<serde_json::Value> = row.get(0);
+    let tool = tool
+        .and_then(|t| serde_json::from_value::<ToolInfo>(t).ok())
+        .ok_or(StoreError::Code(ErrorCode::BadParams))?;
+    let current = ToolStatus::parse(&tool.status);
+    let allowed = match current {
+        Some(ToolStatus::Requested) => status != ToolStatus::Requested,
+        Some(ToolStatus::Running) => status.is_final(),
+        _ => false,
+    };
+    if tool.call_id != call_id || !allowed {
+        return Err(StoreError::Code(ErrorCode::BadParams));
+    }
+    tx.ex(
+        "UPDATE rows SET tool = jsonb_set(tool, '{status}', to_jsonb($5::text))
+          WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4",
+        &[
+            &session_id,
+            &tenant_id,
+            &position.source_sequence,
+            &position.item_index,
+            &status.as_str(),
+        ],
+    )
+    .await?;
+    Ok(tool.name)
+}

@@ -1,0 +1,61 @@
+//! The worker's sockets to the API tier. A turn is a stream of small writes (live deltas,
+//! steps); with Nagle's algorithm on, a small write that follows another waits for its ACK,
+//! which the peer delays by up to 40 ms. So both the WebSocket and the model-proxy client
+//! have `TCP_NODELAY` set, here, in one place.
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio_tungstenite::{
+    MaybeTlsStream, WebSocketStream, connect_async_with_config,
+    tungstenite::{self, client::IntoClientRequest, handshake::client::Response},
+};
+
+pub(crate) type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Open the WebSocket to the API tier with Nagle's algorithm off.
+pub(crate) async fn connect(req: impl IntoClientRequest + Unpin) -> Result<(Socket, Response), tungstenite::Error> {
+    connect_async_with_config(req, None, true).await
+}
+
+/// The HTTP client for the model proxy: Nagle off, connections reused between turns.
+pub(crate) fn http_client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn websocket_to_the_api_tier_has_nodelay() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            tokio_tungstenite::accept_async(tcp).await.unwrap()
+        });
+        let (socket, _) = connect(format!("ws://{addr}/v1/worker")).await.unwrap();
+        let MaybeTlsStream::Plain(tcp) = socket.get_ref() else {
+            panic!("plain ws:// expected")
+        };
+        assert!(tcp.nodelay().unwrap(), "worker socket without TCP_NODELAY");
+        drop(server.await.unwrap());
+    }
+
+    /// The connection loop opens its sockets through this module only.
+    #[test]
+    fn the_worker_connects_through_this_module() {
+        let src = include_str!("lib.rs");
+        assert!(src.contains("net::connect("));
+        assert!(src.contains("net::http_client()"));
+        assert!(!src.contains("connect_async("), "connect with net::connect (Nagle off)");
+        assert!(
+            !src.contains("reqwest::Client::builder()"),
+            "build clients with net::http_client"
+        );
+    }
+}

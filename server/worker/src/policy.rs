@@ -1,0 +1,95 @@
+//! Which tool calls need a person's approval, and asking for it.
+//!
+//! Without `autoApprove`, calls that change the workspace or run commands (shell, write,
+//! edit) are held until answered; reading, listing and searching never are. The worker asks
+//! the server with `turn.interaction`; the server persists the interaction, shows it to the
+//! session's clients and answers when someone responds (or its fallback does).
+
+use berth_protocol::worker as wp;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    model::ToolCall,
+    tools,
+    turn::{Halt, TurnLink},
+};
+
+/// Times an approval request answered `unavailable` is asked again.
+const ASK_RETRIES: u32 = 5;
+
+pub(crate) fn needs_approval(tool: &str, auto_approve: bool) -> bool {
+    !auto_approve && matches!(tool, tools::SHELL | tools::WRITE_FILE | tools::EDIT_FILE)
+}
+
+/// The answer to an approval request.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Approved,
+    /// Not approved; the text is the call's result for the model.
+    Denied(String),
+    /// The question could not be asked; the text is the call's (failed) result.
+    Unavailable(String),
+}
+
+/// Ask the server whether `call` may run; waits until answered or the turn is stopped.
+pub(crate) async fn ask(t: &TurnLink, call: &ToolCall, cancel: &CancellationToken) -> Result<Answer, Halt> {
+    let input =
+        serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| Value::String(call.arguments.clone()));
+    let params = json!({
+        "turnId": t.turn_id(),
+        "callId": call.id,
+        "kind": "approval",
+        "tool": {"name": call.name, "callId": call.id},
+        "input": input,
+    });
+    // `unavailable` is transient (the server asks to be asked again; the same call waits on
+    // the same interaction).
+    let mut attempt = 0u32;
+    let answer = loop {
+        let answer = tokio::select! {
+            a = t.request(wp::TURN_INTERACTION, params.clone()) => a,
+            _ = cancel.cancelled() => return Err(Halt::Stopped),
+        };
+        match answer {
+            Err(Halt::Refused(code)) if code == "unavailable" && attempt < ASK_RETRIES => {
+                attempt += 1;
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(500 * u64::from(attempt))) => {}
+                    _ = cancel.cancelled() => return Err(Halt::Stopped),
+                }
+            }
+            other => break other,
+        }
+    };
+    match answer {
+        Ok(v) => {
+            let approved = v.pointer("/outcome/approved").and_then(Value::as_bool).unwrap_or(false);
+            Ok(if approved {
+                Answer::Approved
+            } else {
+                Answer::Denied("The user denied this call; it did not run.".into())
+            })
+        }
+        Err(Halt::Refused(code)) => Ok(Answer::Unavailable(format!(
+            "Approval could not be asked ({code}); the call did not run."
+        ))),
+        Err(h) => Err(h),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_and_commands_need_approval_unless_auto_approved() {
+        for t in [tools::SHELL, tools::WRITE_FILE, tools::EDIT_FILE] {
+            assert!(needs_approval(t, false));
+            assert!(!needs_approval(t, true));
+        }
+        for t in [tools::READ_FILE, tools::LIST_DIRECTORY, tools::SEARCH_FILES, "unknown"] {
+            assert!(!needs_approval(t, false));
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! `shell`: `sh -c COMMAND` in the workspace root, in its own process group, with Berth's
+//! secrets stripped from its environment. On stop or timeout the whole group is killed
+//! (SIGTERM, then SIGKILL after a short grace, so children that ignore SIGTERM die too);
+//! when the command exits, whatever it left running in its group is killed as well.
+
+use std::{io::Read, path::Path, process::Stdio, time::Duration};
+
+use rustix::process::{Pid, Signal, kill_process_group};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use super::{Outcome, ToolLimits};
+
+/// Between SIGTERM and SIGKILL.
+const GRACE: Duration = Duration::from_millis(500);
+
+#[derive(Deserialize)]
+pub(crate) struct Args {
+    command: String,
+    #[serde(default)]
+    timeout_secs: Option<u64>,
+}
+
+/// Environment variables a command never sees: the worker's credential and anything else
+/// Berth reads from its environment.
+pub(crate) fn is_secret_env(key: &str) -> bool {
+    let k = key.to_ascii_uppercase();
+    k.starts_with("BERTH_") || k == "DATABASE_URL" || k.starts_with("PGPASS")
+}
+
+/// Kills the process group when dropped (a turn task dropped mid-command leaves nothing).
+struct Group(Option<Pid>);
+
+impl Group {
+    fn signal(&self, sig: Signal) {
+        if let Some(pid) = self.0 {
+            // ESRCH (the group is already gone) is the expected end.
+            let _ = kill_process_group(pid, sig);
+        }
+    }
+
+    /// SIGTERM, a grace period, then SIGKILL to everything left in the group.
+    async fn terminate(&mut self) {
+        self.signal(Signal::TERM);
+        tokio::time::sleep(GRACE).await;
+        self.signal(Signal::KILL);
+        self.0 = None;
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.signal(Signal::KILL);
+    }
+}
+
+pub(crate) async fn run(root: &Path, a: Args, limits: &ToolLimits, cancel: &CancellationToken) -> Outcome {
+    let timeout = a
+        .timeout_secs
+        .map(Duration::from_secs)
+        .unwrap_or(limits.shell_timeout)
+        .min(limits.shell_timeout);
+    // One pipe for stdout and stderr keeps their interleaving.
+    let (reader, writer) = match std::io::pipe() {
+        Ok(p) => p,
+        Err(e) => return Outcome::error(format!("could not start the command: {e}")),
+    };
+    let writer2 = match writer.try_clone() {
+        Ok(w) => w,
+        Err(e) => return Outcome::error(format!("could not start the command: {e}")),
+    };
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(&a.command)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(writer2)
+        .process_group(0)
+        .kill_on_drop(true);
+    for (key, _) in std::env::vars_os() {
+        if is_secret_env(&key.to_string_lossy()) {
+            cmd.env_remove(&key);
+        }
+    }
+    let child = cmd.spawn();
+    // Our copies of the pipe's write end must close, or the reader never sees the end.
+    drop(cmd);
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => return Outcome::error(format!("could not start the command: {e}")),
+    };
+    let mut group = Group(child.id().and_then(|id| Pid::from_raw(id as i32)));
+    let max = limits.shell_output_max;
+    let output = tokio::task::spawn_blocking(move || collect(reader, max));
+
+    let status = tokio::select! {
+        s = child.wait() => Some(s),
+        _ = tokio::time::sleep(timeout) => None,
+        _ = cancel.cancelled() => {
+            group.terminate().await;
+            let _ = child.wait().await;
+            return Outcome::error("stopped");
+        }
+    };
+    let timed_out = status.is_none();
+    // The command is done (or out of time): nothing it started may outlive it.
+    group.terminate().await;
+    let status = match status {
+        Some(s) => s.ok(),
+        None => child.wait().await.ok(),
+    };
+    let (mut text, dropped) = match tokio::time::timeout(Duration::from_secs(2), output).await {
+        Ok(Ok(r)) => r,
+        _ => (String::new(), 0),
+    };
+    if dropped > 0 {
+        text.push_str(&format!("\n[… {dropped} more bytes of output not kept]"));
+    }
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    if timed_out {
+        text.push_str(&format!(
+            "[timed out after {} s; the command was killed]",
+            timeout.as_secs()
+        ));
+        return Outcome::error(text);
+    }
+    match status.and_then(|s| s.code()) {
+        Some(0) => {
+            text.push_str("[exit code 0]");
+            Outcome::ok(text)
+        }
+        Some(code) => {
+            text.push_str(&format!("[exit code {code}]"));
+            Outcome::error(text)
+        }
+        None => {
+            text.push_str("[killed by a signal]");
+            Outcome::error(text)
+        }
+    }
+}
+
+/// Read the pipe to its end, keeping the first `max` bytes and counting the rest.
+fn collect(mut reader: std::io::PipeReader, max: usize) -> (String, u64) {
+    let mut kept = Vec::new();
+    let mut dropped = 0u64;
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = max.saturating_sub(kept.len()).min(n);
+                kept.extend_from_slice(&buf[..room]);
+                dropped += (n - room) as u64;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&kept).into_owned();
+    (text, dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(command: &str, timeout_secs: Option<u64>) -> Args {
+        Args {
+            command: command.into(),
+            timeout_secs,
+        }
+    }
+
+    /// Running (a zombie waiting for its reaper counts as gone).
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    }
+
+    #[tokio::test]
+    async fn runs_in_the_workspace_with_secrets_stripped() {
+        let t = tempfile::tempdir().unwrap();
+        let limits = ToolLimits::default();
+        let r = run(
+            t.path(),
+            args("pwd; echo err >&2; env | grep -c '^BERTH_' ; exit 3", None),
+            &limits,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert!(!r.ok);
+        let root = t.path().canonicalize().unwrap();
+        assert!(
+            r.output.starts_with(&format!("{}\nerr\n0\n", root.display())),
+            "{}",
+            r.output
+        );
+        assert!(r.output.ends_with("[exit code 3]"));
+        assert!(is_secret_env("BERTH_WORKER_TOKEN") && is_secret_env("DATABASE_URL"));
+        assert!(!is_secret_env("PATH"));
+    }
+
+    #[tokio::test]
+    async fn output_is_capped_with_a_mark() {
+        let t = tempfile::tempdir().unwrap();
+        let limits = ToolLimits {
+            shell_output_max: 100,
+            ..ToolLimits::default()
+        };
+        let r = run(
+            t.path(),
+            args("yes x | head -c 1000", None),
+            &limits,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert!(r.ok);
+        assert!(
+            r.output.contains("[… 900 more bytes of output not kept]"),
+            "{}",
+            r.output
+        );
+    }
+
+    #[tokio::test]
+    async fn timeout_and_stop_kill_the_whole_group_including_children_ignoring_sigterm() {
+        let t = tempfile::tempdir().unwrap();
+        let limits = ToolLimits::default();
+        let pids = t.path().join("pids");
+        let script = format!(
+            "trap '' TERM; (trap '' TERM; sleep 600) & echo $! > {p}; echo $$ >> {p}; wait",
+            p = pids.display()
+        );
+        let r = run(t.path(), args(&script, Some(1)), &limits, &CancellationToken::new()).await;
+        assert!(!r.ok);
+        assert!(r.output.contains("timed out"), "{}", r.output);
+        let read_pids = || -> Vec<i32> {
+            std::fs::read_to_string(&pids)
+                .unwrap()
+                .lines()
+                .map(|l| l.parse().unwrap())
+                .collect()
+        };
+        let before = read_pids();
+        assert_eq!(before.len(), 2);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(before.iter().all(|p| !alive(*p)), "{before:?} still running");
+
+        std::fs::remove_file(&pids).unwrap();
+        let cancel = CancellationToken::new();
+        let task = {
+            let (root, cancel) = (t.path().to_path_buf(), cancel.clone());
+            tokio::spawn(async move { run(&root, args(&script, None), &ToolLimits::default(), &cancel).await })
+        };
+        while std::fs::read_to_string(&pids).map(|s| s.lines().count()).unwrap_or(0) < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cancel.cancel();
+        let r = task.await.unwrap();
+        assert_eq!(r.output, "stopped");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = read_pids();
+        assert!(after.iter().all(|p| !alive(*p)), "{after:?} still running");
+    }
+}

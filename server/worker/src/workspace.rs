@@ -1,0 +1,306 @@
+//! The one place that confines paths to a workspace. Every tool (and later every file
+//! read answered for a client) opens, reads, writes and lists through [`Workspace`].
+//!
+//! Resolution happens inside the kernel relative to a directory handle of the workspace
+//! root (`cap-std`: `openat2` with `RESOLVE_BENEATH` where available, otherwise a
+//! component-by-component walk with `O_NOFOLLOW`). So `..`, absolute paths elsewhere and
+//! symlinks that lead out are refused at the moment of use: there is no separate check a
+//! swapped-in symlink could slip past.
+
+use std::{
+    io::{self, Read},
+    path::{Component, Path, PathBuf},
+};
+
+use cap_std::{ambient_authority, fs::Dir};
+
+/// Why a path was refused or an operation on it failed: a sentence the model reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct PathError(pub String);
+
+pub(crate) struct Workspace {
+    root: PathBuf,
+    dir: Dir,
+}
+
+impl std::fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workspace").field("root", &self.root).finish()
+    }
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: &'static str,
+    pub size: u64,
+}
+
+impl Workspace {
+    /// Open the workspace rooted at `root` (canonicalized, so absolute paths under it are
+    /// recognised).
+    pub(crate) fn open(root: &Path) -> io::Result<Workspace> {
+        let root = root.canonicalize()?;
+        let dir = Dir::open_ambient_dir(&root, ambient_authority())?;
+        Ok(Workspace { root, dir })
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The model's path as a path relative to the root. Absolute paths must lie under the
+    /// root; a path whose `..` climbs above the root is refused here already (the kernel
+    /// would refuse it too; this gives the clearer message).
+    pub(crate) fn relative(&self, path: &str) -> Result<PathBuf, PathError> {
+        if path.contains('\0') {
+            return Err(PathError(format!("{path:?}: a path cannot contain NUL")));
+        }
+        let p = Path::new(path);
+        let rel = if p.is_absolute() {
+            match p.strip_prefix(&self.root) {
+                Ok(r) => r.to_path_buf(),
+                Err(_) => return Err(outside(path)),
+            }
+        } else {
+            p.to_path_buf()
+        };
+        let mut depth = 0usize;
+        for c in rel.components() {
+            match c {
+                Component::Normal(_) => depth += 1,
+                Component::CurDir => {}
+                Component::ParentDir if depth > 0 => depth -= 1,
+                Component::ParentDir | Component::RootDir | Component::Prefix(_) => return Err(outside(path)),
+            }
+        }
+        if rel.as_os_str().is_empty() {
+            return Ok(PathBuf::from("."));
+        }
+        Ok(rel)
+    }
+
+    /// Open a file for reading, confined to the workspace.
+    pub(crate) fn open_file(&self, path: &str) -> Result<std::fs::File, PathError> {
+        let rel = self.relative(path)?;
+        let file = self.dir.open(&rel).map_err(|e| fs_error(path, &e))?;
+        let file = file.into_std();
+        let meta = file.metadata().map_err(|e| fs_error(path, &e))?;
+        if meta.is_dir() {
+            return Err(PathError(format!("{path}: is a directory")));
+        }
+        Ok(file)
+    }
+
+    /// Read at most `max` bytes of a file (`None` if it is longer).
+    pub(crate) fn read_bounded(&self, path: &str, max: u64) -> Result<Option<Vec<u8>>, PathError> {
+        let file = self.open_file(path)?;
+        let mut buf = Vec::new();
+        file.take(max + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| fs_error(path, &e))?;
+        Ok((buf.len() as u64 <= max).then_some(buf))
+    }
+
+    /// Write a whole file (creating missing parent directories), confined to the workspace.
+    pub(crate) fn write(&self, path: &str, contents: &[u8]) -> Result<(), PathError> {
+        let rel = self.relative(path)?;
+        if rel == Path::new(".") {
+            return Err(PathError(format!("{path}: is a directory")));
+        }
+        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty())
+            && let Err(e) = self.dir.create_dir_all(parent)
+        {
+            // A parent that is a symlink out says "exists": report why it is unusable.
+            return Err(match self.dir.open_dir(parent) {
+                Err(why) => fs_error(path, &why),
+                Ok(_) => fs_error(path, &e),
+            });
+        }
+        self.dir.write(&rel, contents).map_err(|e| fs_error(path, &e))
+    }
+
+    /// A directory's entries, sorted by name (symlinks are entries, never followed).
+    pub(crate) fn list(&self, path: &str) -> Result<Vec<Entry>, PathError> {
+        let rel = self.relative(path)?;
+        let entries = self.dir.read_dir(&rel).map_err(|e| fs_error(path, &e))?;
+        let mut out = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| fs_error(path, &e))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (kind, size) = match e.metadata() {
+                Ok(m) => {
+                    let ft = m.file_type();
+                    let kind = if ft.is_symlink() {
+                        "symlink"
+                    } else if ft.is_dir() {
+                        "dir"
+                    } else if ft.is_file() {
+                        "file"
+                    } else {
+                        "other"
+                    };
+                    (kind, if ft.is_file() { m.len() } else { 0 })
+                }
+                Err(_) => ("other", 0),
+            };
+            out.push(Entry { name, kind, size });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Check that `path` names a directory inside the workspace; returns its absolute path
+    /// (for walkers, whose every file is then opened again through [`Workspace::open_file`]).
+    pub(crate) fn dir_path(&self, path: &str) -> Result<PathBuf, PathError> {
+        let rel = self.relative(path)?;
+        self.dir.open_dir(&rel).map_err(|e| fs_error(path, &e))?;
+        Ok(self.root.join(rel))
+    }
+}
+
+fn outside(path: &str) -> PathError {
+    PathError(format!(
+        "{path}: outside the workspace (paths are relative to the workspace root)"
+    ))
+}
+
+/// A filesystem error as the model should read it; escapes say so plainly.
+fn fs_error(path: &str, e: &io::Error) -> PathError {
+    // cap-std reports a resolution that would leave the root as PermissionDenied
+    // ("a path led outside of the filesystem"); openat2 reports EXDEV.
+    let escape = e.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error())
+        || e.to_string().contains("outside of the filesystem");
+    if escape {
+        return PathError(format!(
+            "{path}: leads outside the workspace (through `..` or a symlink)"
+        ));
+    }
+    match e.kind() {
+        io::ErrorKind::NotFound => PathError(format!("{path}: no such file or directory")),
+        io::ErrorKind::PermissionDenied => PathError(format!("{path}: permission denied")),
+        _ => PathError(format!("{path}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    fn setup() -> (tempfile::TempDir, Workspace, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "SECRET").unwrap();
+        std::fs::write(ws.join("sub/inside.txt"), "inside").unwrap();
+        let w = Workspace::open(&ws).unwrap();
+        (tmp, w, outside)
+    }
+
+    fn read(w: &Workspace, p: &str) -> Result<String, PathError> {
+        w.read_bounded(p, 1 << 20)
+            .map(|b| String::from_utf8(b.unwrap()).unwrap())
+    }
+
+    #[test]
+    fn relative_paths_and_absolute_paths_under_the_root_resolve() {
+        let (_t, w, _) = setup();
+        assert_eq!(read(&w, "sub/inside.txt").unwrap(), "inside");
+        assert_eq!(read(&w, "./sub/../sub/inside.txt").unwrap(), "inside");
+        let abs = w.root().join("sub/inside.txt");
+        assert_eq!(read(&w, abs.to_str().unwrap()).unwrap(), "inside");
+        assert_eq!(w.relative("").unwrap(), PathBuf::from("."));
+    }
+
+    #[test]
+    fn dot_dot_and_absolute_paths_outside_are_refused() {
+        let (_t, w, outside) = setup();
+        for p in ["../outside/secret", "sub/../../outside/secret", "/etc/passwd"] {
+            let e = read(&w, p).unwrap_err();
+            assert!(e.0.contains("outside the workspace"), "{p}: {e}");
+        }
+        let abs = outside.join("secret");
+        assert!(read(&w, abs.to_str().unwrap()).is_err());
+        assert!(w.write("../escape.txt", b"x").is_err());
+        assert!(!outside.parent().unwrap().join("escape.txt").exists());
+    }
+
+    #[test]
+    fn symlinks_leaving_the_workspace_are_refused_for_read_write_and_list() {
+        let (_t, w, outside) = setup();
+        symlink(outside.join("secret"), w.root().join("link")).unwrap();
+        symlink(&outside, w.root().join("outdir")).unwrap();
+        symlink("sub/inside.txt", w.root().join("good")).unwrap();
+        let e = read(&w, "link").unwrap_err();
+        assert!(e.0.contains("outside the workspace"), "{e}");
+        assert!(read(&w, "outdir/secret").is_err());
+        assert!(w.list("outdir").is_err());
+        for (p, e) in [
+            ("outdir/new.txt", w.write("outdir/new.txt", b"x")),
+            ("link", w.write("link", b"overwritten")),
+            ("outdir/deep/new.txt", w.write("outdir/deep/new.txt", b"x")),
+        ] {
+            let e = e.unwrap_err();
+            assert!(e.0.contains("outside the workspace"), "{p}: {e}");
+        }
+        assert!(!outside.join("new.txt").exists());
+        assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "SECRET");
+        // A symlink that stays inside is fine.
+        assert_eq!(read(&w, "good").unwrap(), "inside");
+        assert!(w.dir_path("outdir").is_err());
+        assert!(w.dir_path("sub").is_ok());
+    }
+
+    #[test]
+    fn a_symlink_swapped_in_during_reads_never_leaks_the_outside() {
+        let (_t, w, outside) = setup();
+        let root = w.root().to_path_buf();
+        std::fs::write(root.join("plain"), "inside").unwrap();
+        symlink(outside.join("secret"), root.join("evil")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let stop = stop.clone();
+            let root = root.clone();
+            std::thread::spawn(move || {
+                // Alternate `target` between a regular file and a symlink to outside, atomically.
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::fs::hard_link(root.join("plain"), root.join("tmp-file")).ok();
+                    std::fs::rename(root.join("tmp-file"), root.join("target")).ok();
+                    symlink(outside.join("secret"), root.join("tmp-link")).ok();
+                    std::fs::rename(root.join("tmp-link"), root.join("target")).ok();
+                }
+            })
+        };
+        let (mut ok, mut refused) = (0, 0);
+        for _ in 0..3000 {
+            match read(&w, "target") {
+                Ok(s) => {
+                    assert_eq!(s, "inside");
+                    ok += 1;
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert!(ok + refused == 3000);
+    }
+
+    #[test]
+    fn list_sorts_and_marks_kinds() {
+        let (_t, w, _) = setup();
+        std::fs::write(w.root().join("a.txt"), "12345").unwrap();
+        symlink("a.txt", w.root().join("b")).unwrap();
+        let entries = w.list(".").unwrap();
+        let names: Vec<_> = entries.iter().map(|e| (e.name.as_str(), e.kind, e.size)).collect();
+        assert_eq!(names, [("a.txt", "file", 5), ("b", "symlink", 0), ("sub", "dir", 0)]);
+        assert!(w.list("a.txt").is_err());
+    }
+}

@@ -1,0 +1,1013 @@
+//! Benchmark: every path a turn takes, each against a baseline measured in the same run.
+//!
+//! `cargo build --release -p berth && cargo bench -p berth-e2e --bench latency`
+//! (runs `target/release/berth` as child processes, like the tests do; about a minute).
+//! Prints one Markdown table (`docs/performance.md` explains the method and the figures);
+//! asserts nothing about time. `BERTH_BENCH_TURNS` sets the number of turns (default 60).
+//!
+//! The setup is `berth dev` (API tier and worker in one process, its own PostgreSQL cluster
+//! with durable commits), a second replica (`berth serve`) on the same database, and the
+//! scripted provider in this process.
+
+use std::time::{Duration, Instant};
+
+use berth_e2e::{
+    Client, MockProvider, Part, Reply, TestServer,
+    harness::{berth_bin, db, fresh_database, scratch_dir, spawn_listening},
+    mock_provider::epoch,
+};
+use berth_store::cluster::{ClusterOptions, PrivateCluster};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::process::Command;
+use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Limits raised so that the bench measures speed, not admission control.
+const ENV: &[(&str, &str)] = &[
+    ("RUST_LOG", "info"),
+    ("BERTH_RATE_PER_SEC", "1000000"),
+    ("BERTH_RATE_BURST", "1000000"),
+    ("BERTH_MAX_CONNECTIONS_PER_CREDENTIAL", "100000"),
+    ("BERTH_MAX_SUBSCRIPTIONS", "100000"),
+];
+
+/// Chunks of the scripted reply, and the pause before each (the issue's six chunks 5 ms apart).
+const CHUNKS: usize = 6;
+const CHUNK_GAP_MS: u64 = 5;
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    if std::env::var_os("BERTH_BENCH_ECHO").is_some() {
+        return echo_server().await;
+    }
+    let turns: usize = std::env::var("BERTH_BENCH_TURNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(60);
+    let started = Instant::now();
+    let mock = MockProvider::start().await;
+    let mut table = Table::default();
+
+    // 1. `berth dev` exactly as a user runs it: its own cluster, every commit on disk.
+    let durable = "berth dev, durable commits";
+    let (dev, database_url) = start_dev(&mock, None).await;
+    let token = dev.admin_token();
+    let workspace_id = wait_online(&dev, &token).await;
+    let commit = commit_cost(&database_url).await;
+    table.add(
+        &format!("{durable}: one commit (median of 50 one-row INSERTs)"),
+        "—".into(),
+        format!("{commit:.2} ms"),
+        "—".into(),
+        "— (the disk's floor)",
+        None,
+    );
+    turn_overhead(&mut table, durable, &dev, &token, &workspace_id, &mock, turns).await;
+    append_path(&mut table, durable, &dev, &token, &database_url).await;
+    let scratch = dev.data_dir.parent().map(std::path::Path::to_path_buf);
+    stop(dev).await;
+
+    // 2. The same on the test cluster (no fsync), where what is left is Berth's own cost;
+    //    with a second replica for fan-out.
+    let fast = "no fsync (test cluster)";
+    let database_url = fresh_database().await;
+    let (dev, _) = start_dev(&mock, Some(&database_url)).await;
+    let replica = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+        .await
+        .expect("second replica");
+    let token = dev.admin_token();
+    let workspace_id = wait_online(&dev, &token).await;
+    turn_overhead(&mut table, fast, &dev, &token, &workspace_id, &mock, turns).await;
+    append_path(&mut table, fast, &dev, &token, &database_url).await;
+    fan_out(&mut table, &dev, &replica, &token, &workspace_id, &database_url).await;
+    history_page(&mut table, &dev, &token, &workspace_id, &database_url).await;
+    websocket(&mut table, &replica, &token).await;
+    idle_sessions(&mut table, &replica, &token, &workspace_id).await;
+
+    println!();
+    table.print();
+    println!("\n(bench ran {:.0} s)", started.elapsed().as_secs_f64());
+    stop(dev).await;
+    stop(replica).await;
+    // The dev cluster's data; the test cluster cleans up after itself on the next run.
+    if let Some(dir) = scratch {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+async fn stop(mut server: TestServer) {
+    server.terminate().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Setup
+
+/// `berth dev`: the API tier with its worker in one process, serving a scratch directory
+/// as its workspace. With no `database_url` it starts its own private PostgreSQL cluster
+/// (durable commits), as a new user runs it. Returns the server and its database.
+async fn start_dev(mock: &MockProvider, database_url: Option<&str>) -> (TestServer, String) {
+    let data_dir = scratch_dir("dev");
+    let workspace = scratch_dir("proj");
+    let log = data_dir.join("dev.log");
+    let mut cmd = Command::new(berth_bin());
+    cmd.arg("dev")
+        .current_dir(&workspace)
+        .env("BERTH_DATA_DIR", &data_dir)
+        .env("BERTH_LISTEN", "127.0.0.1:0")
+        .env("BERTH_METRICS_LISTEN", "127.0.0.1:0")
+        .env("BERTH_MODEL_BASE_URL", mock.base_url())
+        .env("BERTH_MODEL", "mock-model")
+        .env("BERTH_MODEL_API_KEY", "sk-bench");
+    match database_url {
+        Some(url) => cmd.env("DATABASE_URL", url),
+        None => cmd.env_remove("DATABASE_URL"),
+    };
+    for (k, v) in ENV {
+        cmd.env(k, v);
+    }
+    let (child, addr, metrics_addr) = spawn_listening(cmd, &log).await.expect("berth dev");
+    let database_url = match database_url {
+        Some(url) => url.to_string(),
+        // Attach to the cluster `berth dev` started (this handle leaves it running).
+        None => PrivateCluster::start(&data_dir, &ClusterOptions::default())
+            .expect("attach to the dev cluster")
+            .url("berth"),
+    };
+    let server = TestServer {
+        child,
+        addr,
+        metrics_addr,
+        data_dir,
+        database_url: database_url.clone(),
+        log,
+    };
+    (server, database_url)
+}
+
+/// One durable commit: a one-row INSERT in autocommit (median of 50).
+async fn commit_cost(database_url: &str) -> f64 {
+    let db = db(database_url).await;
+    db.batch_execute("CREATE TABLE bench_commit (n int)")
+        .await
+        .expect("table");
+    let insert = db
+        .prepare("INSERT INTO bench_commit VALUES ($1)")
+        .await
+        .expect("prepare");
+    let mut took = Vec::new();
+    for i in 0..50i32 {
+        let t0 = Instant::now();
+        db.execute(&insert, &[&i]).await.expect("insert");
+        took.push(ms(t0.elapsed()));
+    }
+    median(&mut took)
+}
+
+async fn wait_online(server: &TestServer, token: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let mut c = Client::authed(&server.ws_url(), token).await.expect("client");
+        let list = c.ok("workspace.list", json!({})).await;
+        if let Some(w) = list.as_array().and_then(|l| l.iter().find(|w| w["online"] == true)) {
+            return w["workspaceId"].as_str().expect("id").to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("berth dev's workspace never came online");
+}
+
+async fn session(client: &mut Client, workspace_id: &str) -> String {
+    let s = client.ok("session.create", json!({"workspaceId": workspace_id})).await;
+    s["sessionId"].as_str().expect("sessionId").to_string()
+}
+
+/// A raw WebSocket (Nagle off), optionally with a bearer token.
+async fn ws_connect(url: &str, bearer: Option<&str>) -> Ws {
+    let mut req = url.into_client_request().expect("request");
+    if let Some(t) = bearer {
+        req.headers_mut().insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {t}")).expect("header"),
+        );
+    }
+    tokio_tungstenite::connect_async_with_config(req, None, true)
+        .await
+        .expect("websocket connect")
+        .0
+}
+
+/// The next text frame (control frames are answered by tungstenite as it reads).
+async fn next_text(ws: &mut Ws) -> String {
+    loop {
+        match ws.next().await.expect("open").expect("frame") {
+            Message::Text(t) => return t.to_string(),
+            Message::Close(c) => panic!("closed: {c:?}"),
+            _ => {}
+        }
+    }
+}
+
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace()
+        .nth(1)
+        .expect("kB")
+        .parse::<u64>()
+        .expect("number")
+        * 1024
+}
+
+// ---------------------------------------------------------------------------------------
+// Statistics and the table
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The `p`-quantile (0..=1) of `v` (sorted in place), nearest rank.
+fn quantile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    quantile(v, 0.5)
+}
+
+struct Line {
+    figure: String,
+    berth: String,
+    baseline: String,
+    ratio: String,
+    goal: String,
+    met: Option<bool>,
+}
+
+#[derive(Default)]
+struct Table(Vec<Line>);
+
+impl Table {
+    fn add(&mut self, figure: &str, berth: String, baseline: String, ratio: String, goal: &str, met: Option<bool>) {
+        let line = Line {
+            figure: figure.into(),
+            berth,
+            baseline,
+            ratio,
+            goal: goal.into(),
+            met,
+        };
+        println!(
+            "{}: berth {} | baseline {} | {} | goal {}",
+            line.figure, line.berth, line.baseline, line.ratio, line.goal
+        );
+        self.0.push(line);
+    }
+
+    fn print(&self) {
+        println!("| figure | Berth | baseline (same run) | ratio / difference | goal | met |");
+        println!("|---|---|---|---|---|---|");
+        for l in &self.0 {
+            let met = match l.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "—",
+            };
+            println!(
+                "| {} | {} | {} | {} | {} | {} |",
+                l.figure, l.berth, l.baseline, l.ratio, l.goal, met
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Per-turn overhead and live delta latency
+
+fn script() -> Reply {
+    let mut parts = Vec::new();
+    for _ in 0..CHUNKS {
+        parts.push(Part::Delay(CHUNK_GAP_MS));
+        parts.push(Part::Stamp);
+    }
+    parts.push(Part::Usage {
+        prompt: 10,
+        completion: 5,
+    });
+    Reply::Stream(parts)
+}
+
+/// The `<µs>` stamps in a text, each the instant (since [`epoch`]) the provider sent it.
+fn stamps(text: &str) -> Vec<u64> {
+    text.split('<')
+        .filter_map(|s| s.split_once('>').and_then(|(n, _)| n.parse().ok()))
+        .collect()
+}
+
+/// How long after its stamp each chunk reached us (ms).
+fn stamp_lags(text: &str, now: Instant) -> Vec<f64> {
+    let now_us = now.duration_since(epoch()).as_micros() as u64;
+    stamps(text)
+        .into_iter()
+        .map(|s| now_us.saturating_sub(s) as f64 / 1e3)
+        .collect()
+}
+
+/// The provider alone: one streamed completion read straight from it (wall time, and each
+/// chunk's delay from provider to reader).
+async fn raw_provider(http: &reqwest::Client, mock: &MockProvider) -> (Duration, Vec<f64>) {
+    mock.push(script());
+    let t0 = Instant::now();
+    let resp = http
+        .post(format!("{}/chat/completions", mock.base_url()))
+        .json(&json!({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .expect("provider");
+    let mut body = resp.bytes_stream();
+    let mut lags = Vec::new();
+    let mut seen = String::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.expect("chunk");
+        let now = Instant::now();
+        let text = String::from_utf8_lossy(&chunk);
+        lags.extend(stamp_lags(&text, now));
+        seen.push_str(&text);
+        if seen.contains("[DONE]") {
+            break;
+        }
+    }
+    (t0.elapsed(), lags)
+}
+
+#[derive(Default)]
+struct TurnTimes {
+    total: f64,
+    answered: f64,
+    started: f64,
+    first_delta: f64,
+    /// From the last delta to `turn.ended`.
+    settle: f64,
+    lags: Vec<f64>,
+}
+
+/// One turn through Berth: `session.send` on `sender`, observed by `watch` up to `turn.ended`.
+async fn berth_turn(
+    sender: &mut Client,
+    watch: &mut tokio::sync::mpsc::UnboundedReceiver<Value>,
+    mock: &MockProvider,
+    session_id: &str,
+) -> TurnTimes {
+    mock.push(script());
+    while watch.try_recv().is_ok() {}
+    let t0 = Instant::now();
+    let send = async {
+        let r = sender
+            .call("session.send", json!({"sessionId": session_id, "prompt": "hi"}))
+            .await;
+        r.expect("session.send");
+        ms(t0.elapsed())
+    };
+    let observe = async {
+        let mut t = TurnTimes::default();
+        let mut last_delta = 0.0;
+        loop {
+            let item = tokio::time::timeout(Duration::from_secs(30), watch.recv())
+                .await
+                .expect("turn within 30 s")
+                .expect("subscription open");
+            let now = Instant::now();
+            let at = ms(now - t0);
+            match item["type"].as_str() {
+                Some("turn.started") => t.started = at,
+                Some("model.delta") => {
+                    if t.first_delta == 0.0 {
+                        t.first_delta = at;
+                    }
+                    last_delta = at;
+                    t.lags.extend(stamp_lags(item["text"].as_str().unwrap_or(""), now));
+                }
+                Some("turn.ended") => {
+                    assert_eq!(item["state"], "completed", "turn failed: {item}");
+                    t.total = at;
+                    t.settle = at - last_delta;
+                    return t;
+                }
+                _ => {}
+            }
+        }
+    };
+    let (answered, mut t) = tokio::join!(send, observe);
+    t.answered = answered;
+    t
+}
+
+/// Figures of one kind of turn, each turn beside a raw provider stream run just before it.
+#[derive(Default)]
+struct Turns {
+    raw: Vec<f64>,
+    berth: Vec<f64>,
+    overhead: Vec<f64>,
+    raw_lags: Vec<f64>,
+    berth_lags: Vec<f64>,
+    answered: Vec<f64>,
+    started: Vec<f64>,
+    first: Vec<f64>,
+    settle: Vec<f64>,
+    creates: Vec<f64>,
+}
+
+impl Turns {
+    fn push(&mut self, raw: (Duration, Vec<f64>), t: TurnTimes) {
+        let raw_ms = ms(raw.0);
+        self.raw.push(raw_ms);
+        self.raw_lags.extend(raw.1);
+        self.berth.push(t.total);
+        self.overhead.push(t.total - raw_ms);
+        self.berth_lags.extend(t.lags);
+        self.answered.push(t.answered);
+        self.started.push(t.started);
+        self.first.push(t.first_delta);
+        self.settle.push(t.settle);
+    }
+}
+
+/// Turns in one long-lived session and turns in a new session each, interleaved (so that
+/// both see the same load), each beside a raw provider stream.
+async fn turn_overhead(
+    table: &mut Table,
+    setup: &str,
+    dev: &TestServer,
+    token: &str,
+    workspace_id: &str,
+    mock: &MockProvider,
+    turns: usize,
+) {
+    let http = reqwest::Client::builder().tcp_nodelay(true).build().expect("http");
+    let mut sender = Client::authed(&dev.ws_url(), token).await.expect("client");
+    let mut watcher = Client::authed(&dev.ws_url(), token).await.expect("client");
+    // Warm up both paths (connections, statement caches).
+    let sid = session(&mut sender, workspace_id).await;
+    let mut sub = watcher.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    for _ in 0..3 {
+        raw_provider(&http, mock).await;
+        berth_turn(&mut sender, &mut sub.items, mock, &sid).await;
+    }
+    let (mut one, mut fresh) = (Turns::default(), Turns::default());
+    for _ in 0..turns {
+        let raw = raw_provider(&http, mock).await;
+        one.push(raw, berth_turn(&mut sender, &mut sub.items, mock, &sid).await);
+
+        let raw = raw_provider(&http, mock).await;
+        let t0 = Instant::now();
+        let new_sid = session(&mut sender, workspace_id).await;
+        let mut new_sub = watcher.subscribe("session.watch", json!({"sessionId": new_sid, "after": 0}));
+        fresh.creates.push(ms(t0.elapsed()));
+        fresh.push(raw, berth_turn(&mut sender, &mut new_sub.items, mock, &new_sid).await);
+        let _ = watcher.call("subscription.close", json!({"id": new_sub.id})).await;
+    }
+    for (what, t) in [("one session", &mut one), ("a new session per turn", &mut fresh)] {
+        let (b, r, o) = (median(&mut t.berth), median(&mut t.raw), median(&mut t.overhead));
+        table.add(
+            &format!("{setup}: turn wall time, {what} (median of {turns}; `session.send` → `turn.ended` at a watcher)"),
+            format!("{b:.1} ms"),
+            format!("{r:.1} ms provider stream"),
+            // Best case: the fastest turn against the fastest raw stream (what the path
+            // costs when no process waits for a core).
+            format!(
+                "overhead {o:.1} ms (p90 {:.1}; best {:.1} ms)",
+                quantile(&mut t.overhead, 0.9),
+                quantile(&mut t.berth, 0.0) - quantile(&mut t.raw, 0.0)
+            ),
+            "overhead ≤ 10 ms",
+            Some(o <= 10.0),
+        );
+        println!(
+            "  timeline medians ({setup}, {what}): send answered {:.1} ms, turn.started {:.1} ms, first delta {:.1} ms, last delta → turn.ended {:.1} ms{}",
+            median(&mut t.answered),
+            median(&mut t.started),
+            median(&mut t.first),
+            median(&mut t.settle),
+            if t.creates.is_empty() {
+                String::new()
+            } else {
+                format!("; session.create + watch {:.1} ms", median(&mut t.creates))
+            }
+        );
+    }
+    let mut berth_lags = one.berth_lags;
+    berth_lags.extend(fresh.berth_lags);
+    let mut raw_lags = one.raw_lags;
+    raw_lags.extend(fresh.raw_lags);
+    let (bp50, bp99, bmax) = (
+        median(&mut berth_lags),
+        quantile(&mut berth_lags, 0.99),
+        quantile(&mut berth_lags, 1.0),
+    );
+    let (rp50, rp99) = (median(&mut raw_lags), quantile(&mut raw_lags, 0.99));
+    table.add(
+        &format!(
+            "{setup}: live delta, provider → watcher (p50 / p99 / max of {})",
+            berth_lags.len()
+        ),
+        format!("{bp50:.2} / {bp99:.2} / {bmax:.2} ms"),
+        format!("{rp50:.2} / {rp99:.2} ms provider → direct reader"),
+        format!("+{:.2} / +{:.2} ms", bp50 - rp50, bp99 - rp99),
+        "p99 ≤ raw + 2 ms",
+        Some(bp99 - rp99 <= 2.0),
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Event append path: worker → API tier → PostgreSQL
+
+/// Rows per appended step (an answer and a few tool calls).
+const STEP_ROWS: usize = 4;
+
+fn step_rows() -> Vec<Value> {
+    (0..STEP_ROWS)
+        .map(|i| {
+            if i == 0 {
+                json!({"kind": "assistant", "body": "Let me look at the failing test first. ".repeat(4)})
+            } else {
+                json!({"kind": "toolCall", "body": format!("{{\"path\": \"src/lib{i}.rs\"}}"),
+                       "tool": {"name": "read_file", "callId": format!("call_{i}"), "status": "requested"}})
+            }
+        })
+        .collect()
+}
+
+async fn append_path(table: &mut Table, setup: &str, dev: &TestServer, token: &str, database_url: &str) {
+    const N: usize = 300;
+    // This process plays a worker on its own host and workspace, so that it is handed the
+    // turn and appends its steps exactly as `berth worker` does.
+    let worker_token = dev.worker_token().await;
+    let mut ws = ws_connect(&format!("ws://{}/v1/worker", dev.addr), Some(&worker_token)).await;
+    let dir = scratch_dir("bench-ws");
+    let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "worker.hello", "params": {
+        "protocol": berth_protocol::PROTOCOL_VERSION, "host": format!("bench-host-{}", dev.addr),
+        "workspaces": [{"name": "bench", "path": dir.display().to_string()}]}});
+    ws.send(Message::Text(hello.to_string().into())).await.expect("hello");
+    let reply: Value = serde_json::from_str(&next_text(&mut ws).await).expect("json");
+    let workspace_id = reply["result"]["workspaces"][0]["workspaceId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("worker.hello: {reply}"))
+        .to_string();
+    let mut client = Client::authed(&dev.ws_url(), token).await.expect("client");
+    let sid = session(&mut client, &workspace_id).await;
+    client
+        .ok("session.send", json!({"sessionId": sid, "prompt": "go"}))
+        .await;
+    let turn_id = loop {
+        let msg: Value = serde_json::from_str(&next_text(&mut ws).await).expect("json");
+        if msg["method"] == "turn.run" {
+            break msg["params"]["turnId"].as_str().expect("turnId").to_string();
+        }
+    };
+    let rows = step_rows();
+    let mut berth = Vec::new();
+    for i in 0..N + 10 {
+        let step = json!({"jsonrpc": "2.0", "id": i + 1, "method": "turn.step",
+                          "params": {"turnId": turn_id, "rows": rows}});
+        let t0 = Instant::now();
+        ws.send(Message::Text(step.to_string().into())).await.expect("step");
+        let reply: Value = serde_json::from_str(&next_text(&mut ws).await).expect("json");
+        assert!(reply["result"]["sequence"].is_i64(), "turn.step: {reply}");
+        if i >= 10 {
+            berth.push(ms(t0.elapsed()));
+        }
+    }
+    let end = json!({"jsonrpc": "2.0", "id": 0, "method": "turn.end",
+                     "params": {"turnId": turn_id, "state": "completed"}});
+    ws.send(Message::Text(end.to_string().into())).await.expect("end");
+    let _ = next_text(&mut ws).await;
+
+    // Baseline: the same rows as one prepared multi-row INSERT into a copy of `rows`.
+    let db = db(database_url).await;
+    db.batch_execute("CREATE TABLE bench_rows (LIKE rows INCLUDING ALL)")
+        .await
+        .expect("bench table");
+    let values: Vec<String> = (0..STEP_ROWS)
+        .map(|r| {
+            let b = r * 9;
+            format!(
+                "(${}, ${}, ${}, ${}, ${}, ${}, ${}, NULL, ${}, ${})",
+                b + 1,
+                b + 2,
+                b + 3,
+                b + 4,
+                b + 5,
+                b + 6,
+                b + 7,
+                b + 8,
+                b + 9
+            )
+        })
+        .collect();
+    let insert = db
+        .prepare(&format!(
+            "INSERT INTO bench_rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden) VALUES {}",
+            values.join(", ")
+        ))
+        .await
+        .expect("prepare");
+    let bodies: Vec<(String, String, Option<Value>)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap_or("").to_string(),
+                r["body"].as_str().unwrap_or("").to_string(),
+                r.get("tool").cloned(),
+            )
+        })
+        .collect();
+    let (tenant, hidden) = ("tnt_bench".to_string(), false);
+    let item_indexes: Vec<i32> = (0..STEP_ROWS as i32).collect();
+    let mut raw = Vec::new();
+    for i in 0..N + 10 {
+        let seq = i as i64;
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+        for (r, (kind, body, tool)) in bodies.iter().enumerate() {
+            params.extend([
+                &sid as &(dyn tokio_postgres::types::ToSql + Sync),
+                &seq,
+                &item_indexes[r],
+                &tenant,
+                &turn_id,
+                kind,
+                body,
+                tool,
+                &hidden,
+            ]);
+        }
+        let t0 = Instant::now();
+        db.execute(&insert, &params).await.expect("insert");
+        if i >= 10 {
+            raw.push(ms(t0.elapsed()));
+        }
+    }
+    let (b, r) = (median(&mut berth), median(&mut raw));
+    table.add(
+        &format!(
+            "{setup}: append one step of {STEP_ROWS} rows (median of {N}; worker `turn.step` → stored → answered)"
+        ),
+        format!("{b:.2} ms"),
+        format!("{r:.2} ms prepared multi-row INSERT"),
+        format!("{:.2}× raw throughput", r / b),
+        "≥ 0.5×",
+        Some(r / b >= 0.5),
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Cross-replica fan-out
+
+async fn fan_out(
+    table: &mut Table,
+    dev: &TestServer,
+    replica: &TestServer,
+    token: &str,
+    workspace_id: &str,
+    database_url: &str,
+) {
+    const N: usize = 300;
+    const IDLE: usize = 100;
+    let mut creator = Client::authed(&dev.ws_url(), token).await.expect("client");
+    // Idle watchers on the receiving replica, each on a session of its own.
+    let mut idle = Vec::new();
+    for _ in 0..IDLE {
+        let sid = session(&mut creator, workspace_id).await;
+        let mut c = Client::authed(&replica.ws_url(), token).await.expect("client");
+        let sub = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+        idle.push((c, sub));
+    }
+    let sid = session(&mut creator, workspace_id).await;
+    let mut watcher = Client::authed(&replica.ws_url(), token).await.expect("client");
+    let mut sub = watcher.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    // The raw baseline: a LISTENer of this process on the channel appends notify.
+    let (listener, mut conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls)
+        .await
+        .expect("listen connection");
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send((Instant::now(), n.payload().to_string()));
+            }
+        }
+    });
+    listener
+        .batch_execute(&format!("LISTEN {}", berth_store::CHANNEL_EVENTS))
+        .await
+        .expect("listen");
+    // Commits come from Berth's own append code (the store), run in this process so that
+    // the commit instant and both observers share one clock.
+    let store = berth_store::Store::connect(database_url, 2).expect("store");
+    let db = db(database_url).await;
+    let tenant: String = db
+        .query_one("SELECT tenant_id FROM sessions WHERE id = $1", &[&sid])
+        .await
+        .expect("tenant")
+        .get(0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while sub.items.try_recv().is_ok() {}
+    let (mut raw, mut berth, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..N + 10 {
+        let t0 = Instant::now();
+        let snap = store
+            .rename_session(&tenant, &sid, &format!("t{i}"), Some("mock-model"), None)
+            .await
+            .expect("append");
+        let want = format!("{sid}:{}", snap.sequence);
+        let raw_at = loop {
+            let (at, payload) = heard.recv().await.expect("listen");
+            if payload == want {
+                break at;
+            }
+        };
+        let berth_at = loop {
+            let item = tokio::time::timeout(Duration::from_secs(10), sub.items.recv())
+                .await
+                .expect("delivered")
+                .expect("open");
+            if item["type"] == "session.titleChanged" {
+                break Instant::now();
+            }
+        };
+        if i >= 10 {
+            raw.push(ms(raw_at - t0));
+            berth.push(ms(berth_at - t0));
+            diff.push(ms(berth_at - t0) - ms(raw_at - t0));
+        }
+    }
+    let (b50, b99) = (median(&mut berth), quantile(&mut berth, 0.99));
+    let (r50, r99) = (median(&mut raw), quantile(&mut raw, 0.99));
+    table.add(
+        &format!("cross-replica fan-out, append → frame at a watcher on the other replica, {IDLE} idle watchers (p50 / p99 of {N})"),
+        format!("{b50:.2} / {b99:.2} ms"),
+        format!("{r50:.2} / {r99:.2} ms raw LISTEN"),
+        format!("+{:.2} / +{:.2} ms", b50 - r50, b99 - r99),
+        "≤ raw + 1 ms",
+        Some(b50 - r50 <= 1.0 && b99 - r99 <= 1.0),
+    );
+    println!(
+        "  per-append difference berth − raw: p50 {:.2} ms, p99 {:.2} ms",
+        median(&mut diff),
+        quantile(&mut diff, 0.99)
+    );
+    drop(idle);
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. A history page
+
+/// A row decoded the way the store decodes it (the baseline does the same work).
+struct RawRow {
+    _position: (i64, i32),
+    _turn: Option<String>,
+    _kind: String,
+    _body: String,
+    _thinking: Option<String>,
+    _tool: Option<Value>,
+    _hidden: bool,
+}
+
+async fn history_page(table: &mut Table, dev: &TestServer, token: &str, workspace_id: &str, database_url: &str) {
+    const EVENTS: i64 = 100_000;
+    const N: usize = 200;
+    let mut client = Client::authed(&dev.ws_url(), token).await.expect("client");
+    let sid = session(&mut client, workspace_id).await;
+    let db = db(database_url).await;
+    let row = db
+        .query_one("SELECT tenant_id, last_sequence FROM sessions WHERE id = $1", &[&sid])
+        .await
+        .expect("session");
+    let (tenant, first): (String, i64) = (row.get(0), row.get(1));
+    let last = first + EVENTS;
+    // Bulk setup straight in SQL: one event with one assistant row per sequence.
+    db.execute(
+        "INSERT INTO events (session_id, sequence, tenant_id, type, payload)
+         SELECT $1, g, $2, 'model.completed', '{\"usage\": null}' FROM generate_series($3::bigint, $4::bigint) g",
+        &[&sid, &tenant, &(first + 1), &last],
+    )
+    .await
+    .expect("events");
+    db.execute(
+        "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, kind, body)
+         SELECT $1, g, 0, $2, 'assistant', 'answer ' || g || ': ' || repeat('lorem ipsum ', 8)
+           FROM generate_series($3::bigint, $4::bigint) g",
+        &[&sid, &tenant, &(first + 1), &last],
+    )
+    .await
+    .expect("rows");
+    db.execute("UPDATE sessions SET last_sequence = $2 WHERE id = $1", &[&sid, &last])
+        .await
+        .expect("fence");
+    db.batch_execute("ANALYZE events; ANALYZE rows").await.expect("analyze");
+    let from = first + EVENTS / 2;
+    let mut berth = Vec::new();
+    for i in 0..N + 10 {
+        let t0 = Instant::now();
+        let page = client
+            .ok(
+                "session.history",
+                json!({"sessionId": sid, "after": {"sourceSequence": from, "itemIndex": 0}, "limit": 200}),
+            )
+            .await;
+        let took = ms(t0.elapsed());
+        assert_eq!(page["rows"].as_array().map(Vec::len), Some(200), "page: {page}");
+        if i >= 10 {
+            berth.push(took);
+        }
+    }
+    let select = db
+        .prepare(
+            "SELECT source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden FROM rows
+              WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden AND (source_sequence, item_index) > ($3, 0)
+              ORDER BY source_sequence, item_index LIMIT 200",
+        )
+        .await
+        .expect("prepare");
+    let mut raw = Vec::new();
+    for i in 0..N + 10 {
+        let t0 = Instant::now();
+        let rows = db.query(&select, &[&sid, &tenant, &from]).await.expect("select");
+        let decoded: Vec<RawRow> = rows
+            .iter()
+            .map(|r| RawRow {
+                _position: (r.get(0), r.get(1)),
+                _turn: r.get(2),
+                _kind: r.get(3),
+                _body: r.get(4),
+                _thinking: r.get(5),
+                _tool: r.get(6),
+                _hidden: r.get(7),
+            })
+            .collect();
+        let took = ms(t0.elapsed());
+        assert_eq!(decoded.len(), 200);
+        if i >= 10 {
+            raw.push(took);
+        }
+    }
+    let (b, r) = (median(&mut berth), median(&mut raw));
+    table.add(
+        &format!("`session.history` page of 200 rows in a {EVENTS}-event session (median of {N})"),
+        format!("{b:.2} ms"),
+        format!("{r:.2} ms indexed SELECT"),
+        format!("{:.2}×", b / r),
+        "≤ 2×",
+        Some(b / r <= 2.0),
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. WebSocket throughput and memory; 6. memory per idle session
+
+/// A plain tokio-tungstenite echo server (the bench binary re-run as a child process, so
+/// that its memory is its own): prints `echo ADDR`, then echoes text frames.
+async fn echo_server() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    println!("echo {}", listener.local_addr().expect("addr"));
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        tokio::spawn(async move {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
+                return;
+            };
+            while let Some(Ok(m)) = ws.next().await {
+                if m.is_text() && ws.send(m).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+async fn start_echo() -> (tokio::process::Child, String) {
+    let mut child = Command::new(std::env::current_exe().expect("exe"))
+        .env("BERTH_BENCH_ECHO", "1")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("echo server");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let line = lines.next_line().await.expect("read").expect("echo line");
+    let addr = line.strip_prefix("echo ").expect("echo ADDR").to_string();
+    (child, addr)
+}
+
+/// Requests per second over `conns` connections, each sending `ping` and awaiting the
+/// answer in a loop for `secs`.
+async fn ping_rate(url: &str, bearer: Option<&str>, conns: usize, secs: f64) -> f64 {
+    let mut sockets = Vec::new();
+    for _ in 0..conns {
+        sockets.push(ws_connect(url, bearer).await);
+    }
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let tasks: Vec<_> = sockets
+        .into_iter()
+        .map(|mut ws| {
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let ping = json!({"jsonrpc": "2.0", "id": n + 1, "method": "ping"});
+                    ws.send(Message::Text(ping.to_string().into())).await.expect("send");
+                    let reply = next_text(&mut ws).await;
+                    debug_assert!(reply.contains("\"id\""));
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.expect("ping task");
+    }
+    total as f64 / secs
+}
+
+/// Resident memory per idle connection (bytes): `n` connections opened and held.
+async fn memory_per_connection(pid: u32, url: &str, bearer: Option<&str>, n: usize) -> f64 {
+    let mut hold = Vec::new();
+    // Warm up (runtime, allocator arenas), then measure the growth for `n` more.
+    for _ in 0..50 {
+        hold.push(ws_connect(url, bearer).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss(pid);
+    for _ in 0..n {
+        hold.push(ws_connect(url, bearer).await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss(pid);
+    drop(hold);
+    after.saturating_sub(before) as f64 / n as f64
+}
+
+async fn websocket(table: &mut Table, replica: &TestServer, token: &str) {
+    const CONNS: usize = 100;
+    const SECS: f64 = 3.0;
+    const IDLE: usize = 1000;
+    let (mut echo, echo_addr) = start_echo().await;
+    let echo_url = format!("ws://{echo_addr}/");
+    let raw = ping_rate(&echo_url, None, CONNS, SECS).await;
+    let berth = ping_rate(&replica.ws_url(), Some(token), CONNS, SECS).await;
+    table.add(
+        &format!("WebSocket `ping` round trips/s, {CONNS} connections ({SECS} s)"),
+        format!("{berth:.0}/s"),
+        format!("{raw:.0}/s tokio-tungstenite echo"),
+        format!("{:.2}×", berth / raw),
+        "≥ 0.5×",
+        Some(berth / raw >= 0.5),
+    );
+    let echo_pid = echo.id().expect("echo pid");
+    let raw_mem = memory_per_connection(echo_pid, &echo_url, None, IDLE).await;
+    let berth_pid = replica.child.id().expect("replica pid");
+    let berth_mem = memory_per_connection(berth_pid, &replica.ws_url(), Some(token), IDLE).await;
+    table.add(
+        &format!("API-tier memory per idle connection (RSS growth over {IDLE})"),
+        format!("{:.1} KiB", berth_mem / 1024.0),
+        format!("{:.1} KiB tokio-tungstenite echo", raw_mem / 1024.0),
+        format!("{:.2}×", berth_mem / raw_mem),
+        "≤ 2×",
+        Some(berth_mem <= 2.0 * raw_mem),
+    );
+    echo.kill().await.ok();
+}
+
+async fn idle_sessions(table: &mut Table, replica: &TestServer, token: &str, workspace_id: &str) {
+    const N: usize = 2000;
+    let pid = replica.child.id().expect("replica pid");
+    let mut client = Client::authed(&replica.ws_url(), token).await.expect("client");
+    for _ in 0..200 {
+        session(&mut client, workspace_id).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss(pid);
+    for _ in 0..N {
+        session(&mut client, workspace_id).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = rss(pid);
+    let per = after.saturating_sub(before) as f64 / N as f64;
+    table.add(
+        &format!("API-tier memory per idle session (RSS growth over {N} created)"),
+        format!("{per:.0} B"),
+        "0 B (nothing kept)".into(),
+        format!("{per:.0} B"),
+        "zero (allocator noise only)",
+        Some(per < 64.0),
+    );
+}

@@ -1,0 +1,751 @@
+//! The agent at work (issue 9): the worker's loop runs tools in the workspace, publishes
+//! every status change as an event, sends earlier calls and results back to the model,
+//! confines paths, honours the step limit, and kills running tools on stop.
+
+use std::{path::Path, time::Duration};
+
+use berth_e2e::{Client, MockProvider, Part, Reply, Stack, client::Subscription};
+use serde_json::{Value, json};
+
+fn is_turn_end(e: &Value) -> bool {
+    e["type"] == "turn.ended"
+}
+
+async fn auto_session(stack: &Stack, c: &mut Client) -> String {
+    let s = c
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "autoApprove": true}),
+        )
+        .await;
+    s["sessionId"].as_str().unwrap().to_string()
+}
+
+/// Send `prompt` and collect the watched events until the turn ends.
+async fn turn(c: &mut Client, watch: &mut Subscription, sid: &str, prompt: &str) -> Vec<Value> {
+    c.ok("session.send", json!({"sessionId": sid, "prompt": prompt})).await;
+    watch.until(60, is_turn_end).await.expect("the turn ends")
+}
+
+/// Every history row, following `nextAfter`.
+async fn history(c: &mut Client, sid: &str) -> Vec<Value> {
+    let mut rows = Vec::new();
+    let mut after = Value::Null;
+    loop {
+        let page = c.ok("session.history", json!({"sessionId": sid, "after": after})).await;
+        rows.extend(page["rows"].as_array().unwrap().iter().cloned());
+        if page["nextAfter"].is_null() {
+            return rows;
+        }
+        after = page["nextAfter"].clone();
+    }
+}
+
+/// The rows a watcher knows from the events it saw: published rows, with tool-call
+/// statuses moved by `tool.status` and `tool.ended`.
+fn rows_from_events(events: &[Value]) -> Vec<Value> {
+    let mut rows: Vec<Value> = Vec::new();
+    for e in events.iter().filter(|e| e.get("sequence").is_some()) {
+        if let Some(published) = e["rows"].as_array() {
+            rows.extend(published.iter().cloned());
+        }
+        if e["type"] == "tool.status" || e["type"] == "tool.ended" {
+            let call = rows
+                .iter_mut()
+                .find(|r| r["position"] == e["position"])
+                .expect("the call row was published first");
+            assert_eq!(call["tool"]["callId"], e["callId"]);
+            call["tool"]["status"] = e["status"].clone();
+        }
+    }
+    rows
+}
+
+fn kinds(rows: &[Value]) -> Vec<String> {
+    rows.iter()
+        .map(|r| match r["tool"]["status"].as_str() {
+            Some(s) => format!(
+                "{}:{}:{s}",
+                r["kind"].as_str().unwrap(),
+                r["tool"]["name"].as_str().unwrap()
+            ),
+            None => r["kind"].as_str().unwrap().to_string(),
+        })
+        .collect()
+}
+
+/// The messages of provider request `i`.
+fn messages(mock: &MockProvider, i: usize) -> Vec<Value> {
+    mock.requests()[i]["messages"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_turn_writes_a_file_runs_a_command_that_reads_it_and_answers() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+
+    let write = json!({"path": "notes/hello.txt", "content": "hello from the agent\n"});
+    mock.push(Reply::tools(&[("call_w", "write_file", write.clone())], 7));
+    let shell = json!({"command": "cat notes/hello.txt"});
+    mock.push(Reply::tools(&[("call_s", "shell", shell.clone())], 5));
+    mock.push(Reply::text(&["The file ", "says hello."]));
+    let events = turn(&mut c, &mut watch, &sid, "Write a note and show it").await;
+    let end = events.last().unwrap();
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(
+        std::fs::read_to_string(stack.workspace_dir.join("notes/hello.txt")).unwrap(),
+        "hello from the agent\n"
+    );
+
+    // Every status change is an event, in order.
+    let types: Vec<&str> = events
+        .iter()
+        .filter(|e| e.get("sequence").is_some())
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "session.created",
+            "turn.started",
+            "model.completed",
+            "tool.status",
+            "tool.ended",
+            "model.completed",
+            "tool.status",
+            "tool.ended",
+            "model.completed",
+            "turn.ended"
+        ]
+    );
+
+    // The provider's second and third requests carry the earlier calls and results.
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), 3);
+    let names: Vec<&str> = reqs[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "shell",
+            "read_file",
+            "write_file",
+            "edit_file",
+            "list_directory",
+            "search_files",
+            "delegate"
+        ]
+    );
+    let m1 = messages(&mock, 1);
+    assert_eq!(m1[0]["role"], "system");
+    assert_eq!(m1[1], json!({"role": "user", "content": "Write a note and show it"}));
+    assert_eq!(
+        m1[2],
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_w", "type": "function", "function": {"name": "write_file", "arguments": write.to_string()}}
+        ]})
+    );
+    assert_eq!(
+        m1[3],
+        json!({"role": "tool", "tool_call_id": "call_w", "content": "wrote 21 bytes to notes/hello.txt"})
+    );
+    assert_eq!(m1.len(), 4);
+    let m2 = messages(&mock, 2);
+    assert_eq!(m2[..4], m1[..]);
+    assert_eq!(m2[4]["tool_calls"][0]["function"]["arguments"], shell.to_string());
+    assert_eq!(
+        m2[5],
+        json!({"role": "tool", "tool_call_id": "call_s", "content": "hello from the agent\n[exit code 0]"})
+    );
+
+    // History holds every row in order with its final status; a fresh client reading it
+    // sees what the live watcher saw.
+    let mut fresh = stack.client(0).await;
+    let rows = history(&mut fresh, &sid).await;
+    assert_eq!(
+        kinds(&rows),
+        [
+            "user",
+            "toolCall:write_file:completed",
+            "toolResult:write_file:completed",
+            "toolCall:shell:completed",
+            "toolResult:shell:completed",
+            "assistant"
+        ]
+    );
+    assert_eq!(rows[4]["body"], "hello from the agent\n[exit code 0]");
+    assert_eq!(rows[5]["body"], "The file says hello.");
+    assert_eq!(rows_from_events(&events), rows);
+
+    // A later turn sends the whole conversation, tool calls and results included, in the
+    // provider's shape (history → request).
+    mock.push(Reply::text(&["Again."]));
+    let events = turn(&mut c, &mut watch, &sid, "And now?").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let m3 = messages(&mock, 3);
+    assert_eq!(m3[..6], m2[..]);
+    assert_eq!(m3[6], json!({"role": "assistant", "content": "The file says hello."}));
+    assert_eq!(m3[7], json!({"role": "user", "content": "And now?"}));
+    assert_eq!(m3.len(), 8);
+}
+
+#[tokio::test]
+async fn two_calls_in_one_step_with_arguments_in_many_chunks_run_in_order() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+
+    // The second call reads what the first wrote: order matters.
+    let first = json!({"path": "order.txt", "content": "written by the first call"});
+    let second = json!({"command": "cat order.txt && echo ' then the second'"});
+    mock.push(Reply::tools(&[("c1", "write_file", first), ("c2", "shell", second)], 2));
+    mock.push(Reply::text(&["Both ran."]));
+    let events = turn(&mut c, &mut watch, &sid, "Two things").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+
+    let m = messages(&mock, 1);
+    let calls: Vec<&str> = m[2]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(calls, ["c1", "c2"]);
+    assert_eq!(m[3]["tool_call_id"], "c1");
+    assert_eq!(m[3]["content"], "wrote 25 bytes to order.txt");
+    assert_eq!(m[4]["tool_call_id"], "c2");
+    assert_eq!(
+        m[4]["content"],
+        "written by the first call then the second\n[exit code 0]"
+    );
+
+    let ended: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "tool.ended")
+        .map(|e| e["callId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ended, ["c1", "c2"]);
+}
+
+/// Processes whose process group is `pgid` (zombies excepted).
+fn group_members(pgid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp …; comm may contain spaces, so split after the ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() != Some(&"Z") && fields.get(2).and_then(|g| g.parse().ok()) == Some(pgid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Run `command` as a shell call, stop the turn once `pidfile` holds `pids` lines, and
+/// check that nothing of the command's process group is left 2 s later.
+async fn stop_during(command: &str, pidfile: &str, pids: usize) {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": command}))], 8));
+    let sent = c
+        .ok("session.send", json!({"sessionId": sid, "prompt": "run it"}))
+        .await;
+    let path = stack.workspace_dir.join(pidfile);
+    let read = |p: &Path| -> Vec<i32> {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let recorded = berth_e2e::harness::eventually(30, || {
+        let got = read(&path);
+        async move { (got.len() >= pids).then_some(got) }
+    })
+    .await
+    .expect("the command started");
+    let pgid = recorded[0];
+    assert!(!group_members(pgid).is_empty());
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": sent["turnId"]}))
+        .await;
+    let events = watch.until(30, is_turn_end).await.expect("turn ends");
+    assert_eq!(events.last().unwrap()["state"], "cancelled");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(group_members(pgid), Vec::<i32>::new(), "the tool's processes remain");
+    for pid in recorded {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists() || group_members(pgid).is_empty());
+    }
+    // Nothing was written after the stop.
+    let rows = history(&mut c, &sid).await;
+    assert!(rows.iter().all(|r| r["kind"] != "toolResult"), "{rows:?}");
+}
+
+#[tokio::test]
+async fn stop_during_sleep_kills_the_command() {
+    stop_during("echo $$ > pid; sleep 600", "pid", 1).await;
+}
+
+#[tokio::test]
+async fn stop_kills_a_shell_that_ignores_sigterm_and_its_child() {
+    let script =
+        "echo $$ > pids; trap '' TERM; (trap '' TERM; sleep 600; echo never) & echo $! >> pids; wait; sleep 600";
+    stop_during(script, "pids", 2).await;
+}
+
+#[tokio::test]
+async fn paths_outside_the_workspace_are_tool_errors_and_nothing_outside_is_touched() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+
+    let ws = &stack.workspace_dir;
+    let outside = berth_e2e::harness::scratch_dir("outside");
+    std::fs::write(outside.join("secret"), "SECRET").unwrap();
+    std::os::unix::fs::symlink(outside.join("secret"), ws.join("link")).unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("outdir")).unwrap();
+    let parent_x = ws.parent().unwrap().join("x");
+    let existed = parent_x.exists();
+
+    let calls = [
+        ("r1", "read_file", json!({"path": "../x"})),
+        ("r2", "read_file", json!({"path": "/etc/passwd"})),
+        ("r3", "read_file", json!({"path": "link"})),
+        ("r4", "read_file", json!({"path": "outdir/secret"})),
+        ("w1", "write_file", json!({"path": "../x", "content": "escaped"})),
+        ("w2", "write_file", json!({"path": "link", "content": "overwritten"})),
+        ("w3", "write_file", json!({"path": "outdir/new", "content": "escaped"})),
+        (
+            "e1",
+            "edit_file",
+            json!({"path": "link", "old_string": "SECRET", "new_string": "x"}),
+        ),
+        ("l1", "list_directory", json!({"path": "outdir"})),
+        ("s1", "search_files", json!({"pattern": "SECRET", "path": "outdir"})),
+    ];
+    mock.push(Reply::tools(&calls, 16));
+    mock.push(Reply::text(&["Refused, as expected."]));
+    let events = turn(&mut c, &mut watch, &sid, "Try to escape").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let results: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "tool.ended")
+        .map(|e| &e["rows"][0])
+        .collect();
+    assert_eq!(results.len(), calls.len());
+    for (r, (id, ..)) in results.iter().zip(&calls) {
+        assert_eq!(r["tool"]["callId"], *id);
+        assert_eq!(r["tool"]["status"], "failed", "{id}: {r}");
+        let body = r["body"].as_str().unwrap();
+        assert!(body.contains("outside the workspace"), "{id}: {body}");
+        assert!(!body.contains("SECRET") && !body.contains("root:"), "{id}: {body}");
+    }
+    assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "SECRET");
+    assert!(!outside.join("new").exists());
+    assert_eq!(parent_x.exists(), existed);
+
+    // A symlink swapped in and out while the model reads: never the outside's content.
+    std::fs::write(ws.join("plain"), "inside").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (stop, ws, secret) = (stop.clone(), ws.clone(), outside.join("secret"));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::fs::copy(ws.join("plain"), ws.join("tmp-file")).ok();
+                std::fs::rename(ws.join("tmp-file"), ws.join("target")).ok();
+                std::os::unix::fs::symlink(&secret, ws.join("tmp-link")).ok();
+                std::fs::rename(ws.join("tmp-link"), ws.join("target")).ok();
+            }
+        })
+    };
+    let reads: Vec<(String, &str, Value)> = (0..40)
+        .map(|i| (format!("t{i}"), "read_file", json!({"path": "target"})))
+        .collect();
+    let reads: Vec<(&str, &str, Value)> = reads.iter().map(|(i, n, a)| (i.as_str(), *n, a.clone())).collect();
+    mock.push(Reply::tools(&reads, 64));
+    mock.push(Reply::text(&["Read."]));
+    let events = turn(&mut c, &mut watch, &sid, "Read while it changes").await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    swapper.join().unwrap();
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let bodies: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "tool.ended")
+        .map(|e| e["rows"][0]["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(bodies.len(), 40);
+    for b in bodies {
+        assert!(
+            b == "inside" || b.contains("outside the workspace") || b.contains("no such file"),
+            "{b}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_step_limit_fails_the_turn() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    stack.kill_worker().await;
+    stack.start_worker_with_args(0, &["--max-steps", "2"]).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    for i in 0..3 {
+        mock.push(Reply::tools(&[(&format!("c{i}"), "list_directory", json!({}))], 4));
+    }
+    let events = turn(&mut c, &mut watch, &sid, "Loop forever").await;
+    let end = events.last().unwrap();
+    assert_eq!(end["state"], "failed");
+    assert_eq!(end["cause"]["code"], "step-limit");
+    assert_eq!(mock.requests().len(), 2);
+    // Both steps' calls ran to the end before the limit stopped the loop.
+    let rows = history(&mut c, &sid).await;
+    assert_eq!(
+        kinds(&rows),
+        [
+            "user",
+            "toolCall:list_directory:completed",
+            "toolResult:list_directory:completed",
+            "toolCall:list_directory:completed",
+            "toolResult:list_directory:completed"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session_continues() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(
+        &[("c1", "shell", json!({"command": "echo $$ > pid; sleep 600"}))],
+        8,
+    ));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "long job"}))
+        .await;
+    watch
+        .until(30, |e| e["type"] == "tool.status" && e["status"] == "running")
+        .await
+        .expect("the command runs");
+    let pidfile = stack.workspace_dir.join("pid");
+    let pgid: i32 = berth_e2e::harness::eventually(30, || {
+        let p = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        async move { p }
+    })
+    .await
+    .expect("pid recorded");
+    // A graceful worker restart: its running command goes with it.
+    let mut worker = stack.worker.take().unwrap();
+    berth_e2e::harness::terminate(&mut worker.child).await;
+    let end = watch.until(60, is_turn_end).await.expect("turn ends");
+    assert_eq!(end.last().unwrap()["state"], "interrupted");
+    assert_eq!(group_members(pgid), Vec::<i32>::new());
+    stack.start_worker(0).await;
+
+    // The call never ended: history keeps it `running`, and the next request answers it
+    // for the provider, so the session goes on where it left off.
+    mock.push(Reply::text(&["Back."]));
+    let events = turn(&mut c, &mut watch, &sid, "Where were we?").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let m = messages(&mock, 1);
+    assert_eq!(m[1]["content"], "long job");
+    assert_eq!(m[2]["tool_calls"][0]["id"], "c1");
+    assert_eq!(m[3]["tool_call_id"], "c1");
+    assert!(m[3]["content"].as_str().unwrap().contains("no result"));
+    assert_eq!(m[4], json!({"role": "user", "content": "Where were we?"}));
+    let rows = history(&mut c, &sid).await;
+    assert_eq!(rows[1]["tool"]["status"], "running");
+}
+
+#[tokio::test]
+async fn a_session_without_tools_sends_no_tools() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let s = c
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "noTools": true}),
+        )
+        .await;
+    let sid = s["sessionId"].as_str().unwrap().to_string();
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::Stream(vec![Part::Text("Plain answer.".into())]));
+    let events = turn(&mut c, &mut watch, &sid, "hi").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let req = &mock.requests()[0];
+    assert!(req.get("tools").is_none(), "{req}");
+}
+
+#[tokio::test]
+async fn a_large_output_is_cut_for_the_model_and_whole_in_history() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let command = "head -c 200000 /dev/zero | tr '\\0' a; echo; echo END";
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": command}))], 16));
+    mock.push(Reply::text(&["Long."]));
+    let events = turn(&mut c, &mut watch, &sid, "Print a lot").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let expected = format!("{}\nEND\n[exit code 0]", "a".repeat(200_000));
+
+    // The model saw a marked cut, with the head and the tail.
+    let shown = messages(&mock, 1)[3]["content"].as_str().unwrap().to_string();
+    assert!(shown.len() < 40_000, "{}", shown.len());
+    assert!(shown.contains("bytes cut here"));
+    assert!(shown.starts_with("aaaa") && shown.ends_with("END\n[exit code 0]"));
+
+    // History keeps all of it: a small page cuts and marks the field, source reads it whole.
+    let result = events.iter().find(|e| e["type"] == "tool.ended").unwrap()["rows"][0].clone();
+    let page = c
+        .ok(
+            "session.history",
+            json!({"sessionId": sid, "target": {"kind": "row", "position": result["position"], "field": "body"}, "maxBytes": 4096}),
+        )
+        .await;
+    assert_eq!(page["rows"][0]["truncated"]["body"]["bytes"], expected.len());
+    let mut whole = String::new();
+    let mut offset = 0u64;
+    loop {
+        let r = c
+            .ok(
+                "session.source",
+                json!({"sessionId": sid, "position": result["position"], "field": "body", "offset": offset, "limit": 65536}),
+            )
+            .await;
+        whole.push_str(r["data"].as_str().unwrap());
+        match r["nextOffset"].as_u64() {
+            Some(n) => offset = n,
+            None => break,
+        }
+    }
+    assert_eq!(whole, expected);
+}
+
+/// The tool names offered in provider request `i`.
+fn offered(mock: &MockProvider, i: usize) -> Vec<String> {
+    mock.requests()[i]["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The sessions `sid` started (`session.list {parent}`).
+async fn children(c: &mut Client, sid: &str) -> Vec<String> {
+    let list = c.ok("session.list", json!({"parent": sid})).await;
+    list["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["sessionId"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sub_agent_runs_and_its_answer_returns_to_the_parent_within_the_depth_bound() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+
+    // Parent, child (three steps, the second one past the depth bound), parent again.
+    mock.push(Reply::tools(
+        &[("d1", "delegate", json!({"prompt": "Write child.txt and report"}))],
+        9,
+    ));
+    mock.push(Reply::tools(
+        &[(
+            "w1",
+            "write_file",
+            json!({"path": "child.txt", "content": "from the child"}),
+        )],
+        9,
+    ));
+    mock.push(Reply::tools(&[("d2", "delegate", json!({"prompt": "deeper"}))], 9));
+    mock.push(Reply::text(&["child done: wrote child.txt"]));
+    mock.push(Reply::text(&["The sub-agent wrote it."]));
+    let events = turn(&mut c, &mut watch, &sid, "Get it done by a sub-agent").await;
+    assert_eq!(events.last().unwrap()["state"], "completed", "{:?}", events.last());
+
+    // The parent's call returned the child's final answer.
+    let ended = events.iter().find(|e| e["type"] == "tool.ended").unwrap();
+    assert_eq!(ended["status"], "completed");
+    assert_eq!(ended["rows"][0]["body"], "child done: wrote child.txt");
+    let m = messages(&mock, 4);
+    assert_eq!(m[3]["tool_call_id"], "d1");
+    assert_eq!(m[3]["content"], "child done: wrote child.txt");
+    assert!(offered(&mock, 0).contains(&"delegate".to_string()));
+    assert!(
+        !offered(&mock, 1).contains(&"delegate".to_string()),
+        "the child has no depth left"
+    );
+    assert_eq!(
+        std::fs::read_to_string(stack.workspace_dir.join("child.txt")).unwrap(),
+        "from the child"
+    );
+
+    // The child is an ordinary session naming its parent; its own delegate call failed.
+    let kids = children(&mut c, &sid).await;
+    assert_eq!(kids.len(), 1);
+    let rows = history(&mut c, &kids[0]).await;
+    assert_eq!(
+        kinds(&rows),
+        [
+            "user",
+            "toolCall:write_file:completed",
+            "toolResult:write_file:completed",
+            "toolCall:delegate:failed",
+            "toolResult:delegate:failed",
+            "assistant"
+        ]
+    );
+    assert_eq!(rows[0]["body"], "Write child.txt and report");
+    assert!(rows[4]["body"].as_str().unwrap().contains("delegation depth"));
+    assert!(children(&mut c, &kids[0]).await.is_empty());
+}
+
+#[tokio::test]
+async fn stopping_the_parent_stops_the_sub_agent() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(
+        &[("d1", "delegate", json!({"prompt": "wait a long time"}))],
+        9,
+    ));
+    mock.push(Reply::tools(
+        &[("s1", "shell", json!({"command": "echo $$ > child.pid; sleep 600"}))],
+        9,
+    ));
+    let sent = c
+        .ok("session.send", json!({"sessionId": sid, "prompt": "delegate"}))
+        .await;
+    let pidfile = stack.workspace_dir.join("child.pid");
+    let pgid: i32 = berth_e2e::harness::eventually(30, || {
+        let p = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        async move { p }
+    })
+    .await
+    .expect("the child runs its command");
+    let kid = children(&mut c, &sid).await.remove(0);
+    let mut child_watch = c.subscribe("session.watch", json!({"sessionId": kid, "after": 0}));
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": sent["turnId"]}))
+        .await;
+    let parent_end = watch.until(30, is_turn_end).await.expect("parent ends");
+    assert_eq!(parent_end.last().unwrap()["state"], "cancelled");
+    let child_end = child_watch.until(30, is_turn_end).await.expect("child ends");
+    assert_eq!(child_end.last().unwrap()["state"], "cancelled");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(group_members(pgid), Vec::<i32>::new(), "the child's command remains");
+}
+
+#[tokio::test]
+async fn a_shell_command_sees_none_of_berths_secrets() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    stack.kill_worker().await;
+    let token = stack.worker_token.clone();
+    stack
+        .start_worker_with_env(
+            0,
+            &[],
+            &[
+                ("BERTH_WORKER_TOKEN", &token),
+                ("DATABASE_URL", "postgres://berth:hunter2@db/berth"),
+                ("PGPASSWORD", "hunter2"),
+                ("HARMLESS_SETTING", "kept"),
+            ],
+        )
+        .await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": "env"}))], 8));
+    mock.push(Reply::text(&["ok"]));
+    let events = turn(&mut c, &mut watch, &sid, "show the environment").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let out = events.iter().find(|e| e["type"] == "tool.ended").unwrap()["rows"][0]["body"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(out.contains("HARMLESS_SETTING=kept"), "{out}");
+    for secret in [token.as_str(), "hunter2", "BERTH_", "DATABASE_URL"] {
+        assert!(!out.contains(secret), "{secret} reached the command");
+    }
+}
+
+#[tokio::test]
+async fn a_row_larger_than_a_history_page_reaches_a_later_turn_whole() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    // Past the shell's 1 MiB output cap, so the stored result is just over a history page.
+    let command = "head -c 1100000 /dev/zero | tr '\\0' b; echo";
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": command}))], 16));
+    mock.push(Reply::text(&["Big."]));
+    let events = turn(&mut c, &mut watch, &sid, "Print more than a page").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let stored = events.iter().find(|e| e["type"] == "tool.ended").unwrap()["rows"][0]["body"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(stored.len() > 1 << 20, "{}", stored.len());
+    assert!(
+        stored.ends_with("not kept]\n[exit code 0]"),
+        "{}",
+        &stored[stored.len() - 80..]
+    );
+
+    // The next turn reads history in pages: the cut row is read on to its end, so the
+    // model sees the real tail (and the same view as in the turn that ran the command).
+    mock.push(Reply::text(&["Again."]));
+    let events = turn(&mut c, &mut watch, &sid, "And?").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let in_turn = messages(&mock, 1)[3].clone();
+    let later = messages(&mock, 2)[3].clone();
+    assert_eq!(later["tool_call_id"], "c1");
+    assert!(
+        later == in_turn,
+        "a later turn sees the result as the turn that ran it did"
+    );
+    assert!(later["content"].as_str().unwrap().ends_with("[exit code 0]"));
+}
