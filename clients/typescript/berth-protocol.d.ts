@@ -171,6 +171,10 @@ export type Event = {
   "type": "turn.started";
 } | ModelCompleted & {
   "type": "model.completed";
+} | ToolCallStatus & {
+  "type": "tool.status";
+} | ToolCallStatus & {
+  "type": "tool.ended";
 } | TurnEnded & {
   "type": "turn.ended";
 } | QueueState & {
@@ -198,6 +202,10 @@ export type EventPayload = (SessionCreated & {
   "type": "turn.started";
 } | ModelCompleted & {
   "type": "model.completed";
+} | ToolCallStatus & {
+  "type": "tool.status";
+} | ToolCallStatus & {
+  "type": "tool.ended";
 } | TurnEnded & {
   "type": "turn.ended";
 } | QueueState & {
@@ -529,6 +537,10 @@ export type SessionCreateParams = {
 };
 
 export type SessionCreated = {
+  /**
+   * The session whose delegate call started this one (a sub-agent).
+   */
+  "parent"?: string | null;
   "workspaceId": string;
 };
 
@@ -837,6 +849,15 @@ export type TitleChanged = {
 };
 
 /**
+ * A tool call's status change: the call row's position and id, and the new status.
+ */
+export type ToolCallStatus = {
+  "callId": string;
+  "position": Position;
+  "status": ToolStatus;
+};
+
+/**
  * A tool row's tool.
  */
 export type ToolInfo = {
@@ -844,6 +865,12 @@ export type ToolInfo = {
   "name": string;
   "status": string;
 };
+
+/**
+ * A tool call's status: `requested → running → completed | failed | denied`
+ * (`requested → denied` when an approval is refused).
+ */
+export type ToolStatus = "requested" | "running" | "completed" | "failed" | "denied";
 
 /**
  * A field cut to fit the page: `returned` bytes of `bytes` are in the row.

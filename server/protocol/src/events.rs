@@ -98,6 +98,7 @@ pub struct SessionCreated {
 
 /// A tool call's status change: the call row's position and id, and the new status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ToolCallStatus {
     pub position: Position,
