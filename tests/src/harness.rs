@@ -190,6 +190,10 @@ impl TestServer {
             .env("BERTH_MODEL_BASE_URL", model_base_url)
             .env("BERTH_MODEL", "mock-model")
             .env("BERTH_MODEL_API_KEY", "sk-test-provider-key")
+            // A scripted failure fails at once; the provider tests set their own retries.
+            .env("BERTH_MODEL_MAX_RETRIES", "0")
+            // Titles would take scripted replies meant for turns; the title tests turn them on.
+            .env("BERTH_AUTO_TITLES", "false")
             .env("RUST_LOG", "debug")
             // Tests drive many requests from one credential; the limits test sets its own.
             .env("BERTH_RATE_PER_SEC", "100000")

@@ -41,6 +41,19 @@ pub enum Reply {
     /// Stream the given parts exactly in order (no finish chunk, no `[DONE]`),
     /// then hang until the client disconnects or the provider is dropped.
     StreamThenHang(Vec<Part>),
+    /// Answer with this HTTP status, a JSON error body and `Retry-After: secs`.
+    StatusRetryAfter { status: u16, secs: u64 },
+}
+
+/// The wire format a request came in on (by its path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `POST …/chat/completions`: OpenAI Chat Completions chunks, `data: [DONE]`.
+    Chat,
+    /// `POST …/responses`: OpenAI Responses API typed events, ending `response.completed`.
+    Responses,
+    /// `POST …/messages`: Anthropic Messages content-block events, ending `message_stop`.
+    Anthropic,
 }
 
 /// One piece of a streamed reply.
@@ -125,6 +138,8 @@ struct Shared {
     replies: Mutex<VecDeque<Reply>>,
     requests: Mutex<Vec<Value>>,
     authorizations: Mutex<Vec<Option<String>>>,
+    /// Every request's credential header (`Authorization` or `x-api-key`) and format.
+    credentials: Mutex<Vec<(Format, Option<String>)>>,
     counter: AtomicU64,
 }
 
@@ -163,6 +178,10 @@ impl MockProvider {
         let app = Router::new()
             .route("/v1/chat/completions", post(handle))
             .route("/chat/completions", post(handle))
+            .route("/v1/responses", post(handle_responses))
+            .route("/responses", post(handle_responses))
+            .route("/v1/messages", post(handle_messages))
+            .route("/messages", post(handle_messages))
             // Conversations past 2 MB are legitimate; a real provider takes them too.
             .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(state);
@@ -206,6 +225,11 @@ impl MockProvider {
     pub fn authorizations(&self) -> Vec<Option<String>> {
         lock(&self.shared.authorizations).clone()
     }
+
+    /// Each request's format and credential (`Authorization`, else `x-api-key`), in order.
+    pub fn credentials(&self) -> Vec<(Format, Option<String>)> {
+        lock(&self.shared.credentials).clone()
+    }
 }
 
 impl Drop for MockProvider {
@@ -230,6 +254,18 @@ fn error_response(status: StatusCode, message: &str) -> Response {
 }
 
 async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    serve_format(state, headers, body, Format::Chat).await
+}
+
+async fn handle_responses(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    serve_format(state, headers, body, Format::Responses).await
+}
+
+async fn handle_messages(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    serve_format(state, headers, body, Format::Anthropic).await
+}
+
+async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, format: Format) -> Response {
     let shared = &state.shared;
     let value: Value =
         serde_json::from_slice(&body).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
@@ -245,6 +281,12 @@ async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
     let reply = {
         let mut replies = lock(&shared.replies);
         lock(&shared.requests).push(value);
+        let credential = auth.clone().or_else(|| {
+            headers
+                .get("x-api-key")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        });
+        lock(&shared.credentials).push((format, credential));
         lock(&shared.authorizations).push(auth);
         replies.pop_front()
     };
@@ -258,6 +300,12 @@ async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             return error_response(status, &format!("mock provider: scripted status {code}"));
         }
+        Some(Reply::StatusRetryAfter { status, secs }) => {
+            let code = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+            let mut r = error_response(code, &format!("mock provider: scripted status {status}"));
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            return r;
+        }
         Some(Reply::Stream(parts)) => (parts, false),
         Some(Reply::StreamThenHang(parts)) => (parts, true),
     };
@@ -270,7 +318,11 @@ async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
             .unwrap_or(0),
         model,
     };
-    let steps = plan(&ctx, parts, hang);
+    let steps = match format {
+        Format::Chat => plan(&ctx, parts, hang),
+        Format::Responses => plan_responses(&ctx, parts, hang),
+        Format::Anthropic => plan_anthropic(&ctx, parts, hang),
+    };
     let stream = futures_util::stream::unfold((steps, state.closed.clone()), |(mut steps, mut closed)| async move {
         loop {
             match steps.pop_front()? {
@@ -409,6 +461,178 @@ fn plan(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step> {
         steps.push_back(sse(&ctx.usage(prompt, completion)));
     }
     steps.push_back(Step::Send(Bytes::from_static(b"data: [DONE]\n\n")));
+    steps
+}
+
+/// One named SSE event (`event: NAME` + `data: JSON`), as Responses and Anthropic send them.
+fn named(v: Value) -> Step {
+    let name = v["type"].as_str().unwrap_or("message").to_owned();
+    Step::Send(Bytes::from(format!("event: {name}\ndata: {v}\n\n")))
+}
+
+/// The scripted parts as OpenAI Responses API stream events.
+fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step> {
+    let mut steps = VecDeque::new();
+    let response = |status: &str| json!({"id": format!("resp_{}", ctx.id), "object": "response", "status": status, "model": ctx.model});
+    steps.push_back(named(
+        json!({"type": "response.created", "response": response("in_progress")}),
+    ));
+    let mut usage = None;
+    // The output item being written: (output_index, kind).
+    let mut open: Option<(u64, &str)> = None;
+    let mut next_index = 0u64;
+    let mut start = |kind: &'static str, item: Value, open: &mut Option<(u64, &str)>, steps: &mut VecDeque<Step>| {
+        let index = next_index;
+        next_index += 1;
+        *open = Some((index, kind));
+        steps.push_back(named(
+            json!({"type": "response.output_item.added", "output_index": index, "item": item}),
+        ));
+        index
+    };
+    for part in parts {
+        match part {
+            Part::Text(t) => {
+                let index = match open {
+                    Some((i, "message")) => i,
+                    _ => start(
+                        "message",
+                        json!({"type": "message", "id": "msg_1", "role": "assistant", "content": []}),
+                        &mut open,
+                        &mut steps,
+                    ),
+                };
+                steps.push_back(named(json!({"type": "response.output_text.delta", "item_id": "msg_1",
+                    "output_index": index, "content_index": 0, "delta": t})));
+            }
+            Part::Reasoning(t) => {
+                let index = match open {
+                    Some((i, "reasoning")) => i,
+                    _ => start(
+                        "reasoning",
+                        json!({"type": "reasoning", "id": "rs_1", "summary": []}),
+                        &mut open,
+                        &mut steps,
+                    ),
+                };
+                steps.push_back(named(
+                    json!({"type": "response.reasoning_summary_text.delta", "item_id": "rs_1",
+                    "output_index": index, "summary_index": 0, "delta": t}),
+                ));
+            }
+            Part::ToolCall {
+                id,
+                name,
+                argument_pieces,
+                ..
+            } => {
+                let item = json!({"type": "function_call", "id": format!("fc_{id}"), "call_id": id, "name": name, "arguments": ""});
+                let index = start("function_call", item, &mut open, &mut steps);
+                for piece in argument_pieces {
+                    steps.push_back(named(json!({"type": "response.function_call_arguments.delta",
+                        "item_id": format!("fc_{id}"), "output_index": index, "delta": piece})));
+                }
+            }
+            Part::Usage { prompt, completion } => usage = Some((prompt, completion)),
+            Part::Delay(ms) => steps.push_back(Step::Sleep(ms)),
+            // The latency bench's stamps are chat-completions only.
+            Part::Stamp => {}
+        }
+    }
+    if hang {
+        steps.push_back(Step::Hang);
+        return steps;
+    }
+    let mut done = response("completed");
+    if let Some((input, output)) = usage {
+        done["usage"] = json!({"input_tokens": input, "output_tokens": output, "total_tokens": input + output});
+    }
+    steps.push_back(named(json!({"type": "response.completed", "response": done})));
+    steps
+}
+
+/// The scripted parts as Anthropic Messages stream events.
+fn plan_anthropic(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step> {
+    let mut steps = VecDeque::new();
+    let usage = parts.iter().rev().find_map(|p| match p {
+        Part::Usage { prompt, completion } => Some((*prompt, *completion)),
+        _ => None,
+    });
+    let (input, output) = usage.unwrap_or((0, 0));
+    steps.push_back(named(json!({"type": "message_start", "message": {
+        "id": format!("msg_{}", ctx.id), "type": "message", "role": "assistant", "model": ctx.model,
+        "content": [], "stop_reason": null, "usage": {"input_tokens": input, "output_tokens": 1}}})));
+    steps.push_back(named(json!({"type": "ping"})));
+    // The content block being written: (index, kind).
+    let mut open: Option<(u64, &str)> = None;
+    let mut next = 0u64;
+    let mut any_tool = false;
+    let mut start = |kind: &'static str, block: Value, open: &mut Option<(u64, &str)>, steps: &mut VecDeque<Step>| {
+        if let Some((i, _)) = open.take() {
+            steps.push_back(named(json!({"type": "content_block_stop", "index": i})));
+        }
+        let index = next;
+        next += 1;
+        *open = Some((index, kind));
+        steps.push_back(named(
+            json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        index
+    };
+    for part in parts {
+        match part {
+            Part::Text(t) => {
+                let index = match open {
+                    Some((i, "text")) => i,
+                    _ => start("text", json!({"type": "text", "text": ""}), &mut open, &mut steps),
+                };
+                steps.push_back(named(json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "text_delta", "text": t}})));
+            }
+            Part::Reasoning(t) => {
+                let index = match open {
+                    Some((i, "thinking")) => i,
+                    _ => start(
+                        "thinking",
+                        json!({"type": "thinking", "thinking": ""}),
+                        &mut open,
+                        &mut steps,
+                    ),
+                };
+                steps.push_back(named(json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": t}})));
+            }
+            Part::ToolCall {
+                id,
+                name,
+                argument_pieces,
+                ..
+            } => {
+                any_tool = true;
+                let block = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
+                let index = start("tool_use", block, &mut open, &mut steps);
+                for piece in argument_pieces {
+                    steps.push_back(named(json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": piece}})));
+                }
+            }
+            Part::Usage { .. } | Part::Stamp => {}
+            Part::Delay(ms) => steps.push_back(Step::Sleep(ms)),
+        }
+    }
+    if hang {
+        steps.push_back(Step::Hang);
+        return steps;
+    }
+    if let Some((i, _)) = open {
+        steps.push_back(named(json!({"type": "content_block_stop", "index": i})));
+    }
+    let reason = if any_tool { "tool_use" } else { "end_turn" };
+    steps.push_back(named(
+        json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": null},
+        "usage": {"output_tokens": output}}),
+    ));
+    steps.push_back(named(json!({"type": "message_stop"})));
     steps
 }
 

@@ -322,8 +322,6 @@ async fn params_are_forward_compatible() {
     let ws = stack.workspace_id.clone();
     for (field, value) in [
         ("agent", json!("reviewer")),
-        ("provider", json!("openai")),
-        ("baseUrl", json!("http://x")),
         ("delegationDepth", json!(2)),
         ("channel", json!("slack")),
         ("kind", json!("coordinator")),
@@ -343,8 +341,8 @@ async fn params_are_forward_compatible() {
         )
         .await
         .unwrap_err();
-    assert_eq!(code(&e), "unsupported");
-    assert_eq!(e.data["field"], "provider");
+    assert_eq!(code(&e), "unknown-provider");
+    assert_eq!(e.data["provider"], "openai");
     // A known field with the wrong type stays bad-params.
     let e = c
         .call("session.create", json!({"workspaceId": ws, "delegationDepth": "deep"}))
@@ -463,6 +461,12 @@ async fn every_method_and_event_matches_the_protocol_types() {
     );
     check!(method::SessionList, json!({}));
     check!(method::SessionDiagnostics, json!({"sessionId": sid}));
+    check!(method::SessionContext, json!({"sessionId": sid}));
+    let mut diags = c.subscribe("session.watchDiagnostics", json!({"sessionId": sid}));
+    walked.insert(method::SessionWatchDiagnostics::NAME);
+    let item = diags.next(10).await.expect("the current diagnostic revision");
+    assert_typed::<berth_protocol::DiagnosticsRevision>("diagnostics item", &item);
+    c.ok("subscription.close", json!({"id": diags.id})).await;
     check!(
         method::SessionSearch,
         json!({"sessionId": sid, "query": "HELLO", "caseSensitive": false, "wholeWord": true})

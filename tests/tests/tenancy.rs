@@ -144,6 +144,16 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"sessionId": "ses_random"}),
         ),
         (
+            "session.watchDiagnostics",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "session.context",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
             "session.create",
             json!({"workspaceId": wsid}),
             json!({"workspaceId": "wsp_random"}),
@@ -264,7 +274,7 @@ async fn snapshot(a: &mut Client, sid: &str) -> Value {
 
 /// A call's outcome as comparable JSON: the result, or the error (subscriptions: their end).
 async fn call_any(c: &mut Client, method: &str, params: Value) -> Value {
-    if method == "session.watch" {
+    if method == "session.watch" || method == "session.watchDiagnostics" {
         let mut sub = c.subscribe(method, params);
         let done = tokio::time::timeout(Duration::from_secs(10), &mut sub.done)
             .await

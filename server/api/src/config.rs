@@ -1,7 +1,12 @@
 //! Typed configuration for the API tier. The binary fills it from flags, environment and
 //! an optional file; secrets are redacted in `Debug`.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
 
 /// A secret string whose `Debug` never shows the value.
 #[derive(Clone, Default)]
@@ -31,6 +36,8 @@ pub struct ModelConfig {
     pub max_concurrent: usize,
     /// `BERTH_MODEL_RATE_PER_MIN`: proxy calls per tenant per minute (per replica).
     pub requests_per_min: u32,
+    /// Timeouts and retries of provider calls.
+    pub resilience: Resilience,
 }
 
 impl Default for ModelConfig {
@@ -43,7 +50,202 @@ impl Default for ModelConfig {
             max_output_tokens: None,
             max_concurrent: 64,
             requests_per_min: 600,
+            resilience: Resilience::default(),
         }
+    }
+}
+
+/// How the model proxy copes with a slow or failing provider.
+#[derive(Debug, Clone)]
+pub struct Resilience {
+    /// `BERTH_MODEL_CONNECT_TIMEOUT_SECS`: TCP/TLS connect.
+    pub connect_timeout: Duration,
+    /// `BERTH_MODEL_FIRST_BYTE_TIMEOUT_SECS`: from sending the request to the response head.
+    pub first_byte_timeout: Duration,
+    /// `BERTH_MODEL_IDLE_TIMEOUT_SECS`: longest silence inside a streaming response.
+    pub idle_timeout: Duration,
+    /// `BERTH_MODEL_MAX_RETRIES`: retries of a call answered 429 or 5xx (or not reached).
+    pub max_retries: u32,
+    /// `BERTH_MODEL_MAX_RETRY_WAIT_SECS`: the longest wait before a retry; a provider asking
+    /// for more (`Retry-After`) fails the call at once.
+    pub max_retry_wait: Duration,
+}
+
+impl Default for Resilience {
+    fn default() -> Resilience {
+        Resilience {
+            connect_timeout: Duration::from_secs(10),
+            first_byte_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(120),
+            max_retries: 2,
+            max_retry_wait: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A provider's wire format (`BERTH_MODEL_API`, `BERTH_PROVIDER_<NAME>_API`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireApi {
+    ChatCompletions,
+    Responses,
+    AnthropicMessages,
+}
+
+impl std::str::FromStr for WireApi {
+    type Err = String;
+    fn from_str(s: &str) -> Result<WireApi, String> {
+        match s {
+            "chat-completions" => Ok(WireApi::ChatCompletions),
+            "responses" => Ok(WireApi::Responses),
+            "anthropic-messages" => Ok(WireApi::AnthropicMessages),
+            _ => Err("expected chat-completions, responses or anthropic-messages".into()),
+        }
+    }
+}
+
+/// One model a profile offers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileModel {
+    pub id: String,
+    /// The model's context window, if the profile says.
+    pub context_tokens: Option<u64>,
+}
+
+/// A configured model provider. Its key is only ever sent to its own `base_url`.
+#[derive(Debug, Clone)]
+pub struct ProviderProfile {
+    pub name: String,
+    pub api: WireApi,
+    pub base_url: String,
+    pub api_key: Option<Secret>,
+    /// The models offered; empty means any model name is passed on.
+    pub models: Vec<ProfileModel>,
+    /// A session may name its own endpoint (`baseUrl`); calls there never carry the key.
+    pub allow_base_url: bool,
+}
+
+impl ProviderProfile {
+    /// Whether `model` may be chosen on this profile.
+    pub fn offers(&self, model: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m.id == model)
+    }
+}
+
+/// The name of the profile built from `BERTH_MODEL_*`.
+pub const DEFAULT_PROVIDER: &str = "default";
+
+/// The configured provider profiles. Profiles come from `BERTH_MODEL_*` (named
+/// [`DEFAULT_PROVIDER`]) and, for each name in `BERTH_PROVIDERS=a,b`, from
+/// `BERTH_PROVIDER_<NAME>_{API,BASE_URL,API_KEY,API_KEY_FILE,MODELS,ALLOW_BASE_URL}`
+/// (`MODELS` is `id[:contextTokens],…`; `<NAME>` upper-cased, `-` as `_`).
+#[derive(Debug, Clone, Default)]
+pub struct ProviderSet {
+    pub profiles: Vec<ProviderProfile>,
+}
+
+impl ProviderSet {
+    /// A profile by name (None: the default profile).
+    pub fn get(&self, name: Option<&str>) -> Option<&ProviderProfile> {
+        let name = name.unwrap_or(DEFAULT_PROVIDER);
+        self.profiles.iter().find(|p| p.name == name)
+    }
+
+    /// Read the profiles through `get` (a setting by name) and `secret` (a setting given
+    /// directly or as `KEY_FILE`).
+    pub fn load(
+        get: impl Fn(&str) -> Option<String>,
+        secret: impl Fn(&str) -> anyhow::Result<Option<String>>,
+    ) -> anyhow::Result<ProviderSet> {
+        let mut profiles = Vec::new();
+        if let Some(base_url) = get("BERTH_MODEL_BASE_URL") {
+            profiles.push(ProviderProfile {
+                name: DEFAULT_PROVIDER.into(),
+                api: parse_api("BERTH_MODEL_API", get("BERTH_MODEL_API"))?,
+                base_url,
+                api_key: secret("BERTH_MODEL_API_KEY")?.map(Secret),
+                models: Vec::new(),
+                allow_base_url: parse_bool("BERTH_MODEL_ALLOW_BASE_URL", get("BERTH_MODEL_ALLOW_BASE_URL"))?,
+            });
+        }
+        for name in get("BERTH_PROVIDERS").unwrap_or_default().split(',') {
+            let name = name.trim();
+            if name.is_empty() {
+                continue;
+            }
+            let prefix = format!("BERTH_PROVIDER_{}_", name.to_ascii_uppercase().replace('-', "_"));
+            let key = |k: &str| format!("{prefix}{k}");
+            let base_url = get(&key("BASE_URL")).ok_or_else(|| anyhow::anyhow!("{} is missing", key("BASE_URL")))?;
+            let models = get(&key("MODELS"))
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+                .map(|m| match m.rsplit_once(':') {
+                    Some((id, n)) => n
+                        .parse()
+                        .map(|n| ProfileModel {
+                            id: id.into(),
+                            context_tokens: Some(n),
+                        })
+                        .map_err(|_| anyhow::anyhow!("{}: bad context size in {m:?}", key("MODELS"))),
+                    None => Ok(ProfileModel {
+                        id: m.into(),
+                        context_tokens: None,
+                    }),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let profile = ProviderProfile {
+                name: name.into(),
+                api: parse_api(&key("API"), get(&key("API")))?,
+                base_url,
+                api_key: secret(&key("API_KEY"))?.map(Secret),
+                models,
+                allow_base_url: parse_bool(&key("ALLOW_BASE_URL"), get(&key("ALLOW_BASE_URL")))?,
+            };
+            profiles.retain(|p: &ProviderProfile| p.name != profile.name);
+            profiles.push(profile);
+        }
+        Ok(ProviderSet { profiles })
+    }
+}
+
+fn parse_api(key: &str, v: Option<String>) -> anyhow::Result<WireApi> {
+    v.as_deref()
+        .unwrap_or("chat-completions")
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{key}: {e}"))
+}
+
+fn parse_bool(key: &str, v: Option<String>) -> anyhow::Result<bool> {
+    match v.as_deref() {
+        None | Some("false" | "0" | "no") => Ok(false),
+        Some("true" | "1" | "yes") => Ok(true),
+        Some(other) => anyhow::bail!("{key}={other:?}: expected true or false"),
+    }
+}
+
+/// The profiles in use, replaced whole on reload (SIGHUP); a call in flight keeps the set
+/// it started with.
+#[derive(Clone, Default)]
+pub struct Providers(Arc<RwLock<Arc<ProviderSet>>>);
+
+impl std::fmt::Debug for Providers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.current().fmt(f)
+    }
+}
+
+impl Providers {
+    pub fn new(set: ProviderSet) -> Providers {
+        Providers(Arc::new(RwLock::new(Arc::new(set))))
+    }
+
+    pub fn current(&self) -> Arc<ProviderSet> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn replace(&self, set: ProviderSet) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
     }
 }
 
@@ -71,6 +273,10 @@ pub struct Config {
     pub max_text_message: usize,
     /// The default model provider.
     pub model: ModelConfig,
+    /// The provider profiles (the default one included); reloadable.
+    pub providers: Providers,
+    /// `BERTH_AUTO_TITLES` (default true): name untitled sessions after their first turn.
+    pub auto_titles: bool,
     /// This replica's id (random per process unless set).
     pub replica_id: String,
     /// `BERTH_RECEIPT_RETENTION_SECS`: how long operation receipts are kept (default 7 days).
@@ -167,6 +373,8 @@ impl Config {
             allowed_origins: Vec::new(),
             max_text_message: 8 << 20,
             model: ModelConfig::default(),
+            providers: Providers::default(),
+            auto_titles: true,
             replica_id: berth_store::token::new_id("rep"),
             receipt_retention: std::time::Duration::from_secs(7 * 24 * 3600),
             jwt: None,

@@ -14,8 +14,10 @@ mod listen;
 mod login;
 pub mod metrics;
 pub mod net;
+mod providers;
 mod proxy;
 mod rpc;
+mod titles;
 mod workers;
 
 use std::{sync::Arc, time::Duration};
@@ -55,8 +57,10 @@ pub struct App {
     pub hub: hub::Hub,
     /// Worker connections held by this replica.
     pub workers: workers::Registry,
-    /// HTTP client for the model provider.
+    /// HTTP client for outbound calls.
     pub http: reqwest::Client,
+    /// HTTP client for model providers (their connect timeout).
+    pub provider_http: reqwest::Client,
     /// Cancelled when the replica shuts down; long-lived tasks end with it.
     pub shutdown: CancellationToken,
     /// Live connections by principal (for revocation and per-credential limits).
@@ -103,6 +107,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let http = net::http_client()?;
+    let provider_http = net::provider_client(config.model.resilience.connect_timeout)?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
     let password_checks = Arc::new(tokio::sync::Semaphore::new(config.limits.max_password_checks.max(1)));
@@ -115,6 +120,7 @@ pub async fn serve(
         hub: hub::Hub::default(),
         workers,
         http,
+        provider_http,
         shutdown: token.clone(),
         connections: connections::Connections::default(),
         login_limiter: auth::LoginLimiter::default(),

@@ -26,9 +26,14 @@ fn set_nodelay(tcp: &mut TcpStream) {
 /// The HTTP client for the model provider: Nagle off (each streamed chunk goes out as it
 /// comes), connections kept alive and reused between turns.
 pub fn http_client() -> reqwest::Result<reqwest::Client> {
+    provider_client(Duration::from_secs(10))
+}
+
+/// The same with the providers' connect timeout (`BERTH_MODEL_CONNECT_TIMEOUT_SECS`).
+pub fn provider_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(10))
+        .connect_timeout(connect_timeout)
         .build()
 }
 

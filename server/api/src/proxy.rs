@@ -27,13 +27,14 @@ use berth_protocol::{
     worker::{MODEL_PROXY_TURN_HEADER, ProxyError, Usage},
 };
 use berth_store::{CredentialKind, StoreError};
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
     AppState,
     auth::{BucketConfig, KeyedLimiter},
-    config::ModelConfig,
+    config::{ModelConfig, ProviderProfile, Resilience},
+    providers,
     rpc::bearer,
 };
 
@@ -107,9 +108,6 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         return fail(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str(), None);
     };
     let model_cfg = &state.config.model;
-    let Some(base) = model_cfg.base_url.as_deref() else {
-        return fail(StatusCode::SERVICE_UNAVAILABLE, "provider-unconfigured", None);
-    };
     let Some(permit) = state.proxy.admit(&principal.tenant_id) else {
         return fail(StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited.as_str(), None);
     };
@@ -121,22 +119,28 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         return fail(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str(), None);
     };
     drop(body);
-    let model = match state.store.proxy_turn(&principal, &turn_id).await {
-        Ok(m) => m.or_else(|| model_cfg.model.clone()),
+    let turn = match state.store.proxy_turn(&principal, &turn_id).await {
+        Ok(t) => t,
         Err(StoreError::Code(code)) => return fail(StatusCode::FORBIDDEN, code.as_str(), None),
         Err(e) => {
             tracing::warn!(error = %e, "model proxy could not check the turn");
             return fail(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable.as_str(), None);
         }
     };
-    let Some(model) = model else {
+    // The profiles as they are now (a reload during the call does not change it).
+    let providers = state.config.providers.current();
+    let Some(profile) = providers.get(turn.provider.as_deref()) else {
         return fail(StatusCode::SERVICE_UNAVAILABLE, "provider-unconfigured", None);
+    };
+    let Some(model) = turn.model.or_else(|| model_cfg.model.clone()) else {
+        return fail(StatusCode::SERVICE_UNAVAILABLE, "provider-unconfigured", None);
+    };
+    let Some((base, with_key)) = endpoint(profile, turn.base_url.as_deref()) else {
+        return fail(StatusCode::FORBIDDEN, ErrorCode::BaseUrlNotAllowed.as_str(), None);
     };
     // The turn's model, one choice, streamed with usage, output capped: whatever was asked.
     obj.insert("model".into(), model.clone().into());
     obj.remove("n");
-    obj.insert("stream".into(), true.into());
-    obj.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
     if let Some(cap) = model_cfg.max_output_tokens {
         for key in ["max_tokens", "max_completion_tokens"] {
             if let Some(v) = obj.get_mut(key) {
@@ -150,66 +154,269 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
             );
         }
     }
-    // Metric labels stay bounded: the configured model, or "other".
-    let label = match &model_cfg.model {
-        Some(m) if *m == model => m.clone(),
-        _ => "other".to_string(),
-    };
-
-    let url = format!("{}/chat/completions", base.trim_end_matches('/'));
-    let mut req = state.http.post(url).json(&obj).timeout(Duration::from_secs(600));
-    drop(obj);
-    if let Some(key) = &model_cfg.api_key {
-        req = req.bearer_auth(&key.0);
-    }
-    let started = Instant::now();
-    let resp = match req.send().await {
-        Ok(r) => r,
-        Err(e) if e.is_timeout() => {
-            return fail(StatusCode::GATEWAY_TIMEOUT, "provider-timeout", None);
-        }
+    let label = model_label(model_cfg, profile, &model);
+    // What the request holds, for `session.context` (best effort: the call goes on without).
+    let context = match state
+        .store
+        .record_context(
+            &principal.tenant_id,
+            &turn_id,
+            &profile.name,
+            &model,
+            &providers::measure(&obj),
+        )
+        .await
+    {
+        Ok(id) => Some(id),
         Err(e) => {
-            tracing::warn!(error = %without_url(&e), "provider unreachable");
-            return fail(StatusCode::BAD_GATEWAY, "provider-unreachable", None);
+            tracing::warn!(turn.id = %turn_id, error = %e, "context record not written");
+            None
         }
     };
+    let outgoing = providers::request(profile.api, obj);
+    let url = format!("{}{}", base.trim_end_matches('/'), outgoing.path);
+    let build = || {
+        let req = state.provider_http.post(&url).json(&outgoing.body);
+        let req = providers::headers(profile.api, req);
+        if with_key {
+            providers::authorize(profile, req)
+        } else {
+            req
+        }
+    };
+    let started = Instant::now();
+    let resp = match send_with_retries(build, &model_cfg.resilience).await {
+        Ok(r) => r,
+        Err(cause) => {
+            return fail(StatusCode::BAD_GATEWAY, &cause.code, cause.status);
+        }
+    };
+    drop(outgoing);
     state
         .metrics
         .model_latency
-        .with_label_values(&["default", &label])
+        .with_label_values(&[&profile.name, &label])
         .observe(started.elapsed().as_secs_f64());
-    if !resp.status().is_success() {
-        let status = resp.status().as_u16();
-        tracing::warn!(status, "provider answered with an error status");
-        return fail(StatusCode::BAD_GATEWAY, "provider-status", Some(status));
-    }
     let meter = Meter {
         state: state.clone(),
         tenant: principal.tenant_id,
-        turn: turn_id,
+        turn: Some(turn_id),
+        context,
+        provider: profile.name.clone(),
         label,
         scan: UsageScanner::default(),
         recorded: false,
-        _permit: permit,
+        _permit: Some(permit),
     };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    tokio::spawn(pump(
+        resp,
+        providers::translator(profile.api),
+        model_cfg.resilience.idle_timeout,
+        tx,
+        meter,
+    ));
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
+    });
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(metered(resp.bytes_stream(), meter)))
+        .body(Body::from_stream(body))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// Metric labels stay bounded: a configured model, or "other".
+pub(crate) fn model_label(cfg: &ModelConfig, profile: &ProviderProfile, model: &str) -> String {
+    if cfg.model.as_deref() == Some(model) || profile.models.iter().any(|m| m.id == model) {
+        model.to_string()
+    } else {
+        "other".to_string()
+    }
+}
+
+/// Where a call of `profile` goes and whether it carries the key: a client-chosen endpoint
+/// only where the profile allows one, and then never with the key (None: not allowed).
+pub(crate) fn endpoint<'a>(profile: &'a ProviderProfile, chosen: Option<&'a str>) -> Option<(&'a str, bool)> {
+    match chosen {
+        Some(url) if profile.allow_base_url => Some((url, false)),
+        Some(_) => None,
+        None => Some((profile.base_url.as_str(), true)),
+    }
+}
+
+/// Send a provider request, retrying 429, 5xx and unreachable with jittered exponential
+/// backoff (or the provider's `Retry-After`), within the configured bounds. The answer is
+/// a successful response or a typed cause; a provider's error body is read only to tell a
+/// context overflow and never logged or passed on.
+pub(crate) async fn send_with_retries(
+    build: impl Fn() -> reqwest::RequestBuilder,
+    res: &Resilience,
+) -> Result<reqwest::Response, Cause> {
+    let mut attempt = 0u32;
+    loop {
+        let retry_after = match tokio::time::timeout(res.first_byte_timeout, build().send()).await {
+            Err(_) => return Err(cause("provider-timeout", None)),
+            Ok(Err(e)) if e.is_timeout() => return Err(cause("provider-timeout", None)),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %without_url(&e), attempt, "provider unreachable");
+                if attempt >= res.max_retries {
+                    return Err(cause("provider-unreachable", None));
+                }
+                None
+            }
+            Ok(Ok(resp)) if resp.status().is_success() => return Ok(resp),
+            Ok(Ok(resp)) => {
+                let status = resp.status().as_u16();
+                tracing::warn!(status, attempt, "provider answered with an error status");
+                let retryable = status == 429 || status >= 500;
+                let wait = retry_after(resp.headers());
+                if !retryable || attempt >= res.max_retries || wait.is_some_and(|w| w > res.max_retry_wait) {
+                    return Err(match status {
+                        429 => cause("provider-rate-limited", Some(status)),
+                        400 | 413 => {
+                            if overflowed(resp).await {
+                                cause("context-overflow", None)
+                            } else {
+                                cause("provider-status", Some(status))
+                            }
+                        }
+                        _ => cause("provider-status", Some(status)),
+                    });
+                }
+                wait
+            }
+        };
+        let wait = retry_after.unwrap_or_else(|| backoff(attempt)).min(res.max_retry_wait);
+        tokio::time::sleep(wait).await;
+        attempt += 1;
+    }
+}
+
+fn cause(code: &str, status: Option<u16>) -> Cause {
+    Cause {
+        code: code.into(),
+        status,
+    }
+}
+
+/// 0.5 s, 1 s, 2 s, … (capped at 8 s), each between half and all of it.
+fn backoff(attempt: u32) -> Duration {
+    let full = Duration::from_millis(500) * 2u32.pow(attempt.min(4));
+    full.mul_f64(rand::random_range(0.5..=1.0))
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is rare from model providers).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    v.parse::<f64>().ok().and_then(|s| Duration::try_from_secs_f64(s).ok())
+}
+
+/// Whether an error answer says the request outgrew the model's context (the body is read
+/// up to a bound, inspected and dropped).
+async fn overflowed(resp: reqwest::Response) -> bool {
+    let mut body = resp.bytes_stream();
+    let mut seen = Vec::new();
+    while seen.len() < 16 << 10 {
+        match tokio::time::timeout(Duration::from_secs(2), body.next()).await {
+            Ok(Some(Ok(b))) => seen.extend_from_slice(&b),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "context length",
+        "context window",
+        "prompt is too long",
+        "too many tokens",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
+}
+
+/// Moves the provider's stream to the worker as the normalized stream (translated when
+/// the profile speaks another format), metering usage, ending a stream that goes silent
+/// for the idle timeout with a typed failure, and stopping as soon as the worker is gone.
+pub(crate) async fn pump(
+    resp: reqwest::Response,
+    mut translate: Option<Box<dyn providers::Translate>>,
+    idle: Duration,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    mut meter: Meter,
+) {
+    let mut body = std::pin::pin!(resp.bytes_stream());
+    let mut sse = providers::SseParser::default();
+    let failure = loop {
+        let next = tokio::select! {
+            _ = tx.closed() => return,
+            next = tokio::time::timeout(idle, body.next()) => next,
+        };
+        let chunk = match next {
+            Err(_) => break cause("provider-timeout", None),
+            Ok(None) if translate.is_none() => {
+                meter.record().await;
+                return;
+            }
+            Ok(None) => break cause("provider-stream-ended", None),
+            Ok(Some(Err(_))) => break cause("provider-unreachable", None),
+            Ok(Some(Ok(b))) => b,
+        };
+        let Some(t) = translate.as_mut() else {
+            if meter.scan.feed(&chunk) {
+                meter.record().await;
+            }
+            if tx.send(chunk).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        let mut chunks = Vec::new();
+        let mut outcome: Result<bool, Cause> = Ok(false);
+        let parsed = sse.feed(&chunk, |event, data| {
+            if matches!(outcome, Ok(false)) {
+                outcome = t.event(event, data, &mut chunks);
+            }
+        });
+        let mut out = Vec::new();
+        for c in &chunks {
+            out.extend_from_slice(format!("data: {c}\n\n").as_bytes());
+        }
+        meter.scan.feed(&out);
+        if !out.is_empty() && tx.send(Bytes::from(out)).await.is_err() {
+            return;
+        }
+        match (parsed, outcome) {
+            (Err(c), _) | (_, Err(c)) => break c,
+            (Ok(()), Ok(true)) => {
+                meter.record().await;
+                let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                return;
+            }
+            (Ok(()), Ok(false)) => {}
+        }
+    };
+    tracing::warn!(code = %failure.code, "provider stream failed");
+    meter.record().await;
+    let err = serde_json::to_string(&ProxyError { error: failure }).unwrap_or_default();
+    let _ = tx.send(Bytes::from(format!("\n\ndata: {err}\n\n"))).await;
 }
 
 /// Meters one call's usage from the provider's stream; holds the tenant's slot until the
 /// stream ends or the worker goes away.
-struct Meter {
-    state: AppState,
-    tenant: String,
-    turn: String,
-    label: String,
-    scan: UsageScanner,
-    recorded: bool,
-    _permit: OwnedSemaphorePermit,
+pub(crate) struct Meter {
+    pub(crate) state: AppState,
+    pub(crate) tenant: String,
+    /// The turn the usage counts to (None: a call of the API tier's own, e.g. a title).
+    pub(crate) turn: Option<String>,
+    /// The `session.context` record the input usage belongs to.
+    pub(crate) context: Option<String>,
+    pub(crate) provider: String,
+    pub(crate) label: String,
+    pub(crate) scan: UsageScanner,
+    pub(crate) recorded: bool,
+    pub(crate) _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Meter {
@@ -220,39 +427,29 @@ impl Meter {
         };
         self.recorded = true;
         let m = &self.state.metrics.model_tokens;
-        m.with_label_values(&["default", &self.label, "input"])
+        m.with_label_values(&[&self.provider, &self.label, "input"])
             .inc_by(usage.input_tokens);
-        m.with_label_values(&["default", &self.label, "output"])
+        m.with_label_values(&[&self.provider, &self.label, "output"])
             .inc_by(usage.output_tokens);
-        if let Err(e) = self.state.store.meter_usage(&self.tenant, &self.turn, usage).await {
-            tracing::warn!(turn.id = %self.turn, error = %e, "recording metered usage failed");
+        if let Some(id) = &self.context
+            && let Err(e) = self
+                .state
+                .store
+                .context_usage(&self.tenant, id, usage.input_tokens)
+                .await
+        {
+            tracing::warn!(error = %e, "recording a request's input usage failed");
+        }
+        let Some(turn) = &self.turn else { return };
+        if let Err(e) = self.state.store.meter_usage(&self.tenant, turn, usage).await {
+            tracing::warn!(turn.id = %turn, error = %e, "recording metered usage failed");
         }
     }
 }
 
-/// The provider's body, passed through unchanged. Usage is recorded before the chunk that
-/// ends the stream (`[DONE]`) goes on, so it is stored by the time the worker reports the step.
-fn metered(
-    inner: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
-    meter: Meter,
-) -> impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static {
-    futures_util::stream::unfold((Box::pin(inner), meter), |(mut inner, mut meter)| async move {
-        let Some(item) = inner.next().await else {
-            meter.record().await;
-            return None;
-        };
-        if let Ok(chunk) = &item
-            && meter.scan.feed(chunk)
-        {
-            meter.record().await;
-        }
-        Some((item, (inner, meter)))
-    })
-}
-
 /// Follows the `data:` lines of an SSE byte stream for the provider's usage.
 #[derive(Default)]
-struct UsageScanner {
+pub(crate) struct UsageScanner {
     line: Vec<u8>,
     /// The current line outgrew the bound: skip to its end (usage chunks are small).
     skipping: bool,

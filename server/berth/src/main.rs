@@ -182,6 +182,41 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Seconds (fractions allowed) as a duration.
+fn secs(settings: &Settings, key: &str, default: &str) -> anyhow::Result<std::time::Duration> {
+    let v: f64 = settings.parse(None, key, default)?;
+    std::time::Duration::try_from_secs_f64(v).map_err(|e| anyhow::anyhow!("{key}: {e}"))
+}
+
+/// The provider profiles of these settings.
+fn providers(settings: &Settings) -> anyhow::Result<berth_api::config::ProviderSet> {
+    berth_api::config::ProviderSet::load(|k| settings.get(None, k), |k| settings.secret(k))
+}
+
+/// SIGHUP re-reads the config file (and environment) for the provider profiles; calls in
+/// flight keep the profiles they started with, connections stay up. A file that does not
+/// parse keeps the current profiles.
+fn spawn_reload(current: berth_api::config::Providers, path: Option<PathBuf>) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match Settings::load(path.as_deref()).and_then(|s| providers(&s)) {
+                Ok(set) => {
+                    tracing::info!(profiles = set.profiles.len(), "provider profiles reloaded");
+                    current.replace(set);
+                }
+                Err(e) => tracing::warn!(error = %e, "provider profiles not reloaded; keeping the current ones"),
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    let _ = (current, path);
+}
+
 fn init_tracing(settings: &Settings) {
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_new(settings.get(None, "RUST_LOG").unwrap_or_else(|| "info".into()))
@@ -289,7 +324,16 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         },
         max_concurrent: settings.parse(None, "BERTH_MODEL_MAX_CONCURRENT", "64")?,
         requests_per_min: settings.parse(None, "BERTH_MODEL_RATE_PER_MIN", "600")?,
+        resilience: berth_api::config::Resilience {
+            connect_timeout: secs(settings, "BERTH_MODEL_CONNECT_TIMEOUT_SECS", "10")?,
+            first_byte_timeout: secs(settings, "BERTH_MODEL_FIRST_BYTE_TIMEOUT_SECS", "120")?,
+            idle_timeout: secs(settings, "BERTH_MODEL_IDLE_TIMEOUT_SECS", "120")?,
+            max_retries: settings.parse(None, "BERTH_MODEL_MAX_RETRIES", "2")?,
+            max_retry_wait: secs(settings, "BERTH_MODEL_MAX_RETRY_WAIT_SECS", "30")?,
+        },
     };
+    config.providers = berth_api::config::Providers::new(providers(settings)?);
+    config.auto_titles = settings.parse(None, "BERTH_AUTO_TITLES", "true")?;
     config.jwt = Some(std::sync::Arc::new(jwt_keys(settings, &run_dir)?));
     config.jwt_ttl = std::time::Duration::from_secs(settings.parse(None, "BERTH_JWT_TTL_SECS", "900")?);
     let defaults = berth_api::config::Limits::default();
@@ -391,6 +435,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         let s = shutdown.clone();
         worker_task = Some(tokio::spawn(async move { berth_worker::run(cfg, s).await }));
     }
+    spawn_reload(config.providers.clone(), settings.path.clone());
     let s = shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;

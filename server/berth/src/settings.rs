@@ -10,6 +10,8 @@ use anyhow::Context;
 
 pub struct Settings {
     file: HashMap<String, String>,
+    /// The config file read (re-read on reload).
+    pub path: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -18,9 +20,9 @@ impl Settings {
             .map(Path::to_path_buf)
             .or_else(|| std::env::var_os("BERTH_CONFIG").map(Into::into));
         let mut file = HashMap::new();
-        if let Some(path) = path {
+        if let Some(path) = &path {
             let text =
-                std::fs::read_to_string(&path).with_context(|| format!("reading config file {}", path.display()))?;
+                std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
             for (n, line) in text.lines().enumerate() {
                 let line = line.trim();
                 if line.is_empty() || line.starts_with('#') {
@@ -32,7 +34,7 @@ impl Settings {
                 file.insert(k.trim().to_string(), v.trim().trim_matches('"').to_string());
             }
         }
-        Ok(Settings { file })
+        Ok(Settings { file, path })
     }
 
     /// The value of `key`: the flag if given, else the environment, else the file.

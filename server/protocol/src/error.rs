@@ -31,6 +31,12 @@ pub enum ErrorCode {
     Unsupported,
     Unavailable,
     Internal,
+    /// `provider` names no configured provider profile.
+    UnknownProvider,
+    /// `model` is not one of the profile's models.
+    UnknownModel,
+    /// `baseUrl` given for a profile that does not allow a client-chosen endpoint.
+    BaseUrlNotAllowed,
 }
 
 impl ErrorCode {
@@ -59,6 +65,9 @@ impl ErrorCode {
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::UnknownProvider => "unknown-provider",
+            ErrorCode::UnknownModel => "unknown-model",
+            ErrorCode::BaseUrlNotAllowed => "base-url-not-allowed",
         }
     }
 

@@ -146,6 +146,9 @@ pub struct TurnEnded {
     pub state: TurnState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<Cause>,
+    /// The turn's model usage as the proxy metered it (absent when no step reported any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 impl EventPayload {
@@ -224,6 +227,10 @@ impl EventPayload {
                 cause: Some(Cause {
                     code: "provider-status".into(),
                     status: Some(500),
+                }),
+                usage: Some(Usage {
+                    input_tokens: 3,
+                    output_tokens: 4,
                 }),
             }),
             EventPayload::QueueChanged(QueueState {

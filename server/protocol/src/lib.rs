@@ -135,6 +135,12 @@ methods! {
     SessionForkReceipt = "session.forkReceipt" (SessionForkReceiptParams) -> Option<SessionForkResult>;
     /// Execution, model-step and title failures, newest first.
     SessionDiagnostics = "session.diagnostics" (SessionDiagnosticsParams) -> SessionDiagnosticsResult;
+    /// Subscription: the session's diagnostic revision on subscribe and after each change;
+    /// items are [`DiagnosticsRevision`]s. The final value is null.
+    SessionWatchDiagnostics = "session.watchDiagnostics" (SessionRef) -> ();
+    /// The latest main model request the session prepared: input by role, tool schemas,
+    /// estimated tokens, and the provider-reported input usage.
+    SessionContext = "session.context" (SessionContextParams) -> SessionContextResult;
     /// Edit a queued prompt (revision-guarded).
     QueueUpdate = "queue.update" (QueueUpdateParams) -> QueueEntry;
     /// Move a queued prompt (revision-guarded).

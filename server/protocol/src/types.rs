@@ -119,8 +119,6 @@ impl SessionCreateParams {
     pub fn unsupported_field(&self) -> Option<&'static str> {
         [
             ("agent", self.agent.is_some()),
-            ("provider", self.provider.is_some()),
-            ("baseUrl", self.base_url.is_some()),
             ("delegationDepth", self.delegation_depth.is_some()),
             ("channel", self.channel.is_some()),
             ("kind", self.kind.is_some()),
@@ -443,6 +441,65 @@ pub struct Diagnostic {
     pub sequence: Option<i64>,
     pub cause: Cause,
     pub at: String,
+}
+
+/// `session.context` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionContextParams {
+    pub session_id: String,
+    /// The history sequence fence: the latest request made at or before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub through: Option<i64>,
+}
+
+/// `session.context`: the latest main model request the session prepared (null: none yet).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionContextResult {
+    pub request: Option<ContextReport>,
+}
+
+/// What one model request held. Token counts are estimates (about four bytes a token);
+/// `inputTokens` is what the provider reported (null until and unless it did).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextReport {
+    pub turn_id: Option<String>,
+    /// The session's last event sequence when the request was made.
+    pub sequence: i64,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    /// The input grouped by role, in order of first appearance.
+    pub roles: Vec<RoleInput>,
+    pub tools: Vec<ToolSchemaSize>,
+    pub estimated_tokens: u64,
+    pub input_tokens: Option<u64>,
+    pub at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleInput {
+    pub role: String,
+    pub messages: u64,
+    pub bytes: u64,
+    pub estimated_tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolSchemaSize {
+    pub name: String,
+    pub bytes: u64,
+    pub estimated_tokens: u64,
+}
+
+/// A `session.watchDiagnostics` item: the session's diagnostic revision now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiagnosticsRevision {
+    pub diagnostic_revision: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

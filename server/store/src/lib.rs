@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod context;
 mod delegate;
 mod fork;
 mod history;
@@ -29,10 +30,11 @@ use berth_protocol::ErrorCode;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+pub use context::ContextMeasure;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
 pub use receipts::{Begin, Receipt, ReceiptView};
-pub use turns::{ClaimedTurn, Partial};
+pub use turns::{ClaimedTurn, Partial, ProxyTurn, TitleSource};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.
 pub const CHANNEL_EVENTS: &str = "berth_events";

@@ -15,6 +15,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0007_typed_event_payloads.sql", include_str!("../../../migrations/0007_typed_event_payloads.sql")),
     ("0008_fork.sql", include_str!("../../../migrations/0008_fork.sql")),
     ("0010_delegation.sql", include_str!("../../../migrations/0010_delegation.sql")),
+    ("0011_provider_choice.sql", include_str!("../../../migrations/0011_provider_choice.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -136,8 +136,8 @@ impl Store {
         }
         let id = token::new_id("ses");
         tx.ex(
-            "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve, provider, base_url)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             &[
                 &id,
                 &tenant_id,
@@ -146,6 +146,8 @@ impl Store {
                 &p.model,
                 &p.no_tools.unwrap_or(false),
                 &p.auto_approve.unwrap_or(false),
+                &p.provider,
+                &p.base_url,
             ],
         )
         .await?;
@@ -272,7 +274,9 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<SessionSnapshot> {
         let change = Change {
-            set: "provider = $2, model = $3",
+            // Another profile forgets the client-chosen endpoint of the previous one.
+            set: "base_url = CASE WHEN $2::text IS NOT DISTINCT FROM provider THEN base_url END,
+                  provider = $2, model = $3",
             values: &[&provider, &model],
         };
         let event = EventPayload::SessionModelChanged(ModelChanged {

@@ -3,7 +3,7 @@
 use berth_protocol::{
     Cause, Diagnostic, ErrorCode, EventPayload, MAX_QUEUE_LENGTH, ModelCompleted, NewRow, Nothing, Notice,
     QUEUE_PREVIEW_BYTES, QueueEntry, QueueState, QueuedPrompt, Removed, RowKind, SessionDiagnosticsResult,
-    SessionSendResult, TurnEnded, TurnQueued, TurnRef, TurnState,
+    SessionSendResult, TitleChanged, TurnEnded, TurnQueued, TurnRef, TurnState,
     worker::{TurnRun, Usage},
 };
 use deadpool_postgres::GenericClient;
@@ -24,6 +24,26 @@ use crate::{
 pub struct ClaimedTurn {
     pub tenant_id: String,
     pub run: TurnRun,
+}
+
+/// What an automatic title is made from.
+#[derive(Debug, Clone)]
+pub struct TitleSource {
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub base_url: Option<String>,
+    pub prompt: String,
+    pub answer: String,
+}
+
+/// What the model proxy holds a turn's calls to.
+#[derive(Debug, Clone)]
+pub struct ProxyTurn {
+    pub model: Option<String>,
+    pub provider: Option<String>,
+    /// A client-chosen endpoint (only stored for a profile that allows one).
+    pub base_url: Option<String>,
+    pub session_id: String,
 }
 
 /// The live output of a session's running step (for watchers joining mid-turn).
@@ -336,7 +356,8 @@ impl Store {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let claimed = tx
             .qa(
-                "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, $4) FROM sessions s
+                "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, $4), provider = s.provider,
+                        base_url = s.base_url FROM sessions s
                   WHERE s.id = t.session_id AND t.dispatched_to IS NULL AND t.state = 'running'
                     AND t.id IN (SELECT u.id FROM turns u JOIN sessions v ON v.id = u.session_id
                                   WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
@@ -365,16 +386,17 @@ impl Store {
             .collect())
     }
 
-    /// For the model proxy: the model `turn_id` was dispatched with (None: the tenant
-    /// default), if the turn is running and was handed to a live connection of the calling
-    /// worker credential; `turn-not-running` otherwise.
-    pub async fn proxy_turn(&self, worker: &Principal, turn_id: &str) -> Result<Option<String>> {
+    /// For the model proxy: the model, provider profile and endpoint `turn_id` was
+    /// dispatched with (None: the defaults), if the turn is running and was handed to a live
+    /// connection of the calling worker credential; `turn-not-running` otherwise.
+    pub async fn proxy_turn(&self, worker: &Principal, turn_id: &str) -> Result<ProxyTurn> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
         let row = tx
             .qo(
                 &format!(
-                    "SELECT t.model FROM turns t JOIN worker_presence p ON p.connection_id = t.dispatched_to
+                    "SELECT t.model, t.provider, t.base_url, t.session_id FROM turns t
+                       JOIN worker_presence p ON p.connection_id = t.dispatched_to
                       WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running'
                         AND p.tenant_id = $2 AND p.credential_id = $3
                         AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
@@ -384,7 +406,12 @@ impl Store {
             .await?;
         tx.commit().await?;
         match row {
-            Some(r) => Ok(r.get(0)),
+            Some(r) => Ok(ProxyTurn {
+                model: r.get(0),
+                provider: r.get(1),
+                base_url: r.get(2),
+                session_id: r.get(3),
+            }),
             None => Err(StoreError::Code(ErrorCode::TurnNotRunning)),
         }
     }
@@ -516,14 +543,21 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = lock_running_turn(&tx, connection_id, tenant_id, turn_id).await?;
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
-        tx.ex(
-            "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = '' WHERE id = $1",
-            &[&turn_id, &state.as_str(), &cause_json],
-        )
-        .await?;
+        let totals = tx
+            .q1(
+                "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = ''
+                  WHERE id = $1 RETURNING input_tokens, output_tokens",
+                &[&turn_id, &state.as_str(), &cause_json],
+            )
+            .await?;
+        let (input, output): (i64, i64) = (totals.get(0), totals.get(1));
         let ended = EventPayload::TurnEnded(TurnEnded {
             state,
             cause: cause.cloned(),
+            usage: (input > 0 || output > 0).then(|| Usage {
+                input_tokens: u64::try_from(input).unwrap_or(0),
+                output_tokens: u64::try_from(output).unwrap_or(0),
+            }),
         });
         let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &ended, &[]).await?;
         if let Some(c) = cause {
@@ -606,6 +640,92 @@ impl Store {
             }
         }
         ended
+    }
+
+    /// Claim the session's one automatic title attempt: only while its title is empty and
+    /// no attempt was made. Returns what to name it from (the first prompt and answer,
+    /// cut to `max` bytes each) and the session's provider choice.
+    pub async fn claim_title(&self, tenant_id: &str, session_id: &str, max: i32) -> Result<Option<TitleSource>> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let claimed = tx
+            .qo(
+                "UPDATE sessions SET title_attempted = true
+                  WHERE id = $1 AND tenant_id = $2 AND title = '' AND NOT title_attempted AND removed_at IS NULL
+                  RETURNING provider, model, base_url",
+                &[&session_id, &tenant_id],
+            )
+            .await?;
+        let Some(claimed) = claimed else {
+            tx.commit().await?;
+            return Ok(None);
+        };
+        let first = |kind: &'static str| {
+            let tx = &tx;
+            async move {
+                tx.qo(
+                    "SELECT left(body, $3) FROM rows WHERE session_id = $1 AND kind = $2 AND NOT hidden
+                      ORDER BY source_sequence, item_index LIMIT 1",
+                    &[&session_id, &kind, &max],
+                )
+                .await
+                .map(|r| r.map(|r| r.get::<_, String>(0)).unwrap_or_default())
+            }
+        };
+        let prompt = first("user").await?;
+        let answer = first("assistant").await?;
+        tx.commit().await?;
+        Ok(Some(TitleSource {
+            provider: claimed.get(0),
+            model: claimed.get(1),
+            base_url: claimed.get(2),
+            prompt,
+            answer,
+        }))
+    }
+
+    /// Set an automatic title unless the session has one by now (a human's rename wins);
+    /// returns the `session.titleChanged` sequence when set.
+    pub async fn set_auto_title(&self, tenant_id: &str, session_id: &str, title: &str) -> Result<Option<i64>> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let n = tx
+            .ex(
+                "UPDATE sessions SET title = $3 WHERE id = $1 AND tenant_id = $2 AND title = '' AND removed_at IS NULL",
+                &[&session_id, &tenant_id, &title],
+            )
+            .await?;
+        let seq = if n == 1 {
+            let event = EventPayload::SessionTitleChanged(TitleChanged { title: title.into() });
+            Some(append_event(&tx, tenant_id, session_id, None, &event, &[]).await?)
+        } else {
+            None
+        };
+        tx.commit().await?;
+        Ok(seq)
+    }
+
+    /// Record a failure that belongs to no turn (a `title` diagnostic).
+    pub async fn session_diagnostic(&self, tenant_id: &str, session_id: &str, kind: &str, cause: &Cause) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        diagnostic(&tx, tenant_id, session_id, kind, None, None, cause).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The session's diagnostic revision (not-found for another tenant's or a removed session).
+    pub async fn diagnostic_revision(&self, tenant_id: &str, session_id: &str) -> Result<i64> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let row = tx
+            .qo(
+                "SELECT diagnostic_revision FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+                &[&session_id, &tenant_id],
+            )
+            .await?;
+        tx.commit().await?;
+        row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
     }
 
     /// Diagnostics newest first, under a fixed revision fence.
@@ -759,6 +879,7 @@ pub(crate) async fn cancel_turn(
     let ended = EventPayload::TurnEnded(TurnEnded {
         state: TurnState::Cancelled,
         cause: None,
+        usage: None,
     });
     append_event(tx, tenant_id, session_id, Some(&turn_id), &ended, &[]).await?;
     if state == "running" {

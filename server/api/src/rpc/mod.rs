@@ -561,7 +561,7 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
             ApiError::with(ErrorCode::RateLimited, json!({"limit": "requests", "retryAfterMs": ms})),
         ));
     }
-    let (permit, sub) = if req.method == method::SessionWatch::NAME {
+    let (permit, sub) = if is_subscription(&req.method) {
         let sub = conn
             .subs
             .lock()
@@ -590,6 +590,11 @@ fn admit_frame(state: &AppState, conn: &Arc<Conn>, text_msg: &str) -> Result<Opt
         _permit: permit,
         sub,
     }))
+}
+
+/// Methods answered by a subscription (items until closed).
+fn is_subscription(method: &str) -> bool {
+    method == method::SessionWatch::NAME || method == method::SessionWatchDiagnostics::NAME
 }
 
 async fn run_job(job: Job) {
@@ -698,6 +703,10 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionPause::NAME => call::<method::SessionPause, _, _>(ctx, params, session::pause).await,
         method::SessionStop::NAME => call::<method::SessionStop, _, _>(ctx, params, session::stop).await,
         method::SessionSource::NAME => call::<method::SessionSource, _, _>(ctx, params, session::source).await,
+        method::SessionWatchDiagnostics::NAME => {
+            call::<method::SessionWatchDiagnostics, _, _>(ctx, params, session::watch_diagnostics).await
+        }
+        method::SessionContext::NAME => call::<method::SessionContext, _, _>(ctx, params, session::context).await,
         method::SessionSearch::NAME => call::<method::SessionSearch, _, _>(ctx, params, search::search).await,
         method::SessionFork::NAME => call::<method::SessionFork, _, _>(ctx, params, fork::fork).await,
         method::SessionForkReceipt::NAME => {
@@ -851,6 +860,8 @@ mod tests {
         "SessionFork",
         "SessionForkReceipt",
         "SessionDiagnostics",
+        "SessionWatchDiagnostics",
+        "SessionContext",
         "QueueUpdate",
         "QueueMove",
         "QueueRemove",

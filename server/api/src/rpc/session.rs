@@ -3,11 +3,12 @@
 use std::time::Duration;
 
 use berth_protocol::{
-    Cleared, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync, ResyncReason,
-    SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams,
-    SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
-    SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
-    SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef, WatchState,
+    Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync,
+    ResyncReason, SessionContextParams, SessionContextResult, SessionCreateParams, SessionDiagnosticsParams,
+    SessionDiagnosticsResult, SessionHistoryParams, SessionHistoryResult, SessionListParams, SessionListResult,
+    SessionOpParams, SessionPauseParams, SessionRef, SessionRenameParams, SessionSendParams, SessionSendResult,
+    SessionSetModelParams, SessionSnapshot, SessionSourceParams, SessionSourceResult, SessionStopParams,
+    SessionWatchParams, TurnRef, WatchState,
 };
 use berth_store::Partial;
 use serde_json::json;
@@ -26,11 +27,46 @@ fn default_model(ctx: &Ctx) -> Option<&str> {
     ctx.state.config.model.model.as_deref()
 }
 
+/// Check a `{provider, model}` choice against the configured profiles (SPEC §4.3): an
+/// unknown profile or a model the profile does not offer is a typed error. A profile named
+/// without a model gets its first model.
+fn choose_model(ctx: &Ctx, provider: Option<&str>, model: Option<String>) -> ApiResult<Option<String>> {
+    let providers = ctx.state.config.providers.current();
+    let profile = match (provider, providers.get(provider)) {
+        (Some(name), None) => {
+            return Err(ApiError::with(ErrorCode::UnknownProvider, json!({"provider": name})));
+        }
+        (_, profile) => profile,
+    };
+    let Some(profile) = profile else { return Ok(model) };
+    match model {
+        Some(m) if !profile.offers(&m) => Err(ApiError::with(ErrorCode::UnknownModel, json!({"model": m}))),
+        Some(m) => Ok(Some(m)),
+        None if provider.is_some() => Ok(profile.models.first().map(|m| m.id.clone())),
+        None => Ok(None),
+    }
+}
+
 #[tracing::instrument(skip_all, fields(workspace.id = %p.workspace_id))]
-pub async fn create(ctx: Ctx, p: SessionCreateParams) -> ApiResult<SessionSnapshot> {
+pub async fn create(ctx: Ctx, mut p: SessionCreateParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
     if let Some(field) = p.unsupported_field() {
         return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": field})));
+    }
+    p.model = choose_model(&ctx, p.provider.as_deref(), p.model.take())?;
+    if let Some(url) = &p.base_url {
+        let providers = ctx.state.config.providers.current();
+        let allowed = providers.get(p.provider.as_deref()).is_some_and(|pr| pr.allow_base_url);
+        if !allowed {
+            return Err(ApiError::with(
+                ErrorCode::BaseUrlNotAllowed,
+                json!({"field": "baseUrl"}),
+            ));
+        }
+        let ok = reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
+        if !ok || url.len() > 2000 {
+            return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "baseUrl"})));
+        }
     }
     let snap = ctx
         .state
@@ -93,12 +129,9 @@ pub async fn rename(ctx: Ctx, p: SessionRenameParams) -> ApiResult<SessionSnapsh
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn set_model(ctx: Ctx, p: SessionSetModelParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
-    if p.provider.is_some() {
-        // No provider profiles exist yet to name (SPEC §4.3).
-        return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": "provider"})));
-    }
+    let model = choose_model(&ctx, p.provider.as_deref(), p.model)?;
     let store = &ctx.state.store;
-    let (provider, model) = (p.provider.as_deref(), p.model.as_deref());
+    let (provider, model) = (p.provider.as_deref(), model.as_deref());
     Ok(store
         .set_model(
             &me.tenant_id,
@@ -194,6 +227,59 @@ pub async fn history(ctx: Ctx, p: SessionHistoryParams) -> ApiResult<SessionHist
 pub async fn source(ctx: Ctx, p: SessionSourceParams) -> ApiResult<SessionSourceResult> {
     let me = ctx.principal()?;
     Ok(ctx.state.store.source(&me.tenant_id, &p).await?)
+}
+
+/// `session.context`: the latest main model request the session prepared (SPEC §4.10).
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn context(ctx: Ctx, p: SessionContextParams) -> ApiResult<SessionContextResult> {
+    let me = ctx.principal()?;
+    let request = ctx.state.store.context(&me.tenant_id, &p.session_id, p.through).await?;
+    Ok(SessionContextResult { request })
+}
+
+/// `session.watchDiagnostics`: the diagnostic revision on subscribe, then after each
+/// change. Diagnostics written with an event wake it through the session's channel; others
+/// (titles) poke the channel on the replica that wrote them, and a periodic re-read covers
+/// the rest.
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn watch_diagnostics(ctx: Ctx, p: SessionRef) -> ApiResult<()> {
+    let me = ctx.principal()?;
+    let id = ctx.id.ok_or(ApiError::code(ErrorCode::InvalidRequest))?;
+    let store = &ctx.state.store;
+    store.diagnostic_revision(&me.tenant_id, &p.session_id).await?;
+    let mut sub = ctx.state.hub.subscribe(&p.session_id);
+    let cancel = ctx
+        .conn
+        .subs
+        .lock()
+        .expect("conn lock")
+        .get(&id)
+        .cloned()
+        .unwrap_or_else(|| ctx.conn.closed.child_token());
+    let mut sent = None;
+    let mut safety = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        let revision = match store.diagnostic_revision(&me.tenant_id, &p.session_id).await {
+            Ok(r) => r,
+            // Removed meanwhile: the subscription ends.
+            Err(berth_store::StoreError::Code(ErrorCode::NotFound)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if sent != Some(revision) {
+            sent = Some(revision);
+            let item = DiagnosticsRevision {
+                diagnostic_revision: revision,
+            };
+            if !ctx.item(&item).await {
+                return Err(ApiError(super::gone()));
+            }
+        }
+        tokio::select! {
+            changed = sub.events.changed() => if changed.is_err() { return Ok(()) },
+            _ = safety.tick() => {}
+            _ = cancel.cancelled() => return Ok(()),
+        }
+    }
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]

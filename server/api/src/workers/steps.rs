@@ -64,7 +64,10 @@ impl TurnTask {
         conn.state.hub.end_step(&self.live.session);
         let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
         self.relay_now(idle).await;
-        let (_, seq) = r?;
+        let (session_id, seq) = r?;
+        if end.state == berth_protocol::TurnState::Completed {
+            crate::titles::spawn(conn.state.clone(), conn.principal.tenant_id.clone(), session_id);
+        }
         metrics.events_appended.inc();
         metrics.turns.with_label_values(&[end.state.as_str()]).inc();
         tracing::info!(turn.id = %end.turn_id, state = end.state.as_str(), "turn settled");

@@ -166,6 +166,9 @@ impl Accumulator {
     /// Add a chunk; returns the live text and thinking it carried, if any.
     #[allow(clippy::type_complexity)]
     fn add(&mut self, chunk: Chunk) -> Result<Option<(Option<String>, Option<String>)>, StreamError> {
+        if let Some(cause) = chunk.error {
+            return Err(StreamError::Failed(cause));
+        }
         if let Some(u) = chunk.usage {
             self.c.usage = Some(Usage {
                 input_tokens: u.prompt_tokens,
@@ -236,6 +239,9 @@ impl Accumulator {
 
 #[derive(Deserialize)]
 struct Chunk {
+    /// The proxy's typed failure in the middle of a stream (idle timeout, …).
+    #[serde(default)]
+    error: Option<Cause>,
     #[serde(default)]
     choices: Option<Vec<Choice>>,
     #[serde(default)]

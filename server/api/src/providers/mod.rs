@@ -1,0 +1,257 @@
+//! Provider wire formats. Between worker and API tier there is one normalized stream:
+//! OpenAI Chat Completions streaming chunks ending in `data: [DONE]`, with a failure
+//! in the middle of a stream sent as `data: {"error": {code, status?}}`. The worker's
+//! chat-completions request is translated here into the profile's format, and the
+//! provider's stream back into that normalized stream:
+//!
+//! - [`chat`]: OpenAI Chat Completions (passed through; usage asked for in the stream);
+//! - [`responses`]: the OpenAI Responses API;
+//! - [`anthropic`]: Anthropic Messages.
+//!
+//! Provider output is untrusted: SSE lines are bounded, and nothing of it reaches a log.
+
+pub(crate) mod anthropic;
+pub(crate) mod chat;
+pub(crate) mod responses;
+
+use berth_protocol::Cause;
+use serde_json::{Map, Value, json};
+
+use crate::config::{ProviderProfile, WireApi};
+
+/// A provider request built from the worker's chat-completions request.
+pub(crate) struct Outgoing {
+    /// Appended to the profile's base URL.
+    pub path: &'static str,
+    pub body: Value,
+}
+
+/// Build the request for `api` from a chat-completions body (model already set).
+pub(crate) fn request(api: WireApi, chat: Map<String, Value>) -> Outgoing {
+    match api {
+        WireApi::ChatCompletions => chat::request(chat),
+        WireApi::Responses => responses::request(chat),
+        WireApi::AnthropicMessages => anthropic::request(chat),
+    }
+}
+
+/// Authentication headers for `profile`'s own endpoint.
+pub(crate) fn authorize(profile: &ProviderProfile, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    let Some(key) = &profile.api_key else { return req };
+    match profile.api {
+        WireApi::AnthropicMessages => req.header("x-api-key", &key.0),
+        _ => req.bearer_auth(&key.0),
+    }
+}
+
+/// Headers every request of `api` carries (key or not).
+pub(crate) fn headers(api: WireApi, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    match api {
+        WireApi::AnthropicMessages => req.header("anthropic-version", "2023-06-01"),
+        _ => req,
+    }
+}
+
+/// Turns a provider's SSE events into normalized chunks.
+pub(crate) trait Translate: Send {
+    /// One event (`event:` name, may be empty; `data:` payload). Pushes chunks to `out`;
+    /// true once the provider's response is complete (finish and usage chunks pushed).
+    fn event(&mut self, event: &str, data: &str, out: &mut Vec<Value>) -> Result<bool, Cause>;
+}
+
+/// The translator for `api` (None: chat-completions, passed through).
+pub(crate) fn translator(api: WireApi) -> Option<Box<dyn Translate>> {
+    match api {
+        WireApi::ChatCompletions => None,
+        WireApi::Responses => Some(Box::<responses::Stream>::default()),
+        WireApi::AnthropicMessages => Some(Box::<anthropic::Stream>::default()),
+    }
+}
+
+pub(crate) fn cause(code: &str) -> Cause {
+    Cause {
+        code: code.into(),
+        status: None,
+    }
+}
+
+/// A normalized chunk with one choice delta.
+pub(crate) fn delta(delta: Value) -> Value {
+    json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+}
+
+/// A text or reasoning piece.
+pub(crate) fn text(field: &str, piece: &str) -> Value {
+    delta(json!({ field: piece }))
+}
+
+/// A tool call's first piece (`id`, `name`) or a further piece of its arguments.
+pub(crate) fn tool_call(index: usize, head: Option<(&str, &str)>, arguments: &str) -> Value {
+    let mut call = json!({"index": index, "function": {"arguments": arguments}});
+    if let Some((id, name)) = head {
+        call["id"] = id.into();
+        call["type"] = "function".into();
+        call["function"]["name"] = name.into();
+    }
+    delta(json!({ "tool_calls": [call] }))
+}
+
+/// The finish chunk and the usage chunk that end a normalized response.
+pub(crate) fn finish(out: &mut Vec<Value>, reason: &str, usage: Option<(u64, u64)>) {
+    out.push(json!({"object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}));
+    if let Some((input, output)) = usage {
+        out.push(json!({"object": "chat.completion.chunk", "choices": [], "usage": {
+            "prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}}));
+    }
+}
+
+/// What a chat request holds, for `session.context`: the input by role (in order of first
+/// appearance) and the tool schemas, in bytes and estimated tokens (about four bytes a
+/// token); never the text itself.
+pub(crate) fn measure(chat: &Map<String, Value>) -> berth_store::ContextMeasure {
+    let tokens = |bytes: u64| bytes.div_ceil(4);
+    let mut roles: Vec<berth_protocol::RoleInput> = Vec::new();
+    for m in chat.get("messages").and_then(Value::as_array).into_iter().flatten() {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("unknown");
+        let bytes = serde_json::to_string(m).map_or(0, |t| t.len() as u64);
+        match roles.iter_mut().find(|r| r.role == role) {
+            Some(r) => {
+                r.messages += 1;
+                r.bytes += bytes;
+            }
+            None => roles.push(berth_protocol::RoleInput {
+                role: role.to_string(),
+                messages: 1,
+                bytes,
+                estimated_tokens: 0,
+            }),
+        }
+    }
+    for r in &mut roles {
+        r.estimated_tokens = tokens(r.bytes);
+    }
+    let tools: Vec<berth_protocol::ToolSchemaSize> = chat
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let bytes = serde_json::to_string(t).map_or(0, |s| s.len() as u64);
+            berth_protocol::ToolSchemaSize {
+                name: t
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                bytes,
+                estimated_tokens: tokens(bytes),
+            }
+        })
+        .collect();
+    let estimated_tokens =
+        roles.iter().map(|r| r.estimated_tokens).sum::<u64>() + tools.iter().map(|t| t.estimated_tokens).sum::<u64>();
+    berth_store::ContextMeasure {
+        roles,
+        tools,
+        estimated_tokens,
+    }
+}
+
+/// Longest SSE line accepted from a provider.
+const LINE_MAX: usize = 16 << 20;
+
+/// Splits an SSE byte stream into events (`event:` name and joined `data:` lines).
+#[derive(Default)]
+pub(crate) struct SseParser {
+    line: Vec<u8>,
+    event: String,
+    data: String,
+    has_data: bool,
+}
+
+impl SseParser {
+    /// Feed bytes; calls `f(event, data)` per complete event. Err: a line over the bound.
+    pub(crate) fn feed(&mut self, bytes: &[u8], mut f: impl FnMut(&str, &str)) -> Result<(), Cause> {
+        for &b in bytes {
+            match b {
+                b'\r' => {}
+                b'\n' => {
+                    let line = std::mem::take(&mut self.line);
+                    if line.is_empty() {
+                        if self.has_data {
+                            f(&self.event, &self.data);
+                        }
+                        self.event.clear();
+                        self.data.clear();
+                        self.has_data = false;
+                        continue;
+                    }
+                    let line = String::from_utf8_lossy(&line);
+                    let (field, value) = line.split_once(':').unwrap_or((&line, ""));
+                    let value = value.strip_prefix(' ').unwrap_or(value);
+                    match field {
+                        "event" => value.clone_into(&mut self.event),
+                        "data" => {
+                            if self.has_data {
+                                self.data.push('\n');
+                            }
+                            self.data.push_str(value);
+                            self.has_data = true;
+                        }
+                        _ => {}
+                    }
+                    if self.data.len() > LINE_MAX {
+                        return Err(cause("provider-protocol"));
+                    }
+                }
+                _ => {
+                    if self.line.len() >= LINE_MAX {
+                        return Err(cause("provider-protocol"));
+                    }
+                    self.line.push(b);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The text of a chat message's `content` (a string, or an array of parts with `text`).
+pub(crate) fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// The chat request's output cap (`max_completion_tokens` or `max_tokens`).
+pub(crate) fn max_tokens(chat: &Map<String, Value>) -> Option<u64> {
+    chat.get("max_completion_tokens")
+        .or_else(|| chat.get("max_tokens"))
+        .and_then(Value::as_u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_across_chunks_with_names_and_crlf() {
+        let mut p = SseParser::default();
+        let mut got = Vec::new();
+        let mut f = |e: &str, d: &str| got.push((e.to_string(), d.to_string()));
+        p.feed(b"event: a\r\ndata: {\"x\"", &mut f).unwrap();
+        p.feed(b":1}\r\n\r\n: comment\n\ndata: one\ndata: two\n\n", &mut f)
+            .unwrap();
+        assert_eq!(
+            got,
+            vec![("a".into(), "{\"x\":1}".into()), (String::new(), "one\ntwo".into())]
+        );
+    }
+}

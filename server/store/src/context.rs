@@ -1,0 +1,105 @@
+//! `session.context`: a record of each main model request a session made (input by role,
+//! tool schemas, estimated tokens — never the text), written by the model proxy, with the
+//! input usage the provider reported beside it.
+
+use berth_protocol::{ContextReport, ErrorCode, RoleInput, ToolSchemaSize};
+
+use crate::{Cached, Result, Store, StoreError, fmt_time, tenant_tx, token};
+
+/// The parts of a report the proxy measures (the store adds identity and the fence).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextMeasure {
+    pub roles: Vec<RoleInput>,
+    pub tools: Vec<ToolSchemaSize>,
+    pub estimated_tokens: u64,
+}
+
+impl Store {
+    /// Record a request of `turn_id` (its session found through the turn); returns the
+    /// record's id, for [`Store::context_usage`].
+    pub async fn record_context(
+        &self,
+        tenant_id: &str,
+        turn_id: &str,
+        provider: &str,
+        model: &str,
+        measure: &ContextMeasure,
+    ) -> Result<String> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let id = token::new_id("ctx");
+        let report = serde_json::to_value(measure).map_err(|e| StoreError::Other(e.into()))?;
+        let n = tx
+            .ex(
+                "INSERT INTO context_records (id, tenant_id, session_id, turn_id, sequence, provider, model, report)
+                 SELECT $1, t.tenant_id, t.session_id, t.id, s.last_sequence, $4, $5, $6
+                   FROM turns t JOIN sessions s ON s.id = t.session_id
+                  WHERE t.id = $3 AND t.tenant_id = $2",
+                &[&id, &tenant_id, &turn_id, &provider, &model, &report],
+            )
+            .await?;
+        tx.commit().await?;
+        if n == 0 {
+            return Err(StoreError::Code(ErrorCode::TurnNotRunning));
+        }
+        Ok(id)
+    }
+
+    /// The provider-reported input usage of a recorded request.
+    pub async fn context_usage(&self, tenant_id: &str, record_id: &str, input_tokens: u64) -> Result<()> {
+        let input = i64::try_from(input_tokens).unwrap_or(i64::MAX);
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        tx.ex(
+            "UPDATE context_records SET input_tokens = $3 WHERE id = $1 AND tenant_id = $2",
+            &[&record_id, &tenant_id, &input],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The latest request of the session at or before `through` (None: none).
+    pub async fn context(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        through: Option<i64>,
+    ) -> Result<Option<ContextReport>> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let exists = tx
+            .qo(
+                "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+                &[&session_id, &tenant_id],
+            )
+            .await?;
+        if exists.is_none() {
+            return Err(StoreError::Code(ErrorCode::NotFound));
+        }
+        let through = through.unwrap_or(i64::MAX);
+        let row = tx
+            .qo(
+                "SELECT turn_id, sequence, provider, model, report, input_tokens, at
+                   FROM context_records WHERE session_id = $1 AND tenant_id = $2 AND sequence <= $3
+                  ORDER BY sequence DESC, at DESC LIMIT 1",
+                &[&session_id, &tenant_id, &through],
+            )
+            .await?;
+        tx.commit().await?;
+        let Some(r) = row else { return Ok(None) };
+        let measure: ContextMeasure = serde_json::from_value(r.get(4)).map_err(|e| StoreError::Other(e.into()))?;
+        Ok(Some(ContextReport {
+            turn_id: r.get(0),
+            sequence: r.get(1),
+            provider: r.get(2),
+            model: r.get(3),
+            roles: measure.roles,
+            tools: measure.tools,
+            estimated_tokens: measure.estimated_tokens,
+            input_tokens: r.get::<_, Option<i64>>(5).and_then(|n| u64::try_from(n).ok()),
+            at: fmt_time(r.get(6)),
+        }))
+    }
+}
