@@ -89,6 +89,28 @@ export type ClientInfo = {
 };
 
 /**
+ * What one model request held. Token counts are estimates (about four bytes a token);
+ * `inputTokens` is what the provider reported (null until and unless it did).
+ */
+export type ContextReport = {
+  "at": string;
+  "estimatedTokens": number;
+  "inputTokens"?: number | null;
+  "model"?: string | null;
+  "provider"?: string | null;
+  /**
+   * The input grouped by role, in order of first appearance.
+   */
+  "roles": Array<RoleInput>;
+  /**
+   * The session's last event sequence when the request was made.
+   */
+  "sequence": number;
+  "tools": Array<ToolSchemaSize>;
+  "turnId"?: string | null;
+};
+
+/**
  * A credential as administrators see it (never the secret, except `token` once at creation).
  */
 export type CredentialView = {
@@ -139,7 +161,7 @@ export type Empty = Record<string, unknown>;
 /**
  * A stable, typed error code. The client owns the wording.
  */
-export type ErrorCode = ("parse-error" | "invalid-request" | "method-not-found" | "unauthorized" | "forbidden" | "not-found" | "bad-params" | "unsupported-protocol" | "stale-revision" | "turn-busy" | "turn-not-running" | "workspace-offline" | "operation-conflict" | "operation-in-progress" | "rate-limited" | "payload-too-large" | "history-cleared" | "unsupported" | "unavailable" | "internal" | "conflict" | "queue-full");
+export type ErrorCode = ("parse-error" | "invalid-request" | "method-not-found" | "unauthorized" | "forbidden" | "not-found" | "bad-params" | "unsupported-protocol" | "stale-revision" | "turn-busy" | "turn-not-running" | "workspace-offline" | "operation-conflict" | "operation-in-progress" | "rate-limited" | "payload-too-large" | "history-cleared" | "unsupported" | "unavailable" | "internal" | "conflict" | "queue-full" | "unknown-provider" | "unknown-model" | "base-url-not-allowed");
 
 /**
  * A persisted history event: `{sequence, type, at, turnId?, rows?, …payload}`.
@@ -457,6 +479,13 @@ export type Revoked = {
   "revoked": boolean;
 };
 
+export type RoleInput = {
+  "bytes": number;
+  "estimatedTokens": number;
+  "messages": number;
+  "role": string;
+};
+
 /**
  * A conversation item published by an event.
  */
@@ -516,6 +545,24 @@ export type SearchHit = {
   "field": RowField;
   "position": Position;
   "start": number;
+};
+
+/**
+ * `session.context` parameters.
+ */
+export type SessionContextParams = {
+  "sessionId": string;
+  /**
+   * The history sequence fence: the latest request made at or before it.
+   */
+  "through"?: number | null;
+};
+
+/**
+ * `session.context`: the latest main model request the session prepared (null: none yet).
+ */
+export type SessionContextResult = {
+  "request"?: (ContextReport | null);
 };
 
 /**
@@ -866,6 +913,12 @@ export type ToolInfo = {
   "status": string;
 };
 
+export type ToolSchemaSize = {
+  "bytes": number;
+  "estimatedTokens": number;
+  "name": string;
+};
+
 /**
  * A tool call's status: `requested → running → completed | failed | denied`
  * (`requested → denied` when an approval is refused).
@@ -884,6 +937,10 @@ export type Truncation = {
 export type TurnEnded = {
   "cause"?: (Cause | null);
   "state": TurnState;
+  /**
+   * The turn's model usage as the proxy metered it (absent when no step reported any).
+   */
+  "usage"?: (Usage | null);
 };
 
 export type TurnQueued = {
@@ -973,6 +1030,7 @@ export interface Methods {
   "queue.remove": { params: QueueRemoveParams; result: Removed };
   "queue.update": { params: QueueUpdateParams; result: QueueEntry };
   "session.clear": { params: SessionOpParams; result: Cleared };
+  "session.context": { params: SessionContextParams; result: SessionContextResult };
   "session.create": { params: SessionCreateParams; result: SessionSnapshot };
   "session.diagnostics": { params: SessionDiagnosticsParams; result: SessionDiagnosticsResult };
   "session.fork": { params: SessionForkParams; result: SessionForkResult };
@@ -989,6 +1047,7 @@ export interface Methods {
   "session.source": { params: SessionSourceParams; result: SessionSourceResult };
   "session.stop": { params: SessionStopParams; result: TurnRef };
   "session.watch": { params: SessionWatchParams; result: null };
+  "session.watchDiagnostics": { params: SessionRef; result: null };
   "status": { params: Empty; result: StatusResult };
   "subscription.close": { params: SubscriptionCloseParams; result: Empty };
   "workspace.get": { params: WorkspaceRef; result: Workspace };

@@ -54,6 +54,9 @@ fn the_schema_covers_every_method_event_and_error_code() {
         ErrorCode::Unsupported,
         ErrorCode::Unavailable,
         ErrorCode::Internal,
+        ErrorCode::UnknownProvider,
+        ErrorCode::UnknownModel,
+        ErrorCode::BaseUrlNotAllowed,
     ];
     for code in all {
         match code {
@@ -78,7 +81,10 @@ fn the_schema_covers_every_method_event_and_error_code() {
             | ErrorCode::HistoryCleared
             | ErrorCode::Unsupported
             | ErrorCode::Unavailable
-            | ErrorCode::Internal => {}
+            | ErrorCode::Internal
+            | ErrorCode::UnknownProvider
+            | ErrorCode::UnknownModel
+            | ErrorCode::BaseUrlNotAllowed => {}
         }
         assert!(codes.iter().any(|c| c == code.as_str()), "{} missing", code.as_str());
     }

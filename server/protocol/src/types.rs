@@ -445,6 +445,7 @@ pub struct Diagnostic {
 
 /// `session.context` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionContextParams {
     pub session_id: String,
@@ -455,6 +456,7 @@ pub struct SessionContextParams {
 
 /// `session.context`: the latest main model request the session prepared (null: none yet).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionContextResult {
     pub request: Option<ContextReport>,
@@ -463,6 +465,7 @@ pub struct SessionContextResult {
 /// What one model request held. Token counts are estimates (about four bytes a token);
 /// `inputTokens` is what the provider reported (null until and unless it did).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ContextReport {
     pub turn_id: Option<String>,
@@ -479,6 +482,7 @@ pub struct ContextReport {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RoleInput {
     pub role: String,
@@ -488,6 +492,7 @@ pub struct RoleInput {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ToolSchemaSize {
     pub name: String,
@@ -497,6 +502,7 @@ pub struct ToolSchemaSize {
 
 /// A `session.watchDiagnostics` item: the session's diagnostic revision now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DiagnosticsRevision {
     pub diagnostic_revision: i64,
