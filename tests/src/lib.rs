@@ -3,11 +3,13 @@
 //! as child processes, a WebSocket JSON-RPC client, and a scripted model provider.
 
 pub mod client;
+pub mod cut_proxy;
 pub mod harness;
 pub mod mock_provider;
 pub mod nginx;
 pub mod stack;
 
+pub use berth_client;
 pub use client::Client;
 pub use harness::{TestServer, TestWorker, fresh_database};
 pub use mock_provider::{Format, MockProvider, Part, Reply};

@@ -165,6 +165,7 @@ pub async fn serve(
         .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
         .route(berth_protocol::worker::ATTACHMENTS_PATH, get(rpc::upload::worker_fetch))
         .route("/v1/auth/login", post(login::login))
+        .route("/v1/schema", get(schema))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state.clone());
@@ -231,6 +232,16 @@ fn spawn_housekeeping(state: AppState) {
             }
         }
     });
+}
+
+/// `GET /v1/schema`: the protocol's JSON Schema (generated once; it is static).
+async fn schema() -> impl IntoResponse {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let body = DOC.get_or_init(|| berth_protocol::schema::document().to_string());
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/schema+json")],
+        body.as_str(),
+    )
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {

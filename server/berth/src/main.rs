@@ -1,5 +1,6 @@
 //! `berth`: one binary with subcommands — `serve`, `worker`, `dev`, `migrate`, `admin`.
 
+mod client_cmds;
 mod settings;
 
 use std::{
@@ -45,6 +46,8 @@ enum Command {
     /// Administration against the database (bootstrap and break-glass).
     #[command(subcommand)]
     Admin(Admin),
+    #[command(flatten)]
+    Client(client_cmds::ClientCommand),
 }
 
 #[derive(clap::Args, Clone)]
@@ -249,6 +252,7 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Admin(cmd) => admin(&settings, &data_dir, cmd).await,
+        Command::Client(cmd) => client_cmds::run(cmd).await,
     }
 }
 

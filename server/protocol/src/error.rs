@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// A stable, typed error code. The client owns the wording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum ErrorCode {
     ParseError,
@@ -89,6 +90,7 @@ impl ErrorCode {
 
 /// A JSON-RPC error object: `{code, message, data: {code, …fields}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RpcError {
     pub code: i64,
     pub message: String,

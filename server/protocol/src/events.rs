@@ -15,6 +15,7 @@ use crate::{
 
 /// A persisted history event: `{sequence, type, at, turnId?, rows?, …payload}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     pub sequence: i64,
@@ -32,6 +33,7 @@ pub struct Event {
 
 /// Every persisted event type with its payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type")]
 pub enum EventPayload {
     #[serde(rename = "session.created")]
@@ -80,6 +82,7 @@ pub enum EventPayload {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Forked {
     pub branch: crate::Branch,
@@ -87,9 +90,11 @@ pub struct Forked {
 
 /// A payload without fields.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Nothing {}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionCreated {
     pub workspace_id: String,
@@ -100,6 +105,7 @@ pub struct SessionCreated {
 
 /// A tool call's status change: the call row's position and id, and the new status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ToolCallStatus {
     pub position: Position,
@@ -108,12 +114,14 @@ pub struct ToolCallStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TitleChanged {
     pub title: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelChanged {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,6 +131,7 @@ pub struct ModelChanged {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TurnQueued {
     /// The entry as the queue shows it.
@@ -130,6 +139,7 @@ pub struct TurnQueued {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelCompleted {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -137,6 +147,7 @@ pub struct ModelCompleted {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TurnEnded {
     pub state: TurnState,
@@ -148,6 +159,7 @@ pub struct TurnEnded {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct InteractionRequested {
     /// The interaction as asked (`state: pending`); boxed to keep the payload enum small.
@@ -287,6 +299,7 @@ impl EventPayload {
 /// exactly where a piece goes; a piece at offset 0 starts (or, after `resync`, replaces)
 /// the step's text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelDelta {
     pub turn_id: String,
@@ -304,6 +317,7 @@ pub struct ModelDelta {
 
 /// Live-only: the session's phase changed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PhaseItem {
     pub phase: SessionPhase,
@@ -314,6 +328,7 @@ pub struct PhaseItem {
 /// What a client draws besides history: sent once a watch has caught up, and again after
 /// a `resync`. It reflects every event through sequence `through` (events after it follow).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WatchState {
     pub through: i64,
@@ -331,12 +346,14 @@ pub struct WatchState {
 /// (streamed text, phase): a `state` item and the running step's text from offset 0 follow.
 /// History events are never dropped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Resync {
     pub reason: ResyncReason,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ResyncReason {
     /// The watcher fell behind the live stream.
@@ -345,6 +362,7 @@ pub enum ResyncReason {
 
 /// The live-only items of a watch (no `sequence`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type")]
 pub enum LiveItem {
     #[serde(rename = "model.delta")]
@@ -360,6 +378,7 @@ pub enum LiveItem {
 /// Any item of a `session.watch` subscription: a history event (it has a `sequence`) or a
 /// live-only item.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum WatchItem {
     Event(Event),

@@ -80,6 +80,7 @@ pub const SUBSCRIPTION_ITEM: &str = "subscription.item";
 /// The params of a `subscription.item` notification: the subscribing request's id and one
 /// item (for `session.watch`, a [`crate::WatchItem`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SubscriptionItem<T> {
     pub id: u32,
     pub item: T,

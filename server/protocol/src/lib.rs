@@ -26,6 +26,8 @@ pub mod error;
 pub mod events;
 pub mod jsonrpc;
 pub mod observe;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod search;
 pub mod text;
 pub mod types;
@@ -76,6 +78,16 @@ macro_rules! methods {
         }
         /// The wire names of every client-facing method, in declaration order.
         pub const METHOD_NAMES: &[&str] = &[$($name),*];
+
+        /// Every method's name with its params and result schemas, in declaration order.
+        #[cfg(feature = "schema")]
+        fn method_schemas(generator: &mut schemars::SchemaGenerator) -> Vec<schema::MethodSchema> {
+            vec![$(schema::MethodSchema {
+                name: $name,
+                params: generator.subschema_for::<$params>(),
+                result: generator.subschema_for::<$result>(),
+            }),*]
+        }
     };
 }
 
@@ -186,4 +198,5 @@ methods! {
 
 /// No parameters / no result fields.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Empty {}

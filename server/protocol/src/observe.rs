@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// A relative path inside a workspace: its exact bytes, base64 (standard, padded).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspacePath {
     pub bytes_base64: String,
@@ -15,6 +16,7 @@ pub struct WorkspacePath {
 
 /// `git.status` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GitStatusParams {
     pub session_id: String,
@@ -22,6 +24,7 @@ pub struct GitStatusParams {
 
 /// The repository's state: `null` as a whole when the workspace is not a repository.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GitStatus {
     /// Absent for an unborn repository (no commit yet).
@@ -36,6 +39,7 @@ pub struct GitStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GitHead {
     /// The commit id (hex).
@@ -46,6 +50,7 @@ pub struct GitHead {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GitEntry {
     pub path: WorkspacePath,
@@ -54,6 +59,7 @@ pub struct GitEntry {
 
 /// How a path changed. Renames are a deletion plus an addition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum GitChange {
     Added,
@@ -67,6 +73,7 @@ pub enum GitChange {
 
 /// Which comparison `git.diff` makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum GitArea {
     /// HEAD → index.
@@ -79,6 +86,7 @@ pub enum GitArea {
 
 /// `git.diff` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GitDiffParams {
     pub session_id: String,
@@ -88,6 +96,7 @@ pub struct GitDiffParams {
 
 /// One path's difference.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum GitDiff {
     /// A unified diff (`--- a/…`, `+++ b/…`, hunks with 3 lines of context).
@@ -104,6 +113,7 @@ pub enum GitDiff {
 
 /// `files.list` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FilesListParams {
     pub session_id: String,
@@ -117,6 +127,7 @@ pub struct FilesListParams {
 
 /// One page of a directory's direct children, sorted by name bytes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FilesListResult {
     /// Identifies the directory itself (device and inode); compare with `files.watch`'s `ready`.
@@ -128,6 +139,7 @@ pub struct FilesListResult {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FileEntry {
     /// The path relative to the workspace root.
@@ -139,6 +151,7 @@ pub struct FileEntry {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum FileKind {
     File,
@@ -150,6 +163,7 @@ pub enum FileKind {
 
 /// `files.watch` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FilesWatchParams {
     pub session_id: String,
@@ -159,6 +173,7 @@ pub struct FilesWatchParams {
 
 /// A `files.watch` item.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum FilesWatchItem {
     /// The initial scan is done.
@@ -171,6 +186,7 @@ pub enum FilesWatchItem {
 /// How a `files.watch` ended: `unavailable` when the directory was removed or replaced;
 /// null when it was closed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum FilesWatchEnd {
     Unavailable,
@@ -178,6 +194,7 @@ pub enum FilesWatchEnd {
 
 /// `files.read` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FilesReadParams {
     pub session_id: String,
@@ -189,6 +206,7 @@ pub struct FilesReadParams {
 
 /// A `files.read` item: `begin`, `chunk`s, `end`; or one explicit outcome instead.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum FilesReadItem {
     #[serde(rename_all = "camelCase")]
@@ -224,6 +242,7 @@ pub enum FilesReadItem {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum FileContentKind {
     Text,
@@ -232,6 +251,7 @@ pub enum FileContentKind {
 
 /// `workspace.rename` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceRenameParams {
     pub workspace_id: String,
@@ -242,6 +262,7 @@ pub struct WorkspaceRenameParams {
 
 /// `workspace.remove` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceRemoveParams {
     pub workspace_id: String,
@@ -251,6 +272,7 @@ pub struct WorkspaceRemoveParams {
 
 /// `workspace.files` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceFilesParams {
     pub workspace_id: String,
@@ -261,6 +283,7 @@ pub struct WorkspaceFilesParams {
 
 /// Completion candidates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceFilesResult {
     /// Sorted by path; ancestors of matching files are included as directories.
@@ -270,6 +293,7 @@ pub struct WorkspaceFilesResult {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceFile {
     /// Relative, `/`-separated.

@@ -7,6 +7,7 @@ use crate::{Position, RowField};
 /// `session.search` parameters. Keep `query`, the options and `through` fixed while
 /// following `nextAfter`; start with `after` absent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSearchParams {
     pub session_id: String,
@@ -27,6 +28,7 @@ pub struct SessionSearchParams {
 /// Where a search page stopped. With `field` absent the row at `position` was searched
 /// whole; with `field` and `offset` the scan resumes in that row's field at that byte.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SearchCursor {
     pub position: Position,
@@ -39,6 +41,7 @@ pub struct SearchCursor {
 /// One page of hits, in history order. A page may hold no hits and still advance:
 /// follow `nextAfter` until it is absent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSearchResult {
     pub through: i64,
@@ -51,6 +54,7 @@ pub struct SessionSearchResult {
 /// that `session.history {target: {kind: "row", position, field}}` and `session.source`
 /// open exactly it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SearchHit {
     pub position: Position,
@@ -61,6 +65,7 @@ pub struct SearchHit {
 
 /// `session.fork` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionForkParams {
     pub session_id: String,
@@ -76,6 +81,7 @@ pub struct SessionForkParams {
 
 /// Where a forked session came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Branch {
     pub session_id: String,
@@ -87,6 +93,7 @@ pub struct Branch {
 
 /// `session.fork` result (also what `session.forkReceipt` finds).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionForkResult {
     pub session_id: String,
@@ -95,6 +102,7 @@ pub struct SessionForkResult {
 
 /// `session.forkReceipt` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionForkReceiptParams {
     pub operation_id: String,

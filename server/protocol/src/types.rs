@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// `hello` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HelloParams {
     pub protocol: u32,
@@ -15,6 +16,7 @@ pub struct HelloParams {
 
 /// Who the client says it is (for logs and metrics only).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ClientInfo {
     pub name: String,
@@ -22,6 +24,7 @@ pub struct ClientInfo {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HelloResult {
     pub protocol: u32,
@@ -37,11 +40,13 @@ pub struct HelloResult {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PingResult {
     pub pong: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct StatusResult {
     pub server_version: String,
@@ -51,6 +56,7 @@ pub struct StatusResult {
 
 /// A workspace as the client sees it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Workspace {
     pub workspace_id: String,
@@ -63,12 +69,14 @@ pub struct Workspace {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceRef {
     pub workspace_id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionRef {
     pub session_id: String,
@@ -76,6 +84,7 @@ pub struct SessionRef {
 
 /// `session.create` parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionCreateParams {
     pub workspace_id: String,
@@ -121,6 +130,7 @@ impl SessionCreateParams {
 
 /// What a session is for (`session.create {kind}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum SessionKind {
     Coordinator,
@@ -128,6 +138,7 @@ pub enum SessionKind {
 
 /// What a session is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum SessionPhase {
     Idle,
@@ -136,6 +147,7 @@ pub enum SessionPhase {
 
 /// Where a session's effective model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ModelLevel {
     Session,
@@ -145,6 +157,7 @@ pub enum ModelLevel {
 
 /// Everything a reconnecting client needs to draw a session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSnapshot {
     pub session_id: String,
@@ -180,6 +193,7 @@ pub struct SessionSnapshot {
 
 /// `session.list` parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionListParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -194,6 +208,7 @@ pub struct SessionListParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionListResult {
     pub entries: Vec<SessionListEntry>,
@@ -203,6 +218,7 @@ pub struct SessionListResult {
 
 /// One `session.list` entry (no message bodies).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionListEntry {
     pub session_id: String,
@@ -227,6 +243,7 @@ pub struct SessionListEntry {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionRenameParams {
     pub session_id: String,
@@ -236,6 +253,7 @@ pub struct SessionRenameParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSetModelParams {
     pub session_id: String,
@@ -249,6 +267,7 @@ pub struct SessionSetModelParams {
 
 /// `session.remove`, `session.clear`: a session and an optional operation id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionOpParams {
     pub session_id: String,
@@ -257,17 +276,20 @@ pub struct SessionOpParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Removed {
     pub removed: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Cleared {
     /// The `session.cleared` event's sequence.
     pub sequence: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionPauseParams {
     pub session_id: String,
@@ -277,6 +299,7 @@ pub struct SessionPauseParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionStopParams {
     pub session_id: String,
@@ -286,6 +309,7 @@ pub struct SessionStopParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TurnRef {
     pub turn_id: String,
@@ -293,6 +317,7 @@ pub struct TurnRef {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueUpdateParams {
     pub session_id: String,
@@ -304,6 +329,7 @@ pub struct QueueUpdateParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueMoveParams {
     pub session_id: String,
@@ -317,6 +343,7 @@ pub struct QueueMoveParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueRemoveParams {
     pub session_id: String,
@@ -328,6 +355,7 @@ pub struct QueueRemoveParams {
 
 /// The queue after a change (also the payload of `queue.changed`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueState {
     pub queue: Vec<QueueEntry>,
@@ -335,6 +363,7 @@ pub struct QueueState {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OperationReceiptParams {
     pub operation_id: String,
@@ -342,6 +371,7 @@ pub struct OperationReceiptParams {
 
 /// A stored operation receipt (`operation.receipt`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReceiptView {
     pub operation_id: String,
@@ -359,6 +389,7 @@ pub struct ReceiptView {
 
 /// Where an operation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ReceiptState {
     /// The first attempt is still running (a retry answers `operation-in-progress`).
@@ -369,6 +400,7 @@ pub enum ReceiptState {
 
 /// A notice: a fact for the client to word, never a sentence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Notice {
     /// `info`, `warning` or `error`.
     pub level: String,
@@ -378,6 +410,7 @@ pub struct Notice {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsParams {
     pub session_id: String,
@@ -390,6 +423,7 @@ pub struct SessionDiagnosticsParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Diagnostic {
     pub diagnostic_id: String,
@@ -408,6 +442,7 @@ pub struct Diagnostic {
 
 /// `session.context` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionContextParams {
     pub session_id: String,
@@ -418,6 +453,7 @@ pub struct SessionContextParams {
 
 /// `session.context`: the latest main model request the session prepared (null: none yet).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionContextResult {
     pub request: Option<ContextReport>,
@@ -426,6 +462,7 @@ pub struct SessionContextResult {
 /// What one model request held. Token counts are estimates (about four bytes a token);
 /// `inputTokens` is what the provider reported (null until and unless it did).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ContextReport {
     pub turn_id: Option<String>,
@@ -442,6 +479,7 @@ pub struct ContextReport {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RoleInput {
     pub role: String,
@@ -451,6 +489,7 @@ pub struct RoleInput {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ToolSchemaSize {
     pub name: String,
@@ -460,12 +499,14 @@ pub struct ToolSchemaSize {
 
 /// A `session.watchDiagnostics` item: the session's diagnostic revision now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DiagnosticsRevision {
     pub diagnostic_revision: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsResult {
     pub through: i64,
@@ -478,6 +519,7 @@ pub struct SessionDiagnosticsResult {
 /// (`queue.get` reads that). `queueId` is the turn's id (`trn_…`); both are given so that
 /// queue edits and turn references read naturally.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueEntry {
     pub queue_id: String,
@@ -492,6 +534,7 @@ pub struct QueueEntry {
 
 /// `queue.get`: one queued turn's whole prompt.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueueGetParams {
     pub session_id: String,
@@ -500,6 +543,7 @@ pub struct QueueGetParams {
 
 /// A queued turn with its whole prompt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct QueuedPrompt {
     pub queue_id: String,
@@ -510,6 +554,7 @@ pub struct QueuedPrompt {
 
 /// `content.upload` parameters: the request is followed by one binary WebSocket message
 /// whose first four bytes are this request's id (big-endian u32) and the rest the bytes.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContentUploadParams {
@@ -525,6 +570,7 @@ pub struct ContentUploadParams {
 }
 
 /// An uploaded attachment, to name in `session.send {attachments}`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContentUploadResult {
@@ -536,6 +582,7 @@ pub struct ContentUploadResult {
 
 /// `session.send` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSendParams {
     pub session_id: String,
@@ -547,6 +594,7 @@ pub struct SessionSendParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSendResult {
     pub turn_id: String,
@@ -559,6 +607,7 @@ pub struct SessionSendResult {
 
 /// A turn's lifecycle state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum TurnState {
     Queued,
@@ -600,6 +649,7 @@ impl TurnState {
 
 /// Why a turn failed: a typed code plus safe fields, never a provider body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Cause {
     /// `provider-unreachable`, `provider-status`, `provider-timeout`, `provider-protocol`,
     /// `tool-failed`, `worker-lost`, `internal`.
@@ -610,6 +660,7 @@ pub struct Cause {
 
 /// A row's address: the event that emitted it, then its ordinal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Position {
     pub source_sequence: i64,
@@ -618,6 +669,7 @@ pub struct Position {
 
 /// `session.history` parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionHistoryParams {
     pub session_id: String,
@@ -637,6 +689,7 @@ pub struct SessionHistoryParams {
 
 /// What `session.history` opens when given a `target`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum HistoryTarget {
     Row { position: Position, field: RowField },
@@ -645,6 +698,7 @@ pub enum HistoryTarget {
 
 /// A row's text fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum RowField {
     Body,
@@ -653,6 +707,7 @@ pub enum RowField {
 
 /// A field cut to fit the page: `returned` bytes of `bytes` are in the row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Truncation {
     pub truncated: bool,
     pub bytes: u64,
@@ -661,6 +716,7 @@ pub struct Truncation {
 
 /// `session.source`: read a row's field onward from a byte offset.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSourceParams {
     pub session_id: String,
@@ -673,6 +729,7 @@ pub struct SessionSourceParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSourceResult {
     pub data: String,
@@ -684,6 +741,7 @@ pub struct SessionSourceResult {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionHistoryResult {
     pub through: i64,
@@ -694,6 +752,7 @@ pub struct SessionHistoryResult {
 
 /// What a row is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum RowKind {
     User,
@@ -728,6 +787,7 @@ impl RowKind {
 
 /// A tool row's tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ToolInfo {
     pub name: String,
@@ -737,6 +797,7 @@ pub struct ToolInfo {
 
 /// A conversation item published by an event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Row {
     pub position: Position,
@@ -759,6 +820,7 @@ pub struct Row {
 }
 
 /// An attachment as a history row names it.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RowAttachment {
@@ -772,6 +834,7 @@ pub struct RowAttachment {
 
 /// A row before the store gives it a position (what a worker or the API tier publishes).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NewRow {
     pub kind: RowKind,
@@ -786,6 +849,7 @@ pub struct NewRow {
 
 /// `session.watch` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionWatchParams {
     pub session_id: String,
@@ -794,12 +858,14 @@ pub struct SessionWatchParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SubscriptionCloseParams {
     pub id: u32,
 }
 
 /// `admin.credential.create`: a user credential (`userId`) or a worker credential (`worker: true`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminCredentialCreateParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -817,6 +883,7 @@ pub struct AdminCredentialCreateParams {
 
 /// A credential as administrators see it (never the secret, except `token` once at creation).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CredentialView {
     pub credential_id: String,
@@ -840,6 +907,7 @@ pub struct CredentialView {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminCredentialRevokeParams {
     pub credential_id: String,
@@ -848,11 +916,13 @@ pub struct AdminCredentialRevokeParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Revoked {
     pub revoked: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminUserCreateParams {
     pub email: String,
@@ -866,6 +936,7 @@ pub struct AdminUserCreateParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct UserView {
     pub user_id: String,
@@ -877,6 +948,7 @@ pub struct UserView {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminUserDisableParams {
     pub user_id: String,
@@ -885,11 +957,13 @@ pub struct AdminUserDisableParams {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Disabled {
     pub disabled: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AdminStatus {
     pub replica_id: String,
@@ -902,6 +976,7 @@ pub struct AdminStatus {
 
 /// The tool call an approval holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct InteractionTool {
     pub name: String,
@@ -910,6 +985,7 @@ pub struct InteractionTool {
 
 /// Where an interaction stands. Everything but `pending` is final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum InteractionState {
     Pending,
@@ -952,6 +1028,7 @@ impl InteractionState {
 
 /// An interaction's answer: `{approved}` for approvals, `{choice}` for questions.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum InteractionOutcome {
     Approval { approved: bool },
@@ -963,6 +1040,7 @@ pub const INTERACTION_APPROVAL: &str = "approval";
 
 /// A held tool call (`kind: "approval"`) or a question, as clients see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Interaction {
     pub interaction_id: String,
@@ -992,6 +1070,7 @@ pub struct Interaction {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InteractionRef {
     pub interaction_id: String,
@@ -1000,6 +1079,7 @@ pub struct InteractionRef {
 /// `session.respond`: `answer` is `{approved: bool}` (approvals) or `{choice: string|null}`
 /// (questions; a choice must be one of the options when the question offers any).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SessionRespondParams {
     pub interaction_id: String,
@@ -1012,6 +1092,7 @@ pub struct SessionRespondParams {
 /// `interaction.resolved`. A second answer gets `interaction-closed` with `state` and
 /// `outcome` as error fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct InteractionResolution {
     pub interaction_id: String,

@@ -178,6 +178,7 @@ pub struct TurnSource {
 /// A tool call's status: `requested → running → completed | failed | denied`
 /// (`requested → denied` when an approval is refused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ToolStatus {
     Requested,
@@ -278,6 +279,7 @@ pub struct TurnStep {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
     pub input_tokens: u64,

@@ -1,0 +1,1439 @@
+// Berth protocol types, generated from the JSON Schema (`berth schema --typescript`).
+// Do not edit: regenerate instead.
+
+/** The protocol version these types describe. */
+export const PROTOCOL_VERSION = 1;
+
+/**
+ * `admin.credential.create`: a user credential (`userId`) or a worker credential (`worker: true`).
+ */
+export type AdminCredentialCreateParams = {
+  /**
+   * RFC 3339.
+   */
+  "expiresAt"?: string | null;
+  "note"?: string;
+  "operationId"?: string | null;
+  "userId"?: string | null;
+  "worker"?: boolean;
+};
+
+export type AdminCredentialRevokeParams = {
+  "credentialId": string;
+  "operationId"?: string | null;
+};
+
+export type AdminStatus = {
+  "connectedWorkers": number;
+  "queueDepth": number;
+  "replicaId": string;
+  /**
+   * Replicas holding a worker connection of this tenant.
+   */
+  "replicas": Array<string>;
+  "runningTurns": number;
+};
+
+export type AdminUserCreateParams = {
+  "email": string;
+  "operationId"?: string | null;
+  "password"?: string | null;
+  /**
+   * `admin` or `member` (default).
+   */
+  "role"?: string | null;
+};
+
+export type AdminUserDisableParams = {
+  "operationId"?: string | null;
+  "userId": string;
+};
+
+/**
+ * Where a forked session came from.
+ */
+export type Branch = {
+  /**
+   * The source's last event included in the fork.
+   */
+  "sequence": number;
+  "sessionId": string;
+  "turnId"?: string | null;
+};
+
+/**
+ * Why a turn failed: a typed code plus safe fields, never a provider body.
+ */
+export type Cause = {
+  /**
+   * `provider-unreachable`, `provider-status`, `provider-timeout`, `provider-protocol`,
+   * `tool-failed`, `worker-lost`, `internal`.
+   */
+  "code": string;
+  "status"?: number | null;
+};
+
+export type Cleared = {
+  /**
+   * The `session.cleared` event's sequence.
+   */
+  "sequence": number;
+};
+
+/**
+ * Who the client says it is (for logs and metrics only).
+ */
+export type ClientInfo = {
+  "name": string;
+  "version": string;
+};
+
+/**
+ * `content.upload` parameters: the request is followed by one binary WebSocket message
+ * whose first four bytes are this request's id (big-endian u32) and the rest the bytes.
+ */
+export type ContentUploadParams = {
+  /**
+   * The payload's size, if the client knows it: a binary message of another size (a
+   * truncated one) is `bad-params {reason: "size-mismatch"}`.
+   */
+  "bytes"?: number | null;
+  /**
+   * The file's name as the user knows it (no directories).
+   */
+  "filename": string;
+  /**
+   * The content type (`image/png`, `text/plain`, …).
+   */
+  "mime": string;
+  "sessionId": string;
+};
+
+/**
+ * An uploaded attachment, to name in `session.send {attachments}`.
+ */
+export type ContentUploadResult = {
+  "attachmentId": string;
+  "bytes": number;
+  /**
+   * Lowercase hex SHA-256 of the bytes.
+   */
+  "sha256": string;
+};
+
+/**
+ * What one model request held. Token counts are estimates (about four bytes a token);
+ * `inputTokens` is what the provider reported (null until and unless it did).
+ */
+export type ContextReport = {
+  "at": string;
+  "estimatedTokens": number;
+  "inputTokens"?: number | null;
+  "model"?: string | null;
+  "provider"?: string | null;
+  /**
+   * The input grouped by role, in order of first appearance.
+   */
+  "roles": Array<RoleInput>;
+  /**
+   * The session's last event sequence when the request was made.
+   */
+  "sequence": number;
+  "tools": Array<ToolSchemaSize>;
+  "turnId"?: string | null;
+};
+
+/**
+ * A credential as administrators see it (never the secret, except `token` once at creation).
+ */
+export type CredentialView = {
+  "createdAt": string;
+  "credentialId": string;
+  "expiresAt"?: string | null;
+  /**
+   * `user` or `worker`.
+   */
+  "kind": string;
+  "lastUsedAt"?: string | null;
+  "note": string;
+  "revokedAt"?: string | null;
+  /**
+   * The plaintext, present only in the response that created it.
+   */
+  "token"?: string | null;
+  "userEmail"?: string | null;
+  "userId"?: string | null;
+};
+
+export type Diagnostic = {
+  "at": string;
+  "cause": Cause;
+  "diagnosticId": string;
+  /**
+   * The session's diagnostic revision this record was written at (its own counter,
+   * independent of history).
+   */
+  "diagnosticRevision": number;
+  /**
+   * `execution`, `model-step`, `title`.
+   */
+  "kind": string;
+  "sequence"?: number | null;
+  "turnId"?: string | null;
+};
+
+export type Disabled = {
+  "disabled": boolean;
+};
+
+/**
+ * No parameters / no result fields.
+ */
+export type Empty = Record<string, unknown>;
+
+/**
+ * A stable, typed error code. The client owns the wording.
+ */
+export type ErrorCode = ("parse-error" | "invalid-request" | "method-not-found" | "unauthorized" | "forbidden" | "not-found" | "bad-params" | "unsupported-protocol" | "stale-revision" | "turn-busy" | "turn-not-running" | "workspace-offline" | "operation-conflict" | "operation-in-progress" | "rate-limited" | "payload-too-large" | "history-cleared" | "unsupported" | "unavailable" | "internal" | "conflict" | "queue-full" | "interaction-closed" | "unknown-provider" | "unknown-model" | "base-url-not-allowed");
+
+/**
+ * A persisted history event: `{sequence, type, at, turnId?, rows?, …payload}`.
+ */
+export type Event = {
+  "at": string;
+  /**
+   * The rows this event publishes (absent when none).
+   */
+  "rows"?: Array<Row>;
+  "sequence": number;
+  /**
+   * The turn the event belongs to (absent for session-level events).
+   */
+  "turnId"?: string | null;
+} & (SessionCreated & {
+  "type": "session.created";
+} | TitleChanged & {
+  "type": "session.titleChanged";
+} | ModelChanged & {
+  "type": "session.modelChanged";
+} | Notice & {
+  "type": "session.notice";
+} | Nothing & {
+  "type": "session.cleared";
+} | TurnQueued & {
+  "type": "turn.queued";
+} | Nothing & {
+  "type": "turn.started";
+} | ModelCompleted & {
+  "type": "model.completed";
+} | ToolCallStatus & {
+  "type": "tool.status";
+} | ToolCallStatus & {
+  "type": "tool.ended";
+} | TurnEnded & {
+  "type": "turn.ended";
+} | QueueState & {
+  "type": "queue.changed";
+} | InteractionRequested & {
+  "type": "interaction.requested";
+} | InteractionResolution & {
+  "type": "interaction.resolved";
+} | Forked & {
+  "type": "session.forked";
+});
+
+/**
+ * Every persisted event type with its payload.
+ */
+export type EventPayload = (SessionCreated & {
+  "type": "session.created";
+} | TitleChanged & {
+  "type": "session.titleChanged";
+} | ModelChanged & {
+  "type": "session.modelChanged";
+} | Notice & {
+  "type": "session.notice";
+} | Nothing & {
+  "type": "session.cleared";
+} | TurnQueued & {
+  "type": "turn.queued";
+} | Nothing & {
+  "type": "turn.started";
+} | ModelCompleted & {
+  "type": "model.completed";
+} | ToolCallStatus & {
+  "type": "tool.status";
+} | ToolCallStatus & {
+  "type": "tool.ended";
+} | TurnEnded & {
+  "type": "turn.ended";
+} | QueueState & {
+  "type": "queue.changed";
+} | InteractionRequested & {
+  "type": "interaction.requested";
+} | InteractionResolution & {
+  "type": "interaction.resolved";
+} | Forked & {
+  "type": "session.forked";
+});
+
+export type FileEntry = {
+  "kind": FileKind;
+  /**
+   * The path relative to the workspace root.
+   */
+  "path": WorkspacePath;
+  /**
+   * Bytes, for regular files.
+   */
+  "size"?: number | null;
+};
+
+export type FileKind = ("file" | "dir" | "other" | "symlink");
+
+/**
+ * `files.list` parameters.
+ */
+export type FilesListParams = {
+  /**
+   * The `next` of the previous page.
+   */
+  "after"?: string | null;
+  /**
+   * The directory; absent or null for the workspace root.
+   */
+  "path"?: (WorkspacePath | null);
+  "sessionId": string;
+};
+
+/**
+ * One page of a directory's direct children, sorted by name bytes.
+ */
+export type FilesListResult = {
+  /**
+   * Identifies the directory itself (device and inode); compare with `files.watch`'s `ready`.
+   */
+  "directoryIdentity": string;
+  "entries": Array<FileEntry>;
+  /**
+   * Pass as `after` for the next page; absent on the last page.
+   */
+  "next"?: string | null;
+};
+
+/**
+ * `files.read` parameters.
+ */
+export type FilesReadParams = {
+  /**
+   * Read only if the file is still this version (else a `changed` item).
+   */
+  "expectedVersion"?: string | null;
+  "path": WorkspacePath;
+  "sessionId": string;
+};
+
+/**
+ * How a `files.watch` ended: `unavailable` when the directory was removed or replaced;
+ * null when it was closed.
+ */
+export type FilesWatchEnd = ({
+  "type": "unavailable";
+});
+
+/**
+ * `files.watch` parameters.
+ */
+export type FilesWatchParams = {
+  "path"?: (WorkspacePath | null);
+  "sessionId": string;
+};
+
+export type Forked = {
+  "branch": Branch;
+};
+
+/**
+ * Which comparison `git.diff` makes.
+ */
+export type GitArea = ("staged" | "worktree" | "untracked");
+
+/**
+ * How a path changed. Renames are a deletion plus an addition.
+ */
+export type GitChange = ("added" | "modified" | "deleted" | "type-changed" | "unmerged");
+
+/**
+ * One path's difference.
+ */
+export type GitDiff = ({
+  "kind": "text";
+  "patch": string;
+} | {
+  "kind": "binary";
+} | {
+  "kind": "unchanged";
+} | {
+  "kind": "unsupported";
+  "reason": string;
+});
+
+/**
+ * `git.diff` parameters.
+ */
+export type GitDiffParams = {
+  "area": GitArea;
+  "path": WorkspacePath;
+  "sessionId": string;
+};
+
+export type GitEntry = {
+  "change": GitChange;
+  "path": WorkspacePath;
+};
+
+export type GitHead = {
+  /**
+   * The commit id (hex).
+   */
+  "oid": string;
+  /**
+   * The branch HEAD points at (`refs/heads/…`); absent when detached.
+   */
+  "ref"?: string | null;
+};
+
+/**
+ * The repository's state: `null` as a whole when the workspace is not a repository.
+ */
+export type GitStatus = {
+  /**
+   * Absent for an unborn repository (no commit yet).
+   */
+  "head"?: (GitHead | null);
+  /**
+   * HEAD compared to the index.
+   */
+  "staged": Array<GitEntry>;
+  /**
+   * Files neither tracked nor ignored.
+   */
+  "untracked": Array<GitEntry>;
+  /**
+   * The index compared to the files.
+   */
+  "worktree": Array<GitEntry>;
+};
+
+/**
+ * `git.status` parameters.
+ */
+export type GitStatusParams = {
+  "sessionId": string;
+};
+
+/**
+ * `hello` parameters.
+ */
+export type HelloParams = {
+  "client"?: (ClientInfo | null);
+  "protocol": number;
+  "token"?: string | null;
+};
+
+export type HelloResult = {
+  /**
+   * Host-level notices (e.g. no model provider configured).
+   */
+  "notices"?: Array<Notice>;
+  "protocol": number;
+  "replicaId": string;
+  "role": string;
+  "serverVersion": string;
+  "tenantId": string;
+  "userId"?: string | null;
+};
+
+/**
+ * What `session.history` opens when given a `target`.
+ */
+export type HistoryTarget = ({
+  "field": RowField;
+  "kind": "row";
+  "position": Position;
+} | {
+  "kind": "event";
+  "sequence": number;
+});
+
+/**
+ * A held tool call (`kind: "approval"`) or a question, as clients see it.
+ */
+export type Interaction = {
+  "createdAt": string;
+  "expiresAt": string;
+  /**
+   * The outcome recorded when nobody answers (expiry, nobody watching).
+   */
+  "fallback": InteractionOutcome;
+  /**
+   * The tool's arguments (approvals) or the question (questions).
+   */
+  "input": unknown;
+  "interactionId": string;
+  "kind": string;
+  /**
+   * The choices a question offers.
+   */
+  "options"?: Array<string> | null;
+  /**
+   * The recorded outcome once resolved.
+   */
+  "outcome"?: (InteractionOutcome | null);
+  /**
+   * Question parameters for the client to word the prompt with.
+   */
+  "params"?: unknown;
+  "resolvedAt"?: string | null;
+  "sessionId": string;
+  "state": InteractionState;
+  "tool"?: (InteractionTool | null);
+  "turnId": string;
+};
+
+/**
+ * An interaction's answer: `{approved}` for approvals, `{choice}` for questions.
+ */
+export type InteractionOutcome = ({
+  "approved": boolean;
+} | {
+  "choice"?: string | null;
+});
+
+export type InteractionRef = {
+  "interactionId": string;
+};
+
+export type InteractionRequested = {
+  /**
+   * The interaction as asked (`state: pending`); boxed to keep the payload enum small.
+   */
+  "interaction": Interaction;
+};
+
+/**
+ * How an interaction was resolved: the `session.respond` result and the payload of
+ * `interaction.resolved`. A second answer gets `interaction-closed` with `state` and
+ * `outcome` as error fields.
+ */
+export type InteractionResolution = {
+  /**
+   * The user (or credential) that answered, for `answered`.
+   */
+  "answeredBy"?: string | null;
+  "interactionId": string;
+  "outcome": InteractionOutcome;
+  "state": InteractionState;
+};
+
+/**
+ * Where an interaction stands. Everything but `pending` is final.
+ */
+export type InteractionState = ("pending" | "answered" | "expired" | "unwatched" | "auto" | "closed");
+
+/**
+ * The tool call an approval holds.
+ */
+export type InteractionTool = {
+  "callId": string;
+  "name": string;
+};
+
+/**
+ * The live-only items of a watch (no `sequence`).
+ */
+export type LiveItem = (ModelDelta & {
+  "type": "model.delta";
+} | PhaseItem & {
+  "type": "phase";
+} | WatchState & {
+  "type": "state";
+} | Resync & {
+  "type": "resync";
+});
+
+export type ModelChanged = {
+  "model"?: string | null;
+  "provider"?: string | null;
+};
+
+export type ModelCompleted = {
+  "usage"?: (Usage | null);
+};
+
+/**
+ * Live-only: streamed model output of the running step (no sequence; not history).
+ * Offsets are byte offsets into the step's text and thinking, so that a watcher can tell
+ * exactly where a piece goes; a piece at offset 0 starts (or, after `resync`, replaces)
+ * the step's text.
+ */
+export type ModelDelta = {
+  /**
+   * The model step within the turn (0, 1, …); a new step starts new text.
+   */
+  "step": number;
+  "text"?: string | null;
+  "textOffset"?: number | null;
+  "thinking"?: string | null;
+  "thinkingOffset"?: number | null;
+  "turnId": string;
+};
+
+/**
+ * Where a session's effective model came from.
+ */
+export type ModelLevel = "session" | "agent" | "tenant";
+
+/**
+ * A payload without fields.
+ */
+export type Nothing = Record<string, unknown>;
+
+/**
+ * A notice: a fact for the client to word, never a sentence.
+ */
+export type Notice = {
+  "code": string;
+  /**
+   * `info`, `warning` or `error`.
+   */
+  "level": string;
+  "params"?: unknown;
+};
+
+export type OperationReceiptParams = {
+  "operationId": string;
+};
+
+/**
+ * Live-only: the session's phase changed.
+ */
+export type PhaseItem = {
+  "phase": SessionPhase;
+  "turnId"?: string | null;
+};
+
+export type PingResult = {
+  "pong": boolean;
+};
+
+/**
+ * A row's address: the event that emitted it, then its ordinal.
+ */
+export type Position = {
+  "itemIndex": number;
+  "sourceSequence": number;
+};
+
+/**
+ * A queued turn as the queue shows it: a preview of its prompt, never the whole text
+ * (`queue.get` reads that). `queueId` is the turn's id (`trn_…`); both are given so that
+ * queue edits and turn references read naturally.
+ */
+export type QueueEntry = {
+  /**
+   * The prompt's first [`crate::QUEUE_PREVIEW_BYTES`] bytes at most (cut on a character boundary).
+   */
+  "preview": string;
+  /**
+   * The whole prompt's length in bytes (more than the preview's: it was cut).
+   */
+  "promptBytes": number;
+  "queueId": string;
+  /**
+   * Guards `queue.update`, `queue.move`, `queue.remove` (stale → `stale-revision`).
+   */
+  "queueRevision": number;
+  "turnId": string;
+};
+
+/**
+ * `queue.get`: one queued turn's whole prompt.
+ */
+export type QueueGetParams = {
+  "queueId": string;
+  "sessionId": string;
+};
+
+export type QueueMoveParams = {
+  /**
+   * Move before this entry; absent or null moves to the end.
+   */
+  "beforeQueueId"?: string | null;
+  "operationId"?: string | null;
+  "queueId": string;
+  "queueRevision": number;
+  "sessionId": string;
+};
+
+export type QueueRemoveParams = {
+  "operationId"?: string | null;
+  "queueId": string;
+  "queueRevision": number;
+  "sessionId": string;
+};
+
+/**
+ * The queue after a change (also the payload of `queue.changed`).
+ */
+export type QueueState = {
+  "paused": boolean;
+  "queue": Array<QueueEntry>;
+};
+
+export type QueueUpdateParams = {
+  "operationId"?: string | null;
+  "prompt": string;
+  "queueId": string;
+  "queueRevision": number;
+  "sessionId": string;
+};
+
+/**
+ * A queued turn with its whole prompt.
+ */
+export type QueuedPrompt = {
+  "prompt": string;
+  "queueId": string;
+  "queueRevision": number;
+  "turnId": string;
+};
+
+/**
+ * Where an operation is.
+ */
+export type ReceiptState = ("pending" | "done");
+
+/**
+ * A stored operation receipt (`operation.receipt`).
+ */
+export type ReceiptView = {
+  "createdAt": string;
+  /**
+   * The method's typed error, when it failed.
+   */
+  "error"?: (RpcError | null);
+  /**
+   * The method the operation called.
+   */
+  "method": string;
+  "operationId": string;
+  /**
+   * The method's result (its result type), when it succeeded.
+   */
+  "result"?: unknown;
+  "state": ReceiptState;
+};
+
+export type Removed = {
+  "removed": boolean;
+};
+
+/**
+ * Live items were dropped for this watcher (it read too slowly). Drop the live view
+ * (streamed text, phase): a `state` item and the running step's text from offset 0 follow.
+ * History events are never dropped.
+ */
+export type Resync = {
+  "reason": ResyncReason;
+};
+
+export type ResyncReason = ("lagged");
+
+export type Revoked = {
+  "revoked": boolean;
+};
+
+export type RoleInput = {
+  "bytes": number;
+  "estimatedTokens": number;
+  "messages": number;
+  "role": string;
+};
+
+/**
+ * A conversation item published by an event.
+ */
+export type Row = {
+  /**
+   * A user row's attachments, in the order they were sent.
+   */
+  "attachments"?: Array<RowAttachment> | null;
+  "body": string;
+  "hidden"?: boolean | null;
+  "kind": RowKind;
+  "position": Position;
+  "thinking"?: string | null;
+  "tool"?: (ToolInfo | null);
+  /**
+   * Fields cut to fit the page, by field.
+   */
+  "truncated"?: {
+    "body"?: Truncation;
+    "thinking"?: Truncation;
+  } | null;
+  "turnId"?: string | null;
+};
+
+/**
+ * An attachment as a history row names it.
+ */
+export type RowAttachment = {
+  "attachmentId": string;
+  "bytes": number;
+  "mimeType": string;
+  "name": string;
+  /**
+   * Lowercase hex SHA-256.
+   */
+  "sha256": string;
+};
+
+/**
+ * A row's text fields.
+ */
+export type RowField = "body" | "thinking";
+
+/**
+ * What a row is.
+ */
+export type RowKind = "user" | "assistant" | "toolCall" | "toolResult" | "notice";
+
+/**
+ * A JSON-RPC error object: `{code, message, data: {code, …fields}}`.
+ */
+export type RpcError = {
+  "code": number;
+  "data": unknown;
+  "message": string;
+};
+
+/**
+ * Where a search page stopped. With `field` absent the row at `position` was searched
+ * whole; with `field` and `offset` the scan resumes in that row's field at that byte.
+ */
+export type SearchCursor = {
+  "field"?: (RowField | null);
+  "offset"?: number | null;
+  "position": Position;
+};
+
+/**
+ * A match: the row, the field and the byte range `[start, end)` in that field's text, so
+ * that `session.history {target: {kind: "row", position, field}}` and `session.source`
+ * open exactly it.
+ */
+export type SearchHit = {
+  "end": number;
+  "field": RowField;
+  "position": Position;
+  "start": number;
+};
+
+/**
+ * `session.context` parameters.
+ */
+export type SessionContextParams = {
+  "sessionId": string;
+  /**
+   * The history sequence fence: the latest request made at or before it.
+   */
+  "through"?: number | null;
+};
+
+/**
+ * `session.context`: the latest main model request the session prepared (null: none yet).
+ */
+export type SessionContextResult = {
+  "request"?: (ContextReport | null);
+};
+
+/**
+ * `session.create` parameters.
+ */
+export type SessionCreateParams = {
+  "agent"?: string | null;
+  "autoApprove"?: boolean | null;
+  "baseUrl"?: string | null;
+  "channel"?: string | null;
+  "delegationDepth"?: number | null;
+  "kind"?: (SessionKind | null);
+  "model"?: string | null;
+  "noTools"?: boolean | null;
+  "operationId"?: string | null;
+  "provider"?: string | null;
+  "title"?: string | null;
+  "workspaceId": string;
+};
+
+export type SessionCreated = {
+  /**
+   * The session whose delegate call started this one (a sub-agent).
+   */
+  "parent"?: string | null;
+  "workspaceId": string;
+};
+
+export type SessionDiagnosticsParams = {
+  "before"?: number | null;
+  "limit"?: number | null;
+  "sessionId": string;
+  "through"?: number | null;
+};
+
+export type SessionDiagnosticsResult = {
+  "diagnostics": Array<Diagnostic>;
+  "nextBefore"?: number | null;
+  "through": number;
+};
+
+/**
+ * `session.fork` parameters.
+ */
+export type SessionForkParams = {
+  /**
+   * Required: a lost response is recovered with `session.forkReceipt`.
+   */
+  "operationId": string;
+  "sessionId": string;
+  /**
+   * The source's history revision (`session.get`'s `revision`) the client saw.
+   */
+  "sourceRevision": number;
+  /**
+   * A settled turn to fork from (its history up to its end); absent or null: all
+   * current history, which must then have no running turn.
+   */
+  "turnId"?: string | null;
+};
+
+/**
+ * `session.forkReceipt` parameters.
+ */
+export type SessionForkReceiptParams = {
+  "operationId": string;
+};
+
+/**
+ * `session.fork` result (also what `session.forkReceipt` finds).
+ */
+export type SessionForkResult = {
+  "branch": Branch;
+  "sessionId": string;
+};
+
+/**
+ * `session.history` parameters.
+ */
+export type SessionHistoryParams = {
+  "after"?: (Position | null);
+  "limit"?: number | null;
+  /**
+   * Page byte budget (default and maximum set by the server).
+   */
+  "maxBytes"?: number | null;
+  "sessionId": string;
+  /**
+   * Open one row or one event under the fence.
+   */
+  "target"?: (HistoryTarget | null);
+  "through"?: number | null;
+};
+
+export type SessionHistoryResult = {
+  "nextAfter"?: (Position | null);
+  "rows": Array<Row>;
+  "through": number;
+};
+
+/**
+ * What a session is for (`session.create {kind}`).
+ */
+export type SessionKind = "coordinator";
+
+/**
+ * One `session.list` entry (no message bodies).
+ */
+export type SessionListEntry = {
+  "branch"?: string | null;
+  "effectiveModelId"?: string | null;
+  "effectiveModelLevel"?: (ModelLevel | null);
+  "messageCount": number;
+  "modelId"?: string | null;
+  "phase": SessionPhase;
+  /**
+   * How many turns are queued (as in the snapshot).
+   */
+  "queued": number;
+  /**
+   * The running turn's id, if any (as in the snapshot).
+   */
+  "running"?: string | null;
+  "sessionId": string;
+  "title": string;
+  "updatedAt": string;
+  "workspaceId": string;
+};
+
+/**
+ * `session.list` parameters.
+ */
+export type SessionListParams = {
+  /**
+   * The previous page's `nextAfter`.
+   */
+  "after"?: string | null;
+  "limit"?: number | null;
+  "parent"?: string | null;
+  "workspaceId"?: string | null;
+};
+
+export type SessionListResult = {
+  "entries": Array<SessionListEntry>;
+  "nextAfter"?: string | null;
+};
+
+/**
+ * `session.remove`, `session.clear`: a session and an optional operation id.
+ */
+export type SessionOpParams = {
+  "operationId"?: string | null;
+  "sessionId": string;
+};
+
+export type SessionPauseParams = {
+  "operationId"?: string | null;
+  "paused": boolean;
+  "sessionId": string;
+};
+
+/**
+ * What a session is doing.
+ */
+export type SessionPhase = "idle" | "running";
+
+export type SessionRef = {
+  "sessionId": string;
+};
+
+export type SessionRenameParams = {
+  "operationId"?: string | null;
+  "sessionId": string;
+  "title": string;
+};
+
+/**
+ * `session.respond`: `answer` is `{approved: bool}` (approvals) or `{choice: string|null}`
+ * (questions; a choice must be one of the options when the question offers any).
+ */
+export type SessionRespondParams = {
+  "answer": unknown;
+  "interactionId": string;
+  "operationId"?: string | null;
+};
+
+/**
+ * `session.search` parameters. Keep `query`, the options and `through` fixed while
+ * following `nextAfter`; start with `after` absent.
+ */
+export type SessionSearchParams = {
+  "after"?: (SearchCursor | null);
+  "caseSensitive"?: boolean;
+  /**
+   * Literal text (not a pattern).
+   */
+  "query": string;
+  "sessionId": string;
+  /**
+   * The fence: no row published after this event is searched. Absent: the session's
+   * last sequence now, returned in the result.
+   */
+  "through"?: number | null;
+  "wholeWord"?: boolean;
+};
+
+/**
+ * One page of hits, in history order. A page may hold no hits and still advance:
+ * follow `nextAfter` until it is absent.
+ */
+export type SessionSearchResult = {
+  "hits": Array<SearchHit>;
+  "nextAfter"?: (SearchCursor | null);
+  "through": number;
+};
+
+/**
+ * `session.send` parameters.
+ */
+export type SessionSendParams = {
+  "attachments"?: Array<string>;
+  "operationId"?: string | null;
+  "prompt": string;
+  "sessionId": string;
+};
+
+export type SessionSendResult = {
+  "queueId"?: string | null;
+  "queueRevision"?: number | null;
+  "state": TurnState;
+  "turnId": string;
+};
+
+export type SessionSetModelParams = {
+  "model"?: string | null;
+  "operationId"?: string | null;
+  "provider"?: string | null;
+  "sessionId": string;
+};
+
+/**
+ * Everything a reconnecting client needs to draw a session.
+ */
+export type SessionSnapshot = {
+  "createdAt": string;
+  "effectiveModelId"?: string | null;
+  "effectiveModelLevel"?: (ModelLevel | null);
+  /**
+   * The history revision (what `session.fork` is guarded by).
+   */
+  "historyRevision": number;
+  "modelId"?: string | null;
+  /**
+   * The queue is held (`session.pause`).
+   */
+  "paused": boolean;
+  /**
+   * Interactions waiting for an answer, oldest first.
+   */
+  "pendingInteractions": Array<Interaction>;
+  "phase": SessionPhase;
+  "provider"?: string | null;
+  /**
+   * The queued turns in order (previews, not whole prompts).
+   */
+  "queue": Array<QueueEntry>;
+  /**
+   * How many turns are queued.
+   */
+  "queued": number;
+  /**
+   * The running turn's id, if any.
+   */
+  "running"?: string | null;
+  /**
+   * Last event sequence.
+   */
+  "sequence": number;
+  "sessionId": string;
+  "title": string;
+  "updatedAt": string;
+  "workspaceId": string;
+};
+
+/**
+ * `session.source`: read a row's field onward from a byte offset.
+ */
+export type SessionSourceParams = {
+  "field": RowField;
+  "limit"?: number | null;
+  "offset"?: number;
+  "position": Position;
+  "sessionId": string;
+};
+
+export type SessionSourceResult = {
+  "bytes": number;
+  "data": string;
+  /**
+   * Where the next read starts (exclusive of what this one returned); null at the end.
+   */
+  "nextOffset"?: number | null;
+  "offset": number;
+};
+
+export type SessionStopParams = {
+  "operationId"?: string | null;
+  "sessionId": string;
+  "turnId": string;
+};
+
+/**
+ * `session.watch` parameters.
+ */
+export type SessionWatchParams = {
+  "after"?: number;
+  "sessionId": string;
+};
+
+export type StatusResult = {
+  "protocol": number;
+  "replicaId": string;
+  "serverVersion": string;
+};
+
+export type SubscriptionCloseParams = {
+  "id": number;
+};
+
+/**
+ * The params of a `subscription.item` notification: the subscribing request's id and one
+ * item (for `session.watch`, a [`crate::WatchItem`]).
+ */
+export type SubscriptionItem = {
+  "id": number;
+  "item": WatchItem;
+};
+
+export type TitleChanged = {
+  "title": string;
+};
+
+/**
+ * A tool call's status change: the call row's position and id, and the new status.
+ */
+export type ToolCallStatus = {
+  "callId": string;
+  "position": Position;
+  "status": ToolStatus;
+};
+
+/**
+ * A tool row's tool.
+ */
+export type ToolInfo = {
+  "callId": string;
+  "name": string;
+  "status": string;
+};
+
+export type ToolSchemaSize = {
+  "bytes": number;
+  "estimatedTokens": number;
+  "name": string;
+};
+
+/**
+ * A tool call's status: `requested → running → completed | failed | denied`
+ * (`requested → denied` when an approval is refused).
+ */
+export type ToolStatus = "requested" | "running" | "completed" | "failed" | "denied";
+
+/**
+ * A field cut to fit the page: `returned` bytes of `bytes` are in the row.
+ */
+export type Truncation = {
+  "bytes": number;
+  "returned": number;
+  "truncated": boolean;
+};
+
+export type TurnEnded = {
+  "cause"?: (Cause | null);
+  "state": TurnState;
+  /**
+   * The turn's model usage as the proxy metered it (absent when no step reported any).
+   */
+  "usage"?: (Usage | null);
+};
+
+export type TurnQueued = {
+  /**
+   * The entry as the queue shows it.
+   */
+  "entry": QueueEntry;
+};
+
+export type TurnRef = {
+  "state": TurnState;
+  "turnId": string;
+};
+
+/**
+ * A turn's lifecycle state.
+ */
+export type TurnState = "queued" | "running" | "completed" | "failed" | "cancelled" | "interrupted";
+
+export type Usage = {
+  "inputTokens": number;
+  "outputTokens": number;
+};
+
+export type UserView = {
+  "createdAt": string;
+  "disabled": boolean;
+  "email": string;
+  "hasPassword": boolean;
+  "role": string;
+  "userId": string;
+};
+
+/**
+ * Any item of a `session.watch` subscription: a history event (it has a `sequence`) or a
+ * live-only item.
+ */
+export type WatchItem = (Event | LiveItem);
+
+/**
+ * What a client draws besides history: sent once a watch has caught up, and again after
+ * a `resync`. It reflects every event through sequence `through` (events after it follow).
+ */
+export type WatchState = {
+  "paused": boolean;
+  "pendingInteractions": Array<Interaction>;
+  "phase": SessionPhase;
+  "queue": Array<QueueEntry>;
+  "queued": number;
+  /**
+   * The running turn's id, if any.
+   */
+  "running"?: string | null;
+  "through": number;
+};
+
+/**
+ * A workspace as the client sees it.
+ */
+export type Workspace = {
+  "host": string;
+  "lastSeenAt"?: string | null;
+  "online": boolean;
+  "path": string;
+  "title": string;
+  "workspaceId": string;
+};
+
+export type WorkspaceFile = {
+  "dir": boolean;
+  /**
+   * Relative, `/`-separated.
+   */
+  "path": string;
+};
+
+/**
+ * `workspace.files` parameters.
+ */
+export type WorkspaceFilesParams = {
+  /**
+   * Only paths starting with this (`/`-separated, relative).
+   */
+  "prefix"?: string | null;
+  "workspaceId": string;
+};
+
+/**
+ * Completion candidates.
+ */
+export type WorkspaceFilesResult = {
+  /**
+   * Sorted by path; ancestors of matching files are included as directories.
+   */
+  "entries": Array<WorkspaceFile>;
+  /**
+   * More matched than [`WORKSPACE_FILES_MAX`].
+   */
+  "truncated": boolean;
+};
+
+/**
+ * A relative path inside a workspace: its exact bytes, base64 (standard, padded).
+ */
+export type WorkspacePath = {
+  "bytesBase64": string;
+};
+
+export type WorkspaceRef = {
+  "workspaceId": string;
+};
+
+/**
+ * `workspace.remove` parameters.
+ */
+export type WorkspaceRemoveParams = {
+  "operationId"?: string | null;
+  "workspaceId": string;
+};
+
+/**
+ * `workspace.rename` parameters.
+ */
+export type WorkspaceRenameParams = {
+  "operationId"?: string | null;
+  "title": string;
+  "workspaceId": string;
+};
+
+/** Every method: its params and its result. */
+export interface Methods {
+  "admin.credential.create": { params: AdminCredentialCreateParams; result: CredentialView };
+  "admin.credential.list": { params: Empty; result: Array<CredentialView> };
+  "admin.credential.revoke": { params: AdminCredentialRevokeParams; result: Revoked };
+  "admin.status": { params: Empty; result: AdminStatus };
+  "admin.user.create": { params: AdminUserCreateParams; result: UserView };
+  "admin.user.disable": { params: AdminUserDisableParams; result: Disabled };
+  "admin.user.list": { params: Empty; result: Array<UserView> };
+  "content.upload": { params: ContentUploadParams; result: ContentUploadResult };
+  "files.list": { params: FilesListParams; result: FilesListResult };
+  "files.read": { params: FilesReadParams; result: null };
+  "files.watch": { params: FilesWatchParams; result: (FilesWatchEnd | null) };
+  "git.diff": { params: GitDiffParams; result: GitDiff };
+  "git.status": { params: GitStatusParams; result: (GitStatus | null) };
+  "hello": { params: HelloParams; result: HelloResult };
+  "operation.receipt": { params: OperationReceiptParams; result: (ReceiptView | null) };
+  "ping": { params: Empty; result: PingResult };
+  "queue.get": { params: QueueGetParams; result: QueuedPrompt };
+  "queue.move": { params: QueueMoveParams; result: QueueState };
+  "queue.remove": { params: QueueRemoveParams; result: Removed };
+  "queue.update": { params: QueueUpdateParams; result: QueueEntry };
+  "session.clear": { params: SessionOpParams; result: Cleared };
+  "session.context": { params: SessionContextParams; result: SessionContextResult };
+  "session.create": { params: SessionCreateParams; result: SessionSnapshot };
+  "session.diagnostics": { params: SessionDiagnosticsParams; result: SessionDiagnosticsResult };
+  "session.fork": { params: SessionForkParams; result: SessionForkResult };
+  "session.forkReceipt": { params: SessionForkReceiptParams; result: (SessionForkResult | null) };
+  "session.get": { params: SessionRef; result: SessionSnapshot };
+  "session.history": { params: SessionHistoryParams; result: SessionHistoryResult };
+  "session.interaction": { params: InteractionRef; result: Interaction };
+  "session.list": { params: SessionListParams; result: SessionListResult };
+  "session.pause": { params: SessionPauseParams; result: QueueState };
+  "session.pendingInteractions": { params: SessionRef; result: Array<Interaction> };
+  "session.remove": { params: SessionOpParams; result: Removed };
+  "session.rename": { params: SessionRenameParams; result: SessionSnapshot };
+  "session.respond": { params: SessionRespondParams; result: InteractionResolution };
+  "session.search": { params: SessionSearchParams; result: SessionSearchResult };
+  "session.send": { params: SessionSendParams; result: SessionSendResult };
+  "session.setModel": { params: SessionSetModelParams; result: SessionSnapshot };
+  "session.source": { params: SessionSourceParams; result: SessionSourceResult };
+  "session.stop": { params: SessionStopParams; result: TurnRef };
+  "session.watch": { params: SessionWatchParams; result: null };
+  "session.watchDiagnostics": { params: SessionRef; result: null };
+  "status": { params: Empty; result: StatusResult };
+  "subscription.close": { params: SubscriptionCloseParams; result: Empty };
+  "workspace.files": { params: WorkspaceFilesParams; result: WorkspaceFilesResult };
+  "workspace.get": { params: WorkspaceRef; result: Workspace };
+  "workspace.list": { params: Empty; result: Array<Workspace> };
+  "workspace.remove": { params: WorkspaceRemoveParams; result: Removed };
+  "workspace.rename": { params: WorkspaceRenameParams; result: Workspace };
+}
+
+export type MethodName = keyof Methods;
+
+/** Subscription methods and the items they deliver. */
+export interface Subscriptions {
+  "session.watch": WatchItem;
+}
+
+export type WireEvent = Event;
+export type WireWatchItem = WatchItem;
+export type WireError = RpcError;
+export type WireErrorCode = ErrorCode;

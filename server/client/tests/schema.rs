@@ -1,0 +1,176 @@
+//! The protocol schema: it covers every method, event and error code, and the checked-in
+//! TypeScript declarations are exactly what the schema generates (and compile with
+//! `tsc --strict`, together with a tiny client that uses them).
+
+use std::path::PathBuf;
+
+use berth_protocol::{ErrorCode, EventPayload, METHOD_NAMES, schema};
+
+fn ts_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../clients/typescript")
+}
+
+#[test]
+fn the_schema_covers_every_method_event_and_error_code() {
+    let doc = schema::document();
+    let methods = doc["methods"].as_object().expect("methods");
+    let mut in_schema: Vec<&str> = methods.keys().map(String::as_str).collect();
+    let mut declared = METHOD_NAMES.to_vec();
+    in_schema.sort();
+    declared.sort();
+    assert_eq!(in_schema, declared, "schema methods vs methods!");
+    for (name, m) in methods {
+        assert!(m.get("params").is_some() && m.get("result").is_some(), "{name}");
+    }
+
+    let mut events = schema::event_types(&doc);
+    let mut expected: Vec<&str> = EventPayload::samples().iter().map(EventPayload::type_name).collect();
+    events.sort();
+    expected.sort();
+    assert_eq!(events, expected, "schema events vs EventPayload");
+
+    // The exhaustive match makes a new error code a compile error here until it is listed.
+    let codes = schema::error_codes(&doc);
+    let all = [
+        ErrorCode::ParseError,
+        ErrorCode::InvalidRequest,
+        ErrorCode::MethodNotFound,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::NotFound,
+        ErrorCode::Conflict,
+        ErrorCode::BadParams,
+        ErrorCode::UnsupportedProtocol,
+        ErrorCode::StaleRevision,
+        ErrorCode::TurnBusy,
+        ErrorCode::TurnNotRunning,
+        ErrorCode::WorkspaceOffline,
+        ErrorCode::OperationConflict,
+        ErrorCode::OperationInProgress,
+        ErrorCode::RateLimited,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::QueueFull,
+        ErrorCode::HistoryCleared,
+        ErrorCode::Unsupported,
+        ErrorCode::Unavailable,
+        ErrorCode::Internal,
+        ErrorCode::UnknownProvider,
+        ErrorCode::UnknownModel,
+        ErrorCode::BaseUrlNotAllowed,
+        ErrorCode::InteractionClosed,
+    ];
+    for code in all {
+        match code {
+            ErrorCode::ParseError
+            | ErrorCode::InvalidRequest
+            | ErrorCode::MethodNotFound
+            | ErrorCode::Unauthorized
+            | ErrorCode::Forbidden
+            | ErrorCode::NotFound
+            | ErrorCode::Conflict
+            | ErrorCode::BadParams
+            | ErrorCode::UnsupportedProtocol
+            | ErrorCode::StaleRevision
+            | ErrorCode::TurnBusy
+            | ErrorCode::TurnNotRunning
+            | ErrorCode::WorkspaceOffline
+            | ErrorCode::OperationConflict
+            | ErrorCode::OperationInProgress
+            | ErrorCode::RateLimited
+            | ErrorCode::PayloadTooLarge
+            | ErrorCode::QueueFull
+            | ErrorCode::HistoryCleared
+            | ErrorCode::Unsupported
+            | ErrorCode::Unavailable
+            | ErrorCode::Internal
+            | ErrorCode::UnknownProvider
+            | ErrorCode::UnknownModel
+            | ErrorCode::BaseUrlNotAllowed
+            | ErrorCode::InteractionClosed => {}
+        }
+        assert!(codes.iter().any(|c| c == code.as_str()), "{} missing", code.as_str());
+    }
+    assert_eq!(codes.len(), all.len(), "{codes:?}");
+
+    // Every reference resolves.
+    let text = doc.to_string();
+    for piece in text.split("\"$ref\":\"#/$defs/").skip(1) {
+        let name = &piece[..piece.find('"').unwrap()];
+        assert!(doc["$defs"].get(name).is_some(), "dangling $ref {name}");
+    }
+}
+
+#[test]
+fn the_checked_in_typescript_is_what_the_schema_generates() {
+    let generated = schema::typescript(&schema::document());
+    let path = ts_dir().join("berth-protocol.d.ts");
+    if std::env::var_os("BERTH_REGENERATE").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == generated,
+        "{} is stale: regenerate with `BERTH_REGENERATE=1 cargo test -p berth-client --test schema` \
+         or `berth schema --typescript`",
+        path.display()
+    );
+}
+
+/// `tsc`: `BERTH_TSC`, else the one `.ci/run` installs. Absent outside CI → the check is
+/// skipped with a note; in CI it must be there.
+fn tsc() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("BERTH_TSC").map(PathBuf::from),
+        Some(PathBuf::from("/var/tmp/berth-ts/node_modules/.bin/tsc")),
+    ];
+    let found = candidates.into_iter().flatten().find(|p| p.exists());
+    if found.is_none() && std::env::var_os("CI").is_some() {
+        panic!("tsc not found (set BERTH_TSC or install typescript as .ci/run does)");
+    }
+    found
+}
+
+#[test]
+fn the_typescript_compiles_strictly_with_a_tiny_client() {
+    let Some(tsc) = tsc() else {
+        eprintln!("tsc not installed: skipping the TypeScript compile check");
+        return;
+    };
+    let dir = ts_dir();
+    let out = std::process::Command::new(tsc)
+        .args(["--strict", "--noEmit", "--target", "es2020", "--lib", "es2020,dom"])
+        .arg(dir.join("berth-protocol.d.ts"))
+        .arg(dir.join("example-client.ts"))
+        .output()
+        .expect("run tsc");
+    assert!(
+        out.status.success(),
+        "tsc failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_client_gives_an_operation_id_to_exactly_the_methods_that_take_one() {
+    let doc = schema::document();
+    let mut takes: Vec<&str> = Vec::new();
+    for (name, m) in doc["methods"].as_object().unwrap() {
+        let params = &m["params"];
+        let def = match params["$ref"].as_str() {
+            Some(r) => &doc["$defs"][r.trim_start_matches("#/$defs/")],
+            None => params,
+        };
+        // A mutation's id is optional; `operation.receipt` requires one (it looks one up).
+        let required = def["required"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|f| f == "operationId"));
+        if def["properties"].get("operationId").is_some() && !required {
+            takes.push(name);
+        }
+    }
+    let mut listed = berth_client::TAKES_OPERATION_ID.to_vec();
+    takes.sort();
+    listed.sort();
+    assert_eq!(listed, takes, "berth_client::TAKES_OPERATION_ID vs the schema");
+}

@@ -1,0 +1,194 @@
+//! The `berth` client commands against a real server: login (token stored with mode
+//! 0600), workspaces, chat with a streamed answer, sessions and history.
+
+use std::{os::unix::fs::PermissionsExt, process::Stdio};
+
+use berth_client::{Client, method::AdminUserCreate, protocol::AdminUserCreateParams};
+use berth_e2e::{MockProvider, Reply, Stack, harness::berth_bin};
+use tokio::io::AsyncWriteExt;
+
+async fn berth(config_dir: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = tokio::process::Command::new(berth_bin())
+        .args(args)
+        .env("BERTH_CONFIG_DIR", config_dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run berth");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = child.wait_with_output().await.unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn login_then_chat_sessions_and_history() {
+    let mock = MockProvider::start().await;
+    mock.push(Reply::text(&["Hi ", "from ", "Berth"]));
+    let stack = Stack::start(&mock, 1).await;
+    let admin = Client::connect(&stack.servers[0].addr, &stack.token).await.unwrap();
+    admin
+        .call::<AdminUserCreate>(AdminUserCreateParams {
+            email: "cli@example.com".into(),
+            role: None,
+            password: Some("pw-secret-cli-1234".into()),
+            operation_id: None,
+        })
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = format!("http://{}", stack.servers[0].addr);
+
+    let (ok, _, err) = berth(
+        dir.path(),
+        &["login", "--server", &server, "--email", "cli@example.com"],
+        "wrong-password\n",
+    )
+    .await;
+    assert!(!ok, "a wrong password is refused");
+    assert!(err.contains("unauthorized"), "{err}");
+    let (ok, _, err) = berth(
+        dir.path(),
+        &["login", "--server", &server, "--email", "cli@example.com"],
+        "pw-secret-cli-1234\n",
+    )
+    .await;
+    assert!(ok, "{err}");
+    let stored = dir.path().join("credentials.json");
+    let mode = std::fs::metadata(&stored).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let (ok, out, err) = berth(dir.path(), &["workspaces", "--json"], "").await;
+    assert!(ok, "{err}");
+    let list: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(list[0]["workspaceId"], stack.workspace_id.as_str());
+
+    let (ok, out, err) = berth(dir.path(), &["chat", "--workspace", &stack.workspace_id], "say hi\n").await;
+    assert!(ok, "{err}");
+    assert_eq!(out.matches("Hi from Berth").count(), 1, "streamed once: {out:?}");
+    let session = err
+        .lines()
+        .find_map(|l| l.strip_prefix("session "))
+        .expect("the new session is named")
+        .trim()
+        .to_string();
+
+    let (ok, out, _) = berth(dir.path(), &["sessions"], "").await;
+    assert!(ok);
+    assert!(out.contains(&session), "{out}");
+    let (ok, out, _) = berth(dir.path(), &["history", &session], "").await;
+    assert!(ok);
+    assert!(out.contains("> say hi") && out.contains("Hi from Berth"), "{out}");
+
+    let (ok, out, err) = berth(dir.path(), &["search", &session, "from"], "").await;
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains("body") && out.trim_end().ends_with("from"), "{out}");
+    let (ok, out, err) = berth(dir.path(), &["fork", &session, "--json"], "").await;
+    assert!(ok, "{err}");
+    let forked: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(forked["branch"]["sessionId"], session.as_str());
+    assert_ne!(forked["sessionId"], session.as_str());
+}
+
+/// `berth chat` at a real terminal (a pseudo-terminal from `script`), reading a reply
+/// that is cut mid-turn, then a Ctrl-C that stops a turn and a second that ends the chat.
+#[tokio::test]
+async fn chat_at_a_terminal_resumes_a_cut_connection_and_ctrl_c_stops_the_turn() {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncReadExt;
+
+    let mock = MockProvider::start().await;
+    let mut parts = Vec::new();
+    for i in 0..12 {
+        parts.push(berth_e2e::Part::Text(format!("w{i} ")));
+        parts.push(berth_e2e::Part::Delay(150));
+    }
+    mock.push(Reply::Stream(parts));
+    mock.push(Reply::StreamThenHang(vec![berth_e2e::Part::Text("pondering".into())]));
+    let stack = Stack::start(&mock, 1).await;
+    let proxy = berth_e2e::cut_proxy::CutProxy::start(&stack.servers[0].addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &stack.token).unwrap();
+
+    let command = format!(
+        "exec {} chat --server {} --token-file {} --workspace {}",
+        berth_bin().display(),
+        proxy.server(),
+        token_file.display(),
+        stack.workspace_id
+    );
+    let mut child = tokio::process::Command::new("script")
+        .args(["-qfec", &command, "/dev/null"])
+        .env("BERTH_CONFIG_DIR", dir.path())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script (util-linux) runs berth under a pseudo-terminal");
+    let mut keys = child.stdin.take().unwrap();
+    let mut screen_out = child.stdout.take().unwrap();
+    let screen = Arc::new(Mutex::new(String::new()));
+    let s = screen.clone();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = screen_out.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            s.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let wait_for = |needle: String| {
+        let screen = screen.clone();
+        async move {
+            for _ in 0..600 {
+                if screen.lock().unwrap().contains(&needle) {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            panic!("{needle:?} never appeared on the terminal:\n{}", screen.lock().unwrap());
+        }
+    };
+
+    wait_for("session ses_".into()).await;
+    keys.write_all(b"count\r").await.unwrap();
+    wait_for("w1 ".into()).await;
+    proxy.cut();
+    assert!(!screen.lock().unwrap().contains("w11 "), "the cut came mid-turn");
+    let answer: String = (0..12).map(|i| format!("w{i} ")).collect();
+    wait_for(answer.clone()).await;
+    {
+        let text = screen.lock().unwrap().clone();
+        assert_eq!(text.matches(&answer).count(), 1, "{text}");
+        for i in 0..12 {
+            assert_eq!(
+                text.matches(&format!("w{i} ")).count(),
+                1,
+                "no duplicate of w{i}: {text}"
+            );
+        }
+    }
+
+    keys.write_all(b"wait\r").await.unwrap();
+    wait_for("pondering".into()).await;
+    keys.write_all(b"\x03").await.unwrap();
+    wait_for("[turn cancelled]".into()).await;
+    keys.write_all(b"\x03").await.unwrap();
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait())
+        .await
+        .expect("a Ctrl-C between turns ends the chat")
+        .unwrap();
+    assert!(status.success(), "{}", screen.lock().unwrap());
+}
