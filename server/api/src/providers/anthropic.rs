@@ -68,18 +68,9 @@ pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
     if !system.is_empty() {
         body["system"] = system.join("\n\n").into();
     }
-    let tools: Vec<Value> = chat
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t.get("function"))
-        .map(|f| {
-            json!({
-                "name": f.get("name").cloned().unwrap_or_default(),
-                "description": f.get("description").cloned().unwrap_or_default(),
-                "input_schema": f.get("parameters").cloned().unwrap_or(json!({"type": "object"})),
-            })
+    let tools: Vec<Value> = super::chat_functions(&chat)
+        .map(|(name, description, parameters)| {
+            json!({"name": name, "description": description, "input_schema": parameters})
         })
         .collect();
     if !tools.is_empty() {

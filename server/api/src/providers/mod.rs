@@ -68,6 +68,23 @@ pub(crate) fn translator(api: WireApi) -> Option<Box<dyn Translate>> {
     }
 }
 
+/// The functions a chat-completions request declares in `tools`, as (name, description,
+/// JSON-schema parameters) — what every other wire format's tool declaration is built from.
+pub(crate) fn chat_functions(chat: &Map<String, Value>) -> impl Iterator<Item = (Value, Value, Value)> + '_ {
+    chat.get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.get("function"))
+        .map(|f| {
+            (
+                f.get("name").cloned().unwrap_or_default(),
+                f.get("description").cloned().unwrap_or_default(),
+                f.get("parameters").cloned().unwrap_or(json!({"type": "object"})),
+            )
+        })
+}
+
 pub(crate) fn cause(code: &str) -> Cause {
     Cause {
         code: code.into(),

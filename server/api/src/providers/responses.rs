@@ -45,19 +45,9 @@ pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
     if !instructions.is_empty() {
         body["instructions"] = instructions.join("\n\n").into();
     }
-    let tools: Vec<Value> = chat
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t.get("function"))
-        .map(|f| {
-            json!({
-                "type": "function",
-                "name": f.get("name").cloned().unwrap_or_default(),
-                "description": f.get("description").cloned().unwrap_or_default(),
-                "parameters": f.get("parameters").cloned().unwrap_or(json!({"type": "object"})),
-            })
+    let tools: Vec<Value> = super::chat_functions(&chat)
+        .map(|(name, description, parameters)| {
+            json!({"type": "function", "name": name, "description": description, "parameters": parameters})
         })
         .collect();
     if !tools.is_empty() {
