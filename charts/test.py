@@ -231,6 +231,13 @@ def _():
     assert env(api)["BERTH_DATA_DIR"] == "/var/lib/berth"
 
 
+@test("ha: the database CA is mounted and named by BERTH_DB_CA_FILE")
+def _():
+    api = container(manifests(rendered["ha"]), "Deployment", "api")
+    assert env(api)["BERTH_DB_CA_FILE"] == "/etc/berth/db-ca/ca.crt"
+    assert {"name": "db-ca", "mountPath": "/etc/berth/db-ca", "readOnly": True} in api["volumeMounts"]
+
+
 @test("defaults match the image: user 10001, read-only root with writable /var/lib/berth and /tmp")
 def _():
     docs = manifests(rendered["default"])

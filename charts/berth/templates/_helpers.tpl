@@ -74,6 +74,10 @@ automountServiceAccountToken: false
 {{ include "berth.databaseEnv" . }}
 - name: BERTH_DATA_DIR
   value: /var/lib/berth
+{{- if .Values.database.caSecret }}
+- name: BERTH_DB_CA_FILE
+  value: /etc/berth/db-ca/{{ .Values.database.caSecretKey }}
+{{- end }}
 {{- with .Values.logFormat }}
 - name: BERTH_LOG_FORMAT
   value: {{ . | quote }}
@@ -130,6 +134,14 @@ envFrom:
       - key: {{ .Values.jwt.existingSecretKey }}
         path: {{ .Values.jwt.existingSecretKey }}
 {{- end }}
+{{- if .Values.database.caSecret }}
+- name: db-ca
+  secret:
+    secretName: {{ .Values.database.caSecret }}
+    items:
+      - key: {{ .Values.database.caSecretKey }}
+        path: {{ .Values.database.caSecretKey }}
+{{- end }}
 {{- end -}}
 
 {{- define "berth.serverVolumeMounts" -}}
@@ -140,6 +152,11 @@ envFrom:
 {{- if .Values.jwt.existingSecret }}
 - name: jwt
   mountPath: /etc/berth/jwt
+  readOnly: true
+{{- end }}
+{{- if .Values.database.caSecret }}
+- name: db-ca
+  mountPath: /etc/berth/db-ca
   readOnly: true
 {{- end }}
 {{- end -}}
