@@ -260,6 +260,10 @@ def _():
     assert "/etc/berth/worker-tokens/$(POD_NAME)" in w["args"]
     assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["ws-main", "ws-scratch"]
     assert "main=/workspaces/main" in w["args"] and "scratch=/workspaces/scratch" in w["args"]
+    assert env(w)["BERTH_WORKER_HEALTH_LISTEN"] == "0.0.0.0:9465"
+    assert w["ports"] == [{"name": "health", "containerPort": 9465, "protocol": "TCP"}]
+    assert w["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert w["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
 
 
 @test("ha: the PrometheusRule selects this release's scrape job; the dashboard ConfigMap is the ops/ file")
