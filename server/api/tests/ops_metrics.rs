@@ -186,7 +186,10 @@ fn the_cross_check_catches_a_missing_metric_and_method() {
     // The matchers above are what the checks rely on: they see through PromQL escapes.
     let rule = r#"rate(berth_rpc_duration_seconds_bucket{method!~"session\\.watch|files\\.nope"}[5m])"#;
     assert_eq!(metric_names(rule), ["berth_rpc_duration_seconds_bucket"]);
-    assert_eq!(alternatives(&matchers(rule, "method")[0]), ["session.watch", "files.nope"]);
+    assert_eq!(
+        alternatives(&matchers(rule, "method")[0]),
+        ["session.watch", "files.nope"]
+    );
     assert!(!berth_protocol::METHOD_NAMES.contains(&"files.nope"));
     assert!(!Metrics::new().names().contains(&"berth_object_store_bytes".to_string()));
 }

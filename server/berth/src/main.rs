@@ -575,18 +575,16 @@ async fn worker_health(
     shutdown: CancellationToken,
 ) {
     use axum::{http::StatusCode, routing::get};
-    let app = axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || async move {
-                if connected.load(std::sync::atomic::Ordering::Relaxed) {
-                    (StatusCode::OK, "connected")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not connected")
-                }
-            }),
-        );
+    let app = axum::Router::new().route("/healthz", get(|| async { "ok" })).route(
+        "/readyz",
+        get(move || async move {
+            if connected.load(std::sync::atomic::Ordering::Relaxed) {
+                (StatusCode::OK, "connected")
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, "not connected")
+            }
+        }),
+    );
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;
