@@ -8,24 +8,12 @@
 
 FROM docker.io/library/rust:1-bookworm AS build
 WORKDIR /src
-# Dependencies first, so that a source change does not rebuild them: build against
-# stub sources with the real manifests and lock file.
-COPY Cargo.toml Cargo.lock ./
-COPY server/protocol/Cargo.toml server/protocol/
-COPY server/client/Cargo.toml server/client/
-COPY server/store/Cargo.toml server/store/
-COPY server/api/Cargo.toml server/api/
-COPY server/worker/Cargo.toml server/worker/
-COPY server/berth/Cargo.toml server/berth/
-COPY tests/Cargo.toml tests/
-RUN for d in server/protocol server/client server/store server/api server/worker tests; do \
-      mkdir -p $d/src && echo '' > $d/src/lib.rs; done \
- && mkdir -p server/berth/src && echo 'fn main() {}' > server/berth/src/main.rs \
- && cargo fetch --locked
 COPY . .
-# `touch` makes cargo rebuild the real sources over the stubs' fingerprints.
-RUN find server tests -name '*.rs' -exec touch {} + \
- && cargo build --release --locked -p berth \
+# Cache mounts keep the crate registry and the build directory between builds (BuildKit,
+# buildah and podman); the binary is copied out of the cached target directory.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p berth \
  && install -m 0755 target/release/berth /usr/local/bin/berth
 
 FROM docker.io/library/debian:bookworm-slim
