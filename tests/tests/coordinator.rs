@@ -174,6 +174,8 @@ async fn a_coordinator_fans_out_to_two_workspaces_and_gathers_both_answers() {
         let kid_id = kid["sessionId"].as_str().unwrap();
         let snap = c.ok("session.get", json!({"sessionId": kid_id})).await;
         assert_eq!(snap["parent"], sid.as_str());
+        let typed: berth_protocol::SessionSnapshot = serde_json::from_value(snap.clone()).unwrap();
+        assert_eq!(typed.delegation_depth, 1, "one level less than the coordinator's 2");
         assert!(snap.get("kind").is_none(), "a child is an ordinary session");
         let rows = history(&mut c, kid_id).await;
         assert_eq!(rows.first().unwrap()["body"], prompt);
@@ -201,6 +203,9 @@ async fn a_coordinator_fans_out_to_two_workspaces_and_gathers_both_answers() {
     let ended: Vec<&Value> = all.iter().filter(|e| e["type"] == "child.turnEnded").collect();
     assert_eq!(ended.len(), 2, "{all:?}");
     for e in ended {
+        // The event is one the protocol describes, and reads back the same.
+        let typed: berth_protocol::WatchItem = serde_json::from_value(e.clone()).unwrap();
+        assert_eq!(&serde_json::to_value(&typed).unwrap(), e);
         assert_eq!(e["state"], "completed");
         assert!(e.get("turnId").is_none(), "a session-level event");
         assert!(kids.iter().any(|k| k["sessionId"] == e["sessionId"]));
