@@ -309,6 +309,57 @@ async fn stopping_the_coordinators_turn_stops_the_child_it_started() {
     })
     .await
     .expect("the child's command is killed");
+
+    // A later turn sends to that child (started by the earlier turn): stopping this turn
+    // stops the turn it sent, and only that.
+    std::fs::remove_file(&pidfile).unwrap();
+    mock.push_for(
+        "Run the long job",
+        Reply::tools(
+            &[("n1", "send_child", json!({"session_id": kid, "prompt": "again, longer"}))],
+            9,
+        ),
+    );
+    mock.push_for("Run the long job", wait_for_all_children());
+    mock.push_for(
+        "Task sleepy",
+        Reply::tools(
+            &[("sh2", "shell", json!({"command": "echo $$ > child.pid; sleep 600"}))],
+            9,
+        ),
+    );
+    let before = mock.requests().len();
+    let sent = c
+        .ok("session.send", json!({"sessionId": sid, "prompt": "Once more"}))
+        .await;
+    let pgid: i32 = berth_e2e::harness::eventually(30, || {
+        let p = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        async move { p }
+    })
+    .await
+    .expect("the child runs its command again");
+    // The coordinator's two steps and the child's one.
+    berth_e2e::harness::eventually(30, || {
+        let waiting = mock.requests().len() >= before + 3;
+        async move { waiting.then_some(()) }
+    })
+    .await
+    .expect("the coordinator waits");
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": sent["turnId"]}))
+        .await;
+    let end = watch.until(30, is_turn_end).await.expect("the coordinator ends");
+    assert_eq!(end.last().unwrap()["state"], "cancelled");
+    let child_end = child_watch.until(30, is_turn_end).await.expect("the child ends");
+    assert_eq!(child_end.last().unwrap()["state"], "cancelled");
+    berth_e2e::harness::eventually(10, || {
+        let gone = group_members(pgid).is_empty();
+        async move { gone.then_some(()) }
+    })
+    .await
+    .expect("the child's second command is killed");
+    assert_eq!(children(&mut c, &sid).await.len(), 1, "the same child");
 }
 
 #[tokio::test]
@@ -405,6 +456,22 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
         .unwrap_err();
     assert_eq!(too_deep.data["code"], "bad-params");
 
+    // Another tenant's workspace, and a session of this tenant that is not its child.
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    db.batch_execute(
+        "INSERT INTO tenants (id, name) VALUES ('ten_other', 'other');
+         INSERT INTO workspaces (id, tenant_id, host, name, path, title)
+         VALUES ('wsp_other', 'ten_other', 'h', 'secret', '/secret', 'secret')",
+    )
+    .await
+    .unwrap();
+    let stranger = c
+        .ok("session.create", json!({"workspaceId": stack.workspace_id}))
+        .await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
     // One child per turn; the child lands in an offline workspace: it queues, and waiting
     // on it reports the offline workspace at once.
     let sid = coordinator(&stack, &mut c, json!({"autoApprove": true})).await;
@@ -415,7 +482,8 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
             &[
                 ("s1", "start_child", json!({"workspace_id": ws_b, "prompt": "Task one"})),
                 ("s2", "start_child", json!({"workspace_id": ws_b, "prompt": "Task two"})),
-                ("s3", "send_child", json!({"session_id": "ses_nothere", "prompt": "hi"})),
+                ("s3", "send_child", json!({"session_id": stranger, "prompt": "hi"})),
+                ("s4", "stop_child", json!({"session_id": "ses_nothere"})),
             ],
             9,
         ),
@@ -438,12 +506,44 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     assert!(body(1).contains("child limit"), "{}", body(1));
     assert_eq!(results[2]["tool"]["status"], "failed");
     assert!(body(2).contains("no such"), "{}", body(2));
-    assert_eq!(results[3]["tool"]["name"], "wait_child");
-    assert_eq!(results[3]["tool"]["status"], "failed");
-    assert!(body(3).contains("no worker online"), "{}", body(3));
+    assert!(body(3).contains("no such"), "{}", body(3));
+    assert_eq!(results[4]["tool"]["name"], "wait_child");
+    assert_eq!(results[4]["tool"]["status"], "failed");
+    assert!(body(4).contains("no worker online"), "{}", body(4));
+    let listed: Value = serde_json::from_str(body(0).as_str()).unwrap();
+    assert_eq!(listed["state"], "queued");
+    let history_of_stranger = history(&mut c, &stranger).await;
+    assert!(history_of_stranger.is_empty(), "nothing was sent to a session not its child");
     let kids = children(&mut c, &sid).await;
     assert_eq!(kids.len(), 1);
     assert_eq!(kids[0]["queued"], 1);
+
+    // Another tenant's workspace does not exist for this one.
+    let other = coordinator(&stack, &mut c, json!({"autoApprove": true})).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": other, "after": 0}));
+    mock.push_for(
+        "Elsewhere",
+        Reply::tools(
+            &[("s1", "start_child", json!({"workspace_id": "wsp_other", "prompt": "Task secret"}))],
+            9,
+        ),
+    );
+    mock.push_for("Elsewhere", Reply::text(&["elsewhere"]));
+    c.ok("session.send", json!({"sessionId": other, "prompt": "Elsewhere"})).await;
+    watch.until(60, is_turn_end).await.expect("the turn ends");
+    let results: Vec<Value> = history(&mut c, &other)
+        .await
+        .into_iter()
+        .filter(|r| r["kind"] == "toolResult")
+        .collect();
+    assert!(results[0]["body"].as_str().unwrap().contains("no such workspace"), "{results:?}");
+    assert!(children(&mut c, &other).await.is_empty());
+    let owned: i64 = db
+        .query_one("SELECT count(*) FROM sessions WHERE workspace_id = 'wsp_other'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owned, 0);
 
     // A coordinator with no depth left may not start children.
     let flat = coordinator(&stack, &mut c, json!({"autoApprove": true, "delegationDepth": 0})).await;
