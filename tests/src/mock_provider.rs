@@ -359,7 +359,10 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
         Some(Reply::Stream(parts)) => (parts, false),
         Some(Reply::StreamThenHang(parts)) => (parts, true),
         Some(Reply::Computed(_)) => {
-            return error_response(StatusCode::INTERNAL_SERVER_ERROR, "mock provider: computed a computed reply");
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "mock provider: computed a computed reply",
+            );
         }
     };
 

@@ -102,7 +102,10 @@ async fn a_coordinator_fans_out_to_two_workspaces_and_gathers_both_answers() {
     let sid = coordinator(&stack, &mut c, json!({"autoApprove": true})).await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
 
-    mock.push_for("Coordinate the release", Reply::tools(&[("l1", "list_workspaces", json!({}))], 9));
+    mock.push_for(
+        "Coordinate the release",
+        Reply::tools(&[("l1", "list_workspaces", json!({}))], 9),
+    );
     mock.push_for(
         "Coordinate the release",
         Reply::tools(
@@ -126,15 +129,22 @@ async fn a_coordinator_fans_out_to_two_workspaces_and_gathers_both_answers() {
     mock.push_for(
         "Task alpha",
         Reply::tools(
-            &[("a1", "write_file", json!({"path": "alpha.txt", "content": "from alpha"}))],
+            &[(
+                "a1",
+                "write_file",
+                json!({"path": "alpha.txt", "content": "from alpha"}),
+            )],
             9,
         ),
     );
     mock.push_for("Task alpha", Reply::text(&["alpha result: 42"]));
     mock.push_for("Task beta", Reply::text(&["beta result: ", "7"]));
 
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "Coordinate the release"}))
-        .await;
+    c.ok(
+        "session.send",
+        json!({"sessionId": sid, "prompt": "Coordinate the release"}),
+    )
+    .await;
     let events = watch.until(90, is_turn_end).await.expect("the coordinator's turn ends");
     assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
 
@@ -155,7 +165,14 @@ async fn a_coordinator_fans_out_to_two_workspaces_and_gathers_both_answers() {
         .find(|r| r["messages"][1]["content"] == "Coordinate the release")
         .unwrap();
     let tools = offered(&coordinator_request);
-    for t in ["list_workspaces", "start_child", "send_child", "wait_child", "stop_child", "shell"] {
+    for t in [
+        "list_workspaces",
+        "start_child",
+        "send_child",
+        "wait_child",
+        "stop_child",
+        "shell",
+    ] {
         assert!(tools.contains(&t.to_string()), "{t} not offered: {tools:?}");
     }
 
@@ -163,7 +180,12 @@ async fn a_coordinator_fans_out_to_two_workspaces_and_gathers_both_answers() {
     let kids = children(&mut c, &sid).await;
     assert_eq!(kids.len(), 2, "{kids:?}");
     for (title, workspace, prompt, result) in [
-        ("alpha", &stack.workspace_id, "Task alpha: write alpha.txt", "alpha result: 42"),
+        (
+            "alpha",
+            &stack.workspace_id,
+            "Task alpha: write alpha.txt",
+            "alpha result: 42",
+        ),
         ("", &ws_b, "Task beta: report the answer", "beta result: 7"),
     ] {
         let kid = kids.iter().find(|k| &k["workspaceId"] == workspace).unwrap();
@@ -316,7 +338,11 @@ async fn stopping_the_coordinators_turn_stops_the_child_it_started() {
     mock.push_for(
         "Run the long job",
         Reply::tools(
-            &[("n1", "send_child", json!({"session_id": kid, "prompt": "again, longer"}))],
+            &[(
+                "n1",
+                "send_child",
+                json!({"session_id": kid, "prompt": "again, longer"}),
+            )],
             9,
         ),
     );
@@ -386,10 +412,7 @@ async fn an_approval_inside_a_child_is_answered_from_the_coordinators_tree() {
     mock.push_for("Guarded work", gather());
     mock.push_for(
         "Task guarded",
-        Reply::tools(
-            &[("sh", "shell", json!({"command": "echo approved > guarded.txt"}))],
-            9,
-        ),
+        Reply::tools(&[("sh", "shell", json!({"command": "echo approved > guarded.txt"}))], 9),
     );
     mock.push_for("Task guarded", Reply::text(&["guarded done"]));
     c.ok("session.send", json!({"sessionId": sid, "prompt": "Guarded work"}))
@@ -405,12 +428,8 @@ async fn an_approval_inside_a_child_is_answered_from_the_coordinators_tree() {
         async move {
             let mut o = Client::authed(&url, &token).await.ok()?;
             let kid = children(&mut o, &sid).await.first()?["sessionId"].as_str()?.to_string();
-            let pending = o
-                .ok("session.pendingInteractions", json!({"sessionId": kid}))
-                .await;
-            let id = pending.as_array()?.first()?["interactionId"]
-                .as_str()?
-                .to_string();
+            let pending = o.ok("session.pendingInteractions", json!({"sessionId": kid})).await;
+            let id = pending.as_array()?.first()?["interactionId"].as_str()?.to_string();
             Some((kid, id))
         }
     })
@@ -465,9 +484,7 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     )
     .await
     .unwrap();
-    let stranger = c
-        .ok("session.create", json!({"workspaceId": stack.workspace_id}))
-        .await["sessionId"]
+    let stranger = c.ok("session.create", json!({"workspaceId": stack.workspace_id})).await["sessionId"]
         .as_str()
         .unwrap()
         .to_string();
@@ -490,7 +507,8 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     );
     mock.push_for("Bounded", wait_for_all_children());
     mock.push_for("Bounded", Reply::text(&["bounded"]));
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "Bounded"})).await;
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "Bounded"}))
+        .await;
     let events = watch.until(60, is_turn_end).await.expect("the turn ends");
     assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
     let results: Vec<Value> = history(&mut c, &sid)
@@ -513,7 +531,10 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     let listed: Value = serde_json::from_str(body(0).as_str()).unwrap();
     assert_eq!(listed["state"], "queued");
     let history_of_stranger = history(&mut c, &stranger).await;
-    assert!(history_of_stranger.is_empty(), "nothing was sent to a session not its child");
+    assert!(
+        history_of_stranger.is_empty(),
+        "nothing was sent to a session not its child"
+    );
     let kids = children(&mut c, &sid).await;
     assert_eq!(kids.len(), 1);
     assert_eq!(kids[0]["queued"], 1);
@@ -524,19 +545,27 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     mock.push_for(
         "Elsewhere",
         Reply::tools(
-            &[("s1", "start_child", json!({"workspace_id": "wsp_other", "prompt": "Task secret"}))],
+            &[(
+                "s1",
+                "start_child",
+                json!({"workspace_id": "wsp_other", "prompt": "Task secret"}),
+            )],
             9,
         ),
     );
     mock.push_for("Elsewhere", Reply::text(&["elsewhere"]));
-    c.ok("session.send", json!({"sessionId": other, "prompt": "Elsewhere"})).await;
+    c.ok("session.send", json!({"sessionId": other, "prompt": "Elsewhere"}))
+        .await;
     watch.until(60, is_turn_end).await.expect("the turn ends");
     let results: Vec<Value> = history(&mut c, &other)
         .await
         .into_iter()
         .filter(|r| r["kind"] == "toolResult")
         .collect();
-    assert!(results[0]["body"].as_str().unwrap().contains("no such workspace"), "{results:?}");
+    assert!(
+        results[0]["body"].as_str().unwrap().contains("no such workspace"),
+        "{results:?}"
+    );
     assert!(children(&mut c, &other).await.is_empty());
     let owned: i64 = db
         .query_one("SELECT count(*) FROM sessions WHERE workspace_id = 'wsp_other'", &[])
@@ -551,7 +580,11 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     mock.push_for(
         "Flat",
         Reply::tools(
-            &[("s1", "start_child", json!({"workspace_id": ws_b, "prompt": "Task three"}))],
+            &[(
+                "s1",
+                "start_child",
+                json!({"workspace_id": ws_b, "prompt": "Task three"}),
+            )],
             9,
         ),
     );
@@ -563,7 +596,10 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
         .into_iter()
         .filter(|r| r["kind"] == "toolResult")
         .collect();
-    assert!(results[0]["body"].as_str().unwrap().contains("depth limit"), "{results:?}");
+    assert!(
+        results[0]["body"].as_str().unwrap().contains("depth limit"),
+        "{results:?}"
+    );
     assert!(children(&mut c, &flat).await.is_empty());
 
     // An ordinary session is offered none of the coordinator's tools, and calling one fails.
@@ -580,12 +616,17 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     mock.push_for(
         "Plain",
         Reply::tools(
-            &[("s1", "start_child", json!({"workspace_id": ws_b, "prompt": "Task four"}))],
+            &[(
+                "s1",
+                "start_child",
+                json!({"workspace_id": ws_b, "prompt": "Task four"}),
+            )],
             9,
         ),
     );
     mock.push_for("Plain", Reply::text(&["plain"]));
-    c.ok("session.send", json!({"sessionId": plain, "prompt": "Plain"})).await;
+    c.ok("session.send", json!({"sessionId": plain, "prompt": "Plain"}))
+        .await;
     watch.until(60, is_turn_end).await.expect("the turn ends");
     let request = mock
         .requests()

@@ -125,8 +125,8 @@ impl SessionCreateParams {
     /// The first field given that this release does not offer yet (answered `unsupported`).
     pub fn unsupported_field(&self) -> Option<&'static str> {
         [("agent", self.agent.is_some()), ("channel", self.channel.is_some())]
-        .into_iter()
-        .find_map(|(name, given)| given.then_some(name))
+            .into_iter()
+            .find_map(|(name, given)| given.then_some(name))
     }
 }
 

@@ -56,8 +56,11 @@ pub(crate) async fn lock_coordinator_of(tx: &impl GenericClient, tenant_id: &str
         )
         .await?;
     if let Some(p) = parent {
-        tx.ex("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&p.get::<_, String>(0)])
-            .await?;
+        tx.ex(
+            "SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE",
+            &[&p.get::<_, String>(0)],
+        )
+        .await?;
     }
     Ok(())
 }
@@ -124,7 +127,11 @@ async fn workspace_online(tx: &impl GenericClient, workspace_id: &str) -> Result
         .get(0))
 }
 
-async fn child_turn(tx: &impl GenericClient, child: &str, sent: berth_protocol::SessionSendResult) -> Result<ChildTurn> {
+async fn child_turn(
+    tx: &impl GenericClient,
+    child: &str,
+    sent: berth_protocol::SessionSendResult,
+) -> Result<ChildTurn> {
     let workspace: String = tx
         .q1("SELECT workspace_id FROM sessions WHERE id = $1", &[&child])
         .await?

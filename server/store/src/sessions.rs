@@ -2,8 +2,8 @@
 
 use berth_protocol::{
     Cleared, ErrorCode, EventPayload, ModelChanged, ModelLevel, Nothing, QUEUE_PREVIEW_BYTES, QueueEntry, QueueState,
-    Removed, SessionCreateParams, SessionCreated, SessionKind, SessionListEntry, SessionListResult, SessionPhase, SessionSnapshot,
-    TitleChanged,
+    Removed, SessionCreateParams, SessionCreated, SessionKind, SessionListEntry, SessionListResult, SessionPhase,
+    SessionSnapshot, TitleChanged,
 };
 use deadpool_postgres::GenericClient;
 

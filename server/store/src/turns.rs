@@ -841,7 +841,15 @@ pub(crate) async fn admit(
     tx.ex(
         "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids, parent_turn_id)
          VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7)",
-        &[&turn_id, &tenant_id, &session_id, &prompt, &position, &attachments, &parent_turn],
+        &[
+            &turn_id,
+            &tenant_id,
+            &session_id,
+            &prompt,
+            &position,
+            &attachments,
+            &parent_turn,
+        ],
     )
     .await?;
     let result = if !busy && !paused && online {

@@ -28,7 +28,10 @@ pub(crate) const WAIT_CHILD: &str = "wait_child";
 pub(crate) const STOP_CHILD: &str = "stop_child";
 
 pub(crate) fn is_tool(name: &str) -> bool {
-    matches!(name, LIST_WORKSPACES | START_CHILD | SEND_CHILD | WAIT_CHILD | STOP_CHILD)
+    matches!(
+        name,
+        LIST_WORKSPACES | START_CHILD | SEND_CHILD | WAIT_CHILD | STOP_CHILD
+    )
 }
 
 pub(crate) fn schemas() -> Vec<Value> {
@@ -182,12 +185,12 @@ pub(crate) async fn run(t: &TurnLink, call: &ToolCall, cancel: &CancellationToke
             } else {
                 "The child's workspace has no worker online: its turn waits queued until one connects."
             };
-            Outcome::ok(json!({"session_id": c.session_id, "turn_id": c.turn_id, "state": c.state, "note": note}).to_string())
+            Outcome::ok(
+                json!({"session_id": c.session_id, "turn_id": c.turn_id, "state": c.state, "note": note}).to_string(),
+            )
         }),
         WAIT_CHILD => read::<ChildWaitResult>(value, waited),
-        _ => read::<TurnChildStopResult>(value, |r| {
-            Outcome::ok(json!({"stopped_turns": r.stopped}).to_string())
-        }),
+        _ => read::<TurnChildStopResult>(value, |r| Outcome::ok(json!({"stopped_turns": r.stopped}).to_string())),
     })
 }
 
@@ -222,8 +225,8 @@ fn waited(r: ChildWaitResult) -> Outcome {
     match r.state {
         TurnState::Completed => Outcome::ok(v.to_string()),
         TurnState::Queued | TurnState::Running if !r.online => {
-            v["note"] = "The child's workspace has no worker online; its turn does not progress until one connects."
-                .into();
+            v["note"] =
+                "The child's workspace has no worker online; its turn does not progress until one connects.".into();
             Outcome::error(v.to_string())
         }
         _ => Outcome::error(v.to_string()),
