@@ -105,7 +105,7 @@ export function adminCredentials(ctx, view) {
   }
 
   function showOnce(token) {
-    const out = h('input', { class: 'secret', readonly: true, value: token, 'aria-label': 'New credential', spellcheck: 'false' });
+    const out = h('input', { class: 'secret', readonly: true, value: token, 'aria-label': 'The new credential', spellcheck: 'false' });
     const status = h('span', { role: 'status' });
     const copy = h('button', { type: 'button' }, 'Copy');
     copy.addEventListener('click', async () => {

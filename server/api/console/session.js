@@ -38,7 +38,7 @@ export function sessionView(ctx, view, sessionId) {
   const wholeWord = h('input', { type: 'checkbox', name: 'wholeWord', id: 'search-word' });
   const hits = h('ol', { class: 'hits', 'aria-label': 'Search results' });
   const hitStatus = h('p', { role: 'status', class: 'muted' });
-  const search = h('form', { class: 'search', role: 'search', 'aria-label': 'Search this session' },
+  const search = h('form', { class: 'search', role: 'search', 'aria-label': 'Session search' },
     field('Search this session', searchBox),
     h('div', { class: 'field check' }, caseSensitive, h('label', { for: 'search-case' }, 'Match case')),
     h('div', { class: 'field check' }, wholeWord, h('label', { for: 'search-word' }, 'Whole words')),

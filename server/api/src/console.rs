@@ -19,6 +19,7 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
 /// The embedded files: name, content type, body.
 const ASSETS: &[(&str, &str, &str)] = &[
     ("style.css", "text/css; charset=utf-8", include_str!("../console/style.css")),
+    ("icon.svg", "image/svg+xml", include_str!("../console/icon.svg")),
     ("app.js", "text/javascript; charset=utf-8", include_str!("../console/app.js")),
     ("rpc.js", "text/javascript; charset=utf-8", include_str!("../console/rpc.js")),
     ("dom.js", "text/javascript; charset=utf-8", include_str!("../console/dom.js")),
