@@ -806,6 +806,11 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
             call::<method::AdminUserDisable, _, _>(ctx, params, admin::user_disable).await
         }
         method::AdminStatusGet::NAME => call::<method::AdminStatusGet, _, _>(ctx, params, admin::status).await,
+        method::AdminUserSetRole::NAME => {
+            call::<method::AdminUserSetRole, _, _>(ctx, params, admin::user_set_role).await
+        }
+        method::AdminAuditList::NAME => call::<method::AdminAuditList, _, _>(ctx, params, admin::audit_list).await,
+        method::AdminWorkerList::NAME => call::<method::AdminWorkerList, _, _>(ctx, params, admin::worker_list).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
@@ -976,6 +981,9 @@ mod tests {
         "AdminUserList",
         "AdminUserDisable",
         "AdminStatusGet",
+        "AdminUserSetRole",
+        "AdminAuditList",
+        "AdminWorkerList",
     ];
 
     #[test]
