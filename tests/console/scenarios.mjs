@@ -170,9 +170,31 @@ async function adminScenario() {
 
   await admin.getByRole('link', { name: 'Workers & status' }).click();
   await admin.locator('dd[data-figure="connectedWorkers"]').filter({ hasText: '1' }).waitFor();
-  await admin.getByRole('cell', { name: 'online' }).waitFor();
+  const worker = admin.locator('tr[data-worker]', { hasText: 'test worker' });
+  await worker.filter({ hasText: 'online' }).waitFor();
+  check((await worker.textContent()).includes('proj'), 'the worker lists its workspace');
+  check(/rep_/.test(await worker.textContent()), 'the worker shows its replica');
   await shot(admin, 'workers');
-  ok('workers and status show the connected worker');
+  ok('workers and status show the connected worker, its replica and workspace');
+
+  // Roles: make the member an admin (confirmed), then a member again.
+  await admin.getByRole('link', { name: 'Users' }).click();
+  await userRow.getByRole('button', { name: `Make ${email} an admin` }).click();
+  await admin.getByRole('dialog').getByRole('button', { name: 'Change role' }).click();
+  await userRow.getByRole('button', { name: `Make ${email} a member` }).waitFor();
+  check((await userRow.locator('td').nth(1).textContent()) === 'admin', 'the member is now an admin');
+  await userRow.getByRole('button', { name: `Make ${email} a member` }).click();
+  await admin.getByRole('dialog').getByRole('button', { name: 'Change role' }).click();
+  await userRow.getByRole('button', { name: `Make ${email} an admin` }).waitFor();
+  ok('admin changed the member\'s role and back');
+
+  await admin.getByRole('link', { name: 'Audit log' }).click();
+  await admin.getByRole('heading', { name: 'Audit log' }).waitFor();
+  for (const action of ['user.create', 'credential.create', 'credential.revoke', 'user.role']) {
+    await admin.getByRole('cell', { name: action, exact: true }).first().waitFor();
+  }
+  await shot(admin, 'audit');
+  ok('the audit log shows what the admin did');
 
   clean(admin);
   clean(member);
@@ -208,6 +230,28 @@ async function memberScenario() {
   check((await approval.textContent()).includes('greeting.txt'), 'the approval shows the call');
   check(!(await page.getByRole('button', { name: 'Stop turn' }).isDisabled()), 'a running turn can be stopped');
   await shot(page, 'session-approval');
+
+  // While the turn waits, a second prompt is queued; edit it, pause and resume, remove it.
+  await page.getByLabel('Prompt', { exact: true }).fill('A second prompt');
+  await page.getByRole('button', { name: 'Send', exact: true }).click();
+  const queue = page.locator('section.queue');
+  await queue.locator('li', { hasText: 'A second prompt' }).waitFor();
+  await queue.getByRole('heading', { name: 'Queue (1)' }).waitFor();
+  await queue.getByRole('button', { name: 'Edit queued prompt 1' }).click();
+  const box = queue.getByLabel('Queued prompt 1', { exact: true });
+  check((await box.inputValue()) === 'A second prompt', 'the whole queued prompt is loaded for editing');
+  await box.fill('A second prompt, edited');
+  await queue.getByRole('button', { name: 'Save' }).click();
+  await queue.locator('.preview', { hasText: 'A second prompt, edited' }).waitFor();
+  await page.getByRole('button', { name: 'Pause queue' }).click();
+  await queue.getByRole('heading', { name: /paused/ }).waitFor();
+  await shot(page, 'session-queue');
+  await page.getByRole('button', { name: 'Resume queue' }).click();
+  await queue.getByRole('heading', { name: 'Queue (1)', exact: true }).waitFor();
+  await queue.getByRole('button', { name: 'Remove queued prompt 1' }).click();
+  await queue.getByRole('heading', { name: 'Queue (0)' }).waitFor();
+  ok('the queue shows, edits, pauses and removes a queued prompt');
+
   await approval.getByRole('button', { name: 'Approve' }).click();
   await approval.waitFor({ state: 'detached' });
   ok('member approved the tool call');
@@ -239,6 +283,16 @@ async function memberScenario() {
   check(await page.locator('.streaming').count() === 0, 'no live block after the turn');
   await shot(page, 'session-reloaded');
   ok('after a reload the history shows the result');
+
+  // A turn that hangs is stopped from the page.
+  await page.getByLabel('Prompt', { exact: true }).fill('Think forever');
+  await page.getByRole('button', { name: 'Send', exact: true }).click();
+  await page.locator('.streaming .text', { hasText: 'Thinking about it' }).waitFor();
+  await page.getByRole('button', { name: 'Stop turn' }).click();
+  await page.locator('li.marker', { hasText: 'Turn cancelled' }).waitFor();
+  await page.getByRole('status').filter({ hasText: 'Idle' }).waitFor();
+  check(await page.getByRole('button', { name: 'Stop turn' }).isDisabled(), 'nothing left to stop');
+  ok('member stopped a running turn');
 
   await page.getByRole('link', { name: '← Sessions' }).click();
   const row = page.locator('tr', { hasText: 'console session' });

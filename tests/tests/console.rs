@@ -223,6 +223,8 @@ async fn a_member_prompts_watches_the_stream_approves_a_tool_and_reloads_in_the_
             completion: 5,
         },
     ]));
+    // The turn that is stopped from the page.
+    mock.push(Reply::StreamThenHang(vec![Part::Text("Thinking about it".into())]));
     let base = format!("http://{}", stack.servers[0].addr);
     run_scenario(
         &b,
@@ -240,5 +242,5 @@ async fn a_member_prompts_watches_the_stream_approves_a_tool_and_reloads_in_the_
         "hello from the console\n",
         "the approved call ran"
     );
-    assert_eq!(mock.requests().len(), 2);
+    assert_eq!(mock.requests().len(), 3, "the removed queued prompt never ran");
 }

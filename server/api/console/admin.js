@@ -31,9 +31,20 @@ export function adminUsers(ctx, view) {
         users.map((u) => h('tr', { dataset: { user: u.email } },
           h('td', {}, u.email), h('td', {}, u.role), h('td', {}, u.hasPassword ? 'set' : '—'),
           h('td', {}, when(u.createdAt)), h('td', {}, u.disabled ? 'disabled' : 'active'),
-          h('td', {}, u.disabled || u.userId === ctx.me.userId ? null
-            : h('button', { type: 'button', class: 'danger', 'aria-label': `Disable ${u.email}`, onclick: () => disable(u) }, 'Disable')))),
+          h('td', { class: 'row' }, u.disabled || u.userId === ctx.me.userId ? null : [
+            h('button', { type: 'button', 'aria-label': `Make ${u.email} ${u.role === 'admin' ? 'a member' : 'an admin'}`, onclick: () => setRole(u, u.role === 'admin' ? 'member' : 'admin') },
+              u.role === 'admin' ? 'Make member' : 'Make admin'),
+            h('button', { type: 'button', class: 'danger', 'aria-label': `Disable ${u.email}`, onclick: () => disable(u) }, 'Disable')]))),
         'No users.'));
+    } catch (err) { error.textContent = ctx.describe(err); }
+  }
+
+  async function setRole(u, role) {
+    if (!await confirmDialog(`Make ${u.email} ${role === 'admin' ? 'an admin' : 'a member'}? Their open connections close; they sign in again with the new role.`, 'Change role')) return;
+    error.textContent = '';
+    try {
+      await ctx.conn.call('admin.user.setRole', { userId: u.userId, role, operationId: opId() });
+      await load();
     } catch (err) { error.textContent = ctx.describe(err); }
   }
 
@@ -156,10 +167,10 @@ export function adminWorkers(ctx, view) {
   async function load() {
     error.textContent = '';
     try {
-      const [status, list, creds] = await Promise.all([
+      const [status, list, workerList] = await Promise.all([
         ctx.conn.call('admin.status', {}),
         ctx.conn.call('workspace.list', {}),
-        ctx.conn.call('admin.credential.list', {}),
+        ctx.conn.call('admin.worker.list', {}),
       ]);
       clear(figures, h('dl', { class: 'figures' },
         h('div', {}, h('dt', {}, 'Connected workers'), h('dd', { dataset: { figure: 'connectedWorkers' } }, status.connectedWorkers)),
@@ -174,11 +185,14 @@ export function adminWorkers(ctx, view) {
           h('td', {}, h('span', { class: w.online ? 'ok' : 'off' }, w.online ? 'online' : 'offline')),
           h('td', {}, when(w.lastSeenAt)))),
         'No workspaces yet: start a worker with a worker credential.'));
-      const ws = creds.filter((c) => c.kind === 'worker');
-      clear(workers, table('Worker credentials', ['Note', 'Created', 'Last used', 'State'],
-        ws.map((c) => h('tr', {}, h('td', {}, c.note || c.credentialId), h('td', {}, when(c.createdAt)),
-          h('td', {}, when(c.lastUsedAt)), h('td', {}, c.revokedAt ? 'revoked' : 'active'))),
-        'No worker credentials.'));
+      const titles = new Map(list.map((w) => [w.workspaceId, w.title || w.workspaceId]));
+      clear(workers, table('Workers', ['Worker', 'Host', 'State', 'Replica', 'Connected', 'Last seen', 'Workspaces'],
+        workerList.map((w) => h('tr', { dataset: { worker: w.credentialId } },
+          h('td', {}, w.note || w.credentialId), h('td', {}, w.host || '—'),
+          h('td', {}, w.revokedAt ? h('span', { class: 'off' }, 'revoked') : h('span', { class: w.online ? 'ok' : 'off' }, w.online ? 'online' : 'offline')),
+          h('td', { class: 'mono' }, w.replicaId || '—'), h('td', {}, when(w.connectedAt)), h('td', {}, when(w.lastSeenAt)),
+          h('td', {}, w.workspaceIds.map((id) => titles.get(id) || id).join(', ') || '—'))),
+        'No worker credentials: create one on the Credentials page.'));
     } catch (err) { error.textContent = ctx.describe(err); }
   }
   refresh.addEventListener('click', load);
@@ -186,4 +200,27 @@ export function adminWorkers(ctx, view) {
     h('h2', {}, 'Status'), figures, spaces, workers);
   document.title = 'Workers — Berth';
   load();
+}
+
+export function adminAudit(ctx, view) {
+  const error = errorLine();
+  const body = h('tbody');
+  const more = h('button', { type: 'button', hidden: true }, 'Older entries');
+  let before = null;
+  async function page() {
+    try {
+      const r = await ctx.conn.call('admin.audit.list', { before, limit: 100 });
+      body.append(...r.entries.map((e) => h('tr', { dataset: { audit: e.auditId } },
+        h('td', {}, when(e.at)), h('td', { class: 'mono' }, e.actor), h('td', {}, e.action), h('td', { class: 'mono' }, e.target))));
+      before = r.nextBefore ?? null;
+      more.hidden = before === null;
+    } catch (err) { error.textContent = ctx.describe(err); }
+  }
+  more.addEventListener('click', page);
+  clear(view, h('h1', {}, 'Audit log'), error,
+    h('table', {}, h('caption', {}, 'Administrative actions, newest first'),
+      h('thead', {}, h('tr', {}, ['When', 'Who', 'Action', 'Target'].map((t) => h('th', { scope: 'col' }, t)))), body),
+    more);
+  document.title = 'Audit log — Berth';
+  page();
 }

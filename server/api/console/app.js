@@ -1,7 +1,7 @@
 // The console's shell: sign-in, navigation by URL hash, and the connection's life.
 import { h, clear, field } from './dom.js';
 import { Connection, login, describe, closeReason } from './rpc.js';
-import { adminUsers, adminCredentials, adminWorkers } from './admin.js';
+import { adminUsers, adminCredentials, adminWorkers, adminAudit } from './admin.js';
 import { workspaces, workspaceSessions } from './sessions.js';
 import { sessionView } from './session.js';
 
@@ -90,7 +90,7 @@ async function start(token) {
   clear(who, `Signed in (${me.role}) · `, h('button', { type: 'button', class: 'link', onclick: () => signOut() }, 'Sign out'));
   const links = [['#/workspaces', 'Workspaces']];
   if (me.role === 'admin') {
-    links.push(['#/admin/users', 'Users'], ['#/admin/credentials', 'Credentials'], ['#/admin/workers', 'Workers & status']);
+    links.push(['#/admin/users', 'Users'], ['#/admin/credentials', 'Credentials'], ['#/admin/workers', 'Workers & status'], ['#/admin/audit', 'Audit log']);
   }
   clear(nav, h('ul', {}, links.map(([href, text]) => h('li', {}, h('a', { href }, text)))));
   showBanner('');
@@ -104,6 +104,7 @@ const ROUTES = [
   [/^#\/admin\/users$/, adminUsers],
   [/^#\/admin\/credentials$/, adminCredentials],
   [/^#\/admin\/workers$/, adminWorkers],
+  [/^#\/admin\/audit$/, adminAudit],
 ];
 
 function route() {

@@ -54,7 +54,7 @@ export function describe(err) {
 
 /// Why the server closed the connection, for a person.
 export function closeReason(ev) {
-  if (ev.code === 1008 && ev.reason === 'revoked') return 'Your access was revoked (credential revoked, user disabled or sign-in expired).';
+  if (ev.code === 1008 && ev.reason === 'revoked') return 'Your access was revoked or changed (credential revoked, user disabled, role changed, or sign-in expired).';
   if (ev.code === 1008) return 'The server refused the connection (not authenticated).';
   if (ev.code === 1001) return 'The server is shutting down.';
   if (ev.code === 1009) return 'A message was too large.';
