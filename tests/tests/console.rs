@@ -19,7 +19,9 @@ struct Browser {
 }
 
 fn find_browser() -> Result<Browser, String> {
-    let node = std::env::var_os("BERTH_NODE").map(PathBuf::from).unwrap_or_else(|| "node".into());
+    let node = std::env::var_os("BERTH_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "node".into());
     let runs = std::process::Command::new(&node)
         .arg("--version")
         .output()
@@ -122,11 +124,19 @@ async fn the_console_is_served_with_a_strict_policy_and_may_open_the_socket() {
     assert_eq!(h["x-frame-options"], "DENY");
     assert_eq!(h["x-content-type-options"], "nosniff");
     let html = page.text().await.unwrap();
-    assert!(html.contains("<script type=\"module\" src=\"/console/app.js\">"), "{html}");
+    assert!(
+        html.contains("<script type=\"module\" src=\"/console/app.js\">"),
+        "{html}"
+    );
 
     let js = server.get("/console/app.js").await;
     assert_eq!(js.status(), 200);
-    assert!(js.headers()["content-type"].to_str().unwrap().starts_with("text/javascript"));
+    assert!(
+        js.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript")
+    );
     assert!(js.headers().contains_key("content-security-policy"));
     let missing = server.get("/console/nothing.js").await;
     assert_eq!(missing.status(), 404);
@@ -135,7 +145,9 @@ async fn the_console_is_served_with_a_strict_policy_and_may_open_the_socket() {
     // The console's own origin may open the WebSocket (it still signs in with `hello`);
     // another site may not.
     let own = format!("http://{}", server.addr);
-    let mut c = Client::connect_with(&server.ws_url(), None, Some(&own)).await.expect("same origin");
+    let mut c = Client::connect_with(&server.ws_url(), None, Some(&own))
+        .await
+        .expect("same origin");
     let err = c.call("ping", json!({})).await.expect_err("not signed in yet");
     assert_eq!(err.data_code(), Some("unauthorized"));
     let hello = c

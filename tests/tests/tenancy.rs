@@ -346,7 +346,10 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
     // B's audit log holds B's actions only; A's log has A's.
     let b_audit = b.ok("admin.audit.list", json!({})).await;
     for e in b_audit["entries"].as_array().unwrap() {
-        assert!(e["target"] != cred["credentialId"] && e["target"] != user["userId"], "{e}");
+        assert!(
+            e["target"] != cred["credentialId"] && e["target"] != user["userId"],
+            "{e}"
+        );
     }
     let a_audit = a.ok("admin.audit.list", json!({})).await;
     assert!(
@@ -992,9 +995,14 @@ async fn roles_change_with_their_connections_the_audit_log_pages_and_workers_sho
     let url = stack.servers[0].ws_url();
     let mut admin = stack.client(0).await;
     let me = admin.ok("hello", json!({"protocol": 1, "token": stack.token})).await;
-    let user = admin.ok("admin.user.create", json!({"email": "role@example.com"})).await;
+    let user = admin
+        .ok("admin.user.create", json!({"email": "role@example.com"}))
+        .await;
     let cred = admin
-        .ok("admin.credential.create", json!({"userId": user["userId"], "note": "role"}))
+        .ok(
+            "admin.credential.create",
+            json!({"userId": user["userId"], "note": "role"}),
+        )
         .await;
     let token = cred["token"].as_str().unwrap().to_string();
     let mut member = Client::authed(&url, &token).await.unwrap();
@@ -1028,7 +1036,10 @@ async fn roles_change_with_their_connections_the_audit_log_pages_and_workers_sho
         "bad-params"
     );
     admin
-        .ok("admin.user.setRole", json!({"userId": user["userId"], "role": "member"}))
+        .ok(
+            "admin.user.setRole",
+            json!({"userId": user["userId"], "role": "member"}),
+        )
         .await;
     // The bootstrap admin is now the only admin: demoting them would lock the tenant out.
     let err = admin
@@ -1038,14 +1049,23 @@ async fn roles_change_with_their_connections_the_audit_log_pages_and_workers_sho
     assert_eq!(code(&err), "conflict");
     assert_eq!(err.data["reason"], "last-admin");
     let users = admin.ok("admin.user.list", json!({})).await;
-    let boot = users.as_array().unwrap().iter().find(|u| u["userId"] == me["userId"]).unwrap();
+    let boot = users
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["userId"] == me["userId"])
+        .unwrap();
     assert_eq!(boot["role"], "admin");
 
     // The audit log, newest first, one entry a page, walked to its end.
     let all = admin.ok("admin.audit.list", json!({})).await;
     let entries = all["entries"].as_array().unwrap();
     let actions: Vec<&str> = entries.iter().map(|e| e["action"].as_str().unwrap()).collect();
-    assert_eq!(&actions[..4], ["user.role", "user.role", "credential.create", "user.create"], "{all}");
+    assert_eq!(
+        &actions[..4],
+        ["user.role", "user.role", "credential.create", "user.create"],
+        "{all}"
+    );
     assert_eq!(entries[0]["target"], user["userId"]);
     assert_eq!(entries[0]["actor"], me["userId"]);
     let mut walked = Vec::new();

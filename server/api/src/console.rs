@@ -16,16 +16,19 @@ use axum::{
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
      connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
+const JS: &str = "text/javascript; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
+
 /// The embedded files: name, content type, body.
 const ASSETS: &[(&str, &str, &str)] = &[
-    ("style.css", "text/css; charset=utf-8", include_str!("../console/style.css")),
+    ("style.css", CSS, include_str!("../console/style.css")),
     ("icon.svg", "image/svg+xml", include_str!("../console/icon.svg")),
-    ("app.js", "text/javascript; charset=utf-8", include_str!("../console/app.js")),
-    ("rpc.js", "text/javascript; charset=utf-8", include_str!("../console/rpc.js")),
-    ("dom.js", "text/javascript; charset=utf-8", include_str!("../console/dom.js")),
-    ("admin.js", "text/javascript; charset=utf-8", include_str!("../console/admin.js")),
-    ("sessions.js", "text/javascript; charset=utf-8", include_str!("../console/sessions.js")),
-    ("session.js", "text/javascript; charset=utf-8", include_str!("../console/session.js")),
+    ("app.js", JS, include_str!("../console/app.js")),
+    ("rpc.js", JS, include_str!("../console/rpc.js")),
+    ("dom.js", JS, include_str!("../console/dom.js")),
+    ("admin.js", JS, include_str!("../console/admin.js")),
+    ("sessions.js", JS, include_str!("../console/sessions.js")),
+    ("session.js", JS, include_str!("../console/session.js")),
 ];
 
 const INDEX: &str = include_str!("../console/index.html");
@@ -81,7 +84,9 @@ mod tests {
             for piece in INDEX.split(tag).skip(1) {
                 let end = piece.find('>').expect("tag ends");
                 let t = &piece[..end];
-                let start = t.find(attr).unwrap_or_else(|| panic!("{tag} without an embedded {attr}: {t}"));
+                let start = t
+                    .find(attr)
+                    .unwrap_or_else(|| panic!("{tag} without an embedded {attr}: {t}"));
                 let name = t[start + attr.len()..].split('"').next().unwrap();
                 assert!(ASSETS.iter().any(|(n, _, _)| *n == name), "{name} is not embedded");
             }
@@ -93,7 +98,10 @@ mod tests {
         for (_, _, body) in ASSETS {
             for line in body.lines().filter(|l| l.starts_with("import ")) {
                 let name = line.rsplit("'./").next().unwrap().trim_end_matches("';");
-                assert!(ASSETS.iter().any(|(n, _, _)| *n == name), "import of {name} is not embedded");
+                assert!(
+                    ASSETS.iter().any(|(n, _, _)| *n == name),
+                    "import of {name} is not embedded"
+                );
             }
         }
     }

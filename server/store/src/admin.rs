@@ -262,8 +262,11 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         // Admin changes of one tenant take turns, so two demotions cannot both see another admin.
-        tx.ex("SELECT pg_advisory_xact_lock(hashtext('berth.roles:' || $1))", &[&tenant_id])
-            .await?;
+        tx.ex(
+            "SELECT pg_advisory_xact_lock(hashtext('berth.roles:' || $1))",
+            &[&tenant_id],
+        )
+        .await?;
         let Some(before) = tx
             .qo(
                 "SELECT role FROM users WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
@@ -280,7 +283,10 @@ impl Store {
         )
         .await?;
         let row = tx
-            .q1(&format!("{USER_SELECT} WHERE id = $1 AND tenant_id = $2"), &[&user_id, &tenant_id])
+            .q1(
+                &format!("{USER_SELECT} WHERE id = $1 AND tenant_id = $2"),
+                &[&user_id, &tenant_id],
+            )
             .await?;
         let admins: i64 = tx
             .q1(

@@ -1,9 +1,9 @@
 //! `admin.*`: tenant administration, for the tenant's admins only (members get `forbidden`).
 
 use berth_protocol::{
-    AdminAuditListParams, AdminCredentialCreateParams, AdminCredentialRevokeParams, AdminStatus,
-    AdminUserCreateParams, AdminUserDisableParams, AdminUserSetRoleParams, AuditPage, CredentialView,
-    Disabled, Empty, ErrorCode, Revoked, UserView, WorkerView,
+    AdminAuditListParams, AdminCredentialCreateParams, AdminCredentialRevokeParams, AdminStatus, AdminUserCreateParams,
+    AdminUserDisableParams, AdminUserSetRoleParams, AuditPage, CredentialView, Disabled, Empty, ErrorCode, Revoked,
+    UserView, WorkerView,
 };
 use berth_store::{Principal, admin::Actor};
 use serde_json::json;
@@ -161,7 +161,10 @@ pub async fn audit_list(ctx: Ctx, p: AdminAuditListParams) -> ApiResult<AuditPag
     let me = admin(&ctx)?;
     let limit = p.limit.unwrap_or(200);
     if limit == 0 || limit > 200 {
-        return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "limit", "max": 200})));
+        return Err(ApiError::with(
+            ErrorCode::BadParams,
+            json!({"field": "limit", "max": 200}),
+        ));
     }
     Ok(ctx.state.store.admin_audit(&me.tenant_id, p.before, limit).await?)
 }
