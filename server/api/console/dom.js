@@ -35,7 +35,8 @@ let nextField = 0;
 export function field(label, control, hint) {
   const id = control.id || `f${++nextField}`;
   control.id = id;
-  return h('div', { class: 'field' }, h('label', { for: id }, label), control, hint ? h('small', {}, hint) : null);
+  if (hint) control.setAttribute('aria-describedby', `${id}-hint`);
+  return h('div', { class: 'field' }, h('label', { for: id }, label), control, hint ? h('small', { id: `${id}-hint` }, hint) : null);
 }
 
 /// A timestamp for people (local time), or a dash.
