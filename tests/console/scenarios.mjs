@@ -59,7 +59,14 @@ function clean(page) {
   check(page.problems.length === 0, page.problems.join('; '));
 }
 
+/// A screenshot of a main page, after checking that every control on it has a name a
+/// screen reader can read (a <label>, aria-label or aria-labelledby).
 async function shot(page, name) {
+  const unnamed = await page.evaluate(() => Array.from(document.querySelectorAll('input, select, textarea, button'))
+    .filter((el) => !el.hidden && !(el.labels && el.labels.length) && !el.getAttribute('aria-label')
+      && !el.getAttribute('aria-labelledby') && !(el.tagName === 'BUTTON' && el.textContent.trim()))
+    .map((el) => el.outerHTML.slice(0, 80)));
+  check(unnamed.length === 0, `${name}: controls without a name: ${unnamed.join(' | ')}`);
   await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: true });
 }
 
@@ -130,9 +137,13 @@ async function adminScenario() {
   check(await secret.count() === 0, 'the plaintext is gone once dismissed');
   ok('admin created a credential, shown once');
 
+  // The member signs in with the keyboard alone: type the credential, press Enter.
   const member = await newPage('member');
   await member.goto(base + '/');
-  await signInWithCredential(member, token);
+  await member.getByLabel('Credential', { exact: true }).focus();
+  await member.keyboard.type(token);
+  await member.keyboard.press('Enter');
+  await member.getByRole('button', { name: 'Sign out' }).waitFor();
   await member.getByRole('heading', { name: 'Workspaces' }).waitFor();
   await member.getByRole('link', { name: env('BERTH_WORKSPACE_TITLE') }).waitFor();
   check(await member.getByRole('link', { name: 'Users' }).count() === 0, 'a member sees no admin pages');
@@ -188,9 +199,14 @@ async function adminScenario() {
   await userRow.getByRole('button', { name: `Make ${email} an admin` }).waitFor();
   ok('admin changed the member\'s role and back');
 
+  await userRow.getByRole('button', { name: `Disable ${email}` }).click();
+  await admin.getByRole('dialog').getByRole('button', { name: 'Disable' }).click();
+  await userRow.filter({ hasText: 'disabled' }).waitFor();
+  ok('admin disabled the member, with a confirmation');
+
   await admin.getByRole('link', { name: 'Audit log' }).click();
   await admin.getByRole('heading', { name: 'Audit log' }).waitFor();
-  for (const action of ['user.create', 'credential.create', 'credential.revoke', 'user.role']) {
+  for (const action of ['user.create', 'credential.create', 'credential.revoke', 'user.role', 'user.disable']) {
     await admin.getByRole('cell', { name: action, exact: true }).first().waitFor();
   }
   await shot(admin, 'audit');

@@ -190,6 +190,7 @@ async fn an_admin_creates_a_member_and_a_credential_and_revokes_it_in_the_browse
         .find(|u| u["email"] == "member@example.com")
         .expect("the member exists");
     assert_eq!(member["role"], "member");
+    assert_eq!(member["disabled"], true);
     let creds = admin.ok("admin.credential.list", json!({})).await;
     let cred = creds
         .as_array()
