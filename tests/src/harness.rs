@@ -307,6 +307,18 @@ impl TestWorker {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<TestWorker> {
+        Self::start_at(&server.addr, token, name, path, extra, env).await
+    }
+
+    /// The same, connecting to `addr` (`host:port`: a replica, or nginx in front of several).
+    pub async fn start_at(
+        addr: &str,
+        token: &str,
+        name: &str,
+        path: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestWorker> {
         let dir = scratch_dir("worker");
         let token_file = dir.join("token");
         std::fs::write(&token_file, token)?;
@@ -315,7 +327,7 @@ impl TestWorker {
             .args([
                 "worker",
                 "--server",
-                &format!("http://{}/", server.addr),
+                &format!("http://{addr}/"),
                 "--host",
                 "test-host",
             ])

@@ -86,6 +86,16 @@ impl Stack {
         self.workspace_id = id;
     }
 
+    /// (Re)start the worker against `addr` (e.g. nginx in front of the replicas) and wait
+    /// until its workspace is online.
+    pub async fn start_worker_at(&mut self, addr: &str) {
+        let worker = TestWorker::start_at(addr, &self.worker_token, "proj", &self.workspace_dir, &[], &[])
+            .await
+            .expect("worker");
+        self.worker = Some(worker);
+        self.workspace_id = self.wait_online(true).await;
+    }
+
     /// Kill the worker process and wait until its workspace shows offline.
     pub async fn kill_worker(&mut self) {
         if let Some(mut w) = self.worker.take() {
