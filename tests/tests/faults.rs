@@ -212,13 +212,12 @@ async fn replica_lost_mid_turn(graceful: bool) {
         victim.child.wait().await.unwrap();
     }
 
-    let t0 = std::time::Instant::now();
     for w in &mut watchers {
+        // Well before the lost connection's presence could go stale (45 s) and be swept.
         let end = w
-            .until(60, |e| e["type"] == "turn.ended" && e["turnId"] == first["turnId"])
+            .until(30, |e| e["type"] == "turn.ended" && e["turnId"] == first["turnId"])
             .await;
         assert_eq!(end["state"], "interrupted", "{end}");
-        eprintln!("interrupted after {:?}", t0.elapsed());
         let end = w
             .until(60, |e| e["type"] == "turn.ended" && e["turnId"] == second["turnId"])
             .await;

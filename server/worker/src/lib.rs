@@ -86,8 +86,10 @@ impl WorkerConfig {
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let http = net::http_client()?;
     let mut backoff = Duration::from_millis(200);
+    // The last connection's id: the next hello says it was given up.
+    let mut previous = None;
     loop {
-        match connect_once(&config, &http, &shutdown).await {
+        match connect_once(&config, &http, &shutdown, &mut previous).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 // An authoritative refusal of the credential will not fix itself quickly, but
@@ -148,6 +150,7 @@ async fn connect_once(
     config: &WorkerConfig,
     http: &reqwest::Client,
     shutdown: &CancellationToken,
+    previous: &mut Option<String>,
 ) -> anyhow::Result<()> {
     let (ws_url, http_base) = config.base();
     let mut req = ws_url.as_str().into_client_request()?;
@@ -169,6 +172,7 @@ async fn connect_once(
                 path: path.display().to_string(),
             })
             .collect(),
+        replaces: previous.clone(),
     };
     let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
     sink.send(Message::Text(msg.into())).await?;
@@ -183,6 +187,7 @@ async fn connect_once(
         bail!("worker.hello refused: {e}");
     }
     let registered: WorkerHelloResult = serde_json::from_value(resp.result.unwrap_or_default())?;
+    *previous = registered.connection_id.clone();
     tracing::info!(workspaces = registered.workspaces.len(), "worker connected");
     let mut workspaces = HashMap::new();
     for r in &registered.workspaces {
