@@ -38,7 +38,11 @@ impl Stack {
 
     /// The same, with the model provider at `model_base_url` (e.g. one that refuses).
     pub async fn start_with_model(model_base_url: &str, replicas: usize, env: &[(&str, &str)]) -> Stack {
-        let db = fresh_database().await;
+        Self::start_on(fresh_database().await, model_base_url, replicas, env).await
+    }
+
+    /// The same, on the database at `db` (e.g. on a cluster the test restarts).
+    pub async fn start_on(db: String, model_base_url: &str, replicas: usize, env: &[(&str, &str)]) -> Stack {
         let mut servers = Vec::new();
         for _ in 0..replicas.max(1) {
             servers.push(TestServer::start_with(&db, model_base_url, env).await.expect("server"));

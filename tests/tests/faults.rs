@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use berth_e2e::{
-    Client, MockProvider, Part, Reply, Stack, TestServer,
+    Client, MockProvider, Part, Reply, Stack,
     client::{Subscription, code},
     harness::{eventually, scratch_dir},
     nginx::Nginx,
@@ -254,4 +254,149 @@ async fn sigterm_mid_turn_drains_the_replica_within_its_grace_period() {
     if nginx_installed() {
         replica_lost_mid_turn(true).await;
     }
+}
+
+async fn status(url: &str) -> u16 {
+    match reqwest::get(url).await {
+        Ok(r) => r.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+/// PostgreSQL restarted under load: requests fail fast with `unavailable` (never
+/// `internal`), `/readyz` flips, and once the database is back every replica recovers by
+/// itself — new pooled connections, LISTEN re-established with catch-up, turns dispatched.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_restarted_under_load_fails_fast_and_recovers_without_a_restart() {
+    let mock = MockProvider::start().await;
+    // A cluster of this test's own: the shared one serves the other tests.
+    let dir = scratch_dir("pgrestart");
+    let options = ClusterOptions {
+        unsafe_no_fsync: true,
+        ..ClusterOptions::default()
+    };
+    let start = {
+        let (dir, options) = (dir.clone(), options.clone());
+        move || {
+            let (dir, options) = (dir.clone(), options.clone());
+            tokio::task::spawn_blocking(move || PrivateCluster::start(&dir, &options).expect("cluster"))
+        }
+    };
+    let mut cluster = start().await.unwrap();
+    create_database(&cluster.url("postgres"), "berth", None).await.unwrap();
+    let stack = Stack::start_on(cluster.url("berth"), &mock.base_url(), 2, &[]).await;
+    let readyz: Vec<String> = stack
+        .servers
+        .iter()
+        .map(|s| format!("http://{}/readyz", s.addr))
+        .collect();
+
+    // A watcher on replica 0 (which holds the worker); prompts go through replica 1.
+    let mut c = stack.client(1).await;
+    let sid = stack.session(&mut c).await;
+    let mut watch = Resuming::open(&stack.servers[0].ws_url(), &stack.token, &sid).await;
+    mock.push(Reply::text(&["before"]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "one"})).await;
+    let end = watch.until(30, |e| e["type"] == "turn.ended").await;
+    assert_eq!(end["state"], "completed");
+
+    // Load: a client on each replica reading the session in a loop, noting each outcome.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for server in &stack.servers {
+        let (url, token) = (server.ws_url(), stack.token.clone());
+        let mut client = Client::authed(&url, &token).await.unwrap();
+        let (stop, sid) = (stop.clone(), sid.clone());
+        load.push(tokio::spawn(async move {
+            let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if client.is_closed() {
+                    // Authenticating needs the database too: refused while it is down.
+                    match Client::authed(&url, &token).await {
+                        Ok(c) => client = c,
+                        Err(_) => continue,
+                    }
+                }
+                let outcome = match client.call_or_closed("session.get", json!({"sessionId": sid})).await {
+                    None => continue,
+                    Some(Ok(_)) => "ok".to_string(),
+                    Some(Err(e)) => code(&e).to_string(),
+                };
+                *outcomes.entry(outcome).or_default() += 1;
+            }
+            outcomes
+        }));
+    }
+
+    // Down: requests are refused as `unavailable`, and /readyz says so.
+    cluster = tokio::task::spawn_blocking(move || {
+        cluster.stop();
+        cluster
+    })
+    .await
+    .unwrap();
+    for url in &readyz {
+        let down = eventually(30, || async { (status(url).await == 503).then_some(()) }).await;
+        assert!(down.is_some(), "{url} flips to 503 while the database is down");
+    }
+    let err = c
+        .call("session.get", json!({"sessionId": sid}))
+        .await
+        .expect_err("no database, no answer");
+    assert_eq!(code(&err), "unavailable", "{err}");
+
+    // Back: within 10 s both replicas are ready and serve again, without a restart.
+    drop(cluster);
+    let _cluster = start().await.unwrap();
+    for url in &readyz {
+        let up = eventually(10, || async { (status(url).await == 200).then_some(()) }).await;
+        assert!(up.is_some(), "{url} is ready again within 10 s of the database");
+    }
+    let served = eventually(10, || {
+        let (url, token, sid) = (stack.servers[1].ws_url(), stack.token.clone(), sid.clone());
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            c.call("session.get", json!({"sessionId": sid})).await.ok()
+        }
+    })
+    .await;
+    assert!(served.is_some(), "requests are served again within 10 s");
+    // An append right away: replica 0 may not be listening again yet, so its watcher gets
+    // it by catch-up after LISTEN is back, and the worker's replica dispatches the turn.
+    mock.push(Reply::text(&["after"]));
+    let sent = eventually(10, || {
+        let url = stack.servers[1].ws_url();
+        let (token, sid) = (stack.token.clone(), sid.clone());
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            c.call("session.send", json!({"sessionId": sid, "prompt": "two"})).await.ok()
+        }
+    })
+    .await
+    .expect("a prompt is accepted again");
+    let end = watch
+        .until(30, |e| e["type"] == "turn.ended" && e["turnId"] == sent["turnId"])
+        .await;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert!(
+        stack.servers[0]
+            .metrics()
+            .await
+            .lines()
+            .any(|l| l.starts_with("berth_db_listen_reconnects_total") && !l.ends_with(" 0")),
+        "replica 0's LISTEN connection was re-established"
+    );
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in load {
+        let outcomes = task.await.unwrap();
+        assert!(
+            outcomes.keys().all(|k| k == "ok" || k == "unavailable"),
+            "a database outage is `unavailable`, never anything else: {outcomes:?}"
+        );
+        assert!(outcomes.contains_key("ok"), "{outcomes:?}");
+    }
+    let mut c = stack.client(0).await;
+    assert_eq!(c.history_bodies(&sid).await, ["one", "before", "two", "after"]);
 }
