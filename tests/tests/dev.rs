@@ -179,7 +179,10 @@ async fn dev_as_root_in_a_private_directory_under_root_answers_a_prompt() {
         .to_string();
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     c.ok("session.send", json!({"sessionId": sid, "prompt": "hi"})).await;
-    let items = watch.until(30, |i| i["type"] == "turn.ended").await.expect("the turn ends");
+    let items = watch
+        .until(30, |i| i["type"] == "turn.ended")
+        .await
+        .expect("the turn ends");
     assert_eq!(items.last().unwrap()["state"], "completed");
     assert_eq!(c.history_bodies(&sid).await, ["hi", "hello root"]);
     drop(c);

@@ -136,7 +136,12 @@ async fn replica_ids(stack: &Stack) -> Vec<String> {
     let mut ids = Vec::new();
     for i in 0..stack.servers.len() {
         let mut c = stack.client(i).await;
-        ids.push(c.ok("status", json!({})).await["replicaId"].as_str().unwrap().to_string());
+        ids.push(
+            c.ok("status", json!({})).await["replicaId"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
     }
     ids
 }
@@ -194,8 +199,12 @@ async fn replica_lost_mid_turn(graceful: bool) {
     mock.push(Reply::StreamThenHang(vec![Part::Text("half an answ".into())]));
     mock.push(Reply::text(&["second ", "answer"]));
     let mut sender = stack.client(survivor).await;
-    let first = sender.ok("session.send", json!({"sessionId": sid, "prompt": "one"})).await;
-    let second = sender.ok("session.send", json!({"sessionId": sid, "prompt": "two"})).await;
+    let first = sender
+        .ok("session.send", json!({"sessionId": sid, "prompt": "one"}))
+        .await;
+    let second = sender
+        .ok("session.send", json!({"sessionId": sid, "prompt": "two"}))
+        .await;
     assert_eq!(second["state"], "queued", "{second}");
     // Mid-turn: the worker is streaming the first answer.
     eventually(30, || async { (!mock.requests().is_empty()).then_some(()) })
@@ -370,7 +379,9 @@ async fn postgres_restarted_under_load_fails_fast_and_recovers_without_a_restart
         let (token, sid) = (stack.token.clone(), sid.clone());
         async move {
             let mut c = Client::authed(&url, &token).await.ok()?;
-            c.call("session.send", json!({"sessionId": sid, "prompt": "two"})).await.ok()
+            c.call("session.send", json!({"sessionId": sid, "prompt": "two"}))
+                .await
+                .ok()
         }
     })
     .await
