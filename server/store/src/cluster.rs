@@ -441,3 +441,32 @@ pub async fn create_database(admin_url: &str, name: &str, template: Option<&str>
     let _ = conn.await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory is reachable by another user only if it and every ancestor let that user
+    /// through; the data dir's own mode counts too.
+    #[test]
+    fn the_first_private_directory_on_the_way_is_found() {
+        let base = std::env::temp_dir().join(format!("berth-reach-{}", std::process::id()));
+        let data = base.join("project").join(".berth");
+        std::fs::create_dir_all(&data).unwrap();
+        let mode = |d: &Path, m: u32| std::fs::set_permissions(d, std::fs::Permissions::from_mode(m)).unwrap();
+        for d in [&base, &base.join("project"), &data] {
+            mode(d, 0o755);
+        }
+        let other = 65_534;
+        assert_eq!(unreachable_part(&data, other), None);
+        mode(&data, 0o700);
+        assert_eq!(unreachable_part(&data, other), Some(data.clone()));
+        mode(&data, 0o755);
+        mode(&base, 0o700);
+        assert_eq!(unreachable_part(&data, other), Some(base.clone()));
+        // Its owner gets through a directory of mode 0700.
+        let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&base).unwrap());
+        assert_eq!(unreachable_part(&data, me), None);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}
