@@ -310,13 +310,27 @@ impl TestWorker {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<TestWorker> {
-        Self::start_at(&server.addr, token, name, path, extra, env).await
+        Self::start_on_host(server, token, "test-host", name, path, extra, env).await
+    }
+
+    /// The same, on another machine name (a worker credential serves one host).
+    pub async fn start_on_host(
+        server: &TestServer,
+        token: &str,
+        host: &str,
+        name: &str,
+        path: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestWorker> {
+        Self::start_at(&server.addr, token, host, name, path, extra, env).await
     }
 
     /// The same, connecting to `addr` (`host:port`: a replica, or nginx in front of several).
     pub async fn start_at(
         addr: &str,
         token: &str,
+        host: &str,
         name: &str,
         path: &Path,
         extra: &[&str],
@@ -327,7 +341,7 @@ impl TestWorker {
         std::fs::write(&token_file, token)?;
         let log = dir.join("worker.log");
         let child = Command::new(berth_bin())
-            .args(["worker", "--server", &format!("http://{addr}/"), "--host", "test-host"])
+            .args(["worker", "--server", &format!("http://{addr}/"), "--host", host])
             .arg("--token-file")
             .arg(&token_file)
             .arg("--workspace")
