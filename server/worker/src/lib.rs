@@ -97,8 +97,10 @@ pub async fn run_reporting(
 ) -> anyhow::Result<()> {
     let http = net::http_client()?;
     let mut backoff = Duration::from_millis(200);
+    // The last connection's id: the next hello says it was given up.
+    let mut previous = None;
     loop {
-        let outcome = connect_once(&config, &http, &shutdown, &connected).await;
+        let outcome = connect_once(&config, &http, &shutdown, &connected, &mut previous).await;
         connected.store(false, std::sync::atomic::Ordering::Relaxed);
         match outcome {
             Ok(()) => return Ok(()),
@@ -162,6 +164,7 @@ async fn connect_once(
     http: &reqwest::Client,
     shutdown: &CancellationToken,
     connected: &std::sync::atomic::AtomicBool,
+    previous: &mut Option<String>,
 ) -> anyhow::Result<()> {
     let (ws_url, http_base) = config.base();
     let mut req = ws_url.as_str().into_client_request()?;
@@ -183,6 +186,7 @@ async fn connect_once(
                 path: path.display().to_string(),
             })
             .collect(),
+        replaces: previous.clone(),
     };
     let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
     sink.send(Message::Text(msg.into())).await?;
@@ -197,6 +201,7 @@ async fn connect_once(
         bail!("worker.hello refused: {e}");
     }
     let registered: WorkerHelloResult = serde_json::from_value(resp.result.unwrap_or_default())?;
+    *previous = registered.connection_id.clone();
     tracing::info!(workspaces = registered.workspaces.len(), "worker connected");
     connected.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut workspaces = HashMap::new();
