@@ -24,6 +24,8 @@ use berth_client::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::pieces::Pieces;
+
 #[derive(clap::Args, Clone)]
 pub struct Remote {
     /// The server, e.g. https://berth.example.com (default: the one `berth login` stored).
@@ -99,6 +101,23 @@ pub enum ClientCommand {
         session: String,
         turn: String,
     },
+    /// Be an Agent Client Protocol agent on stdio (for editors such as Zed) whose sessions
+    /// are this server's: each ACP session is a Berth session.
+    Acp {
+        /// The server, e.g. https://berth.example.com (default: the one `berth login` stored).
+        #[arg(long, env = "BERTH_SERVER")]
+        server: Option<String>,
+        /// File holding a credential (default: the one `berth login` stored).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Start every new session in this workspace (an id or a title).
+        #[arg(long)]
+        workspace: Option<String>,
+        /// DIR=WORKSPACE: a session started in DIR or below goes to WORKSPACE (repeatable).
+        /// Without either option, the workspace whose path holds the editor's directory.
+        #[arg(long = "map", value_parser = crate::acp::WorkspaceChoice::parse_map)]
+        maps: Vec<(PathBuf, String)>,
+    },
     /// Print the protocol's JSON Schema (or its TypeScript declarations).
     Schema {
         #[arg(long)]
@@ -125,15 +144,19 @@ fn credentials_path() -> anyhow::Result<PathBuf> {
 }
 
 async fn connect(remote: &Remote) -> anyhow::Result<Client> {
+    connect_to(remote.server.as_deref(), remote.token_file.as_deref()).await
+}
+
+/// Connect with the given server and credential file, or what `berth login` stored.
+async fn connect_to(server: Option<&str>, token_file: Option<&std::path::Path>) -> anyhow::Result<Client> {
     let stored: Option<Stored> = std::fs::read(credentials_path()?)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    let server = remote
-        .server
-        .clone()
+    let server = server
+        .map(str::to_string)
         .or_else(|| stored.as_ref().map(|s| s.server.clone()))
         .context("no server: pass --server or run `berth login`")?;
-    let token = match &remote.token_file {
+    let token = match token_file {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("reading {}", f.display()))?
             .trim()
@@ -343,6 +366,15 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
             session,
             workspace,
         } => chat(remote, session, workspace).await,
+        ClientCommand::Acp {
+            server,
+            token_file,
+            workspace,
+            maps,
+        } => {
+            let client = connect_to(server.as_deref(), token_file.as_deref()).await?;
+            crate::acp::run(client, crate::acp::WorkspaceChoice { fixed: workspace, maps }).await
+        }
     }
 }
 
@@ -356,27 +388,17 @@ fn render_row(row: &berth_client::protocol::Row) -> String {
     }
 }
 
-/// The streamed text of the turn in progress: how many bytes of each model step were
-/// printed, so that deltas (which carry their byte offset) and the completed step's row
-/// print every byte once, across reconnects and resyncs.
+/// The streamed text of the turn in progress (every byte printed once, see [`Pieces`]) and
+/// the steps completed per turn (the next `model.completed` is that step).
 #[derive(Default)]
 struct Printed {
-    /// (turn, step) → bytes of text printed.
-    text: HashMap<(String, i64), usize>,
-    /// Steps completed per turn (the next `model.completed` is that step).
+    text: Pieces,
     steps: HashMap<String, i64>,
 }
 
 impl Printed {
     fn piece(&mut self, turn: &str, step: i64, offset: usize, text: &str) -> String {
-        let done = self.text.entry((turn.to_string(), step)).or_default();
-        let end = offset + text.len();
-        if offset > *done || end <= *done || !text.is_char_boundary(*done - offset) {
-            return String::new();
-        }
-        let out = text[*done - offset..].to_string();
-        *done = end;
-        out
+        self.text.piece(turn, step, offset, text)
     }
 
     fn event(&mut self, ev: &Event, out: &mut impl Write) -> std::io::Result<()> {
@@ -509,22 +531,4 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn streamed_pieces_print_every_byte_once() {
-        let mut p = Printed::default();
-        assert_eq!(p.piece("t", 0, 0, "Hel"), "Hel");
-        // A repeat after a reconnect (from offset 0) prints only what is new.
-        assert_eq!(p.piece("t", 0, 0, "Hello"), "lo");
-        assert_eq!(p.piece("t", 0, 3, "lo"), "");
-        // A piece beyond what was printed (a gap) waits for the completed row.
-        assert_eq!(p.piece("t", 0, 9, "x"), "");
-        assert_eq!(p.piece("t", 0, 0, "Hello world"), " world");
-        assert_eq!(p.piece("t", 1, 0, "next"), "next");
-    }
 }
