@@ -207,7 +207,12 @@ async fn an_editor_prompts_approves_cancels_and_loads_through_berth_acp() {
     assert_eq!(call["kind"], "execute");
     assert_eq!(call["rawInput"]["command"], "echo approved-run");
     let order = kinds(&updates);
-    let at = |k: &str| order.iter().position(|x| x == k).unwrap_or_else(|| panic!("no {k}: {order:?}"));
+    let at = |k: &str| {
+        order
+            .iter()
+            .position(|x| x == k)
+            .unwrap_or_else(|| panic!("no {k}: {order:?}"))
+    };
     assert!(at("tool_call") < at("session/request_permission"), "{order:?}");
     let call_updates: Vec<&Value> = updates
         .iter()

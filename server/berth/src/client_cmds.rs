@@ -3,8 +3,8 @@
 //! `--json` for scripts.
 
 use std::{
-    collections::HashMap,
-    io::{BufRead, Write},
+    collections::{HashMap, VecDeque},
+    io::{BufRead, IsTerminal, Write},
     os::unix::fs::OpenOptionsExt,
     path::PathBuf,
 };
@@ -13,13 +13,13 @@ use anyhow::Context;
 use berth_client::{
     Client,
     method::{
-        SessionCreate, SessionFork, SessionGet, SessionHistory, SessionList, SessionSearch, SessionSend, SessionSource,
-        SessionStop, WorkspaceList,
+        SessionCreate, SessionFork, SessionGet, SessionHistory, SessionList, SessionRespond, SessionSearch,
+        SessionSend, SessionSource, SessionStop, WorkspaceList,
     },
     protocol::{
-        Event, EventPayload, LiveItem, RowKind, SessionCreateParams, SessionForkParams, SessionHistoryParams,
-        SessionListParams, SessionRef, SessionSearchParams, SessionSendParams, SessionSourceParams, SessionStopParams,
-        WatchItem,
+        Event, EventPayload, INTERACTION_APPROVAL, Interaction, LiveItem, RowKind, SessionCreateParams,
+        SessionForkParams, SessionHistoryParams, SessionListParams, SessionRef, SessionRespondParams,
+        SessionSearchParams, SessionSendParams, SessionSourceParams, SessionStopParams, WatchItem,
     },
 };
 use serde::{Deserialize, Serialize};
@@ -41,8 +41,9 @@ pub struct Remote {
 
 #[derive(clap::Subcommand)]
 pub enum ClientCommand {
-    /// Sign in with email and password (read from standard input) and store the token
-    /// (mode 0600) for the other client commands.
+    /// Sign in with email and password and store the token (mode 0600) for the other
+    /// client commands. The password is read from the terminal without echo (from standard
+    /// input when it is not a terminal).
     Login {
         #[arg(long)]
         server: String,
@@ -62,7 +63,8 @@ pub enum ClientCommand {
         workspace: Option<String>,
     },
     /// Chat in a session (a new one in --workspace when none is given): each line of
-    /// standard input is a prompt; the answer streams as it arrives. Ctrl-C stops the turn.
+    /// standard input is a prompt; the answer streams as it arrives; a tool call held for
+    /// approval is asked inline (answer y or n). Ctrl-C stops the turn.
     Chat {
         #[command(flatten)]
         remote: Remote,
@@ -185,10 +187,8 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
             Ok(())
         }
         ClientCommand::Login { server, tenant, email } => {
-            let mut password = String::new();
-            std::io::stdin().lock().read_line(&mut password)?;
-            let password = password.trim_end_matches(['\r', '\n']);
-            let login = berth_client::login(&server, &tenant, &email, password).await?;
+            let password = read_password()?;
+            let login = berth_client::login(&server, &tenant, &email, &password).await?;
             let path = credentials_path()?;
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
@@ -378,6 +378,46 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
     }
 }
 
+/// Ask about an interaction at the prompt (on stderr when stdout is JSON).
+fn ask(interaction: &Interaction, json: bool) -> std::io::Result<()> {
+    let question = if interaction.kind == INTERACTION_APPROVAL {
+        let tool = interaction.tool.as_ref().map_or("tool", |t| t.name.as_str());
+        format!("[approve {tool} {}? y/n] ", interaction.input)
+    } else {
+        let options = interaction.options.as_deref().unwrap_or_default().join(" / ");
+        format!("[question {} ({options}; empty for none)] ", interaction.input)
+    };
+    if json {
+        eprint!("{question}");
+        std::io::stderr().flush()
+    } else {
+        let mut out = std::io::stdout().lock();
+        write!(out, "{question}")?;
+        out.flush()
+    }
+}
+
+/// The `session.respond` answer a line typed at the prompt gives: `y`/`yes` approves
+/// (anything else denies); a question takes the line as its choice (empty: none).
+fn answer_for(interaction: &Interaction, line: &str) -> serde_json::Value {
+    let line = line.trim();
+    if interaction.kind == INTERACTION_APPROVAL {
+        serde_json::json!({"approved": matches!(line.to_lowercase().as_str(), "y" | "yes")})
+    } else {
+        serde_json::json!({"choice": (!line.is_empty()).then_some(line)})
+    }
+}
+
+/// The password: from the terminal with echo off, or a line of standard input (scripts).
+fn read_password() -> anyhow::Result<String> {
+    if std::io::stdin().is_terminal() {
+        return Ok(rpassword::prompt_password("Password: ")?);
+    }
+    let mut password = String::new();
+    std::io::stdin().lock().read_line(&mut password)?;
+    Ok(password.trim_end_matches(['\r', '\n']).to_string())
+}
+
 fn render_row(row: &berth_client::protocol::Row) -> String {
     match row.kind {
         RowKind::User => format!("> {}", row.body),
@@ -461,8 +501,15 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
         }
     });
     let mut printed = Printed::default();
+    let mut stdin_open = true;
     let stdout = std::io::stdout();
+    // A person at a terminal gets a prompt when the chat is ready for the next line.
+    let interactive = std::io::stdin().is_terminal() && !remote.json;
     loop {
+        if interactive {
+            print!("> ");
+            std::io::stdout().flush()?;
+        }
         // Ctrl-C between turns ends the chat (within one it stops the turn).
         let prompt = tokio::select! {
             line = lines.recv() => line,
@@ -484,9 +531,31 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
             print_json(&sent)?;
         }
         let mut stopping = false;
+        // Interactions waiting for an answer at the prompt, the one asked first.
+        let mut asking: VecDeque<Interaction> = VecDeque::new();
         loop {
             let item = tokio::select! {
                 item = watch.next_item() => item,
+                line = lines.recv(), if stdin_open && !asking.is_empty() => {
+                    let Some(line) = line else {
+                        // Nobody left to answer: the interaction's own timeout will.
+                        stdin_open = false;
+                        continue;
+                    };
+                    let Some(interaction) = asking.pop_front() else { continue };
+                    let answered = client.call::<SessionRespond>(SessionRespondParams {
+                        interaction_id: interaction.interaction_id.clone(),
+                        answer: answer_for(&interaction, &line),
+                        operation_id: None,
+                    }).await;
+                    if let Err(e) = answered {
+                        eprintln!("[the answer was not taken: {e}]");
+                    }
+                    if let Some(next) = asking.front() {
+                        ask(next, remote.json)?;
+                    }
+                    continue;
+                }
                 _ = tokio::signal::ctrl_c(), if !stopping => {
                     stopping = true;
                     client.call::<SessionStop>(SessionStopParams {
@@ -516,6 +585,34 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
                 WatchItem::Event(ev) => {
                     if !remote.json {
                         printed.event(ev, &mut out)?;
+                    }
+                    match &ev.payload {
+                        EventPayload::InteractionRequested(r) => {
+                            asking.push_back((*r.interaction).clone());
+                            if asking.len() == 1 {
+                                drop(out);
+                                ask(&asking[0], remote.json)?;
+                                out = stdout.lock();
+                            }
+                        }
+                        EventPayload::InteractionResolved(r) => {
+                            // Resolved other than by this prompt's answer (another client,
+                            // expiry, the turn ending): stop asking.
+                            if let Some(i) = asking.iter().position(|x| x.interaction_id == r.interaction_id) {
+                                asking.remove(i);
+                                if !remote.json {
+                                    writeln!(out, "[{}]", r.state.as_str())?;
+                                }
+                                if i == 0
+                                    && let Some(next) = asking.front()
+                                {
+                                    drop(out);
+                                    ask(next, remote.json)?;
+                                    out = stdout.lock();
+                                }
+                            }
+                        }
+                        _ => {}
                     }
                     if let EventPayload::TurnEnded(end) = &ev.payload
                         && ev.turn_id.as_deref() == Some(sent.turn_id.as_str())

@@ -207,7 +207,10 @@ impl Bridge {
             wire::SESSION_NEW => self.new_session(params(p)?).await,
             wire::SESSION_LOAD => self.load_session(params(p)?).await,
             wire::SESSION_PROMPT => self.prompt(params(p)?).await,
-            _ => Err(AcpError::new(code::METHOD_NOT_FOUND, format!("unknown method {method}"))),
+            _ => Err(AcpError::new(
+                code::METHOD_NOT_FOUND,
+                format!("unknown method {method}"),
+            )),
         }
     }
 
@@ -260,7 +263,11 @@ impl Bridge {
                 "the client's MCP servers are not used: Berth's tools run on the workspace's worker"
             );
         }
-        let workspaces = self.client.call::<WorkspaceList>(Default::default()).await.map_err(remote)?;
+        let workspaces = self
+            .client
+            .call::<WorkspaceList>(Default::default())
+            .await
+            .map_err(remote)?;
         let workspace_id = self.workspaces.resolve(&p.cwd, &workspaces).ok_or_else(|| {
             AcpError::invalid_params(format!(
                 "no workspace for {}: start `berth acp` with --workspace or --map DIR=WORKSPACE",
@@ -293,7 +300,11 @@ impl Bridge {
             ..Default::default()
         };
         loop {
-            let page = self.client.call::<SessionHistory>(params.clone()).await.map_err(remote)?;
+            let page = self
+                .client
+                .call::<SessionHistory>(params.clone())
+                .await
+                .map_err(remote)?;
             for row in &page.rows {
                 for u in view::replay(row) {
                     self.update(&p.session_id, &u);
@@ -540,7 +551,10 @@ mod tests {
             ],
         };
         assert_eq!(mapped.resolve(Path::new("/home/me/x"), &list).as_deref(), Some("wsp_a"));
-        assert_eq!(mapped.resolve(Path::new("/home/me/lib/y"), &list).as_deref(), Some("wsp_b"));
+        assert_eq!(
+            mapped.resolve(Path::new("/home/me/lib/y"), &list).as_deref(),
+            Some("wsp_b")
+        );
         assert_eq!(mapped.resolve(Path::new("/srv/app"), &list).as_deref(), Some("wsp_a"));
 
         let fixed = WorkspaceChoice {
@@ -566,6 +580,9 @@ mod tests {
             prompt_text(&[ContentBlock::Unsupported]).unwrap_err().code,
             code::INVALID_PARAMS
         );
-        assert_eq!(prompt_text(&[ContentBlock::text("  ")]).unwrap_err().code, code::INVALID_PARAMS);
+        assert_eq!(
+            prompt_text(&[ContentBlock::text("  ")]).unwrap_err().code,
+            code::INVALID_PARAMS
+        );
     }
 }

@@ -57,19 +57,34 @@ impl AcpError {
 /// A message read from the other side.
 #[derive(Debug, PartialEq)]
 pub enum Incoming {
-    Request { id: Value, method: String, params: Value },
-    Notification { method: String, params: Value },
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+    Notification {
+        method: String,
+        params: Value,
+    },
     /// An answer to one of this side's requests (its id is ours, so a number).
-    Response { id: u64, outcome: Result<Value, AcpError> },
+    Response {
+        id: u64,
+        outcome: Result<Value, AcpError>,
+    },
 }
 
 /// Read one line; `Err` is the error answer owed for an unreadable message (with the id
 /// when one could be read, else null).
 pub fn parse(line: &str) -> Result<Incoming, (Value, AcpError)> {
-    let v: Value = serde_json::from_str(line)
-        .map_err(|_| (Value::Null, AcpError::new(code::PARSE_ERROR, "not JSON")))?;
+    let v: Value =
+        serde_json::from_str(line).map_err(|_| (Value::Null, AcpError::new(code::PARSE_ERROR, "not JSON")))?;
     let id = v.get("id").cloned();
-    let invalid = |id: Option<Value>| (id.unwrap_or(Value::Null), AcpError::new(code::INVALID_REQUEST, "not a JSON-RPC 2.0 message"));
+    let invalid = |id: Option<Value>| {
+        (
+            id.unwrap_or(Value::Null),
+            AcpError::new(code::INVALID_REQUEST, "not a JSON-RPC 2.0 message"),
+        )
+    };
     if v.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(invalid(id));
     }

@@ -95,7 +95,10 @@ pub fn replay(row: &Row) -> Vec<SessionUpdate> {
         }
         RowKind::ToolCall => out.extend(call_announced(row)),
         RowKind::ToolResult => {
-            let status = row.tool.as_ref().map_or(ToolCallStatus::Completed, |t| tool_status(&t.status));
+            let status = row
+                .tool
+                .as_ref()
+                .map_or(ToolCallStatus::Completed, |t| tool_status(&t.status));
             out.extend(call_ended(row, status));
         }
         // Notices are facts for a client to word (a code and params); ACP has no place
@@ -110,7 +113,10 @@ pub fn replay(row: &Row) -> Vec<SessionUpdate> {
 pub enum Ending {
     Stop(StopReason),
     /// Failed or interrupted: an error answer.
-    Failed { state: TurnState, cause: Option<Cause> },
+    Failed {
+        state: TurnState,
+        cause: Option<Cause>,
+    },
 }
 
 pub fn ending(end: &TurnEnded, cancel_asked: bool) -> Ending {
@@ -300,7 +306,10 @@ mod tests {
         assert_eq!(texts(&view.delta(&delta("Hello", 0))), ["lo"]);
         let mut other = delta("x", 0);
         other.turn_id = "trn_2".into();
-        assert!(view.delta(&other).is_empty(), "another turn's output is not this prompt's");
+        assert!(
+            view.delta(&other).is_empty(),
+            "another turn's output is not this prompt's"
+        );
         let done = event(
             EventPayload::ModelCompleted(ModelCompleted { usage: None }),
             vec![
@@ -339,10 +348,16 @@ mod tests {
             status,
         };
         let running = view.event(&event(EventPayload::ToolStatus(status(ToolStatus::Running)), vec![]));
-        assert!(matches!(&running[..], [SessionUpdate::ToolCallUpdate(c)] if c.status == Some(ToolCallStatus::InProgress)));
+        assert!(
+            matches!(&running[..], [SessionUpdate::ToolCallUpdate(c)] if c.status == Some(ToolCallStatus::InProgress))
+        );
         let ended = view.event(&event(
             EventPayload::ToolEnded(status(ToolStatus::Denied)),
-            vec![row(RowKind::ToolResult, "The user denied this call", Some(("shell", "denied")))],
+            vec![row(
+                RowKind::ToolResult,
+                "The user denied this call",
+                Some(("shell", "denied")),
+            )],
         ));
         let [SessionUpdate::ToolCallUpdate(c)] = &ended[..] else {
             panic!("{ended:?}")
@@ -366,8 +381,14 @@ mod tests {
             }),
             usage: None,
         };
-        assert_eq!(ending(&end(TurnState::Completed, None), false), Ending::Stop(StopReason::EndTurn));
-        assert_eq!(ending(&end(TurnState::Cancelled, None), false), Ending::Stop(StopReason::Cancelled));
+        assert_eq!(
+            ending(&end(TurnState::Completed, None), false),
+            Ending::Stop(StopReason::EndTurn)
+        );
+        assert_eq!(
+            ending(&end(TurnState::Cancelled, None), false),
+            Ending::Stop(StopReason::Cancelled)
+        );
         assert_eq!(
             ending(&end(TurnState::Failed, Some("step-limit")), false),
             Ending::Stop(StopReason::MaxTurnRequests)
