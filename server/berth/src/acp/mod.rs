@@ -476,7 +476,7 @@ impl Bridge {
                 json!({"sessionId": interaction.session_id, "toolCall": tool_call, "options": options}),
             )
             .await;
-        let chosen = match asked.and_then(|v| params::<RequestPermissionResponse>(v)) {
+        let chosen = match asked.and_then(params::<RequestPermissionResponse>) {
             Ok(RequestPermissionResponse {
                 outcome: PermissionOutcome::Selected { option_id },
             }) => Some(option_id),
