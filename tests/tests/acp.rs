@@ -288,3 +288,85 @@ async fn an_editor_prompts_approves_cancels_and_loads_through_berth_acp() {
     );
     assert_eq!(updates[3]["params"]["update"]["status"], "completed");
 }
+
+/// The official ACP client library: `BERTH_ACP_SDK` (a `node_modules` directory holding
+/// `@agentclientprotocol/sdk`), else where `.ci/run` installs it. Absent outside CI → the
+/// check is skipped with a note; in CI it must be there.
+fn acp_sdk() -> Option<std::path::PathBuf> {
+    let candidates = [
+        std::env::var_os("BERTH_ACP_SDK").map(std::path::PathBuf::from),
+        Some(std::path::PathBuf::from("/var/tmp/berth-acp-sdk/node_modules")),
+    ];
+    let found = candidates
+        .into_iter()
+        .flatten()
+        .find(|p| p.join("@agentclientprotocol/sdk/package.json").exists());
+    if found.is_none() && std::env::var_os("CI").is_some() {
+        panic!("@agentclientprotocol/sdk not found (set BERTH_ACP_SDK or install it as .ci/run does)");
+    }
+    found
+}
+
+/// The ACP client from the npm registry drives `berth acp`: initialize, a new session, a
+/// prompt whose tool call it allows, and a prompt it cancels. The SDK validates what
+/// `berth acp` writes against the ACP schema.
+#[tokio::test]
+async fn the_official_acp_client_drives_berth_acp() {
+    let Some(sdk) = acp_sdk() else {
+        eprintln!("@agentclientprotocol/sdk not installed: skipping the official-client check");
+        return;
+    };
+    let mock = MockProvider::start().await;
+    mock.push(Reply::tools(
+        &[("call_7", "shell", json!({"command": "echo from-the-sdk"}))],
+        6,
+    ));
+    mock.push(Reply::text(&["ran ", "it"]));
+    mock.push(Reply::StreamThenHang(vec![Part::Text("pondering".into())]));
+    let stack = Stack::start(&mock, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &stack.token).unwrap();
+    let mut admin = stack.client(0).await;
+    let list = admin.ok("workspace.list", json!({})).await;
+    let cwd = list[0]["path"].as_str().unwrap().to_string();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("acp-client/editor.mjs");
+
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("node")
+            .arg(script)
+            .arg(&sdk)
+            .arg(berth_bin())
+            .arg(format!("http://{}", stack.servers[0].addr))
+            .arg(&token_file)
+            .arg(&cwd)
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the ACP client finished")
+    .expect("node runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!(seen["first"], "end_turn", "{seen}");
+    assert_eq!(seen["second"], "cancelled", "{seen}");
+    assert_eq!(
+        seen["permissions"],
+        json!([{"toolCallId": "call_7", "kind": "execute"}])
+    );
+    assert!(seen["output"].as_str().unwrap().contains("from-the-sdk"), "{seen}");
+    assert_eq!(seen["text"], "ran itpondering");
+    let kinds: Vec<&str> = seen["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "tool_call").count(), 1, "{kinds:?}");
+    let session = seen["sessionId"].as_str().unwrap();
+    let snapshot = admin.ok("session.get", json!({"sessionId": session})).await;
+    assert_eq!(snapshot["phase"], "idle", "the cancel stopped the turn: {snapshot}");
+}
