@@ -1,6 +1,8 @@
 //! `berth`: one binary with subcommands — `serve`, `worker`, `dev`, `migrate`, `admin`.
 
+mod acp;
 mod client_cmds;
+mod pieces;
 mod settings;
 
 use std::{
