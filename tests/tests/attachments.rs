@@ -59,12 +59,12 @@ async fn blobs_round_trip(blobs: &Blobs) {
     blobs.put("t1/other/x", Bytes::from_static(b"x")).await.expect("put");
     let soon = chrono::Utc::now() + chrono::Duration::minutes(1);
     assert_eq!(
-        blobs.attachments_older_than(soon).await.expect("list"),
+        blobs.owned_older_than(soon).await.expect("list"),
         vec!["t1/attachments/a".to_string()],
-        "the sweep lists attachment keys only, relative to the prefix"
+        "the sweep lists attachment and patch keys only, relative to the prefix"
     );
     let past = chrono::Utc::now() - chrono::Duration::hours(1);
-    assert!(blobs.attachments_older_than(past).await.expect("list").is_empty());
+    assert!(blobs.owned_older_than(past).await.expect("list").is_empty());
     blobs.delete("t1/other/x").await.expect("delete");
     blobs.delete("t1/attachments/a").await.expect("delete");
     assert!(blobs.get("t1/attachments/a").await.is_err(), "deleted");
