@@ -135,10 +135,7 @@ async fn a_patch_survives_later_turns_changes_and_a_restart(env: Vec<(String, St
     repository_with_changes(&dir);
 
     let snap = c
-        .ok(
-            "patch.snapshot",
-            json!({"sessionId": sid, "operationId": "snap-1"}),
-        )
+        .ok("patch.snapshot", json!({"sessionId": sid, "operationId": "snap-1"}))
         .await;
     let patch_id = snap["patchId"].as_str().expect("patchId").to_string();
     assert!(patch_id.starts_with("pch_"), "{snap}");
@@ -149,10 +146,7 @@ async fn a_patch_survives_later_turns_changes_and_a_restart(env: Vec<(String, St
 
     // A retry is the same patch, captured once; other params under the same id conflict.
     let again = c
-        .ok(
-            "patch.snapshot",
-            json!({"sessionId": sid, "operationId": "snap-1"}),
-        )
+        .ok("patch.snapshot", json!({"sessionId": sid, "operationId": "snap-1"}))
         .await;
     assert_eq!(again, snap);
     assert_eq!(
@@ -222,10 +216,7 @@ async fn a_patch_survives_later_turns_changes_and_a_restart(env: Vec<(String, St
     // A new snapshot sees the new state; the old one is unchanged.
     let mut c = stack.client(1).await;
     let newer = c
-        .ok(
-            "patch.snapshot",
-            json!({"sessionId": sid, "operationId": "snap-2"}),
-        )
+        .ok("patch.snapshot", json!({"sessionId": sid, "operationId": "snap-2"}))
         .await;
     assert_ne!(newer["patchId"], snap["patchId"]);
     assert_ne!(newer["sha256"], snap["sha256"]);
@@ -240,10 +231,7 @@ async fn a_patch_survives_later_turns_changes_and_a_restart(env: Vec<(String, St
         assert_eq!(code(&e), "not-found");
     }
     let e = b
-        .call(
-            "patch.snapshot",
-            json!({"sessionId": sid, "operationId": "b-1"}),
-        )
+        .call("patch.snapshot", json!({"sessionId": sid, "operationId": "b-1"}))
         .await
         .unwrap_err();
     assert_eq!(code(&e), "not-found");
@@ -275,10 +263,7 @@ async fn snapshots_refuse_what_they_cannot_capture_with_typed_errors() {
     let sid = stack.session(&mut c).await;
     let dir = stack.workspace_dir.clone();
 
-    let e = c
-        .call("patch.snapshot", json!({"sessionId": sid}))
-        .await
-        .unwrap_err();
+    let e = c.call("patch.snapshot", json!({"sessionId": sid})).await.unwrap_err();
     assert_eq!(code(&e), "bad-params", "operationId is required");
 
     write(&dir, "plain.txt", "not a repository\n");

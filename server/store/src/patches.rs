@@ -18,7 +18,8 @@ pub struct NewPatch {
     pub object_key: String,
 }
 
-const PATCH_SELECT: &str = "SELECT id, session_id, turn_id, base, files, bytes, sha256, created_at, object_key FROM patches";
+const PATCH_SELECT: &str =
+    "SELECT id, session_id, turn_id, base, files, bytes, sha256, created_at, object_key FROM patches";
 
 fn patch_from_row(r: &tokio_postgres::Row) -> (PatchInfo, String) {
     let files: i32 = r.get(4);

@@ -525,7 +525,11 @@ fn file_patch(out: &mut String, path: &[u8], old: Side, new: Side) {
         // A mode change only, or an empty file added or removed: no hunks.
         return;
     }
-    let from = if before.is_some() { a.clone() } else { "/dev/null".into() };
+    let from = if before.is_some() {
+        a.clone()
+    } else {
+        "/dev/null".into()
+    };
     let to = if after.is_some() { b.clone() } else { "/dev/null".into() };
     let binary = |d: Option<&[u8]>| d.is_some_and(|d| d[..d.len().min(BINARY_PROBE)].contains(&0));
     let text = (
@@ -722,7 +726,11 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         git(base.path(), &["clone", "-q", root.to_str().unwrap(), "."]);
 
-        std::fs::write(root.join("long.txt"), lines.replace("line 3\n", "three\n").replace("line 39\n", "")).unwrap();
+        std::fs::write(
+            root.join("long.txt"),
+            lines.replace("line 3\n", "three\n").replace("line 39\n", ""),
+        )
+        .unwrap();
         git(root, &["add", "long.txt"]);
         std::fs::write(root.join("dir/a"), "a\nmore").unwrap();
         std::fs::remove_file(root.join("gone.txt")).unwrap();
@@ -742,7 +750,10 @@ mod tests {
         // then apply the rest.
         std::fs::write(root.join("blob.bin"), b"\0\x02").unwrap();
         let (with_binary, _) = patch(root, usize::MAX).unwrap();
-        assert!(with_binary.contains("Binary files a/blob.bin and b/blob.bin differ\n"), "{with_binary}");
+        assert!(
+            with_binary.contains("Binary files a/blob.bin and b/blob.bin differ\n"),
+            "{with_binary}"
+        );
         let file = base.path().join("p.diff");
         std::fs::write(&file, &text).unwrap();
         git(base.path(), &["apply", file.to_str().unwrap()]);
@@ -755,8 +766,14 @@ mod tests {
             );
         }
         assert!(!base.path().join("gone.txt").exists());
-        assert_eq!(std::fs::read_link(base.path().join("link")).unwrap(), Path::new("dir/a"));
-        let mode = std::fs::metadata(base.path().join("run.sh")).unwrap().permissions().mode();
+        assert_eq!(
+            std::fs::read_link(base.path().join("link")).unwrap(),
+            Path::new("dir/a")
+        );
+        let mode = std::fs::metadata(base.path().join("run.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_ne!(mode & 0o111, 0, "the mode change applies");
 
         assert_eq!(
@@ -765,7 +782,10 @@ mod tests {
             "over the limit"
         );
         let plain = tempfile::tempdir().unwrap();
-        assert_eq!(patch(plain.path(), usize::MAX).unwrap_err().data_code(), Some("unsupported"));
+        assert_eq!(
+            patch(plain.path(), usize::MAX).unwrap_err().data_code(),
+            Some("unsupported")
+        );
     }
 
     #[test]

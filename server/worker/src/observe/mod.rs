@@ -215,10 +215,14 @@ async fn run(root: PathBuf, call: Call, items: &Items) -> Result<Value, RpcError
             to_value(blocking(move || git::diff(&root, &path, p.area)).await?)
         }
         method::PatchSnapshot::NAME => {
-            let (text, captured) =
-                blocking(move || git::patch(&root, berth_protocol::MAX_PATCH_BYTES)).await?;
+            let (text, captured) = blocking(move || git::patch(&root, berth_protocol::MAX_PATCH_BYTES)).await?;
             for piece in chunks(&text, wp::PATCH_CHUNK_BYTES) {
-                if !items.send(&wp::PatchChunk { text: piece.to_string() }).await {
+                if !items
+                    .send(&wp::PatchChunk {
+                        text: piece.to_string(),
+                    })
+                    .await
+                {
                     return Err(RpcError::new(ErrorCode::Unavailable));
                 }
             }
@@ -295,7 +299,11 @@ mod tests {
         for max in 1..8 {
             let pieces: Vec<&str> = chunks(&text, max).collect();
             assert_eq!(pieces.concat(), text);
-            assert!(pieces.iter().all(|p| !p.is_empty() && (p.len() <= max || p.chars().count() == 1)));
+            assert!(
+                pieces
+                    .iter()
+                    .all(|p| !p.is_empty() && (p.len() <= max || p.chars().count() == 1))
+            );
         }
         assert_eq!(chunks("", 4).count(), 0);
     }
