@@ -491,7 +491,10 @@ mod image_input_tests {
             ("BERTH_PROVIDER_BLIND_IMAGE_INPUT", "false"),
         ]);
         let default = set.get(None).expect("default");
-        assert!(default.takes_images("anything"), "images are taken unless a profile says otherwise");
+        assert!(
+            default.takes_images("anything"),
+            "images are taken unless a profile says otherwise"
+        );
         let mixed = set.get(Some("mixed")).expect("mixed");
         assert!(mixed.takes_images("seeing"));
         assert!(!mixed.takes_images("text-only"));
