@@ -401,3 +401,44 @@ async fn removing_a_session_or_workspace_releases_its_blobs() {
         assert_eq!(n, 0, "{table} rows are gone");
     }
 }
+
+/// The orphan sweep removes a patch blob no row names (a crash between storing the text
+/// and recording the row) and keeps recorded patches readable.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweep_removes_unrecorded_patch_blobs_and_keeps_recorded_ones() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(
+        &mock,
+        1,
+        &[("BERTH_OBJECT_SWEEP_SECS", "1"), ("BERTH_OBJECT_ORPHAN_AGE_SECS", "0")],
+    )
+    .await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let dir = stack.workspace_dir.clone();
+    git(&dir, &["init", "-q", "-b", "main"]);
+    write(&dir, "a.txt", "a\n");
+    let snap = c
+        .ok("patch.snapshot", json!({"sessionId": sid, "operationId": "kept"}))
+        .await;
+    let objects = stack.servers[0].data_dir.join("objects");
+    let patches_dir = std::fs::read_dir(&objects)
+        .expect("objects")
+        .flatten()
+        .map(|t| t.path().join("patches"))
+        .find(|p| p.is_dir())
+        .expect("the tenant's patches");
+    let kept = patches_dir.join(snap["patchId"].as_str().expect("id"));
+    assert!(kept.is_file());
+    let orphan = patches_dir.join("pch_orphan");
+    std::fs::write(&orphan, "diff --git a/x b/x\n").expect("orphan");
+    let gone = berth_e2e::harness::eventually(30, || {
+        let gone = !orphan.exists();
+        async move { gone.then_some(()) }
+    })
+    .await;
+    assert!(gone.is_some(), "the orphan is swept");
+    assert!(kept.is_file(), "a recorded patch stays");
+    let page = c.ok("patch.read", json!({"patchId": snap["patchId"]})).await;
+    assert!(page["text"].as_str().expect("text").contains("+a\n"));
+}
