@@ -73,6 +73,17 @@ export type Cause = {
   "status"?: number | null;
 };
 
+/**
+ * A child session's turn ended: the child, its turn, and how it ended. Appended to the
+ * coordinator's history (a session-level event: no `turnId` of the coordinator's own).
+ */
+export type ChildTurnEnded = {
+  "cause"?: (Cause | null);
+  "childTurnId": string;
+  "sessionId": string;
+  "state": TurnState;
+};
+
 export type Cleared = {
   /**
    * The `session.cleared` event's sequence.
@@ -194,7 +205,7 @@ export type Empty = Record<string, unknown>;
 /**
  * A stable, typed error code. The client owns the wording.
  */
-export type ErrorCode = ("parse-error" | "invalid-request" | "method-not-found" | "unauthorized" | "forbidden" | "not-found" | "bad-params" | "unsupported-protocol" | "stale-revision" | "turn-busy" | "turn-not-running" | "workspace-offline" | "operation-conflict" | "operation-in-progress" | "rate-limited" | "payload-too-large" | "history-cleared" | "unsupported" | "unavailable" | "internal" | "conflict" | "queue-full" | "interaction-closed" | "unknown-provider" | "unknown-model" | "base-url-not-allowed");
+export type ErrorCode = ("parse-error" | "invalid-request" | "method-not-found" | "unauthorized" | "forbidden" | "not-found" | "bad-params" | "unsupported-protocol" | "stale-revision" | "turn-busy" | "turn-not-running" | "workspace-offline" | "operation-conflict" | "operation-in-progress" | "rate-limited" | "payload-too-large" | "history-cleared" | "unsupported" | "unavailable" | "internal" | "conflict" | "queue-full" | "interaction-closed" | "unknown-provider" | "unknown-model" | "base-url-not-allowed" | "depth-exceeded" | "child-limit");
 
 /**
  * A persisted history event: `{sequence, type, at, turnId?, rows?, …payload}`.
@@ -240,6 +251,8 @@ export type Event = {
   "type": "interaction.resolved";
 } | Forked & {
   "type": "session.forked";
+} | ChildTurnEnded & {
+  "type": "child.turnEnded";
 });
 
 /**
@@ -275,6 +288,8 @@ export type EventPayload = (SessionCreated & {
   "type": "interaction.resolved";
 } | Forked & {
   "type": "session.forked";
+} | ChildTurnEnded & {
+  "type": "child.turnEnded";
 });
 
 export type FileEntry = {
@@ -937,7 +952,15 @@ export type SessionCreateParams = {
   "autoApprove"?: boolean | null;
   "baseUrl"?: string | null;
   "channel"?: string | null;
+  /**
+   * How many levels of sessions below this one it may start (sub-agents, a
+   * coordinator's children), at most [`MAX_DELEGATION_DEPTH`]; default 1, or 2 for a
+   * coordinator (so that its children may still start sub-agents).
+   */
   "delegationDepth"?: number | null;
+  /**
+   * `coordinator`: the session directs sessions in the tenant's workspaces (SPEC §4.15).
+   */
   "kind"?: (SessionKind | null);
   "model"?: string | null;
   "noTools"?: boolean | null;
@@ -1039,8 +1062,10 @@ export type SessionListEntry = {
   "branch"?: string | null;
   "effectiveModelId"?: string | null;
   "effectiveModelLevel"?: (ModelLevel | null);
+  "kind"?: (SessionKind | null);
   "messageCount": number;
   "modelId"?: string | null;
+  "parent"?: string | null;
   "phase": SessionPhase;
   /**
    * How many turns are queued (as in the snapshot).
@@ -1172,13 +1197,25 @@ export type SessionSetModelParams = {
  */
 export type SessionSnapshot = {
   "createdAt": string;
+  /**
+   * How many levels of sessions below it this one may still start.
+   */
+  "delegationDepth": number;
   "effectiveModelId"?: string | null;
   "effectiveModelLevel"?: (ModelLevel | null);
   /**
    * The history revision (what `session.fork` is guarded by).
    */
   "historyRevision": number;
+  /**
+   * Absent for an ordinary session.
+   */
+  "kind"?: (SessionKind | null);
   "modelId"?: string | null;
+  /**
+   * The session that started this one (a coordinator, or a delegate call's session).
+   */
+  "parent"?: string | null;
   /**
    * The queue is held (`session.pause`).
    */

@@ -13,6 +13,7 @@ pub mod token;
 pub mod admin;
 mod attachments;
 mod context;
+mod coordinator;
 mod delegate;
 mod fork;
 mod history;
@@ -37,6 +38,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use attachments::{NewAttachment, StoredAttachment};
 pub use context::ContextMeasure;
+pub use coordinator::NewChild;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
 pub use patches::NewPatch;
