@@ -345,7 +345,6 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         },
         max_concurrent: settings.parse(None, "BERTH_MODEL_MAX_CONCURRENT", "64")?,
         requests_per_min: settings.parse(None, "BERTH_MODEL_RATE_PER_MIN", "600")?,
-        image_input: settings.parse(None, "BERTH_MODEL_IMAGE_INPUT", "true")?,
         resilience: berth_api::config::Resilience {
             connect_timeout: secs(settings, "BERTH_MODEL_CONNECT_TIMEOUT_SECS", "10")?,
             first_byte_timeout: secs(settings, "BERTH_MODEL_FIRST_BYTE_TIMEOUT_SECS", "120")?,

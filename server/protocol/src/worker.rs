@@ -83,6 +83,27 @@ pub struct CallCancel {
     pub call_id: u32,
 }
 
+/// One item of a `patch.snapshot` call: the next piece of the patch text (at most
+/// [`PATCH_CHUNK_BYTES`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PatchChunk {
+    pub text: String,
+}
+
+/// The answer of a `patch.snapshot` call, after its chunks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PatchCaptured {
+    /// HEAD's commit; absent when the repository has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    pub files: u32,
+}
+
+/// The most bytes of patch text one [`PatchChunk`] carries.
+pub const PATCH_CHUNK_BYTES: usize = 64 << 10;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerHello {
