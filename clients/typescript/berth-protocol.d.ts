@@ -50,6 +50,85 @@ export type AdminUserDisableParams = {
 };
 
 /**
+ * A tenant's agent definition.
+ */
+export type Agent = {
+  "agentId": string;
+  "approval": ApprovalPolicy;
+  "createdAt": string;
+  "description"?: string | null;
+  "model"?: string | null;
+  /**
+   * Unique within the tenant.
+   */
+  "name": string;
+  "params"?: (ModelParams | null);
+  "provider"?: string | null;
+  /**
+   * Replaces the built-in system prompt (absent: the built-in one).
+   */
+  "systemPrompt"?: string | null;
+  /**
+   * The tools offered to the model, by name (absent: every built-in tool; empty: none).
+   * Names the worker does not offer are ignored, so a set may name tools that come from
+   * elsewhere (MCP servers).
+   */
+  "tools"?: Array<string> | null;
+  "updatedAt": string;
+};
+
+/**
+ * Payload of `session.agentChanged`.
+ */
+export type AgentChanged = {
+  /**
+   * The agent now in use (absent: none).
+   */
+  "agentId"?: string | null;
+  /**
+   * Its name when the change was made.
+   */
+  "name"?: string | null;
+};
+
+/**
+ * `agent.get`.
+ */
+export type AgentRef = {
+  "agentId": string;
+};
+
+/**
+ * `agent.remove` (idempotent); the agent's sessions go on without one.
+ */
+export type AgentRemoveParams = {
+  "agentId": string;
+  "operationId"?: string | null;
+};
+
+/**
+ * `agent.save`: create an agent (no `agentId`) or replace one's definition whole (fields
+ * left out are cleared).
+ */
+export type AgentSaveParams = {
+  "agentId"?: string | null;
+  "approval"?: (ApprovalPolicy | null);
+  "description"?: string | null;
+  "model"?: string | null;
+  "name": string;
+  "operationId"?: string | null;
+  "params"?: (ModelParams | null);
+  "provider"?: string | null;
+  "systemPrompt"?: string | null;
+  "tools"?: Array<string> | null;
+};
+
+/**
+ * Which tool calls of an agent's sessions wait for a person's approval.
+ */
+export type ApprovalPolicy = ("ask" | "auto");
+
+/**
  * Where a forked session came from.
  */
 export type Branch = {
@@ -216,6 +295,8 @@ export type Event = {
   "type": "session.titleChanged";
 } | ModelChanged & {
   "type": "session.modelChanged";
+} | AgentChanged & {
+  "type": "session.agentChanged";
 } | Notice & {
   "type": "session.notice";
 } | Nothing & {
@@ -251,6 +332,8 @@ export type EventPayload = (SessionCreated & {
   "type": "session.titleChanged";
 } | ModelChanged & {
   "type": "session.modelChanged";
+} | AgentChanged & {
+  "type": "session.agentChanged";
 } | Notice & {
   "type": "session.notice";
 } | Nothing & {
@@ -595,6 +678,18 @@ export type ModelDelta = {
 export type ModelLevel = "session" | "agent" | "tenant";
 
 /**
+ * Sampling parameters an agent sets on every model request of its sessions.
+ */
+export type ModelParams = {
+  /**
+   * The output cap of one step (the server's own cap still applies).
+   */
+  "maxTokens"?: number | null;
+  "temperature"?: number | null;
+  "topP"?: number | null;
+};
+
+/**
  * A payload without fields.
  */
 export type Nothing = Record<string, unknown>;
@@ -862,6 +957,9 @@ export type SessionContextResult = {
  * `session.create` parameters.
  */
 export type SessionCreateParams = {
+  /**
+   * The agent definition the session uses (its id).
+   */
   "agent"?: string | null;
   "autoApprove"?: boolean | null;
   "baseUrl"?: string | null;
@@ -965,6 +1063,7 @@ export type SessionKind = "coordinator";
  * One `session.list` entry (no message bodies).
  */
 export type SessionListEntry = {
+  "agentId"?: string | null;
   "branch"?: string | null;
   "effectiveModelId"?: string | null;
   "effectiveModelLevel"?: (ModelLevel | null);
@@ -1089,6 +1188,15 @@ export type SessionSendResult = {
   "turnId": string;
 };
 
+/**
+ * `session.setAgent`: switch a live session's agent (null: none), keeping its history.
+ */
+export type SessionSetAgentParams = {
+  "agent"?: string | null;
+  "operationId"?: string | null;
+  "sessionId": string;
+};
+
 export type SessionSetModelParams = {
   "model"?: string | null;
   "operationId"?: string | null;
@@ -1100,6 +1208,10 @@ export type SessionSetModelParams = {
  * Everything a reconnecting client needs to draw a session.
  */
 export type SessionSnapshot = {
+  /**
+   * The session's agent definition, if it has one.
+   */
+  "agentId"?: string | null;
   "createdAt": string;
   "effectiveModelId"?: string | null;
   "effectiveModelLevel"?: (ModelLevel | null);
@@ -1382,6 +1494,10 @@ export interface Methods {
   "admin.user.create": { params: AdminUserCreateParams; result: UserView };
   "admin.user.disable": { params: AdminUserDisableParams; result: Disabled };
   "admin.user.list": { params: Empty; result: Array<UserView> };
+  "agent.get": { params: AgentRef; result: Agent };
+  "agent.list": { params: Empty; result: Array<Agent> };
+  "agent.remove": { params: AgentRemoveParams; result: Removed };
+  "agent.save": { params: AgentSaveParams; result: Agent };
   "content.upload": { params: ContentUploadParams; result: ContentUploadResult };
   "files.list": { params: FilesListParams; result: FilesListResult };
   "files.read": { params: FilesReadParams; result: null };
@@ -1412,6 +1528,7 @@ export interface Methods {
   "session.respond": { params: SessionRespondParams; result: InteractionResolution };
   "session.search": { params: SessionSearchParams; result: SessionSearchResult };
   "session.send": { params: SessionSendParams; result: SessionSendResult };
+  "session.setAgent": { params: SessionSetAgentParams; result: SessionSnapshot };
   "session.setModel": { params: SessionSetModelParams; result: SessionSnapshot };
   "session.source": { params: SessionSourceParams; result: SessionSourceResult };
   "session.stop": { params: SessionStopParams; result: TurnRef };

@@ -321,7 +321,6 @@ async fn params_are_forward_compatible() {
     let mut c = stack.client(0).await;
     let ws = stack.workspace_id.clone();
     for (field, value) in [
-        ("agent", json!("reviewer")),
         ("delegationDepth", json!(2)),
         ("channel", json!("slack")),
         ("kind", json!("coordinator")),
@@ -433,6 +432,22 @@ async fn every_method_and_event_matches_the_protocol_types() {
         json!({"sessionId": sid, "model": "other-model"})
     );
     check!(method::SessionSetModel, json!({"sessionId": sid}));
+    let agent = check!(
+        method::AgentSave,
+        json!({"name": "walker", "systemPrompt": "Walk.", "tools": ["read_file"], "params": {"topP": 0.5}})
+    );
+    check!(
+        method::AgentSave,
+        json!({"agentId": agent["agentId"], "name": "walker", "approval": "auto"})
+    );
+    check!(method::AgentList, json!({}));
+    check!(method::AgentGet, json!({"agentId": agent["agentId"]}));
+    check!(
+        method::SessionSetAgent,
+        json!({"sessionId": sid, "agent": agent["agentId"]})
+    );
+    check!(method::SessionSetAgent, json!({"sessionId": sid}));
+    check!(method::AgentRemove, json!({"agentId": agent["agentId"]}));
     mock.push(Reply::Stream(vec![
         Part::Reasoning("hm".into()),
         Part::Text("hello".into()),
@@ -625,6 +640,7 @@ async fn every_method_and_event_matches_the_protocol_types() {
         "session.created",
         "session.titleChanged",
         "session.modelChanged",
+        "session.agentChanged",
         "session.notice",
         "session.cleared",
         "turn.queued",

@@ -47,6 +47,7 @@ const NO_ID_METHODS: &[&str] = &[
     "admin.user.list",
     "admin.user.create",
     "admin.status",
+    "agent.list",
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -66,6 +67,7 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
     let cred = a
         .ok("admin.credential.create", json!({"worker": true, "note": "a-worker"}))
         .await;
+    let agent = a.ok("agent.save", json!({"name": "a-agent"})).await;
     let receipt_op = "op-of-a";
     a.ok(
         "session.rename",
@@ -295,6 +297,26 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"userId": user["userId"]}),
             json!({"userId": "usr_random"}),
         ),
+        (
+            "agent.get",
+            json!({"agentId": agent["agentId"]}),
+            json!({"agentId": "agt_random"}),
+        ),
+        (
+            "agent.save",
+            json!({"agentId": agent["agentId"], "name": "stolen"}),
+            json!({"agentId": "agt_random", "name": "stolen"}),
+        ),
+        (
+            "agent.remove",
+            json!({"agentId": agent["agentId"]}),
+            json!({"agentId": "agt_random"}),
+        ),
+        (
+            "session.setAgent",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
     ];
 
     let mut covered: Vec<&str> = matrix.iter().map(|(m, _, _)| *m).collect();
@@ -319,6 +341,7 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
     // A's credential still works, and B sees none of A's things in lists.
     assert_eq!(b.ok("workspace.list", json!({})).await, json!([]));
     assert_eq!(b.ok("session.list", json!({})).await["entries"], json!([]));
+    assert_eq!(b.ok("agent.list", json!({})).await, json!([]));
     let b_creds = b.ok("admin.credential.list", json!({})).await;
     assert!(
         b_creds
@@ -340,7 +363,8 @@ async fn snapshot(a: &mut Client, sid: &str) -> Value {
     }
     let users = a.ok("admin.user.list", json!({})).await;
     let ws = a.ok("workspace.list", json!({})).await;
-    json!([s, h, creds, users, ws])
+    let agents = a.ok("agent.list", json!({})).await;
+    json!([s, h, creds, users, ws, agents])
 }
 
 /// A call's outcome as comparable JSON: the result, or the error (subscriptions: their end).
@@ -460,6 +484,20 @@ async fn row_level_security_admits_only_the_transactions_tenant() {
         .unwrap()
         .get(0);
     assert!(forced);
+    // Every table that holds tenant data forces its policies (new tables included).
+    let unforced: Vec<String> = client
+        .query(
+            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'public' AND c.relkind = 'r' AND NOT c.relforcerowsecurity
+                AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'tenant_id')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(unforced, Vec::<String>::new(), "tables with tenant data but no forced policy");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -39,6 +39,7 @@ pub const TAKES_OPERATION_ID: &[&str] = &[
     "session.send",
     "session.rename",
     "session.setModel",
+    "session.setAgent",
     "session.remove",
     "session.clear",
     "session.pause",
@@ -53,6 +54,8 @@ pub const TAKES_OPERATION_ID: &[&str] = &[
     "admin.credential.revoke",
     "admin.user.create",
     "admin.user.disable",
+    "agent.save",
+    "agent.remove",
 ];
 
 /// What went wrong with a call.

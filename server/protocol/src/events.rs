@@ -42,6 +42,9 @@ pub enum EventPayload {
     SessionTitleChanged(TitleChanged),
     #[serde(rename = "session.modelChanged")]
     SessionModelChanged(ModelChanged),
+    /// The session's agent changed (`session.setAgent`); later turns use the new one.
+    #[serde(rename = "session.agentChanged")]
+    SessionAgentChanged(crate::AgentChanged),
     /// A fact for the client to word (`workspace-offline`, …).
     #[serde(rename = "session.notice")]
     SessionNotice(Notice),
@@ -173,6 +176,7 @@ impl EventPayload {
             EventPayload::SessionCreated(_) => "session.created",
             EventPayload::SessionTitleChanged(_) => "session.titleChanged",
             EventPayload::SessionModelChanged(_) => "session.modelChanged",
+            EventPayload::SessionAgentChanged(_) => "session.agentChanged",
             EventPayload::SessionNotice(_) => "session.notice",
             EventPayload::SessionCleared(_) => "session.cleared",
             EventPayload::TurnQueued(_) => "turn.queued",
@@ -224,6 +228,10 @@ impl EventPayload {
             EventPayload::SessionModelChanged(ModelChanged {
                 provider: None,
                 model: Some("m".into()),
+            }),
+            EventPayload::SessionAgentChanged(crate::AgentChanged {
+                agent_id: Some("agt_1".into()),
+                name: Some("reviewer".into()),
             }),
             EventPayload::SessionNotice(Notice {
                 level: "warning".into(),

@@ -22,6 +22,7 @@
 //! - **Ids** carry a prefix naming their kind (`ses_`, `trn_`, `wsp_`, …); a queue entry's
 //!   `queueId` is its turn's id.
 
+pub mod agents;
 pub mod error;
 pub mod events;
 pub mod jsonrpc;
@@ -33,6 +34,7 @@ pub mod text;
 pub mod types;
 pub mod worker;
 
+pub use agents::*;
 pub use error::{ErrorCode, RpcError};
 pub use events::*;
 pub use observe::*;
@@ -140,6 +142,9 @@ methods! {
     SessionRename = "session.rename" (SessionRenameParams) -> SessionSnapshot;
     /// Set the session-level model override.
     SessionSetModel = "session.setModel" (SessionSetModelParams) -> SessionSnapshot;
+    /// Switch the session's agent (null: none), keeping its history; recorded once as
+    /// `session.agentChanged`.
+    SessionSetAgent = "session.setAgent" (SessionSetAgentParams) -> SessionSnapshot;
     /// Remove the session (idempotent); a running turn is stopped and never writes back.
     SessionRemove = "session.remove" (SessionOpParams) -> Removed;
     /// Forget history and queue; old cursors then answer `history-cleared`.
@@ -194,6 +199,14 @@ methods! {
     AdminUserDisable = "admin.user.disable" (AdminUserDisableParams) -> Disabled;
     /// Replicas, workers, running turns and queue depth of the tenant (admins).
     AdminStatusGet = "admin.status" (Empty) -> crate::types::AdminStatus;
+    /// The tenant's agent definitions, by name.
+    AgentList = "agent.list" (Empty) -> Vec<Agent>;
+    /// One agent definition.
+    AgentGet = "agent.get" (AgentRef) -> Agent;
+    /// Create an agent, or replace one's definition (`agentId` given).
+    AgentSave = "agent.save" (AgentSaveParams) -> Agent;
+    /// Remove an agent (idempotent); its sessions go on without one.
+    AgentRemove = "agent.remove" (AgentRemoveParams) -> Removed;
 }
 
 /// No parameters / no result fields.

@@ -98,10 +98,11 @@ pub struct SessionCreateParams {
     pub auto_approve: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
-    // SPEC fields this release does not offer yet: typed (a wrong type is `bad-params`),
-    // and present means `unsupported {field}` (see `unsupported_field`).
+    /// The agent definition the session uses (its id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
+    // SPEC fields this release does not offer yet: typed (a wrong type is `bad-params`),
+    // and present means `unsupported {field}` (see `unsupported_field`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,7 +119,6 @@ impl SessionCreateParams {
     /// The first field given that this release does not offer yet (answered `unsupported`).
     pub fn unsupported_field(&self) -> Option<&'static str> {
         [
-            ("agent", self.agent.is_some()),
             ("delegationDepth", self.delegation_depth.is_some()),
             ("channel", self.channel.is_some()),
             ("kind", self.kind.is_some()),
@@ -169,6 +169,9 @@ pub struct SessionSnapshot {
     pub effective_model_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_model_level: Option<ModelLevel>,
+    /// The session's agent definition, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
     pub phase: SessionPhase,
     /// The running turn's id, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -230,6 +233,8 @@ pub struct SessionListEntry {
     pub effective_model_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_model_level: Option<ModelLevel>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
     pub message_count: i64,
     pub updated_at: String,
     pub phase: SessionPhase,

@@ -125,6 +125,9 @@ pub struct TurnRun {
     /// in that order, are fetched from [`ATTACHMENTS_PATH`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<AttachmentMeta>,
+    /// The session's agent definition (absent: the built-in defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<crate::TurnAgent>,
 }
 
 /// Worker → server: a page of the session's rows (in order, hidden rows left out) as the

@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod agents;
 mod attachments;
 mod context;
 mod delegate;

@@ -8,7 +8,7 @@
 //! (`completed`, `failed`, or `denied` when approval was refused and it never ran).
 
 use berth_protocol::{
-    NewRow, Position, RowKind, ToolInfo,
+    ModelParams, NewRow, Position, RowKind, ToolInfo,
     worker::{self as wp, ToolStatus, TurnDelta, TurnRun},
 };
 use serde_json::{Value, json};
@@ -16,7 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     delegate::{self, DELEGATE},
-    model::{self, Completion, ToolCall, messages::Conversation},
+    model::{
+        self, Completion, ToolCall,
+        messages::{self, Conversation},
+    },
     policy::{self, Answer},
     tools::Tools,
     turn::{Halt, TurnLink, cause},
@@ -42,7 +45,8 @@ pub(crate) async fn run(
     config: &AgentConfig,
     cancel: &CancellationToken,
 ) -> Result<String, Halt> {
-    let mut conv = Conversation::new(tools.is_some());
+    let schemas = tools.map(|_| offered(run));
+    let mut conv = Conversation::new(system_prompt(run, tools.is_some()));
     let history = tokio::select! {
         h = t.history() => h?,
         _ = cancel.cancelled() => return Err(Halt::Stopped),
@@ -59,12 +63,11 @@ pub(crate) async fn run(
     conv.attach(&attachments);
     for _ in 0..config.max_steps {
         let mut body = json!({"model": run.model, "messages": conv.messages(), "stream": true});
-        if tools.is_some() {
-            let mut schemas = Tools::schemas();
-            if run.delegation_depth > 0 {
-                schemas.push(delegate::schema());
-            }
-            body["tools"] = Value::Array(schemas);
+        if let Some(schemas) = &schemas {
+            body["tools"] = Value::Array(schemas.clone());
+        }
+        if let Some(params) = run.agent.as_ref().and_then(|a| a.params.as_ref()) {
+            set_params(&mut body, params);
         }
         let completion = tokio::select! {
             c = model::stream(&t.link, t.turn_id(), &body, |text, thinking| delta(t, text, thinking)) => c?,
@@ -81,11 +84,55 @@ pub(crate) async fn run(
                 source_sequence: sequence,
                 item_index: (first_call + i) as i32,
             };
+            let tools = tools.filter(|_| is_offered(schemas.as_deref(), &call.name));
             let output = call_tool(t, run, tools, call, position, cancel).await?;
             conv.push_result(&call.id, &output);
         }
     }
     Err(Halt::Failed(cause("step-limit")))
+}
+
+/// The system prompt: the agent's own, else the built-in one.
+fn system_prompt(run: &TurnRun, tools: bool) -> String {
+    match run.agent.as_ref().and_then(|a| a.system_prompt.clone()) {
+        Some(prompt) => prompt,
+        None => messages::default_system_prompt(tools).to_string(),
+    }
+}
+
+/// The tool schemas the model is offered: the built-in tools (and `delegate` while the
+/// session may still delegate), narrowed to the agent's tool set when it names one.
+fn offered(run: &TurnRun) -> Vec<Value> {
+    let mut schemas = Tools::schemas();
+    if run.delegation_depth > 0 {
+        schemas.push(delegate::schema());
+    }
+    if let Some(names) = run.agent.as_ref().and_then(|a| a.tools.as_ref()) {
+        schemas.retain(|s| names.iter().any(|n| Some(n.as_str()) == schema_name(s)));
+    }
+    schemas
+}
+
+fn schema_name(schema: &Value) -> Option<&str> {
+    schema.pointer("/function/name").and_then(Value::as_str)
+}
+
+/// Whether the model was offered tool `name` (a call to any other does not run).
+fn is_offered(schemas: Option<&[Value]>, name: &str) -> bool {
+    schemas.is_some_and(|s| s.iter().any(|s| schema_name(s) == Some(name)))
+}
+
+/// The agent's sampling parameters on a request (the proxy still caps the output).
+fn set_params(body: &mut Value, params: &ModelParams) {
+    if let Some(t) = params.temperature {
+        body["temperature"] = json!(t);
+    }
+    if let Some(p) = params.top_p {
+        body["top_p"] = json!(p);
+    }
+    if let Some(n) = params.max_tokens {
+        body["max_tokens"] = json!(n);
+    }
 }
 
 /// Live output, best effort.
@@ -144,7 +191,7 @@ async fn call_tool(
         return Err(Halt::Stopped);
     }
     let Some(tools) = tools else {
-        let output = "This session has no tools; the call did not run.".to_string();
+        let output = format!("The tool {:?} is not offered in this session; the call did not run.", call.name);
         t.tool_ended(position, &call.id, ToolStatus::Failed, output.clone())
             .await?;
         return Ok(output);

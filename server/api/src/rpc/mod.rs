@@ -10,6 +10,7 @@
 //! only after the writer has ended.
 
 mod admin;
+mod agent;
 mod connection;
 mod files;
 mod fork;
@@ -745,6 +746,7 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionList::NAME => call::<method::SessionList, _, _>(ctx, params, session::list).await,
         method::SessionRename::NAME => call::<method::SessionRename, _, _>(ctx, params, session::rename).await,
         method::SessionSetModel::NAME => call::<method::SessionSetModel, _, _>(ctx, params, session::set_model).await,
+        method::SessionSetAgent::NAME => call::<method::SessionSetAgent, _, _>(ctx, params, agent::set_agent).await,
         method::SessionRemove::NAME => call::<method::SessionRemove, _, _>(ctx, params, session::remove).await,
         method::SessionClear::NAME => call::<method::SessionClear, _, _>(ctx, params, session::clear).await,
         method::SessionPause::NAME => call::<method::SessionPause, _, _>(ctx, params, session::pause).await,
@@ -789,6 +791,10 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
             call::<method::AdminUserDisable, _, _>(ctx, params, admin::user_disable).await
         }
         method::AdminStatusGet::NAME => call::<method::AdminStatusGet, _, _>(ctx, params, admin::status).await,
+        method::AgentList::NAME => call::<method::AgentList, _, _>(ctx, params, agent::list).await,
+        method::AgentGet::NAME => call::<method::AgentGet, _, _>(ctx, params, agent::get).await,
+        method::AgentSave::NAME => call::<method::AgentSave, _, _>(ctx, params, agent::save).await,
+        method::AgentRemove::NAME => call::<method::AgentRemove, _, _>(ctx, params, agent::remove).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
@@ -914,6 +920,7 @@ mod tests {
         "SessionList",
         "SessionRename",
         "SessionSetModel",
+        "SessionSetAgent",
         "SessionRemove",
         "SessionClear",
         "SessionPause",
@@ -940,6 +947,10 @@ mod tests {
         "AdminUserList",
         "AdminUserDisable",
         "AdminStatusGet",
+        "AgentList",
+        "AgentGet",
+        "AgentSave",
+        "AgentRemove",
     ];
 
     #[test]

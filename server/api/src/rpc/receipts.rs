@@ -19,6 +19,7 @@ const MUTATIONS: &[&str] = &[
     "session.clear",
     "session.rename",
     "session.setModel",
+    "session.setAgent",
     "session.pause",
     "session.respond",
     "session.fork",
@@ -31,6 +32,8 @@ const MUTATIONS: &[&str] = &[
     "admin.credential.revoke",
     "admin.user.create",
     "admin.user.disable",
+    "agent.save",
+    "agent.remove",
 ];
 
 pub fn is_mutation(method: &str) -> bool {

@@ -30,7 +30,7 @@ fn default_model(ctx: &Ctx) -> Option<&str> {
 /// Check a `{provider, model}` choice against the configured profiles (SPEC §4.3): an
 /// unknown profile or a model the profile does not offer is a typed error. A profile named
 /// without a model gets its first model.
-fn choose_model(ctx: &Ctx, provider: Option<&str>, model: Option<String>) -> ApiResult<Option<String>> {
+pub(super) fn choose_model(ctx: &Ctx, provider: Option<&str>, model: Option<String>) -> ApiResult<Option<String>> {
     let providers = ctx.state.config.providers.current();
     let profile = match (provider, providers.get(provider)) {
         (Some(name), None) => {

@@ -43,9 +43,13 @@ pub(crate) struct Conversation {
     joinable: Option<i64>,
 }
 
+/// The built-in system prompt of a session with or without tools.
+pub(crate) fn default_system_prompt(tools: bool) -> &'static str {
+    if tools { SYSTEM_PROMPT } else { SYSTEM_PROMPT_NO_TOOLS }
+}
+
 impl Conversation {
-    pub(crate) fn new(tools: bool) -> Conversation {
-        let system = if tools { SYSTEM_PROMPT } else { SYSTEM_PROMPT_NO_TOOLS };
+    pub(crate) fn new(system: String) -> Conversation {
         Conversation {
             messages: vec![json!({"role": "system", "content": system})],
             ..Conversation::default()
@@ -172,7 +176,7 @@ mod tests {
 
     #[test]
     fn history_becomes_provider_messages_and_dangling_calls_get_results() {
-        let mut c = Conversation::new(true);
+        let mut c = Conversation::new(default_system_prompt(true).into());
         c.push_row(&row(2, 0, RowKind::User, "hi", None));
         c.push_row(&row(3, 0, RowKind::Assistant, "", None));
         c.push_row(&row(3, 1, RowKind::ToolCall, "{\"a\":1}", Some(("shell", "c1"))));
