@@ -167,6 +167,31 @@ export type ClientInfo = {
   "version": string;
 };
 
+export type Compacted = {
+  /**
+   * A turn nearing the context window compacted (false: `session.compact`).
+   */
+  "automatic": boolean;
+  /**
+   * The first row still sent as itself.
+   */
+  "keepFrom": Position;
+};
+
+/**
+ * A compaction (SPEC §4.17): the handoff row that summarizes the history before `keepFrom`.
+ */
+export type Compaction = {
+  /**
+   * The handoff row.
+   */
+  "handoff": Position;
+  /**
+   * The first row still sent as itself.
+   */
+  "keepFrom": Position;
+};
+
 /**
  * `content.upload` parameters: the request is followed by one binary WebSocket message
  * whose first four bytes are this request's id (big-endian u32) and the rest the bytes.
@@ -206,6 +231,11 @@ export type ContentUploadResult = {
  */
 export type ContextReport = {
   "at": string;
+  /**
+   * The compaction in effect when the request was made: the rows before `keepFrom` were
+   * sent as the handoff row's summary.
+   */
+  "compaction"?: (Compaction | null);
   "estimatedTokens": number;
   "inputTokens"?: number | null;
   "model"?: string | null;
@@ -319,6 +349,8 @@ export type Event = {
   "type": "interaction.requested";
 } | InteractionResolution & {
   "type": "interaction.resolved";
+} | Compacted & {
+  "type": "session.compacted";
 } | Forked & {
   "type": "session.forked";
 });
@@ -356,6 +388,8 @@ export type EventPayload = (SessionCreated & {
   "type": "interaction.requested";
 } | InteractionResolution & {
   "type": "interaction.resolved";
+} | Compacted & {
+  "type": "session.compacted";
 } | Forked & {
   "type": "session.forked";
 });
@@ -902,7 +936,7 @@ export type RowField = "body" | "thinking";
 /**
  * What a row is.
  */
-export type RowKind = "user" | "assistant" | "toolCall" | "toolResult" | "notice";
+export type RowKind = ("user" | "assistant" | "toolCall" | "toolResult" | "notice" | "handoff");
 
 /**
  * A JSON-RPC error object: `{code, message, data: {code, …fields}}`.
@@ -933,6 +967,23 @@ export type SearchHit = {
   "field": RowField;
   "position": Position;
   "start": number;
+};
+
+/**
+ * `session.compact`: summarize the session's history so far into a handoff row.
+ */
+export type SessionCompactParams = {
+  "operationId"?: string | null;
+  "sessionId": string;
+};
+
+/**
+ * What `session.compact` did: the new compaction, or none when there was nothing to
+ * compact (`compacted: false`).
+ */
+export type SessionCompactResult = {
+  "compacted": boolean;
+  "compaction"?: (Compaction | null);
 };
 
 /**
@@ -1512,6 +1563,7 @@ export interface Methods {
   "queue.remove": { params: QueueRemoveParams; result: Removed };
   "queue.update": { params: QueueUpdateParams; result: QueueEntry };
   "session.clear": { params: SessionOpParams; result: Cleared };
+  "session.compact": { params: SessionCompactParams; result: SessionCompactResult };
   "session.context": { params: SessionContextParams; result: SessionContextResult };
   "session.create": { params: SessionCreateParams; result: SessionSnapshot };
   "session.diagnostics": { params: SessionDiagnosticsParams; result: SessionDiagnosticsResult };

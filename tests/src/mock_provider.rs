@@ -136,6 +136,8 @@ impl Reply {
 #[derive(Default)]
 struct Shared {
     replies: Mutex<VecDeque<Reply>>,
+    /// Replies for requests whose body contains a text, tried before the FIFO.
+    keyed: Mutex<Vec<(String, Reply)>>,
     requests: Mutex<Vec<Value>>,
     authorizations: Mutex<Vec<Option<String>>>,
     /// Every request's credential header (`Authorization` or `x-api-key`) and format.
@@ -215,6 +217,12 @@ impl MockProvider {
         lock(&self.shared.replies).push_back(reply);
     }
 
+    /// Queues a reply for the first later request whose JSON body contains `needle` (such
+    /// requests take keyed replies first, in the order pushed; the rest take the FIFO).
+    pub fn push_for(&self, needle: &str, reply: Reply) {
+        lock(&self.shared.keyed).push((needle.to_owned(), reply));
+    }
+
     /// JSON bodies of the requests received so far, in order (a body that is
     /// not valid JSON is recorded as a JSON string of its raw text).
     pub fn requests(&self) -> Vec<Value> {
@@ -265,6 +273,10 @@ async fn handle_messages(State(state): State<Arc<AppState>>, headers: HeaderMap,
     serve_format(state, headers, body, Format::Anthropic).await
 }
 
+fn body_text(body: &Bytes) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(body)
+}
+
 async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, format: Format) -> Response {
     let shared = &state.shared;
     let value: Value =
@@ -288,7 +300,12 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
         });
         lock(&shared.credentials).push((format, credential));
         lock(&shared.authorizations).push(auth);
-        replies.pop_front()
+        let text = body_text(&body);
+        let mut keyed = lock(&shared.keyed);
+        match keyed.iter().position(|(needle, _)| text.contains(needle.as_str())) {
+            Some(i) => Some(keyed.remove(i).1),
+            None => replies.pop_front(),
+        }
     };
     let n = shared.counter.fetch_add(1, Ordering::Relaxed) + 1;
 

@@ -207,3 +207,135 @@ async fn an_agent_saved_by_one_member_drives_another_members_session_and_a_switc
         .unwrap_err();
     assert_eq!(code(&err), "not-found");
 }
+
+/// Every history row, following `nextAfter`.
+async fn all_rows(c: &mut Client, sid: &str) -> Vec<Value> {
+    let mut rows = Vec::new();
+    let mut after = Value::Null;
+    loop {
+        let page = c
+            .ok("session.history", json!({"sessionId": sid, "after": after, "limit": 7}))
+            .await;
+        rows.extend(page["rows"].as_array().unwrap().iter().cloned());
+        if page["nextAfter"].is_null() {
+            return rows;
+        }
+        after = page["nextAfter"].clone();
+    }
+}
+
+async fn last_handoff_sequence(c: &mut Client, sid: &str) -> Value {
+    let rows = all_rows(c, sid).await;
+    rows.iter().rev().find(|r| r["kind"] == "handoff").unwrap()["position"]["sourceSequence"].clone()
+}
+
+const SUMMARY_ASK: &str = "You compact a long conversation";
+
+fn is_summary_request(req: &Value) -> bool {
+    req.to_string().contains(SUMMARY_ASK)
+}
+
+#[tokio::test]
+async fn a_long_session_compacts_keeps_answering_and_keeps_every_row() {
+    let mock = MockProvider::start().await;
+    // A small declared window: 1000 tokens (about 4000 bytes of request).
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_MODEL_CONTEXT_TOKENS", "1000")]).await;
+    let mut c = stack.client(0).await;
+    let s = c
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "noTools": true}),
+        )
+        .await;
+    let sid = s["sessionId"].as_str().unwrap().to_string();
+    for i in 0..20 {
+        mock.push_for(SUMMARY_ASK, Reply::text(&[&format!("SUMMARY-{i}")]));
+    }
+    let turns = 9;
+    for i in 0..turns {
+        let prompt = format!("PROMPT-{i} {}", "p".repeat(480));
+        mock.push(Reply::text(&[&format!("ANSWER-{i} {}", "a".repeat(480))]));
+        let end = turn(&mut c, &sid, &prompt).await;
+        assert_eq!(end["state"], "completed", "turn {i}: {end}");
+    }
+    let requests = mock.requests();
+    let summaries: Vec<&Value> = requests.iter().filter(|r| is_summary_request(r)).collect();
+    assert!(summaries.len() >= 2, "a long session compacts more than once: {}", summaries.len());
+    // A later summary is made from the earlier one and the rows since.
+    assert!(summaries[1].to_string().contains("SUMMARY-0"));
+    assert!(!summaries[1].to_string().contains("PROMPT-0 "));
+    // Every turn request stays within the window, and the last one no longer sends the
+    // first turns' rows but the latest summary in their place.
+    let turn_requests: Vec<&Value> = requests.iter().filter(|r| !is_summary_request(r)).collect();
+    assert_eq!(turn_requests.len(), turns);
+    for r in &turn_requests {
+        assert!(r.to_string().len() / 4 < 1000, "{} bytes", r.to_string().len());
+    }
+    let last = turn_requests.last().unwrap().to_string();
+    assert!(!last.contains("PROMPT-0 ") && !last.contains("ANSWER-0 "));
+    let n = summaries.len() - 1;
+    assert!(last.contains(&format!("SUMMARY-{n}")), "{last}");
+    assert!(last.contains(&format!("PROMPT-{} ", turns - 1)));
+
+    // The whole history is still there, in order, positions unchanged; each compaction is
+    // a handoff row, a `session.compacted` event and a notice.
+    let rows = all_rows(&mut c, &sid).await;
+    let bodies: Vec<String> = rows
+        .iter()
+        .filter(|r| r["kind"] != "handoff")
+        .map(|r| r["body"].as_str().unwrap().split(' ').next().unwrap().to_string())
+        .collect();
+    let expected: Vec<String> = (0..turns)
+        .flat_map(|i| [format!("PROMPT-{i}"), format!("ANSWER-{i}")])
+        .collect();
+    assert_eq!(bodies, expected);
+    let handoffs: Vec<&Value> = rows.iter().filter(|r| r["kind"] == "handoff").collect();
+    assert_eq!(handoffs.len(), summaries.len());
+    assert_eq!(handoffs[0]["body"], "SUMMARY-0");
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let events = watch.until(30, |e| e["type"] == "state").await.unwrap();
+    let compacted: Vec<&Value> = events.iter().filter(|e| e["type"] == "session.compacted").collect();
+    let notices: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "session.notice" && e["code"] == "context-compacted")
+        .collect();
+    assert_eq!(compacted.len(), summaries.len());
+    assert_eq!(notices.len(), summaries.len());
+    assert_eq!(compacted[0]["automatic"], true);
+    assert_eq!(compacted[0]["rows"][0]["kind"], "handoff");
+    assert_eq!(notices[0]["params"]["keepFrom"], compacted[0]["keepFrom"]);
+    // The first row kept is an original row, at its original position.
+    let keep = &compacted[0]["keepFrom"];
+    assert!(rows.iter().any(|r| &r["position"] == keep && r["kind"] != "handoff"));
+
+    // `session.context` shows what was sent: the compaction in effect and a request that fits.
+    let ctx = c.ok("session.context", json!({"sessionId": sid})).await;
+    let report = &ctx["request"];
+    assert_eq!(report["compaction"]["handoff"], compacted.last().unwrap()["rows"][0]["position"]);
+    assert!(report["estimatedTokens"].as_u64().unwrap() < 1000, "{report}");
+
+    // On request: everything so far becomes one summary; the next turn sends only it and
+    // the new prompt. Nothing new to summarize: nothing is written.
+    let manual = format!("SUMMARY-{}", summaries.len());
+    let done = c
+        .ok("session.compact", json!({"sessionId": sid, "operationId": "compact-1"}))
+        .await;
+    assert_eq!(done["compacted"], true, "{done}");
+    let again = c
+        .ok("session.compact", json!({"sessionId": sid, "operationId": "compact-1"}))
+        .await;
+    assert_eq!(again, done, "a retry answers the original outcome");
+    let nothing = c.ok("session.compact", json!({"sessionId": sid})).await;
+    assert_eq!(nothing, json!({"compacted": false}));
+    mock.push(Reply::text(&["After."]));
+    let end = turn(&mut c, &sid, "PROMPT-LAST").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    let last = mock.requests().last().unwrap().clone();
+    let messages = last["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{last}");
+    assert!(messages[1]["content"].as_str().unwrap().ends_with(&manual), "{last}");
+    assert_eq!(done["compaction"]["handoff"]["sourceSequence"], last_handoff_sequence(&mut c, &sid).await);
+    assert_eq!(messages[2], json!({"role": "user", "content": "PROMPT-LAST"}));
+    let rows = all_rows(&mut c, &sid).await;
+    assert_eq!(rows.iter().filter(|r| r["kind"] == "user").count(), turns + 1);
+}

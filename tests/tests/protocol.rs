@@ -526,6 +526,9 @@ async fn every_method_and_event_matches_the_protocol_types() {
     assert!(done.error.is_none());
     assert_typed::<<method::FilesWatch as Method>::Result>("files.watch", &Value::Null);
     check!(method::SessionContext, json!({"sessionId": sid}));
+    mock.push_for("You compact a long conversation", Reply::text(&["Summary."]));
+    let compacted = check!(method::SessionCompact, json!({"sessionId": sid}));
+    assert_eq!(compacted["compacted"], true);
     let mut diags = c.subscribe("session.watchDiagnostics", json!({"sessionId": sid}));
     walked.insert(method::SessionWatchDiagnostics::NAME);
     let item = diags.next(10).await.expect("the current diagnostic revision");
@@ -641,6 +644,7 @@ async fn every_method_and_event_matches_the_protocol_types() {
         "session.titleChanged",
         "session.modelChanged",
         "session.agentChanged",
+        "session.compacted",
         "session.notice",
         "session.cleared",
         "turn.queued",

@@ -313,6 +313,11 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"agentId": "agt_random"}),
         ),
         (
+            "session.compact",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
             "session.setAgent",
             json!({"sessionId": sid}),
             json!({"sessionId": "ses_random"}),

@@ -40,6 +40,7 @@ pub const TAKES_OPERATION_ID: &[&str] = &[
     "session.rename",
     "session.setModel",
     "session.setAgent",
+    "session.compact",
     "session.remove",
     "session.clear",
     "session.pause",

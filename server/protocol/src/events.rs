@@ -79,9 +79,23 @@ pub enum EventPayload {
     /// An interaction was resolved: answered, expired, unwatched, auto-approved or closed.
     #[serde(rename = "interaction.resolved")]
     InteractionResolved(InteractionResolution),
+    /// Older history was summarized (SPEC §4.17); publishes the `handoff` row. Rows before
+    /// `keepFrom` are no longer sent to the model.
+    #[serde(rename = "session.compacted")]
+    SessionCompacted(Compacted),
     /// The first event of a fork's own: the history before it was copied from `branch`.
     #[serde(rename = "session.forked")]
     SessionForked(Forked),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Compacted {
+    /// The first row still sent as itself.
+    pub keep_from: Position,
+    /// A turn nearing the context window compacted (false: `session.compact`).
+    pub automatic: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -177,6 +191,7 @@ impl EventPayload {
             EventPayload::SessionTitleChanged(_) => "session.titleChanged",
             EventPayload::SessionModelChanged(_) => "session.modelChanged",
             EventPayload::SessionAgentChanged(_) => "session.agentChanged",
+            EventPayload::SessionCompacted(_) => "session.compacted",
             EventPayload::SessionNotice(_) => "session.notice",
             EventPayload::SessionCleared(_) => "session.cleared",
             EventPayload::TurnQueued(_) => "turn.queued",
@@ -290,6 +305,13 @@ impl EventPayload {
                     choice: Some("main".into()),
                 },
                 answered_by: Some("usr_1".into()),
+            }),
+            EventPayload::SessionCompacted(Compacted {
+                keep_from: Position {
+                    source_sequence: 9,
+                    item_index: 0,
+                },
+                automatic: true,
             }),
             EventPayload::SessionForked(Forked {
                 branch: crate::Branch {

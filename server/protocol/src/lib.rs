@@ -169,6 +169,9 @@ methods! {
     /// The latest main model request the session prepared: input by role, tool schemas,
     /// estimated tokens, and the provider-reported input usage.
     SessionContext = "session.context" (SessionContextParams) -> SessionContextResult;
+    /// Summarize the session's history so far into a handoff row (SPEC §4.17): later turns
+    /// send the summary instead of those rows, which stay readable.
+    SessionCompact = "session.compact" (SessionCompactParams) -> SessionCompactResult;
     /// Interactions of the session waiting for an answer, oldest first.
     SessionPendingInteractions = "session.pendingInteractions" (SessionRef) -> Vec<Interaction>;
     /// One interaction as it was asked (and how it was resolved, once it was).

@@ -481,6 +481,42 @@ pub struct ContextReport {
     pub estimated_tokens: u64,
     pub input_tokens: Option<u64>,
     pub at: String,
+    /// The compaction in effect when the request was made: the rows before `keepFrom` were
+    /// sent as the handoff row's summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Compaction>,
+}
+
+/// A compaction (SPEC §4.17): the handoff row that summarizes the history before `keepFrom`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Compaction {
+    /// The handoff row.
+    pub handoff: Position,
+    /// The first row still sent as itself.
+    pub keep_from: Position,
+}
+
+/// `session.compact`: summarize the session's history so far into a handoff row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCompactParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+}
+
+/// What `session.compact` did: the new compaction, or none when there was nothing to
+/// compact (`compacted: false`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCompactResult {
+    pub compacted: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Compaction>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -765,6 +801,9 @@ pub enum RowKind {
     ToolCall,
     ToolResult,
     Notice,
+    /// A compaction's summary of the history before its `keepFrom` (SPEC §4.17): what the
+    /// model is sent instead of those rows, which stay readable.
+    Handoff,
 }
 
 impl RowKind {
@@ -775,6 +814,7 @@ impl RowKind {
             RowKind::ToolCall => "toolCall",
             RowKind::ToolResult => "toolResult",
             RowKind::Notice => "notice",
+            RowKind::Handoff => "handoff",
         }
     }
 
@@ -785,6 +825,7 @@ impl RowKind {
             "toolCall" => RowKind::ToolCall,
             "toolResult" => RowKind::ToolResult,
             "notice" => RowKind::Notice,
+            "handoff" => RowKind::Handoff,
             _ => return None,
         })
     }

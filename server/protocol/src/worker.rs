@@ -31,6 +31,7 @@ pub const TURN_TOOL_STATUS: &str = "turn.toolStatus";
 pub const TURN_TOOL_ENDED: &str = "turn.toolEnded";
 pub const TURN_INTERACTION: &str = "turn.interaction";
 pub const TURN_DELEGATE: &str = "turn.delegate";
+pub const TURN_COMPACT: &str = "turn.compact";
 pub const CALL: &str = "call";
 pub const CALL_ITEM: &str = "call.item";
 pub const CALL_ACK: &str = "call.ack";
@@ -128,6 +129,35 @@ pub struct TurnRun {
     /// The session's agent definition (absent: the built-in defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<crate::TurnAgent>,
+    /// The model's declared context window, in tokens: a turn nearing it compacts
+    /// (`turn.compact`). Absent: none declared, no compaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<u64>,
+}
+
+/// Worker → server: summarize the session's history before `keepFrom` into a handoff row
+/// (the server makes the model call). Answered once it is written (or when the session was
+/// already compacted that far); the worker then reads its history again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnCompact {
+    pub turn_id: String,
+    pub keep_from: Position,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnCompactResult {
+    pub compacted: bool,
+}
+
+/// The compaction a turn's history starts from: its summary stands for every row before
+/// `keepFrom`, and the rows from `keepFrom` on follow.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Handoff {
+    pub keep_from: Position,
+    pub summary: String,
 }
 
 /// Worker → server: a page of the session's rows (in order, hidden rows left out) as the
@@ -146,6 +176,10 @@ pub struct TurnHistoryResult {
     pub rows: Vec<Row>,
     /// Where the next page starts; null at the end.
     pub next: Option<Position>,
+    /// On the first page of a compacted session: the latest compaction, whose summary
+    /// stands for the rows before its `keepFrom` (the pages start there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<Handoff>,
 }
 
 /// Worker → server: a delegate call starts a child session (same workspace, `parent` set,

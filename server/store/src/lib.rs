@@ -13,6 +13,7 @@ pub mod token;
 pub mod admin;
 mod agents;
 mod attachments;
+mod compaction;
 mod context;
 mod delegate;
 mod fork;
@@ -36,6 +37,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use attachments::{NewAttachment, StoredAttachment};
+pub use compaction::CompactionSource;
 pub use context::ContextMeasure;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};

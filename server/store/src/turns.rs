@@ -411,6 +411,8 @@ impl Store {
                     auto_approve: c.get(5),
                     delegation_depth: c.get::<_, i32>(6).max(0) as u32,
                     agent: turn_agent(c),
+                    // The API tier fills it from the turn's provider profile.
+                    context_tokens: None,
                     attachments: attachments
                         .remove(&c.get::<_, String>(0))
                         .unwrap_or_default()

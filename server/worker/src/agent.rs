@@ -46,28 +46,26 @@ pub(crate) async fn run(
     cancel: &CancellationToken,
 ) -> Result<String, Halt> {
     let schemas = tools.map(|_| offered(run));
-    let mut conv = Conversation::new(system_prompt(run, tools.is_some()));
-    let history = tokio::select! {
-        h = t.history() => h?,
-        _ = cancel.cancelled() => return Err(Halt::Stopped),
-    };
-    for row in &history {
-        conv.push_row(row);
-    }
-    conv.close_open();
-    // This turn's attachments join its prompt (the last user message).
+    let system = system_prompt(run, tools.is_some());
     let attachments = tokio::select! {
         a = crate::attachments::fetch(&t.link.http, &t.link.proxy_url, &t.link.token, run) => a.map_err(Halt::Failed)?,
         _ = cancel.cancelled() => return Err(Halt::Stopped),
     };
-    conv.attach(&attachments);
+    let mut conv = load(t, &system, &attachments, cancel).await?;
+    // A compaction only ever moves forward: one that did not help is not asked for again.
+    let mut compacted_to: Option<Position> = None;
     for _ in 0..config.max_steps {
-        let mut body = json!({"model": run.model, "messages": conv.messages(), "stream": true});
-        if let Some(schemas) = &schemas {
-            body["tools"] = Value::Array(schemas.clone());
-        }
-        if let Some(params) = run.agent.as_ref().and_then(|a| a.params.as_ref()) {
-            set_params(&mut body, params);
+        let mut body = request(run, &conv, schemas.as_deref());
+        if let Some(window) = run.context_tokens
+            && estimated_tokens(&body) > window * COMPACT_AT_PERCENT / 100
+            && let Some(keep_from) = conv.cut(window * KEEP_PERCENT / 100)
+            && compacted_to.is_none_or(|c| keep_from > c)
+        {
+            compacted_to = Some(keep_from);
+            if compact(t, keep_from, cancel).await? {
+                conv = load(t, &system, &attachments, cancel).await?;
+                body = request(run, &conv, schemas.as_deref());
+            }
         }
         let completion = tokio::select! {
             c = model::stream(&t.link, t.turn_id(), &body, |text, thinking| delta(t, text, thinking)) => c?,
@@ -75,7 +73,7 @@ pub(crate) async fn run(
         };
         let (rows, first_call) = step_rows(&completion);
         let sequence = t.step(rows, completion.usage).await?;
-        conv.push_step(&completion);
+        conv.push_step(&completion, sequence);
         if completion.tool_calls.is_empty() {
             return Ok(completion.text);
         }
@@ -90,6 +88,73 @@ pub(crate) async fn run(
         }
     }
     Err(Halt::Failed(cause("step-limit")))
+}
+
+/// A turn nearing its model's declared context window compacts once the request's
+/// estimate passes this share of the window, keeping about [`KEEP_PERCENT`] of it whole.
+const COMPACT_AT_PERCENT: u64 = 80;
+const KEEP_PERCENT: u64 = 30;
+
+/// The conversation as the model gets it: the system prompt, the latest compaction's
+/// summary, the rows after it, this turn's attachments with its prompt.
+async fn load(
+    t: &TurnLink,
+    system: &str,
+    attachments: &[crate::attachments::Received],
+    cancel: &CancellationToken,
+) -> Result<Conversation, Halt> {
+    let (handoff, history) = tokio::select! {
+        h = t.history() => h?,
+        _ = cancel.cancelled() => return Err(Halt::Stopped),
+    };
+    let mut conv = Conversation::new(system.to_string());
+    if let Some(h) = &handoff {
+        conv.push_handoff(&h.summary);
+    }
+    for row in &history {
+        conv.push_row(row);
+    }
+    conv.close_open();
+    conv.attach(attachments);
+    Ok(conv)
+}
+
+/// A model request for the conversation so far.
+fn request(run: &TurnRun, conv: &Conversation, schemas: Option<&[Value]>) -> Value {
+    let mut body = json!({"model": run.model, "messages": conv.messages(), "stream": true});
+    if let Some(schemas) = schemas {
+        body["tools"] = Value::Array(schemas.to_vec());
+    }
+    if let Some(params) = run.agent.as_ref().and_then(|a| a.params.as_ref()) {
+        set_params(&mut body, params);
+    }
+    body
+}
+
+/// About four bytes a token (as `session.context` estimates).
+fn estimated_tokens(body: &Value) -> u64 {
+    (body.to_string().len() as u64).div_ceil(4)
+}
+
+/// Ask the server to summarize the history before `keep_from` (`turn.compact`); true when
+/// the history changed. A failure is not the turn's: it goes on uncompacted.
+async fn compact(t: &TurnLink, keep_from: Position, cancel: &CancellationToken) -> Result<bool, Halt> {
+    let p = wp::TurnCompact {
+        turn_id: t.turn_id().to_string(),
+        keep_from,
+    };
+    let answer = tokio::select! {
+        a = t.request(wp::TURN_COMPACT, serde_json::to_value(&p).unwrap_or_default()) => a,
+        _ = cancel.cancelled() => return Err(Halt::Stopped),
+    };
+    match answer {
+        Ok(v) => Ok(v.get("compacted").and_then(Value::as_bool).unwrap_or(false)),
+        Err(Halt::Refused(code)) => {
+            tracing::warn!(turn.id = %t.turn_id(), code, "compaction failed; going on without it");
+            Ok(false)
+        }
+        Err(h) => Err(h),
+    }
 }
 
 /// The system prompt: the agent's own, else the built-in one.

@@ -756,6 +756,7 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
             call::<method::SessionWatchDiagnostics, _, _>(ctx, params, session::watch_diagnostics).await
         }
         method::SessionContext::NAME => call::<method::SessionContext, _, _>(ctx, params, session::context).await,
+        method::SessionCompact::NAME => call::<method::SessionCompact, _, _>(ctx, params, session::compact).await,
         method::SessionSearch::NAME => call::<method::SessionSearch, _, _>(ctx, params, search::search).await,
         method::SessionFork::NAME => call::<method::SessionFork, _, _>(ctx, params, fork::fork).await,
         method::SessionForkReceipt::NAME => {
@@ -932,6 +933,7 @@ mod tests {
         "SessionDiagnostics",
         "SessionWatchDiagnostics",
         "SessionContext",
+        "SessionCompact",
         "SessionPendingInteractions",
         "SessionInteraction",
         "SessionRespond",

@@ -20,6 +20,7 @@ const MUTATIONS: &[&str] = &[
     "session.rename",
     "session.setModel",
     "session.setAgent",
+    "session.compact",
     "session.pause",
     "session.respond",
     "session.fork",

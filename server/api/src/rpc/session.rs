@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use berth_protocol::{
     Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync,
-    ResyncReason, SessionContextParams, SessionContextResult, SessionCreateParams, SessionDiagnosticsParams,
+    ResyncReason, SessionCompactParams, SessionCompactResult, SessionContextParams, SessionContextResult, SessionCreateParams, SessionDiagnosticsParams,
     SessionDiagnosticsResult, SessionHistoryParams, SessionHistoryResult, SessionListParams, SessionListResult,
     SessionOpParams, SessionPauseParams, SessionRef, SessionRenameParams, SessionSendParams, SessionSendResult,
     SessionSetModelParams, SessionSnapshot, SessionSourceParams, SessionSourceResult, SessionStopParams,
@@ -239,6 +239,17 @@ pub async fn context(ctx: Ctx, p: SessionContextParams) -> ApiResult<SessionCont
     let me = ctx.principal()?;
     let request = ctx.state.store.context(&me.tenant_id, &p.session_id, p.through).await?;
     Ok(SessionContextResult { request })
+}
+
+/// `session.compact`: summarize the history so far into a handoff row (SPEC §4.17).
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn compact(ctx: Ctx, p: SessionCompactParams) -> ApiResult<SessionCompactResult> {
+    let me = ctx.principal()?;
+    let compaction = crate::compaction::compact(&ctx.state, &me.tenant_id, &p.session_id, None, false, ctx.op.as_ref()).await?;
+    Ok(SessionCompactResult {
+        compacted: compaction.is_some(),
+        compaction,
+    })
 }
 
 /// `session.watchDiagnostics`: the diagnostic revision on subscribe, then after each

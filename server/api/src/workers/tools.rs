@@ -34,8 +34,8 @@ impl TurnTask {
         match method {
             wp::TURN_HISTORY => {
                 let h: TurnHistory = params(p)?;
-                let (rows, next) = store.turn_history(id, tenant, turn, h.after).await?;
-                Ok(serde_json::to_value(TurnHistoryResult { rows, next }).unwrap_or_default())
+                let (rows, next, handoff) = store.turn_history(id, tenant, turn, h.after).await?;
+                Ok(serde_json::to_value(TurnHistoryResult { rows, next, handoff }).unwrap_or_default())
             }
             wp::TURN_SOURCE => {
                 let s: TurnSource = params(p)?;

@@ -30,3 +30,7 @@ $$;
 
 ALTER TABLE sessions ADD COLUMN agent_id text REFERENCES agents(id) ON DELETE SET NULL;
 CREATE INDEX sessions_agent ON sessions (agent_id) WHERE agent_id IS NOT NULL;
+
+-- Compaction (SPEC §4.17): a turn's history starts at the latest `session.compacted` event
+-- (its handoff row stands for the rows before its `keepFrom`); found without scanning the log.
+CREATE INDEX events_compacted ON events (session_id, sequence DESC) WHERE type = 'session.compacted';
