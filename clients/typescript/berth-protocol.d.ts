@@ -1338,6 +1338,82 @@ export type SessionWatchParams = {
   "sessionId": string;
 };
 
+/**
+ * A tenant skill with its body.
+ */
+export type Skill = {
+  "body": string;
+  "createdAt": string;
+  "name": string;
+  "skillId": string;
+  "summary": string;
+  "updatedAt": string;
+};
+
+/**
+ * A skill as offered: its name and summary (what the model sees before reading it).
+ */
+export type SkillInfo = {
+  "name": string;
+  /**
+   * A tenant skill's id.
+   */
+  "skillId"?: string | null;
+  "source": SkillSource;
+  "summary": string;
+};
+
+/**
+ * `skill.list`: the tenant's skills and, given a workspace (or a session, for its
+ * workspace), that workspace's.
+ */
+export type SkillListParams = {
+  "sessionId"?: string | null;
+  "workspaceId"?: string | null;
+};
+
+export type SkillListResult = {
+  /**
+   * Workspace skills first, then the tenant's; each by name.
+   */
+  "skills": Array<SkillInfo>;
+  /**
+   * Why the workspace's skills are missing (e.g. `workspace-offline`).
+   */
+  "workspaceError"?: (ErrorCode | null);
+};
+
+/**
+ * `skill.get`.
+ */
+export type SkillRef = {
+  "skillId": string;
+};
+
+/**
+ * `skill.remove` (idempotent).
+ */
+export type SkillRemoveParams = {
+  "operationId"?: string | null;
+  "skillId": string;
+};
+
+/**
+ * `skill.save`: create a tenant skill (no `skillId`) or replace one.
+ */
+export type SkillSaveParams = {
+  "body": string;
+  "name": string;
+  "operationId"?: string | null;
+  "skillId"?: string | null;
+  "summary": string;
+};
+
+/**
+ * Where a skill comes from.
+ */
+export type SkillSource = ("tenant" | "workspace");
+
 export type StatusResult = {
   "protocol": number;
   "replicaId": string;
@@ -1586,6 +1662,10 @@ export interface Methods {
   "session.stop": { params: SessionStopParams; result: TurnRef };
   "session.watch": { params: SessionWatchParams; result: null };
   "session.watchDiagnostics": { params: SessionRef; result: null };
+  "skill.get": { params: SkillRef; result: Skill };
+  "skill.list": { params: SkillListParams; result: SkillListResult };
+  "skill.remove": { params: SkillRemoveParams; result: Removed };
+  "skill.save": { params: SkillSaveParams; result: Skill };
   "status": { params: Empty; result: StatusResult };
   "subscription.close": { params: SubscriptionCloseParams; result: Empty };
   "workspace.files": { params: WorkspaceFilesParams; result: WorkspaceFilesResult };

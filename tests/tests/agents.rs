@@ -339,3 +339,97 @@ async fn a_long_session_compacts_keeps_answering_and_keeps_every_row() {
     let rows = all_rows(&mut c, &sid).await;
     assert_eq!(rows.iter().filter(|r| r["kind"] == "user").count(), turns + 1);
 }
+
+#[tokio::test]
+async fn skills_are_listed_offered_by_name_and_summary_and_read_on_demand() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let dir = stack.workspace_dir.join(".berth/skills/deploy");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("SKILL.md"),
+        "---\nname: deploy\ndescription: How to deploy the service\n---\nDEPLOY-STEPS: run make deploy.\n",
+    )
+    .unwrap();
+    // A directory without a SKILL.md is no skill.
+    std::fs::create_dir_all(stack.workspace_dir.join(".berth/skills/empty")).unwrap();
+
+    let style = c
+        .ok(
+            "skill.save",
+            json!({"name": "style", "summary": "The team's code style", "body": "STYLE-RULES: tabs."}),
+        )
+        .await;
+    let skill_id = style["skillId"].as_str().unwrap().to_string();
+    let err = c
+        .call(
+            "skill.save",
+            json!({"name": "style", "summary": "again", "body": ""}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "conflict");
+    let err = c
+        .call("skill.save", json!({"name": "no spaces", "summary": "s", "body": ""}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "bad-params");
+    assert_eq!(c.ok("skill.get", json!({"skillId": skill_id})).await, style);
+
+    let listed = c
+        .ok("skill.list", json!({"workspaceId": stack.workspace_id}))
+        .await;
+    assert_eq!(
+        listed,
+        json!({"skills": [
+            {"name": "deploy", "summary": "How to deploy the service", "source": "workspace"},
+            {"name": "style", "summary": "The team's code style", "source": "tenant", "skillId": skill_id},
+        ]})
+    );
+    let tenant_only = c.ok("skill.list", json!({})).await;
+    assert_eq!(tenant_only["skills"].as_array().unwrap().len(), 1);
+
+    // The model sees names and summaries and reads both skills through the tool.
+    let sid = stack.session(&mut c).await;
+    let by_session = c.ok("skill.list", json!({"sessionId": sid})).await;
+    assert_eq!(by_session, listed);
+    mock.push(Reply::tools(
+        &[
+            ("call_a", "read_skill", json!({"name": "deploy"})),
+            ("call_b", "read_skill", json!({"name": "style"})),
+            ("call_c", "read_skill", json!({"name": "missing"})),
+        ],
+        16,
+    ));
+    mock.push(Reply::text(&["Done."]));
+    let end = turn(&mut c, &sid, "Deploy it in style").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    let system = system_of(&mock, 0);
+    assert!(system.contains("- deploy: How to deploy the service"), "{system}");
+    assert!(system.contains("- style: The team's code style"), "{system}");
+    assert!(!system.contains("DEPLOY-STEPS"), "bodies are read on demand");
+    assert!(tool_names(&mock.requests()[0]).contains(&"read_skill".to_string()));
+    let rows = all_rows(&mut c, &sid).await;
+    let results: Vec<(&str, &str)> = rows
+        .iter()
+        .filter(|r| r["kind"] == "toolResult")
+        .map(|r| (r["tool"]["status"].as_str().unwrap(), r["body"].as_str().unwrap()))
+        .collect();
+    assert_eq!(results[0], ("completed", "DEPLOY-STEPS: run make deploy.\n"));
+    assert_eq!(results[1], ("completed", "STYLE-RULES: tabs."));
+    assert_eq!(results[2].0, "failed");
+
+    // Without the worker, the tenant's skills are still listed, and the reason is given.
+    stack.kill_worker().await;
+    let offline = c
+        .ok("skill.list", json!({"workspaceId": stack.workspace_id}))
+        .await;
+    assert_eq!(offline["workspaceError"], "workspace-offline");
+    assert_eq!(offline["skills"][0]["name"], "style");
+    assert_eq!(
+        c.ok("skill.remove", json!({"skillId": skill_id})).await,
+        json!({"removed": true})
+    );
+    assert_eq!(c.ok("skill.list", json!({})).await, json!({"skills": []}));
+}

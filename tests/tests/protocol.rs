@@ -448,6 +448,13 @@ async fn every_method_and_event_matches_the_protocol_types() {
     );
     check!(method::SessionSetAgent, json!({"sessionId": sid}));
     check!(method::AgentRemove, json!({"agentId": agent["agentId"]}));
+    let skill = check!(
+        method::SkillSave,
+        json!({"name": "walking", "summary": "How to walk", "body": "Left, right."})
+    );
+    check!(method::SkillGet, json!({"skillId": skill["skillId"]}));
+    check!(method::SkillList, json!({"workspaceId": ws}));
+    check!(method::SkillRemove, json!({"skillId": skill["skillId"]}));
     mock.push(Reply::Stream(vec![
         Part::Reasoning("hm".into()),
         Part::Text("hello".into()),

@@ -68,6 +68,9 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
         .ok("admin.credential.create", json!({"worker": true, "note": "a-worker"}))
         .await;
     let agent = a.ok("agent.save", json!({"name": "a-agent"})).await;
+    let skill = a
+        .ok("skill.save", json!({"name": "a-skill", "summary": "A's", "body": "secret"}))
+        .await;
     let receipt_op = "op-of-a";
     a.ok(
         "session.rename",
@@ -313,6 +316,26 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"agentId": "agt_random"}),
         ),
         (
+            "skill.list",
+            json!({"workspaceId": wsid}),
+            json!({"workspaceId": "wsp_random"}),
+        ),
+        (
+            "skill.get",
+            json!({"skillId": skill["skillId"]}),
+            json!({"skillId": "skl_random"}),
+        ),
+        (
+            "skill.save",
+            json!({"skillId": skill["skillId"], "name": "stolen", "summary": "s", "body": "b"}),
+            json!({"skillId": "skl_random", "name": "stolen", "summary": "s", "body": "b"}),
+        ),
+        (
+            "skill.remove",
+            json!({"skillId": skill["skillId"]}),
+            json!({"skillId": "skl_random"}),
+        ),
+        (
             "session.compact",
             json!({"sessionId": sid}),
             json!({"sessionId": "ses_random"}),
@@ -347,6 +370,7 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
     assert_eq!(b.ok("workspace.list", json!({})).await, json!([]));
     assert_eq!(b.ok("session.list", json!({})).await["entries"], json!([]));
     assert_eq!(b.ok("agent.list", json!({})).await, json!([]));
+    assert_eq!(b.ok("skill.list", json!({})).await, json!({"skills": []}));
     let b_creds = b.ok("admin.credential.list", json!({})).await;
     assert!(
         b_creds
@@ -369,7 +393,8 @@ async fn snapshot(a: &mut Client, sid: &str) -> Value {
     let users = a.ok("admin.user.list", json!({})).await;
     let ws = a.ok("workspace.list", json!({})).await;
     let agents = a.ok("agent.list", json!({})).await;
-    json!([s, h, creds, users, ws, agents])
+    let skills = a.ok("skill.list", json!({})).await;
+    json!([s, h, creds, users, ws, agents, skills])
 }
 
 /// A call's outcome as comparable JSON: the result, or the error (subscriptions: their end).

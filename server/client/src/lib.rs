@@ -57,6 +57,8 @@ pub const TAKES_OPERATION_ID: &[&str] = &[
     "admin.user.disable",
     "agent.save",
     "agent.remove",
+    "skill.save",
+    "skill.remove",
 ];
 
 /// What went wrong with a call.

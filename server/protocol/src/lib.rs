@@ -30,6 +30,7 @@ pub mod observe;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod search;
+pub mod skills;
 pub mod text;
 pub mod types;
 pub mod worker;
@@ -39,6 +40,7 @@ pub use error::{ErrorCode, RpcError};
 pub use events::*;
 pub use observe::*;
 pub use search::*;
+pub use skills::*;
 pub use types::*;
 
 /// The protocol version this release speaks.
@@ -210,6 +212,14 @@ methods! {
     AgentSave = "agent.save" (AgentSaveParams) -> Agent;
     /// Remove an agent (idempotent); its sessions go on without one.
     AgentRemove = "agent.remove" (AgentRemoveParams) -> Removed;
+    /// The skills offered to the model: a workspace's (given it or a session) and the tenant's.
+    SkillList = "skill.list" (SkillListParams) -> SkillListResult;
+    /// One tenant skill with its body.
+    SkillGet = "skill.get" (SkillRef) -> Skill;
+    /// Create a tenant skill, or replace one (`skillId` given).
+    SkillSave = "skill.save" (SkillSaveParams) -> Skill;
+    /// Remove a tenant skill (idempotent).
+    SkillRemove = "skill.remove" (SkillRemoveParams) -> Removed;
 }
 
 /// No parameters / no result fields.

@@ -32,6 +32,7 @@ pub const TURN_TOOL_ENDED: &str = "turn.toolEnded";
 pub const TURN_INTERACTION: &str = "turn.interaction";
 pub const TURN_DELEGATE: &str = "turn.delegate";
 pub const TURN_COMPACT: &str = "turn.compact";
+pub const TURN_SKILL: &str = "turn.skill";
 pub const CALL: &str = "call";
 pub const CALL_ITEM: &str = "call.item";
 pub const CALL_ACK: &str = "call.ack";
@@ -129,6 +130,10 @@ pub struct TurnRun {
     /// The session's agent definition (absent: the built-in defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<crate::TurnAgent>,
+    /// The tenant's skills (name and summary); the worker adds the workspace's own and
+    /// reads a tenant skill's body with `turn.skill`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<crate::SkillInfo>,
     /// The model's declared context window, in tokens: a turn nearing it compacts
     /// (`turn.compact`). Absent: none declared, no compaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -149,6 +154,20 @@ pub struct TurnCompact {
 #[serde(rename_all = "camelCase")]
 pub struct TurnCompactResult {
     pub compacted: bool,
+}
+
+/// Worker → server: the body of the tenant skill `name` (the model asked to read it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnSkill {
+    pub turn_id: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnSkillResult {
+    pub body: String,
 }
 
 /// The compaction a turn's history starts from: its summary stands for every row before

@@ -24,6 +24,7 @@ pub mod receipts;
 mod routing;
 pub mod search;
 mod sessions;
+mod skills;
 mod tls;
 mod tools;
 mod turns;

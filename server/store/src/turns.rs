@@ -395,6 +395,11 @@ impl Store {
             .await?;
         let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
         let mut attachments = turn_attachments(&tx, tenant_id, &turn_ids).await?;
+        let skills = if claimed.is_empty() {
+            Vec::new()
+        } else {
+            crate::skills::tenant_skills(&tx, tenant_id).await?
+        };
         tx.commit().await?;
         // The settings only: the worker reads the conversation with `turn.history`.
         Ok(claimed
@@ -411,6 +416,7 @@ impl Store {
                     auto_approve: c.get(5),
                     delegation_depth: c.get::<_, i32>(6).max(0) as u32,
                     agent: turn_agent(c),
+                    skills: skills.clone(),
                     // The API tier fills it from the turn's provider profile.
                     context_tokens: None,
                     attachments: attachments

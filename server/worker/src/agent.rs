@@ -8,7 +8,7 @@
 //! (`completed`, `failed`, or `denied` when approval was refused and it never ran).
 
 use berth_protocol::{
-    ModelParams, NewRow, Position, RowKind, ToolInfo,
+    ModelParams, NewRow, Position, RowKind, SkillInfo, ToolInfo,
     worker::{self as wp, ToolStatus, TurnDelta, TurnRun},
 };
 use serde_json::{Value, json};
@@ -21,6 +21,7 @@ use crate::{
         messages::{self, Conversation},
     },
     policy::{self, Answer},
+    skills,
     tools::Tools,
     turn::{Halt, TurnLink, cause},
 };
@@ -45,8 +46,15 @@ pub(crate) async fn run(
     config: &AgentConfig,
     cancel: &CancellationToken,
 ) -> Result<String, Halt> {
-    let schemas = tools.map(|_| offered(run));
-    let system = system_prompt(run, tools.is_some());
+    let skills = match tools {
+        Some(tools) => skills::offered(tools.workspace().clone(), &run.skills).await,
+        None => Vec::new(),
+    };
+    let schemas = tools.map(|_| offered(run, !skills.is_empty()));
+    let mut system = system_prompt(run, tools.is_some());
+    if is_offered(schemas.as_deref(), skills::READ_SKILL) {
+        system.push_str(&skills::prompt_section(&skills));
+    }
     let attachments = tokio::select! {
         a = crate::attachments::fetch(&t.link.http, &t.link.proxy_url, &t.link.token, run) => a.map_err(Halt::Failed)?,
         _ = cancel.cancelled() => return Err(Halt::Stopped),
@@ -83,7 +91,7 @@ pub(crate) async fn run(
                 item_index: (first_call + i) as i32,
             };
             let tools = tools.filter(|_| is_offered(schemas.as_deref(), &call.name));
-            let output = call_tool(t, run, tools, call, position, cancel).await?;
+            let output = call_tool(t, run, tools, &skills, call, position, cancel).await?;
             conv.push_result(&call.id, &output);
         }
     }
@@ -165,12 +173,16 @@ fn system_prompt(run: &TurnRun, tools: bool) -> String {
     }
 }
 
-/// The tool schemas the model is offered: the built-in tools (and `delegate` while the
-/// session may still delegate), narrowed to the agent's tool set when it names one.
-fn offered(run: &TurnRun) -> Vec<Value> {
+/// The tool schemas the model is offered: the built-in tools (`delegate` while the session
+/// may still delegate, `read_skill` when there are skills), narrowed to the agent's tool set
+/// when it names one.
+fn offered(run: &TurnRun, with_skills: bool) -> Vec<Value> {
     let mut schemas = Tools::schemas();
     if run.delegation_depth > 0 {
         schemas.push(delegate::schema());
+    }
+    if with_skills {
+        schemas.push(skills::schema());
     }
     if let Some(names) = run.agent.as_ref().and_then(|a| a.tools.as_ref()) {
         schemas.retain(|s| names.iter().any(|n| Some(n.as_str()) == schema_name(s)));
@@ -248,6 +260,7 @@ async fn call_tool(
     t: &TurnLink,
     run: &TurnRun,
     tools: Option<&Tools>,
+    skills: &[SkillInfo],
     call: &ToolCall,
     position: Position,
     cancel: &CancellationToken,
@@ -279,6 +292,11 @@ async fn call_tool(
     t.tool_status(position, &call.id, ToolStatus::Running).await?;
     let outcome = if call.name == DELEGATE {
         delegate::run(t, call, cancel).await?
+    } else if call.name == skills::READ_SKILL {
+        tokio::select! {
+            o = skills::run(t, tools.workspace().clone(), skills, &call.arguments) => o?,
+            _ = cancel.cancelled() => return Err(Halt::Stopped),
+        }
     } else {
         tools.call(&call.name, &call.arguments, cancel).await
     };

@@ -20,6 +20,7 @@ mod queue;
 mod receipts;
 mod search;
 mod session;
+mod skill;
 pub(crate) mod upload;
 mod workspace;
 
@@ -796,6 +797,10 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::AgentGet::NAME => call::<method::AgentGet, _, _>(ctx, params, agent::get).await,
         method::AgentSave::NAME => call::<method::AgentSave, _, _>(ctx, params, agent::save).await,
         method::AgentRemove::NAME => call::<method::AgentRemove, _, _>(ctx, params, agent::remove).await,
+        method::SkillList::NAME => call::<method::SkillList, _, _>(ctx, params, skill::list).await,
+        method::SkillGet::NAME => call::<method::SkillGet, _, _>(ctx, params, skill::get).await,
+        method::SkillSave::NAME => call::<method::SkillSave, _, _>(ctx, params, skill::save).await,
+        method::SkillRemove::NAME => call::<method::SkillRemove, _, _>(ctx, params, skill::remove).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
@@ -953,6 +958,10 @@ mod tests {
         "AgentGet",
         "AgentSave",
         "AgentRemove",
+        "SkillList",
+        "SkillGet",
+        "SkillSave",
+        "SkillRemove",
     ];
 
     #[test]

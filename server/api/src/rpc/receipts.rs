@@ -35,6 +35,8 @@ const MUTATIONS: &[&str] = &[
     "admin.user.disable",
     "agent.save",
     "agent.remove",
+    "skill.save",
+    "skill.remove",
 ];
 
 pub fn is_mutation(method: &str) -> bool {

@@ -7,8 +7,8 @@
 use berth_protocol::{
     ErrorCode,
     worker::{
-        self as wp, TurnDelegate, TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnSource, TurnToolEnded,
-        TurnToolStatus,
+        self as wp, TurnDelegate, TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnSkill, TurnSkillResult,
+        TurnSource, TurnToolEnded, TurnToolStatus,
     },
 };
 use serde::de::DeserializeOwned;
@@ -74,6 +74,11 @@ impl TurnTask {
                     store.delegate(id, tenant, turn, &d.call_id, &d.prompt).await?
                 };
                 Ok(serde_json::to_value(TurnDelegateResult { session_id, turn_id }).unwrap_or_default())
+            }
+            wp::TURN_SKILL => {
+                let s: TurnSkill = params(p)?;
+                let body = store.turn_skill(id, tenant, turn, &s.name).await?;
+                Ok(serde_json::to_value(TurnSkillResult { body }).unwrap_or_default())
             }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         }

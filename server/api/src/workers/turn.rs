@@ -41,6 +41,7 @@ pub(super) fn is_turn_method(method: &str) -> bool {
             | wp::TURN_DELEGATE
             | wp::TURN_INTERACTION
             | wp::TURN_COMPACT
+            | wp::TURN_SKILL
     )
 }
 
@@ -133,7 +134,12 @@ impl TurnTask {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
-            wp::TURN_HISTORY | wp::TURN_SOURCE | wp::TURN_TOOL_STATUS | wp::TURN_TOOL_ENDED | wp::TURN_DELEGATE => {
+            wp::TURN_HISTORY
+            | wp::TURN_SOURCE
+            | wp::TURN_TOOL_STATUS
+            | wp::TURN_TOOL_ENDED
+            | wp::TURN_DELEGATE
+            | wp::TURN_SKILL => {
                 self.agent_request(&req.method, req.params).await
             }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),

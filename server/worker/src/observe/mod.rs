@@ -214,6 +214,10 @@ async fn run(root: PathBuf, call: Call, items: &Items) -> Result<Value, RpcError
             let path = decode_path(&p.path)?;
             to_value(blocking(move || git::diff(&root, &path, p.area)).await?)
         }
+        method::SkillList::NAME => {
+            let ws = workspace()?;
+            to_value(blocking(move || Ok(crate::skills::list(&ws))).await?)
+        }
         _ => Err(RpcError::new(ErrorCode::MethodNotFound)),
     }
 }

@@ -34,3 +34,26 @@ CREATE INDEX sessions_agent ON sessions (agent_id) WHERE agent_id IS NOT NULL;
 -- Compaction (SPEC §4.17): a turn's history starts at the latest `session.compacted` event
 -- (its handoff row stands for the rows before its `keepFrom`); found without scanning the log.
 CREATE INDEX events_compacted ON events (session_id, sequence DESC) WHERE type = 'session.compacted';
+
+-- Tenant skills (SPEC §4.16): instruction documents offered to the model by name and summary
+-- and read on demand (workspace skills live in the workspace, not here).
+CREATE TABLE skills (
+    id          text PRIMARY KEY,
+    tenant_id   text NOT NULL REFERENCES tenants(id) ON DELETE CASCADE,
+    name        text NOT NULL,
+    summary     text NOT NULL,
+    body        text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (tenant_id, name)
+);
+ALTER TABLE skills ENABLE ROW LEVEL SECURITY;
+ALTER TABLE skills FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON skills TO berth_app
+    USING (tenant_id = current_setting('berth.tenant_id', true))
+    WITH CHECK (tenant_id = current_setting('berth.tenant_id', true));
+DO $$
+BEGIN
+    EXECUTE format('CREATE POLICY system_access ON skills TO %I USING (true) WITH CHECK (true)', current_user);
+END
+$$;
