@@ -149,10 +149,7 @@ async fn an_agent_saved_by_one_member_drives_another_members_session_and_a_switc
     assert_eq!(entry["agentId"], wid.as_str());
     assert_eq!(entry["effectiveModelLevel"], "tenant");
     let mut watch = bob.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    let events = watch
-        .until(30, |e| e["type"] == "session.agentChanged")
-        .await
-        .unwrap();
+    let events = watch.until(30, |e| e["type"] == "session.agentChanged").await.unwrap();
     let changed = events.last().unwrap();
     assert_eq!(changed["agentId"], wid.as_str());
     assert_eq!(changed["name"], "writer");
@@ -184,10 +181,7 @@ async fn an_agent_saved_by_one_member_drives_another_members_session_and_a_switc
     // A session's own model beats its agent's; removing the agent leaves the session on the
     // defaults.
     admin
-        .ok(
-            "session.setModel",
-            json!({"sessionId": sid, "model": "own-model"}),
-        )
+        .ok("session.setModel", json!({"sessionId": sid, "model": "own-model"}))
         .await;
     let got = admin.ok("session.get", json!({"sessionId": sid})).await;
     assert_eq!(got["effectiveModelLevel"], "session");
@@ -260,7 +254,11 @@ async fn a_long_session_compacts_keeps_answering_and_keeps_every_row() {
     }
     let requests = mock.requests();
     let summaries: Vec<&Value> = requests.iter().filter(|r| is_summary_request(r)).collect();
-    assert!(summaries.len() >= 2, "a long session compacts more than once: {}", summaries.len());
+    assert!(
+        summaries.len() >= 2,
+        "a long session compacts more than once: {}",
+        summaries.len()
+    );
     // A later summary is made from the earlier one and the rows since.
     assert!(summaries[1].to_string().contains("SUMMARY-0"));
     assert!(!summaries[1].to_string().contains("PROMPT-0 "));
@@ -311,7 +309,10 @@ async fn a_long_session_compacts_keeps_answering_and_keeps_every_row() {
     // `session.context` shows what was sent: the compaction in effect and a request that fits.
     let ctx = c.ok("session.context", json!({"sessionId": sid})).await;
     let report = &ctx["request"];
-    assert_eq!(report["compaction"]["handoff"], compacted.last().unwrap()["rows"][0]["position"]);
+    assert_eq!(
+        report["compaction"]["handoff"],
+        compacted.last().unwrap()["rows"][0]["position"]
+    );
     assert!(report["estimatedTokens"].as_u64().unwrap() < 1000, "{report}");
 
     // On request: everything so far becomes one summary; the next turn sends only it and
@@ -334,7 +335,10 @@ async fn a_long_session_compacts_keeps_answering_and_keeps_every_row() {
     let messages = last["messages"].as_array().unwrap();
     assert_eq!(messages.len(), 3, "{last}");
     assert!(messages[1]["content"].as_str().unwrap().ends_with(&manual), "{last}");
-    assert_eq!(done["compaction"]["handoff"]["sourceSequence"], last_handoff_sequence(&mut c, &sid).await);
+    assert_eq!(
+        done["compaction"]["handoff"]["sourceSequence"],
+        last_handoff_sequence(&mut c, &sid).await
+    );
     assert_eq!(messages[2], json!({"role": "user", "content": "PROMPT-LAST"}));
     let rows = all_rows(&mut c, &sid).await;
     assert_eq!(rows.iter().filter(|r| r["kind"] == "user").count(), turns + 1);
@@ -363,10 +367,7 @@ async fn skills_are_listed_offered_by_name_and_summary_and_read_on_demand() {
         .await;
     let skill_id = style["skillId"].as_str().unwrap().to_string();
     let err = c
-        .call(
-            "skill.save",
-            json!({"name": "style", "summary": "again", "body": ""}),
-        )
+        .call("skill.save", json!({"name": "style", "summary": "again", "body": ""}))
         .await
         .unwrap_err();
     assert_eq!(code(&err), "conflict");
@@ -377,9 +378,7 @@ async fn skills_are_listed_offered_by_name_and_summary_and_read_on_demand() {
     assert_eq!(code(&err), "bad-params");
     assert_eq!(c.ok("skill.get", json!({"skillId": skill_id})).await, style);
 
-    let listed = c
-        .ok("skill.list", json!({"workspaceId": stack.workspace_id}))
-        .await;
+    let listed = c.ok("skill.list", json!({"workspaceId": stack.workspace_id})).await;
     assert_eq!(
         listed,
         json!({"skills": [
@@ -422,9 +421,7 @@ async fn skills_are_listed_offered_by_name_and_summary_and_read_on_demand() {
 
     // Without the worker, the tenant's skills are still listed, and the reason is given.
     stack.kill_worker().await;
-    let offline = c
-        .ok("skill.list", json!({"workspaceId": stack.workspace_id}))
-        .await;
+    let offline = c.ok("skill.list", json!({"workspaceId": stack.workspace_id})).await;
     assert_eq!(offline["workspaceError"], "workspace-offline");
     assert_eq!(offline["skills"][0]["name"], "style");
     assert_eq!(

@@ -69,7 +69,10 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
         .await;
     let agent = a.ok("agent.save", json!({"name": "a-agent"})).await;
     let skill = a
-        .ok("skill.save", json!({"name": "a-skill", "summary": "A's", "body": "secret"}))
+        .ok(
+            "skill.save",
+            json!({"name": "a-skill", "summary": "A's", "body": "secret"}),
+        )
         .await;
     let receipt_op = "op-of-a";
     a.ok(
@@ -527,7 +530,11 @@ async fn row_level_security_admits_only_the_transactions_tenant() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(unforced, Vec::<String>::new(), "tables with tenant data but no forced policy");
+    assert_eq!(
+        unforced,
+        Vec::<String>::new(),
+        "tables with tenant data but no forced policy"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -13,7 +13,6 @@ use serde_json::json;
 use crate::{
     AppState,
     complete::{self, Target},
-    config::DEFAULT_PROVIDER,
     error::{ApiError, ApiResult},
     providers,
 };
@@ -31,17 +30,14 @@ can go on with the work without it. Write a handoff note: what the user asked fo
 done (files changed, commands run, results and findings), decisions made, open questions and the next steps. Keep \
 exact file paths, names, identifiers and numbers. Answer with the note only.";
 
-/// The declared context window of `model` on `provider`'s profile, in tokens: the
-/// profile's figure for the model, else (default profile) `BERTH_MODEL_CONTEXT_TOKENS`.
+/// The context window of `model` on `provider`'s profile, in tokens, as the model proxy
+/// takes it too (the profile's figure for the model, else `BERTH_MODEL_CONTEXT_TOKENS`).
+/// None: no such profile or no model to ask.
 pub(crate) fn context_window(state: &AppState, provider: Option<&str>, model: Option<&str>) -> Option<u64> {
     let providers = state.config.providers.current();
-    let profile = providers.get(provider);
-    let model = model.or(state.config.model.model.as_deref());
-    let declared = profile
-        .zip(model)
-        .and_then(|(p, m)| p.models.iter().find(|pm| pm.id == m))
-        .and_then(|m| m.context_tokens);
-    declared.or_else(|| (provider.unwrap_or(DEFAULT_PROVIDER) == DEFAULT_PROVIDER).then_some(state.config.model.context_tokens))
+    let profile = providers.get(provider)?;
+    let model = model.or(state.config.model.model.as_deref())?;
+    Some(state.config.model.spec(profile, model).context_tokens)
 }
 
 /// Summarize the session's history before `keep_from` (None: all of it) and write the
@@ -105,7 +101,11 @@ pub(crate) async fn compact(
 
 async fn failed(state: &AppState, tenant: &str, session_id: &str, cause: Cause) -> ApiError {
     tracing::info!(session.id = %session_id, code = %cause.code, "compaction failed");
-    match state.store.session_diagnostic(tenant, session_id, "compaction", &cause).await {
+    match state
+        .store
+        .session_diagnostic(tenant, session_id, "compaction", &cause)
+        .await
+    {
         Ok(()) => state.hub.event(session_id, 0),
         Err(e) => tracing::warn!(session.id = %session_id, error = %e, "compaction diagnostic not recorded"),
     }

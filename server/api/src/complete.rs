@@ -43,7 +43,8 @@ pub(crate) async fn complete(
     let Value::Object(chat) = chat else {
         return Err(providers::cause("internal"));
     };
-    let outgoing = providers::request(profile.api, chat);
+    // No reasoning asked for: a title or a summary needs none.
+    let outgoing = providers::request(profile.api, chat, None);
     let url = format!("{}{}", base.trim_end_matches('/'), outgoing.path);
     let build = || {
         let req = state.provider_http.post(&url).json(&outgoing.body);

@@ -186,7 +186,15 @@ impl Store {
         if let Some(c) = latest(&tx, tenant_id, session_id, i64::MAX).await?
             && c.keep_from >= keep_from
         {
-            finish(&tx, op, &SessionCompactResult { compacted: false, compaction: None }).await?;
+            finish(
+                &tx,
+                op,
+                &SessionCompactResult {
+                    compacted: false,
+                    compaction: None,
+                },
+            )
+            .await?;
             tx.commit().await?;
             return Ok(None);
         }

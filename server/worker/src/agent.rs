@@ -269,7 +269,10 @@ async fn call_tool(
         return Err(Halt::Stopped);
     }
     let Some(tools) = tools else {
-        let output = format!("The tool {:?} is not offered in this session; the call did not run.", call.name);
+        let output = format!(
+            "The tool {:?} is not offered in this session; the call did not run.",
+            call.name
+        );
         t.tool_ended(position, &call.id, ToolStatus::Failed, output.clone())
             .await?;
         return Ok(output);

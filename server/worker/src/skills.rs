@@ -45,7 +45,9 @@ fn parse(dir: &str, text: &str) -> Option<(String, String, String)> {
         && let Some(end) = rest.find("\n---")
     {
         for line in rest[..end].lines() {
-            let Some((key, value)) = line.split_once(':') else { continue };
+            let Some((key, value)) = line.split_once(':') else {
+                continue;
+            };
             let value = value.trim().trim_matches(|c| c == '"' || c == '\'').trim();
             match key.trim() {
                 "name" if !value.is_empty() => name = Some(value.to_string()),
@@ -56,7 +58,9 @@ fn parse(dir: &str, text: &str) -> Option<(String, String, String)> {
         let after = &rest[end + 4..];
         body = after.split_once('\n').map_or("", |(_, b)| b);
     }
-    let name = name.filter(|n| is_skill_name(n)).or_else(|| is_skill_name(dir).then(|| dir.to_string()))?;
+    let name = name
+        .filter(|n| is_skill_name(n))
+        .or_else(|| is_skill_name(dir).then(|| dir.to_string()))?;
     let summary = summary.or_else(|| {
         body.lines()
             .map(|l| l.trim().trim_start_matches('#').trim())
@@ -170,7 +174,10 @@ pub(crate) async fn run(
                 turn_id: t.turn_id().to_string(),
                 name: name.clone(),
             };
-            match t.request(wp::TURN_SKILL, serde_json::to_value(&p).unwrap_or_default()).await {
+            match t
+                .request(wp::TURN_SKILL, serde_json::to_value(&p).unwrap_or_default())
+                .await
+            {
                 Ok(v) => v.get("body").and_then(Value::as_str).map(str::to_string),
                 Err(Halt::Refused(_)) => None,
                 Err(h) => return Err(h),
@@ -179,7 +186,9 @@ pub(crate) async fn run(
     };
     Ok(match body {
         Some(body) => Outcome::ok(body),
-        None => Outcome::error(format!("the skill {name:?} could not be read (it may have been removed)")),
+        None => Outcome::error(format!(
+            "the skill {name:?} could not be read (it may have been removed)"
+        )),
     })
 }
 
@@ -189,8 +198,11 @@ mod tests {
 
     #[test]
     fn front_matter_names_and_summarizes_else_the_directory_and_first_line() {
-        let (name, summary, body) =
-            parse("dir", "---\nname: pdf-tools\ndescription: \"Work with PDFs\"\n---\n# PDF\nSteps.\n").unwrap();
+        let (name, summary, body) = parse(
+            "dir",
+            "---\nname: pdf-tools\ndescription: \"Work with PDFs\"\n---\n# PDF\nSteps.\n",
+        )
+        .unwrap();
         assert_eq!((name.as_str(), summary.as_str()), ("pdf-tools", "Work with PDFs"));
         assert_eq!(body, "# PDF\nSteps.\n");
         let (name, summary, body) = parse("release", "\n# Cutting a release\nTag it.\n").unwrap();

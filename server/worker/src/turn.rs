@@ -6,8 +6,8 @@
 use berth_protocol::{
     Cause, NewRow, Position, Row, RowField, SessionSourceResult, TurnState,
     worker::{
-        self as wp, Handoff, ToolStatus, TurnEnd, TurnHistory, TurnHistoryResult, TurnRun, TurnSource, TurnStep, TurnToolEnded,
-        TurnToolStatus, Usage,
+        self as wp, Handoff, ToolStatus, TurnEnd, TurnHistory, TurnHistoryResult, TurnRun, TurnSource, TurnStep,
+        TurnToolEnded, TurnToolStatus, Usage,
     },
 };
 use serde_json::Value;

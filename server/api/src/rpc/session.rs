@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use berth_protocol::{
     Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync,
-    ResyncReason, SessionCompactParams, SessionCompactResult, SessionContextParams, SessionContextResult, SessionCreateParams, SessionDiagnosticsParams,
-    SessionDiagnosticsResult, SessionHistoryParams, SessionHistoryResult, SessionListParams, SessionListResult,
-    SessionOpParams, SessionPauseParams, SessionRef, SessionRenameParams, SessionSendParams, SessionSendResult,
-    SessionSetModelParams, SessionSnapshot, SessionSourceParams, SessionSourceResult, SessionStopParams,
-    SessionWatchParams, TurnRef, WatchState,
+    ResyncReason, SessionCompactParams, SessionCompactResult, SessionContextParams, SessionContextResult,
+    SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams,
+    SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
+    SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
+    SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef, WatchState,
 };
 use berth_store::Partial;
 use serde_json::json;
@@ -245,7 +245,8 @@ pub async fn context(ctx: Ctx, p: SessionContextParams) -> ApiResult<SessionCont
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn compact(ctx: Ctx, p: SessionCompactParams) -> ApiResult<SessionCompactResult> {
     let me = ctx.principal()?;
-    let compaction = crate::compaction::compact(&ctx.state, &me.tenant_id, &p.session_id, None, false, ctx.op.as_ref()).await?;
+    let compaction =
+        crate::compaction::compact(&ctx.state, &me.tenant_id, &p.session_id, None, false, ctx.op.as_ref()).await?;
     Ok(SessionCompactResult {
         compacted: compaction.is_some(),
         compaction,

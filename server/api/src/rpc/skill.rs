@@ -23,25 +23,14 @@ pub async fn list(ctx: Ctx, p: SkillListParams) -> ApiResult<SkillListResult> {
             store.get_workspace(&me.tenant_id, w).await?;
             Some(w.clone())
         }
-        (None, Some(s)) => Some(
-            store
-                .get_session(&me.tenant_id, s, None)
-                .await?
-                .workspace_id,
-        ),
+        (None, Some(s)) => Some(store.get_session(&me.tenant_id, s, None).await?.workspace_id),
         (None, None) => None,
     };
     let mut skills = Vec::new();
     let mut workspace_error = None;
     if let Some(w) = workspace {
-        let asked = calls::unary::<Vec<SkillInfo>>(
-            &ctx.state,
-            &me.tenant_id,
-            &w,
-            method::SkillList::NAME,
-            json!({}),
-        )
-        .await;
+        let asked =
+            calls::unary::<Vec<SkillInfo>>(&ctx.state, &me.tenant_id, &w, method::SkillList::NAME, json!({})).await;
         match asked {
             Ok(found) => skills = found,
             // The tenant's skills are still worth listing without the worker.

@@ -139,9 +139,7 @@ impl TurnTask {
             | wp::TURN_TOOL_STATUS
             | wp::TURN_TOOL_ENDED
             | wp::TURN_DELEGATE
-            | wp::TURN_SKILL => {
-                self.agent_request(&req.method, req.params).await
-            }
+            | wp::TURN_SKILL => self.agent_request(&req.method, req.params).await,
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         self.reply(req.id, result).await;

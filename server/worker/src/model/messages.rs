@@ -155,7 +155,12 @@ impl Conversation {
             source_sequence: sequence,
             item_index: 0,
         });
-        self.messages.push(json!({"role": "assistant", "content": c.text}));
+        let mut message = json!({"role": "assistant", "content": c.text});
+        if !c.reasoning_items.is_empty() {
+            // Only the API tier's translation for the provider that wrote them reads these.
+            message["reasoning_items"] = c.reasoning_items.clone().into();
+        }
+        self.messages.push(message);
         self.joinable = None;
         for call in &c.tool_calls {
             self.add_call(&call.id, &call.name, &call.arguments);
@@ -252,14 +257,14 @@ mod tests {
 
         c.push_step(
             &Completion {
-            text: "ok".into(),
-            tool_calls: vec![ToolCall {
-                id: "c4".into(),
-                name: "shell".into(),
-                arguments: "{}".into(),
-            }],
-            ..Completion::default()
-        },
+                text: "ok".into(),
+                tool_calls: vec![ToolCall {
+                    id: "c4".into(),
+                    name: "shell".into(),
+                    arguments: "{}".into(),
+                }],
+                ..Completion::default()
+            },
             10,
         );
         c.push_result("c4", "done");
