@@ -52,13 +52,9 @@ pub(crate) async fn compact(
     op: Option<&Receipt>,
 ) -> ApiResult<Option<Compaction>> {
     let store = &state.store;
-    let probe = store.compaction_source(tenant, session_id, keep_from, 0).await?;
-    let window = context_window(state, probe.provider.as_deref(), probe.model.as_deref()).unwrap_or(200_000);
-    // About half the window's worth of text (four bytes a token).
-    let budget = usize::try_from(window.saturating_mul(2))
-        .unwrap_or(usize::MAX)
-        .clamp(16 << 10, SOURCE_BYTES_MAX);
-    let source = store.compaction_source(tenant, session_id, keep_from, budget).await?;
+    let mut source = store
+        .compaction_source(tenant, session_id, keep_from, SOURCE_BYTES_MAX)
+        .await?;
     if source.rows.is_empty() && source.omitted == 0 {
         if let Some(op) = op {
             let nothing = SessionCompactResult {
@@ -69,6 +65,21 @@ pub(crate) async fn compact(
         }
         return Ok(None);
     }
+    let window = context_window(state, source.provider.as_deref(), source.model.as_deref()).unwrap_or(200_000);
+    // The source is about half the window's worth of text (four bytes a token), the
+    // newest rows kept; the summary at most a quarter of the window.
+    let budget = usize::try_from(window.saturating_mul(2))
+        .unwrap_or(usize::MAX)
+        .clamp(16 << 10, SOURCE_BYTES_MAX);
+    let mut used: usize = source.rows.iter().map(|(_, _, text)| text.len()).sum();
+    let mut drop = 0;
+    while used > budget && drop < source.rows.len() {
+        used -= source.rows[drop].2.len();
+        drop += 1;
+    }
+    source.rows.drain(..drop);
+    source.omitted += drop as u64;
+    let summary_tokens = (window / 4).clamp(256, SUMMARY_TOKENS);
     let keep_from = keep_from.unwrap_or(source.end);
     let target = Target {
         provider: source.provider.as_deref(),
@@ -79,7 +90,7 @@ pub(crate) async fn compact(
         {"role": "system", "content": INSTRUCTION},
         {"role": "user", "content": transcript(&source)},
     ]);
-    let asked = complete::complete(state, tenant, target, messages, SUMMARY_TOKENS, SUMMARY_BYTES);
+    let asked = complete::complete(state, tenant, target, messages, summary_tokens, SUMMARY_BYTES);
     let outcome = match tokio::time::timeout(BOUND, asked).await {
         Ok(Ok(text)) if !text.trim().is_empty() => Ok(text.trim().to_string()),
         Ok(Ok(_)) => Err(providers::cause("summary-empty")),

@@ -90,7 +90,10 @@ pub(crate) async fn run(
                 source_sequence: sequence,
                 item_index: (first_call + i) as i32,
             };
-            let tools = tools.filter(|_| is_offered(schemas.as_deref(), &call.name));
+            // A delegate call past the depth bound is answered by the delegate tool (which
+            // says why); any other call to a tool not offered does not run.
+            let depth_spent = call.name == DELEGATE && run.delegation_depth == 0;
+            let tools = tools.filter(|_| depth_spent || is_offered(schemas.as_deref(), &call.name));
             let output = call_tool(t, run, tools, &skills, call, position, cancel).await?;
             conv.push_result(&call.id, &output);
         }
