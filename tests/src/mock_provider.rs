@@ -81,6 +81,10 @@ pub enum Part {
     Stamp,
 }
 
+/// Text every compaction summary request of Berth's holds (its instruction), for
+/// [`MockProvider::push_for`]: scripted turns stay in order whether or not a turn compacts.
+pub const SUMMARY_REQUEST: &str = "You compact a long conversation";
+
 /// The process-wide instant that [`Part::Stamp`] counts from.
 pub fn epoch() -> std::time::Instant {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();

@@ -223,7 +223,7 @@ async fn last_handoff_sequence(c: &mut Client, sid: &str) -> Value {
     rows.iter().rev().find(|r| r["kind"] == "handoff").unwrap()["position"]["sourceSequence"].clone()
 }
 
-const SUMMARY_ASK: &str = "You compact a long conversation";
+const SUMMARY_ASK: &str = berth_e2e::SUMMARY_REQUEST;
 
 fn is_summary_request(req: &Value) -> bool {
     req.to_string().contains(SUMMARY_ASK)

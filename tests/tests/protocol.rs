@@ -533,7 +533,7 @@ async fn every_method_and_event_matches_the_protocol_types() {
     assert!(done.error.is_none());
     assert_typed::<<method::FilesWatch as Method>::Result>("files.watch", &Value::Null);
     check!(method::SessionContext, json!({"sessionId": sid}));
-    mock.push_for("You compact a long conversation", Reply::text(&["Summary."]));
+    mock.push_for(berth_e2e::SUMMARY_REQUEST, Reply::text(&["Summary."]));
     let compacted = check!(method::SessionCompact, json!({"sessionId": sid}));
     assert_eq!(compacted["compacted"], true);
     let mut diags = c.subscribe("session.watchDiagnostics", json!({"sessionId": sid}));

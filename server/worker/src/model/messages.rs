@@ -50,11 +50,6 @@ pub(crate) struct Conversation {
     has_prompt: bool,
 }
 
-/// Bytes of the messages from index `from` on, as sent (a token is about four bytes).
-fn bytes_from(messages: &[Value], from: usize) -> usize {
-    messages[from..].iter().map(|m| m.to_string().len()).sum()
-}
-
 /// The built-in system prompt of a session with or without tools.
 pub(crate) fn default_system_prompt(tools: bool) -> &'static str {
     if tools { SYSTEM_PROMPT } else { SYSTEM_PROMPT_NO_TOOLS }
@@ -90,12 +85,19 @@ impl Conversation {
     /// None when there is nothing before the last cut point to summarize.
     pub(crate) fn cut(&self, keep_tokens: u64) -> Option<Position> {
         let keep_bytes = usize::try_from(keep_tokens.saturating_mul(4)).unwrap_or(usize::MAX);
-        let candidates: Vec<&(usize, Position)> = self.cuts.iter().filter(|(i, _)| *i > self.fixed).collect();
-        let fits = candidates
-            .iter()
-            .find(|(i, _)| bytes_from(&self.messages, *i) <= keep_bytes)
-            .or(candidates.last());
-        fits.map(|(_, p)| *p)
+        // Bytes from each message to the end, summed once from the back.
+        let mut suffix = vec![0usize; self.messages.len() + 1];
+        for (i, m) in self.messages.iter().enumerate().rev() {
+            suffix[i] = suffix[i + 1] + m.to_string().len();
+        }
+        let mut last = None;
+        for &(i, position) in self.cuts.iter().filter(|(i, _)| *i > self.fixed) {
+            if suffix[i] <= keep_bytes {
+                return Some(position);
+            }
+            last = Some(position);
+        }
+        last
     }
 
     /// A cut point at the next message, which starts with the row at `position`.
