@@ -307,6 +307,19 @@ impl TestWorker {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<TestWorker> {
+        Self::start_on_host(server, token, "test-host", name, path, extra, env).await
+    }
+
+    /// The same, on another machine name (a worker credential serves one host).
+    pub async fn start_on_host(
+        server: &TestServer,
+        token: &str,
+        host: &str,
+        name: &str,
+        path: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestWorker> {
         let dir = scratch_dir("worker");
         let token_file = dir.join("token");
         std::fs::write(&token_file, token)?;
@@ -317,7 +330,7 @@ impl TestWorker {
                 "--server",
                 &format!("http://{}/", server.addr),
                 "--host",
-                "test-host",
+                host,
             ])
             .arg("--token-file")
             .arg(&token_file)

@@ -43,6 +43,19 @@ pub enum Reply {
     StreamThenHang(Vec<Part>),
     /// Answer with this HTTP status, a JSON error body and `Retry-After: secs`.
     StatusRetryAfter { status: u16, secs: u64 },
+    /// The reply computed from the request's JSON body (e.g. from tool results the test
+    /// cannot know in advance, like the ids of sessions a turn started).
+    Computed(Compute),
+}
+
+/// A function from a request body to the reply (see [`Reply::Computed`]).
+#[derive(Clone)]
+pub struct Compute(pub Arc<dyn Fn(&Value) -> Reply + Send + Sync>);
+
+impl std::fmt::Debug for Compute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Compute(..)")
+    }
 }
 
 /// The wire format a request came in on (by its path).
@@ -82,7 +95,7 @@ pub enum Part {
 }
 
 /// Text every compaction summary request of Berth's holds (its instruction), for
-/// [`MockProvider::push_for`]: scripted turns stay in order whether or not a turn compacts.
+/// [`MockProvider::push_matching`]: scripted turns stay in order whether or not a turn compacts.
 pub const SUMMARY_REQUEST: &str = "You compact a long conversation";
 
 /// The process-wide instant that [`Part::Stamp`] counts from.
@@ -126,6 +139,11 @@ impl Reply {
         Reply::Stream(parts)
     }
 
+    /// A reply computed from the request body.
+    pub fn computed(f: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> Reply {
+        Reply::Computed(Compute(Arc::new(f)))
+    }
+
     /// A stream of `Text` parts followed by `Usage { prompt: 10, completion: 5 }`.
     pub fn text(chunks: &[&str]) -> Reply {
         let mut parts: Vec<Part> = chunks.iter().map(|c| Part::Text((*c).to_owned())).collect();
@@ -140,7 +158,10 @@ impl Reply {
 #[derive(Default)]
 struct Shared {
     replies: Mutex<VecDeque<Reply>>,
-    /// Replies for requests whose body contains a text, tried before the FIFO.
+    /// Replies for requests whose whole JSON body contains a text, tried first.
+    matching: Mutex<Vec<(String, Reply)>>,
+    /// Replies reserved for requests whose first user message contains the key, in order
+    /// per key; they go before the shared queue.
     keyed: Mutex<Vec<(String, Reply)>>,
     requests: Mutex<Vec<Value>>,
     authorizations: Mutex<Vec<Option<String>>>,
@@ -222,9 +243,15 @@ impl MockProvider {
     }
 
     /// Queues a reply for the first later request whose JSON body contains `needle` (such
-    /// requests take keyed replies first, in the order pushed; the rest take the FIFO).
-    pub fn push_for(&self, needle: &str, reply: Reply) {
-        lock(&self.shared.keyed).push((needle.to_owned(), reply));
+    /// replies are tried before keyed ones and the shared queue, in the order pushed).
+    pub fn push_matching(&self, needle: &str, reply: Reply) {
+        lock(&self.shared.matching).push((needle.to_owned(), reply));
+    }
+
+    /// Queues a reply for the next request whose first user message contains `key`
+    /// (so that sessions running at once each get their own script).
+    pub fn push_for(&self, key: &str, reply: Reply) {
+        lock(&self.shared.keyed).push((key.to_owned(), reply));
     }
 
     /// JSON bodies of the requests received so far, in order (a body that is
@@ -253,6 +280,20 @@ impl Drop for MockProvider {
     }
 }
 
+/// The text of a request's first user message (chat format; empty if none).
+fn first_user_text(body: &Value) -> String {
+    let Some(m) = body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["role"] == "user"))
+    else {
+        return String::new();
+    };
+    match &m["content"] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
 fn error_response(status: StatusCode, message: &str) -> Response {
     let body = json!({
         "error": {
@@ -277,10 +318,6 @@ async fn handle_messages(State(state): State<Arc<AppState>>, headers: HeaderMap,
     serve_format(state, headers, body, Format::Anthropic).await
 }
 
-fn body_text(body: &Bytes) -> std::borrow::Cow<'_, str> {
-    String::from_utf8_lossy(body)
-}
-
 async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, format: Format) -> Response {
     let shared = &state.shared;
     let value: Value =
@@ -296,7 +333,7 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
     // Record both under the reply lock so the three logs stay aligned.
     let reply = {
         let mut replies = lock(&shared.replies);
-        lock(&shared.requests).push(value);
+        lock(&shared.requests).push(value.clone());
         let credential = auth.clone().or_else(|| {
             headers
                 .get("x-api-key")
@@ -304,12 +341,22 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
         });
         lock(&shared.credentials).push((format, credential));
         lock(&shared.authorizations).push(auth);
-        let text = body_text(&body);
+        let text = String::from_utf8_lossy(&body);
+        let mut matching = lock(&shared.matching);
+        let first_user = first_user_text(&value);
         let mut keyed = lock(&shared.keyed);
-        match keyed.iter().position(|(needle, _)| text.contains(needle.as_str())) {
-            Some(i) => Some(keyed.remove(i).1),
-            None => replies.pop_front(),
+        if let Some(i) = matching.iter().position(|(n, _)| text.contains(n.as_str())) {
+            Some(matching.remove(i).1)
+        } else {
+            match keyed.iter().position(|(k, _)| first_user.contains(k.as_str())) {
+                Some(i) => Some(keyed.remove(i).1),
+                None => replies.pop_front(),
+            }
         }
+    };
+    let reply = match reply {
+        Some(Reply::Computed(f)) => Some((f.0)(&value)),
+        other => other,
     };
     let n = shared.counter.fetch_add(1, Ordering::Relaxed) + 1;
 
@@ -329,6 +376,12 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
         }
         Some(Reply::Stream(parts)) => (parts, false),
         Some(Reply::StreamThenHang(parts)) => (parts, true),
+        Some(Reply::Computed(_)) => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "mock provider: computed a computed reply",
+            );
+        }
     };
 
     let ctx = ChunkCtx {

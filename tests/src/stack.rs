@@ -86,6 +86,39 @@ impl Stack {
         self.workspace_id = id;
     }
 
+    /// Another worker, on machine `host` with a credential of its own, serving workspace
+    /// `name` in a new directory, connected to replica `replica`; returns it once the
+    /// workspace is online, with the workspace's id and directory.
+    pub async fn start_other_worker(&self, replica: usize, host: &str, name: &str) -> (TestWorker, String, PathBuf) {
+        let token = self.servers[0].worker_token().await;
+        let dir = scratch_dir(name);
+        let worker = TestWorker::start_on_host(&self.servers[replica], &token, host, name, &dir, &[], &[])
+            .await
+            .expect("worker");
+        let id = self.wait_workspace(name, true).await;
+        (worker, id, dir)
+    }
+
+    /// Wait (up to 30 s) until the workspace titled `title` shows `online`; returns its id.
+    pub async fn wait_workspace(&self, title: &str, online: bool) -> String {
+        let (url, token) = (self.servers[0].ws_url(), self.token.clone());
+        eventually(30, || {
+            let (url, token) = (url.clone(), token.clone());
+            async move {
+                let mut c = Client::authed(&url, &token).await.ok()?;
+                let list = c.ok("workspace.list", json!({})).await;
+                let w = list
+                    .as_array()?
+                    .iter()
+                    .find(|w| w["title"] == title && w["online"] == online)?
+                    .clone();
+                Some(w["workspaceId"].as_str()?.to_string())
+            }
+        })
+        .await
+        .unwrap_or_else(|| panic!("workspace {title} never became online={online}"))
+    }
+
     /// Kill the worker process and wait until its workspace shows offline.
     pub async fn kill_worker(&mut self) {
         if let Some(mut w) = self.worker.take() {

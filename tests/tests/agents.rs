@@ -243,7 +243,7 @@ async fn a_long_session_compacts_keeps_answering_and_keeps_every_row() {
         .await;
     let sid = s["sessionId"].as_str().unwrap().to_string();
     for i in 0..20 {
-        mock.push_for(SUMMARY_ASK, Reply::text(&[&format!("SUMMARY-{i}")]));
+        mock.push_matching(SUMMARY_ASK, Reply::text(&[&format!("SUMMARY-{i}")]));
     }
     let turns = 9;
     for i in 0..turns {

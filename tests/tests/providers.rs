@@ -698,7 +698,7 @@ async fn the_body_limit_follows_the_models_own_context_window() {
     // The tiny window makes each turn try to compact first; the summaries fail here, so the
     // conversation grows as it would without compaction.
     for _ in 0..8 {
-        mock.push_for(berth_e2e::SUMMARY_REQUEST, Reply::Status(500));
+        mock.push_matching(berth_e2e::SUMMARY_REQUEST, Reply::Status(500));
     }
     // Five prompts of 240 KiB: the fifth request holds about 1.2 MB, over the tiny model's
     // 16 000 bytes + 1 MiB.

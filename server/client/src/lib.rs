@@ -55,6 +55,7 @@ pub const TAKES_OPERATION_ID: &[&str] = &[
     "admin.credential.revoke",
     "admin.user.create",
     "admin.user.disable",
+    "admin.user.setRole",
     "agent.save",
     "agent.remove",
     "skill.save",

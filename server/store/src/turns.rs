@@ -84,86 +84,7 @@ impl Store {
     ) -> Result<SessionSendResult> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let session = tx
-            .qo(
-                &format!(
-                    "SELECT workspace_id, paused, {} AS online FROM sessions s
-                      WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
-                    online_sql("s.workspace_id")
-                ),
-                &[&session_id, &tenant_id],
-            )
-            .await?;
-        let Some(session) = session else { return not_found() };
-        let workspace_id: String = session.get(0);
-        let paused: bool = session.get(1);
-        let online: bool = session.get(2);
-        let active = tx
-            .q1(
-                "SELECT count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running')
-                   FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
-                &[&session_id],
-            )
-            .await?;
-        let (queued, running): (i64, i64) = (active.get(0), active.get(1));
-        let busy = queued + running > 0;
-        if queued >= MAX_QUEUE_LENGTH as i64 {
-            return Err(StoreError::Code(ErrorCode::QueueFull));
-        }
-        check_attachment_ids(&tx, tenant_id, attachments).await?;
-        let turn_id = token::new_id("trn");
-        let position: i64 = tx
-            .q1(
-                "SELECT coalesce(max(queue_position), 0) + 1 FROM turns WHERE session_id = $1",
-                &[&session_id],
-            )
-            .await?
-            .get(0);
-        tx.ex(
-            "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids)
-             VALUES ($1, $2, $3, 'queued', $4, $5, $6)",
-            &[&turn_id, &tenant_id, &session_id, &prompt, &position, &attachments],
-        )
-        .await?;
-        let result = if !busy && !paused && online {
-            start_turn(&tx, tenant_id, session_id, &turn_id, prompt, false).await?;
-            tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DISPATCH, &workspace_id])
-                .await?;
-            SessionSendResult {
-                turn_id,
-                state: TurnState::Running,
-                queue_id: None,
-                queue_revision: None,
-            }
-        } else {
-            let entry = QueueEntry {
-                queue_id: turn_id.clone(),
-                turn_id: turn_id.clone(),
-                queue_revision: 0,
-                preview: berth_protocol::text::prefix(prompt, QUEUE_PREVIEW_BYTES).to_string(),
-                prompt_bytes: prompt.len() as u64,
-            };
-            let queued = EventPayload::TurnQueued(TurnQueued { entry });
-            append_event(&tx, tenant_id, session_id, Some(&turn_id), &queued, &[]).await?;
-            queue_changed(&tx, tenant_id, session_id).await?;
-            if !online {
-                notice(
-                    &tx,
-                    tenant_id,
-                    session_id,
-                    "warning",
-                    "workspace-offline",
-                    json!({"workspaceId": workspace_id}),
-                )
-                .await?;
-            }
-            SessionSendResult {
-                queue_id: Some(turn_id.clone()),
-                turn_id,
-                state: TurnState::Queued,
-                queue_revision: Some(0),
-            }
-        };
+        let result = admit(&tx, tenant_id, session_id, prompt, attachments, None).await?;
         finish(&tx, op, &result).await?;
         tx.commit().await?;
         Ok(result)
@@ -180,6 +101,7 @@ impl Store {
     ) -> Result<TurnRef> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         cancel_turn(&tx, tenant_id, session_id, turn_id.to_string(), true).await?;
         let result = TurnRef {
@@ -313,6 +235,7 @@ impl Store {
     ) -> Result<Removed> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         check_queued(&tx, session_id, queue_id, revision).await?;
         cancel_turn(&tx, tenant_id, session_id, queue_id.to_string(), true).await?;
@@ -389,7 +312,7 @@ impl Store {
                                   ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
                   RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
                             s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
-                            t.provider, a.id, a.system_prompt, a.tools, a.params",
+                            s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params",
                 &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
             )
             .await?;
@@ -406,7 +329,7 @@ impl Store {
             .iter()
             .map(|c| ClaimedTurn {
                 tenant_id: tenant_id.to_string(),
-                provider: c.get(7),
+                provider: c.get(8),
                 run: TurnRun {
                     turn_id: c.get(0),
                     session_id: c.get(1),
@@ -415,6 +338,7 @@ impl Store {
                     no_tools: c.get(4),
                     auto_approve: c.get(5),
                     delegation_depth: c.get::<_, i32>(6).max(0) as u32,
+                    coordinator: c.get(7),
                     agent: turn_agent(c),
                     skills: skills.clone(),
                     // The API tier fills it from the turn's provider profile.
@@ -585,6 +509,7 @@ impl Store {
         }
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        crate::coordinator::lock_coordinator_of_turn(&tx, tenant_id, turn_id).await?;
         let session_id = lock_running_turn(&tx, connection_id, tenant_id, turn_id).await?;
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
         let totals = tx
@@ -605,6 +530,7 @@ impl Store {
         });
         crate::interactions::close_for_turn(&tx, tenant_id, turn_id).await?;
         let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &ended, &[]).await?;
+        crate::coordinator::child_ended(&tx, tenant_id, &session_id, turn_id, state, cause).await?;
         if let Some(c) = cause {
             let kind = if state == TurnState::Interrupted {
                 "execution"
@@ -884,6 +810,108 @@ async fn diagnostic(
     Ok(())
 }
 
+/// Admit a prompt to a session (locked here): it starts at once when nothing runs, the
+/// session is not paused and its workspace's worker is online; otherwise it queues.
+/// `parent_turn` is the coordinator turn that sent it (stopping that turn stops this one).
+pub(crate) async fn admit(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    prompt: &str,
+    attachments: &[String],
+    parent_turn: Option<&str>,
+) -> Result<SessionSendResult> {
+    let session = tx
+        .qo(
+            &format!(
+                "SELECT workspace_id, paused, {} AS online FROM sessions s
+                  WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
+                online_sql("s.workspace_id")
+            ),
+            &[&session_id, &tenant_id],
+        )
+        .await?;
+    let Some(session) = session else { return not_found() };
+    let workspace_id: String = session.get(0);
+    let paused: bool = session.get(1);
+    let online: bool = session.get(2);
+    let active = tx
+        .q1(
+            "SELECT count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running')
+               FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
+            &[&session_id],
+        )
+        .await?;
+    let (queued, running): (i64, i64) = (active.get(0), active.get(1));
+    let busy = queued + running > 0;
+    if queued >= MAX_QUEUE_LENGTH as i64 {
+        return Err(StoreError::Code(ErrorCode::QueueFull));
+    }
+    check_attachment_ids(tx, tenant_id, attachments).await?;
+    let turn_id = token::new_id("trn");
+    let position: i64 = tx
+        .q1(
+            "SELECT coalesce(max(queue_position), 0) + 1 FROM turns WHERE session_id = $1",
+            &[&session_id],
+        )
+        .await?
+        .get(0);
+    tx.ex(
+        "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids, parent_turn_id)
+         VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7)",
+        &[
+            &turn_id,
+            &tenant_id,
+            &session_id,
+            &prompt,
+            &position,
+            &attachments,
+            &parent_turn,
+        ],
+    )
+    .await?;
+    let result = if !busy && !paused && online {
+        start_turn(tx, tenant_id, session_id, &turn_id, prompt, false).await?;
+        tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DISPATCH, &workspace_id])
+            .await?;
+        SessionSendResult {
+            turn_id,
+            state: TurnState::Running,
+            queue_id: None,
+            queue_revision: None,
+        }
+    } else {
+        let entry = QueueEntry {
+            queue_id: turn_id.clone(),
+            turn_id: turn_id.clone(),
+            queue_revision: 0,
+            preview: berth_protocol::text::prefix(prompt, QUEUE_PREVIEW_BYTES).to_string(),
+            prompt_bytes: prompt.len() as u64,
+        };
+        let queued = EventPayload::TurnQueued(TurnQueued { entry });
+        append_event(tx, tenant_id, session_id, Some(&turn_id), &queued, &[]).await?;
+        queue_changed(tx, tenant_id, session_id).await?;
+        if !online {
+            notice(
+                tx,
+                tenant_id,
+                session_id,
+                "warning",
+                "workspace-offline",
+                json!({"workspaceId": workspace_id}),
+            )
+            .await?;
+        }
+        SessionSendResult {
+            queue_id: Some(turn_id.clone()),
+            turn_id,
+            state: TurnState::Queued,
+            queue_revision: Some(0),
+        }
+    };
+    Ok(result)
+}
+
 /// Wake the replica holding the session's workspace worker: turns may be handed out.
 pub(crate) async fn notify_dispatch(tx: &impl GenericClient, session_id: &str) -> Result<()> {
     tx.ex(
@@ -928,6 +956,7 @@ pub(crate) async fn cancel_turn(
     });
     crate::interactions::close_for_turn(tx, tenant_id, &turn_id).await?;
     append_event(tx, tenant_id, session_id, Some(&turn_id), &ended, &[]).await?;
+    crate::coordinator::child_ended(tx, tenant_id, session_id, &turn_id, TurnState::Cancelled, None).await?;
     if state == "running" {
         if let Some(conn) = dispatched {
             tx.ex(
@@ -1028,14 +1057,14 @@ async fn start_turn(
     Ok(seq)
 }
 
-/// What a claimed turn takes from its session's agent (columns 8..=11 of the claim).
+/// What a claimed turn takes from its session's agent (columns 9..=12 of the claim).
 fn turn_agent(c: &tokio_postgres::Row) -> Option<berth_protocol::TurnAgent> {
-    let agent_id: String = c.get::<_, Option<String>>(8)?;
-    let tools: Option<serde_json::Value> = c.get(10);
-    let params: Option<serde_json::Value> = c.get(11);
+    let agent_id: String = c.get::<_, Option<String>>(9)?;
+    let tools: Option<serde_json::Value> = c.get(11);
+    let params: Option<serde_json::Value> = c.get(12);
     Some(berth_protocol::TurnAgent {
         agent_id,
-        system_prompt: c.get(9),
+        system_prompt: c.get(10),
         tools: tools.and_then(|t| serde_json::from_value(t).ok()),
         params: params.and_then(|p| serde_json::from_value(p).ok()),
     })

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    coordinator,
     delegate::{self, DELEGATE},
     model::{
         self, Completion, ToolCall,
@@ -170,10 +171,15 @@ async fn compact(t: &TurnLink, keep_from: Position, cancel: &CancellationToken) 
 
 /// The system prompt: the agent's own, else the built-in one.
 fn system_prompt(run: &TurnRun, tools: bool) -> String {
-    match run.agent.as_ref().and_then(|a| a.system_prompt.clone()) {
+    let mut prompt = match run.agent.as_ref().and_then(|a| a.system_prompt.clone()) {
         Some(prompt) => prompt,
         None => messages::default_system_prompt(tools).to_string(),
+    };
+    if tools && run.coordinator {
+        prompt.push(' ');
+        prompt.push_str(messages::COORDINATOR_PROMPT);
     }
+    prompt
 }
 
 /// The tool schemas the model is offered: the built-in tools (`delegate` while the session
@@ -189,6 +195,10 @@ fn offered(run: &TurnRun, with_skills: bool) -> Vec<Value> {
     }
     if let Some(names) = run.agent.as_ref().and_then(|a| a.tools.as_ref()) {
         schemas.retain(|s| names.iter().any(|n| Some(n.as_str()) == schema_name(s)));
+    }
+    // A coordinator's own tools are what the session is for: no tool set takes them away.
+    if run.coordinator {
+        schemas.extend(coordinator::schemas());
     }
     schemas
 }
@@ -303,6 +313,8 @@ async fn call_tool(
             o = skills::run(t, tools.workspace().clone(), skills, &call.arguments) => o?,
             _ = cancel.cancelled() => return Err(Halt::Stopped),
         }
+    } else if run.coordinator && coordinator::is_tool(&call.name) {
+        coordinator::run(t, call, cancel).await?
     } else {
         tools.call(&call.name, &call.arguments, cancel).await
     };

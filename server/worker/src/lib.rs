@@ -5,6 +5,7 @@
 
 mod agent;
 mod attachments;
+mod coordinator;
 mod delegate;
 mod model;
 mod net;

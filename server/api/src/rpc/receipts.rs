@@ -33,6 +33,7 @@ const MUTATIONS: &[&str] = &[
     "admin.credential.revoke",
     "admin.user.create",
     "admin.user.disable",
+    "admin.user.setRole",
     "agent.save",
     "agent.remove",
     "skill.save",

@@ -40,6 +40,11 @@ pub(super) fn is_turn_method(method: &str) -> bool {
             | wp::TURN_TOOL_ENDED
             | wp::TURN_DELEGATE
             | wp::TURN_INTERACTION
+            | wp::TURN_WORKSPACES
+            | wp::TURN_CHILD_START
+            | wp::TURN_CHILD_SEND
+            | wp::TURN_CHILD_WAIT
+            | wp::TURN_CHILD_STOP
             | wp::TURN_COMPACT
             | wp::TURN_SKILL
     )
@@ -63,6 +68,8 @@ pub(super) struct TurnTask {
     pub live: LiveTurn,
     /// Output not yet stored and relayed to other replicas.
     pub pending: Option<Pending>,
+    /// Cancelled when the turn is stopped or the connection ends.
+    pub cancel: CancellationToken,
 }
 
 pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHandle {
@@ -79,6 +86,7 @@ pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHan
             thinking: 0,
         },
         pending: None,
+        cancel: cancel.clone(),
     };
     tokio::spawn(task.run(rx, cancel.clone()));
     TurnHandle { queue, cancel }
@@ -128,6 +136,9 @@ impl TurnTask {
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
             wp::TURN_INTERACTION => return super::interaction::ask(&self.conn, req),
+            wp::TURN_CHILD_WAIT => {
+                return super::children::wait(&self.conn, &self.live.session, self.cancel.clone(), req);
+            }
             // A model call: answered by its own task, so the turn's queue keeps flowing.
             wp::TURN_COMPACT => return compact(&self.conn, &self.turn_id, req),
             wp::TURN_END => match serde_json::from_value::<TurnEnd>(req.params) {
@@ -139,6 +150,10 @@ impl TurnTask {
             | wp::TURN_TOOL_STATUS
             | wp::TURN_TOOL_ENDED
             | wp::TURN_DELEGATE
+            | wp::TURN_WORKSPACES
+            | wp::TURN_CHILD_START
+            | wp::TURN_CHILD_SEND
+            | wp::TURN_CHILD_STOP
             | wp::TURN_SKILL => self.agent_request(&req.method, req.params).await,
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };

@@ -14,6 +14,11 @@ When the work is done, answer without calling a tool.";
 
 const SYSTEM_PROMPT_NO_TOOLS: &str = "You are a helpful coding assistant.";
 
+/// What a coordinator session's model is told besides [`SYSTEM_PROMPT`].
+pub(crate) const COORDINATOR_PROMPT: &str = "You also coordinate other agents: list the workspaces, start a child session \
+in a workspace with a self-contained task, wait for its turn to end and read its answer, send it follow-ups, or stop \
+it. Children work in parallel; start all the independent ones before waiting. Your final answer gathers their results.";
+
 /// Bytes of one tool result the model sees; the whole result stays in history.
 pub(crate) const TOOL_OUTPUT_SHOWN: usize = 32 << 10;
 
