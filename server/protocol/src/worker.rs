@@ -92,6 +92,11 @@ pub struct WorkerHello {
     /// The machine's stable name; a workspace keeps its identity by (host, name).
     pub host: String,
     pub workspaces: Vec<WorkspaceDecl>,
+    /// The connection this worker held before this one (its `connectionId`), which it has
+    /// given up: the server ends that connection's running turns `interrupted` now rather
+    /// than when its presence goes stale (its replica may have died without a word).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -104,6 +109,9 @@ pub struct WorkspaceDecl {
 #[serde(rename_all = "camelCase")]
 pub struct WorkerHelloResult {
     pub workspaces: Vec<RegisteredWorkspace>,
+    /// This connection's id, for the next `worker.hello`'s `replaces`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
