@@ -77,6 +77,85 @@ export type AdminUserSetRoleParams = {
 };
 
 /**
+ * A tenant's agent definition.
+ */
+export type Agent = {
+  "agentId": string;
+  "approval": ApprovalPolicy;
+  "createdAt": string;
+  "description"?: string | null;
+  "model"?: string | null;
+  /**
+   * Unique within the tenant.
+   */
+  "name": string;
+  "params"?: (ModelParams | null);
+  "provider"?: string | null;
+  /**
+   * Replaces the built-in system prompt (absent: the built-in one).
+   */
+  "systemPrompt"?: string | null;
+  /**
+   * The tools offered to the model, by name (absent: every built-in tool; empty: none).
+   * Names the worker does not offer are ignored, so a set may name tools that come from
+   * elsewhere (MCP servers).
+   */
+  "tools"?: Array<string> | null;
+  "updatedAt": string;
+};
+
+/**
+ * Payload of `session.agentChanged`.
+ */
+export type AgentChanged = {
+  /**
+   * The agent now in use (absent: none).
+   */
+  "agentId"?: string | null;
+  /**
+   * Its name when the change was made.
+   */
+  "name"?: string | null;
+};
+
+/**
+ * `agent.get`.
+ */
+export type AgentRef = {
+  "agentId": string;
+};
+
+/**
+ * `agent.remove` (idempotent); the agent's sessions go on without one.
+ */
+export type AgentRemoveParams = {
+  "agentId": string;
+  "operationId"?: string | null;
+};
+
+/**
+ * `agent.save`: create an agent (no `agentId`) or replace one's definition whole (fields
+ * left out are cleared).
+ */
+export type AgentSaveParams = {
+  "agentId"?: string | null;
+  "approval"?: (ApprovalPolicy | null);
+  "description"?: string | null;
+  "model"?: string | null;
+  "name": string;
+  "operationId"?: string | null;
+  "params"?: (ModelParams | null);
+  "provider"?: string | null;
+  "systemPrompt"?: string | null;
+  "tools"?: Array<string> | null;
+};
+
+/**
+ * Which tool calls of an agent's sessions wait for a person's approval.
+ */
+export type ApprovalPolicy = ("ask" | "auto");
+
+/**
  * One audited administrative action.
  */
 export type AuditEntry = {
@@ -155,6 +234,31 @@ export type ClientInfo = {
   "version": string;
 };
 
+export type Compacted = {
+  /**
+   * A turn nearing the context window compacted (false: `session.compact`).
+   */
+  "automatic": boolean;
+  /**
+   * The first row still sent as itself.
+   */
+  "keepFrom": Position;
+};
+
+/**
+ * A compaction (SPEC §4.17): the handoff row that summarizes the history before `keepFrom`.
+ */
+export type Compaction = {
+  /**
+   * The handoff row.
+   */
+  "handoff": Position;
+  /**
+   * The first row still sent as itself.
+   */
+  "keepFrom": Position;
+};
+
 /**
  * `content.upload` parameters: the request is followed by one binary WebSocket message
  * whose first four bytes are this request's id (big-endian u32) and the rest the bytes.
@@ -194,6 +298,11 @@ export type ContentUploadResult = {
  */
 export type ContextReport = {
   "at": string;
+  /**
+   * The compaction in effect when the request was made: the rows before `keepFrom` were
+   * sent as the handoff row's summary.
+   */
+  "compaction"?: (Compaction | null);
   "estimatedTokens": number;
   "inputTokens"?: number | null;
   "model"?: string | null;
@@ -283,6 +392,8 @@ export type Event = {
   "type": "session.titleChanged";
 } | ModelChanged & {
   "type": "session.modelChanged";
+} | AgentChanged & {
+  "type": "session.agentChanged";
 } | Notice & {
   "type": "session.notice";
 } | Nothing & {
@@ -305,6 +416,8 @@ export type Event = {
   "type": "interaction.requested";
 } | InteractionResolution & {
   "type": "interaction.resolved";
+} | Compacted & {
+  "type": "session.compacted";
 } | Forked & {
   "type": "session.forked";
 } | ChildTurnEnded & {
@@ -320,6 +433,8 @@ export type EventPayload = (SessionCreated & {
   "type": "session.titleChanged";
 } | ModelChanged & {
   "type": "session.modelChanged";
+} | AgentChanged & {
+  "type": "session.agentChanged";
 } | Notice & {
   "type": "session.notice";
 } | Nothing & {
@@ -342,6 +457,8 @@ export type EventPayload = (SessionCreated & {
   "type": "interaction.requested";
 } | InteractionResolution & {
   "type": "interaction.resolved";
+} | Compacted & {
+  "type": "session.compacted";
 } | Forked & {
   "type": "session.forked";
 } | ChildTurnEnded & {
@@ -666,6 +783,18 @@ export type ModelDelta = {
 export type ModelLevel = "session" | "agent" | "tenant";
 
 /**
+ * Sampling parameters an agent sets on every model request of its sessions.
+ */
+export type ModelParams = {
+  /**
+   * The output cap of one step (the server's own cap still applies).
+   */
+  "maxTokens"?: number | null;
+  "temperature"?: number | null;
+  "topP"?: number | null;
+};
+
+/**
  * A payload without fields.
  */
 export type Nothing = Record<string, unknown>;
@@ -949,7 +1078,7 @@ export type RowField = "body" | "thinking";
 /**
  * What a row is.
  */
-export type RowKind = "user" | "assistant" | "toolCall" | "toolResult" | "notice";
+export type RowKind = ("user" | "assistant" | "toolCall" | "toolResult" | "notice" | "handoff");
 
 /**
  * A JSON-RPC error object: `{code, message, data: {code, …fields}}`.
@@ -983,6 +1112,23 @@ export type SearchHit = {
 };
 
 /**
+ * `session.compact`: summarize the session's history so far into a handoff row.
+ */
+export type SessionCompactParams = {
+  "operationId"?: string | null;
+  "sessionId": string;
+};
+
+/**
+ * What `session.compact` did: the new compaction, or none when there was nothing to
+ * compact (`compacted: false`).
+ */
+export type SessionCompactResult = {
+  "compacted": boolean;
+  "compaction"?: (Compaction | null);
+};
+
+/**
  * `session.context` parameters.
  */
 export type SessionContextParams = {
@@ -1004,6 +1150,9 @@ export type SessionContextResult = {
  * `session.create` parameters.
  */
 export type SessionCreateParams = {
+  /**
+   * The agent definition the session uses (its id).
+   */
   "agent"?: string | null;
   "autoApprove"?: boolean | null;
   "baseUrl"?: string | null;
@@ -1115,6 +1264,7 @@ export type SessionKind = "coordinator";
  * One `session.list` entry (no message bodies).
  */
 export type SessionListEntry = {
+  "agentId"?: string | null;
   "branch"?: string | null;
   "effectiveModelId"?: string | null;
   "effectiveModelLevel"?: (ModelLevel | null);
@@ -1241,6 +1391,15 @@ export type SessionSendResult = {
   "turnId": string;
 };
 
+/**
+ * `session.setAgent`: switch a live session's agent (null: none), keeping its history.
+ */
+export type SessionSetAgentParams = {
+  "agent"?: string | null;
+  "operationId"?: string | null;
+  "sessionId": string;
+};
+
 export type SessionSetModelParams = {
   "model"?: string | null;
   "operationId"?: string | null;
@@ -1252,6 +1411,10 @@ export type SessionSetModelParams = {
  * Everything a reconnecting client needs to draw a session.
  */
 export type SessionSnapshot = {
+  /**
+   * The session's agent definition, if it has one.
+   */
+  "agentId"?: string | null;
   "createdAt": string;
   /**
    * How many levels of sessions below it this one may still start.
@@ -1338,6 +1501,82 @@ export type SessionWatchParams = {
   "after"?: number;
   "sessionId": string;
 };
+
+/**
+ * A tenant skill with its body.
+ */
+export type Skill = {
+  "body": string;
+  "createdAt": string;
+  "name": string;
+  "skillId": string;
+  "summary": string;
+  "updatedAt": string;
+};
+
+/**
+ * A skill as offered: its name and summary (what the model sees before reading it).
+ */
+export type SkillInfo = {
+  "name": string;
+  /**
+   * A tenant skill's id.
+   */
+  "skillId"?: string | null;
+  "source": SkillSource;
+  "summary": string;
+};
+
+/**
+ * `skill.list`: the tenant's skills and, given a workspace (or a session, for its
+ * workspace), that workspace's.
+ */
+export type SkillListParams = {
+  "sessionId"?: string | null;
+  "workspaceId"?: string | null;
+};
+
+export type SkillListResult = {
+  /**
+   * Workspace skills first, then the tenant's; each by name.
+   */
+  "skills": Array<SkillInfo>;
+  /**
+   * Why the workspace's skills are missing (e.g. `workspace-offline`).
+   */
+  "workspaceError"?: (ErrorCode | null);
+};
+
+/**
+ * `skill.get`.
+ */
+export type SkillRef = {
+  "skillId": string;
+};
+
+/**
+ * `skill.remove` (idempotent).
+ */
+export type SkillRemoveParams = {
+  "operationId"?: string | null;
+  "skillId": string;
+};
+
+/**
+ * `skill.save`: create a tenant skill (no `skillId`) or replace one.
+ */
+export type SkillSaveParams = {
+  "body": string;
+  "name": string;
+  "operationId"?: string | null;
+  "skillId"?: string | null;
+  "summary": string;
+};
+
+/**
+ * Where a skill comes from.
+ */
+export type SkillSource = ("tenant" | "workspace");
 
 export type StatusResult = {
   "protocol": number;
@@ -1579,6 +1818,10 @@ export interface Methods {
   "admin.user.list": { params: Empty; result: Array<UserView> };
   "admin.user.setRole": { params: AdminUserSetRoleParams; result: UserView };
   "admin.worker.list": { params: Empty; result: Array<WorkerView> };
+  "agent.get": { params: AgentRef; result: Agent };
+  "agent.list": { params: Empty; result: Array<Agent> };
+  "agent.remove": { params: AgentRemoveParams; result: Removed };
+  "agent.save": { params: AgentSaveParams; result: Agent };
   "content.upload": { params: ContentUploadParams; result: ContentUploadResult };
   "files.list": { params: FilesListParams; result: FilesListResult };
   "files.read": { params: FilesReadParams; result: null };
@@ -1595,6 +1838,7 @@ export interface Methods {
   "queue.remove": { params: QueueRemoveParams; result: Removed };
   "queue.update": { params: QueueUpdateParams; result: QueueEntry };
   "session.clear": { params: SessionOpParams; result: Cleared };
+  "session.compact": { params: SessionCompactParams; result: SessionCompactResult };
   "session.context": { params: SessionContextParams; result: SessionContextResult };
   "session.create": { params: SessionCreateParams; result: SessionSnapshot };
   "session.diagnostics": { params: SessionDiagnosticsParams; result: SessionDiagnosticsResult };
@@ -1611,11 +1855,16 @@ export interface Methods {
   "session.respond": { params: SessionRespondParams; result: InteractionResolution };
   "session.search": { params: SessionSearchParams; result: SessionSearchResult };
   "session.send": { params: SessionSendParams; result: SessionSendResult };
+  "session.setAgent": { params: SessionSetAgentParams; result: SessionSnapshot };
   "session.setModel": { params: SessionSetModelParams; result: SessionSnapshot };
   "session.source": { params: SessionSourceParams; result: SessionSourceResult };
   "session.stop": { params: SessionStopParams; result: TurnRef };
   "session.watch": { params: SessionWatchParams; result: null };
   "session.watchDiagnostics": { params: SessionRef; result: null };
+  "skill.get": { params: SkillRef; result: Skill };
+  "skill.list": { params: SkillListParams; result: SkillListResult };
+  "skill.remove": { params: SkillRemoveParams; result: Removed };
+  "skill.save": { params: SkillSaveParams; result: Skill };
   "status": { params: Empty; result: StatusResult };
   "subscription.close": { params: SubscriptionCloseParams; result: Empty };
   "workspace.files": { params: WorkspaceFilesParams; result: WorkspaceFilesResult };

@@ -13,5 +13,5 @@ pub mod stack;
 pub use berth_client;
 pub use client::Client;
 pub use harness::{TestServer, TestWorker, fresh_database};
-pub use mock_provider::{Format, MockProvider, Part, Reply};
+pub use mock_provider::{Format, MockProvider, Part, Reply, SUMMARY_REQUEST};
 pub use stack::Stack;

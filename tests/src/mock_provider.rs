@@ -94,6 +94,10 @@ pub enum Part {
     Stamp,
 }
 
+/// Text every compaction summary request of Berth's holds (its instruction), for
+/// [`MockProvider::push_matching`]: scripted turns stay in order whether or not a turn compacts.
+pub const SUMMARY_REQUEST: &str = "You compact a long conversation";
+
 /// The process-wide instant that [`Part::Stamp`] counts from.
 pub fn epoch() -> std::time::Instant {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -154,6 +158,8 @@ impl Reply {
 #[derive(Default)]
 struct Shared {
     replies: Mutex<VecDeque<Reply>>,
+    /// Replies for requests whose whole JSON body contains a text, tried first.
+    matching: Mutex<Vec<(String, Reply)>>,
     /// Replies reserved for requests whose first user message contains the key, in order
     /// per key; they go before the shared queue.
     keyed: Mutex<Vec<(String, Reply)>>,
@@ -234,6 +240,12 @@ impl MockProvider {
     /// Queues a scripted reply; replies are consumed one per request, FIFO.
     pub fn push(&self, reply: Reply) {
         lock(&self.shared.replies).push_back(reply);
+    }
+
+    /// Queues a reply for the first later request whose JSON body contains `needle` (such
+    /// replies are tried before keyed ones and the shared queue, in the order pushed).
+    pub fn push_matching(&self, needle: &str, reply: Reply) {
+        lock(&self.shared.matching).push((needle.to_owned(), reply));
     }
 
     /// Queues a reply for the next request whose first user message contains `key`
@@ -329,11 +341,17 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
         });
         lock(&shared.credentials).push((format, credential));
         lock(&shared.authorizations).push(auth);
+        let text = String::from_utf8_lossy(&body);
+        let mut matching = lock(&shared.matching);
         let first_user = first_user_text(&value);
         let mut keyed = lock(&shared.keyed);
-        match keyed.iter().position(|(k, _)| first_user.contains(k.as_str())) {
-            Some(i) => Some(keyed.remove(i).1),
-            None => replies.pop_front(),
+        if let Some(i) = matching.iter().position(|(n, _)| text.contains(n.as_str())) {
+            Some(matching.remove(i).1)
+        } else {
+            match keyed.iter().position(|(k, _)| first_user.contains(k.as_str())) {
+                Some(i) => Some(keyed.remove(i).1),
+                None => replies.pop_front(),
+            }
         }
     };
     let reply = match reply {

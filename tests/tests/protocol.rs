@@ -320,7 +320,7 @@ async fn params_are_forward_compatible() {
     let stack = Stack::start(&mock, 1).await;
     let mut c = stack.client(0).await;
     let ws = stack.workspace_id.clone();
-    for (field, value) in [("agent", json!("reviewer")), ("channel", json!("slack"))] {
+    for (field, value) in [("channel", json!("slack"))] {
         let e = c
             .call("session.create", json!({"workspaceId": ws, field: value}))
             .await
@@ -433,6 +433,29 @@ async fn every_method_and_event_matches_the_protocol_types() {
         json!({"sessionId": sid, "model": "other-model"})
     );
     check!(method::SessionSetModel, json!({"sessionId": sid}));
+    let agent = check!(
+        method::AgentSave,
+        json!({"name": "walker", "systemPrompt": "Walk.", "tools": ["read_file"], "params": {"topP": 0.5}})
+    );
+    check!(
+        method::AgentSave,
+        json!({"agentId": agent["agentId"], "name": "walker", "approval": "auto"})
+    );
+    check!(method::AgentList, json!({}));
+    check!(method::AgentGet, json!({"agentId": agent["agentId"]}));
+    check!(
+        method::SessionSetAgent,
+        json!({"sessionId": sid, "agent": agent["agentId"]})
+    );
+    check!(method::SessionSetAgent, json!({"sessionId": sid}));
+    check!(method::AgentRemove, json!({"agentId": agent["agentId"]}));
+    let skill = check!(
+        method::SkillSave,
+        json!({"name": "walking", "summary": "How to walk", "body": "Left, right."})
+    );
+    check!(method::SkillGet, json!({"skillId": skill["skillId"]}));
+    check!(method::SkillList, json!({"workspaceId": ws}));
+    check!(method::SkillRemove, json!({"skillId": skill["skillId"]}));
     mock.push(Reply::Stream(vec![
         Part::Reasoning("hm".into()),
         Part::Text("hello".into()),
@@ -516,6 +539,9 @@ async fn every_method_and_event_matches_the_protocol_types() {
     assert!(done.error.is_none());
     assert_typed::<<method::FilesWatch as Method>::Result>("files.watch", &Value::Null);
     check!(method::SessionContext, json!({"sessionId": sid}));
+    mock.push_matching(berth_e2e::SUMMARY_REQUEST, Reply::text(&["Summary."]));
+    let compacted = check!(method::SessionCompact, json!({"sessionId": sid}));
+    assert_eq!(compacted["compacted"], true);
     let mut diags = c.subscribe("session.watchDiagnostics", json!({"sessionId": sid}));
     walked.insert(method::SessionWatchDiagnostics::NAME);
     let item = diags.next(10).await.expect("the current diagnostic revision");
@@ -636,6 +662,8 @@ async fn every_method_and_event_matches_the_protocol_types() {
         "session.created",
         "session.titleChanged",
         "session.modelChanged",
+        "session.agentChanged",
+        "session.compacted",
         "session.notice",
         "session.cleared",
         "turn.queued",

@@ -49,6 +49,7 @@ const NO_ID_METHODS: &[&str] = &[
     "admin.status",
     "admin.audit.list",
     "admin.worker.list",
+    "agent.list",
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -67,6 +68,13 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
     let user = a.ok("admin.user.create", json!({"email": "member@example.com"})).await;
     let cred = a
         .ok("admin.credential.create", json!({"worker": true, "note": "a-worker"}))
+        .await;
+    let agent = a.ok("agent.save", json!({"name": "a-agent"})).await;
+    let skill = a
+        .ok(
+            "skill.save",
+            json!({"name": "a-skill", "summary": "A's", "body": "secret"}),
+        )
         .await;
     let receipt_op = "op-of-a";
     a.ok(
@@ -322,6 +330,51 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"userId": user["userId"], "role": "admin"}),
             json!({"userId": "usr_random", "role": "admin"}),
         ),
+        (
+            "agent.get",
+            json!({"agentId": agent["agentId"]}),
+            json!({"agentId": "agt_random"}),
+        ),
+        (
+            "agent.save",
+            json!({"agentId": agent["agentId"], "name": "stolen"}),
+            json!({"agentId": "agt_random", "name": "stolen"}),
+        ),
+        (
+            "agent.remove",
+            json!({"agentId": agent["agentId"]}),
+            json!({"agentId": "agt_random"}),
+        ),
+        (
+            "skill.list",
+            json!({"workspaceId": wsid}),
+            json!({"workspaceId": "wsp_random"}),
+        ),
+        (
+            "skill.get",
+            json!({"skillId": skill["skillId"]}),
+            json!({"skillId": "skl_random"}),
+        ),
+        (
+            "skill.save",
+            json!({"skillId": skill["skillId"], "name": "stolen", "summary": "s", "body": "b"}),
+            json!({"skillId": "skl_random", "name": "stolen", "summary": "s", "body": "b"}),
+        ),
+        (
+            "skill.remove",
+            json!({"skillId": skill["skillId"]}),
+            json!({"skillId": "skl_random"}),
+        ),
+        (
+            "session.compact",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
+        (
+            "session.setAgent",
+            json!({"sessionId": sid}),
+            json!({"sessionId": "ses_random"}),
+        ),
     ];
 
     let mut covered: Vec<&str> = matrix.iter().map(|(m, _, _)| *m).collect();
@@ -346,6 +399,8 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
     // A's credential still works, and B sees none of A's things in lists.
     assert_eq!(b.ok("workspace.list", json!({})).await, json!([]));
     assert_eq!(b.ok("session.list", json!({})).await["entries"], json!([]));
+    assert_eq!(b.ok("agent.list", json!({})).await, json!([]));
+    assert_eq!(b.ok("skill.list", json!({})).await, json!({"skills": []}));
     let b_creds = b.ok("admin.credential.list", json!({})).await;
     assert!(
         b_creds
@@ -393,7 +448,9 @@ async fn snapshot(a: &mut Client, sid: &str) -> Value {
     }
     let users = a.ok("admin.user.list", json!({})).await;
     let ws = a.ok("workspace.list", json!({})).await;
-    json!([s, h, creds, users, ws])
+    let agents = a.ok("agent.list", json!({})).await;
+    let skills = a.ok("skill.list", json!({})).await;
+    json!([s, h, creds, users, ws, agents, skills])
 }
 
 /// A call's outcome as comparable JSON: the result, or the error (subscriptions: their end).
@@ -513,6 +570,24 @@ async fn row_level_security_admits_only_the_transactions_tenant() {
         .unwrap()
         .get(0);
     assert!(forced);
+    // Every table that holds tenant data forces its policies (new tables included).
+    let unforced: Vec<String> = client
+        .query(
+            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'public' AND c.relkind = 'r' AND NOT c.relforcerowsecurity
+                AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'tenant_id')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        unforced,
+        Vec::<String>::new(),
+        "tables with tenant data but no forced policy"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

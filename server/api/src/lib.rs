@@ -7,6 +7,8 @@
 
 pub mod auth;
 pub mod blobs;
+mod compaction;
+mod complete;
 pub mod config;
 pub mod connections;
 mod console;

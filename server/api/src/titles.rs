@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use berth_protocol::Cause;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::{AppState, providers, proxy};
+use crate::{AppState, complete, providers};
 
 /// The whole attempt's bound.
 const TITLE_BOUND: Duration = Duration::from_secs(10);
@@ -55,92 +55,16 @@ pub(crate) fn spawn(state: AppState, tenant: String, session: String) {
 
 /// One model call for the title, through the session's profile, metered like any other.
 async fn ask(state: &AppState, tenant: &str, source: &berth_store::TitleSource) -> Result<String, Cause> {
-    let providers_now = state.config.providers.current();
-    let profile = providers_now
-        .get(source.provider.as_deref())
-        .ok_or_else(|| providers::cause("provider-unconfigured"))?;
-    let model = source
-        .model
-        .clone()
-        .or_else(|| state.config.model.model.clone())
-        .ok_or_else(|| providers::cause("provider-unconfigured"))?;
-    let (base, with_key) =
-        proxy::endpoint(profile, source.base_url.as_deref()).ok_or_else(|| providers::cause("base-url-not-allowed"))?;
-    let chat = json!({
-        "model": model,
-        "max_tokens": 32,
-        "messages": [
-            {"role": "system", "content": INSTRUCTION},
-            {"role": "user", "content": format!("User: {}\n\nAssistant: {}", source.prompt, source.answer)},
-        ],
-    });
-    let Value::Object(chat) = chat else {
-        return Err(providers::cause("internal"));
+    let target = complete::Target {
+        provider: source.provider.as_deref(),
+        model: source.model.as_deref(),
+        base_url: source.base_url.as_deref(),
     };
-    let outgoing = providers::request(profile.api, chat, None);
-    let url = format!("{}{}", base.trim_end_matches('/'), outgoing.path);
-    let build = || {
-        let req = state.provider_http.post(&url).json(&outgoing.body);
-        let req = providers::headers(profile.api, req);
-        if with_key {
-            providers::authorize(profile, req)
-        } else {
-            req
-        }
-    };
-    let resp = proxy::send_with_retries(build, &state.config.model.resilience).await?;
-    let meter = proxy::Meter {
-        state: state.clone(),
-        tenant: tenant.to_string(),
-        turn: None,
-        context: None,
-        provider: profile.name.clone(),
-        label: proxy::model_label(&state.config.model, profile, &model),
-        scan: Default::default(),
-        recorded: false,
-        _permit: None,
-    };
-    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(proxy::pump(
-        resp,
-        providers::translator(profile.api),
-        state.config.model.resilience.idle_timeout,
-        tx,
-        meter,
-    ));
-    // Read the normalized stream back into text.
-    let mut sse = providers::SseParser::default();
-    let mut text = String::new();
-    let mut failure = None;
-    let mut done = false;
-    while let Some(bytes) = rx.recv().await {
-        sse.feed(&bytes, |_, data| {
-            if data == "[DONE]" {
-                done = true;
-                return;
-            }
-            let Ok(chunk) = serde_json::from_str::<Value>(data) else {
-                return;
-            };
-            if let Some(err) = chunk
-                .get("error")
-                .and_then(|e| serde_json::from_value::<Cause>(e.clone()).ok())
-            {
-                failure = Some(err);
-            }
-            if let Some(piece) = chunk.pointer("/choices/0/delta/content").and_then(Value::as_str)
-                && text.len() < 4096
-            {
-                text.push_str(piece);
-            }
-        })?;
-    }
-    if let Some(cause) = failure {
-        return Err(cause);
-    }
-    if !done {
-        return Err(providers::cause("provider-stream-ended"));
-    }
+    let messages = json!([
+        {"role": "system", "content": INSTRUCTION},
+        {"role": "user", "content": format!("User: {}\n\nAssistant: {}", source.prompt, source.answer)},
+    ]);
+    let text = complete::complete(state, tenant, target, messages, 32, 4096).await?;
     clean(&text).ok_or_else(|| providers::cause("title-empty"))
 }
 

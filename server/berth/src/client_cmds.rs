@@ -425,6 +425,7 @@ fn render_row(row: &berth_client::protocol::Row) -> String {
         RowKind::ToolCall => format!("[tool {}] {}", row.tool.as_ref().map_or("?", |t| &t.name), row.body),
         RowKind::ToolResult => format!("[result] {}", row.body),
         RowKind::Notice => format!("[notice] {}", row.body),
+        RowKind::Handoff => format!("[summary of earlier history] {}", row.body),
     }
 }
 

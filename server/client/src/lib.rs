@@ -40,6 +40,8 @@ pub const TAKES_OPERATION_ID: &[&str] = &[
     "session.send",
     "session.rename",
     "session.setModel",
+    "session.setAgent",
+    "session.compact",
     "session.remove",
     "session.clear",
     "session.pause",
@@ -55,6 +57,10 @@ pub const TAKES_OPERATION_ID: &[&str] = &[
     "admin.user.create",
     "admin.user.disable",
     "admin.user.setRole",
+    "agent.save",
+    "agent.remove",
+    "skill.save",
+    "skill.remove",
 ];
 
 /// What went wrong with a call.

@@ -42,6 +42,9 @@ pub enum EventPayload {
     SessionTitleChanged(TitleChanged),
     #[serde(rename = "session.modelChanged")]
     SessionModelChanged(ModelChanged),
+    /// The session's agent changed (`session.setAgent`); later turns use the new one.
+    #[serde(rename = "session.agentChanged")]
+    SessionAgentChanged(crate::AgentChanged),
     /// A fact for the client to word (`workspace-offline`, …).
     #[serde(rename = "session.notice")]
     SessionNotice(Notice),
@@ -76,12 +79,26 @@ pub enum EventPayload {
     /// An interaction was resolved: answered, expired, unwatched, auto-approved or closed.
     #[serde(rename = "interaction.resolved")]
     InteractionResolved(InteractionResolution),
+    /// Older history was summarized (SPEC §4.17); publishes the `handoff` row. Rows before
+    /// `keepFrom` are no longer sent to the model.
+    #[serde(rename = "session.compacted")]
+    SessionCompacted(Compacted),
     /// The first event of a fork's own: the history before it was copied from `branch`.
     #[serde(rename = "session.forked")]
     SessionForked(Forked),
     /// A turn of a child session (one this coordinator started) ended (SPEC §4.15).
     #[serde(rename = "child.turnEnded")]
     ChildTurnEnded(ChildTurnEnded),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Compacted {
+    /// The first row still sent as itself.
+    pub keep_from: Position,
+    /// A turn nearing the context window compacted (false: `session.compact`).
+    pub automatic: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -189,6 +206,8 @@ impl EventPayload {
             EventPayload::SessionCreated(_) => "session.created",
             EventPayload::SessionTitleChanged(_) => "session.titleChanged",
             EventPayload::SessionModelChanged(_) => "session.modelChanged",
+            EventPayload::SessionAgentChanged(_) => "session.agentChanged",
+            EventPayload::SessionCompacted(_) => "session.compacted",
             EventPayload::SessionNotice(_) => "session.notice",
             EventPayload::SessionCleared(_) => "session.cleared",
             EventPayload::TurnQueued(_) => "turn.queued",
@@ -241,6 +260,10 @@ impl EventPayload {
             EventPayload::SessionModelChanged(ModelChanged {
                 provider: None,
                 model: Some("m".into()),
+            }),
+            EventPayload::SessionAgentChanged(crate::AgentChanged {
+                agent_id: Some("agt_1".into()),
+                name: Some("reviewer".into()),
             }),
             EventPayload::SessionNotice(Notice {
                 level: "warning".into(),
@@ -299,6 +322,13 @@ impl EventPayload {
                     choice: Some("main".into()),
                 },
                 answered_by: Some("usr_1".into()),
+            }),
+            EventPayload::SessionCompacted(Compacted {
+                keep_from: Position {
+                    source_sequence: 9,
+                    item_index: 0,
+                },
+                automatic: true,
             }),
             EventPayload::SessionForked(Forked {
                 branch: crate::Branch {

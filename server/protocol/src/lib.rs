@@ -22,6 +22,7 @@
 //! - **Ids** carry a prefix naming their kind (`ses_`, `trn_`, `wsp_`, …); a queue entry's
 //!   `queueId` is its turn's id.
 
+pub mod agents;
 pub mod error;
 pub mod events;
 pub mod jsonrpc;
@@ -29,14 +30,17 @@ pub mod observe;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod search;
+pub mod skills;
 pub mod text;
 pub mod types;
 pub mod worker;
 
+pub use agents::*;
 pub use error::{ErrorCode, RpcError};
 pub use events::*;
 pub use observe::*;
 pub use search::*;
+pub use skills::*;
 pub use types::*;
 
 /// The protocol version this release speaks.
@@ -144,6 +148,9 @@ methods! {
     SessionRename = "session.rename" (SessionRenameParams) -> SessionSnapshot;
     /// Set the session-level model override.
     SessionSetModel = "session.setModel" (SessionSetModelParams) -> SessionSnapshot;
+    /// Switch the session's agent (null: none), keeping its history; recorded once as
+    /// `session.agentChanged`.
+    SessionSetAgent = "session.setAgent" (SessionSetAgentParams) -> SessionSnapshot;
     /// Remove the session (idempotent); a running turn is stopped and never writes back.
     SessionRemove = "session.remove" (SessionOpParams) -> Removed;
     /// Forget history and queue; old cursors then answer `history-cleared`.
@@ -168,6 +175,9 @@ methods! {
     /// The latest main model request the session prepared: input by role, tool schemas,
     /// estimated tokens, and the provider-reported input usage.
     SessionContext = "session.context" (SessionContextParams) -> SessionContextResult;
+    /// Summarize the session's history so far into a handoff row (SPEC §4.17): later turns
+    /// send the summary instead of those rows, which stay readable.
+    SessionCompact = "session.compact" (SessionCompactParams) -> SessionCompactResult;
     /// Interactions of the session waiting for an answer, oldest first.
     SessionPendingInteractions = "session.pendingInteractions" (SessionRef) -> Vec<Interaction>;
     /// One interaction as it was asked (and how it was resolved, once it was).
@@ -204,6 +214,22 @@ methods! {
     AdminAuditList = "admin.audit.list" (crate::types::AdminAuditListParams) -> crate::types::AuditPage;
     /// The tenant's worker credentials with their presence and workspaces (admins).
     AdminWorkerList = "admin.worker.list" (Empty) -> Vec<crate::types::WorkerView>;
+    /// The tenant's agent definitions, by name.
+    AgentList = "agent.list" (Empty) -> Vec<Agent>;
+    /// One agent definition.
+    AgentGet = "agent.get" (AgentRef) -> Agent;
+    /// Create an agent, or replace one's definition (`agentId` given).
+    AgentSave = "agent.save" (AgentSaveParams) -> Agent;
+    /// Remove an agent (idempotent); its sessions go on without one.
+    AgentRemove = "agent.remove" (AgentRemoveParams) -> Removed;
+    /// The skills offered to the model: a workspace's (given it or a session) and the tenant's.
+    SkillList = "skill.list" (SkillListParams) -> SkillListResult;
+    /// One tenant skill with its body.
+    SkillGet = "skill.get" (SkillRef) -> Skill;
+    /// Create a tenant skill, or replace one (`skillId` given).
+    SkillSave = "skill.save" (SkillSaveParams) -> Skill;
+    /// Remove a tenant skill (idempotent).
+    SkillRemove = "skill.remove" (SkillRemoveParams) -> Removed;
 }
 
 /// No parameters / no result fields.

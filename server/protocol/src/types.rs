@@ -110,10 +110,11 @@ pub struct SessionCreateParams {
     /// `coordinator`: the session directs sessions in the tenant's workspaces (SPEC §4.15).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<SessionKind>,
-    // SPEC fields this release does not offer yet: typed (a wrong type is `bad-params`),
-    // and present means `unsupported {field}` (see `unsupported_field`).
+    /// The agent definition the session uses (its id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
+    // SPEC fields this release does not offer yet: typed (a wrong type is `bad-params`),
+    // and present means `unsupported {field}` (see `unsupported_field`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
 }
@@ -124,7 +125,7 @@ pub const MAX_DELEGATION_DEPTH: u32 = 4;
 impl SessionCreateParams {
     /// The first field given that this release does not offer yet (answered `unsupported`).
     pub fn unsupported_field(&self) -> Option<&'static str> {
-        [("agent", self.agent.is_some()), ("channel", self.channel.is_some())]
+        [("channel", self.channel.is_some())]
             .into_iter()
             .find_map(|(name, given)| given.then_some(name))
     }
@@ -183,6 +184,9 @@ pub struct SessionSnapshot {
     pub effective_model_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_model_level: Option<ModelLevel>,
+    /// The session's agent definition, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
     pub phase: SessionPhase,
     /// The running turn's id, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,6 +256,8 @@ pub struct SessionListEntry {
     pub effective_model_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_model_level: Option<ModelLevel>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
     pub message_count: i64,
     pub updated_at: String,
     pub phase: SessionPhase,
@@ -502,6 +508,42 @@ pub struct ContextReport {
     pub estimated_tokens: u64,
     pub input_tokens: Option<u64>,
     pub at: String,
+    /// The compaction in effect when the request was made: the rows before `keepFrom` were
+    /// sent as the handoff row's summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Compaction>,
+}
+
+/// A compaction (SPEC §4.17): the handoff row that summarizes the history before `keepFrom`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Compaction {
+    /// The handoff row.
+    pub handoff: Position,
+    /// The first row still sent as itself.
+    pub keep_from: Position,
+}
+
+/// `session.compact`: summarize the session's history so far into a handoff row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCompactParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+}
+
+/// What `session.compact` did: the new compaction, or none when there was nothing to
+/// compact (`compacted: false`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCompactResult {
+    pub compacted: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Compaction>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -786,6 +828,9 @@ pub enum RowKind {
     ToolCall,
     ToolResult,
     Notice,
+    /// A compaction's summary of the history before its `keepFrom` (SPEC §4.17): what the
+    /// model is sent instead of those rows, which stay readable.
+    Handoff,
 }
 
 impl RowKind {
@@ -796,6 +841,7 @@ impl RowKind {
             RowKind::ToolCall => "toolCall",
             RowKind::ToolResult => "toolResult",
             RowKind::Notice => "notice",
+            RowKind::Handoff => "handoff",
         }
     }
 
@@ -806,6 +852,7 @@ impl RowKind {
             "toolCall" => RowKind::ToolCall,
             "toolResult" => RowKind::ToolResult,
             "notice" => RowKind::Notice,
+            "handoff" => RowKind::Handoff,
             _ => return None,
         })
     }

@@ -40,6 +40,8 @@ pub const TURN_CHILD_START: &str = "turn.childStart";
 pub const TURN_CHILD_SEND: &str = "turn.childSend";
 pub const TURN_CHILD_WAIT: &str = "turn.childWait";
 pub const TURN_CHILD_STOP: &str = "turn.childStop";
+pub const TURN_COMPACT: &str = "turn.compact";
+pub const TURN_SKILL: &str = "turn.skill";
 pub const CALL: &str = "call";
 pub const CALL_ITEM: &str = "call.item";
 pub const CALL_ACK: &str = "call.ack";
@@ -168,6 +170,56 @@ pub struct TurnRun {
     /// in that order, are fetched from [`ATTACHMENTS_PATH`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<AttachmentMeta>,
+    /// The session's agent definition (absent: the built-in defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<crate::TurnAgent>,
+    /// The tenant's skills (name and summary); the worker adds the workspace's own and
+    /// reads a tenant skill's body with `turn.skill`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<crate::SkillInfo>,
+    /// The model's declared context window, in tokens: a turn nearing it compacts
+    /// (`turn.compact`). Absent: none declared, no compaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<u64>,
+}
+
+/// Worker → server: summarize the session's history before `keepFrom` into a handoff row
+/// (the server makes the model call). Answered once it is written (or when the session was
+/// already compacted that far); the worker then reads its history again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnCompact {
+    pub turn_id: String,
+    pub keep_from: Position,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnCompactResult {
+    pub compacted: bool,
+}
+
+/// Worker → server: the body of the tenant skill `name` (the model asked to read it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnSkill {
+    pub turn_id: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnSkillResult {
+    pub body: String,
+}
+
+/// The compaction a turn's history starts from: its summary stands for every row before
+/// `keepFrom`, and the rows from `keepFrom` on follow.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Handoff {
+    pub keep_from: Position,
+    pub summary: String,
 }
 
 /// Worker → server: a page of the session's rows (in order, hidden rows left out) as the
@@ -186,6 +238,10 @@ pub struct TurnHistoryResult {
     pub rows: Vec<Row>,
     /// Where the next page starts; null at the end.
     pub next: Option<Position>,
+    /// On the first page of a compacted session: the latest compaction, whose summary
+    /// stands for the rows before its `keepFrom` (the pages start there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<Handoff>,
 }
 
 /// Worker → server: a delegate call starts a child session (same workspace, `parent` set,

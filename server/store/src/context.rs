@@ -87,8 +87,9 @@ impl Store {
                 &[&session_id, &tenant_id, &through],
             )
             .await?;
-        tx.commit().await?;
         let Some(r) = row else { return Ok(None) };
+        let compaction = crate::compaction::latest(&tx, tenant_id, session_id, r.get(1)).await?;
+        tx.commit().await?;
         let measure: ContextMeasure = serde_json::from_value(r.get(4)).map_err(|e| StoreError::Other(e.into()))?;
         Ok(Some(ContextReport {
             turn_id: r.get(0),
@@ -100,6 +101,7 @@ impl Store {
             estimated_tokens: measure.estimated_tokens,
             input_tokens: r.get::<_, Option<i64>>(5).and_then(|n| u64::try_from(n).ok()),
             at: fmt_time(r.get(6)),
+            compaction,
         }))
     }
 }

@@ -11,7 +11,9 @@ pub mod migrate;
 pub mod token;
 
 pub mod admin;
+mod agents;
 mod attachments;
+mod compaction;
 mod context;
 mod coordinator;
 mod delegate;
@@ -24,6 +26,7 @@ pub mod receipts;
 mod routing;
 pub mod search;
 mod sessions;
+mod skills;
 mod tls;
 mod tools;
 mod turns;
@@ -37,6 +40,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use attachments::{NewAttachment, StoredAttachment};
+pub use compaction::CompactionSource;
 pub use context::ContextMeasure;
 pub use coordinator::NewChild;
 pub use history::EventRecord;

@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0013_attachments.sql", include_str!("../../../migrations/0013_attachments.sql")),
     ("0014_coordinator.sql", include_str!("../../../migrations/0014_coordinator.sql")),
     ("0015_patches.sql", include_str!("../../../migrations/0015_patches.sql")),
+    ("0016_agents_skills_compaction.sql", include_str!("../../../migrations/0016_agents_skills_compaction.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -187,6 +187,17 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Mark the receipt done with `result` for a mutation that wrote nothing else.
+    pub async fn receipt_done(&self, r: &Receipt, result: &impl serde::Serialize) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, &r.tenant_id).await?;
+        finish(&tx, Some(r), result).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
 /// Mark the receipt done with `result` inside the mutation's transaction. Fails with
 /// `operation-in-progress` (rolling the work back) when this attempt no longer owns it.
 pub(crate) async fn finish(

@@ -16,11 +16,18 @@ use crate::{
     turns::cancel_turn,
 };
 
-fn effective(model: &Option<String>, default_model: Option<&str>) -> (Option<String>, Option<ModelLevel>) {
-    match (model, default_model) {
-        (Some(m), _) => (Some(m.clone()), Some(ModelLevel::Session)),
-        (None, Some(d)) => (Some(d.to_string()), Some(ModelLevel::Tenant)),
-        (None, None) => (None, None),
+/// The model a session's turns use and where it comes from: the session's own choice, else
+/// its agent's, else the tenant default (none: left out, never guessed).
+fn effective(
+    model: &Option<String>,
+    agent_model: Option<String>,
+    default_model: Option<&str>,
+) -> (Option<String>, Option<ModelLevel>) {
+    match (model, agent_model, default_model) {
+        (Some(m), _, _) => (Some(m.clone()), Some(ModelLevel::Session)),
+        (None, Some(a), _) => (Some(a), Some(ModelLevel::Agent)),
+        (None, None, Some(d)) => (Some(d.to_string()), Some(ModelLevel::Tenant)),
+        (None, None, None) => (None, None),
     }
 }
 
@@ -134,6 +141,9 @@ impl Store {
         if exists.is_none() {
             return not_found();
         }
+        if let Some(agent) = &p.agent {
+            crate::agents::agent_name(&tx, tenant_id, agent).await?;
+        }
         let id = token::new_id("ses");
         let kind = p.kind.map(|k| k.as_str());
         // A coordinator's children keep the default depth of an ordinary session.
@@ -141,8 +151,8 @@ impl Store {
         let depth = i32::try_from(p.delegation_depth.unwrap_or(default_depth)).unwrap_or(i32::MAX);
         tx.ex(
             "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve, provider, base_url,
-                                   kind, delegation_depth)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                                   kind, delegation_depth, agent_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
             &[
                 &id,
                 &tenant_id,
@@ -155,6 +165,7 @@ impl Store {
                 &p.base_url,
                 &kind,
                 &depth,
+                &p.agent,
             ],
         )
         .await?;
@@ -211,8 +222,8 @@ impl Store {
                         (SELECT count(*) FROM rows r WHERE r.session_id = s.id AND NOT r.hidden AND r.kind IN ('user', 'assistant')),
                         (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
                         (SELECT count(*) FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'),
-                        s.branch->>'sessionId', s.kind, s.parent_id
-                   FROM sessions s
+                        s.branch->>'sessionId', s.kind, s.parent_id, s.agent_id, a.model
+                   FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id
                   WHERE s.tenant_id = $1 AND s.removed_at IS NULL AND ($2::text IS NULL OR s.workspace_id = $2)
                     AND ($6::text IS NULL OR s.parent_id = $6)
                     AND ((extract(epoch from s.updated_at) * 1000000)::bigint, s.id) < ($3, $4)
@@ -225,7 +236,7 @@ impl Store {
         let mut next_after = None;
         for r in rows.iter().take(limit as usize) {
             let model: Option<String> = r.get(3);
-            let (effective_model_id, effective_model_level) = effective(&model, default_model);
+            let (effective_model_id, effective_model_level) = effective(&model, r.get(13), default_model);
             let running: Option<String> = r.get(7);
             let id: String = r.get(0);
             next_after = Some(format!("{}:{}", r.get::<_, i64>(5), id));
@@ -236,6 +247,7 @@ impl Store {
                 model_id: model,
                 effective_model_id,
                 effective_model_level,
+                agent_id: r.get(12),
                 message_count: r.get(6),
                 updated_at: fmt_time(r.get(4)),
                 phase: if running.is_some() {
@@ -427,7 +439,7 @@ pub(crate) async fn snapshot(
                                                                 'preview', substring(t.prompt for $3),
                                                                 'promptBytes', octet_length(t.prompt)) ORDER BY t.queue_position)
                                 FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'), '[]'::json),
-                    {}
+                    {}, s.agent_id, (SELECT a.model FROM agents a WHERE a.id = s.agent_id)
                FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2 AND s.removed_at IS NULL",
                 crate::interactions::pending_json_sql()
             ),
@@ -442,7 +454,7 @@ pub(crate) async fn snapshot(
         e.preview.truncate(kept);
     }
     let model: Option<String> = row.get(3);
-    let (effective_model_id, effective_model_level) = effective(&model, default_model);
+    let (effective_model_id, effective_model_level) = effective(&model, row.get(17), default_model);
     Ok(SessionSnapshot {
         session_id: row.get(0),
         workspace_id: row.get(1),
@@ -450,6 +462,7 @@ pub(crate) async fn snapshot(
         model_id: model,
         effective_model_id,
         effective_model_level,
+        agent_id: row.get(16),
         phase: if running.is_some() {
             SessionPhase::Running
         } else {

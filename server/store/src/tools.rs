@@ -5,7 +5,8 @@
 
 use berth_protocol::{
     ErrorCode, EventPayload, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams, SessionSourceParams,
-    SessionSourceResult, ToolCallStatus, ToolInfo, worker::ToolStatus,
+    SessionSourceResult, ToolCallStatus, ToolInfo,
+    worker::{Handoff, ToolStatus},
 };
 use deadpool_postgres::GenericClient;
 
@@ -21,15 +22,28 @@ const TURN_HISTORY_ROWS: u32 = 500;
 
 impl Store {
     /// A page of the session's rows (hidden ones left out) for the worker connection that
-    /// runs `turn_id`, after `after`; returns the rows and where the next page starts.
+    /// runs `turn_id`, after `after`; returns the rows, where the next page starts and, on
+    /// the first page of a compacted session, the handoff the pages start from.
     pub async fn turn_history(
         &self,
         connection_id: &str,
         tenant_id: &str,
         turn_id: &str,
-        after: Option<Position>,
-    ) -> Result<(Vec<Row>, Option<Position>)> {
+        mut after: Option<Position>,
+    ) -> Result<(Vec<Row>, Option<Position>, Option<Handoff>)> {
         let session_id = self.turn_session(connection_id, tenant_id, turn_id).await?;
+        let mut handoff = None;
+        if after.is_none() {
+            let mut client = self.pool.get().await?;
+            let tx = tenant_tx(&mut client, tenant_id).await?;
+            handoff = crate::compaction::handoff(&tx, tenant_id, &session_id).await?;
+            tx.commit().await?;
+            // The pages start at `keepFrom` (`after` is exclusive).
+            after = handoff.as_ref().map(|h| Position {
+                source_sequence: h.keep_from.source_sequence,
+                item_index: h.keep_from.item_index - 1,
+            });
+        }
         let page = self
             .history(
                 tenant_id,
@@ -42,7 +56,7 @@ impl Store {
                 },
             )
             .await?;
-        Ok((page.rows, page.next_after))
+        Ok((page.rows, page.next_after, handoff))
     }
 
     /// The rest of a row field that a `turn_history` page cut, from byte `offset`.

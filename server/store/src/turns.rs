@@ -25,6 +25,8 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct ClaimedTurn {
     pub tenant_id: String,
+    /// The provider profile the turn was dispatched with (None: the default profile).
+    pub provider: Option<String>,
     pub run: TurnRun,
 }
 
@@ -296,26 +298,38 @@ impl Store {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let claimed = tx
             .qa(
-                "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, $4), provider = s.provider,
-                        base_url = s.base_url FROM sessions s
+                // The model resolves session > agent > tenant default; the agent's model comes
+                // with its provider (and without the session's endpoint). A fork never takes
+                // its agent's auto-approval (forks start narrowed).
+                "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, a.model, $4),
+                        provider = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN a.provider ELSE s.provider END,
+                        base_url = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN NULL ELSE s.base_url END
+                   FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id
                   WHERE s.id = t.session_id AND t.dispatched_to IS NULL AND t.state = 'running'
                     AND t.id IN (SELECT u.id FROM turns u JOIN sessions v ON v.id = u.session_id
                                   WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
                                     AND u.state = 'running' AND u.dispatched_to IS NULL
                                   ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
-                  RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools, s.auto_approve, s.delegation_depth,
-                            s.kind IS NOT DISTINCT FROM 'coordinator'",
+                  RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
+                            s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
+                            s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params",
                 &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
             )
             .await?;
         let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
         let mut attachments = turn_attachments(&tx, tenant_id, &turn_ids).await?;
+        let skills = if claimed.is_empty() {
+            Vec::new()
+        } else {
+            crate::skills::tenant_skills(&tx, tenant_id).await?
+        };
         tx.commit().await?;
         // The settings only: the worker reads the conversation with `turn.history`.
         Ok(claimed
             .iter()
             .map(|c| ClaimedTurn {
                 tenant_id: tenant_id.to_string(),
+                provider: c.get(8),
                 run: TurnRun {
                     turn_id: c.get(0),
                     session_id: c.get(1),
@@ -325,6 +339,10 @@ impl Store {
                     auto_approve: c.get(5),
                     delegation_depth: c.get::<_, i32>(6).max(0) as u32,
                     coordinator: c.get(7),
+                    agent: turn_agent(c),
+                    skills: skills.clone(),
+                    // The API tier fills it from the turn's provider profile.
+                    context_tokens: None,
                     attachments: attachments
                         .remove(&c.get::<_, String>(0))
                         .unwrap_or_default()
@@ -1061,4 +1079,17 @@ async fn start_turn(
         queue_changed(tx, tenant_id, session_id).await?;
     }
     Ok(seq)
+}
+
+/// What a claimed turn takes from its session's agent (columns 9..=12 of the claim).
+fn turn_agent(c: &tokio_postgres::Row) -> Option<berth_protocol::TurnAgent> {
+    let agent_id: String = c.get::<_, Option<String>>(9)?;
+    let tools: Option<serde_json::Value> = c.get(11);
+    let params: Option<serde_json::Value> = c.get(12);
+    Some(berth_protocol::TurnAgent {
+        agent_id,
+        system_prompt: c.get(10),
+        tools: tools.and_then(|t| serde_json::from_value(t).ok()),
+        params: params.and_then(|p| serde_json::from_value(p).ok()),
+    })
 }

@@ -8,7 +8,7 @@
 //! (`completed`, `failed`, or `denied` when approval was refused and it never ran).
 
 use berth_protocol::{
-    NewRow, Position, RowKind, ToolInfo,
+    ModelParams, NewRow, Position, RowKind, SkillInfo, ToolInfo,
     worker::{self as wp, ToolStatus, TurnDelta, TurnRun},
 };
 use serde_json::{Value, json};
@@ -17,8 +17,12 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     coordinator,
     delegate::{self, DELEGATE},
-    model::{self, Completion, ToolCall, messages::Conversation},
+    model::{
+        self, Completion, ToolCall,
+        messages::{self, Conversation},
+    },
     policy::{self, Answer},
+    skills,
     tools::Tools,
     turn::{Halt, TurnLink, cause},
 };
@@ -43,32 +47,34 @@ pub(crate) async fn run(
     config: &AgentConfig,
     cancel: &CancellationToken,
 ) -> Result<String, Halt> {
-    let mut conv = Conversation::new(tools.is_some(), run.coordinator);
-    let history = tokio::select! {
-        h = t.history() => h?,
-        _ = cancel.cancelled() => return Err(Halt::Stopped),
+    let skills = match tools {
+        Some(tools) => skills::offered(tools.workspace().clone(), &run.skills).await,
+        None => Vec::new(),
     };
-    for row in &history {
-        conv.push_row(row);
+    let schemas = tools.map(|_| offered(run, !skills.is_empty()));
+    let mut system = system_prompt(run, tools.is_some());
+    if is_offered(schemas.as_deref(), skills::READ_SKILL) {
+        system.push_str(&skills::prompt_section(&skills));
     }
-    conv.close_open();
-    // This turn's attachments join its prompt (the last user message).
     let attachments = tokio::select! {
         a = crate::attachments::fetch(&t.link.http, &t.link.proxy_url, &t.link.token, run) => a.map_err(Halt::Failed)?,
         _ = cancel.cancelled() => return Err(Halt::Stopped),
     };
-    conv.attach(&attachments);
+    let mut conv = load(t, &system, &attachments, cancel).await?;
+    // A compaction only ever moves forward: one that did not help is not asked for again.
+    let mut compacted_to: Option<Position> = None;
     for _ in 0..config.max_steps {
-        let mut body = json!({"model": run.model, "messages": conv.messages(), "stream": true});
-        if tools.is_some() {
-            let mut schemas = Tools::schemas();
-            if run.delegation_depth > 0 {
-                schemas.push(delegate::schema());
+        let mut body = request(run, &conv, schemas.as_deref());
+        if let Some(window) = run.context_tokens
+            && estimated_tokens(&body) > window * COMPACT_AT_PERCENT / 100
+            && let Some(keep_from) = conv.cut(window * KEEP_PERCENT / 100)
+            && compacted_to.is_none_or(|c| keep_from > c)
+        {
+            compacted_to = Some(keep_from);
+            if compact(t, keep_from, cancel).await? {
+                conv = load(t, &system, &attachments, cancel).await?;
+                body = request(run, &conv, schemas.as_deref());
             }
-            if run.coordinator {
-                schemas.extend(coordinator::schemas());
-            }
-            body["tools"] = Value::Array(schemas);
         }
         let completion = tokio::select! {
             c = model::stream(&t.link, t.turn_id(), &body, |text, thinking| delta(t, text, thinking)) => c?,
@@ -76,7 +82,7 @@ pub(crate) async fn run(
         };
         let (rows, first_call) = step_rows(&completion);
         let sequence = t.step(rows, completion.usage).await?;
-        conv.push_step(&completion);
+        conv.push_step(&completion, sequence);
         if completion.tool_calls.is_empty() {
             return Ok(completion.text);
         }
@@ -85,11 +91,138 @@ pub(crate) async fn run(
                 source_sequence: sequence,
                 item_index: (first_call + i) as i32,
             };
-            let output = call_tool(t, run, tools, call, position, cancel).await?;
+            // A delegate call past the depth bound is answered by the delegate tool (which
+            // says why); any other call to a tool not offered does not run.
+            let depth_spent = call.name == DELEGATE && run.delegation_depth == 0;
+            let tools = tools.filter(|_| depth_spent || is_offered(schemas.as_deref(), &call.name));
+            let output = call_tool(t, run, tools, &skills, call, position, cancel).await?;
             conv.push_result(&call.id, &output);
         }
     }
     Err(Halt::Failed(cause("step-limit")))
+}
+
+/// A turn nearing its model's declared context window compacts once the request's
+/// estimate passes this share of the window, keeping about [`KEEP_PERCENT`] of it whole.
+const COMPACT_AT_PERCENT: u64 = 80;
+const KEEP_PERCENT: u64 = 30;
+
+/// The conversation as the model gets it: the system prompt, the latest compaction's
+/// summary, the rows after it, this turn's attachments with its prompt.
+async fn load(
+    t: &TurnLink,
+    system: &str,
+    attachments: &[crate::attachments::Received],
+    cancel: &CancellationToken,
+) -> Result<Conversation, Halt> {
+    let (handoff, history) = tokio::select! {
+        h = t.history() => h?,
+        _ = cancel.cancelled() => return Err(Halt::Stopped),
+    };
+    let mut conv = Conversation::new(system.to_string());
+    if let Some(h) = &handoff {
+        conv.push_handoff(&h.summary);
+    }
+    for row in &history {
+        conv.push_row(row);
+    }
+    conv.close_open();
+    conv.attach(attachments);
+    Ok(conv)
+}
+
+/// A model request for the conversation so far.
+fn request(run: &TurnRun, conv: &Conversation, schemas: Option<&[Value]>) -> Value {
+    let mut body = json!({"model": run.model, "messages": conv.messages(), "stream": true});
+    if let Some(schemas) = schemas {
+        body["tools"] = Value::Array(schemas.to_vec());
+    }
+    if let Some(params) = run.agent.as_ref().and_then(|a| a.params.as_ref()) {
+        set_params(&mut body, params);
+    }
+    body
+}
+
+/// About four bytes a token (as `session.context` estimates).
+fn estimated_tokens(body: &Value) -> u64 {
+    (body.to_string().len() as u64).div_ceil(4)
+}
+
+/// Ask the server to summarize the history before `keep_from` (`turn.compact`); true when
+/// the history changed. A failure is not the turn's: it goes on uncompacted.
+async fn compact(t: &TurnLink, keep_from: Position, cancel: &CancellationToken) -> Result<bool, Halt> {
+    let p = wp::TurnCompact {
+        turn_id: t.turn_id().to_string(),
+        keep_from,
+    };
+    let answer = tokio::select! {
+        a = t.request(wp::TURN_COMPACT, serde_json::to_value(&p).unwrap_or_default()) => a,
+        _ = cancel.cancelled() => return Err(Halt::Stopped),
+    };
+    match answer {
+        Ok(v) => Ok(v.get("compacted").and_then(Value::as_bool).unwrap_or(false)),
+        Err(Halt::Refused(code)) => {
+            tracing::warn!(turn.id = %t.turn_id(), code, "compaction failed; going on without it");
+            Ok(false)
+        }
+        Err(h) => Err(h),
+    }
+}
+
+/// The system prompt: the agent's own, else the built-in one.
+fn system_prompt(run: &TurnRun, tools: bool) -> String {
+    let mut prompt = match run.agent.as_ref().and_then(|a| a.system_prompt.clone()) {
+        Some(prompt) => prompt,
+        None => messages::default_system_prompt(tools).to_string(),
+    };
+    if tools && run.coordinator {
+        prompt.push(' ');
+        prompt.push_str(messages::COORDINATOR_PROMPT);
+    }
+    prompt
+}
+
+/// The tool schemas the model is offered: the built-in tools (`delegate` while the session
+/// may still delegate, `read_skill` when there are skills), narrowed to the agent's tool set
+/// when it names one.
+fn offered(run: &TurnRun, with_skills: bool) -> Vec<Value> {
+    let mut schemas = Tools::schemas();
+    if run.delegation_depth > 0 {
+        schemas.push(delegate::schema());
+    }
+    if with_skills {
+        schemas.push(skills::schema());
+    }
+    if let Some(names) = run.agent.as_ref().and_then(|a| a.tools.as_ref()) {
+        schemas.retain(|s| names.iter().any(|n| Some(n.as_str()) == schema_name(s)));
+    }
+    // A coordinator's own tools are what the session is for: no tool set takes them away.
+    if run.coordinator {
+        schemas.extend(coordinator::schemas());
+    }
+    schemas
+}
+
+fn schema_name(schema: &Value) -> Option<&str> {
+    schema.pointer("/function/name").and_then(Value::as_str)
+}
+
+/// Whether the model was offered tool `name` (a call to any other does not run).
+fn is_offered(schemas: Option<&[Value]>, name: &str) -> bool {
+    schemas.is_some_and(|s| s.iter().any(|s| schema_name(s) == Some(name)))
+}
+
+/// The agent's sampling parameters on a request (the proxy still caps the output).
+fn set_params(body: &mut Value, params: &ModelParams) {
+    if let Some(t) = params.temperature {
+        body["temperature"] = json!(t);
+    }
+    if let Some(p) = params.top_p {
+        body["top_p"] = json!(p);
+    }
+    if let Some(n) = params.max_tokens {
+        body["max_tokens"] = json!(n);
+    }
 }
 
 /// Live output, best effort.
@@ -140,6 +273,7 @@ async fn call_tool(
     t: &TurnLink,
     run: &TurnRun,
     tools: Option<&Tools>,
+    skills: &[SkillInfo],
     call: &ToolCall,
     position: Position,
     cancel: &CancellationToken,
@@ -148,7 +282,10 @@ async fn call_tool(
         return Err(Halt::Stopped);
     }
     let Some(tools) = tools else {
-        let output = "This session has no tools; the call did not run.".to_string();
+        let output = format!(
+            "The tool {:?} is not offered in this session; the call did not run.",
+            call.name
+        );
         t.tool_ended(position, &call.id, ToolStatus::Failed, output.clone())
             .await?;
         return Ok(output);
@@ -171,6 +308,11 @@ async fn call_tool(
     t.tool_status(position, &call.id, ToolStatus::Running).await?;
     let outcome = if call.name == DELEGATE {
         delegate::run(t, call, cancel).await?
+    } else if call.name == skills::READ_SKILL {
+        tokio::select! {
+            o = skills::run(t, tools.workspace().clone(), skills, &call.arguments) => o?,
+            _ = cancel.cancelled() => return Err(Halt::Stopped),
+        }
     } else if run.coordinator && coordinator::is_tool(&call.name) {
         coordinator::run(t, call, cancel).await?
     } else {

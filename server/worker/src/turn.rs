@@ -6,8 +6,8 @@
 use berth_protocol::{
     Cause, NewRow, Position, Row, RowField, SessionSourceResult, TurnState,
     worker::{
-        self as wp, ToolStatus, TurnEnd, TurnHistory, TurnHistoryResult, TurnRun, TurnSource, TurnStep, TurnToolEnded,
-        TurnToolStatus, Usage,
+        self as wp, Handoff, ToolStatus, TurnEnd, TurnHistory, TurnHistoryResult, TurnRun, TurnSource, TurnStep,
+        TurnToolEnded, TurnToolStatus, Usage,
     },
 };
 use serde_json::Value;
@@ -70,9 +70,11 @@ impl TurnLink {
     }
 
     /// The session's rows so far (ending with this turn's prompt), page by page, each field
-    /// a page cut read on to its end.
-    pub(crate) async fn history(&self) -> Result<Vec<Row>, Halt> {
+    /// a page cut read on to its end; in a compacted session, the latest compaction's
+    /// handoff and the rows from its `keepFrom` on.
+    pub(crate) async fn history(&self) -> Result<(Option<Handoff>, Vec<Row>), Halt> {
         let mut rows = Vec::new();
+        let mut handoff = None;
         let mut after: Option<Position> = None;
         loop {
             let p = TurnHistory {
@@ -82,13 +84,16 @@ impl TurnLink {
             let v = self.request(wp::TURN_HISTORY, to_value(&p)).await?;
             let page: TurnHistoryResult =
                 serde_json::from_value(v).map_err(|_| Halt::Failed(cause("history-unreadable")))?;
+            if after.is_none() {
+                handoff = page.handoff;
+            }
             for mut row in page.rows {
                 self.complete(&mut row).await?;
                 rows.push(row);
             }
             match page.next {
                 Some(n) if Some(n) != after => after = Some(n),
-                _ => return Ok(rows),
+                _ => return Ok((handoff, rows)),
             }
         }
     }

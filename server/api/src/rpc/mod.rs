@@ -10,6 +10,7 @@
 //! only after the writer has ended.
 
 mod admin;
+mod agent;
 mod connection;
 mod files;
 mod fork;
@@ -20,6 +21,7 @@ mod queue;
 mod receipts;
 mod search;
 mod session;
+mod skill;
 pub(crate) mod upload;
 mod workspace;
 
@@ -765,6 +767,7 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionList::NAME => call::<method::SessionList, _, _>(ctx, params, session::list).await,
         method::SessionRename::NAME => call::<method::SessionRename, _, _>(ctx, params, session::rename).await,
         method::SessionSetModel::NAME => call::<method::SessionSetModel, _, _>(ctx, params, session::set_model).await,
+        method::SessionSetAgent::NAME => call::<method::SessionSetAgent, _, _>(ctx, params, agent::set_agent).await,
         method::SessionRemove::NAME => call::<method::SessionRemove, _, _>(ctx, params, session::remove).await,
         method::SessionClear::NAME => call::<method::SessionClear, _, _>(ctx, params, session::clear).await,
         method::SessionPause::NAME => call::<method::SessionPause, _, _>(ctx, params, session::pause).await,
@@ -774,6 +777,7 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
             call::<method::SessionWatchDiagnostics, _, _>(ctx, params, session::watch_diagnostics).await
         }
         method::SessionContext::NAME => call::<method::SessionContext, _, _>(ctx, params, session::context).await,
+        method::SessionCompact::NAME => call::<method::SessionCompact, _, _>(ctx, params, session::compact).await,
         method::SessionSearch::NAME => call::<method::SessionSearch, _, _>(ctx, params, search::search).await,
         method::SessionFork::NAME => call::<method::SessionFork, _, _>(ctx, params, fork::fork).await,
         method::SessionForkReceipt::NAME => {
@@ -814,6 +818,14 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         }
         method::AdminAuditList::NAME => call::<method::AdminAuditList, _, _>(ctx, params, admin::audit_list).await,
         method::AdminWorkerList::NAME => call::<method::AdminWorkerList, _, _>(ctx, params, admin::worker_list).await,
+        method::AgentList::NAME => call::<method::AgentList, _, _>(ctx, params, agent::list).await,
+        method::AgentGet::NAME => call::<method::AgentGet, _, _>(ctx, params, agent::get).await,
+        method::AgentSave::NAME => call::<method::AgentSave, _, _>(ctx, params, agent::save).await,
+        method::AgentRemove::NAME => call::<method::AgentRemove, _, _>(ctx, params, agent::remove).await,
+        method::SkillList::NAME => call::<method::SkillList, _, _>(ctx, params, skill::list).await,
+        method::SkillGet::NAME => call::<method::SkillGet, _, _>(ctx, params, skill::get).await,
+        method::SkillSave::NAME => call::<method::SkillSave, _, _>(ctx, params, skill::save).await,
+        method::SkillRemove::NAME => call::<method::SkillRemove, _, _>(ctx, params, skill::remove).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
@@ -960,6 +972,7 @@ mod tests {
         "SessionList",
         "SessionRename",
         "SessionSetModel",
+        "SessionSetAgent",
         "SessionRemove",
         "SessionClear",
         "SessionPause",
@@ -971,6 +984,7 @@ mod tests {
         "SessionDiagnostics",
         "SessionWatchDiagnostics",
         "SessionContext",
+        "SessionCompact",
         "SessionPendingInteractions",
         "SessionInteraction",
         "SessionRespond",
@@ -989,6 +1003,14 @@ mod tests {
         "AdminUserSetRole",
         "AdminAuditList",
         "AdminWorkerList",
+        "AgentList",
+        "AgentGet",
+        "AgentSave",
+        "AgentRemove",
+        "SkillList",
+        "SkillGet",
+        "SkillSave",
+        "SkillRemove",
     ];
 
     #[test]

@@ -19,6 +19,8 @@ const MUTATIONS: &[&str] = &[
     "session.clear",
     "session.rename",
     "session.setModel",
+    "session.setAgent",
+    "session.compact",
     "session.pause",
     "session.respond",
     "session.fork",
@@ -33,6 +35,10 @@ const MUTATIONS: &[&str] = &[
     "admin.user.create",
     "admin.user.disable",
     "admin.user.setRole",
+    "agent.save",
+    "agent.remove",
+    "skill.save",
+    "skill.remove",
 ];
 
 pub fn is_mutation(method: &str) -> bool {

@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use berth_protocol::{
     Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync,
-    ResyncReason, SessionContextParams, SessionContextResult, SessionCreateParams, SessionDiagnosticsParams,
-    SessionDiagnosticsResult, SessionHistoryParams, SessionHistoryResult, SessionListParams, SessionListResult,
-    SessionOpParams, SessionPauseParams, SessionRef, SessionRenameParams, SessionSendParams, SessionSendResult,
-    SessionSetModelParams, SessionSnapshot, SessionSourceParams, SessionSourceResult, SessionStopParams,
-    SessionWatchParams, TurnRef, WatchState,
+    ResyncReason, SessionCompactParams, SessionCompactResult, SessionContextParams, SessionContextResult,
+    SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams,
+    SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
+    SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
+    SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef, WatchState,
 };
 use berth_store::Partial;
 use serde_json::json;
@@ -30,7 +30,7 @@ fn default_model(ctx: &Ctx) -> Option<&str> {
 /// Check a `{provider, model}` choice against the configured profiles (SPEC §4.3): an
 /// unknown profile or a model the profile does not offer is a typed error. A profile named
 /// without a model gets its first model.
-fn choose_model(ctx: &Ctx, provider: Option<&str>, model: Option<String>) -> ApiResult<Option<String>> {
+pub(super) fn choose_model(ctx: &Ctx, provider: Option<&str>, model: Option<String>) -> ApiResult<Option<String>> {
     let providers = ctx.state.config.providers.current();
     let profile = match (provider, providers.get(provider)) {
         (Some(name), None) => {
@@ -247,6 +247,18 @@ pub async fn context(ctx: Ctx, p: SessionContextParams) -> ApiResult<SessionCont
     let me = ctx.principal()?;
     let request = ctx.state.store.context(&me.tenant_id, &p.session_id, p.through).await?;
     Ok(SessionContextResult { request })
+}
+
+/// `session.compact`: summarize the history so far into a handoff row (SPEC §4.17).
+#[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
+pub async fn compact(ctx: Ctx, p: SessionCompactParams) -> ApiResult<SessionCompactResult> {
+    let me = ctx.principal()?;
+    let compaction =
+        crate::compaction::compact(&ctx.state, &me.tenant_id, &p.session_id, None, false, ctx.op.as_ref()).await?;
+    Ok(SessionCompactResult {
+        compacted: compaction.is_some(),
+        compaction,
+    })
 }
 
 /// `session.watchDiagnostics`: the diagnostic revision on subscribe, then after each

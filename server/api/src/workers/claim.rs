@@ -103,7 +103,8 @@ async fn claim(conn: &Arc<Conn>) -> bool {
             return false;
         }
     };
-    for c in claimed {
+    for mut c in claimed {
+        c.run.context_tokens = crate::compaction::context_window(state, c.provider.as_deref(), c.run.model.as_deref());
         tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, "turn handed to worker");
         // Registered before `turn.run` goes out, so the worker's first message finds it.
         let handle = turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id);

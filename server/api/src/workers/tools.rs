@@ -10,8 +10,8 @@ use berth_protocol::{
     ErrorCode,
     worker::{
         self as wp, TurnChildSend, TurnChildStart, TurnChildStop, TurnChildStopResult, TurnDelegate,
-        TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnSource, TurnToolEnded, TurnToolStatus,
-        TurnWorkspacesResult,
+        TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnSkill, TurnSkillResult, TurnSource, TurnToolEnded,
+        TurnToolStatus, TurnWorkspacesResult,
     },
 };
 use berth_store::{NewChild, StoreError};
@@ -49,8 +49,8 @@ impl TurnTask {
         match method {
             wp::TURN_HISTORY => {
                 let h: TurnHistory = params(p)?;
-                let (rows, next) = store.turn_history(id, tenant, turn, h.after).await?;
-                Ok(serde_json::to_value(TurnHistoryResult { rows, next }).unwrap_or_default())
+                let (rows, next, handoff) = store.turn_history(id, tenant, turn, h.after).await?;
+                Ok(serde_json::to_value(TurnHistoryResult { rows, next, handoff }).unwrap_or_default())
             }
             wp::TURN_SOURCE => {
                 let s: TurnSource = params(p)?;
@@ -132,6 +132,11 @@ impl TurnTask {
                 let _permits = conn.write_permits().await;
                 let stopped = store.child_stop(id, tenant, turn, &c.session_id).await?;
                 Ok(serde_json::to_value(TurnChildStopResult { stopped }).unwrap_or_default())
+            }
+            wp::TURN_SKILL => {
+                let s: TurnSkill = params(p)?;
+                let body = store.turn_skill(id, tenant, turn, &s.name).await?;
+                Ok(serde_json::to_value(TurnSkillResult { body }).unwrap_or_default())
             }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         }

@@ -45,6 +45,8 @@ pub(super) fn is_turn_method(method: &str) -> bool {
             | wp::TURN_CHILD_SEND
             | wp::TURN_CHILD_WAIT
             | wp::TURN_CHILD_STOP
+            | wp::TURN_COMPACT
+            | wp::TURN_SKILL
     )
 }
 
@@ -137,6 +139,8 @@ impl TurnTask {
             wp::TURN_CHILD_WAIT => {
                 return super::children::wait(&self.conn, &self.live.session, self.cancel.clone(), req);
             }
+            // A model call: answered by its own task, so the turn's queue keeps flowing.
+            wp::TURN_COMPACT => return compact(&self.conn, &self.turn_id, req),
             wp::TURN_END => match serde_json::from_value::<TurnEnd>(req.params) {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
@@ -149,7 +153,8 @@ impl TurnTask {
             | wp::TURN_WORKSPACES
             | wp::TURN_CHILD_START
             | wp::TURN_CHILD_SEND
-            | wp::TURN_CHILD_STOP => self.agent_request(&req.method, req.params).await,
+            | wp::TURN_CHILD_STOP
+            | wp::TURN_SKILL => self.agent_request(&req.method, req.params).await,
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         self.reply(req.id, result).await;
@@ -165,4 +170,41 @@ impl TurnTask {
         };
         self.conn.send(text_msg(&resp)).await;
     }
+}
+
+/// `turn.compact`: summarize the session's history before `keepFrom` (the worker's turn
+/// nears the context window), answered once written.
+fn compact(conn: &Arc<Conn>, turn_id: &str, req: Request) {
+    let (conn, turn_id) = (conn.clone(), turn_id.to_string());
+    tokio::spawn(async move {
+        let (id, params) = (req.id, req.params);
+        let run = async {
+            let p: wp::TurnCompact =
+                serde_json::from_value(params).map_err(|_| ApiError::code(ErrorCode::BadParams))?;
+            if p.turn_id != turn_id {
+                return Err(ApiError::code(ErrorCode::BadParams));
+            }
+            let (state, tenant) = (&conn.state, &conn.principal.tenant_id);
+            let session = state
+                .store
+                .running_turn_session(&conn.connection_id, tenant, &turn_id)
+                .await?;
+            let written = crate::compaction::compact(state, tenant, &session, Some(p.keep_from), true, None).await?;
+            Ok(json!(wp::TurnCompactResult {
+                compacted: written.is_some()
+            }))
+        };
+        let result = tokio::select! {
+            r = run => r,
+            _ = conn.closing.cancelled() => return,
+        };
+        if id.is_none() {
+            return;
+        }
+        let resp = match result {
+            Ok(v) => RpcResponse::ok(id, v),
+            Err(e) => RpcResponse::err(id, e.0),
+        };
+        conn.send(text_msg(&resp)).await;
+    });
 }

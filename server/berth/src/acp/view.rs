@@ -101,9 +101,9 @@ pub fn replay(row: &Row) -> Vec<SessionUpdate> {
                 .map_or(ToolCallStatus::Completed, |t| tool_status(&t.status));
             out.extend(call_ended(row, status));
         }
-        // Notices are facts for a client to word (a code and params); ACP has no place
-        // for them in a conversation.
-        RowKind::Notice => {}
+        // Notices are facts for a client to word (a code and params), and a handoff is the
+        // model's summary of rows the editor replays anyway: ACP has no place for either.
+        RowKind::Notice | RowKind::Handoff => {}
     }
     out
 }

@@ -2,7 +2,7 @@
 //! and this turn's steps become `user`, `assistant` (with `tool_calls`) and `tool`
 //! (with `tool_call_id`) messages.
 
-use berth_protocol::{Row, RowField, RowKind};
+use berth_protocol::{Position, Row, RowField, RowKind};
 use serde_json::{Value, json};
 
 use super::Completion;
@@ -15,7 +15,7 @@ When the work is done, answer without calling a tool.";
 const SYSTEM_PROMPT_NO_TOOLS: &str = "You are a helpful coding assistant.";
 
 /// What a coordinator session's model is told besides [`SYSTEM_PROMPT`].
-const COORDINATOR_PROMPT: &str = "You also coordinate other agents: list the workspaces, start a child session \
+pub(crate) const COORDINATOR_PROMPT: &str = "You also coordinate other agents: list the workspaces, start a child session \
 in a workspace with a self-contained task, wait for its turn to end and read its answer, send it follow-ups, or stop \
 it. Children work in parallel; start all the independent ones before waiting. Your final answer gathers their results.";
 
@@ -46,24 +46,68 @@ pub(crate) struct Conversation {
     open: Vec<String>,
     /// The history event whose assistant message later tool-call rows join.
     joinable: Option<i64>,
+    /// Where the conversation may be cut for compaction: a user or assistant message's
+    /// index and the position of its first row (everything from there on is kept whole).
+    cuts: Vec<(usize, Position)>,
+    /// Messages before this index are not history the model could lose (system, handoff).
+    fixed: usize,
+    /// Whether the rows include a user prompt (this turn's attachments go there).
+    has_prompt: bool,
+}
+
+/// The built-in system prompt of a session with or without tools.
+pub(crate) fn default_system_prompt(tools: bool) -> &'static str {
+    if tools { SYSTEM_PROMPT } else { SYSTEM_PROMPT_NO_TOOLS }
 }
 
 impl Conversation {
-    pub(crate) fn new(tools: bool, coordinator: bool) -> Conversation {
-        let system = match (tools, coordinator) {
-            (true, true) => format!("{SYSTEM_PROMPT} {COORDINATOR_PROMPT}"),
-            (true, false) => SYSTEM_PROMPT.to_string(),
-            (false, _) => SYSTEM_PROMPT_NO_TOOLS.to_string(),
-        };
+    pub(crate) fn new(system: String) -> Conversation {
         Conversation {
             messages: vec![json!({"role": "system", "content": system})],
+            fixed: 1,
             ..Conversation::default()
         }
     }
 
-    /// Put a turn's attachments into its prompt (the last user message).
+    /// Start from a compaction's summary, which stands for the history before its rows.
+    pub(crate) fn push_handoff(&mut self, summary: &str) {
+        self.messages.push(json!({"role": "user", "content": format!(
+            "[Summary of the earlier conversation, compacted to fit the context window]\n{summary}"
+        )}));
+        self.fixed = self.messages.len();
+    }
+
+    /// Put a turn's attachments into its prompt (the last user message), if the prompt is
+    /// still sent as itself (not compacted away).
     pub(crate) fn attach(&mut self, received: &[crate::attachments::Received]) {
-        crate::attachments::attach(&mut self.messages, received);
+        if self.has_prompt {
+            crate::attachments::attach(&mut self.messages, received);
+        }
+    }
+
+    /// Where to cut for a compaction that keeps at most about `keep_tokens` of the latest
+    /// messages whole (at least the last cut point's): the position of the first row kept.
+    /// None when there is nothing before the last cut point to summarize.
+    pub(crate) fn cut(&self, keep_tokens: u64) -> Option<Position> {
+        let keep_bytes = usize::try_from(keep_tokens.saturating_mul(4)).unwrap_or(usize::MAX);
+        // Bytes from each message to the end, summed once from the back.
+        let mut suffix = vec![0usize; self.messages.len() + 1];
+        for (i, m) in self.messages.iter().enumerate().rev() {
+            suffix[i] = suffix[i + 1] + m.to_string().len();
+        }
+        let mut last = None;
+        for &(i, position) in self.cuts.iter().filter(|(i, _)| *i > self.fixed) {
+            if suffix[i] <= keep_bytes {
+                return Some(position);
+            }
+            last = Some(position);
+        }
+        last
+    }
+
+    /// A cut point at the next message, which starts with the row at `position`.
+    fn mark(&mut self, position: Position) {
+        self.cuts.push((self.messages.len(), position));
     }
 
     pub(crate) fn messages(&self) -> &[Value] {
@@ -80,10 +124,13 @@ impl Conversation {
         match row.kind {
             RowKind::User => {
                 self.close_open();
+                self.mark(row.position);
                 self.messages.push(json!({"role": "user", "content": body}));
+                self.has_prompt = true;
             }
             RowKind::Assistant => {
                 self.close_open();
+                self.mark(row.position);
                 self.messages.push(json!({"role": "assistant", "content": body}));
                 self.joinable = Some(seq);
             }
@@ -91,6 +138,7 @@ impl Conversation {
                 let Some(tool) = &row.tool else { return };
                 if self.joinable != Some(seq) {
                     self.close_open();
+                    self.mark(row.position);
                     self.messages.push(json!({"role": "assistant", "content": ""}));
                     self.joinable = Some(seq);
                 }
@@ -101,13 +149,19 @@ impl Conversation {
                     self.push_result(&tool.call_id, &body);
                 }
             }
-            RowKind::Notice => {}
+            // A handoff row comes with its compaction (`push_handoff`); older ones were
+            // summarized into the latest.
+            RowKind::Notice | RowKind::Handoff => {}
         }
     }
 
-    /// Add this turn's completed model step.
-    pub(crate) fn push_step(&mut self, c: &Completion) {
+    /// Add this turn's completed model step, published at event `sequence`.
+    pub(crate) fn push_step(&mut self, c: &Completion, sequence: i64) {
         self.close_open();
+        self.mark(Position {
+            source_sequence: sequence,
+            item_index: 0,
+        });
         let mut message = json!({"role": "assistant", "content": c.text});
         if !c.reasoning_items.is_empty() {
             // Only the API tier's translation for the provider that wrote them reads these.
@@ -186,7 +240,7 @@ mod tests {
 
     #[test]
     fn history_becomes_provider_messages_and_dangling_calls_get_results() {
-        let mut c = Conversation::new(true, false);
+        let mut c = Conversation::new(default_system_prompt(true).into());
         c.push_row(&row(2, 0, RowKind::User, "hi", None));
         c.push_row(&row(3, 0, RowKind::Assistant, "", None));
         c.push_row(&row(3, 1, RowKind::ToolCall, "{\"a\":1}", Some(("shell", "c1"))));
@@ -208,20 +262,46 @@ mod tests {
         assert_eq!(m[7], json!({"role": "user", "content": "again"}));
         assert_eq!(m.len(), 8);
 
-        c.push_step(&Completion {
-            text: "ok".into(),
-            tool_calls: vec![ToolCall {
-                id: "c4".into(),
-                name: "shell".into(),
-                arguments: "{}".into(),
-            }],
-            ..Completion::default()
-        });
+        c.push_step(
+            &Completion {
+                text: "ok".into(),
+                tool_calls: vec![ToolCall {
+                    id: "c4".into(),
+                    name: "shell".into(),
+                    arguments: "{}".into(),
+                }],
+                ..Completion::default()
+            },
+            10,
+        );
         c.push_result("c4", "done");
         let m = c.messages();
         assert_eq!(m[8]["content"], "ok");
         assert_eq!(m[8]["tool_calls"][0]["id"], "c4");
         assert_eq!(m[9]["content"], "done");
+    }
+
+    #[test]
+    fn cuts_keep_the_latest_messages_that_fit_and_never_the_fixed_ones() {
+        let mut c = Conversation::new("sys".into());
+        c.push_handoff("earlier");
+        assert_eq!(c.cut(1000), None, "nothing to summarize");
+        c.push_row(&row(5, 0, RowKind::User, &"a".repeat(400), None));
+        c.push_row(&row(6, 0, RowKind::Assistant, &"b".repeat(400), None));
+        c.push_row(&row(7, 0, RowKind::User, "short", None));
+        c.push_row(&row(8, 0, RowKind::ToolCall, "{}", Some(("shell", "c1"))));
+        c.push_row(&row(9, 0, RowKind::ToolResult, "out", Some(("shell", "c1"))));
+        let at = |seq| Position {
+            source_sequence: seq,
+            item_index: 0,
+        };
+        // Room for the last two messages' worth and more: cut before the second user row.
+        assert_eq!(c.cut(60), Some(at(7)));
+        // Room for everything after the first row: keep from the assistant row.
+        assert_eq!(c.cut(1000), Some(at(6)));
+        // No room at all: keep the last step only.
+        assert_eq!(c.cut(0), Some(at(8)));
+        assert!(c.has_prompt);
     }
 
     #[test]

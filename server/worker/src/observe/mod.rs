@@ -228,6 +228,10 @@ async fn run(root: PathBuf, call: Call, items: &Items) -> Result<Value, RpcError
             }
             to_value(captured)
         }
+        method::SkillList::NAME => {
+            let ws = workspace()?;
+            to_value(blocking(move || Ok(crate::skills::list(&ws))).await?)
+        }
         _ => Err(RpcError::new(ErrorCode::MethodNotFound)),
     }
 }

@@ -76,6 +76,10 @@ impl Tools {
         Tools { ws, limits }
     }
 
+    pub(crate) fn workspace(&self) -> &Arc<Workspace> {
+        &self.ws
+    }
+
     /// The schemas the model sees (OpenAI chat-completions `tools`).
     pub(crate) fn schemas() -> Vec<Value> {
         let f = |name: &str, description: &str, parameters: Value| json!({"type": "function", "function": {"name": name, "description": description, "parameters": parameters}});
