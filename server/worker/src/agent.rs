@@ -19,7 +19,10 @@ use crate::{
     delegate::{self, DELEGATE},
     model::{self, Completion, ToolCall, messages::Conversation},
     policy::{self, Answer},
-    tools::Tools,
+    tools::{
+        Tools,
+        mcp::{Mcp, Problem},
+    },
     turn::{Halt, TurnLink, cause},
 };
 
@@ -40,6 +43,33 @@ pub(crate) async fn run(
     t: &TurnLink,
     run: &TurnRun,
     tools: Option<&Tools>,
+    config: &AgentConfig,
+    cancel: &CancellationToken,
+) -> Result<String, Halt> {
+    // The turn's MCP servers live as long as the turn; one that cannot be used is a notice.
+    let mcp = match tools {
+        Some(tools) => {
+            let (mcp, problems) = tools.connect_mcp(cancel).await;
+            for p in &problems {
+                if let Err(h) = t.notice(Problem::CODE, p.params()).await {
+                    mcp.shutdown().await;
+                    return Err(h);
+                }
+            }
+            mcp
+        }
+        None => Mcp::default(),
+    };
+    let result = steps(t, run, tools, &mcp, config, cancel).await;
+    mcp.shutdown().await;
+    result
+}
+
+async fn steps(
+    t: &TurnLink,
+    run: &TurnRun,
+    tools: Option<&Tools>,
+    mcp: &Mcp,
     config: &AgentConfig,
     cancel: &CancellationToken,
 ) -> Result<String, Halt> {
@@ -68,6 +98,7 @@ pub(crate) async fn run(
             if run.coordinator {
                 schemas.extend(coordinator::schemas());
             }
+            schemas.extend(mcp.schemas());
             body["tools"] = Value::Array(schemas);
         }
         let completion = tokio::select! {
@@ -85,7 +116,7 @@ pub(crate) async fn run(
                 source_sequence: sequence,
                 item_index: (first_call + i) as i32,
             };
-            let output = call_tool(t, run, tools, call, position, cancel).await?;
+            let output = call_tool(t, run, tools, mcp, call, position, cancel).await?;
             conv.push_result(&call.id, &output);
         }
     }
@@ -140,6 +171,7 @@ async fn call_tool(
     t: &TurnLink,
     run: &TurnRun,
     tools: Option<&Tools>,
+    mcp: &Mcp,
     call: &ToolCall,
     position: Position,
     cancel: &CancellationToken,
@@ -173,6 +205,8 @@ async fn call_tool(
         delegate::run(t, call, cancel).await?
     } else if run.coordinator && coordinator::is_tool(&call.name) {
         coordinator::run(t, call, cancel).await?
+    } else if mcp.offers(&call.name) {
+        mcp.call(&call.name, &call.arguments, cancel).await
     } else {
         tools.call(&call.name, &call.arguments, cancel).await
     };

@@ -45,6 +45,7 @@ pub(super) fn is_turn_method(method: &str) -> bool {
             | wp::TURN_CHILD_SEND
             | wp::TURN_CHILD_WAIT
             | wp::TURN_CHILD_STOP
+            | wp::TURN_NOTICE
     )
 }
 
@@ -149,7 +150,8 @@ impl TurnTask {
             | wp::TURN_WORKSPACES
             | wp::TURN_CHILD_START
             | wp::TURN_CHILD_SEND
-            | wp::TURN_CHILD_STOP => self.agent_request(&req.method, req.params).await,
+            | wp::TURN_CHILD_STOP
+            | wp::TURN_NOTICE => self.agent_request(&req.method, req.params).await,
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         self.reply(req.id, result).await;
