@@ -5,6 +5,20 @@
 export const PROTOCOL_VERSION = 1;
 
 /**
+ * `admin.audit.list`: the tenant's audit log, newest first.
+ */
+export type AdminAuditListParams = {
+  /**
+   * The previous page's `nextBefore`; absent for the newest entries.
+   */
+  "before"?: number | null;
+  /**
+   * Entries per page (default and maximum 200).
+   */
+  "limit"?: number | null;
+};
+
+/**
  * `admin.credential.create`: a user credential (`userId`) or a worker credential (`worker: true`).
  */
 export type AdminCredentialCreateParams = {
@@ -47,6 +61,48 @@ export type AdminUserCreateParams = {
 export type AdminUserDisableParams = {
   "operationId"?: string | null;
   "userId": string;
+};
+
+/**
+ * `admin.user.setRole`: make a user an `admin` or a `member`. Their live connections close
+ * (they sign in again with the new role); the tenant's last enabled admin cannot be demoted.
+ */
+export type AdminUserSetRoleParams = {
+  "operationId"?: string | null;
+  /**
+   * `admin` or `member`.
+   */
+  "role": string;
+  "userId": string;
+};
+
+/**
+ * One audited administrative action.
+ */
+export type AuditEntry = {
+  /**
+   * What was done, e.g. `credential.create`, `credential.revoke`, `user.create`,
+   * `user.disable`, `user.role`, `user.password`, `tenant.create`.
+   */
+  "action": string;
+  /**
+   * Who did it: a user id, a credential id, `cli` or `bootstrap`.
+   */
+  "actor": string;
+  "at": string;
+  "auditId": number;
+  /**
+   * The id it was done to.
+   */
+  "target": string;
+};
+
+export type AuditPage = {
+  "entries": Array<AuditEntry>;
+  /**
+   * Pass back as `before` for older entries; absent at the oldest.
+   */
+  "nextBefore"?: number | null;
 };
 
 /**
@@ -1338,6 +1394,36 @@ export type WatchState = {
 };
 
 /**
+ * A worker credential and where its worker is: `admin.worker.list`.
+ */
+export type WorkerView = {
+  "connectedAt"?: string | null;
+  "credentialId": string;
+  /**
+   * The host the credential is bound to (on its first connection).
+   */
+  "host"?: string | null;
+  /**
+   * The latest heartbeat, else the credential's last use.
+   */
+  "lastSeenAt"?: string | null;
+  "note": string;
+  /**
+   * A live connection of this credential is present.
+   */
+  "online": boolean;
+  /**
+   * The replica holding that connection.
+   */
+  "replicaId"?: string | null;
+  "revokedAt"?: string | null;
+  /**
+   * The workspaces registered from its host.
+   */
+  "workspaceIds": Array<string>;
+};
+
+/**
  * A workspace as the client sees it.
  */
 export type Workspace = {
@@ -1412,6 +1498,7 @@ export type WorkspaceRenameParams = {
 
 /** Every method: its params and its result. */
 export interface Methods {
+  "admin.audit.list": { params: AdminAuditListParams; result: AuditPage };
   "admin.credential.create": { params: AdminCredentialCreateParams; result: CredentialView };
   "admin.credential.list": { params: Empty; result: Array<CredentialView> };
   "admin.credential.revoke": { params: AdminCredentialRevokeParams; result: Revoked };
@@ -1419,6 +1506,8 @@ export interface Methods {
   "admin.user.create": { params: AdminUserCreateParams; result: UserView };
   "admin.user.disable": { params: AdminUserDisableParams; result: Disabled };
   "admin.user.list": { params: Empty; result: Array<UserView> };
+  "admin.user.setRole": { params: AdminUserSetRoleParams; result: UserView };
+  "admin.worker.list": { params: Empty; result: Array<WorkerView> };
   "content.upload": { params: ContentUploadParams; result: ContentUploadResult };
   "files.list": { params: FilesListParams; result: FilesListResult };
   "files.read": { params: FilesReadParams; result: null };

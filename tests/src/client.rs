@@ -117,9 +117,12 @@ impl Client {
         tokio::spawn(async move {
             while let Some(m) = out_rx.recv().await {
                 if sink.send(m).await.is_err() {
-                    break;
+                    return;
                 }
             }
+            // The client was dropped: close the socket properly, so that the server lets go
+            // of the connection now (not at its idle timeout) and the reader task ends.
+            let _ = sink.close().await;
         });
         let pending: Pending = Arc::default();
         let subs: Subs = Arc::default();

@@ -598,8 +598,14 @@ async fn every_method_and_event_matches_the_protocol_types() {
         method::AdminCredentialRevoke,
         json!({"credentialId": cred["credentialId"]})
     );
+    check!(
+        method::AdminUserSetRole,
+        json!({"userId": user["userId"], "role": "admin"})
+    );
     check!(method::AdminUserDisable, json!({"userId": user["userId"]}));
     check!(method::AdminStatusGet, json!({}));
+    check!(method::AdminAuditList, json!({"limit": 5}));
+    check!(method::AdminWorkerList, json!({}));
     let other = check!(method::SessionCreate, json!({"workspaceId": ws}));
     check!(method::SessionRemove, json!({"sessionId": other["sessionId"]}));
 
