@@ -688,6 +688,77 @@ export type OperationReceiptParams = {
 };
 
 /**
+ * A captured patch: every change of the workspace against HEAD (staged, worktree and
+ * untracked files, ignored files left out) as one `git apply`-able unified diff.
+ */
+export type PatchInfo = {
+  /**
+   * The commit the patch applies to; absent for a repository without commits.
+   */
+  "base"?: string | null;
+  /**
+   * Bytes of patch text (UTF-8).
+   */
+  "bytes": number;
+  "createdAt": string;
+  /**
+   * How many paths the patch changes.
+   */
+  "files": number;
+  "patchId": string;
+  "sessionId": string;
+  /**
+   * Lowercase hex SHA-256 of the patch text.
+   */
+  "sha256": string;
+  "turnId"?: string | null;
+};
+
+/**
+ * `patch.read` parameters.
+ */
+export type PatchReadParams = {
+  /**
+   * The `nextAfter` of the previous page.
+   */
+  "after"?: string | null;
+  "patchId": string;
+};
+
+/**
+ * One page of a patch's text: at most [`PATCH_PAGE_BYTES`], ending on a line boundary
+ * when the page holds one.
+ */
+export type PatchReadResult = {
+  /**
+   * Pass as `after` for the next page; absent on the last page.
+   */
+  "nextAfter"?: string | null;
+  /**
+   * The byte offset of `text` in the patch.
+   */
+  "offset": number;
+  "patch": PatchInfo;
+  "text": string;
+};
+
+/**
+ * `patch.snapshot` parameters.
+ */
+export type PatchSnapshotParams = {
+  /**
+   * Required: a retry returns the patch the first attempt captured.
+   */
+  "operationId": string;
+  "sessionId": string;
+  /**
+   * Label the patch with this settled turn of the session (`turn-busy` while it is
+   * queued or running); without it, the session must have no running turn.
+   */
+  "turnId"?: string | null;
+};
+
+/**
  * Live-only: the session's phase changed.
  */
 export type PhaseItem = {
@@ -1517,6 +1588,8 @@ export interface Methods {
   "git.status": { params: GitStatusParams; result: (GitStatus | null) };
   "hello": { params: HelloParams; result: HelloResult };
   "operation.receipt": { params: OperationReceiptParams; result: (ReceiptView | null) };
+  "patch.read": { params: PatchReadParams; result: PatchReadResult };
+  "patch.snapshot": { params: PatchSnapshotParams; result: PatchInfo };
   "ping": { params: Empty; result: PingResult };
   "queue.get": { params: QueueGetParams; result: QueuedPrompt };
   "queue.move": { params: QueueMoveParams; result: QueueState };

@@ -252,6 +252,19 @@ impl Client {
         }
     }
 
+    /// Call a method; None if the connection closes before the response (at most 30 s).
+    pub async fn call_or_closed(&mut self, method: &str, params: Value) -> Option<Result<Value, RpcError>> {
+        let (_, rx) = self.start(method, params);
+        let resp = tokio::time::timeout(Duration::from_secs(30), rx)
+            .await
+            .unwrap_or_else(|_| panic!("no response to {method} within 30 s"))
+            .ok()?;
+        Some(match (resp.result, resp.error) {
+            (_, Some(e)) => Err(e),
+            (r, None) => Ok(r.unwrap_or(Value::Null)),
+        })
+    }
+
     /// Call and expect success.
     pub async fn ok(&mut self, method: &str, params: Value) -> Value {
         self.call(method, params)

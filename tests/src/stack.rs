@@ -38,7 +38,11 @@ impl Stack {
 
     /// The same, with the model provider at `model_base_url` (e.g. one that refuses).
     pub async fn start_with_model(model_base_url: &str, replicas: usize, env: &[(&str, &str)]) -> Stack {
-        let db = fresh_database().await;
+        Self::start_on(fresh_database().await, model_base_url, replicas, env).await
+    }
+
+    /// The same, on the database at `db` (e.g. on a cluster the test restarts).
+    pub async fn start_on(db: String, model_base_url: &str, replicas: usize, env: &[(&str, &str)]) -> Stack {
         let mut servers = Vec::new();
         for _ in 0..replicas.max(1) {
             servers.push(TestServer::start_with(&db, model_base_url, env).await.expect("server"));
@@ -84,6 +88,24 @@ impl Stack {
         self.worker = Some(worker);
         let id = self.wait_online(true).await;
         self.workspace_id = id;
+    }
+
+    /// (Re)start the worker against `addr` (e.g. nginx in front of the replicas) and wait
+    /// until its workspace is online.
+    pub async fn start_worker_at(&mut self, addr: &str) {
+        let worker = TestWorker::start_at(
+            addr,
+            &self.worker_token,
+            "test-host",
+            "proj",
+            &self.workspace_dir,
+            &[],
+            &[],
+        )
+        .await
+        .expect("worker");
+        self.worker = Some(worker);
+        self.workspace_id = self.wait_online(true).await;
     }
 
     /// Another worker, on machine `host` with a credential of its own, serving workspace

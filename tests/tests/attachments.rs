@@ -17,28 +17,7 @@ fn sha256_hex(data: &[u8]) -> String {
 
 /// The S3 server's settings for a fresh bucket, or None (after saying why) outside CI.
 async fn s3_settings(test: &str) -> Option<Vec<(String, String)>> {
-    let Ok(endpoint) = std::env::var("BERTH_TEST_S3_ENDPOINT") else {
-        eprintln!(
-            "SKIPPED {test} against S3: BERTH_TEST_S3_ENDPOINT is not set (.ci/run starts an \
-             S3-compatible server and sets it); the local-directory variant ran"
-        );
-        return None;
-    };
-    let bucket = format!("berth-test-{}", rand::rng().next_u64());
-    // An S3-compatible test server takes an unsigned bucket creation.
-    let resp = reqwest::Client::new()
-        .put(format!("{endpoint}/{bucket}"))
-        .send()
-        .await
-        .expect("create bucket");
-    assert!(resp.status().is_success(), "creating bucket: {}", resp.status());
-    Some(vec![
-        ("BERTH_OBJECT_STORE".into(), format!("s3://{bucket}/berth/blobs")),
-        ("AWS_ENDPOINT_URL".into(), endpoint),
-        ("AWS_ACCESS_KEY_ID".into(), "test-access-key".into()),
-        ("AWS_SECRET_ACCESS_KEY".into(), "test-secret-key".into()),
-        ("AWS_REGION".into(), "us-east-1".into()),
-    ])
+    berth_e2e::s3::settings(test).await
 }
 
 async fn blobs_round_trip(blobs: &Blobs) {
@@ -59,12 +38,12 @@ async fn blobs_round_trip(blobs: &Blobs) {
     blobs.put("t1/other/x", Bytes::from_static(b"x")).await.expect("put");
     let soon = chrono::Utc::now() + chrono::Duration::minutes(1);
     assert_eq!(
-        blobs.attachments_older_than(soon).await.expect("list"),
+        blobs.owned_older_than(soon).await.expect("list"),
         vec!["t1/attachments/a".to_string()],
-        "the sweep lists attachment keys only, relative to the prefix"
+        "the sweep lists attachment and patch keys only, relative to the prefix"
     );
     let past = chrono::Utc::now() - chrono::Duration::hours(1);
-    assert!(blobs.attachments_older_than(past).await.expect("list").is_empty());
+    assert!(blobs.owned_older_than(past).await.expect("list").is_empty());
     blobs.delete("t1/other/x").await.expect("delete");
     blobs.delete("t1/attachments/a").await.expect("delete");
     assert!(blobs.get("t1/attachments/a").await.is_err(), "deleted");
@@ -513,4 +492,83 @@ async fn the_sweep_removes_blobs_without_rows_and_keeps_the_rest() {
     .await;
     assert!(gone.is_some(), "the orphan is swept");
     assert!(kept.is_file(), "a recorded attachment stays");
+}
+
+/// A profile declares which of its models take image input: the image reaches the one that
+/// does as an image part; the other gets a text note in its place, and no image bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn images_reach_only_the_models_that_take_them() {
+    let mock = MockProvider::start().await;
+    let url = mock.base_url();
+    let stack = Stack::start_with(
+        &mock,
+        1,
+        &[
+            ("BERTH_PROVIDERS", "vision"),
+            ("BERTH_PROVIDER_VISION_BASE_URL", &url),
+            ("BERTH_PROVIDER_VISION_MODELS", "seeing,text-only"),
+            ("BERTH_PROVIDER_VISION_IMAGE_INPUT", "seeing"),
+        ],
+    )
+    .await;
+    let mut c = stack.client(0).await;
+    let image = b"\x89PNG\r\n\x1a\n-pixels".to_vec();
+    let image_b64 = base64::engine::general_purpose::STANDARD.encode(&image);
+    for model in ["seeing", "text-only"] {
+        let s = c
+            .ok(
+                "session.create",
+                json!({"workspaceId": stack.workspace_id, "provider": "vision", "model": model}),
+            )
+            .await;
+        let sid = s["sessionId"].as_str().expect("sid").to_string();
+        let img = c
+            .upload(
+                json!({"sessionId": sid, "mime": "image/png", "filename": "shot.png"}),
+                &image,
+                None,
+            )
+            .await
+            .expect("upload");
+        mock.push(Reply::text(&["seen"]));
+        let mut sub = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+        c.ok(
+            "session.send",
+            json!({"sessionId": sid, "prompt": "what is this", "attachments": [img["attachmentId"]]}),
+        )
+        .await;
+        let items = sub.until(60, is_turn_end).await.expect("turn ended");
+        assert_eq!(items.last().expect("end")["state"], "completed");
+    }
+    let requests = mock.requests();
+    let user_parts = |model: &str| -> Vec<Value> {
+        let req = requests
+            .iter()
+            .find(|r| r["model"] == model)
+            .unwrap_or_else(|| panic!("a request for {model}"));
+        req["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .find(|m| m["role"] == "user")
+            .expect("user message")["content"]
+            .as_array()
+            .expect("parts")
+            .clone()
+    };
+    let seeing = user_parts("seeing");
+    assert!(
+        seeing.iter().any(|p| p["type"] == "image_url"
+            && p["image_url"]["url"] == format!("data:image/png;base64,{image_b64}").as_str()),
+        "the model with image input gets the image: {seeing:?}"
+    );
+    let blind = user_parts("text-only");
+    assert!(blind.iter().all(|p| p["type"] == "text"), "{blind:?}");
+    assert!(
+        blind
+            .iter()
+            .any(|p| p["text"].as_str().is_some_and(|t| t.contains("image omitted"))),
+        "a note stands in for the image: {blind:?}"
+    );
+    assert!(!Value::Array(blind).to_string().contains(&image_b64), "no image bytes");
 }

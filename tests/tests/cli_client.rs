@@ -98,13 +98,73 @@ async fn login_then_chat_sessions_and_history() {
     assert_ne!(forked["sessionId"], session.as_str());
 }
 
-/// `berth chat` at a real terminal (a pseudo-terminal from `script`), reading a reply
-/// that is cut mid-turn, then a Ctrl-C that stops a turn and a second that ends the chat.
+/// A command at a real terminal: `script` (util-linux) runs it under a pseudo-terminal;
+/// what it shows is collected as the screen, keys go to its input.
+struct Terminal {
+    child: tokio::process::Child,
+    keys: tokio::process::ChildStdin,
+    screen: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Terminal {
+    fn start(command: &str, config_dir: &std::path::Path) -> Terminal {
+        use tokio::io::AsyncReadExt;
+        let mut child = tokio::process::Command::new("script")
+            .args(["-qfec", command, "/dev/null"])
+            .env("BERTH_CONFIG_DIR", config_dir)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("script (util-linux) runs berth under a pseudo-terminal");
+        let keys = child.stdin.take().unwrap();
+        let mut screen_out = child.stdout.take().unwrap();
+        let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let s = screen.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = screen_out.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                s.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Terminal { child, keys, screen }
+    }
+
+    fn text(&self) -> String {
+        self.screen.lock().unwrap().clone()
+    }
+
+    async fn type_keys(&mut self, keys: &[u8]) {
+        self.keys.write_all(keys).await.unwrap();
+    }
+
+    async fn wait_for(&self, needle: &str) {
+        for _ in 0..600 {
+            if self.text().contains(needle) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("{needle:?} never appeared on the terminal:\n{}", self.text());
+    }
+
+    async fn exit_status(&mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(std::time::Duration::from_secs(20), self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the command did not end:\n{}", self.text()))
+            .unwrap()
+    }
+}
+
+/// `berth chat` at a real terminal, reading a reply that is cut mid-turn, then a Ctrl-C
+/// that stops a turn and a second that ends the chat.
 #[tokio::test]
 async fn chat_at_a_terminal_resumes_a_cut_connection_and_ctrl_c_stops_the_turn() {
-    use std::sync::{Arc, Mutex};
-    use tokio::io::AsyncReadExt;
-
     let mock = MockProvider::start().await;
     let mut parts = Vec::new();
     for i in 0..12 {
@@ -126,51 +186,16 @@ async fn chat_at_a_terminal_resumes_a_cut_connection_and_ctrl_c_stops_the_turn()
         token_file.display(),
         stack.workspace_id
     );
-    let mut child = tokio::process::Command::new("script")
-        .args(["-qfec", &command, "/dev/null"])
-        .env("BERTH_CONFIG_DIR", dir.path())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("script (util-linux) runs berth under a pseudo-terminal");
-    let mut keys = child.stdin.take().unwrap();
-    let mut screen_out = child.stdout.take().unwrap();
-    let screen = Arc::new(Mutex::new(String::new()));
-    let s = screen.clone();
-    tokio::spawn(async move {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = screen_out.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            s.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    let wait_for = |needle: String| {
-        let screen = screen.clone();
-        async move {
-            for _ in 0..600 {
-                if screen.lock().unwrap().contains(&needle) {
-                    return;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            panic!("{needle:?} never appeared on the terminal:\n{}", screen.lock().unwrap());
-        }
-    };
-
-    wait_for("session ses_".into()).await;
-    keys.write_all(b"count\r").await.unwrap();
-    wait_for("w1 ".into()).await;
+    let mut term = Terminal::start(&command, dir.path());
+    term.wait_for("session ses_").await;
+    term.type_keys(b"count\r").await;
+    term.wait_for("w1 ").await;
     proxy.cut();
-    assert!(!screen.lock().unwrap().contains("w11 "), "the cut came mid-turn");
+    assert!(!term.text().contains("w11 "), "the cut came mid-turn");
     let answer: String = (0..12).map(|i| format!("w{i} ")).collect();
-    wait_for(answer.clone()).await;
+    term.wait_for(&answer).await;
     {
-        let text = screen.lock().unwrap().clone();
+        let text = term.text();
         assert_eq!(text.matches(&answer).count(), 1, "{text}");
         for i in 0..12 {
             assert_eq!(
@@ -181,14 +206,80 @@ async fn chat_at_a_terminal_resumes_a_cut_connection_and_ctrl_c_stops_the_turn()
         }
     }
 
-    keys.write_all(b"wait\r").await.unwrap();
-    wait_for("pondering".into()).await;
-    keys.write_all(b"\x03").await.unwrap();
-    wait_for("[turn cancelled]".into()).await;
-    keys.write_all(b"\x03").await.unwrap();
-    let status = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait())
+    term.type_keys(b"wait\r").await;
+    term.wait_for("pondering").await;
+    term.type_keys(b"\x03").await;
+    term.wait_for("[turn cancelled]").await;
+    term.type_keys(b"\x03").await;
+    let status = term.exit_status().await;
+    assert!(
+        status.success(),
+        "a Ctrl-C between turns ends the chat: {}",
+        term.text()
+    );
+}
+
+/// `berth login` at a terminal reads the password without echo; `berth chat` (with the
+/// stored login) asks for a held tool call's approval inline and the answer is taken.
+#[tokio::test]
+async fn login_without_echo_then_an_approval_answered_at_the_chat_prompt() {
+    let mock = MockProvider::start().await;
+    mock.push(Reply::tools(
+        &[(
+            "call_1",
+            "shell",
+            serde_json::json!({"command": "echo approved-at-prompt"}),
+        )],
+        8,
+    ));
+    mock.push(Reply::text(&["all ", "done"]));
+    let stack = Stack::start(&mock, 1).await;
+    let admin = Client::connect(&stack.servers[0].addr, &stack.token).await.unwrap();
+    admin
+        .call::<AdminUserCreate>(AdminUserCreateParams {
+            email: "tty@example.com".into(),
+            role: None,
+            password: Some("pw-secret-tty-5678".into()),
+            operation_id: None,
+        })
         .await
-        .expect("a Ctrl-C between turns ends the chat")
         .unwrap();
-    assert!(status.success(), "{}", screen.lock().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let berth = berth_bin().display().to_string();
+
+    let mut term = Terminal::start(
+        &format!(
+            "exec {berth} login --server http://{} --email tty@example.com",
+            stack.servers[0].addr
+        ),
+        dir.path(),
+    );
+    term.wait_for("Password:").await;
+    term.type_keys(b"pw-secret-tty-5678\r").await;
+    let status = term.exit_status().await;
+    let screen = term.text();
+    assert!(status.success(), "{screen}");
+    assert!(screen.contains("signed in as tty@example.com"), "{screen}");
+    assert!(!screen.contains("pw-secret"), "the password was echoed: {screen}");
+
+    let mut term = Terminal::start(
+        &format!("exec {berth} chat --workspace {}", stack.workspace_id),
+        dir.path(),
+    );
+    term.wait_for("session ses_").await;
+    term.type_keys(b"run it\r").await;
+    term.wait_for("? y/n]").await;
+    assert!(term.text().contains("[approve shell"), "{}", term.text());
+    term.type_keys(b"y\r").await;
+    term.wait_for("all done").await;
+    let screen = term.text();
+    let result = screen
+        .lines()
+        .find(|l| l.contains("[result]"))
+        .unwrap_or_else(|| panic!("no tool result: {screen}"));
+    assert!(result.contains("approved-at-prompt"), "the call ran: {screen}");
+    // The prompt comes back once the turn has ended; a Ctrl-C there ends the chat.
+    term.wait_for("all done\r\n> ").await;
+    term.type_keys(b"\x03").await;
+    assert!(term.exit_status().await.success(), "{}", term.text());
 }

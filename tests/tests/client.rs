@@ -214,3 +214,55 @@ async fn a_send_whose_answer_was_lost_is_retried_with_its_operation_id_and_runs_
     assert_eq!(users, 1, "the prompt ran once");
     assert_eq!(mock.requests().len(), 1, "one model call");
 }
+
+/// `Client::upload` sends `content.upload` and its binary message; the attachment it names
+/// reaches the turn's prompt row with the bytes' digest, and a refused upload is a typed
+/// error after which the client goes on working.
+#[tokio::test]
+async fn an_upload_through_the_client_reaches_the_turn() {
+    use berth_client::protocol::ContentUploadParams;
+    use sha2::{Digest, Sha256};
+
+    let mock = MockProvider::start().await;
+    mock.push(Reply::text(&["read it"]));
+    let stack = Stack::start(&mock, 1).await;
+    let client = Client::connect(&stack.servers[0].addr, &stack.token)
+        .await
+        .expect("connect");
+    let session = create_session(&client, &stack.workspace_id).await;
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    let digest: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
+    let params = |session_id: &str| ContentUploadParams {
+        session_id: session_id.into(),
+        mime: "application/octet-stream".into(),
+        filename: "data.bin".into(),
+        bytes: None,
+    };
+    let uploaded = client.upload(params(&session), &data).await.expect("upload");
+    assert_eq!(uploaded.bytes, data.len() as u64);
+    assert_eq!(uploaded.sha256, digest);
+
+    let err = client.upload(params("ses_nope"), b"x").await.unwrap_err();
+    assert_eq!(err.code(), Some("not-found"));
+
+    let mut watch = client.watch(&session, 0);
+    let mut params = send(&session, "look", None);
+    params.attachments = vec![uploaded.attachment_id.clone()];
+    client.call::<SessionSend>(params).await.expect("send");
+    until_turn_ended(&mut watch).await;
+    let history = client
+        .call::<SessionHistory>(SessionHistoryParams {
+            session_id: session.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let prompt = history
+        .rows
+        .iter()
+        .find(|r| r.kind == RowKind::User)
+        .expect("prompt row");
+    let named = serde_json::to_value(&prompt.attachments).expect("json");
+    assert_eq!(named[0]["attachmentId"], uploaded.attachment_id.as_str());
+    assert_eq!(named[0]["sha256"], digest.as_str());
+}

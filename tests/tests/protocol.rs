@@ -491,6 +491,11 @@ async fn every_method_and_event_matches_the_protocol_types() {
         method::GitDiffGet,
         json!({"sessionId": sid, "path": walk_txt, "area": "untracked"})
     );
+    let patch = check!(
+        method::PatchSnapshot,
+        json!({"sessionId": sid, "operationId": "walk-patch"})
+    );
+    check!(method::PatchRead, json!({"patchId": patch["patchId"]}));
     check!(method::FilesList, json!({"sessionId": sid}));
     check!(method::WorkspaceFiles, json!({"workspaceId": ws, "prefix": "w"}));
     check!(method::WorkspaceRename, json!({"workspaceId": ws, "title": "walked"}));

@@ -87,6 +87,16 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
         )
         .await
         .unwrap();
+    // A patch of A's (its row, written directly: the workspace is no repository here).
+    berth_e2e::harness::db(&stack.database_url)
+        .await
+        .execute(
+            "INSERT INTO patches (id, tenant_id, session_id, files, bytes, sha256, object_key)
+             SELECT 'pch_of_a', tenant_id, id, 0, 0, '', tenant_id || '/patches/pch_of_a' FROM sessions WHERE id = $1",
+            &[&sid],
+        )
+        .await
+        .unwrap();
 
     let b_token = tenant_b(&stack.servers[0]).await;
     let mut b = Client::authed(&stack.servers[0].ws_url(), &b_token).await.unwrap();
@@ -225,6 +235,16 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             "git.diff",
             json!({"sessionId": sid, "path": {"bytesBase64": "YQ=="}, "area": "worktree"}),
             json!({"sessionId": "ses_random", "path": {"bytesBase64": "YQ=="}, "area": "worktree"}),
+        ),
+        (
+            "patch.snapshot",
+            json!({"sessionId": sid, "operationId": "snap-theirs"}),
+            json!({"sessionId": "ses_random", "operationId": "snap-random"}),
+        ),
+        (
+            "patch.read",
+            json!({"patchId": "pch_of_a"}),
+            json!({"patchId": "pch_random"}),
         ),
         (
             "files.list",

@@ -1,4 +1,4 @@
-//! Object storage for attachment bytes (and other immutable blobs), behind one small type.
+//! Object storage for attachment bytes and patch text (immutable blobs), behind one small type.
 //!
 //! [`Blobs`] wraps the `object_store` crate: a local directory by default
 //! (`file://<data-dir>/objects`), S3-compatible in production (`s3://bucket/prefix`, with the
@@ -136,8 +136,9 @@ impl Blobs {
         }))
     }
 
-    /// Keys of attachment blobs (`<tenant>/attachments/<id>`) last written before `before`.
-    pub async fn attachments_older_than(&self, before: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Vec<String>> {
+    /// Keys of the blobs rows own (`<tenant>/attachments/<id>`, `<tenant>/patches/<id>`)
+    /// last written before `before`: what the orphan sweep checks against the rows.
+    pub async fn owned_older_than(&self, before: chrono::DateTime<chrono::Utc>) -> anyhow::Result<Vec<String>> {
         let prefix = (!self.prefix.is_empty()).then(|| Key::from(self.prefix.trim_end_matches('/')));
         let mut listing = self.store.list(prefix.as_ref());
         let mut out = Vec::new();
@@ -146,15 +147,22 @@ impl Blobs {
             let key = meta.location.as_ref();
             let key = key.strip_prefix(self.prefix.as_str()).unwrap_or(key);
             let mut parts = key.split('/');
-            let is_attachment = matches!(
+            let owned = matches!(
                 (parts.next(), parts.next(), parts.next(), parts.next()),
-                (Some(_), Some("attachments"), Some(_), None)
+                (Some(_), Some("attachments" | "patches"), Some(_), None)
             );
-            if is_attachment && meta.last_modified < before {
+            if owned && meta.last_modified < before {
                 out.push(key.to_string());
             }
         }
         Ok(out)
+    }
+
+    /// Bytes `range` of a blob (cut at its end).
+    pub async fn get_range(&self, key: &str, range: std::ops::Range<u64>) -> anyhow::Result<Bytes> {
+        let data = self.store.get_range(&self.key(key), range).await?;
+        self.bytes.with_label_values(&["get"]).inc_by(data.len() as u64);
+        Ok(data)
     }
 
     /// Remove a blob; an absent one is not an error (removal is idempotent).

@@ -38,9 +38,6 @@ pub struct ModelConfig {
     pub max_concurrent: usize,
     /// `BERTH_MODEL_RATE_PER_MIN`: proxy calls per tenant per minute (per replica).
     pub requests_per_min: u32,
-    /// `BERTH_MODEL_IMAGE_INPUT`: the model takes image input (default true); when false the
-    /// proxy turns image parts into a text note.
-    pub image_input: bool,
     /// Timeouts and retries of provider calls.
     pub resilience: Resilience,
 }
@@ -56,7 +53,6 @@ impl Default for ModelConfig {
             max_output_tokens: None,
             max_concurrent: 64,
             requests_per_min: 600,
-            image_input: true,
             resilience: Resilience::default(),
         }
     }
@@ -193,12 +189,51 @@ pub struct ProviderProfile {
     pub models: Vec<ProfileModel>,
     /// A session may name its own endpoint (`baseUrl`); calls there never carry the key.
     pub allow_base_url: bool,
+    /// Which of its models take image input.
+    pub image_input: ImageInput,
+}
+
+/// Which models of a profile take image input (`BERTH_MODEL_IMAGE_INPUT`,
+/// `BERTH_PROVIDER_<NAME>_IMAGE_INPUT`): `true` (every model, the default), `false` (none),
+/// or the ids of the models that do, comma-separated (the others do not). A model without
+/// image input gets a text note in place of each image.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum ImageInput {
+    #[default]
+    All,
+    None,
+    Models(Vec<String>),
+}
+
+impl ImageInput {
+    fn parse(v: Option<String>) -> ImageInput {
+        match v.as_deref().map(str::trim) {
+            None | Some("" | "true" | "1" | "yes") => ImageInput::All,
+            Some("false" | "0" | "no") => ImageInput::None,
+            Some(list) => ImageInput::Models(
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|m| !m.is_empty())
+                    .map(String::from)
+                    .collect(),
+            ),
+        }
+    }
 }
 
 impl ProviderProfile {
     /// Whether `model` may be chosen on this profile.
     pub fn offers(&self, model: &str) -> bool {
         self.models.is_empty() || self.models.iter().any(|m| m.id == model)
+    }
+
+    /// Whether `model` of this profile takes image input.
+    pub fn takes_images(&self, model: &str) -> bool {
+        match &self.image_input {
+            ImageInput::All => true,
+            ImageInput::None => false,
+            ImageInput::Models(ids) => ids.iter().any(|m| m == model),
+        }
     }
 }
 
@@ -207,7 +242,7 @@ pub const DEFAULT_PROVIDER: &str = "default";
 
 /// The configured provider profiles. Profiles come from `BERTH_MODEL_*` (named
 /// [`DEFAULT_PROVIDER`]) and, for each name in `BERTH_PROVIDERS=a,b`, from
-/// `BERTH_PROVIDER_<NAME>_{API,BASE_URL,API_KEY,API_KEY_FILE,MODELS,ALLOW_BASE_URL}`
+/// `BERTH_PROVIDER_<NAME>_{API,BASE_URL,API_KEY,API_KEY_FILE,MODELS,ALLOW_BASE_URL,IMAGE_INPUT}`
 /// (`MODELS` is `id[:contextTokens],…`; `<NAME>` upper-cased, `-` as `_`).
 #[derive(Debug, Clone, Default)]
 pub struct ProviderSet {
@@ -236,6 +271,7 @@ impl ProviderSet {
                 api_key: secret("BERTH_MODEL_API_KEY")?.map(Secret),
                 models: Vec::new(),
                 allow_base_url: parse_bool("BERTH_MODEL_ALLOW_BASE_URL", get("BERTH_MODEL_ALLOW_BASE_URL"))?,
+                image_input: ImageInput::parse(get("BERTH_MODEL_IMAGE_INPUT")),
             });
         }
         for name in get("BERTH_PROVIDERS").unwrap_or_default().split(',') {
@@ -263,6 +299,7 @@ impl ProviderSet {
                 api_key: secret(&key("API_KEY"))?.map(Secret),
                 models,
                 allow_base_url: parse_bool(&key("ALLOW_BASE_URL"), get(&key("ALLOW_BASE_URL")))?,
+                image_input: ImageInput::parse(get(&key("IMAGE_INPUT"))),
             };
             profiles.retain(|p: &ProviderProfile| p.name != profile.name);
             profiles.push(profile);
@@ -556,6 +593,7 @@ mod tests {
             api_key: None,
             models: vec![ProfileModel::parse("small:1000:high")],
             allow_base_url: false,
+            image_input: ImageInput::All,
         };
         let small = cfg.spec(&profile, "small");
         assert_eq!(small.context_tokens, 1000);
@@ -566,5 +604,44 @@ mod tests {
         assert_eq!(main.level, Some(ReasoningLevel::Medium));
         assert!(main.body_limit() > small.body_limit());
         assert_eq!(cfg.spec(&profile, "other").level, None);
+    }
+}
+
+#[cfg(test)]
+mod image_input_tests {
+    use std::collections::HashMap;
+
+    use super::ProviderSet;
+
+    fn load(vars: &[(&str, &str)]) -> ProviderSet {
+        let vars: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        ProviderSet::load(|k| vars.get(k).cloned(), |_| Ok(None)).expect("profiles")
+    }
+
+    #[test]
+    fn each_profile_says_which_of_its_models_take_images() {
+        let set = load(&[
+            ("BERTH_MODEL_BASE_URL", "http://default"),
+            ("BERTH_PROVIDERS", "mixed,blind"),
+            ("BERTH_PROVIDER_MIXED_BASE_URL", "http://mixed"),
+            ("BERTH_PROVIDER_MIXED_MODELS", "seeing,text-only"),
+            ("BERTH_PROVIDER_MIXED_IMAGE_INPUT", "seeing, other"),
+            ("BERTH_PROVIDER_BLIND_BASE_URL", "http://blind"),
+            ("BERTH_PROVIDER_BLIND_IMAGE_INPUT", "false"),
+        ]);
+        let default = set.get(None).expect("default");
+        assert!(
+            default.takes_images("anything"),
+            "images are taken unless a profile says otherwise"
+        );
+        let mixed = set.get(Some("mixed")).expect("mixed");
+        assert!(mixed.takes_images("seeing"));
+        assert!(!mixed.takes_images("text-only"));
+        assert!(!set.get(Some("blind")).expect("blind").takes_images("seeing"));
+        let off = load(&[
+            ("BERTH_MODEL_BASE_URL", "http://default"),
+            ("BERTH_MODEL_IMAGE_INPUT", "false"),
+        ]);
+        assert!(!off.get(None).expect("default").takes_images("m"));
     }
 }

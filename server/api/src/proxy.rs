@@ -156,7 +156,8 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
             );
         }
     }
-    if !model_cfg.image_input {
+    // Images reach only a model that takes them; others read a note in their place.
+    if !profile.takes_images(&model) {
         strip_images(&mut obj);
     }
     let label = model_label(model_cfg, profile, &model);

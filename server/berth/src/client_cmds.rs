@@ -3,8 +3,8 @@
 //! `--json` for scripts.
 
 use std::{
-    collections::HashMap,
-    io::{BufRead, Write},
+    collections::{HashMap, VecDeque},
+    io::{BufRead, IsTerminal, Write},
     os::unix::fs::OpenOptionsExt,
     path::PathBuf,
 };
@@ -13,16 +13,18 @@ use anyhow::Context;
 use berth_client::{
     Client,
     method::{
-        SessionCreate, SessionFork, SessionGet, SessionHistory, SessionList, SessionSearch, SessionSend, SessionSource,
-        SessionStop, WorkspaceList,
+        SessionCreate, SessionFork, SessionGet, SessionHistory, SessionList, SessionRespond, SessionSearch,
+        SessionSend, SessionSource, SessionStop, WorkspaceList,
     },
     protocol::{
-        Event, EventPayload, LiveItem, RowKind, SessionCreateParams, SessionForkParams, SessionHistoryParams,
-        SessionListParams, SessionRef, SessionSearchParams, SessionSendParams, SessionSourceParams, SessionStopParams,
-        WatchItem,
+        Event, EventPayload, INTERACTION_APPROVAL, Interaction, LiveItem, RowKind, SessionCreateParams,
+        SessionForkParams, SessionHistoryParams, SessionListParams, SessionRef, SessionRespondParams,
+        SessionSearchParams, SessionSendParams, SessionSourceParams, SessionStopParams, WatchItem,
     },
 };
 use serde::{Deserialize, Serialize};
+
+use crate::pieces::Pieces;
 
 #[derive(clap::Args, Clone)]
 pub struct Remote {
@@ -39,8 +41,9 @@ pub struct Remote {
 
 #[derive(clap::Subcommand)]
 pub enum ClientCommand {
-    /// Sign in with email and password (read from standard input) and store the token
-    /// (mode 0600) for the other client commands.
+    /// Sign in with email and password and store the token (mode 0600) for the other
+    /// client commands. The password is read from the terminal without echo (from standard
+    /// input when it is not a terminal).
     Login {
         #[arg(long)]
         server: String,
@@ -60,7 +63,8 @@ pub enum ClientCommand {
         workspace: Option<String>,
     },
     /// Chat in a session (a new one in --workspace when none is given): each line of
-    /// standard input is a prompt; the answer streams as it arrives. Ctrl-C stops the turn.
+    /// standard input is a prompt; the answer streams as it arrives; a tool call held for
+    /// approval is asked inline (answer y or n). Ctrl-C stops the turn.
     Chat {
         #[command(flatten)]
         remote: Remote,
@@ -99,6 +103,23 @@ pub enum ClientCommand {
         session: String,
         turn: String,
     },
+    /// Be an Agent Client Protocol agent on stdio (for editors such as Zed) whose sessions
+    /// are this server's: each ACP session is a Berth session.
+    Acp {
+        /// The server, e.g. https://berth.example.com (default: the one `berth login` stored).
+        #[arg(long, env = "BERTH_SERVER")]
+        server: Option<String>,
+        /// File holding a credential (default: the one `berth login` stored).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Start every new session in this workspace (an id or a title).
+        #[arg(long)]
+        workspace: Option<String>,
+        /// DIR=WORKSPACE: a session started in DIR or below goes to WORKSPACE (repeatable).
+        /// Without either option, the workspace whose path holds the editor's directory.
+        #[arg(long = "map", value_parser = crate::acp::WorkspaceChoice::parse_map)]
+        maps: Vec<(PathBuf, String)>,
+    },
     /// Print the protocol's JSON Schema (or its TypeScript declarations).
     Schema {
         #[arg(long)]
@@ -125,15 +146,19 @@ fn credentials_path() -> anyhow::Result<PathBuf> {
 }
 
 async fn connect(remote: &Remote) -> anyhow::Result<Client> {
+    connect_to(remote.server.as_deref(), remote.token_file.as_deref()).await
+}
+
+/// Connect with the given server and credential file, or what `berth login` stored.
+async fn connect_to(server: Option<&str>, token_file: Option<&std::path::Path>) -> anyhow::Result<Client> {
     let stored: Option<Stored> = std::fs::read(credentials_path()?)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    let server = remote
-        .server
-        .clone()
+    let server = server
+        .map(str::to_string)
         .or_else(|| stored.as_ref().map(|s| s.server.clone()))
         .context("no server: pass --server or run `berth login`")?;
-    let token = match &remote.token_file {
+    let token = match token_file {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("reading {}", f.display()))?
             .trim()
@@ -162,10 +187,8 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
             Ok(())
         }
         ClientCommand::Login { server, tenant, email } => {
-            let mut password = String::new();
-            std::io::stdin().lock().read_line(&mut password)?;
-            let password = password.trim_end_matches(['\r', '\n']);
-            let login = berth_client::login(&server, &tenant, &email, password).await?;
+            let password = read_password()?;
+            let login = berth_client::login(&server, &tenant, &email, &password).await?;
             let path = credentials_path()?;
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
@@ -343,7 +366,56 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
             session,
             workspace,
         } => chat(remote, session, workspace).await,
+        ClientCommand::Acp {
+            server,
+            token_file,
+            workspace,
+            maps,
+        } => {
+            let client = connect_to(server.as_deref(), token_file.as_deref()).await?;
+            crate::acp::run(client, crate::acp::WorkspaceChoice { fixed: workspace, maps }).await
+        }
     }
+}
+
+/// Ask about an interaction at the prompt (on stderr when stdout is JSON).
+fn ask(interaction: &Interaction, json: bool) -> std::io::Result<()> {
+    let question = if interaction.kind == INTERACTION_APPROVAL {
+        let tool = interaction.tool.as_ref().map_or("tool", |t| t.name.as_str());
+        format!("[approve {tool} {}? y/n] ", interaction.input)
+    } else {
+        let options = interaction.options.as_deref().unwrap_or_default().join(" / ");
+        format!("[question {} ({options}; empty for none)] ", interaction.input)
+    };
+    if json {
+        eprint!("{question}");
+        std::io::stderr().flush()
+    } else {
+        let mut out = std::io::stdout().lock();
+        write!(out, "{question}")?;
+        out.flush()
+    }
+}
+
+/// The `session.respond` answer a line typed at the prompt gives: `y`/`yes` approves
+/// (anything else denies); a question takes the line as its choice (empty: none).
+fn answer_for(interaction: &Interaction, line: &str) -> serde_json::Value {
+    let line = line.trim();
+    if interaction.kind == INTERACTION_APPROVAL {
+        serde_json::json!({"approved": matches!(line.to_lowercase().as_str(), "y" | "yes")})
+    } else {
+        serde_json::json!({"choice": (!line.is_empty()).then_some(line)})
+    }
+}
+
+/// The password: from the terminal with echo off, or a line of standard input (scripts).
+fn read_password() -> anyhow::Result<String> {
+    if std::io::stdin().is_terminal() {
+        return Ok(rpassword::prompt_password("Password: ")?);
+    }
+    let mut password = String::new();
+    std::io::stdin().lock().read_line(&mut password)?;
+    Ok(password.trim_end_matches(['\r', '\n']).to_string())
 }
 
 fn render_row(row: &berth_client::protocol::Row) -> String {
@@ -356,27 +428,17 @@ fn render_row(row: &berth_client::protocol::Row) -> String {
     }
 }
 
-/// The streamed text of the turn in progress: how many bytes of each model step were
-/// printed, so that deltas (which carry their byte offset) and the completed step's row
-/// print every byte once, across reconnects and resyncs.
+/// The streamed text of the turn in progress (every byte printed once, see [`Pieces`]) and
+/// the steps completed per turn (the next `model.completed` is that step).
 #[derive(Default)]
 struct Printed {
-    /// (turn, step) → bytes of text printed.
-    text: HashMap<(String, i64), usize>,
-    /// Steps completed per turn (the next `model.completed` is that step).
+    text: Pieces,
     steps: HashMap<String, i64>,
 }
 
 impl Printed {
     fn piece(&mut self, turn: &str, step: i64, offset: usize, text: &str) -> String {
-        let done = self.text.entry((turn.to_string(), step)).or_default();
-        let end = offset + text.len();
-        if offset > *done || end <= *done || !text.is_char_boundary(*done - offset) {
-            return String::new();
-        }
-        let out = text[*done - offset..].to_string();
-        *done = end;
-        out
+        self.text.piece(turn, step, offset, text)
     }
 
     fn event(&mut self, ev: &Event, out: &mut impl Write) -> std::io::Result<()> {
@@ -439,8 +501,15 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
         }
     });
     let mut printed = Printed::default();
+    let mut stdin_open = true;
     let stdout = std::io::stdout();
+    // A person at a terminal gets a prompt when the chat is ready for the next line.
+    let interactive = std::io::stdin().is_terminal() && !remote.json;
     loop {
+        if interactive {
+            print!("> ");
+            std::io::stdout().flush()?;
+        }
         // Ctrl-C between turns ends the chat (within one it stops the turn).
         let prompt = tokio::select! {
             line = lines.recv() => line,
@@ -462,9 +531,31 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
             print_json(&sent)?;
         }
         let mut stopping = false;
+        // Interactions waiting for an answer at the prompt, the one asked first.
+        let mut asking: VecDeque<Interaction> = VecDeque::new();
         loop {
             let item = tokio::select! {
                 item = watch.next_item() => item,
+                line = lines.recv(), if stdin_open && !asking.is_empty() => {
+                    let Some(line) = line else {
+                        // Nobody left to answer: the interaction's own timeout will.
+                        stdin_open = false;
+                        continue;
+                    };
+                    let Some(interaction) = asking.pop_front() else { continue };
+                    let answered = client.call::<SessionRespond>(SessionRespondParams {
+                        interaction_id: interaction.interaction_id.clone(),
+                        answer: answer_for(&interaction, &line),
+                        operation_id: None,
+                    }).await;
+                    if let Err(e) = answered {
+                        eprintln!("[the answer was not taken: {e}]");
+                    }
+                    if let Some(next) = asking.front() {
+                        ask(next, remote.json)?;
+                    }
+                    continue;
+                }
                 _ = tokio::signal::ctrl_c(), if !stopping => {
                     stopping = true;
                     client.call::<SessionStop>(SessionStopParams {
@@ -495,6 +586,34 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
                     if !remote.json {
                         printed.event(ev, &mut out)?;
                     }
+                    match &ev.payload {
+                        EventPayload::InteractionRequested(r) => {
+                            asking.push_back((*r.interaction).clone());
+                            if asking.len() == 1 {
+                                drop(out);
+                                ask(&asking[0], remote.json)?;
+                                out = stdout.lock();
+                            }
+                        }
+                        EventPayload::InteractionResolved(r) => {
+                            // Resolved other than by this prompt's answer (another client,
+                            // expiry, the turn ending): stop asking.
+                            if let Some(i) = asking.iter().position(|x| x.interaction_id == r.interaction_id) {
+                                asking.remove(i);
+                                if !remote.json {
+                                    writeln!(out, "[{}]", r.state.as_str())?;
+                                }
+                                if i == 0
+                                    && let Some(next) = asking.front()
+                                {
+                                    drop(out);
+                                    ask(next, remote.json)?;
+                                    out = stdout.lock();
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
                     if let EventPayload::TurnEnded(end) = &ev.payload
                         && ev.turn_id.as_deref() == Some(sent.turn_id.as_str())
                     {
@@ -509,22 +628,4 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn streamed_pieces_print_every_byte_once() {
-        let mut p = Printed::default();
-        assert_eq!(p.piece("t", 0, 0, "Hel"), "Hel");
-        // A repeat after a reconnect (from offset 0) prints only what is new.
-        assert_eq!(p.piece("t", 0, 0, "Hello"), "lo");
-        assert_eq!(p.piece("t", 0, 3, "lo"), "");
-        // A piece beyond what was printed (a gap) waits for the completed row.
-        assert_eq!(p.piece("t", 0, 9, "x"), "");
-        assert_eq!(p.piece("t", 0, 0, "Hello world"), " world");
-        assert_eq!(p.piece("t", 1, 0, "next"), "next");
-    }
 }

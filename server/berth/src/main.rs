@@ -1,6 +1,8 @@
 //! `berth`: one binary with subcommands — `serve`, `worker`, `dev`, `migrate`, `admin`.
 
+mod acp;
 mod client_cmds;
+mod pieces;
 mod settings;
 
 use std::{
@@ -84,6 +86,10 @@ struct WorkerArgs {
     /// Longest a shell tool call may run, in seconds (BERTH_WORKER_SHELL_TIMEOUT_SECS; default 300).
     #[arg(long)]
     shell_timeout_secs: Option<String>,
+    /// Serve `/healthz` (alive) and `/readyz` (registered with the API tier) on this address
+    /// for probes (BERTH_WORKER_HEALTH_LISTEN; default: none).
+    #[arg(long)]
+    health_listen: Option<String>,
 }
 
 /// The worker's loop and tool limits: flag > environment > config file > default.
@@ -365,7 +371,6 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         },
         max_concurrent: settings.parse(None, "BERTH_MODEL_MAX_CONCURRENT", "64")?,
         requests_per_min: settings.parse(None, "BERTH_MODEL_RATE_PER_MIN", "600")?,
-        image_input: settings.parse(None, "BERTH_MODEL_IMAGE_INPUT", "true")?,
         resilience: berth_api::config::Resilience {
             connect_timeout: secs(settings, "BERTH_MODEL_CONNECT_TIMEOUT_SECS", "10")?,
             first_byte_timeout: secs(settings, "BERTH_MODEL_FIRST_BYTE_TIMEOUT_SECS", "120")?,
@@ -581,7 +586,41 @@ async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
         wait_for_signal().await;
         s.cancel();
     });
-    berth_worker::run(cfg, shutdown).await
+    let connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(addr) = settings.get(args.health_listen.as_deref(), "BERTH_WORKER_HEALTH_LISTEN") {
+        let addr: std::net::SocketAddr = addr.parse().context("BERTH_WORKER_HEALTH_LISTEN")?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding BERTH_WORKER_HEALTH_LISTEN {addr}"))?;
+        tokio::spawn(worker_health(listener, connected.clone(), shutdown.clone()));
+    }
+    berth_worker::run_reporting(cfg, shutdown, connected).await
+}
+
+/// The worker's probe endpoints: `/healthz` while the process runs, `/readyz` while it is
+/// registered with the API tier (a worker that cannot reach it keeps retrying, and is alive).
+async fn worker_health(
+    listener: tokio::net::TcpListener,
+    connected: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    shutdown: CancellationToken,
+) {
+    use axum::{http::StatusCode, routing::get};
+    let app = axum::Router::new().route("/healthz", get(|| async { "ok" })).route(
+        "/readyz",
+        get(move || async move {
+            if connected.load(std::sync::atomic::Ordering::Relaxed) {
+                (StatusCode::OK, "connected")
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, "not connected")
+            }
+        }),
+    );
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    if let Err(e) = served {
+        tracing::warn!(error = %e, "worker health listener stopped");
+    }
 }
 
 async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Result<()> {

@@ -127,6 +127,22 @@ impl Conn {
         answer(resp)
     }
 
+    /// `content.upload`: the request, then right behind it on the same socket its binary
+    /// message (`id` big-endian, then `data`), and wait for the answer.
+    pub async fn upload(&self, id: u32, params: Value, data: &[u8]) -> Result<Value> {
+        let rx = self.send(
+            id,
+            <berth_protocol::method::ContentUpload as berth_protocol::Method>::NAME,
+            params,
+            None,
+        )?;
+        self.out
+            .send(Message::Binary(frame(id, data).into()))
+            .map_err(|_| Error::Disconnected)?;
+        let resp = rx.await.map_err(|_| Error::Disconnected)?;
+        answer(resp)
+    }
+
     /// Open a subscription (`id` is its request id).
     pub fn subscribe(&self, id: u32, method: &str, params: Value) -> Result<Subscription> {
         let (tx, items) = mpsc::unbounded_channel();
@@ -141,6 +157,14 @@ impl Conn {
             let _ = self.out.send(Message::text(text));
         }
     }
+}
+
+/// An upload's binary message: the request id (big-endian u32), then the bytes.
+pub(crate) fn frame(id: u32, data: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(4 + data.len());
+    frame.extend_from_slice(&id.to_be_bytes());
+    frame.extend_from_slice(data);
+    frame
 }
 
 /// A response's result, or its error as [`Error::Rpc`].

@@ -10,6 +10,7 @@
 //!   its retries reuse, so the server answers a retry with the original outcome instead of
 //!   doing the work twice. A watch resubscribes from the last sequence it delivered, so its
 //!   consumer sees every event exactly once.
+//! - **Uploads** ([`Client::upload`]): `content.upload` and its binary message in one call.
 
 mod connection;
 mod watch;
@@ -322,6 +323,39 @@ impl Client {
         }
     }
 
+    /// Upload an attachment (`content.upload` with its binary message). The declared size
+    /// is filled in when absent, so a message cut short is refused rather than stored. An
+    /// upload whose answer was lost is sent again: the first, if it was stored, is an
+    /// attachment nothing names (released with its session).
+    pub async fn upload(
+        &self,
+        mut params: berth_protocol::ContentUploadParams,
+        data: &[u8],
+    ) -> Result<berth_protocol::ContentUploadResult> {
+        params.bytes.get_or_insert(data.len() as u64);
+        let params = serde_json::to_value(params).map_err(|e| Error::Usage(e.to_string()))?;
+        let retry = &self.inner.retry;
+        let mut attempt = 0;
+        loop {
+            let outcome = match self.connection().await {
+                Ok(conn) => conn.upload(self.next_id(), params.clone(), data).await,
+                Err(Error::Connect(_)) if attempt < retry.call_retries => Err(Error::Disconnected),
+                Err(e) => return Err(e),
+            };
+            match outcome {
+                Ok(value) => {
+                    return serde_json::from_value(value).map_err(|e| Error::Protocol(format!("content.upload: {e}")));
+                }
+                Err(Error::Disconnected) if attempt < retry.call_retries => {
+                    tracing::debug!(attempt, "connection lost during an upload; sending again");
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(retry.backoff(attempt)).await;
+            attempt += 1;
+        }
+    }
+
     /// Watch a session from after `after` (0: from the start). The stream yields every
     /// event once, in order, across reconnects, plus live items; it ends when the
     /// subscription ends (an error item first if it ended with one).
@@ -358,6 +392,12 @@ mod tests {
         assert_eq!(Endpoints::parse("localhost:1").unwrap().http, "http://localhost:1");
         assert!(Endpoints::parse("ftp://x").is_err());
         assert!(Endpoints::parse("").is_err());
+    }
+
+    #[test]
+    fn an_upload_frame_is_the_request_id_big_endian_then_the_bytes() {
+        assert_eq!(connection::frame(0x0102_0304, b"ab"), vec![1, 2, 3, 4, b'a', b'b']);
+        assert_eq!(connection::frame(7, b""), vec![0, 0, 0, 7]);
     }
 
     #[test]

@@ -112,6 +112,10 @@ methods! {
     GitStatusGet = "git.status" (GitStatusParams) -> Option<GitStatus>;
     /// One path's difference in one area.
     GitDiffGet = "git.diff" (GitDiffParams) -> GitDiff;
+    /// Capture the workspace's changes as an immutable patch (through its worker).
+    PatchSnapshot = "patch.snapshot" (PatchSnapshotParams) -> PatchInfo;
+    /// A page of a captured patch's text.
+    PatchRead = "patch.read" (PatchReadParams) -> PatchReadResult;
     /// A page of a directory's direct children.
     FilesList = "files.list" (FilesListParams) -> FilesListResult;
     /// Subscription: `ready`, then `changed` whenever the directory needs rereading; ends

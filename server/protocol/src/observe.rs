@@ -309,3 +309,71 @@ pub const FILES_LIST_PAGE: usize = 128;
 pub const FILES_LIST_BYTES: usize = 512 << 10;
 /// The most original bytes a `files.read` chunk carries.
 pub const FILES_READ_CHUNK: usize = 32 << 10;
+
+/// The largest patch `patch.snapshot` captures, in bytes (more → `payload-too-large
+/// {limit: "patch", max}`).
+pub const MAX_PATCH_BYTES: usize = 64 << 20;
+/// The most bytes of patch text one `patch.read` page carries.
+pub const PATCH_PAGE_BYTES: usize = 256 << 10;
+
+/// `patch.snapshot` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PatchSnapshotParams {
+    pub session_id: String,
+    /// Label the patch with this settled turn of the session (`turn-busy` while it is
+    /// queued or running); without it, the session must have no running turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// Required: a retry returns the patch the first attempt captured.
+    pub operation_id: String,
+}
+
+/// A captured patch: every change of the workspace against HEAD (staged, worktree and
+/// untracked files, ignored files left out) as one `git apply`-able unified diff.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PatchInfo {
+    pub patch_id: String,
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// The commit the patch applies to; absent for a repository without commits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// How many paths the patch changes.
+    pub files: u32,
+    /// Bytes of patch text (UTF-8).
+    pub bytes: u64,
+    /// Lowercase hex SHA-256 of the patch text.
+    pub sha256: String,
+    pub created_at: String,
+}
+
+/// `patch.read` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PatchReadParams {
+    pub patch_id: String,
+    /// The `nextAfter` of the previous page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+}
+
+/// One page of a patch's text: at most [`PATCH_PAGE_BYTES`], ending on a line boundary
+/// when the page holds one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PatchReadResult {
+    pub patch: PatchInfo,
+    /// The byte offset of `text` in the patch.
+    pub offset: u64,
+    pub text: String,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}

@@ -85,6 +85,27 @@ pub struct CallCancel {
     pub call_id: u32,
 }
 
+/// One item of a `patch.snapshot` call: the next piece of the patch text (at most
+/// [`PATCH_CHUNK_BYTES`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PatchChunk {
+    pub text: String,
+}
+
+/// The answer of a `patch.snapshot` call, after its chunks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PatchCaptured {
+    /// HEAD's commit; absent when the repository has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    pub files: u32,
+}
+
+/// The most bytes of patch text one [`PatchChunk`] carries.
+pub const PATCH_CHUNK_BYTES: usize = 64 << 10;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerHello {
@@ -92,6 +113,11 @@ pub struct WorkerHello {
     /// The machine's stable name; a workspace keeps its identity by (host, name).
     pub host: String,
     pub workspaces: Vec<WorkspaceDecl>,
+    /// The connection this worker held before this one (its `connectionId`), which it has
+    /// given up: the server ends that connection's running turns `interrupted` now rather
+    /// than when its presence goes stale (its replica may have died without a word).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -104,6 +130,9 @@ pub struct WorkspaceDecl {
 #[serde(rename_all = "camelCase")]
 pub struct WorkerHelloResult {
     pub workspaces: Vec<RegisteredWorkspace>,
+    /// This connection's id, for the next `worker.hello`'s `replaces`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

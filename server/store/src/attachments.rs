@@ -106,7 +106,7 @@ impl Store {
         Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
 
-    /// Of `keys` (object keys found in object storage), those no attachment row names:
+    /// Of `keys` (object keys found in object storage), those no attachment or patch row names:
     /// orphans a crash between storing the bytes and recording the row left behind.
     /// Cross-tenant system work (runs as the owner).
     pub async fn unrecorded_object_keys(&self, keys: &[String]) -> Result<Vec<String>> {
@@ -114,7 +114,8 @@ impl Store {
         let rows = client
             .qa(
                 "SELECT k FROM unnest($1::text[]) AS k
-                  WHERE NOT EXISTS (SELECT 1 FROM attachments WHERE object_key = k)",
+                  WHERE NOT EXISTS (SELECT 1 FROM attachments WHERE object_key = k)
+                    AND NOT EXISTS (SELECT 1 FROM patches WHERE object_key = k)",
                 &[&keys],
             )
             .await?;

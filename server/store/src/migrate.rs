@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0012_worker_call_routing.sql", include_str!("../../../migrations/0012_worker_call_routing.sql")),
     ("0013_attachments.sql", include_str!("../../../migrations/0013_attachments.sql")),
     ("0014_coordinator.sql", include_str!("../../../migrations/0014_coordinator.sql")),
+    ("0015_patches.sql", include_str!("../../../migrations/0015_patches.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -547,6 +547,30 @@ impl Store {
         Ok(self.interrupt(rows).await)
     }
 
+    /// A worker reconnected and says it gave up its connection `old`: forget that
+    /// connection and interrupt its running turns now. Only a connection of the same
+    /// credential is touched; one whose presence is already gone is left to the sweep.
+    pub async fn abandon_connection(&self, principal: &Principal, old: &str) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        let forgotten = client
+            .ex(
+                "DELETE FROM worker_presence WHERE connection_id = $1 AND credential_id = $2",
+                &[&old, &principal.credential_id],
+            )
+            .await?;
+        if forgotten == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = client
+            .qa(
+                "SELECT id, tenant_id FROM turns WHERE dispatched_to = $1 AND tenant_id = $2 AND state = 'running'",
+                &[&old, &principal.tenant_id],
+            )
+            .await?;
+        drop(client);
+        Ok(self.interrupt(rows).await)
+    }
+
     /// Forget worker connections whose replica stopped heartbeating (it died), then
     /// interrupt every running turn handed to a connection with no live presence row —
     /// whatever left it so (a crash or an error between deleting the presence and

@@ -44,8 +44,16 @@ impl Store {
     }
 
     /// Remove a workspace with its sessions (their running turns are stopped first, as by
-    /// `session.remove`). Idempotent: `{removed: false}` when it does not exist.
-    pub async fn remove_workspace(&self, tenant_id: &str, workspace_id: &str, op: Option<&Receipt>) -> Result<Removed> {
+    /// `session.remove`). Idempotent: `{removed: false}` when it does not exist. Also returns
+    /// the object keys of the attachments and patches its sessions owned, whose rows are
+    /// deleted in the same transaction: the caller deletes those blobs after the rows (a
+    /// fork stays in its source's workspace, so nothing outside it names them).
+    pub async fn remove_workspace(
+        &self,
+        tenant_id: &str,
+        workspace_id: &str,
+        op: Option<&Receipt>,
+    ) -> Result<(Removed, Vec<String>)> {
         let sessions: Vec<String> = {
             let mut client = self.pool.get().await?;
             let tx = tenant_tx(&mut client, tenant_id).await?;
@@ -65,6 +73,18 @@ impl Store {
         }
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        let mut keys = Vec::new();
+        for sql in [
+            "DELETE FROM attachments a USING sessions s
+              WHERE s.id = a.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND a.tenant_id = $2
+              RETURNING a.object_key",
+            "DELETE FROM patches p USING sessions s
+              WHERE s.id = p.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND p.tenant_id = $2
+              RETURNING p.object_key",
+        ] {
+            let rows = tx.qa(sql, &[&workspace_id, &tenant_id]).await?;
+            keys.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+        }
         // Sessions, their events, rows and turns go with the workspace (ON DELETE CASCADE).
         let n = tx
             .ex(
@@ -75,6 +95,6 @@ impl Store {
         let result = Removed { removed: n > 0 };
         finish(&tx, op, &result).await?;
         tx.commit().await?;
-        Ok(result)
+        Ok((result, keys))
     }
 }

@@ -15,6 +15,7 @@ mod files;
 mod fork;
 mod git;
 pub(crate) mod interaction;
+mod patch;
 mod queue;
 mod receipts;
 mod search;
@@ -750,6 +751,8 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::WorkspaceFiles::NAME => call::<method::WorkspaceFiles, _, _>(ctx, params, workspace::files).await,
         method::GitStatusGet::NAME => call::<method::GitStatusGet, _, _>(ctx, params, git::status).await,
         method::GitDiffGet::NAME => call::<method::GitDiffGet, _, _>(ctx, params, git::diff).await,
+        method::PatchSnapshot::NAME => call::<method::PatchSnapshot, _, _>(ctx, params, patch::snapshot).await,
+        method::PatchRead::NAME => call::<method::PatchRead, _, _>(ctx, params, patch::read).await,
         method::FilesList::NAME => call::<method::FilesList, _, _>(ctx, params, files::list).await,
         method::FilesWatch::NAME => call::<method::FilesWatch, _, _>(ctx, params, files::watch).await,
         method::FilesRead::NAME => call::<method::FilesRead, _, _>(ctx, params, files::read).await,
@@ -942,6 +945,8 @@ mod tests {
         "WorkspaceFiles",
         "GitStatusGet",
         "GitDiffGet",
+        "PatchSnapshot",
+        "PatchRead",
         "FilesList",
         "FilesWatch",
         "FilesRead",

@@ -27,6 +27,7 @@ const MUTATIONS: &[&str] = &[
     "queue.remove",
     "workspace.rename",
     "workspace.remove",
+    "patch.snapshot",
     "admin.credential.create",
     "admin.credential.revoke",
     "admin.user.create",

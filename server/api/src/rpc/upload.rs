@@ -175,19 +175,29 @@ pub async fn content_upload(ctx: Ctx, p: ContentUploadParams) -> ApiResult<Conte
     })
 }
 
-/// Delete a removed session's attachments: rows first, then bytes (a failure leaves an
-/// orphan blob, never a row without bytes). Best effort: the removal itself has succeeded.
+/// Delete a removed session's attachments and patches: rows first, then bytes (a failure
+/// leaves an orphan blob, never a row without bytes). Best effort: the removal itself has
+/// succeeded.
 pub async fn release_session(state: &AppState, tenant_id: &str, session_id: &str) {
-    let keys = match state.store.release_session_attachments(tenant_id, session_id).await {
+    let mut keys = match state.store.release_session_attachments(tenant_id, session_id).await {
         Ok(k) => k,
         Err(e) => {
             tracing::warn!(error = %e, "could not release a removed session's attachments");
-            return;
+            Vec::new()
         }
     };
+    match state.store.release_session_patches(tenant_id, session_id).await {
+        Ok(k) => keys.extend(k),
+        Err(e) => tracing::warn!(error = %e, "could not release a removed session's patches"),
+    }
+    delete_blobs(state, keys).await;
+}
+
+/// Delete blobs whose rows are gone (best effort: the sweep removes what is left).
+pub async fn delete_blobs(state: &AppState, keys: Vec<String>) {
     for key in keys {
         if let Err(e) = state.blobs.delete(&key).await {
-            tracing::warn!(error = %e, "could not delete an attachment's bytes");
+            tracing::warn!(error = %e, "could not delete a released blob");
         }
     }
 }
@@ -196,7 +206,7 @@ pub async fn release_session(state: &AppState, tenant_id: &str, session_id: &str
 /// storing the bytes and recording the row). Returns how many were removed.
 pub async fn sweep_orphans(state: &AppState) -> anyhow::Result<usize> {
     let age = chrono::Duration::from_std(state.config.object_store.orphan_age)?;
-    let keys = state.blobs.attachments_older_than(chrono::Utc::now() - age).await?;
+    let keys = state.blobs.owned_older_than(chrono::Utc::now() - age).await?;
     let mut removed = 0;
     for batch in keys.chunks(500) {
         for key in state.store.unrecorded_object_keys(batch).await? {

@@ -47,11 +47,14 @@ pub async fn rename(ctx: Ctx, p: WorkspaceRenameParams) -> ApiResult<Workspace> 
 #[tracing::instrument(skip_all, fields(workspace.id = %p.workspace_id))]
 pub async fn remove(ctx: Ctx, p: WorkspaceRemoveParams) -> ApiResult<Removed> {
     let me = ctx.principal()?;
-    Ok(ctx
+    let (removed, keys) = ctx
         .state
         .store
         .remove_workspace(&me.tenant_id, &p.workspace_id, ctx.op.as_ref())
-        .await?)
+        .await?;
+    // The rows are gone; now the bytes (a failure leaves an orphan for the sweep).
+    crate::rpc::upload::delete_blobs(&ctx.state, keys).await;
+    Ok(removed)
 }
 
 /// Completion candidates, answered by the workspace's worker.

@@ -156,7 +156,7 @@ impl Wait {
     fn of(method_name: &str) -> Wait {
         match method_name {
             method::FilesWatch::NAME => Wait::Open,
-            method::FilesRead::NAME => Wait::Stream,
+            method::FilesRead::NAME | method::PatchSnapshot::NAME => Wait::Stream,
             _ => Wait::Unary,
         }
     }

@@ -15,7 +15,9 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use berth_protocol::{ErrorCode, GitArea, GitChange, GitDiff, GitEntry, GitHead, GitStatus, RpcError};
+use berth_protocol::{
+    ErrorCode, GitArea, GitChange, GitDiff, GitEntry, GitHead, GitStatus, RpcError, worker::PatchCaptured,
+};
 use gix::{ObjectId, bstr::ByteSlice, index::entry::Mode, objs::tree::EntryKind};
 
 use super::{encode_path, failure};
@@ -415,6 +417,134 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     Ok(GitDiff::Text { patch })
 }
 
+/// `patch.snapshot`: every change of the workspace against HEAD — the paths `status`
+/// lists in any area — as one unified diff `git apply` takes (HEAD's content → the
+/// file's; binary or non-UTF-8 content as `Binary files … differ`), and the facts about it.
+/// More than `max` bytes is `payload-too-large {limit: "patch"}`.
+pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcError> {
+    let Some(repo) = open(root)? else {
+        return Err(failure(ErrorCode::Unsupported, "feature", "no-repository"));
+    };
+    let Some(st) = status(root)? else {
+        return Err(failure(ErrorCode::Unsupported, "feature", "no-repository"));
+    };
+    let (head, tree) = head_tree(&repo)?;
+    let mut paths = BTreeSet::new();
+    for e in st.staged.iter().chain(&st.worktree).chain(&st.untracked) {
+        let path = super::decode_raw(&e.path).map_err(|_| RpcError::new(ErrorCode::Internal))?;
+        // A nested repository (`dir/`) is not content of this one.
+        if !path.ends_with(b"/") {
+            paths.insert(path);
+        }
+    }
+    let mut out = String::new();
+    let mut files = 0u32;
+    for path in paths {
+        let old: Side = match tree.get(&path) {
+            Some(item) if item.kind == EntryKind::Commit => continue,
+            Some(item) => Some((repo.find_blob(item.id).map_err(broken)?.data.clone(), item.kind)),
+            None => None,
+        };
+        let new = worktree_blob(&fs_path(root, &path)).map_err(broken)?;
+        if old == new {
+            continue;
+        }
+        files += 1;
+        match (old, new) {
+            (Some(o), Some(n)) if is_link(o.1) != is_link(n.1) => {
+                file_patch(&mut out, &path, Some(o), None);
+                file_patch(&mut out, &path, None, Some(n));
+            }
+            (o, n) => file_patch(&mut out, &path, o, n),
+        }
+        if out.len() > max {
+            let mut fields = serde_json::Map::new();
+            fields.insert("limit".into(), "patch".into());
+            fields.insert("max".into(), max.into());
+            return Err(RpcError::with_fields(ErrorCode::PayloadTooLarge, fields));
+        }
+    }
+    Ok((
+        out,
+        PatchCaptured {
+            base: head.map(|h| h.oid),
+            files,
+        },
+    ))
+}
+
+fn mode(kind: EntryKind) -> &'static str {
+    match kind {
+        EntryKind::BlobExecutable => "100755",
+        EntryKind::Link => "120000",
+        _ => "100644",
+    }
+}
+
+/// A path as git writes it in a patch header: C-quoted (octal escapes for control and
+/// non-ASCII bytes) when it needs quoting, so any name survives as UTF-8 text.
+fn quoted(prefix: &str, path: &[u8]) -> String {
+    let plain = path
+        .iter()
+        .all(|&b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
+    if plain {
+        return format!("{prefix}{}", String::from_utf8_lossy(path));
+    }
+    let mut s = String::from("\"");
+    s.push_str(prefix);
+    for &b in path {
+        match b {
+            b'"' => s.push_str("\\\""),
+            b'\\' => s.push_str("\\\\"),
+            b'\t' => s.push_str("\\t"),
+            b'\n' => s.push_str("\\n"),
+            b'\r' => s.push_str("\\r"),
+            0x20..0x7f => s.push(b as char),
+            _ => s.push_str(&format!("\\{b:03o}")),
+        }
+    }
+    s.push('"');
+    s
+}
+
+/// One path's part of a patch, in git's format.
+fn file_patch(out: &mut String, path: &[u8], old: Side, new: Side) {
+    let (a, b) = (quoted("a/", path), quoted("b/", path));
+    out.push_str(&format!("diff --git {a} {b}\n"));
+    match (&old, &new) {
+        (None, Some((_, kind))) => out.push_str(&format!("new file mode {}\n", mode(*kind))),
+        (Some((_, kind)), None) => out.push_str(&format!("deleted file mode {}\n", mode(*kind))),
+        (Some((_, o)), Some((_, n))) if mode(*o) != mode(*n) => {
+            out.push_str(&format!("old mode {}\nnew mode {}\n", mode(*o), mode(*n)));
+        }
+        _ => {}
+    }
+    let before = old.as_ref().map(|o| o.0.as_slice());
+    let after = new.as_ref().map(|n| n.0.as_slice());
+    if before.unwrap_or_default() == after.unwrap_or_default() {
+        // A mode change only, or an empty file added or removed: no hunks.
+        return;
+    }
+    let from = if before.is_some() {
+        a.clone()
+    } else {
+        "/dev/null".into()
+    };
+    let to = if after.is_some() { b.clone() } else { "/dev/null".into() };
+    let binary = |d: Option<&[u8]>| d.is_some_and(|d| d[..d.len().min(BINARY_PROBE)].contains(&0));
+    let text = (
+        std::str::from_utf8(before.unwrap_or_default()),
+        std::str::from_utf8(after.unwrap_or_default()),
+    );
+    match text {
+        (Ok(t0), Ok(t1)) if !binary(before) && !binary(after) => {
+            out.push_str(&format!("--- {from}\n+++ {to}\n"));
+            out.push_str(&hunks(t0, t1));
+        }
+        _ => out.push_str(&format!("Binary files {from} and {to} differ\n")),
+    }
+}
+
 fn submodule() -> GitDiff {
     GitDiff::Unsupported {
         reason: "submodule".into(),
@@ -509,7 +639,7 @@ fn range(start: u32, len: u32) -> String {
 mod tests {
     use std::{path::Path, process::Command};
 
-    use super::{hunks, status};
+    use super::{hunks, patch, status};
 
     fn git(dir: &Path, args: &[&str]) {
         let out = Command::new("git")
@@ -575,6 +705,87 @@ mod tests {
     fn a_directory_inside_a_repository_is_not_its_root() {
         let r = repo();
         assert_eq!(status(&r.path().join("dir")).unwrap(), None);
+    }
+
+    /// The patch of every kind of change, applied with `git apply` to a fresh checkout of
+    /// the base commit, reproduces the workspace; binary changes are named.
+    #[test]
+    fn a_patch_applies_to_its_base_and_reproduces_the_workspace() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+        let r = repo();
+        let root = r.path();
+        let lines: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(root.join("long.txt"), &lines).unwrap();
+        std::fs::write(root.join("gone.txt"), "bye\n").unwrap();
+        std::fs::write(root.join("run.sh"), "echo\n").unwrap();
+        std::fs::write(root.join("caf\u{e9} \"q\".txt"), "x\n").unwrap();
+        std::fs::write(root.join("blob.bin"), b"\0\x01").unwrap();
+        std::fs::write(root.join(".gitignore"), "*.log\n").unwrap();
+        git(root, &["add", "-A"]);
+        git(root, &["commit", "-q", "-m", "more"]);
+        let base = tempfile::tempdir().unwrap();
+        git(base.path(), &["clone", "-q", root.to_str().unwrap(), "."]);
+
+        std::fs::write(
+            root.join("long.txt"),
+            lines.replace("line 3\n", "three\n").replace("line 39\n", ""),
+        )
+        .unwrap();
+        git(root, &["add", "long.txt"]);
+        std::fs::write(root.join("dir/a"), "a\nmore").unwrap();
+        std::fs::remove_file(root.join("gone.txt")).unwrap();
+        std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(root.join("caf\u{e9} \"q\".txt"), "y\n").unwrap();
+        std::fs::create_dir(root.join("new")).unwrap();
+        std::fs::write(root.join("new/file.txt"), "fresh\n").unwrap();
+        std::fs::write(root.join("empty"), "").unwrap();
+        symlink("dir/a", root.join("link")).unwrap();
+        std::fs::write(root.join("debug.log"), "ignored\n").unwrap();
+
+        let (text, captured) = patch(root, usize::MAX).unwrap();
+        assert_eq!(captured.files, 8, "{text}");
+        assert!(captured.base.is_some());
+        assert!(!text.contains("debug.log"), "ignored files are left out");
+        // git apply cannot apply a binary change without its contents: check it is named,
+        // then apply the rest.
+        std::fs::write(root.join("blob.bin"), b"\0\x02").unwrap();
+        let (with_binary, _) = patch(root, usize::MAX).unwrap();
+        assert!(
+            with_binary.contains("Binary files a/blob.bin and b/blob.bin differ\n"),
+            "{with_binary}"
+        );
+        let file = base.path().join("p.diff");
+        std::fs::write(&file, &text).unwrap();
+        git(base.path(), &["apply", file.to_str().unwrap()]);
+        std::fs::remove_file(&file).unwrap();
+        for f in ["long.txt", "dir/a", "caf\u{e9} \"q\".txt", "new/file.txt", "empty"] {
+            assert_eq!(
+                std::fs::read(base.path().join(f)).unwrap(),
+                std::fs::read(root.join(f)).unwrap(),
+                "{f}"
+            );
+        }
+        assert!(!base.path().join("gone.txt").exists());
+        assert_eq!(
+            std::fs::read_link(base.path().join("link")).unwrap(),
+            Path::new("dir/a")
+        );
+        let mode = std::fs::metadata(base.path().join("run.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_ne!(mode & 0o111, 0, "the mode change applies");
+
+        assert_eq!(
+            patch(root, 10).unwrap_err().data_code(),
+            Some("payload-too-large"),
+            "over the limit"
+        );
+        let plain = tempfile::tempdir().unwrap();
+        assert_eq!(
+            patch(plain.path(), usize::MAX).unwrap_err().data_code(),
+            Some("unsupported")
+        );
     }
 
     #[test]

@@ -214,8 +214,43 @@ async fn run(root: PathBuf, call: Call, items: &Items) -> Result<Value, RpcError
             let path = decode_path(&p.path)?;
             to_value(blocking(move || git::diff(&root, &path, p.area)).await?)
         }
+        method::PatchSnapshot::NAME => {
+            let (text, captured) = blocking(move || git::patch(&root, berth_protocol::MAX_PATCH_BYTES)).await?;
+            for piece in chunks(&text, wp::PATCH_CHUNK_BYTES) {
+                if !items
+                    .send(&wp::PatchChunk {
+                        text: piece.to_string(),
+                    })
+                    .await
+                {
+                    return Err(RpcError::new(ErrorCode::Unavailable));
+                }
+            }
+            to_value(captured)
+        }
         _ => Err(RpcError::new(ErrorCode::MethodNotFound)),
     }
+}
+
+/// `text` in pieces of at most `max` bytes (at least one character each), cut on
+/// character boundaries.
+fn chunks(text: &str, max: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut cut = rest.len().min(max);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        if cut == 0 {
+            cut = rest.chars().next().map_or(rest.len(), char::len_utf8);
+        }
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(piece)
+    })
 }
 
 /// An error with its typed code and one safe field.
@@ -229,6 +264,11 @@ pub(crate) fn encode_path(bytes: &[u8]) -> WorkspacePath {
     WorkspacePath {
         bytes_base64: base64::engine::general_purpose::STANDARD.encode(bytes),
     }
+}
+
+/// A path's bytes as the worker itself encoded them (no checks).
+pub(crate) fn decode_raw(p: &WorkspacePath) -> Result<Vec<u8>, base64::DecodeError> {
+    base64::engine::general_purpose::STANDARD.decode(&p.bytes_base64)
 }
 
 /// A client's path: relative, no `.`/`..` components, no NUL, not empty.
@@ -247,4 +287,24 @@ pub(crate) fn decode_path(p: &WorkspacePath) -> Result<Vec<u8>, RpcError> {
         return Err(invalid());
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunks;
+
+    #[test]
+    fn chunks_cut_on_character_boundaries_and_cover_the_text() {
+        let text = "aé€😀".repeat(10);
+        for max in 1..8 {
+            let pieces: Vec<&str> = chunks(&text, max).collect();
+            assert_eq!(pieces.concat(), text);
+            assert!(
+                pieces
+                    .iter()
+                    .all(|p| !p.is_empty() && (p.len() <= max || p.chars().count() == 1))
+            );
+        }
+        assert_eq!(chunks("", 4).count(), 0);
+    }
 }

@@ -1,0 +1,435 @@
+//! Berth's history and live items as ACP session updates: pure translation, no I/O.
+
+use berth_client::protocol::{
+    Cause, Event, EventPayload, ModelDelta, Row, RowKind, TurnEnded, TurnState, worker::ToolStatus,
+};
+use serde_json::Value;
+
+use super::wire::{ContentBlock, SessionUpdate, StopReason, ToolCall, ToolCallContent, ToolCallStatus, ToolKind};
+use crate::pieces::Pieces;
+
+/// How ACP names the kind of one of Berth's tools.
+pub fn tool_kind(name: &str) -> ToolKind {
+    match name {
+        "shell" => ToolKind::Execute,
+        "read_file" | "list_directory" => ToolKind::Read,
+        "write_file" | "edit_file" => ToolKind::Edit,
+        "search_files" => ToolKind::Search,
+        _ => ToolKind::Other,
+    }
+}
+
+/// A short title for a call: the tool and what it acts on.
+pub fn tool_title(name: &str, input: &Value) -> String {
+    let target = ["command", "path", "pattern"]
+        .iter()
+        .find_map(|k| input.get(k).and_then(Value::as_str));
+    match target {
+        Some(t) => format!("{name}: {t}"),
+        None => name.to_string(),
+    }
+}
+
+fn tool_status(status: &str) -> ToolCallStatus {
+    match ToolStatus::parse(status) {
+        Some(ToolStatus::Running) => ToolCallStatus::InProgress,
+        Some(ToolStatus::Completed) => ToolCallStatus::Completed,
+        Some(ToolStatus::Failed | ToolStatus::Denied) => ToolCallStatus::Failed,
+        Some(ToolStatus::Requested) | None => ToolCallStatus::Pending,
+    }
+}
+
+/// A tool call's input as the model wrote it: JSON when it is, else the text.
+pub fn tool_input(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()))
+}
+
+/// The announcement of a call row (`tool_call`).
+fn call_announced(row: &Row) -> Option<SessionUpdate> {
+    let tool = row.tool.as_ref()?;
+    let input = tool_input(&row.body);
+    Some(SessionUpdate::ToolCall(ToolCall {
+        tool_call_id: tool.call_id.clone(),
+        title: Some(tool_title(&tool.name, &input)),
+        kind: Some(tool_kind(&tool.name)),
+        status: Some(tool_status(&tool.status)),
+        content: None,
+        raw_input: Some(input),
+    }))
+}
+
+/// A result row as the end of its call (`tool_call_update` with the output).
+fn call_ended(row: &Row, status: ToolCallStatus) -> Option<SessionUpdate> {
+    let tool = row.tool.as_ref()?;
+    Some(SessionUpdate::ToolCallUpdate(ToolCall {
+        tool_call_id: tool.call_id.clone(),
+        status: Some(status),
+        content: Some(vec![ToolCallContent::Content {
+            content: ContentBlock::text(row.body.clone()),
+        }]),
+        ..Default::default()
+    }))
+}
+
+/// A history row replayed (`session/load`).
+pub fn replay(row: &Row) -> Vec<SessionUpdate> {
+    if row.hidden == Some(true) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    match row.kind {
+        RowKind::User => out.push(SessionUpdate::UserMessageChunk {
+            content: ContentBlock::text(row.body.clone()),
+        }),
+        RowKind::Assistant => {
+            if let Some(t) = row.thinking.as_ref().filter(|t| !t.is_empty()) {
+                out.push(SessionUpdate::AgentThoughtChunk {
+                    content: ContentBlock::text(t.clone()),
+                });
+            }
+            if !row.body.is_empty() {
+                out.push(SessionUpdate::AgentMessageChunk {
+                    content: ContentBlock::text(row.body.clone()),
+                });
+            }
+        }
+        RowKind::ToolCall => out.extend(call_announced(row)),
+        RowKind::ToolResult => {
+            let status = row
+                .tool
+                .as_ref()
+                .map_or(ToolCallStatus::Completed, |t| tool_status(&t.status));
+            out.extend(call_ended(row, status));
+        }
+        // Notices are facts for a client to word (a code and params); ACP has no place
+        // for them in a conversation.
+        RowKind::Notice => {}
+    }
+    out
+}
+
+/// How a turn ended, for the `session/prompt` answer.
+#[derive(Debug, PartialEq)]
+pub enum Ending {
+    Stop(StopReason),
+    /// Failed or interrupted: an error answer.
+    Failed {
+        state: TurnState,
+        cause: Option<Cause>,
+    },
+}
+
+pub fn ending(end: &TurnEnded, cancel_asked: bool) -> Ending {
+    if cancel_asked {
+        // ACP: once the client cancels, the prompt ends `cancelled` whatever raced it.
+        return Ending::Stop(StopReason::Cancelled);
+    }
+    match end.state {
+        TurnState::Completed => Ending::Stop(StopReason::EndTurn),
+        TurnState::Cancelled => Ending::Stop(StopReason::Cancelled),
+        TurnState::Failed if end.cause.as_ref().is_some_and(|c| c.code == "step-limit") => {
+            Ending::Stop(StopReason::MaxTurnRequests)
+        }
+        state => Ending::Failed {
+            state,
+            cause: end.cause.clone(),
+        },
+    }
+}
+
+/// One turn followed live: streamed text and thinking (each byte once), tool calls and
+/// their changes.
+pub struct TurnView {
+    turn_id: String,
+    text: Pieces,
+    thinking: Pieces,
+    /// Steps completed (the next `model.completed` is this step).
+    steps: i64,
+}
+
+impl TurnView {
+    pub fn new(turn_id: &str) -> TurnView {
+        TurnView {
+            turn_id: turn_id.to_string(),
+            text: Pieces::default(),
+            thinking: Pieces::default(),
+            steps: 0,
+        }
+    }
+
+    pub fn delta(&mut self, d: &ModelDelta) -> Vec<SessionUpdate> {
+        let mut out = Vec::new();
+        if d.turn_id != self.turn_id {
+            return out;
+        }
+        if let (Some(t), Some(offset)) = (&d.thinking, d.thinking_offset) {
+            let piece = self.thinking.piece(&d.turn_id, d.step, offset as usize, t);
+            if !piece.is_empty() {
+                out.push(SessionUpdate::AgentThoughtChunk {
+                    content: ContentBlock::text(piece),
+                });
+            }
+        }
+        if let (Some(t), Some(offset)) = (&d.text, d.text_offset) {
+            let piece = self.text.piece(&d.turn_id, d.step, offset as usize, t);
+            if !piece.is_empty() {
+                out.push(SessionUpdate::AgentMessageChunk {
+                    content: ContentBlock::text(piece),
+                });
+            }
+        }
+        out
+    }
+
+    /// The updates an event of this turn makes.
+    pub fn event(&mut self, ev: &Event) -> Vec<SessionUpdate> {
+        let mut out = Vec::new();
+        if ev.turn_id.as_deref() != Some(self.turn_id.as_str()) {
+            return out;
+        }
+        match &ev.payload {
+            EventPayload::ModelCompleted(_) => {
+                let step = self.steps;
+                self.steps += 1;
+                for row in &ev.rows {
+                    match row.kind {
+                        RowKind::Assistant => {
+                            // What the deltas did not deliver (all of it, for a watcher
+                            // that saw none).
+                            let thinking = row.thinking.as_deref().unwrap_or_default();
+                            let rest = self.thinking.piece(&self.turn_id, step, 0, thinking);
+                            if !rest.is_empty() {
+                                out.push(SessionUpdate::AgentThoughtChunk {
+                                    content: ContentBlock::text(rest),
+                                });
+                            }
+                            let rest = self.text.piece(&self.turn_id, step, 0, &row.body);
+                            if !rest.is_empty() {
+                                out.push(SessionUpdate::AgentMessageChunk {
+                                    content: ContentBlock::text(rest),
+                                });
+                            }
+                        }
+                        RowKind::ToolCall => out.extend(call_announced(row)),
+                        _ => {}
+                    }
+                }
+            }
+            EventPayload::ToolStatus(s) => out.push(SessionUpdate::ToolCallUpdate(ToolCall {
+                tool_call_id: s.call_id.clone(),
+                status: Some(tool_status(s.status.as_str())),
+                ..Default::default()
+            })),
+            EventPayload::ToolEnded(s) => {
+                let status = tool_status(s.status.as_str());
+                match ev.rows.iter().find(|r| r.kind == RowKind::ToolResult) {
+                    Some(row) => out.extend(call_ended(row, status)),
+                    None => out.push(SessionUpdate::ToolCallUpdate(ToolCall {
+                        tool_call_id: s.call_id.clone(),
+                        status: Some(status),
+                        ..Default::default()
+                    })),
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_client::protocol::{ModelCompleted, Position, ToolInfo, events::ToolCallStatus as BerthToolStatus};
+    use serde_json::json;
+
+    use super::*;
+
+    fn row(kind: RowKind, body: &str, tool: Option<(&str, &str)>) -> Row {
+        Row {
+            position: Position {
+                source_sequence: 3,
+                item_index: 0,
+            },
+            turn_id: Some("trn_1".into()),
+            kind,
+            body: body.into(),
+            thinking: None,
+            tool: tool.map(|(name, status)| ToolInfo {
+                name: name.into(),
+                call_id: "call_1".into(),
+                status: status.into(),
+            }),
+            hidden: None,
+            truncated: None,
+            attachments: None,
+        }
+    }
+
+    fn event(payload: EventPayload, rows: Vec<Row>) -> Event {
+        Event {
+            sequence: 3,
+            at: "2026-01-01T00:00:00Z".into(),
+            turn_id: Some("trn_1".into()),
+            rows,
+            payload,
+        }
+    }
+
+    fn delta(text: &str, offset: u64) -> ModelDelta {
+        ModelDelta {
+            turn_id: "trn_1".into(),
+            step: 0,
+            text: Some(text.into()),
+            text_offset: Some(offset),
+            thinking: None,
+            thinking_offset: None,
+        }
+    }
+
+    fn texts(updates: &[SessionUpdate]) -> Vec<String> {
+        updates
+            .iter()
+            .filter_map(|u| match u {
+                SessionUpdate::AgentMessageChunk {
+                    content: ContentBlock::Text { text },
+                } => Some(text.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn streamed_text_is_sent_once_and_the_completed_step_sends_only_the_rest() {
+        let mut view = TurnView::new("trn_1");
+        assert_eq!(texts(&view.delta(&delta("Hel", 0))), ["Hel"]);
+        // A repeat after a reconnect sends nothing twice.
+        assert_eq!(texts(&view.delta(&delta("Hello", 0))), ["lo"]);
+        let mut other = delta("x", 0);
+        other.turn_id = "trn_2".into();
+        assert!(
+            view.delta(&other).is_empty(),
+            "another turn's output is not this prompt's"
+        );
+        let done = event(
+            EventPayload::ModelCompleted(ModelCompleted { usage: None }),
+            vec![
+                row(RowKind::Assistant, "Hello there", None),
+                row(RowKind::ToolCall, r#"{"command":"make"}"#, Some(("shell", "requested"))),
+            ],
+        );
+        let updates = view.event(&done);
+        assert_eq!(texts(&updates), [" there"]);
+        assert_eq!(
+            updates[1],
+            SessionUpdate::ToolCall(ToolCall {
+                tool_call_id: "call_1".into(),
+                title: Some("shell: make".into()),
+                kind: Some(ToolKind::Execute),
+                status: Some(ToolCallStatus::Pending),
+                content: None,
+                raw_input: Some(json!({"command": "make"})),
+            })
+        );
+        // The next step streams from offset 0 again.
+        let mut next = delta("More", 0);
+        next.step = 1;
+        assert_eq!(texts(&view.delta(&next)), ["More"]);
+    }
+
+    #[test]
+    fn tool_status_changes_and_results_update_the_call() {
+        let mut view = TurnView::new("trn_1");
+        let status = |status| BerthToolStatus {
+            position: Position {
+                source_sequence: 3,
+                item_index: 1,
+            },
+            call_id: "call_1".into(),
+            status,
+        };
+        let running = view.event(&event(EventPayload::ToolStatus(status(ToolStatus::Running)), vec![]));
+        assert!(
+            matches!(&running[..], [SessionUpdate::ToolCallUpdate(c)] if c.status == Some(ToolCallStatus::InProgress))
+        );
+        let ended = view.event(&event(
+            EventPayload::ToolEnded(status(ToolStatus::Denied)),
+            vec![row(
+                RowKind::ToolResult,
+                "The user denied this call",
+                Some(("shell", "denied")),
+            )],
+        ));
+        let [SessionUpdate::ToolCallUpdate(c)] = &ended[..] else {
+            panic!("{ended:?}")
+        };
+        assert_eq!(c.status, Some(ToolCallStatus::Failed));
+        assert_eq!(
+            c.content,
+            Some(vec![ToolCallContent::Content {
+                content: ContentBlock::text("The user denied this call")
+            }])
+        );
+    }
+
+    #[test]
+    fn turn_ends_map_to_stop_reasons_or_errors() {
+        let end = |state, cause: Option<&str>| TurnEnded {
+            state,
+            cause: cause.map(|c| Cause {
+                code: c.into(),
+                status: None,
+            }),
+            usage: None,
+        };
+        assert_eq!(
+            ending(&end(TurnState::Completed, None), false),
+            Ending::Stop(StopReason::EndTurn)
+        );
+        assert_eq!(
+            ending(&end(TurnState::Cancelled, None), false),
+            Ending::Stop(StopReason::Cancelled)
+        );
+        assert_eq!(
+            ending(&end(TurnState::Failed, Some("step-limit")), false),
+            Ending::Stop(StopReason::MaxTurnRequests)
+        );
+        assert!(matches!(
+            ending(&end(TurnState::Failed, Some("provider-status")), false),
+            Ending::Failed { .. }
+        ));
+        assert_eq!(
+            ending(&end(TurnState::Interrupted, None), true),
+            Ending::Stop(StopReason::Cancelled)
+        );
+    }
+
+    #[test]
+    fn history_replays_as_the_conversation() {
+        let mut assistant = row(RowKind::Assistant, "answer", None);
+        assistant.thinking = Some("hmm".into());
+        let mut hidden = row(RowKind::ToolCall, "{}", Some(("internal", "completed")));
+        hidden.hidden = Some(true);
+        let updates: Vec<SessionUpdate> = [
+            row(RowKind::User, "question", None),
+            assistant,
+            hidden,
+            row(RowKind::ToolResult, "ok", Some(("shell", "completed"))),
+        ]
+        .iter()
+        .flat_map(replay)
+        .collect();
+        let names: Vec<Value> = updates
+            .iter()
+            .map(|u| serde_json::to_value(u).unwrap()["sessionUpdate"].clone())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "user_message_chunk",
+                "agent_thought_chunk",
+                "agent_message_chunk",
+                "tool_call_update"
+            ]
+        );
+    }
+}
