@@ -351,7 +351,8 @@ export type Diagnostic = {
    */
   "diagnosticRevision": number;
   /**
-   * `execution`, `model-step`, `title`.
+   * `execution`, `model-step`, `title`, `tool` (something a turn went on without, e.g. an
+   * MCP server that did not start: `mcp-server-unavailable`).
    */
   "kind": string;
   "sequence"?: number | null;

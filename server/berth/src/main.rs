@@ -109,6 +109,32 @@ fn worker_limits(
     Ok((agent, tools))
 }
 
+/// The worker's MCP servers and bounds: environment > config file > default.
+fn worker_mcp(settings: &Settings) -> anyhow::Result<berth_worker::McpConfig> {
+    let defaults = berth_worker::McpConfig::default();
+    let servers = match settings.get(None, "BERTH_WORKER_MCP_CONFIG") {
+        Some(path) => berth_worker::McpConfig::load_servers(Path::new(&path))?,
+        None => Default::default(),
+    };
+    Ok(berth_worker::McpConfig {
+        servers,
+        workspace_files: settings.parse(None, "BERTH_WORKER_MCP_WORKSPACE", "false")?,
+        max_servers: settings.parse(None, "BERTH_WORKER_MCP_MAX_SERVERS", &defaults.max_servers.to_string())?,
+        max_tools: settings.parse(None, "BERTH_WORKER_MCP_MAX_TOOLS", &defaults.max_tools.to_string())?,
+        start_timeout: std::time::Duration::from_secs(settings.parse(
+            None,
+            "BERTH_WORKER_MCP_START_TIMEOUT_SECS",
+            &defaults.start_timeout.as_secs().to_string(),
+        )?),
+        call_timeout: std::time::Duration::from_secs(settings.parse(
+            None,
+            "BERTH_WORKER_MCP_CALL_TIMEOUT_SECS",
+            &defaults.call_timeout.as_secs().to_string(),
+        )?),
+        output_max: settings.parse(None, "BERTH_WORKER_MCP_OUTPUT_MAX", &defaults.output_max.to_string())?,
+    })
+}
+
 #[derive(Subcommand)]
 enum Admin {
     /// Credentials.
@@ -456,6 +482,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
             workspaces: vec![(name, cwd)],
             agent,
             tools,
+            mcp: worker_mcp(settings)?,
         };
         let s = shutdown.clone();
         worker_task = Some(tokio::spawn(async move { berth_worker::run(cfg, s).await }));
@@ -551,6 +578,7 @@ async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
         workspaces,
         agent,
         tools,
+        mcp: worker_mcp(settings)?,
     };
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();

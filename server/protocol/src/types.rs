@@ -462,7 +462,8 @@ pub struct Diagnostic {
     /// The session's diagnostic revision this record was written at (its own counter,
     /// independent of history).
     pub diagnostic_revision: i64,
-    /// `execution`, `model-step`, `title`.
+    /// `execution`, `model-step`, `title`, `tool` (something a turn went on without, e.g. an
+    /// MCP server that did not start: `mcp-server-unavailable`).
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<String>,

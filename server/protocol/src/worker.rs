@@ -3,7 +3,8 @@
 //! Worker → server requests: `worker.hello`, `turn.history` (the session's rows before the
 //! turn, in pages; `turn.source` reads on a field a page cut), `turn.step`, `turn.toolStatus`, `turn.toolEnded`, `turn.interaction`,
 //! `turn.end`, `turn.delegate`; for a coordinator's turn `turn.workspaces`,
-//! `turn.childStart`, `turn.childSend`, `turn.childWait`, `turn.childStop`; notification
+//! `turn.childStart`, `turn.childSend`, `turn.childWait`, `turn.childStop`; `turn.notice` (a
+//! problem the turn goes on without, e.g. an MCP server that did not start); notification
 //! `turn.delta`. Server → worker notifications: `turn.run` (the
 //! turn's settings only), `turn.stop {turnId}` (the turn was cancelled: stop working on it;
 //! the server has already settled it).
@@ -42,6 +43,7 @@ pub const TURN_CHILD_WAIT: &str = "turn.childWait";
 pub const TURN_CHILD_STOP: &str = "turn.childStop";
 pub const TURN_COMPACT: &str = "turn.compact";
 pub const TURN_SKILL: &str = "turn.skill";
+pub const TURN_NOTICE: &str = "turn.notice";
 pub const CALL: &str = "call";
 pub const CALL_ITEM: &str = "call.item";
 pub const CALL_ACK: &str = "call.ack";
@@ -431,6 +433,25 @@ pub struct TurnToolEnded {
     pub status: ToolStatus,
     pub output: String,
 }
+
+/// Worker → server: something the turn goes on without (an MCP server that did not start or
+/// answer, a malformed MCP configuration). Appended as a `session.notice {level: "warning",
+/// code, params}` and recorded as a `tool` diagnostic whose cause is `code`. `params` holds
+/// facts (a server name, a reason code), never configuration values or error texts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnNotice {
+    pub turn_id: String,
+    /// Kebab-case, at most [`TURN_NOTICE_CODE_MAX`] bytes.
+    pub code: String,
+    #[serde(default)]
+    pub params: serde_json::Value,
+}
+
+/// Longest `turn.notice` code.
+pub const TURN_NOTICE_CODE_MAX: usize = 64;
+/// Largest `turn.notice` params (serialized).
+pub const TURN_NOTICE_PARAMS_MAX: usize = 4096;
 
 /// One attachment of a turn, as the worker receives it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

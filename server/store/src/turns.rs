@@ -700,6 +700,35 @@ impl Store {
         Ok(seq)
     }
 
+    /// A running turn goes on without something (`turn.notice`): a `session.notice`
+    /// `{level: "warning", code, params}` and a `tool` diagnostic with cause `code`, in one
+    /// transaction. Only the connection running the turn may write it. Returns the sequence.
+    pub async fn turn_notice(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        turn_id: &str,
+        code: &str,
+        params: serde_json::Value,
+    ) -> Result<i64> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
+        let event = EventPayload::SessionNotice(Notice {
+            level: "warning".into(),
+            code: code.into(),
+            params,
+        });
+        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[]).await?;
+        let cause = Cause {
+            code: code.into(),
+            status: None,
+        };
+        diagnostic(&tx, tenant_id, &session_id, "tool", Some(turn_id), Some(seq), &cause).await?;
+        tx.commit().await?;
+        Ok(seq)
+    }
+
     /// Record a failure that belongs to no turn (a `title` diagnostic).
     pub async fn session_diagnostic(&self, tenant_id: &str, session_id: &str, kind: &str, cause: &Cause) -> Result<()> {
         let mut client = self.pool.get().await?;

@@ -23,7 +23,10 @@ use crate::{
     },
     policy::{self, Answer},
     skills,
-    tools::Tools,
+    tools::{
+        Tools,
+        mcp::{Mcp, Problem},
+    },
     turn::{Halt, TurnLink, cause},
 };
 
@@ -47,11 +50,38 @@ pub(crate) async fn run(
     config: &AgentConfig,
     cancel: &CancellationToken,
 ) -> Result<String, Halt> {
+    // The turn's MCP servers live as long as the turn; one that cannot be used is a notice.
+    let mcp = match tools {
+        Some(tools) => {
+            let (mcp, problems) = tools.connect_mcp(cancel).await;
+            for p in &problems {
+                if let Err(h) = t.notice(Problem::CODE, p.params()).await {
+                    mcp.shutdown().await;
+                    return Err(h);
+                }
+            }
+            mcp
+        }
+        None => Mcp::default(),
+    };
+    let result = steps(t, run, tools, &mcp, config, cancel).await;
+    mcp.shutdown().await;
+    result
+}
+
+async fn steps(
+    t: &TurnLink,
+    run: &TurnRun,
+    tools: Option<&Tools>,
+    mcp: &Mcp,
+    config: &AgentConfig,
+    cancel: &CancellationToken,
+) -> Result<String, Halt> {
     let skills = match tools {
         Some(tools) => skills::offered(tools.workspace().clone(), &run.skills).await,
         None => Vec::new(),
     };
-    let schemas = tools.map(|_| offered(run, !skills.is_empty()));
+    let schemas = tools.map(|_| offered(run, !skills.is_empty(), mcp));
     let mut system = system_prompt(run, tools.is_some());
     if is_offered(schemas.as_deref(), skills::READ_SKILL) {
         system.push_str(&skills::prompt_section(&skills));
@@ -95,7 +125,7 @@ pub(crate) async fn run(
             // says why); any other call to a tool not offered does not run.
             let depth_spent = call.name == DELEGATE && run.delegation_depth == 0;
             let tools = tools.filter(|_| depth_spent || is_offered(schemas.as_deref(), &call.name));
-            let output = call_tool(t, run, tools, &skills, call, position, cancel).await?;
+            let output = call_tool(t, run, tools, mcp, &skills, call, position, cancel).await?;
             conv.push_result(&call.id, &output);
         }
     }
@@ -183,9 +213,9 @@ fn system_prompt(run: &TurnRun, tools: bool) -> String {
 }
 
 /// The tool schemas the model is offered: the built-in tools (`delegate` while the session
-/// may still delegate, `read_skill` when there are skills), narrowed to the agent's tool set
-/// when it names one.
-fn offered(run: &TurnRun, with_skills: bool) -> Vec<Value> {
+/// may still delegate, `read_skill` when there are skills) and the turn's MCP tools
+/// (`mcp__<server>__<tool>`), narrowed to the agent's tool set when it names one.
+fn offered(run: &TurnRun, with_skills: bool, mcp: &Mcp) -> Vec<Value> {
     let mut schemas = Tools::schemas();
     if run.delegation_depth > 0 {
         schemas.push(delegate::schema());
@@ -193,6 +223,7 @@ fn offered(run: &TurnRun, with_skills: bool) -> Vec<Value> {
     if with_skills {
         schemas.push(skills::schema());
     }
+    schemas.extend(mcp.schemas());
     if let Some(names) = run.agent.as_ref().and_then(|a| a.tools.as_ref()) {
         schemas.retain(|s| names.iter().any(|n| Some(n.as_str()) == schema_name(s)));
     }
@@ -269,10 +300,12 @@ fn step_rows(c: &Completion) -> (Vec<NewRow>, usize) {
 }
 
 /// Ask if needed, run, publish the end; returns the output the model reads.
+#[allow(clippy::too_many_arguments)] // the turn's tool families, each passed as it is
 async fn call_tool(
     t: &TurnLink,
     run: &TurnRun,
     tools: Option<&Tools>,
+    mcp: &Mcp,
     skills: &[SkillInfo],
     call: &ToolCall,
     position: Position,
@@ -315,6 +348,8 @@ async fn call_tool(
         }
     } else if run.coordinator && coordinator::is_tool(&call.name) {
         coordinator::run(t, call, cancel).await?
+    } else if mcp.offers(&call.name) {
+        mcp.call(&call.name, &call.arguments, cancel).await
     } else {
         tools.call(&call.name, &call.arguments, cancel).await
     };

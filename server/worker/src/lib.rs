@@ -17,7 +17,7 @@ mod turn;
 mod workspace;
 
 pub use agent::AgentConfig;
-pub use tools::ToolLimits;
+pub use tools::{McpConfig, ServerSpec, ToolLimits};
 
 use std::{
     collections::HashMap,
@@ -55,6 +55,8 @@ pub struct WorkerConfig {
     pub agent: AgentConfig,
     /// The tools' limits.
     pub tools: ToolLimits,
+    /// MCP servers and their bounds.
+    pub mcp: McpConfig,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -66,6 +68,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("workspaces", &self.workspaces)
             .field("agent", &self.agent)
             .field("tools", &self.tools)
+            .field("mcp", &self.mcp)
             .finish()
     }
 }
@@ -221,6 +224,7 @@ async fn connect_once(
         workspaces,
         agent: config.agent.clone(),
         tools: config.tools.clone(),
+        mcp: Arc::new(config.mcp.clone()),
     };
 
     let (out_tx, mut out_rx) = mpsc::channel::<Message>(256);
@@ -282,6 +286,7 @@ struct TurnContext {
     workspaces: HashMap<String, Arc<Workspace>>,
     agent: AgentConfig,
     tools: ToolLimits,
+    mcp: Arc<tools::McpConfig>,
 }
 
 fn on_message(link: &Link, ctx: &TurnContext, turns: &CancellationToken, running: &Running, text: &str) {
@@ -298,7 +303,7 @@ fn on_message(link: &Link, ctx: &TurnContext, turns: &CancellationToken, running
                     let link = link.clone();
                     let tools = match ctx.workspaces.get(&run.workspace_id) {
                         _ if run.no_tools => None,
-                        Some(ws) => Some(Tools::new(ws.clone(), ctx.tools.clone())),
+                        Some(ws) => Some(Tools::new(ws.clone(), ctx.tools.clone(), ctx.mcp.clone())),
                         None => {
                             // Registered but not openable (removed since start): the model is
                             // offered no tools rather than tools that cannot work.

@@ -26,6 +26,22 @@ pub(crate) fn http_client() -> reqwest::Result<reqwest::Client> {
         .build()
 }
 
+/// The HTTP client for one streamable-HTTP MCP server: Nagle off, the server's configured
+/// headers (credentials, from the worker's own configuration) on every request.
+pub(crate) fn mcp_http_client(headers: &std::collections::BTreeMap<String, String>) -> anyhow::Result<reqwest::Client> {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (k, v) in headers {
+        let mut value = reqwest::header::HeaderValue::from_str(v)?;
+        value.set_sensitive(true);
+        map.insert(reqwest::header::HeaderName::from_bytes(k.as_bytes())?, value);
+    }
+    Ok(reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(10))
+        .default_headers(map)
+        .build()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

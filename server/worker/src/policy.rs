@@ -1,7 +1,8 @@
 //! Which tool calls need a person's approval, and asking for it.
 //!
 //! Without `autoApprove`, calls that change the workspace or run commands (shell, write,
-//! edit) are held until answered; reading, listing and searching never are. The worker asks
+//! edit) and MCP servers' tools are held until answered; reading, listing and searching never
+//! are. The worker asks
 //! the server with `turn.interaction`; the server persists the interaction, shows it to the
 //! session's clients and answers when someone responds (or its fallback does).
 
@@ -19,7 +20,9 @@ use crate::{
 const ASK_RETRIES: u32 = 5;
 
 pub(crate) fn needs_approval(tool: &str, auto_approve: bool) -> bool {
-    !auto_approve && matches!(tool, tools::SHELL | tools::WRITE_FILE | tools::EDIT_FILE)
+    // An MCP tool can do anything its server can: held like a command.
+    !auto_approve
+        && (matches!(tool, tools::SHELL | tools::WRITE_FILE | tools::EDIT_FILE) || tool.starts_with(tools::mcp::PREFIX))
 }
 
 /// The answer to an approval request.
@@ -84,7 +87,7 @@ mod tests {
 
     #[test]
     fn writes_and_commands_need_approval_unless_auto_approved() {
-        for t in [tools::SHELL, tools::WRITE_FILE, tools::EDIT_FILE] {
+        for t in [tools::SHELL, tools::WRITE_FILE, tools::EDIT_FILE, "mcp__fs__read"] {
             assert!(needs_approval(t, false));
             assert!(!needs_approval(t, true));
         }

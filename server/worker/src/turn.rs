@@ -6,8 +6,8 @@
 use berth_protocol::{
     Cause, NewRow, Position, Row, RowField, SessionSourceResult, TurnState,
     worker::{
-        self as wp, Handoff, ToolStatus, TurnEnd, TurnHistory, TurnHistoryResult, TurnRun, TurnSource, TurnStep,
-        TurnToolEnded, TurnToolStatus, Usage,
+        self as wp, Handoff, ToolStatus, TurnEnd, TurnHistory, TurnHistoryResult, TurnNotice, TurnRun, TurnSource,
+        TurnStep, TurnToolEnded, TurnToolStatus, Usage,
     },
 };
 use serde_json::Value;
@@ -140,6 +140,24 @@ impl TurnLink {
             Ok(v) => Ok(v.get("sequence").and_then(Value::as_i64).unwrap_or_default()),
             // The server refused the step (e.g. it could not store it): settle `failed`.
             Err(Halt::Refused(_)) => Err(Halt::Failed(cause("step-rejected"))),
+            Err(h) => Err(h),
+        }
+    }
+
+    /// Something the turn goes on without (`turn.notice` → `session.notice` and a
+    /// diagnostic). A refusal is logged and the turn goes on.
+    pub(crate) async fn notice(&self, code: &str, params: Value) -> Result<(), Halt> {
+        let n = TurnNotice {
+            turn_id: self.turn_id.clone(),
+            code: code.into(),
+            params,
+        };
+        match self.request(wp::TURN_NOTICE, to_value(&n)).await {
+            Ok(_) => Ok(()),
+            Err(Halt::Refused(refused)) => {
+                tracing::warn!(turn.id = %self.turn_id, code, refused, "a notice was refused");
+                Ok(())
+            }
             Err(h) => Err(h),
         }
     }

@@ -1,7 +1,8 @@
 //! What a worker's agent loop asks of the API tier besides steps and ends: the session's
 //! rows before a turn (`turn.history`, in pages, so no conversation size breaks the link),
 //! tool calls' status changes and ends (`turn.toolStatus` → `tool.status`,
-//! `turn.toolEnded` → `tool.ended` with the result row), sub-agents (`turn.delegate`) and a
+//! `turn.toolEnded` → `tool.ended` with the result row), notices (`turn.notice` →
+//! `session.notice` and a `tool` diagnostic), sub-agents (`turn.delegate`) and a
 //! coordinator's children (`turn.workspaces`, `turn.childStart`, `turn.childSend`,
 //! `turn.childStop`; `turn.childWait` is in `children.rs`). Each is answered only for a turn
 //! that runs and is handed to this connection.
@@ -10,8 +11,8 @@ use berth_protocol::{
     ErrorCode,
     worker::{
         self as wp, TurnChildSend, TurnChildStart, TurnChildStop, TurnChildStopResult, TurnDelegate,
-        TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnSkill, TurnSkillResult, TurnSource, TurnToolEnded,
-        TurnToolStatus, TurnWorkspacesResult,
+        TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnNotice, TurnSkill, TurnSkillResult, TurnSource,
+        TurnToolEnded, TurnToolStatus, TurnWorkspacesResult,
     },
 };
 use berth_store::{NewChild, StoreError};
@@ -77,6 +78,24 @@ impl TurnTask {
                     store
                         .tool_ended(id, tenant, turn, e.position, &e.call_id, e.status, &e.output)
                         .await?
+                };
+                conn.state.metrics.events_appended.inc();
+                Ok(json!({"sequence": seq}))
+            }
+            wp::TURN_NOTICE => {
+                let n: TurnNotice = params(p)?;
+                let kebab = |c: &str| {
+                    !c.is_empty()
+                        && c.len() <= wp::TURN_NOTICE_CODE_MAX
+                        && c.bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                };
+                if !kebab(&n.code) || n.params.to_string().len() > wp::TURN_NOTICE_PARAMS_MAX {
+                    return Err(ApiError::code(ErrorCode::BadParams));
+                }
+                let seq = {
+                    let _permits = conn.write_permits().await;
+                    store.turn_notice(id, tenant, turn, &n.code, n.params).await?
                 };
                 conn.state.metrics.events_appended.inc();
                 Ok(json!({"sequence": seq}))

@@ -47,6 +47,7 @@ pub(super) fn is_turn_method(method: &str) -> bool {
             | wp::TURN_CHILD_STOP
             | wp::TURN_COMPACT
             | wp::TURN_SKILL
+            | wp::TURN_NOTICE
     )
 }
 
@@ -154,7 +155,8 @@ impl TurnTask {
             | wp::TURN_CHILD_START
             | wp::TURN_CHILD_SEND
             | wp::TURN_CHILD_STOP
-            | wp::TURN_SKILL => self.agent_request(&req.method, req.params).await,
+            | wp::TURN_SKILL
+            | wp::TURN_NOTICE => self.agent_request(&req.method, req.params).await,
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         self.reply(req.id, result).await;

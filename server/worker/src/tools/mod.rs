@@ -3,6 +3,7 @@
 //! reads, never a crash.
 
 mod fs;
+pub(crate) mod mcp;
 mod search;
 pub(crate) mod shell;
 
@@ -13,6 +14,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::workspace::Workspace;
+
+pub use mcp::{McpConfig, ServerSpec};
 
 pub(crate) const SHELL: &str = "shell";
 pub(crate) const READ_FILE: &str = "read_file";
@@ -69,11 +72,17 @@ impl Default for ToolLimits {
 pub(crate) struct Tools {
     ws: Arc<Workspace>,
     limits: ToolLimits,
+    mcp: Arc<McpConfig>,
 }
 
 impl Tools {
-    pub(crate) fn new(ws: Arc<Workspace>, limits: ToolLimits) -> Tools {
-        Tools { ws, limits }
+    pub(crate) fn new(ws: Arc<Workspace>, limits: ToolLimits, mcp: Arc<McpConfig>) -> Tools {
+        Tools { ws, limits, mcp }
+    }
+
+    /// This turn's MCP servers (see `mcp.rs`) and the problems with those it goes without.
+    pub(crate) async fn connect_mcp(&self, cancel: &CancellationToken) -> (mcp::Mcp, Vec<mcp::Problem>) {
+        mcp::Mcp::connect(&self.mcp, &self.ws, cancel).await
     }
 
     pub(crate) fn workspace(&self) -> &Arc<Workspace> {
