@@ -35,13 +35,20 @@ impl Default for AgentConfig {
     }
 }
 
+/// How the loop finished: the final answer, and the last step's rows when they are to be
+/// stored with the turn's end (the server takes them in `turn.end`) rather than on their own.
+pub(crate) struct Finished {
+    pub answer: String,
+    pub last_step: Option<Vec<NewRow>>,
+}
+
 pub(crate) async fn run(
     t: &TurnLink,
     run: &TurnRun,
     tools: Option<&Tools>,
     config: &AgentConfig,
     cancel: &CancellationToken,
-) -> Result<String, Halt> {
+) -> Result<Finished, Halt> {
     let mut conv = Conversation::new(tools.is_some());
     let history = tokio::select! {
         h = t.history() => h?,
@@ -71,10 +78,20 @@ pub(crate) async fn run(
             _ = cancel.cancelled() => return Err(Halt::Stopped),
         };
         let (rows, first_call) = step_rows(&completion);
+        if completion.tool_calls.is_empty() && t.link.end_carries_step {
+            // The last step: stored with `turn.ended`, in one commit.
+            return Ok(Finished {
+                answer: completion.text,
+                last_step: Some(rows),
+            });
+        }
         let sequence = t.step(rows, completion.usage).await?;
         conv.push_step(&completion);
         if completion.tool_calls.is_empty() {
-            return Ok(completion.text);
+            return Ok(Finished {
+                answer: completion.text,
+                last_step: None,
+            });
         }
         for (i, call) in completion.tool_calls.iter().enumerate() {
             let position = Position {

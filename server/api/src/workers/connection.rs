@@ -144,6 +144,7 @@ async fn hello(
                 workspace_id: id.clone(),
             })
             .collect(),
+        end_carries_step: true,
     };
     sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))
         .await?;
