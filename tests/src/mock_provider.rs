@@ -481,7 +481,15 @@ fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
     // The output item being written: (output_index, kind).
     let mut open: Option<(u64, &str)> = None;
     let mut next_index = 0u64;
-    let mut start = |kind: &'static str, item: Value, open: &mut Option<(u64, &str)>, steps: &mut VecDeque<Step>| {
+    // The reasoning item being written, finished (with its encrypted form) when the next
+    // item starts or the response ends.
+    let mut reasoning = String::new();
+    let mut start = |kind: &'static str,
+                     item: Value,
+                     open: &mut Option<(u64, &str)>,
+                     reasoning: &mut String,
+                     steps: &mut VecDeque<Step>| {
+        finish_responses_reasoning(ctx, *open, reasoning, steps);
         let index = next_index;
         next_index += 1;
         *open = Some((index, kind));
@@ -499,6 +507,7 @@ fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
                         "message",
                         json!({"type": "message", "id": "msg_1", "role": "assistant", "content": []}),
                         &mut open,
+                        &mut reasoning,
                         &mut steps,
                     ),
                 };
@@ -512,9 +521,11 @@ fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
                         "reasoning",
                         json!({"type": "reasoning", "id": "rs_1", "summary": []}),
                         &mut open,
+                        &mut reasoning,
                         &mut steps,
                     ),
                 };
+                reasoning.push_str(&t);
                 steps.push_back(named(
                     json!({"type": "response.reasoning_summary_text.delta", "item_id": "rs_1",
                     "output_index": index, "summary_index": 0, "delta": t}),
@@ -527,7 +538,7 @@ fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
                 ..
             } => {
                 let item = json!({"type": "function_call", "id": format!("fc_{id}"), "call_id": id, "name": name, "arguments": ""});
-                let index = start("function_call", item, &mut open, &mut steps);
+                let index = start("function_call", item, &mut open, &mut reasoning, &mut steps);
                 for piece in argument_pieces {
                     steps.push_back(named(json!({"type": "response.function_call_arguments.delta",
                         "item_id": format!("fc_{id}"), "output_index": index, "delta": piece})));
@@ -543,12 +554,50 @@ fn plan_responses(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
         steps.push_back(Step::Hang);
         return steps;
     }
+    finish_responses_reasoning(ctx, open, &mut reasoning, &mut steps);
     let mut done = response("completed");
     if let Some((input, output)) = usage {
         done["usage"] = json!({"input_tokens": input, "output_tokens": output, "total_tokens": input + output});
     }
     steps.push_back(named(json!({"type": "response.completed", "response": done})));
     steps
+}
+
+/// The reasoning item the Responses API would give response `response` (stored nowhere:
+/// its reasoning comes back encrypted).
+pub fn responses_reasoning_item(response: &str, text: &str) -> Value {
+    json!({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": text}],
+           "encrypted_content": format!("enc-{response}")})
+}
+
+fn finish_responses_reasoning(
+    ctx: &ChunkCtx,
+    open: Option<(u64, &str)>,
+    reasoning: &mut String,
+    steps: &mut VecDeque<Step>,
+) {
+    if let Some((index, "reasoning")) = open {
+        let text = std::mem::take(reasoning);
+        steps.push_back(named(
+            json!({"type": "response.output_item.done", "output_index": index,
+            "item": responses_reasoning_item(&ctx.id, &text)}),
+        ));
+    }
+}
+
+/// The signature Anthropic would give the thinking block `index` of response `ctx`.
+pub fn anthropic_signature(response: &str, index: u64) -> String {
+    format!("sig-{response}-{index}")
+}
+
+/// Close content block `index`; a thinking block gets its signature first, as Anthropic
+/// sends it.
+fn close_anthropic(ctx: &ChunkCtx, index: u64, kind: &str, steps: &mut VecDeque<Step>) {
+    if kind == "thinking" {
+        steps.push_back(named(json!({"type": "content_block_delta", "index": index,
+            "delta": {"type": "signature_delta", "signature": anthropic_signature(&ctx.id, index)}})));
+    }
+    steps.push_back(named(json!({"type": "content_block_stop", "index": index})));
 }
 
 /// The scripted parts as Anthropic Messages stream events.
@@ -568,8 +617,8 @@ fn plan_anthropic(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
     let mut next = 0u64;
     let mut any_tool = false;
     let mut start = |kind: &'static str, block: Value, open: &mut Option<(u64, &str)>, steps: &mut VecDeque<Step>| {
-        if let Some((i, _)) = open.take() {
-            steps.push_back(named(json!({"type": "content_block_stop", "index": i})));
+        if let Some((i, was)) = open.take() {
+            close_anthropic(ctx, i, was, steps);
         }
         let index = next;
         next += 1;
@@ -624,8 +673,8 @@ fn plan_anthropic(ctx: &ChunkCtx, parts: Vec<Part>, hang: bool) -> VecDeque<Step
         steps.push_back(Step::Hang);
         return steps;
     }
-    if let Some((i, _)) = open {
-        steps.push_back(named(json!({"type": "content_block_stop", "index": i})));
+    if let Some((i, was)) = open {
+        close_anthropic(ctx, i, was, &mut steps);
     }
     let reason = if any_tool { "tool_use" } else { "end_turn" };
     steps.push_back(named(

@@ -599,3 +599,128 @@ async fn session_context_reports_the_latest_request_with_the_providers_usage() {
     let forked = c.ok("session.context", json!({"sessionId": fork["sessionId"]})).await;
     assert_eq!(forked["request"], Value::Null);
 }
+
+/// Each format asks for the model's reasoning level, and the reasoning a step returned
+/// (Anthropic's signed thinking, the Responses API's encrypted reasoning item) goes back
+/// with that step in the turn's next request, as those providers require.
+#[tokio::test(flavor = "multi_thread")]
+async fn reasoning_levels_reach_each_format_and_reasoning_comes_back_within_the_turn() {
+    let mock = MockProvider::start().await;
+    let url = mock.base_url();
+    let stack = Stack::start_with(
+        &mock,
+        1,
+        &[
+            ("BERTH_MODEL_LEVEL", "low"),
+            ("BERTH_PROVIDERS", "resp,anth"),
+            ("BERTH_PROVIDER_RESP_API", "responses"),
+            ("BERTH_PROVIDER_RESP_BASE_URL", &url),
+            ("BERTH_PROVIDER_RESP_MODELS", "o-test:200000:high"),
+            ("BERTH_PROVIDER_ANTH_API", "anthropic-messages"),
+            ("BERTH_PROVIDER_ANTH_BASE_URL", &url),
+            ("BERTH_PROVIDER_ANTH_MODELS", "claude-test::medium"),
+        ],
+    )
+    .await;
+    let mut c = stack.client(0).await;
+    for create in [
+        json!({"autoApprove": true}),
+        json!({"autoApprove": true, "provider": "resp"}),
+        json!({"autoApprove": true, "provider": "anth"}),
+    ] {
+        mock.push(tool_step());
+        mock.push(answer());
+        let (_, end) = run_turn(&stack, &mut c, create, "write and read a note").await;
+        assert_eq!(end["state"], "completed", "{end}");
+    }
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), 6);
+    // Chat Completions: the default model's level from BERTH_MODEL_LEVEL; Berth's echo
+    // field never reaches this format.
+    assert_eq!(reqs[0]["reasoning_effort"], "low");
+    assert!(!reqs[1].to_string().contains("reasoning_items"));
+    // Responses: effort and the encrypted reasoning asked for; the step's reasoning item
+    // comes back before its calls.
+    assert_eq!(reqs[2]["reasoning"]["effort"], "high");
+    assert_eq!(reqs[2]["include"], json!(["reasoning.encrypted_content"]));
+    let input = reqs[3]["input"].as_array().unwrap();
+    let item = input
+        .iter()
+        .position(|i| i["type"] == "reasoning")
+        .expect("the reasoning item came back");
+    assert!(input[item]["encrypted_content"].as_str().unwrap().starts_with("enc-"));
+    assert_eq!(input[item]["summary"][0]["text"], "Write, then read.");
+    let call = input.iter().position(|i| i["type"] == "function_call").unwrap();
+    assert!(item < call, "{input:?}");
+    // Anthropic: a thinking budget, and the signed thinking block first in the assistant
+    // message that made the calls, unchanged.
+    assert_eq!(reqs[4]["thinking"], json!({"type": "enabled", "budget_tokens": 8192}));
+    assert!(reqs[4]["max_tokens"].as_u64().unwrap() > 8192);
+    let assistant = reqs[5]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "assistant")
+        .expect("the step's message");
+    let first = &assistant["content"][0];
+    assert_eq!(first["type"], "thinking");
+    assert_eq!(first["thinking"], "Write, then read.");
+    assert!(first["signature"].as_str().unwrap().starts_with("sig-"), "{first}");
+    assert_eq!(assistant["content"][1]["type"], "tool_use");
+}
+
+/// The model proxy's body limit follows the turn's own model: a conversation that
+/// outgrows a small declared window is refused (`payload-too-large`) while the same
+/// conversation on a model with a larger window goes through.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_body_limit_follows_the_models_own_context_window() {
+    let mock = MockProvider::start().await;
+    let url = mock.base_url();
+    let stack = Stack::start_with(
+        &mock,
+        1,
+        &[
+            ("BERTH_PROVIDERS", "two"),
+            ("BERTH_PROVIDER_TWO_BASE_URL", &url),
+            ("BERTH_PROVIDER_TWO_MODELS", "roomy:400000,tiny:1000"),
+        ],
+    )
+    .await;
+    let mut c = stack.client(0).await;
+    let snap = c
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "provider": "two", "model": "tiny"}),
+        )
+        .await;
+    let sid = snap["sessionId"].as_str().unwrap().to_string();
+    let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    // Five prompts of 240 KiB: the fifth request holds about 1.2 MB, over the tiny model's
+    // 16 000 bytes + 1 MiB.
+    let prompt = "x".repeat(240 << 10);
+    let mut ends = Vec::new();
+    for _ in 0..5 {
+        mock.push(Reply::text(&["ok"]));
+        c.ok("session.send", json!({"sessionId": sid, "prompt": prompt})).await;
+        ends.push(w.until(60, is_turn_end).await.expect("turn ended").pop().unwrap());
+    }
+    for end in &ends[..4] {
+        assert_eq!(end["state"], "completed", "{end}");
+    }
+    assert_eq!(ends[4]["state"], "failed");
+    assert_eq!(ends[4]["cause"]["code"], "payload-too-large");
+    assert_eq!(
+        mock.requests().len(),
+        4,
+        "the refused request never reached the provider"
+    );
+    c.ok(
+        "session.setModel",
+        json!({"sessionId": sid, "provider": "two", "model": "roomy"}),
+    )
+    .await;
+    c.ok("session.send", json!({"sessionId": sid, "prompt": prompt})).await;
+    let end = w.until(60, is_turn_end).await.expect("turn ended").pop().unwrap();
+    assert_eq!(end["state"], "completed", "{end}");
+    assert_eq!(mock.requests().len(), 5);
+}

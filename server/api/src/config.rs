@@ -30,6 +30,8 @@ pub struct ModelConfig {
     /// `BERTH_MODEL_CONTEXT_TOKENS`: the model's context window; the proxy's request-body
     /// limit follows from it, so a conversation the model accepts is never refused.
     pub context_tokens: u64,
+    /// `BERTH_MODEL_LEVEL`: the default model's reasoning level (None: not a reasoning model).
+    pub level: Option<ReasoningLevel>,
     /// `BERTH_MODEL_MAX_OUTPUT_TOKENS`: cap on a request's `max_tokens` (None: no cap).
     pub max_output_tokens: Option<u64>,
     /// `BERTH_MODEL_MAX_CONCURRENT`: concurrent proxy calls per tenant (per replica).
@@ -50,6 +52,7 @@ impl Default for ModelConfig {
             api_key: None,
             model: None,
             context_tokens: 200_000,
+            level: None,
             max_output_tokens: None,
             max_concurrent: 64,
             requests_per_min: 600,
@@ -107,12 +110,76 @@ impl std::str::FromStr for WireApi {
     }
 }
 
+/// How hard a reasoning model thinks (`BERTH_MODEL_LEVEL`, a profile model's `:level`):
+/// `reasoning_effort` on Chat Completions, `reasoning.effort` on the Responses API, a
+/// thinking budget on Anthropic Messages. Unset: the request asks for no reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningLevel {
+    Low,
+    Medium,
+    High,
+}
+
+impl ReasoningLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasoningLevel::Low => "low",
+            ReasoningLevel::Medium => "medium",
+            ReasoningLevel::High => "high",
+        }
+    }
+}
+
+impl std::str::FromStr for ReasoningLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ReasoningLevel, String> {
+        match s {
+            "low" => Ok(ReasoningLevel::Low),
+            "medium" => Ok(ReasoningLevel::Medium),
+            "high" => Ok(ReasoningLevel::High),
+            _ => Err("expected low, medium or high".into()),
+        }
+    }
+}
+
 /// One model a profile offers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileModel {
     pub id: String,
     /// The model's context window, if the profile says.
     pub context_tokens: Option<u64>,
+    /// Its reasoning level, if it is a reasoning model.
+    pub level: Option<ReasoningLevel>,
+}
+
+impl ProfileModel {
+    /// One entry of a `MODELS` list: `id[:contextTokens][:level]`. Options are taken from
+    /// the right while they parse, so an id may itself hold colons (`llama3:8b`).
+    pub fn parse(entry: &str) -> ProfileModel {
+        let mut model = ProfileModel {
+            id: entry.to_string(),
+            context_tokens: None,
+            level: None,
+        };
+        while let Some((rest, last)) = model.id.rsplit_once(':') {
+            if model.level.is_none()
+                && model.context_tokens.is_none()
+                && let Ok(level) = last.parse()
+            {
+                model.level = Some(level);
+            } else if model.context_tokens.is_none()
+                && let Ok(n) = last.parse()
+            {
+                model.context_tokens = Some(n);
+            } else if last.is_empty() && model.context_tokens.is_none() {
+                // `id::high`: no context size given.
+            } else {
+                break;
+            }
+            model.id = rest.to_string();
+        }
+        model
+    }
 }
 
 /// A configured model provider. Its key is only ever sent to its own `base_url`.
@@ -184,20 +251,11 @@ impl ProviderSet {
                 .split(',')
                 .map(str::trim)
                 .filter(|m| !m.is_empty())
-                .map(|m| match m.rsplit_once(':') {
-                    Some((id, n)) => n
-                        .parse()
-                        .map(|n| ProfileModel {
-                            id: id.into(),
-                            context_tokens: Some(n),
-                        })
-                        .map_err(|_| anyhow::anyhow!("{}: bad context size in {m:?}", key("MODELS"))),
-                    None => Ok(ProfileModel {
-                        id: m.into(),
-                        context_tokens: None,
-                    }),
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
+                .map(ProfileModel::parse)
+                .collect::<Vec<_>>();
+            if let Some(m) = models.iter().find(|m| m.id.is_empty()) {
+                anyhow::bail!("{}: an entry has no model id ({m:?})", key("MODELS"));
+            }
             let profile = ProviderProfile {
                 name: name.into(),
                 api: parse_api(&key("API"), get(&key("API")))?,
@@ -253,12 +311,39 @@ impl Providers {
     }
 }
 
-impl ModelConfig {
+/// What a call needs to know about its model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSpec {
+    pub context_tokens: u64,
+    pub level: Option<ReasoningLevel>,
+}
+
+impl ModelSpec {
     /// The proxy's request-body limit: room for a full context window of JSON-escaped text
     /// (16 bytes a token: a token is a few bytes of text, more once JSON-escaped) plus 1 MiB.
     pub fn body_limit(&self) -> usize {
         let bytes = self.context_tokens.saturating_mul(16).saturating_add(1 << 20);
         usize::try_from(bytes).unwrap_or(usize::MAX)
+    }
+}
+
+impl ModelConfig {
+    /// `model` on `profile`: the profile's own entry for it where it has one (its window
+    /// defaulting to `BERTH_MODEL_CONTEXT_TOKENS`), else — for the default model of the
+    /// default profile — `BERTH_MODEL_CONTEXT_TOKENS` and `BERTH_MODEL_LEVEL`, else the
+    /// default window and no reasoning.
+    pub fn spec(&self, profile: &ProviderProfile, model: &str) -> ModelSpec {
+        if let Some(m) = profile.models.iter().find(|m| m.id == model) {
+            return ModelSpec {
+                context_tokens: m.context_tokens.unwrap_or(self.context_tokens),
+                level: m.level,
+            };
+        }
+        let default_model = profile.name == DEFAULT_PROVIDER && self.model.as_deref() == Some(model);
+        ModelSpec {
+            context_tokens: self.context_tokens,
+            level: if default_model { self.level } else { None },
+        }
     }
 }
 
@@ -428,5 +513,54 @@ impl Config {
             listen_probe_interval: std::time::Duration::from_secs(15),
             listen_probe_timeout: std::time::Duration::from_secs(10),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_entries_take_options_from_the_right() {
+        let p = |s: &str| {
+            let m = ProfileModel::parse(s);
+            (m.id, m.context_tokens, m.level)
+        };
+        assert_eq!(p("gpt-5"), ("gpt-5".into(), None, None));
+        assert_eq!(p("gpt-5:400000"), ("gpt-5".into(), Some(400_000), None));
+        assert_eq!(
+            p("o3:200000:high"),
+            ("o3".into(), Some(200_000), Some(ReasoningLevel::High))
+        );
+        assert_eq!(p("o3::low"), ("o3".into(), None, Some(ReasoningLevel::Low)));
+        assert_eq!(p("llama3:8b"), ("llama3:8b".into(), None, None));
+        assert_eq!(p("llama3:8b:8192"), ("llama3:8b".into(), Some(8192), None));
+    }
+
+    #[test]
+    fn a_models_window_sets_its_body_limit_and_the_default_model_takes_the_env_level() {
+        let cfg = ModelConfig {
+            model: Some("main".into()),
+            context_tokens: 100_000,
+            level: Some(ReasoningLevel::Medium),
+            ..ModelConfig::default()
+        };
+        let profile = ProviderProfile {
+            name: DEFAULT_PROVIDER.into(),
+            api: WireApi::ChatCompletions,
+            base_url: "http://127.0.0.1:1".into(),
+            api_key: None,
+            models: vec![ProfileModel::parse("small:1000:high")],
+            allow_base_url: false,
+        };
+        let small = cfg.spec(&profile, "small");
+        assert_eq!(small.context_tokens, 1000);
+        assert_eq!(small.level, Some(ReasoningLevel::High));
+        assert_eq!(small.body_limit(), 16_000 + (1 << 20));
+        let main = cfg.spec(&profile, "main");
+        assert_eq!(main.context_tokens, 100_000);
+        assert_eq!(main.level, Some(ReasoningLevel::Medium));
+        assert!(main.body_limit() > small.body_limit());
+        assert_eq!(cfg.spec(&profile, "other").level, None);
     }
 }

@@ -111,14 +111,6 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
     let Some(permit) = state.proxy.admit(&principal.tenant_id) else {
         return fail(StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited.as_str(), None);
     };
-    let body = match axum::body::to_bytes(body, model_cfg.body_limit()).await {
-        Ok(b) => b,
-        Err(_) => return fail(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge.as_str(), None),
-    };
-    let Ok(serde_json::Value::Object(mut obj)) = serde_json::from_slice::<serde_json::Value>(&body) else {
-        return fail(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str(), None);
-    };
-    drop(body);
     let turn = match state.store.proxy_turn(&principal, &turn_id).await {
         Ok(t) => t,
         Err(StoreError::Code(code)) => return fail(StatusCode::FORBIDDEN, code.as_str(), None),
@@ -138,6 +130,16 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
     let Some((base, with_key)) = endpoint(profile, turn.base_url.as_deref()) else {
         return fail(StatusCode::FORBIDDEN, ErrorCode::BaseUrlNotAllowed.as_str(), None);
     };
+    // The body may hold a full context window of this model (and no more).
+    let spec = model_cfg.spec(profile, &model);
+    let body = match axum::body::to_bytes(body, spec.body_limit()).await {
+        Ok(b) => b,
+        Err(_) => return fail(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge.as_str(), None),
+    };
+    let Ok(serde_json::Value::Object(mut obj)) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return fail(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str(), None);
+    };
+    drop(body);
     // The turn's model, one choice, streamed with usage, output capped: whatever was asked.
     obj.insert("model".into(), model.clone().into());
     obj.remove("n");
@@ -176,7 +178,7 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
             None
         }
     };
-    let outgoing = providers::request(profile.api, obj);
+    let outgoing = providers::request(profile.api, obj, spec.level);
     let url = format!("{}{}", base.trim_end_matches('/'), outgoing.path);
     let build = || {
         let req = state.provider_http.post(&url).json(&outgoing.body);
@@ -310,10 +312,14 @@ fn backoff(attempt: u32) -> Duration {
     full.mul_f64(rand::random_range(0.5..=1.0))
 }
 
-/// `Retry-After` in seconds (the HTTP-date form is rare from model providers).
+/// `Retry-After`: seconds, or an HTTP date (a date already past means now).
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
-    v.parse::<f64>().ok().and_then(|s| Duration::try_from_secs_f64(s).ok())
+    if let Ok(secs) = v.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).ok();
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(std::time::SystemTime::now()).unwrap_or_default())
 }
 
 /// Whether an error answer says the request outgrew the model's context (the body is read
@@ -530,6 +536,26 @@ fn without_url(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_takes_seconds_and_http_dates() {
+        let at = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::RETRY_AFTER, v.parse().unwrap());
+            retry_after(&h)
+        };
+        assert_eq!(at("2"), Some(Duration::from_secs(2)));
+        assert_eq!(at("0.5"), Some(Duration::from_millis(500)));
+        let soon = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
+        let wait = at(&soon).expect("a date parses");
+        assert!(
+            wait > Duration::from_secs(25) && wait <= Duration::from_secs(30),
+            "{wait:?}"
+        );
+        assert_eq!(at("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(at("soon"), None);
+        assert_eq!(at("-1"), None);
+    }
 
     fn usage(s: &UsageScanner) -> Option<(u64, u64)> {
         s.usage.map(|u| (u.input_tokens, u.output_tokens))

@@ -77,7 +77,7 @@ async fn ask(state: &AppState, tenant: &str, source: &berth_store::TitleSource) 
     let Value::Object(chat) = chat else {
         return Err(providers::cause("internal"));
     };
-    let outgoing = providers::request(profile.api, chat);
+    let outgoing = providers::request(profile.api, chat, None);
     let url = format!("{}{}", base.trim_end_matches('/'), outgoing.path);
     let build = || {
         let req = state.provider_http.post(&url).json(&outgoing.body);

@@ -329,6 +329,10 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         api_key: settings.secret("BERTH_MODEL_API_KEY")?.map(Secret),
         model: settings.get(None, "BERTH_MODEL"),
         context_tokens: settings.parse(None, "BERTH_MODEL_CONTEXT_TOKENS", "200000")?,
+        level: match settings.get(None, "BERTH_MODEL_LEVEL") {
+            Some(v) => Some(v.parse().map_err(|e| anyhow::anyhow!("BERTH_MODEL_LEVEL={v:?}: {e}"))?),
+            None => None,
+        },
         max_output_tokens: match settings.get(None, "BERTH_MODEL_MAX_OUTPUT_TOKENS") {
             Some(v) => Some(v.parse().context("BERTH_MODEL_MAX_OUTPUT_TOKENS")?),
             None => None,

@@ -5,12 +5,28 @@
 use berth_protocol::Cause;
 use serde_json::{Map, Value, json};
 
-use super::{Outgoing, Translate, cause, content_text, finish, max_tokens, text, tool_call};
+use super::{Outgoing, Translate, cause, content_text, finish, max_tokens, reasoning_chunk, text, tool_call};
+use crate::config::ReasoningLevel;
 
 /// Anthropic requires an output cap; this one applies when the request names none.
 const DEFAULT_MAX_TOKENS: u64 = 8192;
+/// The smallest thinking budget Anthropic accepts.
+const MIN_THINKING_BUDGET: u64 = 1024;
+/// Thinking kept to echo back at most (a provider thinking without end fails the step).
+const THINKING_MAX: usize = 16 << 20;
+/// The block types this format echoes back.
+const REASONING_BLOCKS: &[&str] = &["thinking", "redacted_thinking"];
 
-pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
+/// Tokens of thinking a level may spend.
+fn thinking_budget(level: ReasoningLevel) -> u64 {
+    match level {
+        ReasoningLevel::Low => 2048,
+        ReasoningLevel::Medium => 8192,
+        ReasoningLevel::High => 24576,
+    }
+}
+
+pub(crate) fn request(chat: Map<String, Value>, level: Option<ReasoningLevel>) -> Outgoing {
     let mut system = Vec::new();
     let mut messages: Vec<(&'static str, Vec<Value>)> = Vec::new();
     for m in chat.get("messages").and_then(Value::as_array).into_iter().flatten() {
@@ -21,7 +37,9 @@ pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
             }
             "user" => ("user", user_blocks(m.get("content"))),
             "assistant" => {
-                let mut blocks = Vec::new();
+                // Thinking (with its signature) comes back first and unchanged, as Anthropic
+                // requires when tool use follows it.
+                let mut blocks: Vec<Value> = super::reasoning_items(m, REASONING_BLOCKS).cloned().collect();
                 let said = content_text(m.get("content"));
                 if !said.is_empty() {
                     blocks.push(json!({"type": "text", "text": said}));
@@ -59,10 +77,20 @@ pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
             _ => messages.push((role, blocks)),
         }
     }
+    let asked = max_tokens(&chat);
+    let mut max = asked.unwrap_or(DEFAULT_MAX_TOKENS);
+    // Thinking spends part of `max_tokens`: room is added when the request named no cap,
+    // and the budget never takes more than half of a cap it named.
+    let budget = level.map(thinking_budget).and_then(|b| {
+        if asked.is_none() {
+            max += b;
+        }
+        Some(b.min(max / 2)).filter(|b| *b >= MIN_THINKING_BUDGET)
+    });
     let mut body = json!({
         "model": chat.get("model").cloned().unwrap_or_default(),
         "messages": messages.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect::<Vec<_>>(),
-        "max_tokens": max_tokens(&chat).unwrap_or(DEFAULT_MAX_TOKENS),
+        "max_tokens": max,
         "stream": true,
     });
     if !system.is_empty() {
@@ -77,16 +105,22 @@ pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
         body["tools"] = tools.into();
         if let Some(choice) = chat.get("tool_choice").and_then(Value::as_str) {
             let kind = match choice {
-                "required" => "any",
+                // With thinking on, Anthropic takes only `auto` and `none`.
+                "required" if budget.is_none() => "any",
                 "none" => "none",
                 _ => "auto",
             };
             body["tool_choice"] = json!({"type": kind});
         }
     }
-    for key in ["temperature", "top_p"] {
-        if let Some(v) = chat.get(key) {
-            body[key] = v.clone();
+    if let Some(budget) = budget {
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
+    } else {
+        // Sampling parameters are not accepted beside thinking.
+        for key in ["temperature", "top_p"] {
+            if let Some(v) = chat.get(key) {
+                body[key] = v.clone();
+            }
         }
     }
     Outgoing {
@@ -119,10 +153,12 @@ fn user_blocks(content: Option<&Value>) -> Vec<Value> {
         .collect()
 }
 
-/// The stream's state: content blocks that are tool calls, usage so far, stop reason.
+/// The stream's state: content blocks that are tool calls, the thinking block being
+/// written (index, text, signature), usage so far, stop reason.
 #[derive(Default)]
 pub(crate) struct Stream {
     tool_blocks: Vec<u64>,
+    thinking: Option<(u64, String, String)>,
     input_tokens: u64,
     output_tokens: u64,
     stop_reason: String,
@@ -142,6 +178,25 @@ impl Translate for Stream {
                     .sum();
                 self.output_tokens = num("/message/usage/output_tokens").unwrap_or(0);
             }
+            "content_block_start" if str_of("/content_block/type") == "thinking" => {
+                self.thinking = Some((num("/index").unwrap_or(0), String::new(), String::new()));
+            }
+            "content_block_start" if str_of("/content_block/type") == "redacted_thinking" => {
+                let data = str_of("/content_block/data");
+                out.push(reasoning_chunk(vec![
+                    json!({"type": "redacted_thinking", "data": data}),
+                ]));
+            }
+            "content_block_stop" => {
+                let index = num("/index").unwrap_or(0);
+                if let Some((_, thinking, signature)) = self.thinking.take_if(|(i, ..)| *i == index)
+                    && !signature.is_empty()
+                {
+                    out.push(reasoning_chunk(vec![
+                        json!({"type": "thinking", "thinking": thinking, "signature": signature}),
+                    ]));
+                }
+            }
             "content_block_start" if str_of("/content_block/type") == "tool_use" => {
                 self.tool_blocks.push(num("/index").unwrap_or(0));
                 out.push(tool_call(
@@ -152,7 +207,24 @@ impl Translate for Stream {
             }
             "content_block_delta" => match str_of("/delta/type") {
                 "text_delta" => out.push(text("content", str_of("/delta/text"))),
-                "thinking_delta" => out.push(text("reasoning_content", str_of("/delta/thinking"))),
+                "thinking_delta" => {
+                    let piece = str_of("/delta/thinking");
+                    if let Some((_, thinking, _)) = &mut self.thinking {
+                        if thinking.len() + piece.len() > THINKING_MAX {
+                            return Err(cause("provider-response-too-large"));
+                        }
+                        thinking.push_str(piece);
+                    }
+                    out.push(text("reasoning_content", piece));
+                }
+                "signature_delta" => {
+                    if let Some((_, _, signature)) = &mut self.thinking {
+                        if signature.len() > THINKING_MAX {
+                            return Err(cause("provider-response-too-large"));
+                        }
+                        signature.push_str(str_of("/delta/signature"));
+                    }
+                }
                 "input_json_delta" => {
                     let block = num("/index").unwrap_or(0);
                     let Some(i) = self.tool_blocks.iter().position(|b| *b == block) else {
@@ -207,14 +279,64 @@ mod tests {
             {"role": "tool", "tool_call_id": "c2", "content": "r2"},
         ]});
         let Value::Object(chat) = chat else { unreachable!() };
-        let b = request(chat).body;
+        let b = request(chat, None).body;
         assert_eq!(b["system"], "sys");
+        assert!(b.get("thinking").is_none());
         assert_eq!(b["max_tokens"], DEFAULT_MAX_TOKENS);
         let msgs = b["messages"].as_array().unwrap();
         assert_eq!(msgs.len(), 3);
         assert_eq!(msgs[1]["content"][0]["input"], json!({"x": 1}));
         assert_eq!(msgs[1]["content"][1]["input"], json!({}));
         assert_eq!(msgs[2]["content"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn thinking_blocks_come_back_first_with_their_signature_and_the_level_sets_a_budget() {
+        let mut s = Stream::default();
+        let mut out = Vec::new();
+        for e in [
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "a"}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "b"}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}}),
+            json!({"type": "content_block_stop", "index": 0}),
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "redacted_thinking", "data": "xyz"}}),
+        ] {
+            s.event("", &e.to_string(), &mut out).unwrap();
+        }
+        let items: Vec<Value> = out
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["reasoning_items"].as_array())
+            .flatten()
+            .cloned()
+            .collect();
+        let thinking = json!({"type": "thinking", "thinking": "ab", "signature": "sig"});
+        let redacted = json!({"type": "redacted_thinking", "data": "xyz"});
+        assert_eq!(items, vec![thinking.clone(), redacted.clone()]);
+        let chat = json!({"model": "m", "temperature": 0.2, "tool_choice": "required", "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "", "reasoning_items": [thinking, redacted, {"type": "reasoning"}],
+             "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        ], "tools": [{"type": "function", "function": {"name": "ls"}}]});
+        let Value::Object(chat) = chat else { unreachable!() };
+        let b = request(chat.clone(), Some(ReasoningLevel::Medium)).body;
+        let blocks = b["messages"][1]["content"].as_array().unwrap();
+        assert_eq!(blocks[0]["signature"], "sig");
+        assert_eq!(blocks[1]["type"], "redacted_thinking");
+        assert_eq!(blocks[2]["type"], "tool_use");
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(b["thinking"]["budget_tokens"], 8192);
+        assert_eq!(b["max_tokens"], DEFAULT_MAX_TOKENS + 8192);
+        assert!(b.get("temperature").is_none());
+        assert_eq!(b["tool_choice"]["type"], "auto");
+        // A small cap leaves no room to think: no thinking, sampling kept.
+        let mut small = chat;
+        small.insert("max_tokens".into(), 1500.into());
+        let b = request(small, Some(ReasoningLevel::High)).body;
+        assert!(b.get("thinking").is_none());
+        assert_eq!(b["max_tokens"], 1500);
+        assert_eq!(b["temperature"], 0.2);
     }
 
     #[test]

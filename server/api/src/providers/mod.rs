@@ -17,7 +17,7 @@ pub(crate) mod responses;
 use berth_protocol::Cause;
 use serde_json::{Map, Value, json};
 
-use crate::config::{ProviderProfile, WireApi};
+use crate::config::{ProviderProfile, ReasoningLevel, WireApi};
 
 /// A provider request built from the worker's chat-completions request.
 pub(crate) struct Outgoing {
@@ -26,13 +26,37 @@ pub(crate) struct Outgoing {
     pub body: Value,
 }
 
-/// Build the request for `api` from a chat-completions body (model already set).
-pub(crate) fn request(api: WireApi, chat: Map<String, Value>) -> Outgoing {
+/// Build the request for `api` from a chat-completions body (model already set), asking
+/// for the model's reasoning `level` where it has one.
+///
+/// The worker's assistant messages may carry `reasoning_items`: reasoning blocks this
+/// translation put into the normalized stream (see [`reasoning_items`]), echoed back
+/// within the turn. Each format takes the blocks of its own kind and drops the field.
+pub(crate) fn request(api: WireApi, chat: Map<String, Value>, level: Option<ReasoningLevel>) -> Outgoing {
     match api {
-        WireApi::ChatCompletions => chat::request(chat),
-        WireApi::Responses => responses::request(chat),
-        WireApi::AnthropicMessages => anthropic::request(chat),
+        WireApi::ChatCompletions => chat::request(chat, level),
+        WireApi::Responses => responses::request(chat, level),
+        WireApi::AnthropicMessages => anthropic::request(chat, level),
     }
+}
+
+/// The reasoning blocks an assistant message carries whose `type` is one of `kinds`.
+pub(crate) fn reasoning_items<'a>(message: &'a Value, kinds: &'a [&str]) -> impl Iterator<Item = &'a Value> + 'a {
+    message
+        .get("reasoning_items")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|b| {
+            b.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| kinds.contains(&t))
+        })
+}
+
+/// A normalized chunk carrying provider reasoning blocks for the worker to echo back.
+pub(crate) fn reasoning_chunk(items: Vec<Value>) -> Value {
+    delta(json!({ "reasoning_items": items }))
 }
 
 /// Authentication headers for `profile`'s own endpoint.

@@ -6,8 +6,9 @@ use berth_protocol::Cause;
 use serde_json::{Map, Value, json};
 
 use super::{Outgoing, Translate, cause, content_text, finish, max_tokens, text, tool_call};
+use crate::config::ReasoningLevel;
 
-pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
+pub(crate) fn request(chat: Map<String, Value>, level: Option<ReasoningLevel>) -> Outgoing {
     let mut instructions = Vec::new();
     let mut input = Vec::new();
     for m in chat.get("messages").and_then(Value::as_array).into_iter().flatten() {
@@ -15,6 +16,8 @@ pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
             "system" | "developer" => instructions.push(content_text(m.get("content"))),
             "user" => input.push(json!({"role": "user", "content": user_content(m.get("content"))})),
             "assistant" => {
+                // The step's reasoning items come back before what it said and called.
+                input.extend(super::reasoning_items(m, &["reasoning"]).cloned());
                 let said = content_text(m.get("content"));
                 if !said.is_empty() {
                     input.push(json!({"role": "assistant", "content": said}));
@@ -64,6 +67,12 @@ pub(crate) fn request(chat: Map<String, Value>) -> Outgoing {
     if let Some(choice @ Value::String(_)) = chat.get("tool_choice") {
         body["tool_choice"] = choice.clone();
     }
+    if let Some(level) = level {
+        // Nothing is stored at the provider: the reasoning comes back encrypted, for the
+        // next step of the turn to send again.
+        body["reasoning"] = json!({"effort": level.as_str(), "summary": "auto"});
+        body["include"] = json!(["reasoning.encrypted_content"]);
+    }
     Outgoing {
         path: "/responses",
         body,
@@ -99,6 +108,11 @@ impl Translate for Stream {
             "response.output_text.delta" => out.push(text("content", str_of("/delta"))),
             "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
                 out.push(text("reasoning_content", str_of("/delta")))
+            }
+            "response.output_item.done" if str_of("/item/type") == "reasoning" => {
+                if let Some(item) = v.get("item") {
+                    out.push(super::reasoning_chunk(vec![item.clone()]));
+                }
             }
             "response.output_item.added" if str_of("/item/type") == "function_call" => {
                 let item = v.get("output_index").and_then(Value::as_u64).unwrap_or(0);
@@ -152,13 +166,38 @@ mod tests {
             {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
         ], "tools": [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]});
         let Value::Object(chat) = chat else { unreachable!() };
-        let out = request(chat);
+        let out = request(chat, None);
         assert_eq!(out.path, "/responses");
+        assert!(out.body.get("reasoning").is_none());
         assert_eq!(out.body["instructions"], "be brief");
         assert_eq!(out.body["max_output_tokens"], 100);
         assert_eq!(out.body["input"][1]["type"], "function_call");
         assert_eq!(out.body["input"][2]["output"], "a.txt");
         assert_eq!(out.body["tools"][0]["name"], "ls");
+    }
+
+    #[test]
+    fn reasoning_items_round_trip_with_the_level() {
+        let item = json!({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "enc"});
+        let mut s = Stream::default();
+        let mut out = Vec::new();
+        let done = json!({"type": "response.output_item.done", "output_index": 0, "item": item});
+        s.event("", &done.to_string(), &mut out).unwrap();
+        assert_eq!(out[0]["choices"][0]["delta"]["reasoning_items"][0], item);
+        let chat = json!({"model": "m", "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": null, "reasoning_items": [item, {"type": "thinking"}],
+             "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "a"},
+        ]});
+        let Value::Object(chat) = chat else { unreachable!() };
+        let b = request(chat, Some(ReasoningLevel::Low)).body;
+        assert_eq!(b["reasoning"]["effort"], "low");
+        assert_eq!(b["include"][0], "reasoning.encrypted_content");
+        let input = b["input"].as_array().unwrap();
+        assert_eq!(input.len(), 4, "{input:?}");
+        assert_eq!(input[1], item);
+        assert_eq!(input[2]["type"], "function_call");
     }
 
     #[test]

@@ -99,7 +99,12 @@ impl Conversation {
     /// Add this turn's completed model step.
     pub(crate) fn push_step(&mut self, c: &Completion) {
         self.close_open();
-        self.messages.push(json!({"role": "assistant", "content": c.text}));
+        let mut message = json!({"role": "assistant", "content": c.text});
+        if !c.reasoning_items.is_empty() {
+            // Only the API tier's translation for the provider that wrote them reads these.
+            message["reasoning_items"] = c.reasoning_items.clone().into();
+        }
+        self.messages.push(message);
         self.joinable = None;
         for call in &c.tool_calls {
             self.add_call(&call.id, &call.name, &call.arguments);

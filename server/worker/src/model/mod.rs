@@ -37,6 +37,10 @@ pub(crate) struct Completion {
     pub thinking: String,
     pub tool_calls: Vec<ToolCall>,
     pub usage: Option<Usage>,
+    /// The provider's own reasoning blocks (Anthropic thinking with its signature, a
+    /// Responses reasoning item), opaque here: sent back with this step's assistant message
+    /// within the turn, as those providers require when tool calls follow thinking.
+    pub reasoning_items: Vec<Value>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -182,6 +186,9 @@ impl Accumulator {
                 .iter()
                 .map(|s| s.as_ref().map_or(0, String::len))
                 .sum::<usize>();
+            for item in d.reasoning_items.iter().flatten() {
+                self.bytes += item.to_string().len();
+            }
             for tc in d.tool_calls.iter().flatten() {
                 self.bytes += tc.function.as_ref().map_or(0, |f| {
                     f.name.as_ref().map_or(0, String::len) + f.arguments.as_ref().map_or(0, String::len)
@@ -191,6 +198,10 @@ impl Accumulator {
                 return Err(failed("provider-response-too-large"));
             }
             let d = choice.delta;
+            self.c.reasoning_items.extend(d.reasoning_items.unwrap_or_default());
+            if self.c.reasoning_items.len() > TOOL_CALLS_MAX {
+                return Err(failed("provider-protocol"));
+            }
             let thinking = d.reasoning_content.or(d.reasoning).filter(|s| !s.is_empty());
             let text = d.content.filter(|s| !s.is_empty());
             if text.is_some() || thinking.is_some() {
@@ -272,6 +283,9 @@ struct Delta {
     reasoning: Option<String>,
     #[serde(default)]
     tool_calls: Option<Vec<ToolCallDelta>>,
+    /// Berth's extension of the normalized stream: provider reasoning blocks to echo back.
+    #[serde(default)]
+    reasoning_items: Option<Vec<Value>>,
 }
 
 #[derive(Deserialize)]
