@@ -5,6 +5,20 @@
 export const PROTOCOL_VERSION = 1;
 
 /**
+ * `admin.audit.list`: the tenant's audit log, newest first.
+ */
+export type AdminAuditListParams = {
+  /**
+   * The previous page's `nextBefore`; absent for the newest entries.
+   */
+  "before"?: number | null;
+  /**
+   * Entries per page (default and maximum 200).
+   */
+  "limit"?: number | null;
+};
+
+/**
  * `admin.credential.create`: a user credential (`userId`) or a worker credential (`worker: true`).
  */
 export type AdminCredentialCreateParams = {
@@ -50,6 +64,48 @@ export type AdminUserDisableParams = {
 };
 
 /**
+ * `admin.user.setRole`: make a user an `admin` or a `member`. Their live connections close
+ * (they sign in again with the new role); the tenant's last enabled admin cannot be demoted.
+ */
+export type AdminUserSetRoleParams = {
+  "operationId"?: string | null;
+  /**
+   * `admin` or `member`.
+   */
+  "role": string;
+  "userId": string;
+};
+
+/**
+ * One audited administrative action.
+ */
+export type AuditEntry = {
+  /**
+   * What was done, e.g. `credential.create`, `credential.revoke`, `user.create`,
+   * `user.disable`, `user.role`, `user.password`, `tenant.create`.
+   */
+  "action": string;
+  /**
+   * Who did it: a user id, a credential id, `cli` or `bootstrap`.
+   */
+  "actor": string;
+  "at": string;
+  "auditId": number;
+  /**
+   * The id it was done to.
+   */
+  "target": string;
+};
+
+export type AuditPage = {
+  "entries": Array<AuditEntry>;
+  /**
+   * Pass back as `before` for older entries; absent at the oldest.
+   */
+  "nextBefore"?: number | null;
+};
+
+/**
  * Where a forked session came from.
  */
 export type Branch = {
@@ -71,6 +127,17 @@ export type Cause = {
    */
   "code": string;
   "status"?: number | null;
+};
+
+/**
+ * A child session's turn ended: the child, its turn, and how it ended. Appended to the
+ * coordinator's history (a session-level event: no `turnId` of the coordinator's own).
+ */
+export type ChildTurnEnded = {
+  "cause"?: (Cause | null);
+  "childTurnId": string;
+  "sessionId": string;
+  "state": TurnState;
 };
 
 export type Cleared = {
@@ -194,7 +261,7 @@ export type Empty = Record<string, unknown>;
 /**
  * A stable, typed error code. The client owns the wording.
  */
-export type ErrorCode = ("parse-error" | "invalid-request" | "method-not-found" | "unauthorized" | "forbidden" | "not-found" | "bad-params" | "unsupported-protocol" | "stale-revision" | "turn-busy" | "turn-not-running" | "workspace-offline" | "operation-conflict" | "operation-in-progress" | "rate-limited" | "payload-too-large" | "history-cleared" | "unsupported" | "unavailable" | "internal" | "conflict" | "queue-full" | "interaction-closed" | "unknown-provider" | "unknown-model" | "base-url-not-allowed");
+export type ErrorCode = ("parse-error" | "invalid-request" | "method-not-found" | "unauthorized" | "forbidden" | "not-found" | "bad-params" | "unsupported-protocol" | "stale-revision" | "turn-busy" | "turn-not-running" | "workspace-offline" | "operation-conflict" | "operation-in-progress" | "rate-limited" | "payload-too-large" | "history-cleared" | "unsupported" | "unavailable" | "internal" | "conflict" | "queue-full" | "interaction-closed" | "unknown-provider" | "unknown-model" | "base-url-not-allowed" | "depth-exceeded" | "child-limit");
 
 /**
  * A persisted history event: `{sequence, type, at, turnId?, rows?, …payload}`.
@@ -240,6 +307,8 @@ export type Event = {
   "type": "interaction.resolved";
 } | Forked & {
   "type": "session.forked";
+} | ChildTurnEnded & {
+  "type": "child.turnEnded";
 });
 
 /**
@@ -275,6 +344,8 @@ export type EventPayload = (SessionCreated & {
   "type": "interaction.resolved";
 } | Forked & {
   "type": "session.forked";
+} | ChildTurnEnded & {
+  "type": "child.turnEnded";
 });
 
 export type FileEntry = {
@@ -866,7 +937,15 @@ export type SessionCreateParams = {
   "autoApprove"?: boolean | null;
   "baseUrl"?: string | null;
   "channel"?: string | null;
+  /**
+   * How many levels of sessions below this one it may start (sub-agents, a
+   * coordinator's children), at most [`MAX_DELEGATION_DEPTH`]; default 1, or 2 for a
+   * coordinator (so that its children may still start sub-agents).
+   */
   "delegationDepth"?: number | null;
+  /**
+   * `coordinator`: the session directs sessions in the tenant's workspaces (SPEC §4.15).
+   */
   "kind"?: (SessionKind | null);
   "model"?: string | null;
   "noTools"?: boolean | null;
@@ -968,8 +1047,10 @@ export type SessionListEntry = {
   "branch"?: string | null;
   "effectiveModelId"?: string | null;
   "effectiveModelLevel"?: (ModelLevel | null);
+  "kind"?: (SessionKind | null);
   "messageCount": number;
   "modelId"?: string | null;
+  "parent"?: string | null;
   "phase": SessionPhase;
   /**
    * How many turns are queued (as in the snapshot).
@@ -1101,13 +1182,25 @@ export type SessionSetModelParams = {
  */
 export type SessionSnapshot = {
   "createdAt": string;
+  /**
+   * How many levels of sessions below it this one may still start.
+   */
+  "delegationDepth": number;
   "effectiveModelId"?: string | null;
   "effectiveModelLevel"?: (ModelLevel | null);
   /**
    * The history revision (what `session.fork` is guarded by).
    */
   "historyRevision": number;
+  /**
+   * Absent for an ordinary session.
+   */
+  "kind"?: (SessionKind | null);
   "modelId"?: string | null;
+  /**
+   * The session that started this one (a coordinator, or a delegate call's session).
+   */
+  "parent"?: string | null;
   /**
    * The queue is held (`session.pause`).
    */
@@ -1301,6 +1394,36 @@ export type WatchState = {
 };
 
 /**
+ * A worker credential and where its worker is: `admin.worker.list`.
+ */
+export type WorkerView = {
+  "connectedAt"?: string | null;
+  "credentialId": string;
+  /**
+   * The host the credential is bound to (on its first connection).
+   */
+  "host"?: string | null;
+  /**
+   * The latest heartbeat, else the credential's last use.
+   */
+  "lastSeenAt"?: string | null;
+  "note": string;
+  /**
+   * A live connection of this credential is present.
+   */
+  "online": boolean;
+  /**
+   * The replica holding that connection.
+   */
+  "replicaId"?: string | null;
+  "revokedAt"?: string | null;
+  /**
+   * The workspaces registered from its host.
+   */
+  "workspaceIds": Array<string>;
+};
+
+/**
  * A workspace as the client sees it.
  */
 export type Workspace = {
@@ -1375,6 +1498,7 @@ export type WorkspaceRenameParams = {
 
 /** Every method: its params and its result. */
 export interface Methods {
+  "admin.audit.list": { params: AdminAuditListParams; result: AuditPage };
   "admin.credential.create": { params: AdminCredentialCreateParams; result: CredentialView };
   "admin.credential.list": { params: Empty; result: Array<CredentialView> };
   "admin.credential.revoke": { params: AdminCredentialRevokeParams; result: Revoked };
@@ -1382,6 +1506,8 @@ export interface Methods {
   "admin.user.create": { params: AdminUserCreateParams; result: UserView };
   "admin.user.disable": { params: AdminUserDisableParams; result: Disabled };
   "admin.user.list": { params: Empty; result: Array<UserView> };
+  "admin.user.setRole": { params: AdminUserSetRoleParams; result: UserView };
+  "admin.worker.list": { params: Empty; result: Array<WorkerView> };
   "content.upload": { params: ContentUploadParams; result: ContentUploadResult };
   "files.list": { params: FilesListParams; result: FilesListResult };
   "files.read": { params: FilesReadParams; result: null };

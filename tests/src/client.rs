@@ -117,9 +117,12 @@ impl Client {
         tokio::spawn(async move {
             while let Some(m) = out_rx.recv().await {
                 if sink.send(m).await.is_err() {
-                    break;
+                    return;
                 }
             }
+            // The client was dropped: close the socket properly, so that the server lets go
+            // of the connection now (not at its idle timeout) and the reader task ends.
+            let _ = sink.close().await;
         });
         let pending: Pending = Arc::default();
         let subs: Subs = Arc::default();
@@ -247,6 +250,19 @@ impl Client {
             (_, Some(e)) => Err(e),
             (r, None) => Ok(r.unwrap_or(Value::Null)),
         }
+    }
+
+    /// Call a method; None if the connection closes before the response (at most 30 s).
+    pub async fn call_or_closed(&mut self, method: &str, params: Value) -> Option<Result<Value, RpcError>> {
+        let (_, rx) = self.start(method, params);
+        let resp = tokio::time::timeout(Duration::from_secs(30), rx)
+            .await
+            .unwrap_or_else(|_| panic!("no response to {method} within 30 s"))
+            .ok()?;
+        Some(match (resp.result, resp.error) {
+            (_, Some(e)) => Err(e),
+            (r, None) => Ok(r.unwrap_or(Value::Null)),
+        })
     }
 
     /// Call and expect success.

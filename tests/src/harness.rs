@@ -4,10 +4,10 @@ use std::{
     path::{Path, PathBuf},
     process::Stdio,
     sync::{
-        OnceLock,
+        Mutex, OnceLock,
         atomic::{AtomicU32, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, bail};
@@ -20,7 +20,8 @@ use tokio::{
 struct TestCluster {
     admin_url: String,
     url_prefix: String,
-    _cluster: PrivateCluster,
+    /// Taken and stopped when the test process exits (see [`at_exit`]).
+    cluster: Mutex<Option<PrivateCluster>>,
 }
 
 static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
@@ -28,7 +29,8 @@ static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 const TEMPLATE: &str = "berth_template";
 
 /// The test run's cluster: started once (from the installed PostgreSQL binaries), with a
-/// migrated template database. It stops when the test process exits.
+/// migrated template database. It stops when the test process exits, after every child
+/// process that may use it.
 fn cluster() -> &'static TestCluster {
     CLUSTER.get_or_init(|| {
         std::thread::spawn(|| {
@@ -55,10 +57,11 @@ fn cluster() -> &'static TestCluster {
                 store.migrate().await.expect("migrate template");
             });
             let url_prefix = cluster.url("").trim_end_matches("dbname=").to_string();
+            register_at_exit();
             TestCluster {
                 admin_url,
                 url_prefix,
-                _cluster: cluster,
+                cluster: Mutex::new(Some(cluster)),
             }
         })
         .join()
@@ -149,7 +152,7 @@ pub fn berth_bin() -> PathBuf {
 
 /// A `berth serve` child process.
 pub struct TestServer {
-    pub child: Child,
+    pub child: Proc,
     pub addr: String,
     pub metrics_addr: String,
     pub data_dir: PathBuf,
@@ -278,7 +281,7 @@ impl TestServer {
 
 /// A `berth worker` child process serving one workspace.
 pub struct TestWorker {
-    pub child: Child,
+    pub child: Proc,
     pub log: PathBuf,
 }
 
@@ -307,18 +310,38 @@ impl TestWorker {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<TestWorker> {
+        Self::start_on_host(server, token, "test-host", name, path, extra, env).await
+    }
+
+    /// The same, on another machine name (a worker credential serves one host).
+    pub async fn start_on_host(
+        server: &TestServer,
+        token: &str,
+        host: &str,
+        name: &str,
+        path: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestWorker> {
+        Self::start_at(&server.addr, token, host, name, path, extra, env).await
+    }
+
+    /// The same, connecting to `addr` (`host:port`: a replica, or nginx in front of several).
+    pub async fn start_at(
+        addr: &str,
+        token: &str,
+        host: &str,
+        name: &str,
+        path: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestWorker> {
         let dir = scratch_dir("worker");
         let token_file = dir.join("token");
         std::fs::write(&token_file, token)?;
         let log = dir.join("worker.log");
         let child = Command::new(berth_bin())
-            .args([
-                "worker",
-                "--server",
-                &format!("http://{}/", server.addr),
-                "--host",
-                "test-host",
-            ])
+            .args(["worker", "--server", &format!("http://{addr}/"), "--host", host])
             .arg("--token-file")
             .arg(&token_file)
             .arg("--workspace")
@@ -330,12 +353,15 @@ impl TestWorker {
             .stderr(std::fs::File::create(&log)?)
             .kill_on_drop(true)
             .spawn()?;
-        Ok(TestWorker { child, log })
+        Ok(TestWorker {
+            child: Proc::new(child, STOP),
+            log,
+        })
     }
 }
 
 /// Spawn a command that prints `berth: listening on http://ADDR (metrics on http://MADDR/metrics)`.
-pub async fn spawn_listening(mut cmd: Command, log: &Path) -> anyhow::Result<(Child, String, String)> {
+pub async fn spawn_listening(mut cmd: Command, log: &Path) -> anyhow::Result<(Proc, String, String)> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(log)?)
@@ -370,7 +396,7 @@ pub async fn spawn_listening(mut cmd: Command, log: &Path) -> anyhow::Result<(Ch
         .trim_start_matches("http://")
         .trim_end_matches("/metrics)")
         .to_string();
-    Ok((child, addr, metrics))
+    Ok((Proc::new(child, STOP), addr, metrics))
 }
 
 /// SIGTERM, then wait (SIGKILL after 20 s).
@@ -403,4 +429,135 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     None
+}
+
+/// How a child process is stopped: its stop signal, and how long it may take to exit before
+/// it (and, with `group`, its whole process group) gets SIGKILL.
+#[derive(Debug, Clone, Copy)]
+pub struct Stop {
+    pub signal: i32,
+    pub grace: Duration,
+    pub group: bool,
+}
+
+/// Berth's processes drain on SIGTERM (connections, then the worker and the cluster).
+pub const STOP: Stop = Stop {
+    signal: libc::SIGTERM,
+    grace: Duration::from_secs(20),
+    group: false,
+};
+
+/// A child process that is stopped gracefully when dropped instead of killed: it gets its
+/// stop signal at once and is waited for in the background; before the test process
+/// exits it waits for every such child (see [`at_exit`]). Derefs to the [`Child`].
+pub struct Proc {
+    child: Option<Child>,
+    stop: Stop,
+}
+
+impl Proc {
+    pub fn new(child: Child, stop: Stop) -> Proc {
+        Proc {
+            child: Some(child),
+            stop,
+        }
+    }
+}
+
+impl std::ops::Deref for Proc {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.child.as_ref().expect("a live Proc has its child")
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.child.as_mut().expect("a live Proc has its child")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            stop_gracefully(child, self.stop);
+        }
+    }
+}
+
+struct Stopping {
+    child: Child,
+    pid: i32,
+    deadline: Instant,
+    group: bool,
+}
+
+static STOPPING: Mutex<Vec<Stopping>> = Mutex::new(Vec::new());
+
+/// Send `child` its stop signal and leave it to the reaper (SIGKILL after the grace).
+pub fn stop_gracefully(mut child: Child, stop: Stop) {
+    let Some(pid) = child.id() else { return };
+    if !matches!(child.try_wait(), Ok(None)) {
+        return;
+    }
+    signal(pid as i32, stop.signal);
+    STOPPING.lock().unwrap_or_else(|e| e.into_inner()).push(Stopping {
+        child,
+        pid: pid as i32,
+        deadline: Instant::now() + stop.grace,
+        group: stop.group,
+    });
+    static REAPER: OnceLock<()> = OnceLock::new();
+    REAPER.get_or_init(|| {
+        register_at_exit();
+        std::thread::spawn(|| {
+            loop {
+                reap();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+    });
+}
+
+/// Collect the children that exited; SIGKILL those past their grace. True: none is left.
+fn reap() -> bool {
+    let mut stopping = STOPPING.lock().unwrap_or_else(|e| e.into_inner());
+    stopping.retain_mut(|s| match s.child.try_wait() {
+        Ok(None) => {
+            if Instant::now() > s.deadline {
+                eprintln!("harness: process {} outlived its grace period; killing it", s.pid);
+                signal(if s.group { -s.pid } else { s.pid }, libc::SIGKILL);
+            }
+            true
+        }
+        _ => false,
+    });
+    stopping.is_empty()
+}
+
+#[expect(unsafe_code, reason = "kill(2): signals other than SIGKILL, and to a process group")]
+fn signal(pid: i32, sig: i32) {
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+#[expect(unsafe_code, reason = "atexit(3): the test harness exits through exit(3)")]
+fn register_at_exit() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| unsafe {
+        libc::atexit(at_exit);
+    });
+}
+
+/// When the test process exits: wait for the children being stopped (each is killed past
+/// its grace), then stop the PostgreSQL cluster they used. Nothing this process started
+/// outlives it.
+extern "C" fn at_exit() {
+    while !reap() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(c) = CLUSTER.get() {
+        drop(c.cluster.lock().unwrap_or_else(|e| e.into_inner()).take());
+    }
 }

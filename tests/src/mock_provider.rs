@@ -43,6 +43,19 @@ pub enum Reply {
     StreamThenHang(Vec<Part>),
     /// Answer with this HTTP status, a JSON error body and `Retry-After: secs`.
     StatusRetryAfter { status: u16, secs: u64 },
+    /// The reply computed from the request's JSON body (e.g. from tool results the test
+    /// cannot know in advance, like the ids of sessions a turn started).
+    Computed(Compute),
+}
+
+/// A function from a request body to the reply (see [`Reply::Computed`]).
+#[derive(Clone)]
+pub struct Compute(pub Arc<dyn Fn(&Value) -> Reply + Send + Sync>);
+
+impl std::fmt::Debug for Compute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Compute(..)")
+    }
 }
 
 /// The wire format a request came in on (by its path).
@@ -122,6 +135,11 @@ impl Reply {
         Reply::Stream(parts)
     }
 
+    /// A reply computed from the request body.
+    pub fn computed(f: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> Reply {
+        Reply::Computed(Compute(Arc::new(f)))
+    }
+
     /// A stream of `Text` parts followed by `Usage { prompt: 10, completion: 5 }`.
     pub fn text(chunks: &[&str]) -> Reply {
         let mut parts: Vec<Part> = chunks.iter().map(|c| Part::Text((*c).to_owned())).collect();
@@ -136,6 +154,9 @@ impl Reply {
 #[derive(Default)]
 struct Shared {
     replies: Mutex<VecDeque<Reply>>,
+    /// Replies reserved for requests whose first user message contains the key, in order
+    /// per key; they go before the shared queue.
+    keyed: Mutex<Vec<(String, Reply)>>,
     requests: Mutex<Vec<Value>>,
     authorizations: Mutex<Vec<Option<String>>>,
     /// Every request's credential header (`Authorization` or `x-api-key`) and format.
@@ -215,6 +236,12 @@ impl MockProvider {
         lock(&self.shared.replies).push_back(reply);
     }
 
+    /// Queues a reply for the next request whose first user message contains `key`
+    /// (so that sessions running at once each get their own script).
+    pub fn push_for(&self, key: &str, reply: Reply) {
+        lock(&self.shared.keyed).push((key.to_owned(), reply));
+    }
+
     /// JSON bodies of the requests received so far, in order (a body that is
     /// not valid JSON is recorded as a JSON string of its raw text).
     pub fn requests(&self) -> Vec<Value> {
@@ -238,6 +265,20 @@ impl Drop for MockProvider {
             let _ = tx.send(());
         }
         // `_closed` is dropped right after this, which ends hanging streams.
+    }
+}
+
+/// The text of a request's first user message (chat format; empty if none).
+fn first_user_text(body: &Value) -> String {
+    let Some(m) = body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["role"] == "user"))
+    else {
+        return String::new();
+    };
+    match &m["content"] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -280,7 +321,7 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
     // Record both under the reply lock so the three logs stay aligned.
     let reply = {
         let mut replies = lock(&shared.replies);
-        lock(&shared.requests).push(value);
+        lock(&shared.requests).push(value.clone());
         let credential = auth.clone().or_else(|| {
             headers
                 .get("x-api-key")
@@ -288,7 +329,16 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
         });
         lock(&shared.credentials).push((format, credential));
         lock(&shared.authorizations).push(auth);
-        replies.pop_front()
+        let first_user = first_user_text(&value);
+        let mut keyed = lock(&shared.keyed);
+        match keyed.iter().position(|(k, _)| first_user.contains(k.as_str())) {
+            Some(i) => Some(keyed.remove(i).1),
+            None => replies.pop_front(),
+        }
+    };
+    let reply = match reply {
+        Some(Reply::Computed(f)) => Some((f.0)(&value)),
+        other => other,
     };
     let n = shared.counter.fetch_add(1, Ordering::Relaxed) + 1;
 
@@ -308,6 +358,12 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
         }
         Some(Reply::Stream(parts)) => (parts, false),
         Some(Reply::StreamThenHang(parts)) => (parts, true),
+        Some(Reply::Computed(_)) => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "mock provider: computed a computed reply",
+            );
+        }
     };
 
     let ctx = ChunkCtx {

@@ -4,12 +4,22 @@
 use std::{path::PathBuf, process::Stdio};
 
 use anyhow::{Context, bail};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-use crate::harness::{eventually, scratch_dir};
+use crate::harness::{Proc, Stop, eventually, scratch_dir};
+
+/// nginx stops gracefully on SIGQUIT: its workers finish (open WebSockets are closed after
+/// `worker_shutdown_timeout`), then the master exits. Past the grace the whole process group
+/// (master and workers) is killed.
+const STOP: Stop = Stop {
+    signal: libc::SIGQUIT,
+    grace: std::time::Duration::from_secs(15),
+    group: true,
+};
 
 pub struct Nginx {
-    child: Child,
+    /// Stopped (gracefully) when the `Nginx` is dropped.
+    _child: Proc,
     /// `127.0.0.1:PORT`
     pub addr: String,
     pub dir: PathBuf,
@@ -33,6 +43,7 @@ impl Nginx {
         let d = dir.display();
         let conf = format!(
             "worker_processes 1;
+worker_shutdown_timeout 2s;
 pid {d}/nginx.pid;
 error_log {d}/error.log info;
 events {{ worker_connections 1024; }}
@@ -77,8 +88,11 @@ http {{
             .args(["-g", "daemon off;"])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("stderr.log"))?)
+            // Master and workers in a group of their own, which a last-resort kill takes whole.
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()?;
+        let child = Proc::new(child, STOP);
         let addr = format!("127.0.0.1:{port}");
         let up = eventually(20, || {
             let addr = addr.clone();
@@ -91,16 +105,14 @@ http {{
                 std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default()
             );
         }
-        Ok(Nginx { child, addr, dir })
+        Ok(Nginx {
+            _child: child,
+            addr,
+            dir,
+        })
     }
 
     pub fn ws_url(&self) -> String {
         format!("ws://{}/v1/rpc", self.addr)
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
     }
 }

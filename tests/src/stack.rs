@@ -38,7 +38,11 @@ impl Stack {
 
     /// The same, with the model provider at `model_base_url` (e.g. one that refuses).
     pub async fn start_with_model(model_base_url: &str, replicas: usize, env: &[(&str, &str)]) -> Stack {
-        let db = fresh_database().await;
+        Self::start_on(fresh_database().await, model_base_url, replicas, env).await
+    }
+
+    /// The same, on the database at `db` (e.g. on a cluster the test restarts).
+    pub async fn start_on(db: String, model_base_url: &str, replicas: usize, env: &[(&str, &str)]) -> Stack {
         let mut servers = Vec::new();
         for _ in 0..replicas.max(1) {
             servers.push(TestServer::start_with(&db, model_base_url, env).await.expect("server"));
@@ -84,6 +88,57 @@ impl Stack {
         self.worker = Some(worker);
         let id = self.wait_online(true).await;
         self.workspace_id = id;
+    }
+
+    /// (Re)start the worker against `addr` (e.g. nginx in front of the replicas) and wait
+    /// until its workspace is online.
+    pub async fn start_worker_at(&mut self, addr: &str) {
+        let worker = TestWorker::start_at(
+            addr,
+            &self.worker_token,
+            "test-host",
+            "proj",
+            &self.workspace_dir,
+            &[],
+            &[],
+        )
+        .await
+        .expect("worker");
+        self.worker = Some(worker);
+        self.workspace_id = self.wait_online(true).await;
+    }
+
+    /// Another worker, on machine `host` with a credential of its own, serving workspace
+    /// `name` in a new directory, connected to replica `replica`; returns it once the
+    /// workspace is online, with the workspace's id and directory.
+    pub async fn start_other_worker(&self, replica: usize, host: &str, name: &str) -> (TestWorker, String, PathBuf) {
+        let token = self.servers[0].worker_token().await;
+        let dir = scratch_dir(name);
+        let worker = TestWorker::start_on_host(&self.servers[replica], &token, host, name, &dir, &[], &[])
+            .await
+            .expect("worker");
+        let id = self.wait_workspace(name, true).await;
+        (worker, id, dir)
+    }
+
+    /// Wait (up to 30 s) until the workspace titled `title` shows `online`; returns its id.
+    pub async fn wait_workspace(&self, title: &str, online: bool) -> String {
+        let (url, token) = (self.servers[0].ws_url(), self.token.clone());
+        eventually(30, || {
+            let (url, token) = (url.clone(), token.clone());
+            async move {
+                let mut c = Client::authed(&url, &token).await.ok()?;
+                let list = c.ok("workspace.list", json!({})).await;
+                let w = list
+                    .as_array()?
+                    .iter()
+                    .find(|w| w["title"] == title && w["online"] == online)?
+                    .clone();
+                Some(w["workspaceId"].as_str()?.to_string())
+            }
+        })
+        .await
+        .unwrap_or_else(|| panic!("workspace {title} never became online={online}"))
     }
 
     /// Kill the worker process and wait until its workspace shows offline.

@@ -101,3 +101,90 @@ async fn ctrl_c_stops_dev_cleanly_with_its_cluster_and_plain_logs() {
         "the private PostgreSQL ({postmaster}) outlived berth dev"
     );
 }
+
+/// Removes the test's directory under /root and the cluster directory Berth made for it.
+struct RootDirs {
+    base: std::path::PathBuf,
+    data: std::path::PathBuf,
+}
+
+impl Drop for RootDirs {
+    fn drop(&mut self) {
+        if let Ok(pg) = std::fs::read_link(self.data.join("pg"))
+            && let Some(home) = pg.parent()
+            && home.starts_with(berth_store::cluster::CLUSTERS_DIR)
+        {
+            let _ = std::fs::remove_dir_all(home);
+        }
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+/// The README's first command as root in a container: from a fresh directory under /root
+/// (mode 0700, so PostgreSQL's unprivileged user cannot reach it) whose data dir is private
+/// too, `berth dev` starts its cluster where that user can reach it and answers a prompt.
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_as_root_in_a_private_directory_under_root_answers_a_prompt() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(1) != 0 {
+        eprintln!("SKIPPED: not running as root");
+        return;
+    }
+    let mock = MockProvider::start().await;
+    let base = std::path::PathBuf::from(format!("/root/berth-test-dev-{}", std::process::id()));
+    let project = base.join("myproject");
+    let data = project.join(".berth");
+    let _cleanup = RootDirs {
+        base: base.clone(),
+        data: data.clone(),
+    };
+    std::fs::create_dir_all(&data).unwrap();
+    for d in [&base, &project, &data] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let log = scratch_dir("devroot").join("berth-dev.log");
+    let mut cmd = tokio::process::Command::new(berth_bin());
+    cmd.arg("dev")
+        .current_dir(&project)
+        .env_remove("BERTH_DATA_DIR")
+        .env_remove("DATABASE_URL")
+        .env("BERTH_LISTEN", "127.0.0.1:0")
+        .env("BERTH_METRICS_LISTEN", "127.0.0.1:0")
+        .env("BERTH_MODEL_BASE_URL", mock.base_url())
+        .env("BERTH_MODEL", "mock-model");
+    let (mut child, addr, _) = spawn_listening(cmd, &log).await.expect("berth dev starts as root");
+    assert!(
+        std::fs::read_link(data.join("pg")).is_ok(),
+        "the cluster lives outside the private directory"
+    );
+
+    let token = std::fs::read_to_string(data.join("run/token")).expect("token file");
+    let url = format!("ws://{addr}/v1/rpc");
+    let workspace = eventually(30, || {
+        let (url, token) = (url.clone(), token.trim().to_string());
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            let list = c.ok("workspace.list", json!({})).await;
+            let w = list.as_array()?.iter().find(|w| w["online"] == true)?.clone();
+            Some(w["workspaceId"].as_str()?.to_string())
+        }
+    })
+    .await
+    .expect("the dev worker comes online");
+    mock.push(berth_e2e::Reply::text(&["hello ", "root"]));
+    let mut c = Client::authed(&url, token.trim()).await.unwrap();
+    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "hi"})).await;
+    let items = watch
+        .until(30, |i| i["type"] == "turn.ended")
+        .await
+        .expect("the turn ends");
+    assert_eq!(items.last().unwrap()["state"], "completed");
+    assert_eq!(c.history_bodies(&sid).await, ["hi", "hello root"]);
+    drop(c);
+    assert!(berth_e2e::harness::terminate(&mut child).await.success());
+}

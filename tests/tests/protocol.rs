@@ -320,12 +320,7 @@ async fn params_are_forward_compatible() {
     let stack = Stack::start(&mock, 1).await;
     let mut c = stack.client(0).await;
     let ws = stack.workspace_id.clone();
-    for (field, value) in [
-        ("agent", json!("reviewer")),
-        ("delegationDepth", json!(2)),
-        ("channel", json!("slack")),
-        ("kind", json!("coordinator")),
-    ] {
+    for (field, value) in [("agent", json!("reviewer")), ("channel", json!("slack"))] {
         let e = c
             .call("session.create", json!({"workspaceId": ws, field: value}))
             .await
@@ -346,6 +341,11 @@ async fn params_are_forward_compatible() {
     // A known field with the wrong type stays bad-params.
     let e = c
         .call("session.create", json!({"workspaceId": ws, "delegationDepth": "deep"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "bad-params");
+    let e = c
+        .call("session.create", json!({"workspaceId": ws, "kind": "manager"}))
         .await
         .unwrap_err();
     assert_eq!(code(&e), "bad-params");
@@ -598,8 +598,14 @@ async fn every_method_and_event_matches_the_protocol_types() {
         method::AdminCredentialRevoke,
         json!({"credentialId": cred["credentialId"]})
     );
+    check!(
+        method::AdminUserSetRole,
+        json!({"userId": user["userId"], "role": "admin"})
+    );
     check!(method::AdminUserDisable, json!({"userId": user["userId"]}));
     check!(method::AdminStatusGet, json!({}));
+    check!(method::AdminAuditList, json!({"limit": 5}));
+    check!(method::AdminWorkerList, json!({}));
     let other = check!(method::SessionCreate, json!({"workspaceId": ws}));
     check!(method::SessionRemove, json!({"sessionId": other["sessionId"]}));
 

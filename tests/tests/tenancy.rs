@@ -47,6 +47,8 @@ const NO_ID_METHODS: &[&str] = &[
     "admin.user.list",
     "admin.user.create",
     "admin.status",
+    "admin.audit.list",
+    "admin.worker.list",
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -295,6 +297,11 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"userId": user["userId"]}),
             json!({"userId": "usr_random"}),
         ),
+        (
+            "admin.user.setRole",
+            json!({"userId": user["userId"], "role": "admin"}),
+            json!({"userId": "usr_random", "role": "admin"}),
+        ),
     ];
 
     let mut covered: Vec<&str> = matrix.iter().map(|(m, _, _)| *m).collect();
@@ -326,6 +333,32 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             .unwrap()
             .iter()
             .all(|c| c["credentialId"] != cred["credentialId"])
+    );
+    let b_workers = b.ok("admin.worker.list", json!({})).await;
+    assert!(
+        b_workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w["credentialId"] != cred["credentialId"]),
+        "{b_workers}"
+    );
+    // B's audit log holds B's actions only; A's log has A's.
+    let b_audit = b.ok("admin.audit.list", json!({})).await;
+    for e in b_audit["entries"].as_array().unwrap() {
+        assert!(
+            e["target"] != cred["credentialId"] && e["target"] != user["userId"],
+            "{e}"
+        );
+    }
+    let a_audit = a.ok("admin.audit.list", json!({})).await;
+    assert!(
+        a_audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "credential.create" && e["target"] == cred["credentialId"]),
+        "{a_audit}"
     );
 }
 
@@ -950,4 +983,130 @@ async fn a_worker_credential_cannot_take_over_another_hosts_workspaces() {
         moved.is_some(),
         "after rotation the new credential serves the workspace"
     );
+}
+
+/// `admin.user.setRole` changes what a user may do, closing their live connections so that
+/// none keeps the old role, and never demotes the last admin; `admin.audit.list` pages the
+/// audited actions newest first; `admin.worker.list` shows where each worker is connected.
+#[tokio::test(flavor = "multi_thread")]
+async fn roles_change_with_their_connections_the_audit_log_pages_and_workers_show_their_replica() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let url = stack.servers[0].ws_url();
+    let mut admin = stack.client(0).await;
+    let me = admin.ok("hello", json!({"protocol": 1, "token": stack.token})).await;
+    let user = admin
+        .ok("admin.user.create", json!({"email": "role@example.com"}))
+        .await;
+    let cred = admin
+        .ok(
+            "admin.credential.create",
+            json!({"userId": user["userId"], "note": "role"}),
+        )
+        .await;
+    let token = cred["token"].as_str().unwrap().to_string();
+    let mut member = Client::authed(&url, &token).await.unwrap();
+    assert_eq!(
+        code(&member.call("admin.user.list", json!({})).await.unwrap_err()),
+        "forbidden"
+    );
+
+    let promoted = admin
+        .ok("admin.user.setRole", json!({"userId": user["userId"], "role": "admin"}))
+        .await;
+    assert_eq!(promoted["role"], "admin");
+    let closed = eventually(5, || {
+        let closed = member.is_closed();
+        async move { closed.then_some(()) }
+    })
+    .await;
+    assert!(closed.is_some(), "the member's connection closes with the role change");
+    let mut again = Client::authed(&url, &token).await.unwrap();
+    let hello = again.ok("hello", json!({"protocol": 1, "token": token})).await;
+    assert_eq!(hello["role"], "admin");
+    again.ok("admin.user.list", json!({})).await;
+
+    assert_eq!(
+        code(
+            &admin
+                .call("admin.user.setRole", json!({"userId": user["userId"], "role": "owner"}))
+                .await
+                .unwrap_err()
+        ),
+        "bad-params"
+    );
+    admin
+        .ok(
+            "admin.user.setRole",
+            json!({"userId": user["userId"], "role": "member"}),
+        )
+        .await;
+    // The bootstrap admin is now the only admin: demoting them would lock the tenant out.
+    let err = admin
+        .call("admin.user.setRole", json!({"userId": me["userId"], "role": "member"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "conflict");
+    assert_eq!(err.data["reason"], "last-admin");
+    let users = admin.ok("admin.user.list", json!({})).await;
+    let boot = users
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["userId"] == me["userId"])
+        .unwrap();
+    assert_eq!(boot["role"], "admin");
+
+    // The audit log, newest first, one entry a page, walked to its end.
+    let all = admin.ok("admin.audit.list", json!({})).await;
+    let entries = all["entries"].as_array().unwrap();
+    let actions: Vec<&str> = entries.iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(
+        &actions[..4],
+        ["user.role", "user.role", "credential.create", "user.create"],
+        "{all}"
+    );
+    assert_eq!(entries[0]["target"], user["userId"]);
+    assert_eq!(entries[0]["actor"], me["userId"]);
+    let mut walked = Vec::new();
+    let mut before = Value::Null;
+    loop {
+        let page = admin
+            .ok("admin.audit.list", json!({"limit": 1, "before": before}))
+            .await;
+        walked.extend(page["entries"].as_array().unwrap().iter().cloned());
+        match page.get("nextBefore") {
+            Some(n) => before = n.clone(),
+            None => break,
+        }
+    }
+    assert_eq!(&walked, entries);
+    assert_eq!(
+        code(&admin.call("admin.audit.list", json!({"limit": 0})).await.unwrap_err()),
+        "bad-params"
+    );
+
+    // Workers: online on this replica, with the workspace of their host; then offline.
+    let workers = admin.ok("admin.worker.list", json!({})).await;
+    let w = &workers.as_array().unwrap()[0];
+    assert_eq!(w["online"], true, "{workers}");
+    assert_eq!(w["replicaId"], me["replicaId"]);
+    assert_eq!(w["workspaceIds"], json!([stack.workspace_id]));
+    assert!(w["host"].is_string() && w["lastSeenAt"].is_string(), "{w}");
+    stack.kill_worker().await;
+    let offline = eventually(20, || {
+        let url = url.clone();
+        let token = stack.token.clone();
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            let workers = c.ok("admin.worker.list", json!({})).await;
+            let w = workers.as_array()?[0].clone();
+            (w["online"] == false).then_some(w)
+        }
+    })
+    .await
+    .expect("the worker shows offline");
+    assert!(offline.get("replicaId").is_none(), "{offline}");
+    assert!(offline["lastSeenAt"].is_string(), "{offline}");
+    assert_eq!(offline["workspaceIds"], json!([stack.workspace_id]));
 }

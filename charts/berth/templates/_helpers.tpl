@@ -74,6 +74,14 @@ automountServiceAccountToken: false
 {{ include "berth.databaseEnv" . }}
 - name: BERTH_DATA_DIR
   value: /var/lib/berth
+{{- if .Values.database.caSecret }}
+- name: BERTH_DB_CA_FILE
+  value: /etc/berth/db-ca/{{ .Values.database.caSecretKey }}
+{{- end }}
+{{- with .Values.logFormat }}
+- name: BERTH_LOG_FORMAT
+  value: {{ . | quote }}
+{{- end }}
 - name: BERTH_LISTEN
   value: "0.0.0.0:{{ .Values.api.port }}"
 - name: BERTH_METRICS_LISTEN
@@ -126,6 +134,14 @@ envFrom:
       - key: {{ .Values.jwt.existingSecretKey }}
         path: {{ .Values.jwt.existingSecretKey }}
 {{- end }}
+{{- if .Values.database.caSecret }}
+- name: db-ca
+  secret:
+    secretName: {{ .Values.database.caSecret }}
+    items:
+      - key: {{ .Values.database.caSecretKey }}
+        path: {{ .Values.database.caSecretKey }}
+{{- end }}
 {{- end -}}
 
 {{- define "berth.serverVolumeMounts" -}}
@@ -138,4 +154,34 @@ envFrom:
   mountPath: /etc/berth/jwt
   readOnly: true
 {{- end }}
+{{- if .Values.database.caSecret }}
+- name: db-ca
+  mountPath: /etc/berth/db-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Can more than one API pod run at once (several replicas, or an autoscaler that may add them)? */}}
+{{- define "berth.multiReplica" -}}
+{{- if .Values.api.autoscaling.enabled -}}
+{{- if gt (int .Values.api.autoscaling.maxReplicas) 1 }}true{{ end -}}
+{{- else if gt (int .Values.api.replicaCount) 1 -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Combinations that render fine but break at run time: refuse them at install. */}}
+{{- define "berth.checkValues" -}}
+{{- if and (include "berth.multiReplica" .) (not .Values.jwt.existingSecret) -}}
+{{- fail "jwt.existingSecret is required when more than one API replica can run (api.replicaCount > 1 or autoscaling): without a shared signing key each pod generates its own, and a login made on one replica is refused by the others. kubectl create secret generic berth-jwt --from-literal=jwt-secret=\"$(openssl rand -base64 48)\"" -}}
+{{- end -}}
+{{- if and (include "berth.multiReplica" .) (hasPrefix "file:" .Values.objectStore.url) -}}
+{{- fail "objectStore.url is a file:// URL, which is private to each pod: with more than one API replica use shared object storage (s3://bucket/prefix)" -}}
+{{- end -}}
+{{- if ge (int .Values.api.preStopDelaySeconds) (int .Values.api.terminationGracePeriodSeconds) -}}
+{{- fail "api.preStopDelaySeconds must be shorter than api.terminationGracePeriodSeconds (the drain after SIGTERM needs the rest of the grace period)" -}}
+{{- end -}}
+{{- if and .Values.worker.enabled (gt (int .Values.worker.replicas) 1) (not .Values.worker.token.perPod) -}}
+{{- fail "worker.replicas > 1 needs worker.token.perPod=true: a worker credential serves one workspace host, so each pod needs its own" -}}
+{{- end -}}
 {{- end -}}

@@ -383,6 +383,9 @@ pub struct Config {
     /// `BERTH_INTERACTION_TIMEOUT_SECS`: how long an approval or question waits for an answer
     /// before its fallback answers (default 15 minutes).
     pub interaction_timeout: std::time::Duration,
+    /// `BERTH_COORDINATOR_MAX_CHILDREN`: child sessions one coordinator turn may start
+    /// (default 16).
+    pub coordinator_max_children: u32,
     /// `BERTH_INTERNAL_URL`: where other replicas reach this one to forward worker calls
     /// (default: `http://<listen address>` unless that is a wildcard address).
     pub internal_url: Option<String>,
@@ -508,6 +511,7 @@ impl Config {
             object_store: ObjectStoreConfig::default(),
             max_attachment_bytes: 32 << 20,
             interaction_timeout: std::time::Duration::from_secs(15 * 60),
+            coordinator_max_children: 16,
             internal_url: None,
             trusted_proxies: Vec::new(),
             listen_probe_interval: std::time::Duration::from_secs(15),

@@ -35,8 +35,8 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         let code = e.code();
         match code {
-            ErrorCode::Internal => tracing::error!(error = %e, "internal store error"),
-            ErrorCode::Unavailable => tracing::warn!(error = %e, "database unavailable"),
+            ErrorCode::Internal => tracing::error!(error = %berth_store::error_chain(&e), "internal store error"),
+            ErrorCode::Unavailable => tracing::warn!(error = %berth_store::error_chain(&e), "database unavailable"),
             _ => {}
         }
         ApiError::code(code)

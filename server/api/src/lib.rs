@@ -9,6 +9,7 @@ pub mod auth;
 pub mod blobs;
 pub mod config;
 pub mod connections;
+mod console;
 pub mod error;
 pub mod hub;
 mod listen;
@@ -166,6 +167,8 @@ pub async fn serve(
         .route(berth_protocol::worker::ATTACHMENTS_PATH, get(rpc::upload::worker_fetch))
         .route("/v1/auth/login", post(login::login))
         .route("/v1/schema", get(schema))
+        .route("/", get(console::index))
+        .route("/console/{file}", get(console::asset))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state.clone());

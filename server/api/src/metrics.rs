@@ -86,26 +86,38 @@ impl Metrics {
                 .expect("metric"),
             registry,
         };
-        for c in [
-            Box::new(m.rpc_requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(m.rpc_duration.clone()),
-            Box::new(m.connections.clone()),
-            Box::new(m.events_appended.clone()),
-            Box::new(m.turns.clone()),
-            Box::new(m.turn_duration.clone()),
-            Box::new(m.fanout_lag.clone()),
-            Box::new(m.model_tokens.clone()),
-            Box::new(m.model_latency.clone()),
-            Box::new(m.workers_connected.clone()),
-            Box::new(m.db_pool_size.clone()),
-            Box::new(m.db_pool_available.clone()),
-            Box::new(m.auth_failures.clone()),
-            Box::new(m.object_store_bytes.clone()),
-            Box::new(m.listen_reconnects.clone()),
-        ] {
+        for c in m.collectors() {
             m.registry.register(c).expect("metrics registered once");
         }
         m
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.rpc_requests.clone()),
+            Box::new(self.rpc_duration.clone()),
+            Box::new(self.connections.clone()),
+            Box::new(self.events_appended.clone()),
+            Box::new(self.turns.clone()),
+            Box::new(self.turn_duration.clone()),
+            Box::new(self.fanout_lag.clone()),
+            Box::new(self.model_tokens.clone()),
+            Box::new(self.model_latency.clone()),
+            Box::new(self.workers_connected.clone()),
+            Box::new(self.db_pool_size.clone()),
+            Box::new(self.db_pool_available.clone()),
+            Box::new(self.auth_failures.clone()),
+            Box::new(self.object_store_bytes.clone()),
+            Box::new(self.listen_reconnects.clone()),
+        ]
+    }
+
+    /// The name of every exported metric family, including those with no sample yet.
+    pub fn names(&self) -> Vec<String> {
+        self.collectors()
+            .iter()
+            .flat_map(|c| c.desc().into_iter().map(|d| d.fq_name.clone()))
+            .collect()
     }
 
     /// The text exposition format.

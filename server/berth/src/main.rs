@@ -84,6 +84,10 @@ struct WorkerArgs {
     /// Longest a shell tool call may run, in seconds (BERTH_WORKER_SHELL_TIMEOUT_SECS; default 300).
     #[arg(long)]
     shell_timeout_secs: Option<String>,
+    /// Serve `/healthz` (alive) and `/readyz` (registered with the API tier) on this address
+    /// for probes (BERTH_WORKER_HEALTH_LISTEN; default: none).
+    #[arg(long)]
+    health_listen: Option<String>,
 }
 
 /// The worker's loop and tool limits: flag > environment > config file > default.
@@ -407,6 +411,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     config.receipt_retention = std::time::Duration::from_secs(retention);
     let interaction_timeout: u64 = settings.parse(None, "BERTH_INTERACTION_TIMEOUT_SECS", "900")?;
     config.interaction_timeout = std::time::Duration::from_secs(interaction_timeout);
+    config.coordinator_max_children = settings.parse(None, "BERTH_COORDINATOR_MAX_CHILDREN", "16")?;
     config.internal_url = settings.get(None, "BERTH_INTERNAL_URL");
     if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {
         config.replica_id = id;
@@ -552,7 +557,41 @@ async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
         wait_for_signal().await;
         s.cancel();
     });
-    berth_worker::run(cfg, shutdown).await
+    let connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(addr) = settings.get(args.health_listen.as_deref(), "BERTH_WORKER_HEALTH_LISTEN") {
+        let addr: std::net::SocketAddr = addr.parse().context("BERTH_WORKER_HEALTH_LISTEN")?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding BERTH_WORKER_HEALTH_LISTEN {addr}"))?;
+        tokio::spawn(worker_health(listener, connected.clone(), shutdown.clone()));
+    }
+    berth_worker::run_reporting(cfg, shutdown, connected).await
+}
+
+/// The worker's probe endpoints: `/healthz` while the process runs, `/readyz` while it is
+/// registered with the API tier (a worker that cannot reach it keeps retrying, and is alive).
+async fn worker_health(
+    listener: tokio::net::TcpListener,
+    connected: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    shutdown: CancellationToken,
+) {
+    use axum::{http::StatusCode, routing::get};
+    let app = axum::Router::new().route("/healthz", get(|| async { "ok" })).route(
+        "/readyz",
+        get(move || async move {
+            if connected.load(std::sync::atomic::Ordering::Relaxed) {
+                (StatusCode::OK, "connected")
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, "not connected")
+            }
+        }),
+    );
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    if let Err(e) = served {
+        tracing::warn!(error = %e, "worker health listener stopped");
+    }
 }
 
 async fn admin(settings: &Settings, data_dir: &Path, cmd: Admin) -> anyhow::Result<()> {

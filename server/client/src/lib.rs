@@ -53,6 +53,7 @@ pub const TAKES_OPERATION_ID: &[&str] = &[
     "admin.credential.revoke",
     "admin.user.create",
     "admin.user.disable",
+    "admin.user.setRole",
 ];
 
 /// What went wrong with a call.

@@ -58,6 +58,8 @@ fn the_schema_covers_every_method_event_and_error_code() {
         ErrorCode::UnknownModel,
         ErrorCode::BaseUrlNotAllowed,
         ErrorCode::InteractionClosed,
+        ErrorCode::DepthExceeded,
+        ErrorCode::ChildLimit,
     ];
     for code in all {
         match code {
@@ -86,7 +88,9 @@ fn the_schema_covers_every_method_event_and_error_code() {
             | ErrorCode::UnknownProvider
             | ErrorCode::UnknownModel
             | ErrorCode::BaseUrlNotAllowed
-            | ErrorCode::InteractionClosed => {}
+            | ErrorCode::InteractionClosed
+            | ErrorCode::DepthExceeded
+            | ErrorCode::ChildLimit => {}
         }
         assert!(codes.iter().any(|c| c == code.as_str()), "{} missing", code.as_str());
     }

@@ -40,6 +40,10 @@ pub enum ErrorCode {
     UnknownModel,
     /// `baseUrl` given for a profile that does not allow a client-chosen endpoint.
     BaseUrlNotAllowed,
+    /// The session may not start sessions below it: its `delegationDepth` is used up.
+    DepthExceeded,
+    /// A coordinator's turn started as many child sessions as it may (`max`).
+    ChildLimit,
 }
 
 impl ErrorCode {
@@ -72,6 +76,8 @@ impl ErrorCode {
             ErrorCode::UnknownProvider => "unknown-provider",
             ErrorCode::UnknownModel => "unknown-model",
             ErrorCode::BaseUrlNotAllowed => "base-url-not-allowed",
+            ErrorCode::DepthExceeded => "depth-exceeded",
+            ErrorCode::ChildLimit => "child-limit",
         }
     }
 

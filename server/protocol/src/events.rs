@@ -79,6 +79,9 @@ pub enum EventPayload {
     /// The first event of a fork's own: the history before it was copied from `branch`.
     #[serde(rename = "session.forked")]
     SessionForked(Forked),
+    /// A turn of a child session (one this coordinator started) ended (SPEC §4.15).
+    #[serde(rename = "child.turnEnded")]
+    ChildTurnEnded(ChildTurnEnded),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,6 +161,19 @@ pub struct TurnEnded {
     pub usage: Option<Usage>,
 }
 
+/// A child session's turn ended: the child, its turn, and how it ended. Appended to the
+/// coordinator's history (a session-level event: no `turnId` of the coordinator's own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ChildTurnEnded {
+    pub session_id: String,
+    pub child_turn_id: String,
+    pub state: TurnState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
@@ -185,6 +201,7 @@ impl EventPayload {
             EventPayload::InteractionRequested(_) => "interaction.requested",
             EventPayload::InteractionResolved(_) => "interaction.resolved",
             EventPayload::SessionForked(_) => "session.forked",
+            EventPayload::ChildTurnEnded(_) => "child.turnEnded",
         }
     }
 
@@ -289,6 +306,12 @@ impl EventPayload {
                     turn_id: Some("trn_1".into()),
                     sequence: 7,
                 },
+            }),
+            EventPayload::ChildTurnEnded(ChildTurnEnded {
+                session_id: "ses_2".into(),
+                child_turn_id: "trn_2".into(),
+                state: TurnState::Completed,
+                cause: None,
             }),
         ]
     }

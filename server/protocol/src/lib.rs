@@ -194,6 +194,12 @@ methods! {
     AdminUserDisable = "admin.user.disable" (AdminUserDisableParams) -> Disabled;
     /// Replicas, workers, running turns and queue depth of the tenant (admins).
     AdminStatusGet = "admin.status" (Empty) -> crate::types::AdminStatus;
+    /// Make a user an admin or a member (admins); their live connections close.
+    AdminUserSetRole = "admin.user.setRole" (crate::types::AdminUserSetRoleParams) -> UserView;
+    /// The tenant's audit log, newest first, paged (admins).
+    AdminAuditList = "admin.audit.list" (crate::types::AdminAuditListParams) -> crate::types::AuditPage;
+    /// The tenant's worker credentials with their presence and workspaces (admins).
+    AdminWorkerList = "admin.worker.list" (Empty) -> Vec<crate::types::WorkerView>;
 }
 
 /// No parameters / no result fields.

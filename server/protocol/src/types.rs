@@ -98,33 +98,35 @@ pub struct SessionCreateParams {
     pub auto_approve: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// How many levels of sessions below this one it may start (sub-agents, a
+    /// coordinator's children), at most [`MAX_DELEGATION_DEPTH`]; default 1, or 2 for a
+    /// coordinator (so that its children may still start sub-agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegation_depth: Option<u32>,
+    /// `coordinator`: the session directs sessions in the tenant's workspaces (SPEC §4.15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<SessionKind>,
     // SPEC fields this release does not offer yet: typed (a wrong type is `bad-params`),
     // and present means `unsupported {field}` (see `unsupported_field`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub base_url: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delegation_depth: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<SessionKind>,
 }
+
+/// The deepest nesting `session.create {delegationDepth}` may ask for.
+pub const MAX_DELEGATION_DEPTH: u32 = 4;
 
 impl SessionCreateParams {
     /// The first field given that this release does not offer yet (answered `unsupported`).
     pub fn unsupported_field(&self) -> Option<&'static str> {
-        [
-            ("agent", self.agent.is_some()),
-            ("delegationDepth", self.delegation_depth.is_some()),
-            ("channel", self.channel.is_some()),
-            ("kind", self.kind.is_some()),
-        ]
-        .into_iter()
-        .find_map(|(name, given)| given.then_some(name))
+        [("agent", self.agent.is_some()), ("channel", self.channel.is_some())]
+            .into_iter()
+            .find_map(|(name, given)| given.then_some(name))
     }
 }
 
@@ -134,6 +136,18 @@ impl SessionCreateParams {
 #[serde(rename_all = "camelCase")]
 pub enum SessionKind {
     Coordinator,
+}
+
+impl SessionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionKind::Coordinator => "coordinator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SessionKind> {
+        (s == "coordinator").then_some(SessionKind::Coordinator)
+    }
 }
 
 /// What a session is doing.
@@ -187,6 +201,14 @@ pub struct SessionSnapshot {
     pub pending_interactions: Vec<Interaction>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
+    /// Absent for an ordinary session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<SessionKind>,
+    /// The session that started this one (a coordinator, or a delegate call's session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// How many levels of sessions below it this one may still start.
+    pub delegation_depth: u32,
     pub created_at: String,
     pub updated_at: String,
 }
@@ -240,6 +262,10 @@ pub struct SessionListEntry {
     pub queued: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<SessionKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -960,6 +986,84 @@ pub struct AdminUserDisableParams {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Disabled {
     pub disabled: bool,
+}
+
+/// `admin.user.setRole`: make a user an `admin` or a `member`. Their live connections close
+/// (they sign in again with the new role); the tenant's last enabled admin cannot be demoted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AdminUserSetRoleParams {
+    pub user_id: String,
+    /// `admin` or `member`.
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+}
+
+/// `admin.audit.list`: the tenant's audit log, newest first.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AdminAuditListParams {
+    /// The previous page's `nextBefore`; absent for the newest entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<i64>,
+    /// Entries per page (default and maximum 200).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+/// One audited administrative action.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEntry {
+    pub audit_id: i64,
+    pub at: String,
+    /// Who did it: a user id, a credential id, `cli` or `bootstrap`.
+    pub actor: String,
+    /// What was done, e.g. `credential.create`, `credential.revoke`, `user.create`,
+    /// `user.disable`, `user.role`, `user.password`, `tenant.create`.
+    pub action: String,
+    /// The id it was done to.
+    pub target: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AuditPage {
+    pub entries: Vec<AuditEntry>,
+    /// Pass back as `before` for older entries; absent at the oldest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<i64>,
+}
+
+/// A worker credential and where its worker is: `admin.worker.list`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerView {
+    pub credential_id: String,
+    pub note: String,
+    /// The host the credential is bound to (on its first connection).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// A live connection of this credential is present.
+    pub online: bool,
+    /// The replica holding that connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connected_at: Option<String>,
+    /// The latest heartbeat, else the credential's last use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+    /// The workspaces registered from its host.
+    pub workspace_ids: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -2,7 +2,9 @@
 //!
 //! Worker → server requests: `worker.hello`, `turn.history` (the session's rows before the
 //! turn, in pages; `turn.source` reads on a field a page cut), `turn.step`, `turn.toolStatus`, `turn.toolEnded`, `turn.interaction`,
-//! `turn.end`; notification `turn.delta`. Server → worker notifications: `turn.run` (the
+//! `turn.end`, `turn.delegate`; for a coordinator's turn `turn.workspaces`,
+//! `turn.childStart`, `turn.childSend`, `turn.childWait`, `turn.childStop`; notification
+//! `turn.delta`. Server → worker notifications: `turn.run` (the
 //! turn's settings only), `turn.stop {turnId}` (the turn was cancelled: stop working on it;
 //! the server has already settled it).
 //!
@@ -17,7 +19,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Cause, InteractionOutcome, InteractionState, InteractionTool, NewRow, Position, Row, RowField, TurnState};
+use crate::{
+    Cause, InteractionOutcome, InteractionState, InteractionTool, NewRow, Position, Row, RowField, TurnState, Workspace,
+};
 
 pub const WORKER_HELLO: &str = "worker.hello";
 pub const TURN_RUN: &str = "turn.run";
@@ -31,6 +35,11 @@ pub const TURN_TOOL_STATUS: &str = "turn.toolStatus";
 pub const TURN_TOOL_ENDED: &str = "turn.toolEnded";
 pub const TURN_INTERACTION: &str = "turn.interaction";
 pub const TURN_DELEGATE: &str = "turn.delegate";
+pub const TURN_WORKSPACES: &str = "turn.workspaces";
+pub const TURN_CHILD_START: &str = "turn.childStart";
+pub const TURN_CHILD_SEND: &str = "turn.childSend";
+pub const TURN_CHILD_WAIT: &str = "turn.childWait";
+pub const TURN_CHILD_STOP: &str = "turn.childStop";
 pub const CALL: &str = "call";
 pub const CALL_ITEM: &str = "call.item";
 pub const CALL_ACK: &str = "call.ack";
@@ -81,6 +90,11 @@ pub struct WorkerHello {
     /// The machine's stable name; a workspace keeps its identity by (host, name).
     pub host: String,
     pub workspaces: Vec<WorkspaceDecl>,
+    /// The connection this worker held before this one (its `connectionId`), which it has
+    /// given up: the server ends that connection's running turns `interrupted` now rather
+    /// than when its presence goes stale (its replica may have died without a word).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,6 +112,9 @@ pub struct WorkerHelloResult {
     /// server would ignore the field and lose the step).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub end_carries_step: bool,
+    /// This connection's id, for the next `worker.hello`'s `replaces`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,6 +143,11 @@ pub struct TurnRun {
     /// How many levels of sub-agents this session may still start (0: no delegate tool).
     #[serde(default)]
     pub delegation_depth: u32,
+    /// A coordinator session: the model also gets the tools that direct child sessions
+    /// (`turn.workspaces`, `turn.childStart`, `turn.childSend`, `turn.childWait`,
+    /// `turn.childStop`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub coordinator: bool,
     /// This turn's attachments, in the order the client named them; their bytes, concatenated
     /// in that order, are fetched from [`ATTACHMENTS_PATH`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -167,6 +189,100 @@ pub struct TurnDelegate {
 pub struct TurnDelegateResult {
     pub session_id: String,
     pub turn_id: String,
+}
+
+/// Worker → server: the tenant's workspaces, for a coordinator's turn.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnWorkspaces {
+    pub turn_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnWorkspacesResult {
+    pub workspaces: Vec<Workspace>,
+}
+
+/// Worker → server: a coordinator's call `call_id` starts a child session in `workspace_id`
+/// (`parent` = the coordinator, one level less of depth) whose first turn runs `prompt`.
+/// Asking again for the same call answers the same child. Refused with `depth-exceeded`
+/// or `child-limit` past the bounds, `not-found` for a workspace the tenant does not have.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnChildStart {
+    pub turn_id: String,
+    pub call_id: String,
+    pub workspace_id: String,
+    pub prompt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+}
+
+/// Worker → server: send `prompt` to a child of the coordinator (it queues behind a turn
+/// that runs); stopping the coordinator's turn stops it too.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnChildSend {
+    pub turn_id: String,
+    pub session_id: String,
+    pub prompt: String,
+}
+
+/// A child's turn as started or sent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildTurn {
+    pub session_id: String,
+    pub turn_id: String,
+    pub state: TurnState,
+    /// Whether the child's workspace has a worker online (else the turn waits queued).
+    pub online: bool,
+}
+
+/// Worker → server: wait until a child's turn (default: its latest) ends, then answer how
+/// it ended and its final answer. Answered at once when the child's workspace has no
+/// worker online (`online: false`), and after `timeout_secs` (`timedOut`) if it runs on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnChildWait {
+    pub turn_id: String,
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_turn_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildWaitResult {
+    pub session_id: String,
+    pub turn_id: String,
+    pub state: TurnState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
+    /// The turn's last assistant text (a completed turn's answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    pub online: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+}
+
+/// Worker → server: stop a child's running and queued turns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnChildStop {
+    pub turn_id: String,
+    pub session_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnChildStopResult {
+    /// The turns that were stopped (none: the child was idle).
+    pub stopped: Vec<String>,
 }
 
 /// Worker → server: the rest of a row field a `turn.history` page cut (it is marked

@@ -2,7 +2,9 @@
 //! disabling a user notifies every replica (`berth_revoke`) so that the principal's live
 //! connections close at once.
 
-use berth_protocol::{AdminStatus, CredentialView, Disabled, ErrorCode, Revoked, UserView};
+use berth_protocol::{
+    AdminStatus, AuditEntry, AuditPage, CredentialView, Disabled, ErrorCode, Revoked, UserView, WorkerView,
+};
 use deadpool_postgres::GenericClient;
 
 use crate::{
@@ -244,6 +246,141 @@ impl Store {
         finish(&tx, op, &result).await?;
         tx.commit().await?;
         Ok(result)
+    }
+
+    /// Make a user an `admin` or a `member`. Their live connections close (`berth_revoke`),
+    /// so that none keeps acting with the old role; they sign in again with the new one.
+    /// Demoting the tenant's last enabled admin is refused with `conflict`.
+    pub async fn admin_set_role(
+        &self,
+        tenant_id: &str,
+        user_id: &str,
+        role: &str,
+        actor: Actor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<UserView> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        // Admin changes of one tenant take turns, so two demotions cannot both see another admin.
+        tx.ex(
+            "SELECT pg_advisory_xact_lock(hashtext('berth.roles:' || $1))",
+            &[&tenant_id],
+        )
+        .await?;
+        let Some(before) = tx
+            .qo(
+                "SELECT role FROM users WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
+                &[&user_id, &tenant_id],
+            )
+            .await?
+        else {
+            return not_found();
+        };
+        let before: String = before.get(0);
+        tx.ex(
+            "UPDATE users SET role = $3 WHERE id = $1 AND tenant_id = $2",
+            &[&user_id, &tenant_id, &role],
+        )
+        .await?;
+        let row = tx
+            .q1(
+                &format!("{USER_SELECT} WHERE id = $1 AND tenant_id = $2"),
+                &[&user_id, &tenant_id],
+            )
+            .await?;
+        let admins: i64 = tx
+            .q1(
+                "SELECT count(*) FROM users WHERE tenant_id = $1 AND role = 'admin' AND disabled_at IS NULL",
+                &[&tenant_id],
+            )
+            .await?
+            .get(0);
+        if admins == 0 {
+            return Err(StoreError::Code(ErrorCode::Conflict));
+        }
+        if before != role {
+            audit(&tx, tenant_id, actor.0, "user.role", user_id).await?;
+            tx.ex(
+                "SELECT pg_notify($1, $2)",
+                &[&CHANNEL_REVOKE, &format!("user:{user_id}")],
+            )
+            .await?;
+        }
+        let view = user_from(&row);
+        finish(&tx, op, &view).await?;
+        tx.commit().await?;
+        Ok(view)
+    }
+
+    /// The tenant's audit log, newest first: at most `limit` entries older than `before`.
+    pub async fn admin_audit(&self, tenant_id: &str, before: Option<i64>, limit: u32) -> Result<AuditPage> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let limit = i64::from(limit.clamp(1, 200));
+        let rows = tx
+            .qa(
+                "SELECT id, at, actor, action, target FROM audit_log
+                 WHERE tenant_id = $1 AND ($2::bigint IS NULL OR id < $2)
+                 ORDER BY id DESC LIMIT $3",
+                &[&tenant_id, &before, &(limit + 1)],
+            )
+            .await?;
+        let more = rows.len() as i64 > limit;
+        let entries: Vec<AuditEntry> = rows
+            .iter()
+            .take(limit as usize)
+            .map(|r| AuditEntry {
+                audit_id: r.get(0),
+                at: fmt_time(r.get(1)),
+                actor: r.get(2),
+                action: r.get(3),
+                target: r.get(4),
+            })
+            .collect();
+        let next_before = more.then(|| entries.last().map(|e| e.audit_id)).flatten();
+        Ok(AuditPage { entries, next_before })
+    }
+
+    /// The tenant's worker credentials, each with its newest live connection (presence rows
+    /// that still count: heartbeat within 45 s) and the workspaces of its host.
+    pub async fn admin_workers(&self, tenant_id: &str) -> Result<Vec<WorkerView>> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let rows = tx
+            .qa(
+                "SELECT c.id, c.note, c.host, p.replica_id, p.connected_at,
+                        coalesce(p.heartbeat_at, c.last_used_at), c.revoked_at,
+                        coalesce((SELECT array_agg(w.id ORDER BY w.id) FROM workspaces w
+                                  WHERE w.tenant_id = c.tenant_id AND w.host = c.host), '{}')
+                 FROM credentials c
+                 LEFT JOIN LATERAL (
+                     SELECT replica_id, connected_at, heartbeat_at FROM worker_presence wp
+                     WHERE wp.tenant_id = c.tenant_id AND wp.credential_id = c.id
+                       AND wp.heartbeat_at > now() - interval '45 seconds'
+                     ORDER BY wp.heartbeat_at DESC LIMIT 1) p ON true
+                 WHERE c.tenant_id = $1 AND c.kind = 'worker'
+                 ORDER BY c.created_at, c.id",
+                &[&tenant_id],
+            )
+            .await?;
+        let t = |r: &tokio_postgres::Row, i| r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(i).map(fmt_time);
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let replica_id: Option<String> = r.get(3);
+                WorkerView {
+                    credential_id: r.get(0),
+                    note: r.get(1),
+                    host: r.get(2),
+                    online: replica_id.is_some(),
+                    replica_id,
+                    connected_at: t(r, 4),
+                    last_seen_at: t(r, 5),
+                    revoked_at: t(r, 6),
+                    workspace_ids: r.get(7),
+                }
+            })
+            .collect())
     }
 
     /// Set (or replace) a user's password hash (CLI).

@@ -43,8 +43,17 @@ const PORT: u16 = 5432;
 
 impl PrivateCluster {
     /// Create the cluster under `dir/pg` if it does not exist yet, then start it.
+    ///
+    /// Running as root, the cluster runs as an unprivileged user that may not be able to
+    /// reach `dir` (under `/root`, say, or a data dir of mode 0700): then its files live in a
+    /// directory Berth creates for it under [`CLUSTERS_DIR`], and `dir/pg` links there.
     pub fn start(dir: &Path, options: &ClusterOptions) -> anyhow::Result<PrivateCluster> {
         let bin = find_bin_dir()?;
+        let owner = if is_root() { Some(unprivileged_user()?) } else { None };
+        let dir = &match owner {
+            Some((uid, gid)) => cluster_home(dir, uid, gid)?,
+            None => dir.to_path_buf(),
+        };
         let data = dir.join("pg");
         let socket_dir = dir.join("run").join("pg");
         std::fs::create_dir_all(&socket_dir).with_context(|| format!("creating {}", socket_dir.display()))?;
@@ -52,7 +61,6 @@ impl PrivateCluster {
         if let Some(running) = PrivateCluster::attach(&data, &socket_dir, port) {
             return Ok(running);
         }
-        let owner = if is_root() { Some(unprivileged_user()?) } else { None };
         if let Some((uid, _)) = owner {
             check_reachable(dir, uid)?;
         }
@@ -289,25 +297,76 @@ fn unprivileged_user() -> anyhow::Result<(u32, u32)> {
         .context("running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as")
 }
 
-/// Running as root, the cluster runs as `uid`: every ancestor of the data directory must let
-/// that user through, or initdb fails with a confusing error. Say what to do instead.
-fn check_reachable(dir: &Path, uid: u32) -> anyhow::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    for ancestor in dir.ancestors().skip(1) {
-        let Ok(meta) = std::fs::metadata(ancestor) else {
-            continue;
-        };
-        let traversable = meta.mode() & 0o001 != 0 || (meta.uid() == uid && meta.mode() & 0o100 != 0);
-        if !traversable {
-            bail!(
-                "the private PostgreSQL cluster runs as uid {uid} (PostgreSQL refuses root), which cannot reach {}: \
-                 {} is not traversable by other users. Make it so (chmod o+x) or set BERTH_DATA_DIR to a directory \
-                 such as /var/lib/berth",
-                dir.display(),
-                ancestor.display()
-            );
+/// Where clusters live whose data directory the unprivileged user cannot reach (one
+/// directory per data directory, created by Berth, traversable by that user).
+pub const CLUSTERS_DIR: &str = "/var/lib/berth-clusters";
+
+/// Where the cluster of data directory `dir` keeps its files when it runs as `uid`: `dir`
+/// itself if that user can reach it (or a cluster is already there), else the directory
+/// `dir/pg` links to, created under [`CLUSTERS_DIR`] on first start.
+fn cluster_home(dir: &Path, uid: u32, gid: u32) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    let link = dir.join("pg");
+    if let Ok(target) = std::fs::read_link(&link) {
+        return target
+            .parent()
+            .map(Path::to_path_buf)
+            .with_context(|| format!("{} links to {}", link.display(), target.display()));
+    }
+    if link.exists() || unreachable_part(&dir, uid).is_none() {
+        return Ok(dir);
+    }
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(dir.as_os_str().as_encoded_bytes());
+    let id: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let home = Path::new(CLUSTERS_DIR).join(id);
+    for d in [Path::new(CLUSTERS_DIR), &home] {
+        if !d.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(d)
+                .with_context(|| format!("creating {}", d.display()))?;
+            // Whatever the umask: the cluster's user must get through.
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
         }
+    }
+    std::fs::write(home.join("data-dir"), format!("{}\n", dir.display()))?;
+    let data = home.join("pg");
+    std::fs::create_dir_all(&data)?;
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))?;
+    std::os::unix::fs::chown(&data, Some(uid), Some(gid))?;
+    std::os::unix::fs::symlink(&data, &link).with_context(|| format!("linking {}", link.display()))?;
+    Ok(home)
+}
+
+/// The first of `dir` and its ancestors that `uid` cannot traverse, if any.
+fn unreachable_part(dir: &Path, uid: u32) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    dir.ancestors()
+        .find(|d| {
+            std::fs::metadata(d).is_ok_and(|meta| {
+                let traversable = meta.mode() & 0o001 != 0 || (meta.uid() == uid && meta.mode() & 0o100 != 0);
+                !traversable
+            })
+        })
+        .map(Path::to_path_buf)
+}
+
+/// Running as root, the cluster runs as `uid`: the cluster's directory and its ancestors
+/// must let that user through, or initdb fails with a confusing error. (Only a cluster
+/// created in place before, whose directory was made private since, can fail here.)
+fn check_reachable(dir: &Path, uid: u32) -> anyhow::Result<()> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    if let Some(blocked) = unreachable_part(&dir, uid) {
+        bail!(
+            "the private PostgreSQL cluster runs as uid {uid} (PostgreSQL refuses root), which cannot reach {}: \
+             {} is not traversable by other users. Make it so (chmod o+x) or set BERTH_DATA_DIR to a directory \
+             such as /var/lib/berth",
+            dir.display(),
+            blocked.display()
+        );
     }
     Ok(())
 }
@@ -381,4 +440,33 @@ pub async fn create_database(admin_url: &str, name: &str, template: Option<&str>
     drop(client);
     let _ = conn.await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory is reachable by another user only if it and every ancestor let that user
+    /// through; the data dir's own mode counts too.
+    #[test]
+    fn the_first_private_directory_on_the_way_is_found() {
+        let base = std::env::temp_dir().join(format!("berth-reach-{}", std::process::id()));
+        let data = base.join("project").join(".berth");
+        std::fs::create_dir_all(&data).unwrap();
+        let mode = |d: &Path, m: u32| std::fs::set_permissions(d, std::fs::Permissions::from_mode(m)).unwrap();
+        for d in [&base, &base.join("project"), &data] {
+            mode(d, 0o755);
+        }
+        let other = 65_534;
+        assert_eq!(unreachable_part(&data, other), None);
+        mode(&data, 0o700);
+        assert_eq!(unreachable_part(&data, other), Some(data.clone()));
+        mode(&data, 0o755);
+        mode(&base, 0o700);
+        assert_eq!(unreachable_part(&data, other), Some(base.clone()));
+        // Its owner gets through a directory of mode 0700.
+        let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&base).unwrap());
+        assert_eq!(unreachable_part(&data, me), None);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

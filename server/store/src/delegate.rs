@@ -91,7 +91,8 @@ impl Store {
 }
 
 /// Stop the running and queued turns of the sessions `turn_id` started (and theirs, in
-/// turn). The caller holds the parent session's lock; children are locked after it.
+/// turn), and the turns it sent to sessions started earlier (a coordinator's `send`). The
+/// caller holds the parent session's lock; children are locked after it.
 pub(crate) fn cancel_children<'a, C: GenericClient>(
     tx: &'a C,
     tenant_id: &'a str,
@@ -100,17 +101,22 @@ pub(crate) fn cancel_children<'a, C: GenericClient>(
     Box::pin(async move {
         let children = tx
             .qa(
-                "SELECT id FROM sessions WHERE tenant_id = $1 AND parent_turn_id = $2 AND removed_at IS NULL",
+                "SELECT id, parent_turn_id IS NOT DISTINCT FROM $2 FROM sessions
+                  WHERE tenant_id = $1 AND removed_at IS NULL
+                    AND (parent_turn_id = $2
+                         OR id IN (SELECT session_id FROM turns WHERE parent_turn_id = $2 AND state IN ('running', 'queued')))
+                  ORDER BY id",
                 &[&tenant_id, &turn_id],
             )
             .await?;
         for c in children {
-            let child: String = c.get(0);
+            let (child, started_here): (String, bool) = (c.get(0), c.get(1));
             lock_session(tx, tenant_id, &child).await?;
             let active = tx
                 .qa(
-                    "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued') ORDER BY queue_position",
-                    &[&child],
+                    "SELECT id FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')
+                        AND ($2 OR parent_turn_id = $3) ORDER BY queue_position",
+                    &[&child, &started_here, &turn_id],
                 )
                 .await?;
             for t in active {

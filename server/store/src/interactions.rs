@@ -237,9 +237,16 @@ impl Store {
         let row = tx
             .q1(
                 &format!(
-                    "SELECT auto_approve,
+                    // A watcher of an ancestor (a coordinator watching its tree) counts too;
+                    // the walk is bounded like nesting is.
+                    "WITH RECURSIVE up (id, parent_id, depth) AS (
+                         SELECT id, parent_id, 0 FROM sessions WHERE id = $1
+                         UNION ALL
+                         SELECT p.id, p.parent_id, up.depth + 1 FROM sessions p JOIN up ON p.id = up.parent_id
+                          WHERE up.depth < 8)
+                     SELECT auto_approve,
                             (SELECT count(*) FROM session_watchers w
-                              WHERE w.session_id = s.id AND w.heartbeat_at > now() - interval '{WATCHER_STALE}')
+                              WHERE w.session_id IN (SELECT id FROM up) AND w.heartbeat_at > now() - interval '{WATCHER_STALE}')
                        FROM sessions s WHERE s.id = $1"
                 ),
                 &[&session_id],

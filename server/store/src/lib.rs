@@ -13,6 +13,7 @@ pub mod token;
 pub mod admin;
 mod attachments;
 mod context;
+mod coordinator;
 mod delegate;
 mod fork;
 mod history;
@@ -36,6 +37,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use attachments::{NewAttachment, StoredAttachment};
 pub use context::ContextMeasure;
+pub use coordinator::NewChild;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
 pub use receipts::{Begin, Receipt, ReceiptView};
@@ -71,7 +73,7 @@ pub enum StoreError {
 
 impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(e: deadpool_postgres::PoolError) -> StoreError {
-        StoreError::Unavailable(e.to_string())
+        StoreError::Unavailable(error_chain(&e))
     }
 }
 
@@ -81,10 +83,53 @@ impl StoreError {
         match self {
             StoreError::Code(c) => *c,
             StoreError::Unavailable(_) => ErrorCode::Unavailable,
-            StoreError::Db(e) if e.is_closed() => ErrorCode::Unavailable,
+            StoreError::Db(e) if lost_connection(e) => ErrorCode::Unavailable,
             _ => ErrorCode::Internal,
         }
     }
+}
+
+/// The database went away under a query (a restart, a failover, a cut network) rather
+/// than the query being wrong: a closed connection, an I/O error, a connection exception
+/// (SQLSTATE class 08) or the server shutting down or not accepting connections yet.
+fn lost_connection(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => {
+            code.code().starts_with("08")
+                || [
+                    SqlState::ADMIN_SHUTDOWN,
+                    SqlState::CRASH_SHUTDOWN,
+                    SqlState::CANNOT_CONNECT_NOW,
+                ]
+                .contains(code)
+        }
+        None => {
+            let mut source = std::error::Error::source(e);
+            while let Some(s) = source {
+                if s.is::<std::io::Error>() {
+                    return true;
+                }
+                source = s.source();
+            }
+            false
+        }
+    }
+}
+
+/// `e` and its causes, `: `-separated (a driver error's own text is often just "db error").
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

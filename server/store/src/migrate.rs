@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0011_provider_choice.sql", include_str!("../../../migrations/0011_provider_choice.sql")),
     ("0012_worker_call_routing.sql", include_str!("../../../migrations/0012_worker_call_routing.sql")),
     ("0013_attachments.sql", include_str!("../../../migrations/0013_attachments.sql")),
+    ("0014_coordinator.sql", include_str!("../../../migrations/0014_coordinator.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -2,8 +2,8 @@
 
 use berth_protocol::{
     Cleared, ErrorCode, EventPayload, ModelChanged, ModelLevel, Nothing, QUEUE_PREVIEW_BYTES, QueueEntry, QueueState,
-    Removed, SessionCreateParams, SessionCreated, SessionListEntry, SessionListResult, SessionPhase, SessionSnapshot,
-    TitleChanged,
+    Removed, SessionCreateParams, SessionCreated, SessionKind, SessionListEntry, SessionListResult, SessionPhase,
+    SessionSnapshot, TitleChanged,
 };
 use deadpool_postgres::GenericClient;
 
@@ -135,9 +135,14 @@ impl Store {
             return not_found();
         }
         let id = token::new_id("ses");
+        let kind = p.kind.map(|k| k.as_str());
+        // A coordinator's children keep the default depth of an ordinary session.
+        let default_depth = if p.kind == Some(SessionKind::Coordinator) { 2 } else { 1 };
+        let depth = i32::try_from(p.delegation_depth.unwrap_or(default_depth)).unwrap_or(i32::MAX);
         tx.ex(
-            "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve, provider, base_url)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve, provider, base_url,
+                                   kind, delegation_depth)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             &[
                 &id,
                 &tenant_id,
@@ -148,6 +153,8 @@ impl Store {
                 &p.auto_approve.unwrap_or(false),
                 &p.provider,
                 &p.base_url,
+                &kind,
+                &depth,
             ],
         )
         .await?;
@@ -204,7 +211,7 @@ impl Store {
                         (SELECT count(*) FROM rows r WHERE r.session_id = s.id AND NOT r.hidden AND r.kind IN ('user', 'assistant')),
                         (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
                         (SELECT count(*) FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'),
-                        s.branch->>'sessionId'
+                        s.branch->>'sessionId', s.kind, s.parent_id
                    FROM sessions s
                   WHERE s.tenant_id = $1 AND s.removed_at IS NULL AND ($2::text IS NULL OR s.workspace_id = $2)
                     AND ($6::text IS NULL OR s.parent_id = $6)
@@ -239,6 +246,8 @@ impl Store {
                 running,
                 queued: r.get::<_, i64>(8) as u32,
                 branch: r.get(9),
+                kind: r.get::<_, Option<&str>>(10).and_then(SessionKind::parse),
+                parent: r.get(11),
             });
         }
         Ok(SessionListResult {
@@ -338,6 +347,7 @@ impl Store {
     pub async fn remove_session(&self, tenant_id: &str, session_id: &str, op: Option<&Receipt>) -> Result<Removed> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         let live = tx
             .qo(
                 "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
@@ -371,6 +381,7 @@ impl Store {
     pub async fn clear_session(&self, tenant_id: &str, session_id: &str, op: Option<&Receipt>) -> Result<Cleared> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         // Forget what exists now; the clear's own events (active turns ending, then
         // `session.cleared`) follow it, so a watcher caught up to this point sees no gap.
@@ -409,7 +420,7 @@ pub(crate) async fn snapshot(
     let row = client
         .qo(
             &format!("SELECT s.id, s.workspace_id, s.title, s.model, s.revision, s.last_sequence, s.created_at, s.updated_at,
-                    s.paused, s.provider,
+                    s.paused, s.provider, s.kind, s.parent_id, s.delegation_depth,
                     (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
                     coalesce((SELECT json_agg(json_build_object('queueId', t.id, 'turnId', t.id,
                                                                 'queueRevision', t.queue_revision,
@@ -424,8 +435,8 @@ pub(crate) async fn snapshot(
         )
         .await?;
     let Some(row) = row else { return not_found() };
-    let running: Option<String> = row.get(10);
-    let mut queue: Vec<QueueEntry> = serde_json::from_value(row.get(11)).map_err(|e| StoreError::Other(e.into()))?;
+    let running: Option<String> = row.get(13);
+    let mut queue: Vec<QueueEntry> = serde_json::from_value(row.get(14)).map_err(|e| StoreError::Other(e.into()))?;
     for e in &mut queue {
         let kept = berth_protocol::text::prefix(&e.preview, QUEUE_PREVIEW_BYTES).len();
         e.preview.truncate(kept);
@@ -450,8 +461,11 @@ pub(crate) async fn snapshot(
         history_revision: row.get(4),
         sequence: row.get(5),
         paused: row.get(8),
-        pending_interactions: crate::interactions::parse_list(row.get(12))?,
+        pending_interactions: crate::interactions::parse_list(row.get(15))?,
         provider: row.get(9),
+        kind: row.get::<_, Option<&str>>(10).and_then(SessionKind::parse),
+        parent: row.get(11),
+        delegation_depth: row.get::<_, i32>(12).max(0) as u32,
         created_at: fmt_time(row.get(6)),
         updated_at: fmt_time(row.get(7)),
     })

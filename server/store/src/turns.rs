@@ -95,86 +95,8 @@ impl Store {
     ) -> Result<(SessionSendResult, String)> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let session = tx
-            .qo(
-                &format!(
-                    "SELECT workspace_id, paused, {} AS online FROM sessions s
-                      WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
-                    online_sql("s.workspace_id")
-                ),
-                &[&session_id, &tenant_id],
-            )
-            .await?;
-        let Some(session) = session else { return not_found() };
-        let workspace_id: String = session.get(0);
-        let paused: bool = session.get(1);
-        let online: bool = session.get(2);
-        let active = tx
-            .q1(
-                "SELECT count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running')
-                   FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
-                &[&session_id],
-            )
-            .await?;
-        let (queued, running): (i64, i64) = (active.get(0), active.get(1));
-        let busy = queued + running > 0;
-        if queued >= MAX_QUEUE_LENGTH as i64 {
-            return Err(StoreError::Code(ErrorCode::QueueFull));
-        }
-        check_attachment_ids(&tx, tenant_id, attachments).await?;
-        let turn_id = token::new_id("trn");
-        let position: i64 = tx
-            .q1(
-                "SELECT coalesce(max(queue_position), 0) + 1 FROM turns WHERE session_id = $1",
-                &[&session_id],
-            )
-            .await?
-            .get(0);
-        tx.ex(
-            "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids)
-             VALUES ($1, $2, $3, 'queued', $4, $5, $6)",
-            &[&turn_id, &tenant_id, &session_id, &prompt, &position, &attachments],
-        )
-        .await?;
-        let result = if !busy && !paused && online {
-            start_turn(&tx, tenant_id, session_id, &turn_id, prompt, false).await?;
-            tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DISPATCH, &workspace_id])
-                .await?;
-            SessionSendResult {
-                turn_id,
-                state: TurnState::Running,
-                queue_id: None,
-                queue_revision: None,
-            }
-        } else {
-            let entry = QueueEntry {
-                queue_id: turn_id.clone(),
-                turn_id: turn_id.clone(),
-                queue_revision: 0,
-                preview: berth_protocol::text::prefix(prompt, QUEUE_PREVIEW_BYTES).to_string(),
-                prompt_bytes: prompt.len() as u64,
-            };
-            let queued = EventPayload::TurnQueued(TurnQueued { entry });
-            append_event(&tx, tenant_id, session_id, Some(&turn_id), &queued, &[]).await?;
-            queue_changed(&tx, tenant_id, session_id).await?;
-            if !online {
-                notice(
-                    &tx,
-                    tenant_id,
-                    session_id,
-                    "warning",
-                    "workspace-offline",
-                    json!({"workspaceId": workspace_id}),
-                )
-                .await?;
-            }
-            SessionSendResult {
-                queue_id: Some(turn_id.clone()),
-                turn_id,
-                state: TurnState::Queued,
-                queue_revision: Some(0),
-            }
-        };
+        let (result, workspace_id) =
+            admit_with_workspace(&tx, tenant_id, session_id, prompt, attachments, None).await?;
         finish(&tx, op, &result).await?;
         tx.commit().await?;
         Ok((result, workspace_id))
@@ -191,6 +113,7 @@ impl Store {
     ) -> Result<TurnRef> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         cancel_turn(&tx, tenant_id, session_id, turn_id.to_string(), true).await?;
         let result = TurnRef {
@@ -324,6 +247,7 @@ impl Store {
     ) -> Result<Removed> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         check_queued(&tx, session_id, queue_id, revision).await?;
         cancel_turn(&tx, tenant_id, session_id, queue_id.to_string(), true).await?;
@@ -574,6 +498,7 @@ impl Store {
         }
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        crate::coordinator::lock_coordinator_of_turn(&tx, tenant_id, turn_id).await?;
         let session_id = lock_running_turn(&tx, connection_id, tenant_id, turn_id).await?;
         if let Some(rows) = step {
             step_in_tx(&tx, tenant_id, &session_id, turn_id, rows).await?;
@@ -597,6 +522,7 @@ impl Store {
         });
         crate::interactions::close_for_turn(&tx, tenant_id, turn_id).await?;
         let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &ended, &[]).await?;
+        crate::coordinator::child_ended(&tx, tenant_id, &session_id, turn_id, state, cause).await?;
         if let Some(c) = cause {
             let kind = if state == TurnState::Interrupted {
                 "execution"
@@ -625,6 +551,30 @@ impl Store {
             .qa(
                 "SELECT id, tenant_id FROM turns WHERE dispatched_to = $1 AND state = 'running'",
                 &[&connection_id],
+            )
+            .await?;
+        drop(client);
+        Ok(self.interrupt(rows).await)
+    }
+
+    /// A worker reconnected and says it gave up its connection `old`: forget that
+    /// connection and interrupt its running turns now. Only a connection of the same
+    /// credential is touched; one whose presence is already gone is left to the sweep.
+    pub async fn abandon_connection(&self, principal: &Principal, old: &str) -> Result<Vec<String>> {
+        let client = self.pool.get().await?;
+        let forgotten = client
+            .ex(
+                "DELETE FROM worker_presence WHERE connection_id = $1 AND credential_id = $2",
+                &[&old, &principal.credential_id],
+            )
+            .await?;
+        if forgotten == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = client
+            .qa(
+                "SELECT id, tenant_id FROM turns WHERE dispatched_to = $1 AND tenant_id = $2 AND state = 'running'",
+                &[&old, &principal.tenant_id],
             )
             .await?;
         drop(client);
@@ -900,7 +850,8 @@ async fn claim_running(
                               WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
                                 AND u.state = 'running' AND u.dispatched_to IS NULL
                               ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
-              RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools, s.auto_approve, s.delegation_depth",
+              RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools, s.auto_approve, s.delegation_depth,
+                        s.kind IS NOT DISTINCT FROM 'coordinator'",
             &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
         )
         .await?;
@@ -922,6 +873,7 @@ async fn claim_running(
                 no_tools: c.get(4),
                 auto_approve: c.get(5),
                 delegation_depth: c.get::<_, i32>(6).max(0) as u32,
+                coordinator: c.get(7),
                 attachments: attachments
                     .remove(&c.get::<_, String>(0))
                     .unwrap_or_default()
@@ -931,6 +883,124 @@ async fn claim_running(
             },
         })
         .collect())
+}
+
+/// Admit a prompt to a session (locked here): it starts at once when nothing runs, the
+/// session is not paused and its workspace's worker is online; otherwise it queues.
+/// `parent_turn` is the coordinator turn that sent it (stopping that turn stops this one).
+pub(crate) async fn admit(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    prompt: &str,
+    attachments: &[String],
+    parent_turn: Option<&str>,
+) -> Result<SessionSendResult> {
+    Ok(
+        admit_with_workspace(tx, tenant_id, session_id, prompt, attachments, parent_turn)
+            .await?
+            .0,
+    )
+}
+
+/// [`admit`], also returning the session's workspace.
+pub(crate) async fn admit_with_workspace(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    prompt: &str,
+    attachments: &[String],
+    parent_turn: Option<&str>,
+) -> Result<(SessionSendResult, String)> {
+    let session = tx
+        .qo(
+            &format!(
+                "SELECT workspace_id, paused, {} AS online FROM sessions s
+                  WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
+                online_sql("s.workspace_id")
+            ),
+            &[&session_id, &tenant_id],
+        )
+        .await?;
+    let Some(session) = session else { return not_found() };
+    let workspace_id: String = session.get(0);
+    let paused: bool = session.get(1);
+    let online: bool = session.get(2);
+    let active = tx
+        .q1(
+            "SELECT count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running')
+               FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
+            &[&session_id],
+        )
+        .await?;
+    let (queued, running): (i64, i64) = (active.get(0), active.get(1));
+    let busy = queued + running > 0;
+    if queued >= MAX_QUEUE_LENGTH as i64 {
+        return Err(StoreError::Code(ErrorCode::QueueFull));
+    }
+    check_attachment_ids(tx, tenant_id, attachments).await?;
+    let turn_id = token::new_id("trn");
+    let position: i64 = tx
+        .q1(
+            "SELECT coalesce(max(queue_position), 0) + 1 FROM turns WHERE session_id = $1",
+            &[&session_id],
+        )
+        .await?
+        .get(0);
+    tx.ex(
+        "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids, parent_turn_id)
+         VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7)",
+        &[
+            &turn_id,
+            &tenant_id,
+            &session_id,
+            &prompt,
+            &position,
+            &attachments,
+            &parent_turn,
+        ],
+    )
+    .await?;
+    let result = if !busy && !paused && online {
+        start_turn(tx, tenant_id, session_id, &turn_id, prompt, false).await?;
+        tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DISPATCH, &workspace_id])
+            .await?;
+        SessionSendResult {
+            turn_id,
+            state: TurnState::Running,
+            queue_id: None,
+            queue_revision: None,
+        }
+    } else {
+        let entry = QueueEntry {
+            queue_id: turn_id.clone(),
+            turn_id: turn_id.clone(),
+            queue_revision: 0,
+            preview: berth_protocol::text::prefix(prompt, QUEUE_PREVIEW_BYTES).to_string(),
+            prompt_bytes: prompt.len() as u64,
+        };
+        let queued = EventPayload::TurnQueued(TurnQueued { entry });
+        append_event(tx, tenant_id, session_id, Some(&turn_id), &queued, &[]).await?;
+        queue_changed(tx, tenant_id, session_id).await?;
+        if !online {
+            notice(
+                tx,
+                tenant_id,
+                session_id,
+                "warning",
+                "workspace-offline",
+                json!({"workspaceId": workspace_id}),
+            )
+            .await?;
+        }
+        SessionSendResult {
+            queue_id: Some(turn_id.clone()),
+            turn_id,
+            state: TurnState::Queued,
+            queue_revision: Some(0),
+        }
+    };
+    Ok((result, workspace_id))
 }
 
 /// Wake the replica holding the session's workspace worker: turns may be handed out.
@@ -977,6 +1047,7 @@ pub(crate) async fn cancel_turn(
     });
     crate::interactions::close_for_turn(tx, tenant_id, &turn_id).await?;
     append_event(tx, tenant_id, session_id, Some(&turn_id), &ended, &[]).await?;
+    crate::coordinator::child_ended(tx, tenant_id, session_id, &turn_id, TurnState::Cancelled, None).await?;
     if state == "running" {
         if let Some(conn) = dispatched {
             tx.ex(

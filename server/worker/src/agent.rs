@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    coordinator,
     delegate::{self, DELEGATE},
     model::{self, Completion, ToolCall, messages::Conversation},
     policy::{self, Answer},
@@ -49,7 +50,7 @@ pub(crate) async fn run(
     config: &AgentConfig,
     cancel: &CancellationToken,
 ) -> Result<Finished, Halt> {
-    let mut conv = Conversation::new(tools.is_some());
+    let mut conv = Conversation::new(tools.is_some(), run.coordinator);
     let history = tokio::select! {
         h = t.history() => h?,
         _ = cancel.cancelled() => return Err(Halt::Stopped),
@@ -70,6 +71,9 @@ pub(crate) async fn run(
             let mut schemas = Tools::schemas();
             if run.delegation_depth > 0 {
                 schemas.push(delegate::schema());
+            }
+            if run.coordinator {
+                schemas.extend(coordinator::schemas());
             }
             body["tools"] = Value::Array(schemas);
         }
@@ -184,6 +188,8 @@ async fn call_tool(
     t.tool_status(position, &call.id, ToolStatus::Running).await?;
     let outcome = if call.name == DELEGATE {
         delegate::run(t, call, cancel).await?
+    } else if run.coordinator && coordinator::is_tool(&call.name) {
+        coordinator::run(t, call, cancel).await?
     } else {
         tools.call(&call.name, &call.arguments, cancel).await
     };

@@ -5,6 +5,7 @@
 
 mod agent;
 mod attachments;
+mod coordinator;
 mod delegate;
 mod model;
 mod net;
@@ -84,10 +85,24 @@ impl WorkerConfig {
 
 /// Run until `shutdown`, reconnecting with exponential backoff (capped, jittered).
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_reporting(config, shutdown, Arc::default()).await
+}
+
+/// [`run`], keeping `connected` true while the worker is registered with the API tier (from
+/// an accepted `worker.hello` until that connection ends): what its readiness probe reports.
+pub async fn run_reporting(
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+    connected: Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<()> {
     let http = net::http_client()?;
     let mut backoff = Duration::from_millis(200);
+    // The last connection's id: the next hello says it was given up.
+    let mut previous = None;
     loop {
-        match connect_once(&config, &http, &shutdown).await {
+        let outcome = connect_once(&config, &http, &shutdown, &connected, &mut previous).await;
+        connected.store(false, std::sync::atomic::Ordering::Relaxed);
+        match outcome {
             Ok(()) => return Ok(()),
             Err(e) => {
                 // An authoritative refusal of the credential will not fix itself quickly, but
@@ -150,6 +165,8 @@ async fn connect_once(
     config: &WorkerConfig,
     http: &reqwest::Client,
     shutdown: &CancellationToken,
+    connected: &std::sync::atomic::AtomicBool,
+    previous: &mut Option<String>,
 ) -> anyhow::Result<()> {
     let (ws_url, http_base) = config.base();
     let mut req = ws_url.as_str().into_client_request()?;
@@ -171,6 +188,7 @@ async fn connect_once(
                 path: path.display().to_string(),
             })
             .collect(),
+        replaces: previous.clone(),
     };
     let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
     sink.send(Message::Text(msg.into())).await?;
@@ -185,7 +203,9 @@ async fn connect_once(
         bail!("worker.hello refused: {e}");
     }
     let registered: WorkerHelloResult = serde_json::from_value(resp.result.unwrap_or_default())?;
+    *previous = registered.connection_id.clone();
     tracing::info!(workspaces = registered.workspaces.len(), "worker connected");
+    connected.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut workspaces = HashMap::new();
     for r in &registered.workspaces {
         let Some((_, path)) = config.workspaces.iter().find(|(name, _)| *name == r.name) else {

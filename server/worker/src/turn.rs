@@ -275,7 +275,7 @@ async fn settle(t: &TurnLink, end: &TurnEnd) -> Settled {
 }
 
 /// The typed code of a server's error answer (None: the connection failed instead).
-fn rpc_code(e: &anyhow::Error) -> Option<&str> {
+pub(crate) fn rpc_code(e: &anyhow::Error) -> Option<&str> {
     e.downcast_ref::<berth_protocol::RpcError>()
         .map(|r| r.data_code().unwrap_or("internal"))
 }

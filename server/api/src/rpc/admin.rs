@@ -1,8 +1,9 @@
 //! `admin.*`: tenant administration, for the tenant's admins only (members get `forbidden`).
 
 use berth_protocol::{
-    AdminCredentialCreateParams, AdminCredentialRevokeParams, AdminStatus, AdminUserCreateParams,
-    AdminUserDisableParams, CredentialView, Disabled, Empty, ErrorCode, Revoked, UserView,
+    AdminAuditListParams, AdminCredentialCreateParams, AdminCredentialRevokeParams, AdminStatus, AdminUserCreateParams,
+    AdminUserDisableParams, AdminUserSetRoleParams, AuditPage, CredentialView, Disabled, Empty, ErrorCode, Revoked,
+    UserView, WorkerView,
 };
 use berth_store::{Principal, admin::Actor};
 use serde_json::json;
@@ -136,4 +137,39 @@ pub async fn status(ctx: Ctx, _p: Empty) -> ApiResult<AdminStatus> {
         .store
         .admin_status(&me.tenant_id, &ctx.state.config.replica_id)
         .await?)
+}
+
+#[tracing::instrument(skip_all, fields(user.id = %p.user_id))]
+pub async fn user_set_role(ctx: Ctx, p: AdminUserSetRoleParams) -> ApiResult<UserView> {
+    let me = admin(&ctx)?;
+    if p.role != "admin" && p.role != "member" {
+        return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "role"})));
+    }
+    let store = &ctx.state.store;
+    let view = store
+        .admin_set_role(&me.tenant_id, &p.user_id, &p.role, Actor(actor(&me)), ctx.op.as_ref())
+        .await
+        .map_err(|e| match e.code() {
+            ErrorCode::Conflict => ApiError::with(ErrorCode::Conflict, json!({"reason": "last-admin"})),
+            _ => e.into(),
+        })?;
+    tracing::info!(role = %view.role, "user role set");
+    Ok(view)
+}
+
+pub async fn audit_list(ctx: Ctx, p: AdminAuditListParams) -> ApiResult<AuditPage> {
+    let me = admin(&ctx)?;
+    let limit = p.limit.unwrap_or(200);
+    if limit == 0 || limit > 200 {
+        return Err(ApiError::with(
+            ErrorCode::BadParams,
+            json!({"field": "limit", "max": 200}),
+        ));
+    }
+    Ok(ctx.state.store.admin_audit(&me.tenant_id, p.before, limit).await?)
+}
+
+pub async fn worker_list(ctx: Ctx, _p: Empty) -> ApiResult<Vec<WorkerView>> {
+    let me = admin(&ctx)?;
+    Ok(ctx.state.store.admin_workers(&me.tenant_id).await?)
 }

@@ -64,6 +64,22 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
+/// Whether a browser page at `origin` may open the WebSocket: an origin in the allow-list,
+/// or the server's own origin (its authority is the `Host` the browser sent the upgrade
+/// to), which is where the embedded console is served from. A page elsewhere sends its own
+/// origin, which matches neither. Authentication never rides on ambient credentials
+/// (cookies), so this is defence in depth, not the only guard.
+fn origin_allowed(origin: &str, host: Option<&str>, allowed: &[String]) -> bool {
+    if allowed.iter().any(|a| a == origin) {
+        return true;
+    }
+    let Some(host) = host else { return false };
+    let authority = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"));
+    authority.is_some_and(|a| !a.is_empty() && !a.contains('/') && a.eq_ignore_ascii_case(host))
+}
+
 pub async fn upgrade(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -71,9 +87,10 @@ pub async fn upgrade(
     ws: WebSocketUpgrade,
 ) -> Response {
     if let Some(origin) = headers.get(header::ORIGIN) {
+        let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
         let allowed = origin
             .to_str()
-            .is_ok_and(|o| state.config.allowed_origins.iter().any(|a| a == o));
+            .is_ok_and(|o| origin_allowed(o, host, &state.config.allowed_origins));
         if !allowed {
             state.metrics.auth_failures.with_label_values(&["origin"]).inc();
             return StatusCode::FORBIDDEN.into_response();
@@ -789,6 +806,11 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
             call::<method::AdminUserDisable, _, _>(ctx, params, admin::user_disable).await
         }
         method::AdminStatusGet::NAME => call::<method::AdminStatusGet, _, _>(ctx, params, admin::status).await,
+        method::AdminUserSetRole::NAME => {
+            call::<method::AdminUserSetRole, _, _>(ctx, params, admin::user_set_role).await
+        }
+        method::AdminAuditList::NAME => call::<method::AdminAuditList, _, _>(ctx, params, admin::audit_list).await,
+        method::AdminWorkerList::NAME => call::<method::AdminWorkerList, _, _>(ctx, params, admin::worker_list).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
@@ -817,6 +839,25 @@ mod tests {
         for v in ["Basic tok", "Bearertok", "Bearer", "tok"] {
             assert_eq!(with(v), None, "{v:?}");
         }
+    }
+
+    #[test]
+    fn only_listed_origins_and_the_servers_own_may_open_the_socket() {
+        let listed = vec!["https://editor.example".to_string()];
+        let ok = |o: &str, h: Option<&str>| origin_allowed(o, h, &listed);
+        assert!(ok("https://editor.example", Some("berth.example")));
+        // The console, served by the server itself.
+        assert!(ok("https://berth.example", Some("berth.example")));
+        assert!(ok("http://127.0.0.1:8790", Some("127.0.0.1:8790")));
+        assert!(ok("http://Berth.Example:8443", Some("berth.example:8443")));
+        // Anything else: another site, another port, a suffix trick, no Host, opaque origins.
+        assert!(!ok("https://evil.example", Some("berth.example")));
+        assert!(!ok("http://127.0.0.1:9999", Some("127.0.0.1:8790")));
+        assert!(!ok("https://berth.example.evil.example", Some("berth.example")));
+        assert!(!ok("https://berth.example/x", Some("berth.example")));
+        assert!(!ok("https://berth.example", None));
+        assert!(!ok("null", Some("null")));
+        assert!(!ok("file://", Some("")));
     }
 
     #[test]
@@ -940,6 +981,9 @@ mod tests {
         "AdminUserList",
         "AdminUserDisable",
         "AdminStatusGet",
+        "AdminUserSetRole",
+        "AdminAuditList",
+        "AdminWorkerList",
     ];
 
     #[test]

@@ -31,6 +31,7 @@ const MUTATIONS: &[&str] = &[
     "admin.credential.revoke",
     "admin.user.create",
     "admin.user.disable",
+    "admin.user.setRole",
 ];
 
 pub fn is_mutation(method: &str) -> bool {

@@ -53,6 +53,14 @@ pub async fn create(ctx: Ctx, mut p: SessionCreateParams) -> ApiResult<SessionSn
     if let Some(field) = p.unsupported_field() {
         return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": field})));
     }
+    if p.delegation_depth
+        .is_some_and(|d| d > berth_protocol::MAX_DELEGATION_DEPTH)
+    {
+        return Err(ApiError::with(
+            ErrorCode::BadParams,
+            json!({"field": "delegationDepth", "max": berth_protocol::MAX_DELEGATION_DEPTH}),
+        ));
+    }
     p.model = choose_model(&ctx, p.provider.as_deref(), p.model.take())?;
     if let Some(url) = &p.base_url {
         let providers = ctx.state.config.providers.current();

@@ -128,6 +128,14 @@ async fn hello(
         sink.send(text_msg(&RpcResponse::err(req.id, err.0))).await?;
         anyhow::bail!("worker.hello refused for host {}", params.host);
     }
+    if let Some(old) = &params.replaces {
+        // The worker knows its previous connection is gone (its replica may have died
+        // without a word): end its turns now, not when its presence goes stale.
+        for t in store.abandon_connection(principal, old).await? {
+            state.metrics.turns.with_label_values(&["interrupted"]).inc();
+            tracing::warn!(turn.id = %t, worker.connection = %old, "worker reconnected; its lost connection's turn interrupted");
+        }
+    }
     let ids = store
         .register_workspaces(principal, &params.host, &params.workspaces)
         .await?;
@@ -145,6 +153,7 @@ async fn hello(
             })
             .collect(),
         end_carries_step: true,
+        connection_id: Some(connection_id.to_string()),
     };
     sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))
         .await?;

@@ -15,6 +15,7 @@
 //! reading, which pushes back on the worker instead of growing memory.
 
 pub(crate) mod calls;
+mod children;
 mod claim;
 mod connection;
 pub(crate) mod interaction;

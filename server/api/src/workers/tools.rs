@@ -1,21 +1,36 @@
 //! What a worker's agent loop asks of the API tier besides steps and ends: the session's
 //! rows before a turn (`turn.history`, in pages, so no conversation size breaks the link),
 //! tool calls' status changes and ends (`turn.toolStatus` → `tool.status`,
-//! `turn.toolEnded` → `tool.ended` with the result row) and sub-agents (`turn.delegate`). Each is answered only for a turn
+//! `turn.toolEnded` → `tool.ended` with the result row), sub-agents (`turn.delegate`) and a
+//! coordinator's children (`turn.workspaces`, `turn.childStart`, `turn.childSend`,
+//! `turn.childStop`; `turn.childWait` is in `children.rs`). Each is answered only for a turn
 //! that runs and is handed to this connection.
 
 use berth_protocol::{
     ErrorCode,
     worker::{
-        self as wp, TurnDelegate, TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnSource, TurnToolEnded,
-        TurnToolStatus,
+        self as wp, TurnChildSend, TurnChildStart, TurnChildStop, TurnChildStopResult, TurnDelegate,
+        TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnSource, TurnToolEnded, TurnToolStatus,
+        TurnWorkspacesResult,
     },
 };
+use berth_store::{NewChild, StoreError};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::turn::TurnTask;
 use crate::error::ApiError;
+
+/// A child's prompt is bounded like a client's (`session.send`).
+fn check_prompt(prompt: &str) -> Result<(), ApiError> {
+    if prompt.len() > berth_protocol::MAX_PROMPT_BYTES {
+        return Err(ApiError::with(
+            ErrorCode::PayloadTooLarge,
+            json!({"limit": "prompt", "max": berth_protocol::MAX_PROMPT_BYTES}),
+        ));
+    }
+    Ok(())
+}
 
 fn params<T: DeserializeOwned>(v: Value) -> Result<T, ApiError> {
     serde_json::from_value(v).map_err(|_| ApiError::code(ErrorCode::BadParams))
@@ -74,6 +89,49 @@ impl TurnTask {
                     store.delegate(id, tenant, turn, &d.call_id, &d.prompt).await?
                 };
                 Ok(serde_json::to_value(TurnDelegateResult { session_id, turn_id }).unwrap_or_default())
+            }
+            wp::TURN_WORKSPACES => {
+                let workspaces = store.coordinator_workspaces(id, tenant, turn).await?;
+                Ok(serde_json::to_value(TurnWorkspacesResult { workspaces }).unwrap_or_default())
+            }
+            wp::TURN_CHILD_START => {
+                let c: TurnChildStart = params(p)?;
+                check_prompt(&c.prompt)?;
+                let max_children = conn.state.config.coordinator_max_children;
+                let new = NewChild {
+                    call_id: &c.call_id,
+                    workspace_id: &c.workspace_id,
+                    prompt: &c.prompt,
+                    title: c.title.as_deref().map(str::trim).filter(|t| t.len() <= 1000),
+                    max_children,
+                };
+                let started = {
+                    let _permits = conn.write_permits().await;
+                    store.child_start(id, tenant, turn, &new).await
+                };
+                match started {
+                    Ok(child) => {
+                        tracing::info!(turn.id = %turn, child.session = %child.session_id, "coordinator started a child");
+                        Ok(serde_json::to_value(child).unwrap_or_default())
+                    }
+                    Err(StoreError::Code(ErrorCode::ChildLimit)) => {
+                        Err(ApiError::with(ErrorCode::ChildLimit, json!({"max": max_children})))
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            wp::TURN_CHILD_SEND => {
+                let c: TurnChildSend = params(p)?;
+                check_prompt(&c.prompt)?;
+                let _permits = conn.write_permits().await;
+                let child = store.child_send(id, tenant, turn, &c.session_id, &c.prompt).await?;
+                Ok(serde_json::to_value(child).unwrap_or_default())
+            }
+            wp::TURN_CHILD_STOP => {
+                let c: TurnChildStop = params(p)?;
+                let _permits = conn.write_permits().await;
+                let stopped = store.child_stop(id, tenant, turn, &c.session_id).await?;
+                Ok(serde_json::to_value(TurnChildStopResult { stopped }).unwrap_or_default())
             }
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         }

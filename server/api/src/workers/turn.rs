@@ -40,6 +40,11 @@ pub(super) fn is_turn_method(method: &str) -> bool {
             | wp::TURN_TOOL_ENDED
             | wp::TURN_DELEGATE
             | wp::TURN_INTERACTION
+            | wp::TURN_WORKSPACES
+            | wp::TURN_CHILD_START
+            | wp::TURN_CHILD_SEND
+            | wp::TURN_CHILD_WAIT
+            | wp::TURN_CHILD_STOP
     )
 }
 
@@ -61,6 +66,8 @@ pub(super) struct TurnTask {
     pub live: LiveTurn,
     /// Output not yet stored and relayed to other replicas.
     pub pending: Option<Pending>,
+    /// Cancelled when the turn is stopped or the connection ends.
+    pub cancel: CancellationToken,
 }
 
 pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHandle {
@@ -77,6 +84,7 @@ pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHan
             thinking: 0,
         },
         pending: None,
+        cancel: cancel.clone(),
     };
     tokio::spawn(task.run(rx, cancel.clone()));
     TurnHandle { queue, cancel }
@@ -126,13 +134,22 @@ impl TurnTask {
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
             wp::TURN_INTERACTION => return super::interaction::ask(&self.conn, req),
+            wp::TURN_CHILD_WAIT => {
+                return super::children::wait(&self.conn, &self.live.session, self.cancel.clone(), req);
+            }
             wp::TURN_END => match serde_json::from_value::<TurnEnd>(req.params) {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
-            wp::TURN_HISTORY | wp::TURN_SOURCE | wp::TURN_TOOL_STATUS | wp::TURN_TOOL_ENDED | wp::TURN_DELEGATE => {
-                self.agent_request(&req.method, req.params).await
-            }
+            wp::TURN_HISTORY
+            | wp::TURN_SOURCE
+            | wp::TURN_TOOL_STATUS
+            | wp::TURN_TOOL_ENDED
+            | wp::TURN_DELEGATE
+            | wp::TURN_WORKSPACES
+            | wp::TURN_CHILD_START
+            | wp::TURN_CHILD_SEND
+            | wp::TURN_CHILD_STOP => self.agent_request(&req.method, req.params).await,
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         self.reply(req.id, result).await;

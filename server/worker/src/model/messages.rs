@@ -14,6 +14,11 @@ When the work is done, answer without calling a tool.";
 
 const SYSTEM_PROMPT_NO_TOOLS: &str = "You are a helpful coding assistant.";
 
+/// What a coordinator session's model is told besides [`SYSTEM_PROMPT`].
+const COORDINATOR_PROMPT: &str = "You also coordinate other agents: list the workspaces, start a child session \
+in a workspace with a self-contained task, wait for its turn to end and read its answer, send it follow-ups, or stop \
+it. Children work in parallel; start all the independent ones before waiting. Your final answer gathers their results.";
+
 /// Bytes of one tool result the model sees; the whole result stays in history.
 pub(crate) const TOOL_OUTPUT_SHOWN: usize = 32 << 10;
 
@@ -44,8 +49,12 @@ pub(crate) struct Conversation {
 }
 
 impl Conversation {
-    pub(crate) fn new(tools: bool) -> Conversation {
-        let system = if tools { SYSTEM_PROMPT } else { SYSTEM_PROMPT_NO_TOOLS };
+    pub(crate) fn new(tools: bool, coordinator: bool) -> Conversation {
+        let system = match (tools, coordinator) {
+            (true, true) => format!("{SYSTEM_PROMPT} {COORDINATOR_PROMPT}"),
+            (true, false) => SYSTEM_PROMPT.to_string(),
+            (false, _) => SYSTEM_PROMPT_NO_TOOLS.to_string(),
+        };
         Conversation {
             messages: vec![json!({"role": "system", "content": system})],
             ..Conversation::default()
@@ -177,7 +186,7 @@ mod tests {
 
     #[test]
     fn history_becomes_provider_messages_and_dangling_calls_get_results() {
-        let mut c = Conversation::new(true);
+        let mut c = Conversation::new(true, false);
         c.push_row(&row(2, 0, RowKind::User, "hi", None));
         c.push_row(&row(3, 0, RowKind::Assistant, "", None));
         c.push_row(&row(3, 1, RowKind::ToolCall, "{\"a\":1}", Some(("shell", "c1"))));

@@ -1,0 +1,370 @@
+#!/usr/bin/env python3
+"""Tests of the Helm chart, run by .ci/run.
+
+Renders charts/berth with Helm's own engine (helm-python-sdk binds the Helm Go SDK; no
+`helm` binary), lints it the way `helm lint --strict --kube-version 1.30` does, validates
+every manifest strictly against the Kubernetes 1.30 schemas (kubernetes-validate), checks
+the PrometheusRule's rules with promtool, compares the output with the golden files in
+charts/berth/ci/golden/ and checks that misconfigurations an operator could make are
+refused at render time.
+
+    python3 charts/test.py                 # run
+    BERTH_REGENERATE=1 python3 charts/test.py   # rewrite the golden files (or --regenerate)
+
+Needs: pip install helm-python-sdk kubernetes-validate pyyaml; promtool (Debian: prometheus).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "berth"
+CI = CHART / "ci"
+GOLDEN = CI / "golden"
+KUBE = "1.30.0"
+RELEASE, NAMESPACE = "berth", "berth"
+VALUES = ["default", "ha", "edge"]
+# Custom resources of prometheus-operator: no schema in kubernetes-validate; checked below.
+CRDS = {"ServiceMonitor", "PrometheusRule"}
+REGENERATE = os.environ.get("BERTH_REGENERATE") == "1" or "--regenerate" in sys.argv
+
+results: list[tuple[str, str | None]] = []
+
+
+def test(name):
+    def wrap(f):
+        try:
+            f()
+            results.append((name, None))
+        except Exception as e:  # noqa: BLE001 - every failure is reported, then counted
+            detail = str(e) if isinstance(e, AssertionError) else traceback.format_exc()
+            results.append((name, detail))
+        return f
+
+    return wrap
+
+
+def values(name: str) -> dict:
+    return yaml.safe_load((CI / f"{name}-values.yaml").read_text())
+
+
+def render(vals: dict) -> dict[str, str]:
+    chart = helm.Chart.load(str(CHART))
+    return chart.render(vals, name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+def manifests(rendered: dict[str, str]) -> list[dict]:
+    docs = []
+    for path in sorted(rendered):
+        if path.endswith(".txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(rendered[path]) if d]
+    return docs
+
+
+def golden_text(rendered: dict[str, str]) -> str:
+    parts = []
+    for path in sorted(rendered):
+        body = rendered[path].strip("\n")
+        if body.strip():
+            parts.append(f"# Source: {path}\n{body}\n")
+    return "---\n".join(parts)
+
+
+def refused(vals: dict, needle: str) -> None:
+    try:
+        render(vals)
+    except helm.HelmError as e:
+        assert needle in str(e), f"refused, but not for {needle!r}: {e}"
+        return
+    raise AssertionError(f"rendered although it should be refused ({needle!r})")
+
+
+def find(docs: list[dict], kind: str, component: str | None = None) -> list[dict]:
+    return [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and (component is None or d["metadata"]["labels"].get("app.kubernetes.io/component") == component)
+    ]
+
+
+def container(docs: list[dict], kind: str, component: str) -> dict:
+    (w,) = find(docs, kind, component)
+    return w["spec"]["template"]["spec"]["containers"][0]
+
+
+def env(c: dict) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in c.get("env", [])}
+
+
+def promtool_check(groups: list) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump({"groups": groups}, f)
+    try:
+        out = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True, text=True)
+        assert out.returncode == 0, f"promtool check rules: {out.stdout}{out.stderr}"
+    finally:
+        os.unlink(f.name)
+
+
+rendered = {}
+for v in VALUES:
+
+    @test(f"{v}: helm lint --strict --kube-version {KUBE}")
+    def _(v=v):
+        report = helm.lint(str(CHART), values(v), strict=True, kube_version=f"v{KUBE}")
+        # Severity 1 is informational ("icon is recommended"); 2 warning, 3 error.
+        bad = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+        assert not bad, f"lint findings: {bad}"
+
+    @test(f"{v}: renders with Helm's engine")
+    def _(v=v):
+        rendered[v] = render(values(v))
+
+    @test(f"{v}: every manifest is valid Kubernetes {KUBE} (strict)")
+    def _(v=v):
+        docs = manifests(rendered[v])
+        assert docs, "nothing rendered"
+        for d in docs:
+            if d["kind"] in CRDS:
+                assert d["apiVersion"] == "monitoring.coreos.com/v1", d["apiVersion"]
+                continue
+            kubernetes_validate.validate(d, KUBE, strict=True)
+
+    @test(f"{v}: golden file is current")
+    def _(v=v):
+        path = GOLDEN / f"{v}.yaml"
+        text = golden_text(rendered[v])
+        if REGENERATE:
+            GOLDEN.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            return
+        assert path.exists(), f"{path} missing: run with BERTH_REGENERATE=1"
+        if path.read_text() != text:
+            import difflib
+
+            diff = "".join(
+                difflib.unified_diff(
+                    path.read_text().splitlines(True), text.splitlines(True), str(path), "rendered", n=2
+                )
+            )
+            raise AssertionError(f"{path} is stale (BERTH_REGENERATE=1 rewrites it):\n{diff[:6000]}")
+
+    @test(f"{v}: Services, HPA, PDB and Ingress point at what exists")
+    def _(v=v):
+        docs = manifests(rendered[v])
+        pods = [
+            (w["spec"]["template"]["metadata"]["labels"], w["spec"]["template"]["spec"]["containers"])
+            for w in docs
+            if w["kind"] in ("Deployment", "StatefulSet")
+        ]
+        services = {s["metadata"]["name"]: s for s in find(docs, "Service")}
+        for s in services.values():
+            sel = s["spec"]["selector"]
+            matching = [cs for labels, cs in pods if sel.items() <= labels.items()]
+            assert matching, f"Service {s['metadata']['name']} selects no pod"
+            names = {p["name"] for cs in matching for c in cs for p in c.get("ports", [])}
+            for p in s["spec"].get("ports", []):
+                assert p["targetPort"] in names, f"Service {s['metadata']['name']}: no port {p['targetPort']}"
+        for pdb in find(docs, "PodDisruptionBudget"):
+            sel = pdb["spec"]["selector"]["matchLabels"]
+            assert any(sel.items() <= labels.items() for labels, _ in pods), "PDB selects no pod"
+        for hpa in find(docs, "HorizontalPodAutoscaler"):
+            target = hpa["spec"]["scaleTargetRef"]["name"]
+            assert find(docs, "Deployment", "api")[0]["metadata"]["name"] == target
+        for ing in find(docs, "Ingress"):
+            for rule in ing["spec"]["rules"]:
+                for p in rule["http"]["paths"]:
+                    assert p["backend"]["service"]["name"] in services
+        for sm in find(docs, "ServiceMonitor"):
+            sel = sm["spec"]["selector"]["matchLabels"]
+            assert any(sel.items() <= s["metadata"]["labels"].items() for s in services.values()), (
+                "ServiceMonitor selects no Service"
+            )
+
+    @test(f"{v}: the PrometheusRule passes promtool check rules")
+    def _(v=v):
+        for rule in find(manifests(rendered[v]), "PrometheusRule"):
+            promtool_check(rule["spec"]["groups"])
+
+
+@test("default: API pods skip migrations, which the hook Job runs")
+def _():
+    docs = manifests(rendered["default"])
+    api = container(docs, "Deployment", "api")
+    assert "--no-migrate" in api["args"], api["args"]
+    (job,) = find(docs, "Job", "migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"]
+    # Helm waits for a hook up to --timeout (default 5 m): the Job must give up first.
+    assert job["spec"]["activeDeadlineSeconds"] < 300
+
+
+@test("edge: without the hook Job the API pods migrate on start")
+def _():
+    docs = manifests(rendered["edge"])
+    assert not find(docs, "Job"), "migration Job rendered although disabled"
+    assert "--no-migrate" not in container(docs, "Deployment", "api")["args"]
+
+
+@test("default: startupProbe, preStop drain and a shared JWT key")
+def _():
+    docs = manifests(rendered["default"])
+    api = container(docs, "Deployment", "api")
+    assert api["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert api["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    pod = find(docs, "Deployment", "api")[0]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] > 5
+    assert env(api)["BERTH_JWT_SECRET_FILE"] == "/etc/berth/jwt/jwt-secret"
+    assert env(api)["BERTH_DATA_DIR"] == "/var/lib/berth"
+
+
+@test("ha: the database CA is mounted and named by BERTH_DB_CA_FILE")
+def _():
+    api = container(manifests(rendered["ha"]), "Deployment", "api")
+    assert env(api)["BERTH_DB_CA_FILE"] == "/etc/berth/db-ca/ca.crt"
+    assert {"name": "db-ca", "mountPath": "/etc/berth/db-ca", "readOnly": True} in api["volumeMounts"]
+
+
+@test("defaults match the image: user 10001, read-only root with writable /var/lib/berth and /tmp")
+def _():
+    docs = manifests(rendered["default"])
+    pod = find(docs, "Deployment", "api")[0]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 10001
+    api = container(docs, "Deployment", "api")
+    assert api["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"] for m in api["volumeMounts"]}
+    assert {"/var/lib/berth", "/tmp"} <= mounts, mounts
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "USER 10001:10001" in dockerfile
+    assert "/usr/local/bin/berth" in dockerfile
+
+
+@test("edge: workers get per-pod credentials, a PVC per workspace and probes")
+def _():
+    docs = manifests(rendered["edge"])
+    (sts,) = find(docs, "StatefulSet", "worker")
+    w = sts["spec"]["template"]["spec"]["containers"][0]
+    assert "/etc/berth/worker-tokens/$(POD_NAME)" in w["args"]
+    assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["ws-main", "ws-scratch"]
+    assert "main=/workspaces/main" in w["args"] and "scratch=/workspaces/scratch" in w["args"]
+    assert env(w)["BERTH_WORKER_HEALTH_LISTEN"] == "0.0.0.0:9465"
+    assert w["ports"] == [{"name": "health", "containerPort": 9465, "protocol": "TCP"}]
+    assert w["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert w["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+
+
+@test("ha: the PrometheusRule selects this release's scrape job; the dashboard ConfigMap is the ops/ file")
+def _():
+    docs = manifests(rendered["ha"])
+    (rule,) = find(docs, "PrometheusRule")
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert any('job=~"berth-metrics"' in e for e in exprs), exprs
+    assert not any('job=~".*berth.*"' in e for e in exprs), "a rule kept the generic job selector"
+    (cm,) = find(docs, "ConfigMap")
+    assert cm["data"]["berth-dashboard.json"] == (ROOT / "ops/grafana/berth-dashboard.json").read_text().rstrip("\n")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+@test("the chart's copies of the alert rules and the dashboard are ops/'s files")
+def _():
+    pairs = [
+        ("charts/berth/files/alerts.yaml", "ops/prometheus/alerts.yaml"),
+        ("charts/berth/files/berth-dashboard.json", "ops/grafana/berth-dashboard.json"),
+    ]
+    for copy_, src in pairs:
+        if REGENERATE:
+            (ROOT / copy_).write_text((ROOT / src).read_text())
+        assert (ROOT / copy_).read_text() == (ROOT / src).read_text(), f"{copy_} differs from {src}"
+
+
+def without_jwt(base: dict) -> dict:
+    vals = copy.deepcopy(base)
+    vals["jwt"] = {"existingSecret": ""}
+    return vals
+
+
+@test("refused: no JWT Secret while the autoscaler may run several replicas")
+def _():
+    refused(without_jwt(values("default")), "jwt.existingSecret is required")
+
+
+@test("refused: no JWT Secret with api.replicaCount 2")
+def _():
+    vals = without_jwt(values("default"))
+    vals["api"] = {"replicaCount": 2, "autoscaling": {"enabled": False}}
+    refused(vals, "jwt.existingSecret is required")
+
+
+@test("accepted: one replica without a JWT Secret")
+def _():
+    vals = without_jwt(values("default"))
+    vals["api"] = {"replicaCount": 1, "autoscaling": {"enabled": False}, "pdb": {"enabled": False}}
+    docs = manifests(render(vals))
+    assert "BERTH_JWT_SECRET_FILE" not in env(container(docs, "Deployment", "api"))
+
+
+@test("refused: no database Secret")
+def _():
+    vals = values("default")
+    del vals["database"]
+    refused(vals, "database.existingSecret is required")
+
+
+@test("refused: a file:// object store shared by several replicas")
+def _():
+    vals = values("default")
+    vals["objectStore"] = {"url": "file:///var/lib/berth/blobs"}
+    refused(vals, "objectStore.url is a file:// URL")
+
+
+@test("refused: a preStop delay as long as the grace period")
+def _():
+    vals = values("default")
+    vals["api"] = {"preStopDelaySeconds": 60, "terminationGracePeriodSeconds": 60}
+    refused(vals, "api.preStopDelaySeconds must be shorter")
+
+
+@test("refused: several worker pods sharing one credential")
+def _():
+    vals = values("default")
+    vals["worker"] = {"enabled": True, "replicas": 2, "token": {"existingSecret": "w"}}
+    refused(vals, "worker.token.perPod=true")
+
+
+@test("refused: workers without a credential Secret")
+def _():
+    vals = values("default")
+    vals["worker"] = {"enabled": True}
+    refused(vals, "worker.token.existingSecret is required")
+
+
+@test("refused by values.schema.json: a port that is not a number, a misspelt key")
+def _():
+    vals = values("default")
+    vals["api"] = {"port": "http"}
+    refused(vals, "at '/api/port': got string, want integer")
+    vals = values("default")
+    vals["replicas"] = 3  # api.replicaCount is meant
+    refused(vals, "additional properties 'replicas' not allowed")
+
+
+failed = [(n, d) for n, d in results if d]
+for name, detail in results:
+    print(f"{'ok  ' if detail is None else 'FAIL'} {name}")
+for name, detail in failed:
+    print(f"\n--- {name}\n{detail}", file=sys.stderr)
+print(f"chart: {len(results) - len(failed)} passed, {len(failed)} failed")
+sys.exit(1 if failed else 0)

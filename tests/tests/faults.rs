@@ -1,0 +1,413 @@
+//! Faults an operator will meet, behind the real nginx: a replica killed mid-turn, a
+//! replica stopped with SIGTERM mid-turn, PostgreSQL restarted under load.
+
+use std::time::Duration;
+
+use berth_e2e::{
+    Client, MockProvider, Part, Reply, Stack,
+    client::{Subscription, code},
+    harness::{eventually, scratch_dir},
+    nginx::Nginx,
+};
+use berth_store::cluster::{ClusterOptions, PrivateCluster, create_database};
+use serde_json::{Value, json};
+
+fn nginx_installed() -> bool {
+    if berth_e2e::nginx::nginx_bin().is_some() {
+        return true;
+    }
+    // CI installs nginx (.ci/run); on a developer machine without it, say so loudly.
+    assert!(std::env::var_os("CI").is_none(), "nginx must be installed in CI");
+    eprintln!("SKIPPED: nginx is not installed (apt-get install nginx)");
+    false
+}
+
+/// A `session.watch` that behaves like a client library: when its connection drops or the
+/// watch ends, it reconnects through `url` and resumes after the last sequence it received.
+/// Every event it receives must be the one right after the previous: no gap, no duplicate.
+struct Resuming {
+    url: String,
+    token: String,
+    session: String,
+    client: Client,
+    sub: Subscription,
+    last: i64,
+    events: Vec<Value>,
+    resumes: usize,
+}
+
+impl Resuming {
+    async fn open(url: &str, token: &str, session: &str) -> Resuming {
+        let (client, sub) = Self::subscribe(url, token, session, 0).await.expect("watch");
+        Resuming {
+            url: url.to_string(),
+            token: token.to_string(),
+            session: session.to_string(),
+            client,
+            sub,
+            last: 0,
+            events: Vec::new(),
+            resumes: 0,
+        }
+    }
+
+    async fn subscribe(url: &str, token: &str, session: &str, after: i64) -> Option<(Client, Subscription)> {
+        let mut client = Client::authed(url, token).await.ok()?;
+        let sub = client.subscribe("session.watch", json!({"sessionId": session, "after": after}));
+        Some((client, sub))
+    }
+
+    /// The replica this watch is on now.
+    async fn replica(&mut self) -> String {
+        self.client.ok("status", json!({})).await["replicaId"]
+            .as_str()
+            .expect("replicaId")
+            .to_string()
+    }
+
+    /// Items until an event matching `pred` (returned), resuming as often as needed.
+    async fn until(&mut self, secs: u64, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let item = tokio::select! {
+                item = self.sub.items.recv() => item,
+                _ = &mut self.sub.done => None,
+                _ = tokio::time::sleep_until(deadline) => panic!(
+                    "no matching event within {secs} s; events so far: {:?}",
+                    self.events.iter().map(|e| &e["type"]).collect::<Vec<_>>()
+                ),
+            };
+            let Some(item) = item else {
+                self.resume(deadline).await;
+                continue;
+            };
+            let Some(seq) = item.get("sequence").and_then(Value::as_i64) else {
+                continue;
+            };
+            assert_eq!(
+                seq,
+                self.last + 1,
+                "events arrive once each, in order: got {item} after {}",
+                self.last
+            );
+            self.last = seq;
+            self.events.push(item.clone());
+            if pred(&item) {
+                return item;
+            }
+        }
+    }
+
+    async fn resume(&mut self, deadline: tokio::time::Instant) {
+        loop {
+            assert!(tokio::time::Instant::now() < deadline, "the watch could not resume");
+            if let Some((client, sub)) = Self::subscribe(&self.url, &self.token, &self.session, self.last).await {
+                self.client = client;
+                self.sub = sub;
+                self.resumes += 1;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Clients through nginx until one lands on each replica; returns them by replica id.
+async fn client_per_replica(nginx: &Nginx, token: &str, replicas: usize) -> Vec<(String, Client)> {
+    let mut found: Vec<(String, Client)> = Vec::new();
+    for _ in 0..(replicas * 4) {
+        let mut c = Client::authed(&nginx.ws_url(), token).await.expect("client");
+        let id = c.ok("status", json!({})).await["replicaId"]
+            .as_str()
+            .expect("replicaId")
+            .to_string();
+        if !found.iter().any(|(r, _)| *r == id) {
+            found.push((id, c));
+        }
+        if found.len() == replicas {
+            return found;
+        }
+    }
+    panic!("nginx did not spread connections over {replicas} replicas");
+}
+
+/// The replica id of each server, in `stack.servers` order.
+async fn replica_ids(stack: &Stack) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..stack.servers.len() {
+        let mut c = stack.client(i).await;
+        ids.push(
+            c.ok("status", json!({})).await["replicaId"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    ids
+}
+
+/// Which server (index) holds the worker's live connection.
+async fn holder(stack: &Stack, ids: &[String]) -> usize {
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let row = db
+        .query_one("SELECT replica_id FROM worker_presence", &[])
+        .await
+        .expect("one worker connection");
+    let replica: String = row.get(0);
+    ids.iter().position(|r| *r == replica).expect("a known replica")
+}
+
+/// The last user prompt of a model request.
+fn prompt_of(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A replica lost mid-turn (`how`: kill -9 or SIGTERM) with the worker connected to it
+/// through nginx: the worker reconnects through nginx to the other replica, the turn it was
+/// running ends `interrupted` and is not run again, the queued turn runs, and watchers that
+/// resume from their last sequence see every event once.
+async fn replica_lost_mid_turn(graceful: bool) {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 2).await;
+    let upstreams: Vec<&str> = stack.servers.iter().map(|s| s.addr.as_str()).collect();
+    let nginx = Nginx::start(&upstreams).await.unwrap();
+    let ids = replica_ids(&stack).await;
+    stack.kill_worker().await;
+    stack.start_worker_at(&nginx.addr).await;
+    let lost = holder(&stack, &ids).await;
+    let survivor = 1 - lost;
+
+    // A watcher on each replica, both through nginx.
+    let mut on = client_per_replica(&nginx, &stack.token, 2).await;
+    let sid = stack.session(&mut on[0].1).await;
+    let mut watchers = Vec::new();
+    // The first watch is on the replica that will be lost.
+    on.sort_by_key(|(r, _)| *r != ids[lost]);
+    for (replica, _) in &on {
+        let mut w = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
+        while w.replica().await != *replica {
+            w = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
+        }
+        watchers.push(w);
+    }
+
+    mock.push(Reply::StreamThenHang(vec![Part::Text("half an answ".into())]));
+    mock.push(Reply::text(&["second ", "answer"]));
+    let mut sender = stack.client(survivor).await;
+    let first = sender
+        .ok("session.send", json!({"sessionId": sid, "prompt": "one"}))
+        .await;
+    let second = sender
+        .ok("session.send", json!({"sessionId": sid, "prompt": "two"}))
+        .await;
+    assert_eq!(second["state"], "queued", "{second}");
+    // Mid-turn: the worker is streaming the first answer.
+    eventually(30, || async { (!mock.requests().is_empty()).then_some(()) })
+        .await
+        .expect("the first turn reached the model");
+
+    let victim = &mut stack.servers[lost];
+    if graceful {
+        let status = victim.terminate().await;
+        // A SIGKILL after the grace period (the helper's fallback) would not be success.
+        assert!(status.success(), "the replica drains and exits by itself: {status}");
+    } else {
+        victim.child.start_kill().unwrap();
+        victim.child.wait().await.unwrap();
+    }
+
+    for w in &mut watchers {
+        // Well before the lost connection's presence could go stale (45 s) and be swept.
+        let end = w
+            .until(30, |e| e["type"] == "turn.ended" && e["turnId"] == first["turnId"])
+            .await;
+        assert_eq!(end["state"], "interrupted", "{end}");
+        let end = w
+            .until(60, |e| e["type"] == "turn.ended" && e["turnId"] == second["turnId"])
+            .await;
+        assert_eq!(end["state"], "completed", "the queue moves on: {end}");
+    }
+    assert!(watchers[0].resumes > 0, "the lost replica's watcher had to resume");
+
+    // Never silently retried: the model saw the first prompt once, then the second.
+    let prompts: Vec<String> = mock.requests().iter().map(prompt_of).collect();
+    assert_eq!(prompts, ["one", "two"]);
+    // The worker is on the survivor now, through nginx.
+    assert_eq!(holder(&stack, &ids).await, survivor);
+
+    // Both watchers saw exactly the stored history, and a fresh reader agrees.
+    let mut fresh = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
+    let last = watchers[0].last;
+    fresh.until(30, |e| e["sequence"] == last).await;
+    let seqs = |w: &Resuming| w.events.iter().map(|e| e.to_string()).collect::<Vec<_>>();
+    assert_eq!(seqs(&watchers[0]), seqs(&fresh));
+    assert_eq!(seqs(&watchers[1]), seqs(&fresh));
+    let mut c = stack.client(survivor).await;
+    assert_eq!(c.history_bodies(&sid).await, ["one", "two", "second answer"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_killed_mid_turn_interrupts_the_turn_and_the_worker_moves_on_through_nginx() {
+    if nginx_installed() {
+        replica_lost_mid_turn(false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_mid_turn_drains_the_replica_within_its_grace_period() {
+    if nginx_installed() {
+        replica_lost_mid_turn(true).await;
+    }
+}
+
+async fn status(url: &str) -> u16 {
+    match reqwest::get(url).await {
+        Ok(r) => r.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+/// PostgreSQL restarted under load: requests fail fast with `unavailable` (never
+/// `internal`), `/readyz` flips, and once the database is back every replica recovers by
+/// itself — new pooled connections, LISTEN re-established with catch-up, turns dispatched.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_restarted_under_load_fails_fast_and_recovers_without_a_restart() {
+    let mock = MockProvider::start().await;
+    // A cluster of this test's own: the shared one serves the other tests.
+    let dir = scratch_dir("pgrestart");
+    let options = ClusterOptions {
+        unsafe_no_fsync: true,
+        ..ClusterOptions::default()
+    };
+    let start = {
+        let (dir, options) = (dir.clone(), options.clone());
+        move || {
+            let (dir, options) = (dir.clone(), options.clone());
+            tokio::task::spawn_blocking(move || PrivateCluster::start(&dir, &options).expect("cluster"))
+        }
+    };
+    let mut cluster = start().await.unwrap();
+    create_database(&cluster.url("postgres"), "berth", None).await.unwrap();
+    let stack = Stack::start_on(cluster.url("berth"), &mock.base_url(), 2, &[]).await;
+    let readyz: Vec<String> = stack
+        .servers
+        .iter()
+        .map(|s| format!("http://{}/readyz", s.addr))
+        .collect();
+
+    // A watcher on replica 0 (which holds the worker); prompts go through replica 1.
+    let mut c = stack.client(1).await;
+    let sid = stack.session(&mut c).await;
+    let mut watch = Resuming::open(&stack.servers[0].ws_url(), &stack.token, &sid).await;
+    mock.push(Reply::text(&["before"]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "one"})).await;
+    let end = watch.until(30, |e| e["type"] == "turn.ended").await;
+    assert_eq!(end["state"], "completed");
+
+    // Load: a client on each replica reading the session in a loop, noting each outcome.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for server in &stack.servers {
+        let (url, token) = (server.ws_url(), stack.token.clone());
+        let mut client = Client::authed(&url, &token).await.unwrap();
+        let (stop, sid) = (stop.clone(), sid.clone());
+        load.push(tokio::spawn(async move {
+            let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if client.is_closed() {
+                    // Authenticating needs the database too: refused while it is down.
+                    match Client::authed(&url, &token).await {
+                        Ok(c) => client = c,
+                        Err(_) => continue,
+                    }
+                }
+                let outcome = match client.call_or_closed("session.get", json!({"sessionId": sid})).await {
+                    None => continue,
+                    Some(Ok(_)) => "ok".to_string(),
+                    Some(Err(e)) => code(&e).to_string(),
+                };
+                *outcomes.entry(outcome).or_default() += 1;
+            }
+            outcomes
+        }));
+    }
+
+    // Down: requests are refused as `unavailable`, and /readyz says so.
+    cluster = tokio::task::spawn_blocking(move || {
+        cluster.stop();
+        cluster
+    })
+    .await
+    .unwrap();
+    for url in &readyz {
+        let down = eventually(30, || async { (status(url).await == 503).then_some(()) }).await;
+        assert!(down.is_some(), "{url} flips to 503 while the database is down");
+    }
+    let err = c
+        .call("session.get", json!({"sessionId": sid}))
+        .await
+        .expect_err("no database, no answer");
+    assert_eq!(code(&err), "unavailable", "{err}");
+
+    // Back: within 10 s both replicas are ready and serve again, without a restart.
+    drop(cluster);
+    let _cluster = start().await.unwrap();
+    for url in &readyz {
+        let up = eventually(10, || async { (status(url).await == 200).then_some(()) }).await;
+        assert!(up.is_some(), "{url} is ready again within 10 s of the database");
+    }
+    let served = eventually(10, || {
+        let (url, token, sid) = (stack.servers[1].ws_url(), stack.token.clone(), sid.clone());
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            c.call("session.get", json!({"sessionId": sid})).await.ok()
+        }
+    })
+    .await;
+    assert!(served.is_some(), "requests are served again within 10 s");
+    // An append right away: replica 0 may not be listening again yet, so its watcher gets
+    // it by catch-up after LISTEN is back, and the worker's replica dispatches the turn.
+    mock.push(Reply::text(&["after"]));
+    let sent = eventually(10, || {
+        let url = stack.servers[1].ws_url();
+        let (token, sid) = (stack.token.clone(), sid.clone());
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            c.call("session.send", json!({"sessionId": sid, "prompt": "two"}))
+                .await
+                .ok()
+        }
+    })
+    .await
+    .expect("a prompt is accepted again");
+    let end = watch
+        .until(30, |e| e["type"] == "turn.ended" && e["turnId"] == sent["turnId"])
+        .await;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert!(
+        stack.servers[0]
+            .metrics()
+            .await
+            .lines()
+            .any(|l| l.starts_with("berth_db_listen_reconnects_total") && !l.ends_with(" 0")),
+        "replica 0's LISTEN connection was re-established"
+    );
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in load {
+        let outcomes = task.await.unwrap();
+        assert!(
+            outcomes.keys().all(|k| k == "ok" || k == "unavailable"),
+            "a database outage is `unavailable`, never anything else: {outcomes:?}"
+        );
+        assert!(outcomes.contains_key("ok"), "{outcomes:?}");
+    }
+    let mut c = stack.client(0).await;
+    assert_eq!(c.history_bodies(&sid).await, ["one", "before", "two", "after"]);
+}
