@@ -31,6 +31,8 @@ const ENV: &[(&str, &str)] = &[
     ("BERTH_RATE_BURST", "1000000"),
     ("BERTH_MAX_CONNECTIONS_PER_CREDENTIAL", "100000"),
     ("BERTH_MAX_SUBSCRIPTIONS", "100000"),
+    ("BERTH_MODEL_MAX_CONCURRENT", "100000"),
+    ("BERTH_MODEL_RATE_PER_MIN", "100000000"),
 ];
 
 /// Chunks of the scripted reply, and the pause before each (the issue's six chunks 5 ms apart).
@@ -49,6 +51,13 @@ async fn main() {
     let started = Instant::now();
     let mock = MockProvider::start().await;
     let mut table = Table::default();
+    // `BERTH_BENCH_ONLY=concurrency`: only the concurrency and observation rows.
+    if std::env::var("BERTH_BENCH_ONLY").as_deref() == Ok("concurrency") {
+        concurrency(&mut table, &mock).await;
+        println!();
+        table.print();
+        return;
+    }
 
     // 1. `berth dev` exactly as a user runs it: its own cluster, every commit on disk.
     let durable = "berth dev, durable commits";
@@ -85,12 +94,17 @@ async fn main() {
     history_page(&mut table, &dev, &token, &workspace_id, &database_url).await;
     websocket(&mut table, &replica, &token).await;
     idle_sessions(&mut table, &replica, &token, &workspace_id).await;
+    stop(dev).await;
+    stop(replica).await;
+
+    // 3. Many turns at once, and the worker's observations (two replicas, two workers).
+    if std::env::var_os("BERTH_BENCH_SKIP_CONCURRENCY").is_none() {
+        concurrency(&mut table, &mock).await;
+    }
 
     println!();
     table.print();
     println!("\n(bench ran {:.0} s)", started.elapsed().as_secs_f64());
-    stop(dev).await;
-    stop(replica).await;
     // The dev cluster's data; the test cluster cleans up after itself on the next run.
     if let Some(dir) = scratch {
         let _ = std::fs::remove_dir_all(dir);
@@ -1009,5 +1023,380 @@ async fn idle_sessions(table: &mut Table, replica: &TestServer, token: &str, wor
         format!("{per:.0} B"),
         "zero (allocator noise only)",
         Some(per < 64.0),
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Many turns at once (issue 20): two replicas, two `berth worker` processes; and the
+//    worker's observations (issue 11): `git.status` and `files.read` against their raw
+//    baselines.
+
+/// A `berth worker` process serving `dir` as workspace `name`, on a host of its own, with a
+/// credential of its own, connected to `server`.
+async fn spawn_worker(server: &TestServer, host: &str, name: &str, dir: &std::path::Path) -> tokio::process::Child {
+    let token = server.worker_token().await;
+    let home = scratch_dir("bench-worker");
+    let token_file = home.join("token");
+    std::fs::write(&token_file, token).expect("token file");
+    let log = std::fs::File::create(home.join("worker.log")).expect("log");
+    Command::new(berth_bin())
+        .args([
+            "worker",
+            "--server",
+            &format!("http://{}/", server.addr),
+            "--host",
+            host,
+        ])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--workspace")
+        .arg(format!("{name}={}", dir.display()))
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("berth worker")
+}
+
+/// The id of the online workspace of worker host `host`.
+async fn online_workspace(server: &TestServer, token: &str, host: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let mut c = Client::authed(&server.ws_url(), token).await.expect("client");
+        let list = c.ok("workspace.list", json!({})).await;
+        if let Some(w) = list
+            .as_array()
+            .and_then(|l| l.iter().find(|w| w["online"] == true && w["host"] == host))
+        {
+            return w["workspaceId"].as_str().expect("id").to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the workspace of {host} never came online");
+}
+
+/// CPU time (user + system) a process has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let ticks = *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    });
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let rest = &stat[stat.rfind(") ").expect("stat") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let (utime, stime): (f64, f64) = (f[11].parse().expect("utime"), f[12].parse().expect("stime"));
+    Duration::from_secs_f64((utime + stime) / ticks)
+}
+
+/// One prepared session: a client of its own (sending and watching) on some replica.
+struct Seat {
+    client: Client,
+    sub: berth_e2e::client::Subscription,
+    session: String,
+}
+
+async fn seats(replicas: &[&TestServer], token: &str, workspaces: &[&str], n: usize) -> Vec<Seat> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        // Sessions alternate between workspaces, clients between replicas, so that half the
+        // watchers sit on the replica that does not hold their worker.
+        let server = replicas[(i / workspaces.len()) % replicas.len()];
+        let mut client = Client::authed(&server.ws_url(), token).await.expect("client");
+        let session = session(&mut client, workspaces[i % workspaces.len()]).await;
+        let sub = client.subscribe("session.watch", json!({"sessionId": session, "after": 0}));
+        out.push(Seat { client, sub, session });
+    }
+    out
+}
+
+/// All seats send at once; each turn's wall time is its `session.send` until `turn.ended`
+/// at its watcher (ms).
+async fn concurrent_round(seats: Vec<Seat>, mock: &MockProvider) -> (Vec<f64>, Vec<Seat>) {
+    for _ in 0..seats.len() {
+        mock.push(script());
+    }
+    let gate = std::sync::Arc::new(tokio::sync::Barrier::new(seats.len()));
+    let tasks: Vec<_> = seats
+        .into_iter()
+        .map(|mut seat| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                while seat.sub.items.try_recv().is_ok() {}
+                gate.wait().await;
+                let t0 = Instant::now();
+                let sent = seat
+                    .client
+                    .call("session.send", json!({"sessionId": seat.session, "prompt": "hi"}));
+                let ended = async {
+                    loop {
+                        let item = tokio::time::timeout(Duration::from_secs(120), seat.sub.items.recv())
+                            .await
+                            .expect("turn within 120 s")
+                            .expect("subscription open");
+                        if item["type"] == "turn.ended" {
+                            assert_eq!(item["state"], "completed", "turn failed: {item}");
+                            return Instant::now();
+                        }
+                    }
+                };
+                let (r, at) = tokio::join!(sent, ended);
+                r.expect("session.send");
+                (ms(at - t0), seat)
+            })
+        })
+        .collect();
+    let mut walls = Vec::new();
+    let mut back = Vec::new();
+    for t in tasks {
+        let (wall, seat) = t.await.expect("turn task");
+        walls.push(wall);
+        back.push(seat);
+    }
+    (walls, back)
+}
+
+async fn concurrency(table: &mut Table, mock: &MockProvider) {
+    const ONE_WORKER: usize = 50;
+    const ROUNDS: usize = 3;
+    const SPREAD: usize = 200;
+    let database_url = fresh_database().await;
+    let a = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+        .await
+        .expect("replica A");
+    let b = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+        .await
+        .expect("replica B");
+    let token = a.admin_token();
+    let (dir_a, dir_b) = (scratch_dir("bench-repo"), scratch_dir("bench-ws-b"));
+    let repo_files = git_repo(&dir_a);
+    let _wa = spawn_worker(&a, "bench-a", "wa", &dir_a).await;
+    let _wb = spawn_worker(&b, "bench-b", "wb", &dir_b).await;
+    let ws_a = online_workspace(&a, &token, "bench-a").await;
+    let ws_b = online_workspace(&a, &token, "bench-b").await;
+
+    // The single turn alone, in this run: one session on worker A, client on replica A.
+    let mut alone = seats(&[&a], &token, &[&ws_a], 1).await;
+    let mut single = Vec::new();
+    for i in 0..13 {
+        let (w, back) = concurrent_round(alone, mock).await;
+        alone = back;
+        if i >= 3 {
+            single.extend(w);
+        }
+    }
+    let single_median = median(&mut single);
+
+    // 50 at once on worker A (clients on replica A, which holds it).
+    let mut seated = seats(&[&a], &token, &[&ws_a], ONE_WORKER).await;
+    let (_, back) = concurrent_round(seated, mock).await; // warm-up
+    seated = back;
+    let (mut walls, mut cpu) = (Vec::new(), Duration::ZERO);
+    let pid_a = a.child.id().expect("pid");
+    for _ in 0..ROUNDS {
+        let c0 = cpu_time(pid_a);
+        let (w, back) = concurrent_round(seated, mock).await;
+        cpu += cpu_time(pid_a) - c0;
+        seated = back;
+        walls.extend(w);
+    }
+    drop(seated);
+    let (m, p99) = (median(&mut walls), quantile(&mut walls, 0.99));
+    table.add(
+        &format!("{ONE_WORKER} concurrent turns on one worker ({ROUNDS} rounds; median / p99 turn wall time)"),
+        format!("{m:.1} / {p99:.1} ms"),
+        format!("{single_median:.1} ms one turn alone (median of 10)"),
+        format!("{:.2}× / {:.2}×", m / single_median, p99 / single_median),
+        "median ≤ 2×, p99 ≤ 3×",
+        Some(m <= 2.0 * single_median && p99 <= 3.0 * single_median),
+    );
+    let turns = (ONE_WORKER * ROUNDS) as f64;
+    table.add(
+        "API-tier CPU per turn, 50 concurrent on one worker (replica holding the worker; user + system)",
+        format!("{:.2} ms", ms(cpu) / turns),
+        "—".into(),
+        "—".into(),
+        "report",
+        None,
+    );
+
+    // 200 at once across both workers and both replicas.
+    let mut seated = seats(&[&a, &b], &token, &[&ws_a, &ws_b], SPREAD).await;
+    let (_, back) = concurrent_round(seated, mock).await; // warm-up
+    seated = back;
+    let pids = [pid_a, b.child.id().expect("pid")];
+    let c0: Duration = pids.iter().map(|p| cpu_time(*p)).sum();
+    let (mut walls, back) = concurrent_round(seated, mock).await;
+    let cpu = pids.iter().map(|p| cpu_time(*p)).sum::<Duration>() - c0;
+    drop(back);
+    let (m, p99) = (median(&mut walls), quantile(&mut walls, 0.99));
+    table.add(
+        &format!("{SPREAD} concurrent sessions across 2 workers and 2 replicas (median / p99 turn wall time)"),
+        format!("{m:.1} / {p99:.1} ms"),
+        format!("{single_median:.1} ms one turn alone (median of 10)"),
+        format!("{:.2}× / {:.2}×", m / single_median, p99 / single_median),
+        "median ≤ 2×, p99 ≤ 3×",
+        Some(m <= 2.0 * single_median && p99 <= 3.0 * single_median),
+    );
+    table.add(
+        &format!("API-tier CPU per turn, {SPREAD} concurrent (both replicas; user + system)"),
+        format!("{:.2} ms", ms(cpu) / SPREAD as f64),
+        "—".into(),
+        "—".into(),
+        "report",
+        None,
+    );
+
+    git_status(table, &a, &token, &ws_a, &dir_a, repo_files).await;
+    files_read(table, &b, &token, &ws_a, &dir_a).await;
+    stop(a).await;
+    stop(b).await;
+}
+
+/// A committed repository of `FILES` small files in 200 directories, then a few changes
+/// (modified, deleted, untracked) so that the status has something to say.
+fn git_repo(dir: &std::path::Path) -> usize {
+    const FILES: usize = 20_000;
+    for i in 0..FILES {
+        let sub = dir.join(format!("d{:03}", i % 200));
+        if i < 200 {
+            std::fs::create_dir_all(&sub).expect("dir");
+        }
+        std::fs::write(sub.join(format!("f{i}.txt")), format!("file {i}\n")).expect("file");
+    }
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=bench", "-c", "user.email=bench@localhost"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("git");
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    git(&["init", "-q"]);
+    git(&["add", "-A"]);
+    git(&["commit", "-q", "-m", "bench"]);
+    for i in 0..10 {
+        std::fs::write(dir.join(format!("d{:03}/f{i}.txt", i % 200)), "changed\n").expect("modify");
+    }
+    std::fs::remove_file(dir.join("d010/f10.txt")).expect("delete");
+    for i in 0..5 {
+        std::fs::write(dir.join(format!("new{i}.txt")), "new\n").expect("untracked");
+    }
+    FILES
+}
+
+async fn git_status(
+    table: &mut Table,
+    server: &TestServer,
+    token: &str,
+    workspace: &str,
+    dir: &std::path::Path,
+    files: usize,
+) {
+    const N: usize = 15;
+    let mut client = Client::authed(&server.ws_url(), token).await.expect("client");
+    let sid = session(&mut client, workspace).await;
+    let raw_once = || {
+        let t0 = Instant::now();
+        let out = std::process::Command::new("git")
+            .args(["status", "--porcelain"])
+            .current_dir(dir)
+            .output()
+            .expect("git status");
+        assert!(out.status.success());
+        (ms(t0.elapsed()), out.stdout.iter().filter(|b| **b == b'\n').count())
+    };
+    let (mut berth, mut raw) = (Vec::new(), Vec::new());
+    let mut entries = (0, 0);
+    for i in 0..N + 3 {
+        let (r, lines) = raw_once();
+        let t0 = Instant::now();
+        let st = client.ok("git.status", json!({"sessionId": sid})).await;
+        let b = ms(t0.elapsed());
+        if i >= 3 {
+            raw.push(r);
+            berth.push(b);
+        }
+        let count = |k: &str| st[k].as_array().map_or(0, Vec::len);
+        entries = (count("staged") + count("worktree") + count("untracked"), lines);
+    }
+    let (b, r) = (median(&mut berth), median(&mut raw));
+    println!(
+        "  git.status entries: berth {}, git status --porcelain lines {}",
+        entries.0, entries.1
+    );
+    table.add(
+        &format!("`git.status` through the worker, {files}-file repository, warm (median of {N})"),
+        format!("{b:.1} ms"),
+        format!("{r:.1} ms `git status --porcelain`"),
+        format!("{:.2}×", b / r),
+        "≤ 1.0×",
+        Some(b <= r),
+    );
+}
+
+async fn files_read(table: &mut Table, server: &TestServer, token: &str, workspace: &str, dir: &std::path::Path) {
+    use base64::Engine;
+    use sha2::Digest;
+    const N: usize = 8;
+    const SIZE: usize = 8 << 20;
+    let line = "files.read bench — naïve café ✓ 0123456789 abcdefghijklmnopqrstuvwxyz\n";
+    let content = line.repeat(SIZE / line.len() + 1);
+    let path = dir.join("big.txt");
+    std::fs::write(&path, &content).expect("big file");
+    let mut client = Client::authed(&server.ws_url(), token).await.expect("client");
+    let sid = session(&mut client, workspace).await;
+    let b64 = base64::engine::general_purpose::STANDARD.encode("big.txt");
+    let (mut berth, mut raw) = (Vec::new(), Vec::new());
+    for i in 0..N + 2 {
+        let t0 = Instant::now();
+        let data = std::fs::read(&path).expect("read");
+        let digest = sha2::Sha256::digest(&data);
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&data);
+        let r = t0.elapsed();
+        std::hint::black_box((digest, encoded));
+
+        let t0 = Instant::now();
+        let mut sub = client.subscribe("files.read", json!({"sessionId": sid, "path": {"bytesBase64": b64}}));
+        let mut bytes = 0usize;
+        loop {
+            let item = sub.next(60).await.expect("files.read item");
+            match item["type"].as_str() {
+                Some("chunk") => bytes += item["dataBase64"].as_str().map_or(0, str::len) * 3 / 4,
+                Some("end") => break,
+                Some("begin") => {}
+                other => panic!("files.read: {other:?} {item}"),
+            }
+        }
+        let b = t0.elapsed();
+        assert!(bytes + 4 >= content.len(), "read {bytes} of {}", content.len());
+        if i >= 2 {
+            raw.push(content.len() as f64 / r.as_secs_f64() / 1e6);
+            berth.push(content.len() as f64 / b.as_secs_f64() / 1e6);
+        }
+    }
+    let (b, r) = (median(&mut berth), median(&mut raw));
+    table.add(
+        &format!(
+            "`files.read` of an {} MiB file through the other replica (median of {N})",
+            SIZE >> 20
+        ),
+        format!("{b:.0} MB/s"),
+        format!("{r:.0} MB/s read + SHA-256 + base64 in process"),
+        format!("{:.2}×", b / r),
+        "≥ 0.5×",
+        Some(b >= 0.5 * r),
     );
 }

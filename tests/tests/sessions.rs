@@ -879,3 +879,65 @@ async fn a_silent_worker_is_dropped_and_its_turn_interrupted() {
     let items = w.until(30, is_turn_end).await.unwrap();
     assert_eq!(items.last().unwrap()["state"], "completed");
 }
+
+/// `session.history` pages cut by `limit` and by the byte budget (one statement reads the
+/// fence, the sizes and the rows) are exactly the whole history in order: every page has at
+/// least one row, a page of several rows stays within `maxBytes`, and `nextAfter` is absent
+/// only on the last page.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_pages_cut_by_rows_and_bytes_cover_the_whole_history() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    for size in [300, 900, 200, 700, 100] {
+        let answer = "x".repeat(size);
+        mock.push(Reply::text(&[&answer]));
+        c.ok(
+            "session.send",
+            json!({"sessionId": sid, "prompt": format!("answer {size}")}),
+        )
+        .await;
+        watch.until(30, is_turn_end).await.expect("turn ends");
+    }
+    let whole = c.ok("session.history", json!({"sessionId": sid, "limit": 500})).await;
+    assert!(whole.get("nextAfter").is_none());
+    let all: Vec<Value> = whole["rows"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 10, "a prompt and an answer per turn");
+    for (limit, max_bytes) in [(1, 1 << 20), (3, 1 << 20), (500, 1024), (2, 1024)] {
+        let mut got = Vec::new();
+        let mut after = Value::Null;
+        loop {
+            let page = c
+                .ok(
+                    "session.history",
+                    json!({"sessionId": sid, "through": whole["through"], "after": after,
+                           "limit": limit, "maxBytes": max_bytes}),
+                )
+                .await;
+            let rows = page["rows"].as_array().unwrap();
+            assert!(!rows.is_empty() && rows.len() <= limit, "{limit}/{max_bytes}: {page}");
+            if rows.len() > 1 {
+                let bytes: usize = rows.iter().map(|r| r["body"].as_str().unwrap().len()).sum();
+                assert!(bytes <= max_bytes, "{limit}/{max_bytes}: {bytes} bytes");
+            }
+            got.extend(rows.iter().cloned());
+            match page.get("nextAfter") {
+                Some(n) => after = n.clone(),
+                None => break,
+            }
+        }
+        assert_eq!(got, all, "pages of {limit} rows / {max_bytes} bytes");
+    }
+    // An empty page past the end, and an unknown session.
+    let last = all.last().unwrap()["position"].clone();
+    let empty = c.ok("session.history", json!({"sessionId": sid, "after": last})).await;
+    assert_eq!(empty["rows"], json!([]));
+    assert!(empty.get("nextAfter").is_none());
+    let missing = c
+        .call("session.history", json!({"sessionId": "ses_missing"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&missing), "not-found");
+}

@@ -300,7 +300,7 @@ async fn claims_run_under_the_tenants_role() {
     let mut c = stack.client(0).await;
     let (_, _, mut w) = start_turn(&stack, &mut c, &mock, Reply::text(&["hi"]), "go").await;
     let end = w.until(30, is_turn_end).await.expect("turn ends");
-    assert_eq!(end.last().unwrap()["state"], "completed");
+    assert_eq!(end.last().unwrap()["state"], "completed", "{end:?}");
     let roles: Vec<String> = db
         .query("SELECT role FROM claim_roles", &[])
         .await
@@ -382,4 +382,139 @@ async fn turns_beyond_a_connections_bound_wait_to_be_handed_out() {
         .await;
     let end = wb.until(30, is_turn_end).await.expect("B is handed out once A ends");
     assert_eq!(end.last().unwrap()["state"], "completed");
+}
+
+/// A worker speaking the protocol by hand on its own host and workspace: returns the socket
+/// and its workspace id, and whether the server takes the last step in `turn.end`.
+async fn raw_worker(
+    stack: &Stack,
+    host: &str,
+) -> (
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    String,
+    bool,
+) {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
+    let token = stack.servers[0].worker_token().await;
+    let mut req = format!("ws://{}/v1/worker", stack.servers[0].addr)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.expect("worker websocket");
+    let dir = berth_e2e::harness::scratch_dir("raw-worker");
+    let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "worker.hello", "params": {
+        "protocol": berth_protocol::PROTOCOL_VERSION, "host": host,
+        "workspaces": [{"name": "raw", "path": dir.display().to_string()}]}});
+    ws.send(Message::Text(hello.to_string().into())).await.unwrap();
+    let reply = next_json(&mut ws).await;
+    let workspace = reply["result"]["workspaces"][0]["workspaceId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("worker.hello: {reply}"))
+        .to_string();
+    let carries = reply["result"]["endCarriesStep"] == true;
+    (ws, workspace, carries)
+}
+
+async fn next_json(
+    ws: &mut tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+) -> Value {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    loop {
+        let msg = tokio::time::timeout(std::time::Duration::from_secs(30), ws.next())
+            .await
+            .expect("a message within 30 s")
+            .expect("open")
+            .expect("frame");
+        if let Message::Text(t) = msg {
+            return serde_json::from_str(&t).unwrap();
+        }
+    }
+}
+
+/// The answer to request `id` (skipping notifications such as `turn.run`).
+async fn answer(
+    ws: &mut tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    id: u32,
+) -> Value {
+    loop {
+        let v = next_json(ws).await;
+        if v["id"] == id && v.get("method").is_none() {
+            return v;
+        }
+    }
+}
+
+/// Issue 8: the last step travels in `turn.end` and is stored with `turn.ended` in one
+/// transaction. When the end cannot be stored, neither is the step (no answer without its
+/// end); the retried end stores both, the step's event right before the end.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_last_step_and_the_end_are_stored_together() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let (mut ws, workspace, carries) = raw_worker(&stack, "atomic-host").await;
+    assert!(carries, "the server takes the last step in turn.end");
+    let mut c = stack.client(0).await;
+    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "hello"})).await;
+    let turn = loop {
+        let v = next_json(&mut ws).await;
+        if v["method"] == "turn.run" {
+            break v["params"]["turnId"].as_str().unwrap().to_string();
+        }
+    };
+    // Make storing `turn.ended` fail once, inside the end's transaction.
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    db.batch_execute(
+        "CREATE FUNCTION refuse_end() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN IF NEW.type = 'turn.ended' THEN RAISE EXCEPTION 'held by the test'; END IF; RETURN NEW; END $$;
+         CREATE TRIGGER refuse_end BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_end();",
+    )
+    .await
+    .unwrap();
+    let end = json!({"jsonrpc": "2.0", "id": 7, "method": "turn.end", "params": {
+        "turnId": turn, "state": "completed",
+        "step": [{"kind": "assistant", "body": "the answer"}]}});
+    ws.send(Message::Text(end.to_string().into())).await.unwrap();
+    let refused = answer(&mut ws, 7).await;
+    assert!(refused.get("error").is_some(), "the end failed: {refused}");
+    let completed = "SELECT count(*) FROM events WHERE session_id = $1 AND type = 'model.completed'";
+    assert_eq!(
+        stack.sql_i64(completed, &sid).await,
+        0,
+        "no step stored without its end"
+    );
+    let answers = "SELECT count(*) FROM rows WHERE session_id = $1 AND kind = 'assistant'";
+    assert_eq!(stack.sql_i64(answers, &sid).await, 0);
+
+    db.batch_execute("DROP TRIGGER refuse_end ON events").await.unwrap();
+    let retry = json!({"jsonrpc": "2.0", "id": 8, "method": "turn.end", "params": end["params"]});
+    ws.send(Message::Text(retry.to_string().into())).await.unwrap();
+    let done = answer(&mut ws, 8).await;
+    let end_seq = done["result"]["sequence"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("turn.end: {done}"));
+    let items = watch
+        .until(30, is_turn_end)
+        .await
+        .expect("turn.ended reaches the watcher");
+    let step = items
+        .iter()
+        .find(|i| i["type"] == "model.completed")
+        .expect("model.completed before turn.ended");
+    assert_eq!(step["sequence"].as_i64(), Some(end_seq - 1));
+    assert_eq!(step["rows"][0]["body"], "the answer");
+    assert_eq!(items.last().unwrap()["state"], "completed");
+    assert_eq!(stack.sql_i64(completed, &sid).await, 1, "stored once");
+    assert_eq!(turn_state(&stack, &turn).await, "completed");
 }

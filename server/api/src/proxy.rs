@@ -441,18 +441,12 @@ impl Meter {
             .inc_by(usage.input_tokens);
         m.with_label_values(&[&self.provider, &self.label, "output"])
             .inc_by(usage.output_tokens);
-        if let Some(id) = &self.context
-            && let Err(e) = self
-                .state
-                .store
-                .context_usage(&self.tenant, id, usage.input_tokens)
-                .await
-        {
-            tracing::warn!(error = %e, "recording a request's input usage failed");
+        if self.turn.is_none() && self.context.is_none() {
+            return;
         }
-        let Some(turn) = &self.turn else { return };
-        if let Err(e) = self.state.store.meter_usage(&self.tenant, turn, usage).await {
-            tracing::warn!(turn.id = %turn, error = %e, "recording metered usage failed");
+        let (turn, context) = (self.turn.as_deref(), self.context.as_deref());
+        if let Err(e) = self.state.store.meter_usage(&self.tenant, turn, context, usage).await {
+            tracing::warn!(turn.id = ?turn, error = %e, "recording metered usage failed");
         }
     }
 }

@@ -132,6 +132,11 @@ pub struct WorkspaceDecl {
 #[serde(rename_all = "camelCase")]
 pub struct WorkerHelloResult {
     pub workspaces: Vec<RegisteredWorkspace>,
+    /// The server stores a `turn.end`'s [`TurnEnd::step`] with the end, in one
+    /// transaction. A worker sends its last step that way only when this is set (an older
+    /// server would ignore the field and lose the step).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub end_carries_step: bool,
     /// This connection's id, for the next `worker.hello`'s `replaces`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_id: Option<String>,
@@ -508,6 +513,12 @@ pub struct TurnEnd {
     pub state: TurnState,
     #[serde(default)]
     pub cause: Option<Cause>,
+    /// The turn's last model step (its rows, as in [`TurnStep`]), stored as its
+    /// `model.completed` event in the same transaction as `turn.ended`: one commit instead
+    /// of two on the turn's critical path, and watchers see the answer and the end together.
+    /// Sent only to a server whose hello set [`WorkerHelloResult::end_carries_step`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<Vec<NewRow>>,
 }
 
 /// The path of the API tier's streaming model proxy (OpenAI Chat Completions shape).

@@ -4,7 +4,7 @@
 
 use berth_protocol::{ContextReport, ErrorCode, RoleInput, ToolSchemaSize};
 
-use crate::{Cached, Result, Store, StoreError, fmt_time, tenant_tx, token};
+use crate::{Cached, Result, Store, StoreError, fmt_time, tenant_tx, tenant_tx_unflushed, token};
 
 /// The parts of a report the proxy measures (the store adds identity and the fence).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -17,7 +17,10 @@ pub struct ContextMeasure {
 
 impl Store {
     /// Record a request of `turn_id` (its session found through the turn); returns the
-    /// record's id, for [`Store::context_usage`].
+    /// record's id, for [`Store::meter_usage`]. The commit does not wait for the disk: the
+    /// record is a report of what a request held, not history, and is on the turn's
+    /// critical path (before the provider is called); a database crash may lose the last
+    /// ones, and `session.context` then shows the request before.
     pub async fn record_context(
         &self,
         tenant_id: &str,
@@ -27,7 +30,7 @@ impl Store {
         measure: &ContextMeasure,
     ) -> Result<String> {
         let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let tx = tenant_tx_unflushed(&mut client, tenant_id).await?;
         let id = token::new_id("ctx");
         let report = serde_json::to_value(measure).map_err(|e| StoreError::Other(e.into()))?;
         let n = tx
@@ -44,20 +47,6 @@ impl Store {
             return Err(StoreError::Code(ErrorCode::TurnNotRunning));
         }
         Ok(id)
-    }
-
-    /// The provider-reported input usage of a recorded request.
-    pub async fn context_usage(&self, tenant_id: &str, record_id: &str, input_tokens: u64) -> Result<()> {
-        let input = i64::try_from(input_tokens).unwrap_or(i64::MAX);
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        tx.ex(
-            "UPDATE context_records SET input_tokens = $3 WHERE id = $1 AND tenant_id = $2",
-            &[&record_id, &tenant_id, &input],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
     }
 
     /// The latest request of the session at or before `through` (None: none).

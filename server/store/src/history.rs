@@ -132,26 +132,59 @@ pub const SOURCE_DEFAULT: usize = 256 << 10;
 pub const SOURCE_MAX: usize = 1 << 20;
 
 fn row_from(r: &tokio_postgres::Row) -> Row {
-    let hidden: bool = r.get(7);
+    row_at(r, 0)
+}
+
+/// A row whose [`ROW_COLUMNS`] start at column `at`.
+fn row_at(r: &tokio_postgres::Row, at: usize) -> Row {
+    let hidden: bool = r.get(at + 7);
     Row {
         position: Position {
-            source_sequence: r.get(0),
-            item_index: r.get(1),
+            source_sequence: r.get(at),
+            item_index: r.get(at + 1),
         },
-        turn_id: r.get(2),
-        kind: RowKind::parse(r.get(3)).unwrap_or(RowKind::Notice),
-        body: r.get(4),
-        thinking: r.get(5),
+        turn_id: r.get(at + 2),
+        kind: RowKind::parse(r.get(at + 3)).unwrap_or(RowKind::Notice),
+        body: r.get(at + 4),
+        thinking: r.get(at + 5),
         tool: r
-            .get::<_, Option<serde_json::Value>>(6)
+            .get::<_, Option<serde_json::Value>>(at + 6)
             .and_then(|v| serde_json::from_value::<ToolInfo>(v).ok()),
         hidden: hidden.then_some(true),
         truncated: None,
         attachments: r
-            .get::<_, Option<serde_json::Value>>(8)
+            .get::<_, Option<serde_json::Value>>(at + 8)
             .and_then(|v| serde_json::from_value(v).ok()),
     }
 }
+
+/// A plain `session.history` page (no target) in one statement: the session's fence, then
+/// the page's rows after `$4, $5` up to `least($3, last_sequence)`, at most `$6`; a row's
+/// fields are read only if it fits the `$7` byte budget (the first row always does). One
+/// more row comes back without fields when the page is cut (`fits` false): it says there
+/// is more. A session that does not exist gives no row at all; an empty page, one row of
+/// NULLs after the fence.
+const PAGE_SQL: &str = "
+SELECT f.last_sequence, f.cleared_at_sequence, p.fits,
+       p.source_sequence, p.item_index, p.turn_id, p.kind,
+       CASE WHEN p.fits THEN p.body END, CASE WHEN p.fits THEN p.thinking END, p.tool, p.hidden, p.attachments
+  FROM (SELECT last_sequence, cleared_at_sequence FROM sessions
+         WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL) f
+  LEFT JOIN LATERAL (
+    SELECT w.*, (w.n <= $6::bigint AND (w.n = 1 OR w.running <= $7::bigint)) AS fits FROM (
+      SELECT r.source_sequence, r.item_index, r.turn_id, r.kind, r.body, r.thinking, r.tool, r.hidden, r.attachments,
+             row_number() OVER w AS n,
+             (sum(octet_length(r.body)::bigint + coalesce(octet_length(r.thinking), 0)::bigint) OVER w)::bigint AS running,
+             octet_length(r.body)::bigint + coalesce(octet_length(r.thinking), 0)::bigint AS size
+        FROM rows r
+       WHERE r.session_id = $1 AND r.tenant_id = $2 AND NOT r.hidden
+         AND r.source_sequence <= least($3::bigint, f.last_sequence) AND (r.source_sequence, r.item_index) > ($4::bigint, $5::int)
+      WINDOW w AS (ORDER BY r.source_sequence, r.item_index ROWS UNBOUNDED PRECEDING)
+       ORDER BY r.source_sequence, r.item_index LIMIT $6::bigint + 1
+    ) w
+    WHERE w.n <= 2 OR w.running - w.size <= $7::bigint
+  ) p ON true
+ ORDER BY p.source_sequence, p.item_index";
 
 /// Cut a row's fields to `budget` bytes in all, `first` served first, marking what was cut.
 fn fit(row: &mut Row, budget: usize, first: RowField) {
@@ -305,6 +338,9 @@ impl Store {
     /// absent), after the `after` position, bounded in rows and bytes; or one targeted row
     /// or event. Hidden rows appear only when targeted.
     pub async fn history(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<SessionHistoryResult> {
+        if p.target.is_none() {
+            return self.history_page(tenant_id, p).await;
+        }
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, tenant_id).await?;
         let session_id = p.session_id.as_str();
@@ -444,6 +480,68 @@ impl Store {
             through,
             rows,
             next_after: more.then_some(last_pos),
+        })
+    }
+
+    /// A page without a target: fence, sizes and rows in one statement ([`PAGE_SQL`]), the
+    /// same answers as the general path.
+    async fn history_page(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<SessionHistoryResult> {
+        let through = match p.through {
+            Some(t) if t < 0 => return Err(StoreError::Code(ErrorCode::BadParams)),
+            t => t.unwrap_or(i64::MAX),
+        };
+        let budget = p
+            .max_bytes
+            .map_or(HISTORY_BUDGET_DEFAULT, |b| b as usize)
+            .clamp(1024, HISTORY_BUDGET_MAX);
+        let lo = p.after.unwrap_or(Position {
+            source_sequence: 0,
+            item_index: -1,
+        });
+        let limit = i64::from(p.limit.unwrap_or(100).clamp(1, 500));
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
+        let page = client
+            .qa(
+                PAGE_SQL,
+                &[
+                    &p.session_id,
+                    &tenant_id,
+                    &through,
+                    &lo.source_sequence,
+                    &lo.item_index,
+                    &limit,
+                    &(budget as i64),
+                ],
+            )
+            .await?;
+        let Some(first) = page.first() else { return not_found() };
+        let (last, cleared): (i64, i64) = (first.get(0), first.get(1));
+        if p.through.is_some_and(|t| t < cleared) {
+            return Err(StoreError::Code(ErrorCode::HistoryCleared));
+        }
+        if p.after
+            .is_some_and(|a| a.source_sequence > 0 && a.source_sequence < cleared)
+        {
+            return Err(StoreError::Code(ErrorCode::HistoryCleared));
+        }
+        let mut rows = Vec::with_capacity(page.len());
+        let mut more = false;
+        for r in &page {
+            match r.get::<_, Option<bool>>(2) {
+                Some(true) => rows.push(row_at(r, 3)),
+                Some(false) => more = true,
+                None => {}
+            }
+        }
+        if let [only] = rows.as_mut_slice() {
+            fit(only, budget, RowField::Body);
+        }
+        let next_after = if more { rows.last().map(|r| r.position) } else { None };
+        Ok(SessionHistoryResult {
+            through: through.min(last),
+            rows,
+            next_after,
         })
     }
 

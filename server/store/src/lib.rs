@@ -370,6 +370,24 @@ pub(crate) async fn tenant_tx<'a>(
     Ok(tx)
 }
 
+/// [`tenant_tx`] whose commit does not wait for the disk (`synchronous_commit = off`, set
+/// with the tenant, no extra round trip). Only for writes whose loss in a database crash is
+/// harmless — never for history a client or worker was told is stored (ARCHITECTURE.md,
+/// "Durable where acknowledged"). A later durable commit flushes the log past it.
+pub(crate) async fn tenant_tx_unflushed<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    tenant_id: &str,
+) -> Result<deadpool_postgres::Transaction<'a>> {
+    let tx = client.transaction().await?;
+    tx.ex(
+        "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true),
+                set_config('synchronous_commit', 'off', true)",
+        &[&APP_ROLE, &tenant_id],
+    )
+    .await?;
+    Ok(tx)
+}
+
 /// RFC 3339 with milliseconds, UTC.
 pub(crate) fn fmt_time(t: chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)

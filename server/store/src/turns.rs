@@ -17,7 +17,7 @@ use crate::{
     not_found,
     receipts::{Receipt, finish},
     sessions::{lock_session, queue_changed},
-    tenant_tx, token,
+    tenant_tx, tenant_tx_unflushed, token,
     workspaces::{PRESENCE_TTL, online_sql},
 };
 
@@ -82,12 +82,26 @@ impl Store {
         attachments: &[String],
         op: Option<&Receipt>,
     ) -> Result<SessionSendResult> {
+        Ok(self.admit(tenant_id, session_id, prompt, attachments, op).await?.0)
+    }
+
+    /// [`Store::send_with_attachments`], also returning the session's workspace (so that a
+    /// replica holding its worker can hand the started turn out at once).
+    pub async fn admit(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        prompt: &str,
+        attachments: &[String],
+        op: Option<&Receipt>,
+    ) -> Result<(SessionSendResult, String)> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let result = admit(&tx, tenant_id, session_id, prompt, attachments, None).await?;
+        let (result, workspace_id) =
+            admit_with_workspace(&tx, tenant_id, session_id, prompt, attachments, None).await?;
         finish(&tx, op, &result).await?;
         tx.commit().await?;
-        Ok(result)
+        Ok((result, workspace_id))
     }
 
     /// Stop exactly this turn: a running one is cancelled (its worker told to stop), a
@@ -269,6 +283,12 @@ impl Store {
                 &[&tenant_id, &workspace_ids],
             )
             .await?;
+        if candidates.is_empty() {
+            // The usual case (a turn started by `session.send`): claim in this transaction.
+            let claimed = claim_running(&tx, connection_id, tenant_id, workspace_ids, default_model, limit).await?;
+            tx.commit().await?;
+            return Ok(claimed);
+        }
         tx.commit().await?;
         for c in candidates {
             let session_id: String = c.get(0);
@@ -291,67 +311,10 @@ impl Store {
             }
             tx.commit().await?;
         }
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let claimed = tx
-            .qa(
-                // The model resolves session > agent > tenant default; the agent's model comes
-                // with its provider (and without the session's endpoint). A fork never takes
-                // its agent's auto-approval (forks start narrowed).
-                "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, a.model, $4),
-                        provider = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN a.provider ELSE s.provider END,
-                        base_url = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN NULL ELSE s.base_url END
-                   FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id
-                  WHERE s.id = t.session_id AND t.dispatched_to IS NULL AND t.state = 'running'
-                    AND t.id IN (SELECT u.id FROM turns u JOIN sessions v ON v.id = u.session_id
-                                  WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
-                                    AND u.state = 'running' AND u.dispatched_to IS NULL
-                                  ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
-                  RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
-                            s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
-                            s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params",
-                &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
-            )
-            .await?;
-        let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
-        let mut attachments = turn_attachments(&tx, tenant_id, &turn_ids).await?;
-        let skills = if claimed.is_empty() {
-            Vec::new()
-        } else {
-            crate::skills::tenant_skills(&tx, tenant_id).await?
-        };
+        let claimed = claim_running(&tx, connection_id, tenant_id, workspace_ids, default_model, limit).await?;
         tx.commit().await?;
-        // The settings only: the worker reads the conversation with `turn.history`.
-        Ok(claimed
-            .iter()
-            .map(|c| ClaimedTurn {
-                tenant_id: tenant_id.to_string(),
-                provider: c.get(8),
-                run: TurnRun {
-                    turn_id: c.get(0),
-                    session_id: c.get(1),
-                    workspace_id: c.get(2),
-                    model: c.get(3),
-                    no_tools: c.get(4),
-                    auto_approve: c.get(5),
-                    delegation_depth: c.get::<_, i32>(6).max(0) as u32,
-                    coordinator: c.get(7),
-                    agent: turn_agent(c),
-                    skills: skills.clone(),
-                    // The API tier fills it from the turn's provider profile.
-                    context_tokens: None,
-                    attachments: attachments
-                        .remove(&c.get::<_, String>(0))
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|a| a.meta)
-                        .collect(),
-                },
-            })
-            .collect())
+        Ok(claimed)
     }
 
     /// For the model proxy: the model, provider profile and endpoint `turn_id` was
@@ -386,13 +349,38 @@ impl Store {
 
     /// Record the usage the model proxy metered from the provider's stream: added to the
     /// turn's totals, and kept as the running step's usage for its `model.completed`.
-    pub async fn meter_usage(&self, tenant_id: &str, turn_id: &str, usage: Usage) -> Result<()> {
+    ///
+    /// Also sets the input usage of the request's `session.context` record (`context`), in
+    /// the same transaction. The commit does not wait for the disk (`synchronous_commit =
+    /// off`): this runs before the proxy passes `[DONE]` on, so on every turn's critical
+    /// path. Losing it is bounded and harmless to history: the step's own `model.completed`
+    /// comes later on the same turn and commits durably, which flushes the log past this
+    /// commit; so a meter is lost only with a step that was never acknowledged, in a
+    /// database crash (ARCHITECTURE.md, "Durable where acknowledged").
+    pub async fn meter_usage(
+        &self,
+        tenant_id: &str,
+        turn_id: Option<&str>,
+        context: Option<&str>,
+        usage: Usage,
+    ) -> Result<()> {
         let (input, output) = (
             i64::try_from(usage.input_tokens).unwrap_or(i64::MAX),
             i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
         );
         let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let tx = tenant_tx_unflushed(&mut client, tenant_id).await?;
+        if let Some(id) = context {
+            tx.ex(
+                "UPDATE context_records SET input_tokens = $3 WHERE id = $1 AND tenant_id = $2",
+                &[&id, &tenant_id, &input],
+            )
+            .await?;
+        }
+        let Some(turn_id) = turn_id else {
+            tx.commit().await?;
+            return Ok(());
+        };
         tx.ex(
             "UPDATE turns SET input_tokens = input_tokens + $3, output_tokens = output_tokens + $4,
                     step_usage = jsonb_build_object(
@@ -418,20 +406,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
-        // The usage the model proxy metered for this step (the worker's own report is not
-        // trusted); the turn row is locked through its session.
-        let metered: Option<serde_json::Value> = tx
-            .q1("SELECT step_usage FROM turns WHERE id = $1", &[&turn_id])
-            .await?
-            .get(0);
-        tx.ex(
-            "UPDATE turns SET step = step + 1, partial_text = '', partial_thinking = '', step_usage = NULL WHERE id = $1",
-            &[&turn_id],
-        )
-        .await?;
-        let usage: Option<Usage> = metered.and_then(|u| serde_json::from_value(u).ok());
-        let completed = EventPayload::ModelCompleted(ModelCompleted { usage });
-        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &completed, rows).await?;
+        let seq = step_in_tx(&tx, tenant_id, &session_id, turn_id, rows).await?;
         tx.commit().await?;
         Ok(seq)
     }
@@ -449,9 +424,8 @@ impl Store {
         payloads: &[String],
     ) -> Result<()> {
         let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
         // Live output is not history (the completed step is): no need to wait for the disk.
-        tx.ex("SET LOCAL synchronous_commit = off", &[]).await?;
+        let tx = tenant_tx_unflushed(&mut client, tenant_id).await?;
         let updated = tx
             .ex(
                 "UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
@@ -504,6 +478,23 @@ impl Store {
         state: TurnState,
         cause: Option<&Cause>,
     ) -> Result<(String, i64)> {
+        self.end_turn_with_step(connection_id, tenant_id, turn_id, None, state, cause)
+            .await
+    }
+
+    /// [`Store::end_turn`], first appending the turn's last step (`model.completed`, as
+    /// [`Store::append_step`]) in the same transaction: one commit on the turn's critical
+    /// path instead of two, and no reader ever sees the answer without the end or the
+    /// reverse.
+    pub async fn end_turn_with_step(
+        &self,
+        connection_id: Option<&str>,
+        tenant_id: &str,
+        turn_id: &str,
+        step: Option<&[NewRow]>,
+        state: TurnState,
+        cause: Option<&Cause>,
+    ) -> Result<(String, i64)> {
         if !state.is_settled() {
             return Err(StoreError::Code(ErrorCode::BadParams));
         }
@@ -511,6 +502,9 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         crate::coordinator::lock_coordinator_of_turn(&tx, tenant_id, turn_id).await?;
         let session_id = lock_running_turn(&tx, connection_id, tenant_id, turn_id).await?;
+        if let Some(rows) = step {
+            step_in_tx(&tx, tenant_id, &session_id, turn_id, rows).await?;
+        }
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
         let totals = tx
             .q1(
@@ -863,6 +857,77 @@ async fn diagnostic(
     Ok(())
 }
 
+/// Claim up to `limit` running turns not yet handed out in these workspaces for
+/// `connection_id`, recording the model each is dispatched with (the session's, else
+/// `default_model`), with their attachments.
+async fn claim_running(
+    tx: &impl GenericClient,
+    connection_id: &str,
+    tenant_id: &str,
+    workspace_ids: &[String],
+    default_model: Option<&str>,
+    limit: usize,
+) -> Result<Vec<ClaimedTurn>> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let claimed = tx
+        .qa(
+            // The model resolves session > agent > tenant default; the agent's model comes
+            // with its provider (and without the session's endpoint). A fork never takes
+            // its agent's auto-approval (forks start narrowed).
+            "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, a.model, $4),
+                    provider = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN a.provider ELSE s.provider END,
+                    base_url = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN NULL ELSE s.base_url END
+               FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id
+              WHERE s.id = t.session_id AND t.dispatched_to IS NULL AND t.state = 'running'
+                AND t.id IN (SELECT u.id FROM turns u JOIN sessions v ON v.id = u.session_id
+                              WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
+                                AND u.state = 'running' AND u.dispatched_to IS NULL
+                              ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
+              RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
+                        s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
+                        s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params",
+            &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
+        )
+        .await?;
+    if claimed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
+    let mut attachments = turn_attachments(tx, tenant_id, &turn_ids).await?;
+    let skills = crate::skills::tenant_skills(tx, tenant_id).await?;
+    // The settings only: the worker reads the conversation with `turn.history`.
+    Ok(claimed
+        .iter()
+        .map(|c| ClaimedTurn {
+            tenant_id: tenant_id.to_string(),
+            provider: c.get(8),
+            run: TurnRun {
+                turn_id: c.get(0),
+                session_id: c.get(1),
+                workspace_id: c.get(2),
+                model: c.get(3),
+                no_tools: c.get(4),
+                auto_approve: c.get(5),
+                delegation_depth: c.get::<_, i32>(6).max(0) as u32,
+                coordinator: c.get(7),
+                agent: turn_agent(c),
+                skills: skills.clone(),
+                // The API tier fills it from the turn's provider profile.
+                context_tokens: None,
+                attachments: attachments
+                    .remove(&c.get::<_, String>(0))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|a| a.meta)
+                    .collect(),
+            },
+        })
+        .collect())
+}
+
 /// Admit a prompt to a session (locked here): it starts at once when nothing runs, the
 /// session is not paused and its workspace's worker is online; otherwise it queues.
 /// `parent_turn` is the coordinator turn that sent it (stopping that turn stops this one).
@@ -874,6 +939,22 @@ pub(crate) async fn admit(
     attachments: &[String],
     parent_turn: Option<&str>,
 ) -> Result<SessionSendResult> {
+    Ok(
+        admit_with_workspace(tx, tenant_id, session_id, prompt, attachments, parent_turn)
+            .await?
+            .0,
+    )
+}
+
+/// [`admit`], also returning the session's workspace.
+pub(crate) async fn admit_with_workspace(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    prompt: &str,
+    attachments: &[String],
+    parent_turn: Option<&str>,
+) -> Result<(SessionSendResult, String)> {
     let session = tx
         .qo(
             &format!(
@@ -962,7 +1043,7 @@ pub(crate) async fn admit(
             queue_revision: Some(0),
         }
     };
-    Ok(result)
+    Ok((result, workspace_id))
 }
 
 /// Wake the replica holding the session's workspace worker: turns may be handed out.
@@ -1054,16 +1135,15 @@ pub(crate) async fn lock_running_turn(
     tenant_id: &str,
     turn_id: &str,
 ) -> Result<String> {
+    // The lock in one round trip; the turn is read again under it (a fresh snapshot).
     let session_id: String = tx
         .qo(
-            "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2",
+            "SELECT id FROM sessions WHERE id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) FOR UPDATE",
             &[&turn_id, &tenant_id],
         )
         .await?
         .map(|r| r.get(0))
         .ok_or(StoreError::Code(ErrorCode::NotFound))?;
-    tx.q1("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
-        .await?;
     let row = tx
         .q1(
             "SELECT t.state, t.dispatched_to, s.removed_at IS NULL FROM turns t JOIN sessions s ON s.id = t.session_id
@@ -1077,6 +1157,31 @@ pub(crate) async fn lock_running_turn(
         return Err(StoreError::Code(ErrorCode::TurnNotRunning));
     }
     Ok(session_id)
+}
+
+/// Append a completed model step of a locked running turn as one `model.completed` event,
+/// with the usage the model proxy metered for it (the worker's own report is not trusted).
+async fn step_in_tx(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    turn_id: &str,
+    rows: &[NewRow],
+) -> Result<i64> {
+    // The metered usage is read and reset in one statement (the turn row is locked through
+    // its session).
+    let metered: Option<serde_json::Value> = tx
+        .q1(
+            "UPDATE turns t SET step = t.step + 1, partial_text = '', partial_thinking = '', step_usage = NULL
+               FROM (SELECT step_usage FROM turns WHERE id = $1) old
+              WHERE t.id = $1 RETURNING old.step_usage",
+            &[&turn_id],
+        )
+        .await?
+        .get(0);
+    let usage: Option<Usage> = metered.and_then(|u| serde_json::from_value(u).ok());
+    let completed = EventPayload::ModelCompleted(ModelCompleted { usage });
+    append_event(tx, tenant_id, session_id, Some(turn_id), &completed, rows).await
 }
 
 /// queued → running, publishing the prompt as the user row of `turn.started`; a turn that

@@ -43,13 +43,20 @@ impl Default for AgentConfig {
     }
 }
 
+/// How the loop finished: the final answer, and the last step's rows when they are to be
+/// stored with the turn's end (the server takes them in `turn.end`) rather than on their own.
+pub(crate) struct Finished {
+    pub answer: String,
+    pub last_step: Option<Vec<NewRow>>,
+}
+
 pub(crate) async fn run(
     t: &TurnLink,
     run: &TurnRun,
     tools: Option<&Tools>,
     config: &AgentConfig,
     cancel: &CancellationToken,
-) -> Result<String, Halt> {
+) -> Result<Finished, Halt> {
     // The turn's MCP servers live as long as the turn; one that cannot be used is a notice.
     let mcp = match tools {
         Some(tools) => {
@@ -76,7 +83,7 @@ async fn steps(
     mcp: &Mcp,
     config: &AgentConfig,
     cancel: &CancellationToken,
-) -> Result<String, Halt> {
+) -> Result<Finished, Halt> {
     let skills = match tools {
         Some(tools) => skills::offered(tools.workspace().clone(), &run.skills).await,
         None => Vec::new(),
@@ -111,10 +118,20 @@ async fn steps(
             _ = cancel.cancelled() => return Err(Halt::Stopped),
         };
         let (rows, first_call) = step_rows(&completion);
+        if completion.tool_calls.is_empty() && t.link.end_carries_step {
+            // The last step: stored with `turn.ended`, in one commit.
+            return Ok(Finished {
+                answer: completion.text,
+                last_step: Some(rows),
+            });
+        }
         let sequence = t.step(rows, completion.usage).await?;
         conv.push_step(&completion, sequence);
         if completion.tool_calls.is_empty() {
-            return Ok(completion.text);
+            return Ok(Finished {
+                answer: completion.text,
+                last_step: None,
+            });
         }
         for (i, call) in completion.tool_calls.iter().enumerate() {
             let position = Position {

@@ -134,6 +134,8 @@ pub(crate) struct Link {
     pub(crate) token: String,
     /// How this connection's turns ended (for parents waiting on sub-agents).
     pub(crate) endings: Arc<delegate::Endings>,
+    /// The server stores a turn's last step with its end (`turn.end` carries it).
+    pub(crate) end_carries_step: bool,
 }
 
 impl Link {
@@ -236,6 +238,7 @@ async fn connect_once(
         proxy_url: format!("{http_base}{}", wp::MODEL_PROXY_PATH),
         token: config.token.clone(),
         endings: Arc::default(),
+        end_carries_step: registered.end_carries_step,
     };
     let turns = CancellationToken::new();
     let running: Running = Arc::default();

@@ -208,13 +208,14 @@ pub(crate) async fn run(
         turn_id: run.turn_id.clone(),
     };
     let outcome = agent::run(&t, &run, tools.as_ref(), &config, &cancel).await;
-    let (state, cause, answer) = match outcome {
-        Ok(answer) => (TurnState::Completed, None, answer),
-        Err(Halt::Failed(cause)) => (TurnState::Failed, Some(cause), String::new()),
+    let (state, cause, answer, last_step) = match outcome {
+        Ok(done) => (TurnState::Completed, None, done.answer, done.last_step),
+        Err(Halt::Failed(cause)) => (TurnState::Failed, Some(cause), String::new(), None),
         Err(Halt::Refused(code)) => (
             TurnState::Failed,
             Some(self::cause(&format!("refused-{code}"))),
             String::new(),
+            None,
         ),
         Err(Halt::Stopped) | Err(Halt::Settled) => {
             tracing::info!(turn.id = %run.turn_id, "turn was settled by the server (stopped)");
@@ -231,8 +232,32 @@ pub(crate) async fn run(
             return;
         }
     };
-    let code = cause.as_ref().map(|c| c.code.clone());
-    settle(&t, state, cause).await;
+    let end = TurnEnd {
+        turn_id: t.turn_id.clone(),
+        state,
+        cause,
+        step: last_step,
+    };
+    let (state, code) = match settle(&t, &end).await {
+        Settled::Refused if end.step.is_some() => {
+            // The server would not store the last step: settle `failed` without it, as a
+            // refused `turn.step` does.
+            let failed = TurnEnd {
+                turn_id: t.turn_id.clone(),
+                state: TurnState::Failed,
+                cause: Some(self::cause("step-rejected")),
+                step: None,
+            };
+            settle(&t, &failed).await;
+            (TurnState::Failed, Some("step-rejected".to_string()))
+        }
+        _ => (state, end.cause.as_ref().map(|c| c.code.clone())),
+    };
+    let answer = if state == TurnState::Completed {
+        answer
+    } else {
+        String::new()
+    };
     t.link.endings.record(&run.turn_id, ended(state, code, answer));
 }
 
@@ -240,23 +265,28 @@ fn ended(state: TurnState, cause: Option<String>, answer: String) -> Ended {
     Ended { state, answer, cause }
 }
 
+/// How a `turn.end` went.
+enum Settled {
+    Done,
+    /// Settled some other way meanwhile, or the connection is gone.
+    Gone,
+    /// Refused each time it was sent.
+    Refused,
+}
+
 /// A turn left running would hold its session's queue: retry a failed settle a few times
-/// (the server answers `turn-not-running` once it is settled some other way).
-async fn settle(t: &TurnLink, state: TurnState, cause: Option<Cause>) {
-    let end = TurnEnd {
-        turn_id: t.turn_id.clone(),
-        state,
-        cause,
-    };
+/// (the server answers `turn-not-running` once it is settled some other way). The end is
+/// one transaction with the step it carries, so a retry never stores the step twice.
+async fn settle(t: &TurnLink, end: &TurnEnd) -> Settled {
     for attempt in 1..=5u32 {
-        match t.link.request(wp::TURN_END, to_value(&end)).await {
+        match t.link.request(wp::TURN_END, to_value(end)).await {
             Ok(_) => {
-                tracing::info!(turn.id = %t.turn_id, state = state.as_str(), "turn settled");
-                return;
+                tracing::info!(turn.id = %t.turn_id, state = end.state.as_str(), "turn settled");
+                return Settled::Done;
             }
             Err(e) if rpc_code(&e) == Some("turn-not-running") || rpc_code(&e).is_none() => {
                 tracing::warn!(turn.id = %t.turn_id, error = %e, "could not settle the turn");
-                return;
+                return Settled::Gone;
             }
             Err(e) => {
                 tracing::warn!(turn.id = %t.turn_id, error = %e, attempt, "settling the turn failed; retrying");
@@ -264,6 +294,7 @@ async fn settle(t: &TurnLink, state: TurnState, cause: Option<Cause>) {
             }
         }
     }
+    Settled::Refused
 }
 
 /// The typed code of a server's error answer (None: the connection failed instead).

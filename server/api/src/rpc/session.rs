@@ -8,7 +8,7 @@ use berth_protocol::{
     SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams,
     SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
     SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
-    SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef, WatchState,
+    SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef, TurnState, WatchState,
 };
 use berth_store::Partial;
 use serde_json::json;
@@ -209,11 +209,17 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
         ));
     }
     check_prompt(&p.prompt)?;
-    let r = ctx
+    let (r, workspace_id) = ctx
         .state
         .store
-        .send_with_attachments(&me.tenant_id, &p.session_id, &p.prompt, &p.attachments, ctx.op.as_ref())
+        .admit(&me.tenant_id, &p.session_id, &p.prompt, &p.attachments, ctx.op.as_ref())
         .await?;
+    if r.state == TurnState::Running {
+        // When this replica holds the workspace's worker, hand the turn out now rather than
+        // when this replica hears its own `NOTIFY berth_dispatch` back (other replicas still
+        // rely on that; a claim that finds nothing left is harmless).
+        ctx.state.workers.kick(&workspace_id);
+    }
     tracing::info!(turn.id = %r.turn_id, state = r.state.as_str(), "turn admitted");
     Ok(r)
 }

@@ -152,6 +152,7 @@ async fn hello(
                 workspace_id: id.clone(),
             })
             .collect(),
+        end_carries_step: true,
         connection_id: Some(connection_id.to_string()),
     };
     sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))

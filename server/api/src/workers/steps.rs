@@ -35,8 +35,9 @@ impl TurnTask {
         Ok(json!({"sequence": seq}))
     }
 
-    /// `turn.end`: settle the turn (`turn.ended`), tell watchers it went idle, and let the
-    /// turn go (its queue closes; the task ends).
+    /// `turn.end`: settle the turn (`turn.ended`), with its last step first when the end
+    /// carries one (one transaction), tell watchers it went idle, and let the turn go (its
+    /// queue closes; the task ends).
     pub(super) async fn end(&mut self, end: TurnEnd) -> Result<serde_json::Value, ApiError> {
         self.flush_relay().await;
         let conn = self.conn.clone();
@@ -44,10 +45,11 @@ impl TurnTask {
             let _permits = conn.write_permits().await;
             conn.state
                 .store
-                .end_turn(
+                .end_turn_with_step(
                     Some(&conn.connection_id),
                     &conn.principal.tenant_id,
                     &self.turn_id,
+                    end.step.as_deref(),
                     end.state,
                     end.cause.as_ref(),
                 )
@@ -68,7 +70,7 @@ impl TurnTask {
         if end.state == berth_protocol::TurnState::Completed {
             crate::titles::spawn(conn.state.clone(), conn.principal.tenant_id.clone(), session_id);
         }
-        metrics.events_appended.inc();
+        metrics.events_appended.inc_by(if end.step.is_some() { 2 } else { 1 });
         metrics.turns.with_label_values(&[end.state.as_str()]).inc();
         tracing::info!(turn.id = %end.turn_id, state = end.state.as_str(), "turn settled");
         Ok(json!({"sequence": seq}))
