@@ -636,3 +636,75 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     assert!(!offered(&request).contains(&"start_child".to_string()));
     assert!(children(&mut c, &plain).await.is_empty());
 }
+
+/// A child started with one of the team's agent definitions (by name) runs as that agent:
+/// the child session names it and the child's model request carries its system prompt.
+/// An agent the tenant does not have starts nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_started_with_an_agent_runs_as_that_agent() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let agent = c
+        .ok(
+            "agent.save",
+            json!({"name": "reviewer", "systemPrompt": "You are REVIEWER-PROMPT, the careful one."}),
+        )
+        .await;
+    let agent_id = agent["agentId"].as_str().expect("agentId").to_string();
+    let sid = coordinator(&stack, &mut c, json!({"autoApprove": true})).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let ws = stack.workspace_id.clone();
+    mock.push_for(
+        "Review the change",
+        Reply::tools(
+            &[
+                (
+                    "s1",
+                    "start_child",
+                    json!({"workspace_id": ws, "prompt": "Task review: look", "agent": "reviewer"}),
+                ),
+                (
+                    "s2",
+                    "start_child",
+                    json!({"workspace_id": ws, "prompt": "Task ghost: never", "agent": "nobody"}),
+                ),
+            ],
+            9,
+        ),
+    );
+    mock.push_for("Review the change", wait_for_all_children());
+    mock.push_for("Review the change", gather());
+    mock.push_for("Task review", Reply::text(&["reviewed: fine"]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "Review the change"}))
+        .await;
+    let events = watch.until(90, is_turn_end).await.expect("the coordinator's turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    let rows = history(&mut c, &sid).await;
+    assert_eq!(rows.last().unwrap()["body"], "Gathered: reviewed: fine");
+    let kids = children(&mut c, &sid).await;
+    assert_eq!(kids.len(), 1, "the unknown agent started nothing: {kids:?}");
+    assert_eq!(kids[0]["agentId"], agent_id.as_str());
+    let child_request = mock
+        .requests()
+        .into_iter()
+        .find(|r| r.to_string().contains("Task review: look") && !r.to_string().contains("Review the change"))
+        .expect("the child's model request");
+    assert_eq!(child_request["messages"][0]["role"], "system");
+    assert!(
+        child_request["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("REVIEWER-PROMPT"),
+        "{child_request}"
+    );
+    let ghost = rows
+        .iter()
+        .find(|r| r["kind"] == "toolResult" && r["tool"]["callId"] == "s2")
+        .expect("the second call's result");
+    assert_eq!(ghost["tool"]["status"], "failed", "{ghost}");
+    assert!(
+        ghost["body"].as_str().unwrap().contains("no such workspace, agent"),
+        "{ghost}"
+    );
+}

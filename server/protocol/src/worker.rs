@@ -296,6 +296,9 @@ pub struct TurnChildStart {
     pub prompt: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// The tenant's agent definition the child runs as (its id or name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// Worker → server: send `prompt` to a child of the coordinator (it queues behind a turn

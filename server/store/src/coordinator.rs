@@ -150,6 +150,8 @@ pub struct NewChild<'a> {
     pub workspace_id: &'a str,
     pub prompt: &'a str,
     pub title: Option<&'a str>,
+    /// An agent definition of the tenant (id or name) the child runs as.
+    pub agent: Option<&'a str>,
     /// Children one turn may start.
     pub max_children: u32,
 }
@@ -229,24 +231,41 @@ impl Store {
         if workspace.is_none() {
             return not_found();
         }
+        // A child with an agent runs as that agent: its model (else the tenant default),
+        // not the coordinator's own choice.
+        let agent: Option<String> = match new.agent {
+            Some(name) => match tx
+                .qo(
+                    "SELECT id FROM agents WHERE tenant_id = $1 AND (id = $2 OR name = $2)",
+                    &[&tenant_id, &name],
+                )
+                .await?
+            {
+                Some(r) => Some(r.get(0)),
+                None => return not_found(),
+            },
+            None => None,
+        };
+        let inherited = |i: usize| agent.is_none().then(|| s.get::<_, Option<String>>(i)).flatten();
         let child = token::new_id("ses");
         tx.ex(
             "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, provider, base_url, auto_approve,
-                                   parent_id, parent_turn_id, parent_call_id, delegation_depth)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                                   parent_id, parent_turn_id, parent_call_id, delegation_depth, agent_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             &[
                 &child,
                 &tenant_id,
                 &new.workspace_id,
                 &new.title.unwrap_or_default(),
-                &s.get::<_, Option<String>>(0),
-                &s.get::<_, Option<String>>(1),
-                &s.get::<_, Option<String>>(2),
+                &inherited(0),
+                &inherited(1),
+                &inherited(2),
                 &s.get::<_, bool>(3),
                 &coordinator,
                 &turn_id,
                 &new.call_id,
                 &(depth - 1),
+                &agent,
             ],
         )
         .await?;

@@ -48,7 +48,8 @@ pub(crate) fn schemas() -> Vec<Value> {
             json!({"type": "object", "properties": {
                 "workspace_id": {"type": "string", "description": "From list_workspaces."},
                 "prompt": {"type": "string", "description": "The task, with everything the child needs to know."},
-                "title": {"type": "string", "description": "A short title for the child session."}
+                "title": {"type": "string", "description": "A short title for the child session."},
+                "agent": {"type": "string", "description": "Optional: the name (or id) of one of the team's agent definitions for the child to run as."}
             }, "required": ["workspace_id", "prompt"]}),
         ),
         f(
@@ -84,6 +85,8 @@ struct Start {
     prompt: String,
     #[serde(default)]
     title: Option<String>,
+    #[serde(default)]
+    agent: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -125,6 +128,7 @@ pub(crate) async fn run(t: &TurnLink, call: &ToolCall, cancel: &CancellationToke
                     workspace_id: a.workspace_id,
                     prompt: a.prompt,
                     title: a.title,
+                    agent: a.agent,
                 }),
             ),
             Err(o) => return Ok(o),
@@ -238,7 +242,7 @@ fn refused(tool: &str, code: &str) -> Outcome {
         "depth-exceeded" => "depth limit reached: this session may not start child sessions".to_string(),
         "child-limit" => "child limit reached: this turn may start no more child sessions".to_string(),
         "forbidden" => format!("{tool} is only available to coordinator sessions"),
-        "not-found" => "no such workspace or child session".to_string(),
+        "not-found" => "no such workspace, agent or child session".to_string(),
         other => format!("{tool} failed ({other})"),
     })
 }

@@ -122,6 +122,7 @@ impl TurnTask {
                     workspace_id: &c.workspace_id,
                     prompt: &c.prompt,
                     title: c.title.as_deref().map(str::trim).filter(|t| t.len() <= 1000),
+                    agent: c.agent.as_deref(),
                     max_children,
                 };
                 let started = {
