@@ -283,6 +283,22 @@ impl Client {
             .collect()
     }
 
+    /// Every history row of a session, following `nextAfter` page by page.
+    pub async fn history(&mut self, session_id: &str) -> Vec<Value> {
+        let mut rows = Vec::new();
+        let mut after = Value::Null;
+        loop {
+            let page = self
+                .ok("session.history", json!({"sessionId": session_id, "after": after}))
+                .await;
+            rows.extend(page["rows"].as_array().expect("rows").iter().cloned());
+            if page["nextAfter"].is_null() {
+                return rows;
+            }
+            after = page["nextAfter"].clone();
+        }
+    }
+
     /// Open a subscription.
     pub fn subscribe(&mut self, method: &str, params: Value) -> Subscription {
         let id = self.next_id;

@@ -27,20 +27,6 @@ async fn turn(c: &mut Client, watch: &mut Subscription, sid: &str, prompt: &str)
     watch.until(60, is_turn_end).await.expect("the turn ends")
 }
 
-/// Every history row, following `nextAfter`.
-async fn history(c: &mut Client, sid: &str) -> Vec<Value> {
-    let mut rows = Vec::new();
-    let mut after = Value::Null;
-    loop {
-        let page = c.ok("session.history", json!({"sessionId": sid, "after": after})).await;
-        rows.extend(page["rows"].as_array().unwrap().iter().cloned());
-        if page["nextAfter"].is_null() {
-            return rows;
-        }
-        after = page["nextAfter"].clone();
-    }
-}
-
 /// The rows a watcher knows from the events it saw: published rows, with tool-call
 /// statuses moved by `tool.status` and `tool.ended`.
 fn rows_from_events(events: &[Value]) -> Vec<Value> {
@@ -168,7 +154,7 @@ async fn a_turn_writes_a_file_runs_a_command_that_reads_it_and_answers() {
     // History holds every row in order with its final status; a fresh client reading it
     // sees what the live watcher saw.
     let mut fresh = stack.client(0).await;
-    let rows = history(&mut fresh, &sid).await;
+    let rows = fresh.history(&sid).await;
     assert_eq!(
         kinds(&rows),
         [
@@ -296,7 +282,7 @@ async fn stop_during(command: &str, pidfile: &str, pids: usize) {
         assert!(!Path::new(&format!("/proc/{pid}")).exists() || group_members(pgid).is_empty());
     }
     // Nothing was written after the stop.
-    let rows = history(&mut c, &sid).await;
+    let rows = c.history(&sid).await;
     assert!(rows.iter().all(|r| r["kind"] != "toolResult"), "{rows:?}");
 }
 
@@ -421,7 +407,7 @@ async fn the_step_limit_fails_the_turn() {
     assert_eq!(end["cause"]["code"], "step-limit");
     assert_eq!(mock.requests().len(), 2);
     // Both steps' calls ran to the end before the limit stopped the loop.
-    let rows = history(&mut c, &sid).await;
+    let rows = c.history(&sid).await;
     assert_eq!(
         kinds(&rows),
         [
@@ -479,7 +465,7 @@ async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session
     assert_eq!(m[3]["tool_call_id"], "c1");
     assert!(m[3]["content"].as_str().unwrap().contains("no result"));
     assert_eq!(m[4], json!({"role": "user", "content": "Where were we?"}));
-    let rows = history(&mut c, &sid).await;
+    let rows = c.history(&sid).await;
     assert_eq!(rows[1]["tool"]["status"], "running");
 }
 
@@ -620,7 +606,7 @@ async fn a_sub_agent_runs_and_its_answer_returns_to_the_parent_within_the_depth_
     // The child is an ordinary session naming its parent; its own delegate call failed.
     let kids = children(&mut c, &sid).await;
     assert_eq!(kids.len(), 1);
-    let rows = history(&mut c, &kids[0]).await;
+    let rows = c.history(&kids[0]).await;
     assert_eq!(
         kinds(&rows),
         [

@@ -21,20 +21,6 @@ async fn coordinator(stack: &Stack, c: &mut Client, extra: Value) -> String {
     s["sessionId"].as_str().unwrap().to_string()
 }
 
-/// Every history row, following `nextAfter`.
-async fn history(c: &mut Client, sid: &str) -> Vec<Value> {
-    let mut rows = Vec::new();
-    let mut after = Value::Null;
-    loop {
-        let page = c.ok("session.history", json!({"sessionId": sid, "after": after})).await;
-        rows.extend(page["rows"].as_array().unwrap().iter().cloned());
-        if page["nextAfter"].is_null() {
-            return rows;
-        }
-        after = page["nextAfter"].clone();
-    }
-}
-
 /// The sessions `sid` started (`session.list {parent}`).
 async fn children(c: &mut Client, sid: &str) -> Vec<Value> {
     let list = c.ok("session.list", json!({"parent": sid})).await;
@@ -149,7 +135,7 @@ async fn a_coordinator_fans_out_to_two_workspaces_and_gathers_both_answers() {
     assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
 
     // The final answer holds both children's results, which reached the model as tool results.
-    let rows = history(&mut c, &sid).await;
+    let rows = c.history(&sid).await;
     let answer = rows.last().unwrap();
     assert_eq!(answer["kind"], "assistant");
     assert_eq!(answer["body"], "Gathered: alpha result: 42 | beta result: 7");
@@ -199,7 +185,7 @@ async fn a_coordinator_fans_out_to_two_workspaces_and_gathers_both_answers() {
         let typed: berth_protocol::SessionSnapshot = serde_json::from_value(snap.clone()).unwrap();
         assert_eq!(typed.delegation_depth, 1, "one level less than the coordinator's 2");
         assert!(snap.get("kind").is_none(), "a child is an ordinary session");
-        let rows = history(&mut c, kid_id).await;
+        let rows = c.history(kid_id).await;
         assert_eq!(rows.first().unwrap()["body"], prompt);
         assert_eq!(rows.last().unwrap()["body"], result);
         // Children started by this coordinator are not offered its tools.
@@ -452,7 +438,7 @@ async fn an_approval_inside_a_child_is_answered_from_the_coordinators_tree() {
         std::fs::read_to_string(dir_b.join("guarded.txt")).unwrap(),
         "approved\n"
     );
-    let rows = history(&mut c, &sid).await;
+    let rows = c.history(&sid).await;
     assert_eq!(rows.last().unwrap()["body"], "Gathered: guarded done");
 }
 
@@ -511,7 +497,8 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
         .await;
     let events = watch.until(60, is_turn_end).await.expect("the turn ends");
     assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
-    let results: Vec<Value> = history(&mut c, &sid)
+    let results: Vec<Value> = c
+        .history(&sid)
         .await
         .into_iter()
         .filter(|r| r["kind"] == "toolResult")
@@ -530,7 +517,7 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     assert!(body(4).contains("no worker online"), "{}", body(4));
     let listed: Value = serde_json::from_str(body(0).as_str()).unwrap();
     assert_eq!(listed["state"], "queued");
-    let history_of_stranger = history(&mut c, &stranger).await;
+    let history_of_stranger = c.history(&stranger).await;
     assert!(
         history_of_stranger.is_empty(),
         "nothing was sent to a session not its child"
@@ -557,7 +544,8 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     c.ok("session.send", json!({"sessionId": other, "prompt": "Elsewhere"}))
         .await;
     watch.until(60, is_turn_end).await.expect("the turn ends");
-    let results: Vec<Value> = history(&mut c, &other)
+    let results: Vec<Value> = c
+        .history(&other)
         .await
         .into_iter()
         .filter(|r| r["kind"] == "toolResult")
@@ -591,7 +579,8 @@ async fn a_coordinators_bounds_and_an_offline_child_are_reported() {
     mock.push_for("Flat", Reply::text(&["flat"]));
     c.ok("session.send", json!({"sessionId": flat, "prompt": "Flat"})).await;
     watch.until(60, is_turn_end).await.expect("the turn ends");
-    let results: Vec<Value> = history(&mut c, &flat)
+    let results: Vec<Value> = c
+        .history(&flat)
         .await
         .into_iter()
         .filter(|r| r["kind"] == "toolResult")
@@ -680,7 +669,7 @@ async fn a_child_started_with_an_agent_runs_as_that_agent() {
         .await;
     let events = watch.until(90, is_turn_end).await.expect("the coordinator's turn ends");
     assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
-    let rows = history(&mut c, &sid).await;
+    let rows = c.history(&sid).await;
     assert_eq!(rows.last().unwrap()["body"], "Gathered: reviewed: fine");
     let kids = children(&mut c, &sid).await;
     assert_eq!(kids.len(), 1, "the unknown agent started nothing: {kids:?}");

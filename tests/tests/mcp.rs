@@ -15,19 +15,6 @@ fn is_turn_end(e: &Value) -> bool {
     e["type"] == "turn.ended"
 }
 
-async fn history(c: &mut Client, sid: &str) -> Vec<Value> {
-    let mut rows = Vec::new();
-    let mut after = Value::Null;
-    loop {
-        let page = c.ok("session.history", json!({"sessionId": sid, "after": after})).await;
-        rows.extend(page["rows"].as_array().unwrap().iter().cloned());
-        if page["nextAfter"].is_null() {
-            return rows;
-        }
-        after = page["nextAfter"].clone();
-    }
-}
-
 /// The tool names offered in provider request `i`.
 fn offered(mock: &MockProvider, i: usize) -> Vec<String> {
     mock.requests()[i]["tools"]
@@ -118,7 +105,7 @@ async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_
     assert_eq!(schema["required"], json!(["text"]));
 
     // Its result is in history, as the call's result, and went back to the model.
-    let rows = history(&mut c, &sid).await;
+    let rows = c.history(&sid).await;
     let result = rows
         .iter()
         .find(|r| r["kind"] == "toolResult")
@@ -219,5 +206,5 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
         .map(|d| &d["cause"]["code"])
         .collect();
     assert_eq!(causes, [&json!("mcp-server-unavailable"); 2], "{d}");
-    assert_eq!(history(&mut c, &sid).await.last().unwrap()["body"], "Still here.");
+    assert_eq!(c.history(&sid).await.last().unwrap()["body"], "Still here.");
 }
