@@ -26,6 +26,7 @@ pub mod agents;
 pub mod error;
 pub mod events;
 pub mod jsonrpc;
+pub mod mcp;
 pub mod observe;
 #[cfg(feature = "schema")]
 pub mod schema;
@@ -38,6 +39,7 @@ pub mod worker;
 pub use agents::*;
 pub use error::{ErrorCode, RpcError};
 pub use events::*;
+pub use mcp::*;
 pub use observe::*;
 pub use search::*;
 pub use skills::*;
@@ -230,6 +232,12 @@ methods! {
     SkillSave = "skill.save" (SkillSaveParams) -> Skill;
     /// Remove a tenant skill (idempotent).
     SkillRemove = "skill.remove" (SkillRemoveParams) -> Removed;
+    /// The tenant's MCP servers, by name (header and environment values never shown).
+    McpList = "mcp.list" (Empty) -> Vec<McpServer>;
+    /// Create or replace the tenant's MCP server `name` (admins).
+    McpSave = "mcp.save" (McpSaveParams) -> McpServer;
+    /// Remove the tenant's MCP server `name` (admins; idempotent).
+    McpRemove = "mcp.remove" (McpRemoveParams) -> Removed;
 }
 
 /// No parameters / no result fields.

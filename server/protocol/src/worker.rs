@@ -188,6 +188,10 @@ pub struct TurnRun {
     /// (`turn.compact`). Absent: none declared, no compaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_tokens: Option<u64>,
+    /// The tenant's enabled MCP servers (`mcp.save`), with their header and environment
+    /// values; the worker merges them with its own and the workspace's (SPEC §4.16).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<crate::McpServerRun>,
 }
 
 /// Worker → server: summarize the session's history before `keepFrom` into a handoff row

@@ -898,6 +898,7 @@ async fn claim_running(
     let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
     let mut attachments = turn_attachments(tx, tenant_id, &turn_ids).await?;
     let skills = crate::skills::tenant_skills(tx, tenant_id).await?;
+    let mcp_servers = crate::mcp::enabled_servers(tx, tenant_id).await?;
     // The settings only: the worker reads the conversation with `turn.history`.
     Ok(claimed
         .iter()
@@ -915,6 +916,8 @@ async fn claim_running(
                 coordinator: c.get(7),
                 agent: turn_agent(c),
                 skills: skills.clone(),
+                // Only a turn with tools uses them (and gets their secrets).
+                mcp_servers: if c.get::<_, bool>(4) { Vec::new() } else { mcp_servers.clone() },
                 // The API tier fills it from the turn's provider profile.
                 context_tokens: None,
                 attachments: attachments

@@ -60,7 +60,7 @@ pub(crate) async fn run(
     // The turn's MCP servers live as long as the turn; one that cannot be used is a notice.
     let mcp = match tools {
         Some(tools) => {
-            let (mcp, problems) = tools.connect_mcp(cancel).await;
+            let (mcp, problems) = tools.connect_mcp(&run.mcp_servers, cancel).await;
             for p in &problems {
                 if let Err(h) = t.notice(Problem::CODE, p.params()).await {
                     mcp.shutdown().await;

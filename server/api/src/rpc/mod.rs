@@ -17,6 +17,7 @@ mod fork;
 mod git;
 pub(crate) mod interaction;
 mod patch;
+mod mcp;
 mod queue;
 mod receipts;
 mod search;
@@ -826,6 +827,9 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SkillGet::NAME => call::<method::SkillGet, _, _>(ctx, params, skill::get).await,
         method::SkillSave::NAME => call::<method::SkillSave, _, _>(ctx, params, skill::save).await,
         method::SkillRemove::NAME => call::<method::SkillRemove, _, _>(ctx, params, skill::remove).await,
+        method::McpList::NAME => call::<method::McpList, _, _>(ctx, params, mcp::list).await,
+        method::McpSave::NAME => call::<method::McpSave, _, _>(ctx, params, mcp::save).await,
+        method::McpRemove::NAME => call::<method::McpRemove, _, _>(ctx, params, mcp::remove).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
@@ -1011,6 +1015,9 @@ mod tests {
         "SkillGet",
         "SkillSave",
         "SkillRemove",
+        "McpList",
+        "McpSave",
+        "McpRemove",
     ];
 
     #[test]

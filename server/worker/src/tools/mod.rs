@@ -81,8 +81,12 @@ impl Tools {
     }
 
     /// This turn's MCP servers (see `mcp.rs`) and the problems with those it goes without.
-    pub(crate) async fn connect_mcp(&self, cancel: &CancellationToken) -> (mcp::Mcp, Vec<mcp::Problem>) {
-        mcp::Mcp::connect(&self.mcp, &self.ws, cancel).await
+    pub(crate) async fn connect_mcp(
+        &self,
+        tenant: &[berth_protocol::McpServerRun],
+        cancel: &CancellationToken,
+    ) -> (mcp::Mcp, Vec<mcp::Problem>) {
+        mcp::Mcp::connect(&self.mcp, tenant, &self.ws, cancel).await
     }
 
     pub(crate) fn workspace(&self) -> &Arc<Workspace> {
