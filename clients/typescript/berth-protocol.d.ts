@@ -751,6 +751,104 @@ export type LiveItem = (ModelDelta & {
   "type": "resync";
 });
 
+/**
+ * A streamable-HTTP server at `url` (http or https), sent `headers` on every request.
+ */
+export type McpHttp = {
+  /**
+   * Values may be secrets (never listed).
+   */
+  "headers"?: Record<string, string>;
+  "url": string;
+};
+
+export type McpHttpView = {
+  /**
+   * The names of the headers sent (their values are not shown).
+   */
+  "headerNames"?: Array<string>;
+  "url": string;
+};
+
+/**
+ * `mcp.remove` (idempotent).
+ */
+export type McpRemoveParams = {
+  "name": string;
+  "operationId"?: string | null;
+};
+
+/**
+ * `mcp.save`: create the server `name`, or replace its whole definition (values not sent
+ * again are gone: header and environment values are never read back).
+ */
+export type McpSaveParams = {
+  /**
+   * Absent: enabled.
+   */
+  "enabled"?: boolean | null;
+  "name": string;
+  "operationId"?: string | null;
+  "transport": McpTransport;
+};
+
+/**
+ * A tenant's MCP server as listed.
+ */
+export type McpServer = {
+  "createdAt": string;
+  /**
+   * Whether turns connect to it.
+   */
+  "enabled": boolean;
+  /**
+   * Unique within the tenant; its tools reach the model as `mcp__<name>__<tool>`.
+   */
+  "name": string;
+  "transport": McpTransportView;
+  "updatedAt": string;
+};
+
+/**
+ * A stdio server: `command` with `args`, in the workspace root, with a clean environment
+ * plus `env`.
+ */
+export type McpStdio = {
+  "args"?: Array<string>;
+  "command": string;
+  /**
+   * Values may be secrets (never listed).
+   */
+  "env"?: Record<string, string>;
+};
+
+export type McpStdioView = {
+  "args"?: Array<string>;
+  "command": string;
+  /**
+   * The names of the server's environment variables (their values are not shown).
+   */
+  "envNames"?: Array<string>;
+};
+
+/**
+ * How a server is reached.
+ */
+export type McpTransport = (McpStdio & {
+  "kind": "stdio";
+} | McpHttp & {
+  "kind": "http";
+});
+
+/**
+ * A transport as listed: secret values left out.
+ */
+export type McpTransportView = (McpStdioView & {
+  "kind": "stdio";
+} | McpHttpView & {
+  "kind": "http";
+});
+
 export type ModelChanged = {
   "model"?: string | null;
   "provider"?: string | null;
@@ -1830,6 +1928,9 @@ export interface Methods {
   "git.diff": { params: GitDiffParams; result: GitDiff };
   "git.status": { params: GitStatusParams; result: (GitStatus | null) };
   "hello": { params: HelloParams; result: HelloResult };
+  "mcp.list": { params: Empty; result: Array<McpServer> };
+  "mcp.remove": { params: McpRemoveParams; result: Removed };
+  "mcp.save": { params: McpSaveParams; result: McpServer };
   "operation.receipt": { params: OperationReceiptParams; result: (ReceiptView | null) };
   "patch.read": { params: PatchReadParams; result: PatchReadResult };
   "patch.snapshot": { params: PatchSnapshotParams; result: PatchInfo };

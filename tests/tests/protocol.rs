@@ -456,6 +456,20 @@ async fn every_method_and_event_matches_the_protocol_types() {
     check!(method::SkillGet, json!({"skillId": skill["skillId"]}));
     check!(method::SkillList, json!({"workspaceId": ws}));
     check!(method::SkillRemove, json!({"skillId": skill["skillId"]}));
+    // Saved disabled, so the walk's turns connect to nothing.
+    check!(
+        method::McpSave,
+        json!({"name": "walk-stdio", "enabled": false,
+               "transport": {"kind": "stdio", "command": "srv", "args": ["-v"], "env": {"TOKEN": "t"}}})
+    );
+    check!(
+        method::McpSave,
+        json!({"name": "walk-http", "enabled": false,
+               "transport": {"kind": "http", "url": "https://mcp.example/", "headers": {"authorization": "Bearer t"}}})
+    );
+    check!(method::McpList, json!({}));
+    check!(method::McpRemove, json!({"name": "walk-stdio"}));
+    check!(method::McpRemove, json!({"name": "walk-http"}));
     mock.push(Reply::Stream(vec![
         Part::Reasoning("hm".into()),
         Part::Text("hello".into()),

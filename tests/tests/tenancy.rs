@@ -50,6 +50,9 @@ const NO_ID_METHODS: &[&str] = &[
     "admin.audit.list",
     "admin.worker.list",
     "agent.list",
+    // Named, not identified: another tenant's `mcp.save` of the same name saves its own.
+    "mcp.list",
+    "mcp.save",
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -76,6 +79,12 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"name": "a-skill", "summary": "A's", "body": "secret"}),
         )
         .await;
+    a.ok(
+        "mcp.save",
+        json!({"name": "a-mcp", "transport": {"kind": "http", "url": "https://mcp.example/",
+               "headers": {"authorization": "Bearer a-secret"}}}),
+    )
+    .await;
     let receipt_op = "op-of-a";
     a.ok(
         "session.rename",
@@ -366,6 +375,11 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"skillId": "skl_random"}),
         ),
         (
+            "mcp.remove",
+            json!({"name": "a-mcp"}),
+            json!({"name": "mcp-random"}),
+        ),
+        (
             "session.compact",
             json!({"sessionId": sid}),
             json!({"sessionId": "ses_random"}),
@@ -395,12 +409,21 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             "{method}: another tenant's id must look missing"
         );
     }
+    // B saving a server of the same name saves B's own.
+    b.ok(
+        "mcp.save",
+        json!({"name": "a-mcp", "transport": {"kind": "stdio", "command": "b-server"}}),
+    )
+    .await;
     assert_eq!(snapshot(&mut a, &sid).await, before, "nothing of tenant A changed");
     // A's credential still works, and B sees none of A's things in lists.
     assert_eq!(b.ok("workspace.list", json!({})).await, json!([]));
     assert_eq!(b.ok("session.list", json!({})).await["entries"], json!([]));
     assert_eq!(b.ok("agent.list", json!({})).await, json!([]));
     assert_eq!(b.ok("skill.list", json!({})).await, json!({"skills": []}));
+    let b_mcp = b.ok("mcp.list", json!({})).await;
+    assert_eq!(b_mcp.as_array().unwrap().len(), 1, "{b_mcp}");
+    assert_eq!(b_mcp[0]["transport"]["kind"], "stdio", "{b_mcp}");
     let b_creds = b.ok("admin.credential.list", json!({})).await;
     assert!(
         b_creds
@@ -450,7 +473,8 @@ async fn snapshot(a: &mut Client, sid: &str) -> Value {
     let ws = a.ok("workspace.list", json!({})).await;
     let agents = a.ok("agent.list", json!({})).await;
     let skills = a.ok("skill.list", json!({})).await;
-    json!([s, h, creds, users, ws, agents, skills])
+    let mcp = a.ok("mcp.list", json!({})).await;
+    json!([s, h, creds, users, ws, agents, skills, mcp])
 }
 
 /// A call's outcome as comparable JSON: the result, or the error (subscriptions: their end).
