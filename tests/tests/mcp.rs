@@ -283,8 +283,14 @@ async fn an_admins_http_mcp_server_serves_a_members_session_under_approval_and_i
     assert_eq!(code(&e), "forbidden");
     // Bad definitions are typed refusals naming the field.
     for (bad, field) in [
-        (json!({"name": "a__b", "transport": {"kind": "stdio", "command": "x"}}), "name"),
-        (json!({"name": "w", "transport": {"kind": "http", "url": "file:///etc/passwd"}}), "transport.url"),
+        (
+            json!({"name": "a__b", "transport": {"kind": "stdio", "command": "x"}}),
+            "name",
+        ),
+        (
+            json!({"name": "w", "transport": {"kind": "http", "url": "file:///etc/passwd"}}),
+            "transport.url",
+        ),
         (
             json!({"name": "w", "transport": {"kind": "http", "url": "https://u:p@mcp.example/"}}),
             "transport.url",
@@ -332,10 +338,7 @@ async fn an_admins_http_mcp_server_serves_a_members_session_under_approval_and_i
     assert_eq!(shown["tool"]["name"], "mcp__web__echo", "{shown}");
     let events = watch.until(60, is_turn_end).await.expect("the turn ends");
     assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
-    assert!(
-        !events.iter().any(|e| e["type"] == "session.notice"),
-        "{events:?}"
-    );
+    assert!(!events.iter().any(|e| e["type"] == "session.notice"), "{events:?}");
     assert!(offered(&mock, 0).contains(&"mcp__web__echo".to_string()));
     let rows = bob.history(&sid).await;
     let result = rows
@@ -354,20 +357,21 @@ async fn an_admins_http_mcp_server_serves_a_members_session_under_approval_and_i
         assert!(!req.to_string().contains("s3cret"), "request {i} carries the secret");
     }
     assert!(!serde_json::to_string(&rows).unwrap().contains("s3cret"));
-    let logs = [
-        stack.servers[0].log.clone(),
-        stack.worker.as_ref().unwrap().log.clone(),
-    ];
+    let logs = [stack.servers[0].log.clone(), stack.worker.as_ref().unwrap().log.clone()];
     for log in logs {
         let text = std::fs::read_to_string(&log).unwrap();
         assert!(!text.contains("s3cret"), "{} holds the secret", log.display());
     }
 
     // Removed, it is gone from the list and from the next turn.
-    assert_eq!(admin.ok("mcp.remove", json!({"name": "web"})).await, json!({"removed": true}));
+    assert_eq!(
+        admin.ok("mcp.remove", json!({"name": "web"})).await,
+        json!({"removed": true})
+    );
     assert_eq!(bob.ok("mcp.list", json!({})).await, json!([]));
     mock.push(Reply::text(&["No tools from outside."]));
-    bob.ok("session.send", json!({"sessionId": sid, "prompt": "Again"})).await;
+    bob.ok("session.send", json!({"sessionId": sid, "prompt": "Again"}))
+        .await;
     let events = watch.until(60, is_turn_end).await.expect("the second turn ends");
     assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
     assert!(!offered(&mock, 2).iter().any(|t| t.starts_with("mcp__web__")));

@@ -374,11 +374,7 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"skillId": skill["skillId"]}),
             json!({"skillId": "skl_random"}),
         ),
-        (
-            "mcp.remove",
-            json!({"name": "a-mcp"}),
-            json!({"name": "mcp-random"}),
-        ),
+        ("mcp.remove", json!({"name": "a-mcp"}), json!({"name": "mcp-random"})),
         (
             "session.compact",
             json!({"sessionId": sid}),

@@ -18,7 +18,8 @@ const COLUMNS: &str = "name, transport, enabled, created_at, updated_at";
 
 fn transport(r: &tokio_postgres::Row, i: usize) -> Result<McpTransport> {
     // The error's text could quote a value: it is not passed on.
-    serde_json::from_value(r.get(i)).map_err(|_| StoreError::Other(anyhow::anyhow!("a stored MCP transport is unreadable")))
+    serde_json::from_value(r.get(i))
+        .map_err(|_| StoreError::Other(anyhow::anyhow!("a stored MCP transport is unreadable")))
 }
 
 fn server_from(r: &tokio_postgres::Row) -> Result<McpServer> {

@@ -917,7 +917,11 @@ async fn claim_running(
                 agent: turn_agent(c),
                 skills: skills.clone(),
                 // Only a turn with tools uses them (and gets their secrets).
-                mcp_servers: if c.get::<_, bool>(4) { Vec::new() } else { mcp_servers.clone() },
+                mcp_servers: if c.get::<_, bool>(4) {
+                    Vec::new()
+                } else {
+                    mcp_servers.clone()
+                },
                 // The API tier fills it from the turn's provider profile.
                 context_tokens: None,
                 attachments: attachments

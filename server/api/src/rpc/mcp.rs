@@ -94,8 +94,7 @@ fn check(t: &McpTransport) -> Result<(), (&'static str, Option<usize>)> {
                     && k.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
                     && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
             };
-            if s
-                .env
+            if s.env
                 .iter()
                 .any(|(k, v)| !env_name(k) || v.len() > MAX_MCP_VALUE_BYTES || v.contains('\0'))
             {
@@ -160,7 +159,12 @@ mod tests {
             checked(json!({"kind": "stdio", "command": "srv", "args": many})),
             Err(("transport.args", Some(MAX_MCP_ENTRIES)))
         );
-        for url in ["file:///etc/passwd", "ftp://x/", "https://user:pw@mcp.example/", "not a url"] {
+        for url in [
+            "file:///etc/passwd",
+            "ftp://x/",
+            "https://user:pw@mcp.example/",
+            "not a url",
+        ] {
             assert_eq!(
                 checked(json!({"kind": "http", "url": url})),
                 Err(("transport.url", None)),

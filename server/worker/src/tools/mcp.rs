@@ -20,6 +20,7 @@
 use std::{collections::BTreeMap, path::Path, process::Stdio, sync::Arc, time::Duration};
 
 use anyhow::{Context, bail};
+use berth_protocol::{McpServerRun, McpTransport};
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
 use rmcp::{
     RoleClient, ServiceExt,
@@ -29,7 +30,6 @@ use rmcp::{
         StreamableHttpClientTransport, TokioChildProcess, streamable_http_client::StreamableHttpClientTransportConfig,
     },
 };
-use berth_protocol::{McpServerRun, McpTransport};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
