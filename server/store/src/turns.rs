@@ -639,9 +639,16 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let claimed = tx
             .qo(
-                "UPDATE sessions SET title_attempted = true
-                  WHERE id = $1 AND tenant_id = $2 AND title = '' AND NOT title_attempted AND removed_at IS NULL
-                  RETURNING provider, model, base_url",
+                // The model the session's turns use: the session's own, else its agent's
+                // (with the agent's provider), as the claim resolves it.
+                "WITH claimed AS (
+                   UPDATE sessions SET title_attempted = true
+                    WHERE id = $1 AND tenant_id = $2 AND title = '' AND NOT title_attempted AND removed_at IS NULL
+                    RETURNING agent_id, provider, model, base_url)
+                 SELECT CASE WHEN c.model IS NULL AND a.model IS NOT NULL THEN a.provider ELSE c.provider END,
+                        coalesce(c.model, a.model),
+                        CASE WHEN c.model IS NULL AND a.model IS NOT NULL THEN NULL ELSE c.base_url END
+                   FROM claimed c LEFT JOIN agents a ON a.id = c.agent_id",
                 &[&session_id, &tenant_id],
             )
             .await?;

@@ -464,11 +464,13 @@ async fn run(
                     let _ = conn.out.send(text(&refusal)).await;
                 }
             },
-            // An upload's bytes; one whose id matches no upload in flight drops the connection.
-            // (Cloning `Bytes` shares the buffer.)
-            Message::Binary(b) if !conn.uploads.deliver(b.clone()) => {
-                let _ = conn.out.send(close(1003, "unexpected binary message")).await;
-                break;
+            // An upload's bytes; one whose id matches no upload in flight is a typed error
+            // and the connection goes on. (Cloning `Bytes` shares the buffer.)
+            Message::Binary(b) => {
+                if let Err(stray) = conn.uploads.deliver(b) {
+                    let refusal = RpcResponse::err(None, stray.error().0);
+                    let _ = conn.out.send(text(&refusal)).await;
+                }
             }
             Message::Close(_) => break,
             _ => {}

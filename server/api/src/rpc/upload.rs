@@ -5,7 +5,8 @@
 //! that request's id (big-endian u32). The reader registers the id when it admits the
 //! request (before the handler task runs, so a binary message sent right behind its request
 //! always finds its slot) and hands the binary message to that slot; a binary message whose
-//! id has no slot drops the connection. Bytes go to object storage first, then the row: a
+//! id has no slot is answered with a typed error (`id: null`, the id in `data.requestId`)
+//! and the connection stays usable. Bytes go to object storage first, then the row: a
 //! crash in between leaves an orphan blob, never a row without bytes.
 
 use std::{collections::HashMap, sync::Mutex};
@@ -36,8 +37,8 @@ use crate::{
 };
 
 /// Refused uploads whose binary message is still expected, kept per connection so that
-/// the message is swallowed rather than dropping the connection; beyond this many they
-/// are forgotten (their binary message then drops the connection).
+/// the message is swallowed silently; beyond this many they are forgotten (their binary
+/// message is then answered as one for no upload).
 const MAX_DISCARDED: usize = 64;
 
 /// Longest name and content type accepted, in bytes.
@@ -85,20 +86,48 @@ impl Uploads {
         }
     }
 
-    /// Route a binary message to its upload; false when its id matches no upload in
-    /// flight (the caller drops the connection).
-    pub fn deliver(&self, msg: Bytes) -> bool {
-        let Some(head) = msg.get(..4) else { return false };
+    /// Route a binary message to its upload. A message too short to hold an id, or whose id
+    /// matches no upload in flight (or one whose bytes came already), is refused.
+    pub fn deliver(&self, msg: Bytes) -> Result<(), Stray> {
+        let Some(head) = msg.get(..4) else {
+            return Err(Stray { request_id: None });
+        };
         let id = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+        let stray = Stray { request_id: Some(id) };
         let mut slots = self.slots.lock().expect("uploads lock");
-        let Some(slot) = slots.get_mut(&id) else { return false };
-        let Some(tx) = slot.tx.take() else { return false };
+        let Some(slot) = slots.get_mut(&id) else {
+            return Err(stray);
+        };
+        let Some(tx) = slot.tx.take() else {
+            return Err(stray);
+        };
         // The handler may be gone already (refused, timed out): the bytes are dropped.
         let _ = tx.send(msg.slice(4..));
         if slot.rx.is_none() {
             slots.remove(&id);
         }
-        true
+        Ok(())
+    }
+}
+
+/// A binary message that belongs to no upload in flight.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Stray {
+    /// The id it named; None when it was shorter than the 4-byte id.
+    pub request_id: Option<u32>,
+}
+
+impl Stray {
+    /// The answer: a `bad-params` error without a request id (the id it named may belong
+    /// to another request of this connection, which must not get a second answer).
+    pub fn error(&self) -> ApiError {
+        match self.request_id {
+            Some(id) => ApiError::with(
+                ErrorCode::BadParams,
+                json!({"reason": "no-upload-in-flight", "requestId": id}),
+            ),
+            None => ApiError::with(ErrorCode::BadParams, json!({"reason": "short-binary-message"})),
+        }
     }
 }
 
@@ -439,19 +468,29 @@ mod tests {
     async fn a_binary_message_reaches_its_upload_whenever_the_handler_asks() {
         let uploads = Uploads::default();
         uploads.begin(7);
-        assert!(uploads.deliver(frame(7, b"abc")), "delivered before the handler waits");
+        assert!(
+            uploads.deliver(frame(7, b"abc")).is_ok(),
+            "delivered before the handler waits"
+        );
         let rx = uploads.take_receiver(7).expect("receiver");
         assert_eq!(rx.await.expect("bytes"), Bytes::from_static(b"abc"));
         uploads.end(7);
-        assert!(!uploads.deliver(frame(7, b"again")), "one binary message per upload");
+        assert_eq!(
+            uploads.deliver(frame(7, b"again")),
+            Err(Stray { request_id: Some(7) }),
+            "one binary message per upload"
+        );
     }
 
     #[test]
     fn unknown_ids_and_short_messages_are_refused() {
         let uploads = Uploads::default();
         uploads.begin(1);
-        assert!(!uploads.deliver(frame(2, b"x")));
-        assert!(!uploads.deliver(Bytes::from_static(b"\0\0\0")));
+        assert_eq!(uploads.deliver(frame(2, b"x")), Err(Stray { request_id: Some(2) }));
+        assert_eq!(
+            uploads.deliver(Bytes::from_static(b"\0\0\0")),
+            Err(Stray { request_id: None })
+        );
     }
 
     #[test]
@@ -459,7 +498,7 @@ mod tests {
         let uploads = Uploads::default();
         uploads.begin(3);
         uploads.end(3);
-        assert!(uploads.deliver(frame(3, b"late")));
+        assert!(uploads.deliver(frame(3, b"late")).is_ok());
         assert!(uploads.slots.lock().expect("lock").is_empty());
     }
 }
