@@ -4,7 +4,7 @@
 //! bytes on any replica.
 
 use base64::Engine;
-use berth_e2e::{Client, MockProvider, Reply, Stack, client::code, client::Subscription};
+use berth_e2e::{Client, MockProvider, Reply, Stack, client::Subscription, client::code};
 use rand::RngCore;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -201,9 +201,7 @@ async fn a_channel_sessions_model_attaches_a_file_that_comes_back_with_its_reply
             json!({"sessionId": sid, "sourceRevision": got["historyRevision"], "operationId": "fork-1"}),
         )
         .await;
-    let forked = c
-        .ok("session.get", json!({"sessionId": fork["sessionId"]}))
-        .await;
+    let forked = c.ok("session.get", json!({"sessionId": fork["sessionId"]})).await;
     assert_eq!(forked["channel"], channel, "{forked}");
 }
 
@@ -223,10 +221,7 @@ async fn only_channel_sessions_get_attach_file_and_channel_names_are_bounded() {
         assert_eq!(e.data["field"], "channel");
     }
     let longest = c
-        .ok(
-            "session.create",
-            json!({"workspaceId": ws, "channel": "x".repeat(128)}),
-        )
+        .ok("session.create", json!({"workspaceId": ws, "channel": "x".repeat(128)}))
         .await;
     assert_eq!(longest["channel"], "x".repeat(128));
 
@@ -256,6 +251,9 @@ async fn only_channel_sessions_get_attach_file_and_channel_names_are_bounded() {
     let req = &mock.requests()[1];
     assert!(tool_names(req).is_empty(), "{req}");
     let system = system_prompt(req);
-    assert!(system.contains("\"irc\"") && system.contains("short plain text"), "{system}");
+    assert!(
+        system.contains("\"irc\"") && system.contains("short plain text"),
+        "{system}"
+    );
     assert!(!system.contains("attach_file"), "{system}");
 }

@@ -587,10 +587,7 @@ async fn every_method_and_event_matches_the_protocol_types() {
     let uploaded = c.upload(upload, b"walked", None).await.expect("content.upload");
     assert_typed::<<method::ContentUpload as Method>::Result>("content.upload", &uploaded);
     walked.insert(method::ContentUpload::NAME);
-    check!(
-        method::ContentRead,
-        json!({"attachmentId": uploaded["attachmentId"]})
-    );
+    check!(method::ContentRead, json!({"attachmentId": uploaded["attachmentId"]}));
     let q1 = check!(
         method::SessionSend,
         json!({"sessionId": sid, "prompt": "q1", "attachments": [uploaded["attachmentId"]]})

@@ -81,11 +81,7 @@ pub(crate) async fn run(t: &TurnLink, ws: Arc<Workspace>, max: u64, arguments: &
         .proxy_url
         .strip_suffix(wp::MODEL_PROXY_PATH)
         .unwrap_or(&t.link.proxy_url);
-    let query = wp::AttachQuery {
-        name,
-        mime,
-        sha256,
-    };
+    let query = wp::AttachQuery { name, mime, sha256 };
     let sent = t
         .link
         .http
