@@ -231,11 +231,36 @@ async fn only_channel_sessions_get_attach_file_and_channel_names_are_bounded() {
     assert!(snap.get("channel").is_none(), "{snap}");
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     mock.push(Reply::text(&["Hi."]));
-    turn(&mut c, &mut watch, &sid, "Hello").await;
+    let events = turn(&mut c, &mut watch, &sid, "Hello").await;
+    let turn_id = events.last().unwrap()["turnId"].as_str().unwrap().to_string();
     let req = &mock.requests()[0];
     assert!(tool_names(req).iter().any(|n| n == "read_file"), "{req}");
     assert!(!tool_names(req).iter().any(|n| n == "attach_file"), "{req}");
     assert!(!system_prompt(req).contains("chat channel"));
+
+    // The worker's attach resource takes files only for a running turn of a channel
+    // session, from the worker credential it was handed to.
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/v1/worker/attachments", stack.servers[0].addr);
+    let post = |token: Option<&str>| {
+        let mut r = http
+            .post(&url)
+            .header("berth-turn", &turn_id)
+            .query(&[("name", "a.txt"), ("mime", "text/plain"), ("sha256", "00")])
+            .body("x");
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    let resp = post(None).await.unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = post(Some(&stack.token)).await.unwrap();
+    assert_eq!(resp.status(), 401, "a user credential is not a worker's");
+    let resp = post(Some(&stack.worker_token)).await.unwrap();
+    assert_eq!(resp.status(), 403);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "turn-not-running", "{body}");
 
     // A channel session without tools is told about the channel, and has no tools.
     let s = c
