@@ -115,6 +115,16 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
         .await
         .unwrap();
 
+    // An attachment of A's.
+    let attachment = a
+        .upload(
+            json!({"sessionId": sid, "mime": "text/plain", "filename": "a.txt"}),
+            b"A's",
+            None,
+        )
+        .await
+        .expect("content.upload");
+
     let b_token = tenant_b(&stack.servers[0]).await;
     let mut b = Client::authed(&stack.servers[0].ws_url(), &b_token).await.unwrap();
 
@@ -132,6 +142,11 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             "session.send",
             json!({"sessionId": sid, "prompt": "x"}),
             json!({"sessionId": "ses_random", "prompt": "x"}),
+        ),
+        (
+            "content.read",
+            json!({"attachmentId": attachment["attachmentId"]}),
+            json!({"attachmentId": "att_random"}),
         ),
         (
             "content.upload",

@@ -895,7 +895,8 @@ async fn claim_running(
                               ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
               RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
                         s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
-                        s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params",
+                        s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params,
+                        s.channel",
             &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
         )
         .await?;
@@ -931,6 +932,9 @@ async fn claim_running(
                 },
                 // The API tier fills it from the turn's provider profile.
                 context_tokens: None,
+                channel: c.get(13),
+                // The API tier fills it from its configuration.
+                max_attachment_bytes: None,
                 attachments: attachments
                     .remove(&c.get::<_, String>(0))
                     .unwrap_or_default()
@@ -1195,7 +1199,15 @@ async fn step_in_tx(
         .get(0);
     let usage: Option<Usage> = metered.and_then(|u| serde_json::from_value(u).ok());
     let completed = EventPayload::ModelCompleted(ModelCompleted { usage });
-    append_event(tx, tenant_id, session_id, Some(turn_id), &completed, rows).await
+    let seq = append_event(tx, tenant_id, session_id, Some(turn_id), &completed, rows).await?;
+    // The reply (a step without tool calls) carries the files the model attached.
+    let reply = rows.iter().rposition(|r| r.kind == RowKind::Assistant);
+    if let Some(i) = reply
+        && !rows.iter().any(|r| r.kind == RowKind::ToolCall)
+    {
+        crate::attachments::name_in_reply_row(tx, tenant_id, session_id, turn_id, seq, i as i32).await?;
+    }
+    Ok(seq)
 }
 
 /// queued → running, publishing the prompt as the user row of `turn.started`; a turn that
