@@ -482,31 +482,37 @@ async fn trace_turn(mock: &MockProvider) {
         .expect("data directory")
         .get(0);
     let log = std::path::Path::new(&data).join("../run/postgres.log");
-    admin
-        .batch_execute(
-            "ALTER SYSTEM SET log_min_duration_statement = 0;
-             ALTER SYSTEM SET log_line_prefix = '%n [%p] ';
-             SELECT pg_reload_conf()",
-        )
-        .await
-        .expect("log statements");
+    // One statement per call: ALTER SYSTEM cannot run in the implicit transaction of a batch.
+    for sql in [
+        "ALTER SYSTEM SET log_min_duration_statement = 0",
+        "ALTER SYSTEM SET log_line_prefix = '%n [%p] '",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.expect("log statements");
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let from = std::fs::metadata(&log).expect("log").len();
     let wall = std::time::SystemTime::now();
     let t = berth_turn(&mut sender, &mut sub.items, mock, &sid).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    admin
-        .batch_execute("ALTER SYSTEM RESET log_min_duration_statement; SELECT pg_reload_conf()")
-        .await
-        .expect("reset");
+    for sql in [
+        "ALTER SYSTEM RESET log_min_duration_statement",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.expect("reset");
+    }
     let start = wall.duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64() * 1e3;
     let text = std::fs::read_to_string(&log).expect("read log");
     let (mut statements, mut backends) = (0, std::collections::BTreeSet::new());
-    println!("turn: {:.1} ms (send answered {:.1}, turn.started {:.1}, first delta {:.1}, settle {:.1})",
-        t.total, t.answered, t.started, t.first_delta, t.settle);
+    println!(
+        "turn: {:.1} ms (send answered {:.1}, turn.started {:.1}, first delta {:.1}, settle {:.1})",
+        t.total, t.answered, t.started, t.first_delta, t.settle
+    );
     for line in text.get(from as usize..).unwrap_or("").lines() {
         // `<epoch ms> [pid] LOG:  duration: 0.123 ms  execute s1: SELECT …`
-        let Some((at, rest)) = line.split_once(' ') else { continue };
+        let Some((at, rest)) = line.split_once(' ') else {
+            continue;
+        };
         let Ok(at) = at.parse::<f64>() else { continue };
         let offset = at - start;
         if offset < 0.0 || offset > t.total + 1.0 || !rest.contains("duration:") {
@@ -517,7 +523,13 @@ async fn trace_turn(mock: &MockProvider) {
         }
         statements += 1;
         backends.insert(rest.split(']').next().unwrap_or("").to_string());
-        let short: String = rest.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(170).collect();
+        let short: String = rest
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .chars()
+            .take(170)
+            .collect();
         println!("{offset:7.2} {short}");
     }
     println!("{statements} statements on {} backends within the turn", backends.len());
