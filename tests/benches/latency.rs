@@ -51,54 +51,87 @@ async fn main() {
     let started = Instant::now();
     let mock = MockProvider::start().await;
     let mut table = Table::default();
+    let only = std::env::var("BERTH_BENCH_ONLY").unwrap_or_default();
     // `BERTH_BENCH_ONLY=concurrency`: only the concurrency and observation rows.
-    if std::env::var("BERTH_BENCH_ONLY").as_deref() == Ok("concurrency") {
+    if only == "concurrency" {
         concurrency(&mut table, &mock).await;
         println!();
         table.print();
         return;
     }
+    // `BERTH_BENCH_ONLY=trace`: every statement one turn sends to PostgreSQL, timed.
+    if only == "trace" {
+        return trace_turn(&mock).await;
+    }
+
+    // `BERTH_BENCH_ONLY=turns,history,…`: only these sections (turns, append, fanout, history,
+    // websocket, sessions, concurrency); all of them by default.
+    let want = |section: &str| only.is_empty() || only.split(',').any(|o| o == section);
 
     // 1. `berth dev` exactly as a user runs it: its own cluster, every commit on disk.
-    let durable = "berth dev, durable commits";
-    let (dev, database_url) = start_dev(&mock, None).await;
-    let token = dev.admin_token();
-    let workspace_id = wait_online(&dev, &token).await;
-    let commit = commit_cost(&database_url).await;
-    table.add(
-        &format!("{durable}: one commit (median of 50 one-row INSERTs)"),
-        "—".into(),
-        format!("{commit:.2} ms"),
-        "—".into(),
-        "— (the disk's floor)",
-        None,
-    );
-    turn_overhead(&mut table, durable, &dev, &token, &workspace_id, &mock, turns).await;
-    append_path(&mut table, durable, &dev, &token, &database_url).await;
-    let scratch = dev.data_dir.parent().map(std::path::Path::to_path_buf);
-    stop(dev).await;
+    let mut scratch = None;
+    if want("turns") || want("append") {
+        let durable = "berth dev, durable commits";
+        let (dev, database_url) = start_dev(&mock, None).await;
+        let token = dev.admin_token();
+        let workspace_id = wait_online(&dev, &token).await;
+        let commit = commit_cost(&database_url).await;
+        table.add(
+            &format!("{durable}: one commit (median of 50 one-row INSERTs)"),
+            "—".into(),
+            format!("{commit:.2} ms"),
+            "—".into(),
+            "— (the disk's floor)",
+            None,
+        );
+        if want("turns") {
+            turn_overhead(&mut table, durable, &dev, &token, &workspace_id, &mock, turns).await;
+        }
+        if want("append") {
+            append_path(&mut table, durable, &dev, &token, &database_url).await;
+        }
+        scratch = dev.data_dir.parent().map(std::path::Path::to_path_buf);
+        stop(dev).await;
+    }
 
     // 2. The same on the test cluster (no fsync), where what is left is Berth's own cost;
     //    with a second replica for fan-out.
-    let fast = "no fsync (test cluster)";
-    let database_url = fresh_database().await;
-    let (dev, _) = start_dev(&mock, Some(&database_url)).await;
-    let replica = TestServer::start_with(&database_url, &mock.base_url(), ENV)
-        .await
-        .expect("second replica");
-    let token = dev.admin_token();
-    let workspace_id = wait_online(&dev, &token).await;
-    turn_overhead(&mut table, fast, &dev, &token, &workspace_id, &mock, turns).await;
-    append_path(&mut table, fast, &dev, &token, &database_url).await;
-    fan_out(&mut table, &dev, &replica, &token, &workspace_id, &database_url).await;
-    history_page(&mut table, &dev, &token, &workspace_id, &database_url).await;
-    websocket(&mut table, &replica, &token).await;
-    idle_sessions(&mut table, &replica, &token, &workspace_id).await;
-    stop(dev).await;
-    stop(replica).await;
+    if ["turns", "append", "fanout", "history", "websocket", "sessions"]
+        .iter()
+        .any(|s| want(s))
+    {
+        let fast = "no fsync (test cluster)";
+        let database_url = fresh_database().await;
+        let (dev, _) = start_dev(&mock, Some(&database_url)).await;
+        let replica = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+            .await
+            .expect("second replica");
+        let token = dev.admin_token();
+        let workspace_id = wait_online(&dev, &token).await;
+        if want("turns") {
+            turn_overhead(&mut table, fast, &dev, &token, &workspace_id, &mock, turns).await;
+        }
+        if want("append") {
+            append_path(&mut table, fast, &dev, &token, &database_url).await;
+        }
+        if want("fanout") {
+            fan_out(&mut table, &dev, &replica, &token, &workspace_id, &database_url).await;
+        }
+        if want("history") {
+            history_page(&mut table, &dev, &token, &workspace_id, &database_url).await;
+        }
+        if want("websocket") {
+            websocket(&mut table, &replica, &token).await;
+        }
+        if want("sessions") {
+            idle_sessions(&mut table, &replica, &token, &workspace_id).await;
+        }
+        stop(dev).await;
+        stop(replica).await;
+    }
 
     // 3. Many turns at once, and the worker's observations (two replicas, two workers).
-    if std::env::var_os("BERTH_BENCH_SKIP_CONCURRENCY").is_none() {
+    if want("concurrency") && std::env::var_os("BERTH_BENCH_SKIP_CONCURRENCY").is_none() {
         concurrency(&mut table, &mock).await;
     }
 
@@ -133,7 +166,10 @@ async fn start_dev(mock: &MockProvider, database_url: Option<&str>) -> (TestServ
         .env("BERTH_METRICS_LISTEN", "127.0.0.1:0")
         .env("BERTH_MODEL_BASE_URL", mock.base_url())
         .env("BERTH_MODEL", "mock-model")
-        .env("BERTH_MODEL_API_KEY", "sk-bench");
+        .env("BERTH_MODEL_API_KEY", "sk-bench")
+        // A session's automatic title is a model request of its own after its first turn:
+        // it would take the next turn's scripted reply (the tests' harness turns them off too).
+        .env("BERTH_AUTO_TITLES", "false");
     match database_url {
         Some(url) => cmd.env("DATABASE_URL", url),
         None => cmd.env_remove("DATABASE_URL"),
@@ -420,6 +456,84 @@ async fn berth_turn(
     let (answered, mut t) = tokio::join!(send, observe);
     t.answered = answered;
     t
+}
+
+/// `BERTH_BENCH_ONLY=trace`: `berth dev` on the test cluster, a few warm-up turns, then one
+/// turn with every statement logged (`log_min_duration_statement = 0`). Prints each
+/// statement PostgreSQL finished between `session.send` and `turn.ended` at the watcher
+/// (ms after the send; backend; duration), and the counts: what a turn's critical path
+/// costs in round trips.
+async fn trace_turn(mock: &MockProvider) {
+    let database_url = fresh_database().await;
+    let (dev, _) = start_dev(mock, Some(&database_url)).await;
+    let token = dev.admin_token();
+    let workspace_id = wait_online(&dev, &token).await;
+    let mut sender = Client::authed(&dev.ws_url(), &token).await.expect("client");
+    let mut watcher = Client::authed(&dev.ws_url(), &token).await.expect("client");
+    let sid = session(&mut sender, &workspace_id).await;
+    let mut sub = watcher.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    for _ in 0..3 {
+        berth_turn(&mut sender, &mut sub.items, mock, &sid).await;
+    }
+    let admin = db(&database_url).await;
+    let data: String = admin
+        .query_one("SELECT current_setting('data_directory')", &[])
+        .await
+        .expect("data directory")
+        .get(0);
+    let log = std::path::Path::new(&data).join("../run/postgres.log");
+    // One statement per call: ALTER SYSTEM cannot run in the implicit transaction of a batch.
+    for sql in [
+        "ALTER SYSTEM SET log_min_duration_statement = 0",
+        "ALTER SYSTEM SET log_line_prefix = '%n [%p] '",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.expect("log statements");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let from = std::fs::metadata(&log).expect("log").len();
+    let wall = std::time::SystemTime::now();
+    let t = berth_turn(&mut sender, &mut sub.items, mock, &sid).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for sql in [
+        "ALTER SYSTEM RESET log_min_duration_statement",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.expect("reset");
+    }
+    let start = wall.duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64() * 1e3;
+    let text = std::fs::read_to_string(&log).expect("read log");
+    let (mut statements, mut backends) = (0, std::collections::BTreeSet::new());
+    println!(
+        "turn: {:.1} ms (send answered {:.1}, turn.started {:.1}, first delta {:.1}, settle {:.1})",
+        t.total, t.answered, t.started, t.first_delta, t.settle
+    );
+    for line in text.get(from as usize..).unwrap_or("").lines() {
+        // `<epoch ms> [pid] LOG:  duration: 0.123 ms  execute s1: SELECT …`
+        let Some((at, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(at) = at.parse::<f64>() else { continue };
+        let offset = at - start;
+        if offset < 0.0 || offset > t.total + 1.0 || !rest.contains("duration:") {
+            continue;
+        }
+        if rest.contains(" parse ") || rest.contains(" bind ") {
+            continue;
+        }
+        statements += 1;
+        backends.insert(rest.split(']').next().unwrap_or("").to_string());
+        let short: String = rest
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .chars()
+            .take(170)
+            .collect();
+        println!("{offset:7.2} {short}");
+    }
+    println!("{statements} statements on {} backends within the turn", backends.len());
+    stop(dev).await;
 }
 
 /// Figures of one kind of turn, each turn beside a raw provider stream run just before it.

@@ -162,21 +162,20 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
     }
     let label = model_label(model_cfg, profile, &model);
     // What the request holds, for `session.context` (best effort: the call goes on without).
-    let context = match state
-        .store
-        .record_context(
-            &principal.tenant_id,
-            &turn_id,
-            &profile.name,
-            &model,
-            &providers::measure(&obj),
-        )
-        .await
-    {
-        Ok(id) => Some(id),
-        Err(e) => {
-            tracing::warn!(turn.id = %turn_id, error = %e, "context record not written");
-            None
+    // Written while the provider is asked, not before: only the meter at the stream's end
+    // needs its id.
+    let measured = providers::measure(&obj);
+    let record = async {
+        match state
+            .store
+            .record_context(&principal.tenant_id, &turn_id, &profile.name, &model, &measured)
+            .await
+        {
+            Ok(id) => Some(id),
+            Err(e) => {
+                tracing::warn!(turn.id = %turn_id, error = %e, "context record not written");
+                None
+            }
         }
     };
     let outgoing = providers::request(profile.api, obj, spec.level);
@@ -190,19 +189,24 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
             req
         }
     };
-    let started = Instant::now();
-    let resp = match send_with_retries(build, &model_cfg.resilience).await {
+    let send = async {
+        let started = Instant::now();
+        let resp = send_with_retries(build, &model_cfg.resilience).await;
+        state
+            .metrics
+            .model_latency
+            .with_label_values(&[&profile.name, &label])
+            .observe(started.elapsed().as_secs_f64());
+        resp
+    };
+    let (context, resp) = tokio::join!(record, send);
+    let resp = match resp {
         Ok(r) => r,
         Err(cause) => {
             return fail(StatusCode::BAD_GATEWAY, &cause.code, cause.status);
         }
     };
     drop(outgoing);
-    state
-        .metrics
-        .model_latency
-        .with_label_values(&[&profile.name, &label])
-        .observe(started.elapsed().as_secs_f64());
     let meter = Meter {
         state: state.clone(),
         tenant: principal.tenant_id,

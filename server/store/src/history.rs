@@ -483,8 +483,8 @@ impl Store {
         })
     }
 
-    /// A page without a target: fence, sizes and rows in one statement ([`PAGE_SQL`]), the
-    /// same answers as the general path.
+    /// A page without a target: fence, sizes and rows in one statement ([`PAGE_SQL`]), read
+    /// in one round trip ([`crate::tenant_read`]); the same answers as the general path.
     async fn history_page(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<SessionHistoryResult> {
         let through = match p.through {
             Some(t) if t < 0 => return Err(StoreError::Code(ErrorCode::BadParams)),
@@ -499,22 +499,23 @@ impl Store {
             item_index: -1,
         });
         let limit = i64::from(p.limit.unwrap_or(100).clamp(1, 500));
-        let mut client = self.pool.get().await?;
-        let client = tenant_tx(&mut client, tenant_id).await?;
-        let page = client
-            .qa(
-                PAGE_SQL,
-                &[
-                    &p.session_id,
-                    &tenant_id,
-                    &through,
-                    &lo.source_sequence,
-                    &lo.item_index,
-                    &limit,
-                    &(budget as i64),
-                ],
-            )
-            .await?;
+        let client = self.pool.get().await?;
+        let page = crate::tenant_read(
+            &client,
+            tenant_id,
+            PAGE_SQL,
+            &[
+                &p.session_id,
+                &tenant_id,
+                &through,
+                &lo.source_sequence,
+                &lo.item_index,
+                &limit,
+                &(budget as i64),
+            ],
+        )
+        .await?;
+        drop(client);
         let Some(first) = page.first() else { return not_found() };
         let (last, cleared): (i64, i64) = (first.get(0), first.get(1));
         if p.through.is_some_and(|t| t < cleared) {

@@ -43,31 +43,35 @@ impl Store {
         }
         let digest = token::digest(presented);
         let client = self.pool.get().await?;
-        let row = client
-            .qo(
+        let find = client
+            .prepare_cached(
                 "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256, c.expires_at
                    FROM credentials c LEFT JOIN users u ON u.id = c.user_id
                   WHERE c.sha256 = $1 AND c.revoked_at IS NULL
                     AND (c.expires_at IS NULL OR c.expires_at > now())
                     AND (u.id IS NULL OR u.disabled_at IS NULL)",
-                &[&digest],
             )
             .await?;
-        let Some(row) = row else { return Ok(None) };
+        // last-used is advisory: written at most once a minute, in the same round trip as
+        // the look-up (pipelined; it runs on every model request).
+        let touch = client
+            .prepare_cached(
+                "UPDATE credentials SET last_used_at = now()
+                  WHERE sha256 = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+                    AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
+                    AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = user_id AND u.disabled_at IS NOT NULL)",
+            )
+            .await?;
+        let (row, touched) =
+            futures_util::future::join(client.query_opt(&find, &[&digest]), client.execute(&touch, &[&digest])).await;
+        touched?;
+        let Some(row) = row? else { return Ok(None) };
         // The index found it by hash; compare the stored hash in constant time anyway.
         let stored: Vec<u8> = row.get(5);
         if !bool::from(subtle::ConstantTimeEq::ct_eq(stored.as_slice(), digest.as_slice())) {
             return Ok(None);
         }
         let id: String = row.get(0);
-        // last-used is advisory: written at most once a minute.
-        client
-            .ex(
-                "UPDATE credentials SET last_used_at = now()
-                  WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
-                &[&id],
-            )
-            .await?;
         let kind: String = row.get(2);
         let kind = if kind == "worker" {
             CredentialKind::Worker

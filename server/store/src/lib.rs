@@ -363,13 +363,53 @@ pub(crate) async fn tenant_tx<'a>(
     tenant_id: &str,
 ) -> Result<deadpool_postgres::Transaction<'a>> {
     let tx = client.transaction().await?;
-    tx.ex(
-        "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true)",
-        &[&APP_ROLE, &tenant_id],
-    )
-    .await?;
+    tx.ex(SET_TENANT, &[&APP_ROLE, &tenant_id]).await?;
     Ok(tx)
 }
+
+/// One read-only statement under the tenant's row-level security in one round trip:
+/// `BEGIN`, the tenant switch (as [`tenant_tx`]), the statement and `COMMIT` go out
+/// together. tokio-postgres sends a request when its future is first polled and PostgreSQL
+/// runs a connection's requests in order, so `join4` (which polls in order) pipelines them;
+/// all four are sent on that first poll, so a caller dropped mid-way still leaves the
+/// connection outside any transaction. An error in any of them fails the whole read.
+pub(crate) async fn tenant_read(
+    client: &deadpool_postgres::Object,
+    tenant_id: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<tokio_postgres::Row>> {
+    // Prepared first (cached per connection): a statement still to be prepared would go
+    // out after the `COMMIT`.
+    let set = client.prepare_cached(SET_TENANT).await?;
+    let statement = client.prepare_cached(sql).await?;
+    let c: &tokio_postgres::Client = client;
+    let (begin, set, rows, commit) = futures_util::future::join4(
+        c.batch_execute("BEGIN"),
+        c.execute(&set, &[&APP_ROLE, &tenant_id]),
+        c.query(&statement, params),
+        c.batch_execute("COMMIT"),
+    )
+    .await;
+    begin?;
+    set?;
+    let rows = rows?;
+    commit?;
+    Ok(rows)
+}
+
+/// [`tenant_read`] of at most one row.
+pub(crate) async fn tenant_read_opt(
+    client: &deadpool_postgres::Object,
+    tenant_id: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Option<tokio_postgres::Row>> {
+    Ok(tenant_read(client, tenant_id, sql, params).await?.into_iter().next())
+}
+
+/// The tenant switch every tenant-scoped transaction starts with.
+const SET_TENANT: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true)";
 
 /// [`tenant_tx`] whose commit does not wait for the disk (`synchronous_commit = off`, set
 /// with the tenant, no extra round trip). Only for writes whose loss in a database crash is

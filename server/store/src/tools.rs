@@ -85,9 +85,10 @@ impl Store {
 
     /// The session of a turn that runs and is handed to `connection_id`.
     async fn turn_session(&self, connection_id: &str, tenant_id: &str, turn_id: &str) -> Result<String> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        tx.qo(
+        let client = self.pool.get().await?;
+        crate::tenant_read_opt(
+            &client,
+            tenant_id,
             "SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2 AND state = 'running' AND dispatched_to = $3",
             &[&turn_id, &tenant_id, &connection_id],
         )

@@ -10,7 +10,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::json;
 
 use crate::{
-    CHANNEL_CONTROL, CHANNEL_DISPATCH, Cached, Principal, Result, Store, StoreError,
+    CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, Cached, Principal, Result, Store, StoreError,
     attachments::{check_attachment_ids, turn_attachments},
     fmt_time,
     history::append_event,
@@ -321,21 +321,21 @@ impl Store {
     /// dispatched with (None: the defaults), if the turn is running and was handed to a live
     /// connection of the calling worker credential; `turn-not-running` otherwise.
     pub async fn proxy_turn(&self, worker: &Principal, turn_id: &str) -> Result<ProxyTurn> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
-        let row = tx
-            .qo(
-                &format!(
-                    "SELECT t.model, t.provider, t.base_url, t.session_id FROM turns t
-                       JOIN worker_presence p ON p.connection_id = t.dispatched_to
-                      WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running'
-                        AND p.tenant_id = $2 AND p.credential_id = $3
-                        AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
-                ),
-                &[&turn_id, &worker.tenant_id, &worker.credential_id],
-            )
-            .await?;
-        tx.commit().await?;
+        let client = self.pool.get().await?;
+        // One round trip: it runs before every model request.
+        let row = crate::tenant_read_opt(
+            &client,
+            &worker.tenant_id,
+            &format!(
+                "SELECT t.model, t.provider, t.base_url, t.session_id FROM turns t
+                   JOIN worker_presence p ON p.connection_id = t.dispatched_to
+                  WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running'
+                    AND p.tenant_id = $2 AND p.credential_id = $3
+                    AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
+            ),
+            &[&turn_id, &worker.tenant_id, &worker.credential_id],
+        )
+        .await?;
         match row {
             Some(r) => Ok(ProxyTurn {
                 model: r.get(0),
@@ -478,14 +478,16 @@ impl Store {
         state: TurnState,
         cause: Option<&Cause>,
     ) -> Result<(String, i64)> {
-        self.end_turn_with_step(connection_id, tenant_id, turn_id, None, state, cause)
+        self.end_turn_with_step(connection_id, tenant_id, turn_id, None, state, cause, &[])
             .await
     }
 
     /// [`Store::end_turn`], first appending the turn's last step (`model.completed`, as
     /// [`Store::append_step`]) in the same transaction: one commit on the turn's critical
     /// path instead of two, and no reader ever sees the answer without the end or the
-    /// reverse.
+    /// reverse. `relay`: live output for other replicas' watchers (payloads on
+    /// [`CHANNEL_DELTAS`]), notified before the end's events.
+    #[allow(clippy::too_many_arguments)]
     pub async fn end_turn_with_step(
         &self,
         connection_id: Option<&str>,
@@ -494,6 +496,7 @@ impl Store {
         step: Option<&[NewRow]>,
         state: TurnState,
         cause: Option<&Cause>,
+        relay: &[String],
     ) -> Result<(String, i64)> {
         if !state.is_settled() {
             return Err(StoreError::Code(ErrorCode::BadParams));
@@ -502,6 +505,9 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         crate::coordinator::lock_coordinator_of_turn(&tx, tenant_id, turn_id).await?;
         let session_id = lock_running_turn(&tx, connection_id, tenant_id, turn_id).await?;
+        for p in relay {
+            tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DELTAS, p]).await?;
+        }
         if let Some(rows) = step {
             step_in_tx(&tx, tenant_id, &session_id, turn_id, rows).await?;
         }

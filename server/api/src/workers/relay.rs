@@ -61,7 +61,22 @@ impl TurnTask {
     /// Store coalesced output as the step's partial text and relay it to other replicas,
     /// in one transaction (live only; the completed step is what history keeps).
     pub(super) async fn flush_relay(&mut self) {
-        let Some(p) = self.pending.take() else { return };
+        let Some((p, payloads)) = self.take_relay() else { return };
+        let state = &self.conn.state;
+        let tenant = &self.conn.principal.tenant_id;
+        let _permits = self.conn.write_permits().await;
+        if let Err(e) = state
+            .store
+            .append_partial(tenant, &self.turn_id, &p.text, &p.thinking, CHANNEL_DELTAS, &payloads)
+            .await
+        {
+            tracing::warn!(error = %e, "relaying live deltas failed");
+        }
+    }
+
+    /// The coalesced output not yet relayed, and its `NOTIFY` payloads for other replicas.
+    pub(super) fn take_relay(&mut self) -> Option<(Pending, Vec<String>)> {
+        let p = self.pending.take()?;
         let state = &self.conn.state;
         let mut payloads = Vec::new();
         for (field, offset_field, value, mut offset) in [
@@ -79,15 +94,7 @@ impl TurnTask {
                 payloads.push(serde_json::to_string(&msg).unwrap_or_default());
             }
         }
-        let tenant = &self.conn.principal.tenant_id;
-        let _permits = self.conn.write_permits().await;
-        if let Err(e) = state
-            .store
-            .append_partial(tenant, &self.turn_id, &p.text, &p.thinking, CHANNEL_DELTAS, &payloads)
-            .await
-        {
-            tracing::warn!(error = %e, "relaying live deltas failed");
-        }
+        Some((p, payloads))
     }
 
     pub(super) async fn relay_now(&self, item: serde_json::Value) {

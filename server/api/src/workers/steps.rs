@@ -39,7 +39,10 @@ impl TurnTask {
     /// carries one (one transaction), tell watchers it went idle, and let the turn go (its
     /// queue closes; the task ends).
     pub(super) async fn end(&mut self, end: TurnEnd) -> Result<serde_json::Value, ApiError> {
-        self.flush_relay().await;
+        // The output not yet relayed goes to other replicas with the end, in its transaction
+        // (the stored partial text is cleared there anyway): one transaction less on the
+        // turn's critical path, and the deltas still arrive before `turn.ended`.
+        let relay = self.take_relay().map(|(_, payloads)| payloads).unwrap_or_default();
         let conn = self.conn.clone();
         let r = {
             let _permits = conn.write_permits().await;
@@ -52,6 +55,7 @@ impl TurnTask {
                     end.step.as_deref(),
                     end.state,
                     end.cause.as_ref(),
+                    &relay,
                 )
                 .await
         };
