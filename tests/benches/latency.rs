@@ -52,6 +52,13 @@ async fn main() {
     let mock = MockProvider::start().await;
     let mut table = Table::default();
     // `BERTH_BENCH_ONLY=concurrency`: only the concurrency and observation rows.
+    // `BERTH_BENCH_ONLY=workspace`: only the `git.status` and `files.read` rows.
+    if std::env::var("BERTH_BENCH_ONLY").as_deref() == Ok("workspace") {
+        workspace_rows(&mut table, &mock).await;
+        println!();
+        table.print();
+        return;
+    }
     if std::env::var("BERTH_BENCH_ONLY").as_deref() == Ok("concurrency") {
         concurrency(&mut table, &mock).await;
         println!();
@@ -1256,6 +1263,27 @@ async fn concurrency(table: &mut Table, mock: &MockProvider) {
 
     git_status(table, &a, &token, &ws_a, &dir_a, repo_files).await;
     files_read(table, &b, &token, &ws_a, &dir_a).await;
+    stop(a).await;
+    stop(b).await;
+}
+
+/// The `git.status` and `files.read` rows alone: two replicas, one worker on A holding the
+/// repository, as in [`concurrency`] but without its turns.
+async fn workspace_rows(table: &mut Table, mock: &MockProvider) {
+    let database_url = fresh_database().await;
+    let a = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+        .await
+        .expect("replica A");
+    let b = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+        .await
+        .expect("replica B");
+    let token = a.admin_token();
+    let dir = scratch_dir("bench-repo");
+    let files = git_repo(&dir);
+    let _w = spawn_worker(&a, "bench-a", "wa", &dir).await;
+    let ws = online_workspace(&a, &token, "bench-a").await;
+    git_status(table, &a, &token, &ws, &dir, files).await;
+    files_read(table, &b, &token, &ws, &dir).await;
     stop(a).await;
     stop(b).await;
 }
