@@ -6,7 +6,11 @@
 
 use std::path::Path;
 
-use berth_e2e::{Client, MockProvider, Reply, Stack, client::Subscription, harness::eventually};
+use berth_e2e::{
+    Client, MockProvider, Reply, Stack,
+    client::{Subscription, code},
+    harness::eventually,
+};
 use serde_json::{Value, json};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_berth-mcp-test-server");
@@ -207,4 +211,282 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
         .collect();
     assert_eq!(causes, [&json!("mcp-server-unavailable"); 2], "{d}");
     assert_eq!(c.history(&sid).await.last().unwrap()["body"], "Still here.");
+}
+
+/// A member of the default tenant, signed in with their own credential.
+async fn member(stack: &Stack, admin: &mut Client, email: &str) -> Client {
+    let user = admin.ok("admin.user.create", json!({"email": email})).await;
+    let cred = admin
+        .ok(
+            "admin.credential.create",
+            json!({"userId": user["userId"], "note": email}),
+        )
+        .await;
+    Client::authed(&stack.servers[0].ws_url(), cred["token"].as_str().unwrap())
+        .await
+        .unwrap()
+}
+
+/// The test server in streamable-HTTP mode, refusing requests without `header`; returns the
+/// process (killed when dropped) and its URL.
+async fn http_server(header: &str) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(SERVER)
+        .arg("--http")
+        .env("REQUIRE_HEADER", header)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the server prints its URL")
+        .unwrap()
+        .expect("a URL line");
+    (child, url)
+}
+
+/// Answer the next approval request of `watch` with yes; returns the interaction as shown.
+async fn approve(c: &mut Client, watch: &mut Subscription) -> Value {
+    let asked = watch
+        .until(60, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("an approval is requested");
+    let id = asked.last().unwrap()["interaction"]["interactionId"].clone();
+    let shown = c.ok("session.interaction", json!({"interactionId": id})).await;
+    c.ok(
+        "session.respond",
+        json!({"interactionId": id, "answer": {"approved": true}}),
+    )
+    .await;
+    shown
+}
+
+#[tokio::test]
+async fn an_admins_http_mcp_server_serves_a_members_session_under_approval_and_its_secret_is_never_shown() {
+    const SECRET: &str = "Bearer mcp-s3cret-header-value";
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let (_server, url) = http_server(&format!("authorization:{SECRET}")).await;
+    let mut admin = stack.client(0).await;
+    let mut bob = member(&stack, &mut admin, "bob@example.com").await;
+    let definition = json!({
+        "name": "web",
+        "transport": {"kind": "http", "url": url, "headers": {"authorization": SECRET}},
+    });
+
+    // Members list the tenant's servers but may not change them.
+    let e = bob.call("mcp.save", definition.clone()).await.unwrap_err();
+    assert_eq!(code(&e), "forbidden");
+    let e = bob.call("mcp.remove", json!({"name": "web"})).await.unwrap_err();
+    assert_eq!(code(&e), "forbidden");
+    // Bad definitions are typed refusals naming the field.
+    for (bad, field) in [
+        (
+            json!({"name": "a__b", "transport": {"kind": "stdio", "command": "x"}}),
+            "name",
+        ),
+        (
+            json!({"name": "w", "transport": {"kind": "http", "url": "file:///etc/passwd"}}),
+            "transport.url",
+        ),
+        (
+            json!({"name": "w", "transport": {"kind": "http", "url": "https://u:p@mcp.example/"}}),
+            "transport.url",
+        ),
+        (
+            json!({"name": "w", "transport": {"kind": "http", "url": "https://mcp.example/", "headers": {"bad name": "v"}}}),
+            "transport.headers",
+        ),
+    ] {
+        let e = admin.call("mcp.save", bad.clone()).await.unwrap_err();
+        assert_eq!(code(&e), "bad-params", "{bad}");
+        assert_eq!(e.data["field"], field, "{bad}");
+    }
+
+    let saved = admin.ok("mcp.save", definition).await;
+    assert_eq!(
+        saved["transport"],
+        json!({"kind": "http", "url": url, "headerNames": ["authorization"]})
+    );
+    assert_eq!(saved["enabled"], true);
+    let listed = bob.ok("mcp.list", json!({})).await;
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["name"], "web");
+    assert!(!listed.to_string().contains("s3cret"), "{listed}");
+    let audit = admin.ok("admin.audit.list", json!({})).await;
+    assert!(
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "mcp.save" && e["target"] == "web"),
+        "{audit}"
+    );
+
+    // A member's session: the model calls the server's tool, which waits for approval.
+    let (sid, mut watch) = session(&stack, &mut bob).await;
+    mock.push(Reply::tools(
+        &[("call_h", "mcp__web__echo", json!({"text": "over http"}))],
+        5,
+    ));
+    mock.push(Reply::text(&["Done."]));
+    bob.ok("session.send", json!({"sessionId": sid, "prompt": "Use the web echo"}))
+        .await;
+    let shown = approve(&mut bob, &mut watch).await;
+    assert_eq!(shown["tool"]["name"], "mcp__web__echo", "{shown}");
+    let events = watch.until(60, is_turn_end).await.expect("the turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    assert!(!events.iter().any(|e| e["type"] == "session.notice"), "{events:?}");
+    assert!(offered(&mock, 0).contains(&"mcp__web__echo".to_string()));
+    let rows = bob.history(&sid).await;
+    let result = rows
+        .iter()
+        .find(|r| r["kind"] == "toolResult")
+        .expect("a tool result row");
+    assert_eq!(result["tool"]["status"], "completed", "{result}");
+    assert!(
+        result["body"].as_str().unwrap().starts_with("echo: over http\n"),
+        "{result}"
+    );
+
+    // The header value reached the server (it refuses requests without it) and nothing else:
+    // not the model, not history, not a log.
+    for (i, req) in mock.requests().iter().enumerate() {
+        assert!(!req.to_string().contains("s3cret"), "request {i} carries the secret");
+    }
+    assert!(!serde_json::to_string(&rows).unwrap().contains("s3cret"));
+    let logs = [stack.servers[0].log.clone(), stack.worker.as_ref().unwrap().log.clone()];
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(!text.contains("s3cret"), "{} holds the secret", log.display());
+    }
+
+    // Removed, it is gone from the list and from the next turn.
+    assert_eq!(
+        admin.ok("mcp.remove", json!({"name": "web"})).await,
+        json!({"removed": true})
+    );
+    assert_eq!(bob.ok("mcp.list", json!({})).await, json!([]));
+    mock.push(Reply::text(&["No tools from outside."]));
+    bob.ok("session.send", json!({"sessionId": sid, "prompt": "Again"}))
+        .await;
+    let events = watch.until(60, is_turn_end).await.expect("the second turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    assert!(!offered(&mock, 2).iter().any(|t| t.starts_with("mcp__web__")));
+}
+
+#[tokio::test]
+async fn tenant_stdio_servers_run_in_the_workspace_and_the_workers_own_file_wins_a_name_clash() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let config = stack.workspace_dir.with_extension("worker-mcp.json");
+    write_config(
+        &config,
+        json!({"clash": {"command": SERVER, "env": {"FROM_WORKER": "1"}}}),
+    );
+    stack.kill_worker().await;
+    let config_path = config.display().to_string();
+    stack
+        .start_worker_with_env(0, &[], &[("BERTH_WORKER_MCP_CONFIG", config_path.as_str())])
+        .await;
+    let mut admin = stack.client(0).await;
+    let stdio = |env: Value| json!({"kind": "stdio", "command": SERVER, "env": env});
+    admin
+        .ok(
+            "mcp.save",
+            json!({"name": "local", "transport": stdio(json!({"TENANT_TOKEN": "env-s3cret"}))}),
+        )
+        .await;
+    admin
+        .ok(
+            "mcp.save",
+            json!({"name": "clash", "transport": stdio(json!({"FROM_TENANT": "1"}))}),
+        )
+        .await;
+    admin
+        .ok(
+            "mcp.save",
+            json!({"name": "off", "transport": stdio(json!({})), "enabled": false}),
+        )
+        .await;
+    // One that cannot be reached is a notice, not a failed turn.
+    admin
+        .ok(
+            "mcp.save",
+            json!({"name": "gone", "transport": {"kind": "http", "url": "http://127.0.0.1:9/mcp"}}),
+        )
+        .await;
+    let listed = admin.ok("mcp.list", json!({})).await;
+    let local = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "local")
+        .unwrap();
+    assert_eq!(
+        local["transport"],
+        json!({"kind": "stdio", "command": SERVER, "envNames": ["TENANT_TOKEN"]})
+    );
+    assert!(!listed.to_string().contains("env-s3cret"), "{listed}");
+
+    let s = admin
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "autoApprove": true}),
+        )
+        .await;
+    let sid = s["sessionId"].as_str().unwrap().to_string();
+    let mut watch = admin.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(
+        &[
+            ("call_l", "mcp__local__echo", json!({"text": "tenant"})),
+            ("call_c", "mcp__clash__echo", json!({"text": "clash"})),
+        ],
+        5,
+    ));
+    mock.push(Reply::text(&["Both answered."]));
+    admin
+        .ok("session.send", json!({"sessionId": sid, "prompt": "Call both"}))
+        .await;
+    let events = watch.until(60, is_turn_end).await.expect("the turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    let notices: Vec<Value> = events
+        .iter()
+        .filter(|e| e["type"] == "session.notice")
+        .map(|e| e["params"].clone())
+        .collect();
+    assert_eq!(
+        notices,
+        [json!({"server": "gone", "reason": "start-failed"})],
+        "{events:?}"
+    );
+
+    let tools = offered(&mock, 0);
+    assert!(tools.contains(&"mcp__local__echo".to_string()), "{tools:?}");
+    assert!(!tools.iter().any(|t| t.starts_with("mcp__off__")), "{tools:?}");
+    let rows = admin.history(&sid).await;
+    let body = |call: &str| {
+        rows.iter()
+            .find(|r| r["kind"] == "toolResult" && r["tool"]["callId"] == call)
+            .unwrap_or_else(|| panic!("no result for {call}: {rows:?}"))["body"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    // The tenant's server ran in the workspace with its own environment.
+    let local = body("call_l");
+    let root = stack.workspace_dir.canonicalize().unwrap();
+    assert!(local.starts_with("echo: tenant\n"), "{local}");
+    assert!(local.contains(&format!("cwd: {}\n", root.display())), "{local}");
+    assert!(local.contains("TENANT_TOKEN"), "{local}");
+    // On a name clash the worker's own entry is the one started.
+    let clash = body("call_c");
+    assert!(
+        clash.contains("FROM_WORKER") && !clash.contains("FROM_TENANT"),
+        "{clash}"
+    );
+    let worker_log = std::fs::read_to_string(&stack.worker.as_ref().unwrap().log).unwrap();
+    assert!(!worker_log.contains("env-s3cret"));
 }

@@ -50,6 +50,9 @@ const NO_ID_METHODS: &[&str] = &[
     "admin.audit.list",
     "admin.worker.list",
     "agent.list",
+    // Named, not identified: another tenant's `mcp.save` of the same name saves its own.
+    "mcp.list",
+    "mcp.save",
 ];
 
 #[tokio::test(flavor = "multi_thread")]
@@ -76,6 +79,12 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"name": "a-skill", "summary": "A's", "body": "secret"}),
         )
         .await;
+    a.ok(
+        "mcp.save",
+        json!({"name": "a-mcp", "transport": {"kind": "http", "url": "https://mcp.example/",
+               "headers": {"authorization": "Bearer a-secret"}}}),
+    )
+    .await;
     let receipt_op = "op-of-a";
     a.ok(
         "session.rename",
@@ -106,6 +115,16 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
         .await
         .unwrap();
 
+    // An attachment of A's.
+    let attachment = a
+        .upload(
+            json!({"sessionId": sid, "mime": "text/plain", "filename": "a.txt"}),
+            b"A's",
+            None,
+        )
+        .await
+        .expect("content.upload");
+
     let b_token = tenant_b(&stack.servers[0]).await;
     let mut b = Client::authed(&stack.servers[0].ws_url(), &b_token).await.unwrap();
 
@@ -123,6 +142,11 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             "session.send",
             json!({"sessionId": sid, "prompt": "x"}),
             json!({"sessionId": "ses_random", "prompt": "x"}),
+        ),
+        (
+            "content.read",
+            json!({"attachmentId": attachment["attachmentId"]}),
+            json!({"attachmentId": "att_random"}),
         ),
         (
             "content.upload",
@@ -365,6 +389,7 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             json!({"skillId": skill["skillId"]}),
             json!({"skillId": "skl_random"}),
         ),
+        ("mcp.remove", json!({"name": "a-mcp"}), json!({"name": "mcp-random"})),
         (
             "session.compact",
             json!({"sessionId": sid}),
@@ -395,12 +420,21 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
             "{method}: another tenant's id must look missing"
         );
     }
+    // B saving a server of the same name saves B's own.
+    b.ok(
+        "mcp.save",
+        json!({"name": "a-mcp", "transport": {"kind": "stdio", "command": "b-server"}}),
+    )
+    .await;
     assert_eq!(snapshot(&mut a, &sid).await, before, "nothing of tenant A changed");
     // A's credential still works, and B sees none of A's things in lists.
     assert_eq!(b.ok("workspace.list", json!({})).await, json!([]));
     assert_eq!(b.ok("session.list", json!({})).await["entries"], json!([]));
     assert_eq!(b.ok("agent.list", json!({})).await, json!([]));
     assert_eq!(b.ok("skill.list", json!({})).await, json!({"skills": []}));
+    let b_mcp = b.ok("mcp.list", json!({})).await;
+    assert_eq!(b_mcp.as_array().unwrap().len(), 1, "{b_mcp}");
+    assert_eq!(b_mcp[0]["transport"]["kind"], "stdio", "{b_mcp}");
     let b_creds = b.ok("admin.credential.list", json!({})).await;
     assert!(
         b_creds
@@ -450,7 +484,8 @@ async fn snapshot(a: &mut Client, sid: &str) -> Value {
     let ws = a.ok("workspace.list", json!({})).await;
     let agents = a.ok("agent.list", json!({})).await;
     let skills = a.ok("skill.list", json!({})).await;
-    json!([s, h, creds, users, ws, agents, skills])
+    let mcp = a.ok("mcp.list", json!({})).await;
+    json!([s, h, creds, users, ws, agents, skills, mcp])
 }
 
 /// A call's outcome as comparable JSON: the result, or the error (subscriptions: their end).
@@ -852,11 +887,13 @@ async fn passwords_jwts_and_their_rejections() {
         login_status(&server, "default", "nobody@example.com", "whatever-password").await,
         401
     );
+    // Five attempts, then one per 12 s: attempts until the first 429 (each refused one costs
+    // an argon2 hash, which on a loaded machine may be slow enough for a refill in between).
     let mut statuses = Vec::new();
-    for _ in 0..7 {
+    while statuses.len() < 20 && statuses.last() != Some(&429) {
         statuses.push(login_status(&server, "default", "person@example.com", "wrong-password-123").await);
     }
-    assert!(statuses.starts_with(&[401]), "{statuses:?}");
+    assert!(statuses.starts_with(&[401, 401, 401, 401, 401]), "{statuses:?}");
     assert_eq!(*statuses.last().unwrap(), 429, "{statuses:?}");
     let (status, body) = login(&server, "default", "person@example.com", "pw-secret-long-enough").await;
     assert_eq!(status, 429);

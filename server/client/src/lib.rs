@@ -61,6 +61,8 @@ pub const TAKES_OPERATION_ID: &[&str] = &[
     "agent.remove",
     "skill.save",
     "skill.remove",
+    "mcp.save",
+    "mcp.remove",
 ];
 
 /// What went wrong with a call.

@@ -26,6 +26,7 @@ pub mod agents;
 pub mod error;
 pub mod events;
 pub mod jsonrpc;
+pub mod mcp;
 pub mod observe;
 #[cfg(feature = "schema")]
 pub mod schema;
@@ -38,6 +39,7 @@ pub mod worker;
 pub use agents::*;
 pub use error::{ErrorCode, RpcError};
 pub use events::*;
+pub use mcp::*;
 pub use observe::*;
 pub use search::*;
 pub use skills::*;
@@ -135,6 +137,9 @@ methods! {
     SessionSend = "session.send" (SessionSendParams) -> SessionSendResult;
     /// Upload an attachment: this request, then one binary message `[id: u32 BE][bytes]`.
     ContentUpload = "content.upload" (ContentUploadParams) -> ContentUploadResult;
+    /// A page of an attachment's bytes (an upload, or a file a channel session's model
+    /// attached), base64.
+    ContentRead = "content.read" (ContentReadParams) -> ContentReadResult;
     /// Read history rows under a fixed `through` fence.
     SessionHistory = "session.history" (SessionHistoryParams) -> SessionHistoryResult;
     /// Subscription: every event after `after`, then a `state` item, then live; items are
@@ -230,6 +235,12 @@ methods! {
     SkillSave = "skill.save" (SkillSaveParams) -> Skill;
     /// Remove a tenant skill (idempotent).
     SkillRemove = "skill.remove" (SkillRemoveParams) -> Removed;
+    /// The tenant's MCP servers, by name (header and environment values never shown).
+    McpList = "mcp.list" (Empty) -> Vec<McpServer>;
+    /// Create or replace the tenant's MCP server `name` (admins).
+    McpSave = "mcp.save" (McpSaveParams) -> McpServer;
+    /// Remove the tenant's MCP server `name` (admins; idempotent).
+    McpRemove = "mcp.remove" (McpRemoveParams) -> Removed;
 }
 
 /// No parameters / no result fields.

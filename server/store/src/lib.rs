@@ -21,6 +21,7 @@ mod fork;
 mod history;
 mod identity;
 mod interactions;
+mod mcp;
 mod patches;
 pub mod receipts;
 mod routing;

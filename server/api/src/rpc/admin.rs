@@ -11,7 +11,7 @@ use serde_json::json;
 use super::Ctx;
 use crate::error::{ApiError, ApiResult};
 
-fn admin(ctx: &Ctx) -> ApiResult<Principal> {
+pub(super) fn admin(ctx: &Ctx) -> ApiResult<Principal> {
     let me = ctx.principal()?;
     if me.role != "admin" {
         return Err(ApiError::code(ErrorCode::Forbidden));

@@ -16,6 +16,7 @@ mod files;
 mod fork;
 mod git;
 pub(crate) mod interaction;
+mod mcp;
 mod patch;
 mod queue;
 mod receipts;
@@ -481,11 +482,13 @@ async fn run(
                     let _ = conn.out.send(text(&refusal)).await;
                 }
             },
-            // An upload's bytes; one whose id matches no upload in flight drops the connection.
-            // (Cloning `Bytes` shares the buffer.)
-            Message::Binary(b) if !conn.uploads.deliver(b.clone()) => {
-                let _ = conn.out.send(close(1003, "unexpected binary message")).await;
-                break;
+            // An upload's bytes; one whose id matches no upload in flight is a typed error
+            // and the connection goes on. (Cloning `Bytes` shares the buffer.)
+            Message::Binary(b) => {
+                if let Err(stray) = conn.uploads.deliver(b) {
+                    let refusal = RpcResponse::err(None, stray.error().0);
+                    let _ = conn.out.send(text(&refusal)).await;
+                }
             }
             Message::Close(_) => break,
             _ => {}
@@ -780,6 +783,7 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionSend::NAME => call::<method::SessionSend, _, _>(ctx, params, session::send).await,
         method::SessionHistory::NAME => call::<method::SessionHistory, _, _>(ctx, params, session::history).await,
         method::ContentUpload::NAME => call::<method::ContentUpload, _, _>(ctx, params, upload::content_upload).await,
+        method::ContentRead::NAME => call::<method::ContentRead, _, _>(ctx, params, upload::content_read).await,
         method::SessionWatch::NAME => call::<method::SessionWatch, _, _>(ctx, params, session::watch).await,
         method::SessionList::NAME => call::<method::SessionList, _, _>(ctx, params, session::list).await,
         method::SessionRename::NAME => call::<method::SessionRename, _, _>(ctx, params, session::rename).await,
@@ -843,6 +847,9 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SkillGet::NAME => call::<method::SkillGet, _, _>(ctx, params, skill::get).await,
         method::SkillSave::NAME => call::<method::SkillSave, _, _>(ctx, params, skill::save).await,
         method::SkillRemove::NAME => call::<method::SkillRemove, _, _>(ctx, params, skill::remove).await,
+        method::McpList::NAME => call::<method::McpList, _, _>(ctx, params, mcp::list).await,
+        method::McpSave::NAME => call::<method::McpSave, _, _>(ctx, params, mcp::save).await,
+        method::McpRemove::NAME => call::<method::McpRemove, _, _>(ctx, params, mcp::remove).await,
         _ => Err(ApiError::with(ErrorCode::Internal, json!({}))).inspect_err(|_| {
             tracing::error!(method = name, "declared method has no handler");
         }),
@@ -983,6 +990,7 @@ mod tests {
         "SessionGet",
         "SessionSend",
         "ContentUpload",
+        "ContentRead",
         "SessionHistory",
         "SessionWatch",
         "SubscriptionClose",
@@ -1028,6 +1036,9 @@ mod tests {
         "SkillGet",
         "SkillSave",
         "SkillRemove",
+        "McpList",
+        "McpSave",
+        "McpRemove",
     ];
 
     #[test]

@@ -39,6 +39,8 @@ const MUTATIONS: &[&str] = &[
     "agent.remove",
     "skill.save",
     "skill.remove",
+    "mcp.save",
+    "mcp.remove",
 ];
 
 pub fn is_mutation(method: &str) -> bool {

@@ -1,12 +1,13 @@
 //! Tools from MCP servers (SPEC §4.16), through the official Rust SDK (`rmcp`, client side
 //! only).
 //!
-//! Where servers come from: the worker's own configuration (`BERTH_WORKER_MCP_CONFIG`, a JSON
-//! file; the worker's credential belongs to one tenant, so this is the tenant's set on that
-//! machine, and the only place secrets such as HTTP headers may be), then, when the worker
-//! allows it (`BERTH_WORKER_MCP_WORKSPACE`), the workspace's `.berth/mcp.json` (read through
-//! `workspace.rs`; no headers there, and a name the worker already uses is skipped). Both have
-//! the same shape: `{"mcpServers": {"name": {"command", "args", "env"} | {"url", "headers"}}}`.
+//! Where servers come from, in this order (a name already taken is skipped, so an earlier
+//! source wins a clash): the worker's own configuration (`BERTH_WORKER_MCP_CONFIG`, a JSON
+//! file: what the machine's operator runs), then the tenant's servers saved with `mcp.save`
+//! (sent with each `turn.run`, header and environment values included), then, when the
+//! worker allows it (`BERTH_WORKER_MCP_WORKSPACE`), the workspace's `.berth/mcp.json` (read
+//! through `workspace.rs`; no headers there). The files have the shape
+//! `{"mcpServers": {"name": {"command", "args", "env"} | {"url", "headers"}}}`.
 //!
 //! A turn with tools connects to every configured server at its start and disconnects at
 //! its end: stdio servers run with the workspace root as working directory, a clean
@@ -19,6 +20,7 @@
 use std::{collections::BTreeMap, path::Path, process::Stdio, sync::Arc, time::Duration};
 
 use anyhow::{Context, bail};
+use berth_protocol::{McpServerRun, McpTransport};
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
 use rmcp::{
     RoleClient, ServiceExt,
@@ -132,6 +134,27 @@ impl std::fmt::Debug for ServerSpec {
     }
 }
 
+impl From<&McpTransport> for ServerSpec {
+    fn from(t: &McpTransport) -> ServerSpec {
+        match t {
+            McpTransport::Stdio(s) => ServerSpec {
+                command: Some(s.command.clone()),
+                args: s.args.clone(),
+                env: s.env.clone(),
+                url: None,
+                headers: BTreeMap::new(),
+            },
+            McpTransport::Http(h) => ServerSpec {
+                command: None,
+                args: Vec::new(),
+                env: BTreeMap::new(),
+                url: Some(h.url.clone()),
+                headers: h.headers.clone(),
+            },
+        }
+    }
+}
+
 impl ServerSpec {
     /// Why this server cannot be used, as a reason code.
     fn check(&self, name: &str, headers_allowed: bool) -> Result<(), &'static str> {
@@ -199,20 +222,36 @@ pub(crate) struct Mcp {
 }
 
 impl Mcp {
-    /// Connect to the configured servers (concurrently, each within the start timeout).
-    /// Returns the connected ones and what went wrong with the others.
+    /// Connect to the configured servers — the worker's, the tenant's (`tenant`, from the
+    /// turn) and the workspace's — concurrently, each within the start timeout. Returns the
+    /// connected ones and what went wrong with the others.
     pub(crate) async fn connect(
         config: &McpConfig,
+        tenant: &[McpServerRun],
         ws: &Arc<Workspace>,
         cancel: &CancellationToken,
     ) -> (Mcp, Vec<Problem>) {
         let mut problems = Vec::new();
         let mut specs: Vec<(String, ServerSpec)> = config.servers.clone().into_iter().collect();
+        let taken = |specs: &[(String, ServerSpec)], name: &str| specs.iter().any(|(n, _)| n == name);
+        for server in tenant {
+            if taken(&specs, &server.name) {
+                continue;
+            }
+            let spec = ServerSpec::from(&server.transport);
+            match spec.check(&server.name, true) {
+                Ok(()) => specs.push((server.name.clone(), spec)),
+                Err(reason) => problems.push(Problem {
+                    server: Some(server.name.clone()),
+                    reason,
+                }),
+            }
+        }
         if config.workspace_files {
             match read_workspace_file(ws).await {
                 Ok(servers) => {
                     for (name, spec) in servers {
-                        if config.servers.contains_key(&name) {
+                        if taken(&specs, &name) {
                             continue;
                         }
                         match spec.check(&name, false) {

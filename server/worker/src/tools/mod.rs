@@ -2,6 +2,7 @@
 //! schemas the model sees and dispatches calls by name. A tool error is a result the model
 //! reads, never a crash.
 
+pub(crate) mod attach;
 mod fs;
 pub(crate) mod mcp;
 mod search;
@@ -81,8 +82,12 @@ impl Tools {
     }
 
     /// This turn's MCP servers (see `mcp.rs`) and the problems with those it goes without.
-    pub(crate) async fn connect_mcp(&self, cancel: &CancellationToken) -> (mcp::Mcp, Vec<mcp::Problem>) {
-        mcp::Mcp::connect(&self.mcp, &self.ws, cancel).await
+    pub(crate) async fn connect_mcp(
+        &self,
+        tenant: &[berth_protocol::McpServerRun],
+        cancel: &CancellationToken,
+    ) -> (mcp::Mcp, Vec<mcp::Problem>) {
+        mcp::Mcp::connect(&self.mcp, tenant, &self.ws, cancel).await
     }
 
     pub(crate) fn workspace(&self) -> &Arc<Workspace> {
