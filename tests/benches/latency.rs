@@ -53,6 +53,13 @@ async fn main() {
     let mut table = Table::default();
     let only = std::env::var("BERTH_BENCH_ONLY").unwrap_or_default();
     // `BERTH_BENCH_ONLY=concurrency`: only the concurrency and observation rows.
+    // `BERTH_BENCH_ONLY=workspace`: only the `git.status` and `files.read` rows.
+    if only == "workspace" {
+        workspace_rows(&mut table, &mock).await;
+        println!();
+        table.print();
+        return;
+    }
     if only == "concurrency" {
         concurrency(&mut table, &mock).await;
         println!();
@@ -1370,6 +1377,27 @@ async fn concurrency(table: &mut Table, mock: &MockProvider) {
 
     git_status(table, &a, &token, &ws_a, &dir_a, repo_files).await;
     files_read(table, &b, &token, &ws_a, &dir_a).await;
+    stop(a).await;
+    stop(b).await;
+}
+
+/// The `git.status` and `files.read` rows alone: two replicas, one worker on A holding the
+/// repository, as in [`concurrency`] but without its turns.
+async fn workspace_rows(table: &mut Table, mock: &MockProvider) {
+    let database_url = fresh_database().await;
+    let a = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+        .await
+        .expect("replica A");
+    let b = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+        .await
+        .expect("replica B");
+    let token = a.admin_token();
+    let dir = scratch_dir("bench-repo");
+    let files = git_repo(&dir);
+    let _w = spawn_worker(&a, "bench-a", "wa", &dir).await;
+    let ws = online_workspace(&a, &token, "bench-a").await;
+    git_status(table, &a, &token, &ws, &dir, files).await;
+    files_read(table, &b, &token, &ws, &dir).await;
     stop(a).await;
     stop(b).await;
 }

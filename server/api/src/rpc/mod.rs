@@ -328,7 +328,24 @@ impl Ctx {
 
     /// Send one subscription item; waits when the outbound queue is full.
     pub async fn item(&self, item: &impl serde::Serialize) -> bool {
-        let note = Request::notification(SUBSCRIPTION_ITEM, json!({"id": self.id, "item": item}));
+        // Written in one pass: an item may be a worker's raw JSON (a file chunk), which a
+        // `Value` in between would parse again.
+        #[derive(serde::Serialize)]
+        struct Params<'a, T> {
+            id: Option<u32>,
+            item: &'a T,
+        }
+        #[derive(serde::Serialize)]
+        struct Note<'a, T> {
+            jsonrpc: &'static str,
+            method: &'static str,
+            params: Params<'a, T>,
+        }
+        let note = Note {
+            jsonrpc: "2.0",
+            method: SUBSCRIPTION_ITEM,
+            params: Params { id: self.id, item },
+        };
         self.conn.out.send(text(&note)).await
     }
 }

@@ -34,7 +34,7 @@ use berth_protocol::{ErrorCode, Method, RpcError, jsonrpc::Request, method, work
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::{Value, json, value::RawValue};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::Registry;
@@ -58,10 +58,12 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A forwarded stream with nothing, not even a keepalive, for this long is dead.
 const REMOTE_IDLE: Duration = Duration::from_secs(45);
 
-/// What a call yields: items (subscriptions), then its answer.
+/// What a call yields: items (subscriptions), then its answer. An item stays the JSON text
+/// the worker wrote: the replicas only pass it on (a file chunk is ~44 KiB of base64 that
+/// no hop needs to look into).
 #[derive(Debug)]
 pub enum CallEvent {
-    Item(Value),
+    Item(Box<RawValue>),
     Done(Result<Value, RpcError>),
 }
 
@@ -106,19 +108,43 @@ impl CallTable {
             .is_some_and(|m| m.contains_key(&id))
     }
 
-    /// A `call.item` from the worker.
-    pub(super) fn item(&self, params: Value) {
+    /// A `call.item` from the worker, taken from its text without building a `Value` of
+    /// the item; false when `text` is not one (the caller then routes it as usual).
+    pub(super) fn item_text(&self, text: &str) -> bool {
+        #[derive(Deserialize)]
+        struct Note<'a> {
+            #[serde(borrow)]
+            method: &'a str,
+            params: RawItem,
+        }
+        match serde_json::from_str::<Note>(text) {
+            Ok(note) if note.method == wp::CALL_ITEM => {
+                self.item(note.params.call_id, note.params.item);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A `call.item` from the worker, already parsed.
+    pub(super) fn item_value(&self, params: Value) {
         let Ok(item) = serde_json::from_value::<wp::CallItem>(params) else {
             return;
         };
+        if let Ok(raw) = serde_json::value::to_raw_value(&item.item) {
+            self.item(item.call_id, raw);
+        }
+    }
+
+    fn item(&self, call_id: u32, item: Box<RawValue>) {
         let mut calls = self.calls.lock().expect("calls lock");
         let Some(map) = calls.as_mut() else { return };
-        let Some(tx) = map.get(&item.call_id) else { return };
+        let Some(tx) = map.get(&call_id) else { return };
         // The worker keeps within its credit, so the channel has room; a worker that does
         // not ends the call instead of growing a buffer.
-        if tx.try_send(CallEvent::Item(item.item)).is_err() {
+        if tx.try_send(CallEvent::Item(item)).is_err() {
             tracing::warn!("worker overran a call's credit; call ended");
-            if let Some(tx) = map.remove(&item.call_id) {
+            if let Some(tx) = map.remove(&call_id) {
                 let _ = tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
             }
         }
@@ -139,6 +165,14 @@ impl CallTable {
         let _ = tx.try_send(CallEvent::Done(done));
         true
     }
+}
+
+/// A `call.item`'s params with the item left as text.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawItem {
+    call_id: u32,
+    item: Box<RawValue>,
 }
 
 /// How long a call may wait for its worker.
@@ -182,6 +216,8 @@ enum Inner {
     Remote {
         body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
         buf: Vec<u8>,
+        /// How much of `buf` is known to hold no line end.
+        scanned: usize,
     },
 }
 
@@ -189,7 +225,7 @@ enum Inner {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 enum Line {
-    Item(Value),
+    Item(Box<RawValue>),
     Result(Value),
     Error(RpcError),
     Keepalive,
@@ -248,10 +284,13 @@ impl CallStream {
                 // The connection loop dropped the call: the worker went away.
                 None => CallEvent::Done(Err(unavailable("worker-disconnected"))),
             },
-            Inner::Remote { body, buf } => loop {
-                if let Some(end) = buf.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=end).collect();
-                    match serde_json::from_slice::<Line>(&line) {
+            Inner::Remote { body, buf, scanned } => loop {
+                if let Some(at) = buf[*scanned..].iter().position(|b| *b == b'\n') {
+                    let end = *scanned + at;
+                    let parsed = serde_json::from_slice::<Line>(&buf[..end]);
+                    buf.drain(..=end);
+                    *scanned = 0;
+                    match parsed {
                         Ok(Line::Item(v)) => return CallEvent::Item(v),
                         Ok(Line::Result(v)) => return CallEvent::Done(Ok(v)),
                         Ok(Line::Error(e)) => return CallEvent::Done(Err(e)),
@@ -259,6 +298,7 @@ impl CallStream {
                         Err(_) => return CallEvent::Done(Err(unavailable("replica-unreachable"))),
                     }
                 }
+                *scanned = buf.len();
                 match body.next().await {
                     Some(Ok(bytes)) => buf.extend_from_slice(&bytes),
                     // The forwarding replica went away mid-call.
@@ -419,6 +459,7 @@ pub async fn call(
         inner: Inner::Remote {
             body: Box::pin(resp.bytes_stream()),
             buf: Vec::new(),
+            scanned: 0,
         },
         wait: Wait::of(method_name),
         deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
@@ -450,7 +491,9 @@ pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Js
         state.metrics.auth_failures.with_label_values(&["cluster"]).inc();
         return StatusCode::FORBIDDEN.into_response();
     }
-    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    // A credit window's worth of lines may wait for the response body: the worker's window
+    // is not narrowed by this hop.
+    let (tx, rx) = mpsc::channel::<Bytes>(wp::CALL_WINDOW as usize);
     let line = |l: &Line| {
         let mut v = serde_json::to_vec(l).unwrap_or_default();
         v.push(b'\n');

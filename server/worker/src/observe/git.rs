@@ -95,39 +95,61 @@ fn index_kind(mode: Mode) -> Option<EntryKind> {
 
 /// The index, checked for features this module does not handle.
 struct Index {
-    file: gix::worktree::Index,
-    /// Stage-0 entries by path.
-    entries: BTreeMap<Vec<u8>, usize>,
+    /// Owned, not gix's shared snapshot, so that threads can share it.
+    file: gix::index::File,
     /// Paths with conflict stages.
     unmerged: BTreeSet<Vec<u8>>,
 }
 
+impl Index {
+    /// The stage-0 entry at `path` (the index is sorted by path, then stage).
+    fn stage0(&self, path: &[u8]) -> Option<&gix::index::Entry> {
+        let entries = self.file.entries();
+        let at = entries.partition_point(|e| e.path(&self.file).as_bytes() < path);
+        entries
+            .get(at)
+            .filter(|e| e.path(&self.file).as_bytes() == path && e.stage() == gix::index::entry::Stage::Unconflicted)
+    }
+
+    /// Whether the index has `path` at any stage.
+    fn tracks(&self, path: &[u8]) -> bool {
+        let entries = self.file.entries();
+        let at = entries.partition_point(|e| e.path(&self.file).as_bytes() < path);
+        entries.get(at).is_some_and(|e| e.path(&self.file).as_bytes() == path)
+    }
+
+    /// Stage-0 entries with their paths, in path order.
+    fn stage0_entries(&self) -> impl Iterator<Item = (&[u8], &gix::index::Entry)> {
+        self.file
+            .entries()
+            .iter()
+            .filter(|e| e.stage() == gix::index::entry::Stage::Unconflicted)
+            .map(|e| (e.path(&self.file).as_bytes(), e))
+    }
+}
+
 fn load_index(repo: &gix::Repository) -> Result<Index, RpcError> {
-    let file = repo.index_or_empty().map_err(broken)?;
+    let file = if repo.index_path().exists() {
+        repo.open_index().map_err(broken)?
+    } else {
+        gix::index::File::from_state(gix::index::State::new(repo.object_hash()), repo.index_path())
+    };
     if file.is_sparse() {
         return Err(unsupported("sparse-checkout"));
     }
-    let mut entries = BTreeMap::new();
     let mut unmerged = BTreeSet::new();
-    for (i, e) in file.entries().iter().enumerate() {
+    for e in file.entries() {
         if e.flags.contains(gix::index::entry::Flags::SKIP_WORKTREE) {
             return Err(unsupported("sparse-checkout"));
         }
         if e.mode == Mode::COMMIT {
             return Err(unsupported("submodules"));
         }
-        let path = e.path(&file).to_vec();
         if e.stage() != gix::index::entry::Stage::Unconflicted {
-            unmerged.insert(path);
-        } else {
-            entries.insert(path, i);
+            unmerged.insert(e.path(&file).to_vec());
         }
     }
-    Ok(Index {
-        file,
-        entries,
-        unmerged,
-    })
+    Ok(Index { file, unmerged })
 }
 
 /// Refuse repositories whose attributes select a filter driver with a configured command:
@@ -191,60 +213,207 @@ fn is_link(kind: EntryKind) -> bool {
     kind == EntryKind::Link
 }
 
-/// `git.status`: `None` outside a repository.
-pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
-    let Some(repo) = open(root)? else { return Ok(None) };
-    let (head, tree) = head_tree(&repo)?;
-    let index = load_index(&repo)?;
-    let (untracked_paths, attribute_files) = untracked(root, &index)?;
-    check_filters(&repo, root, &attribute_files)?;
+/// HEAD's side of the staged comparison: the blobs of every subtree that the index's cache
+/// tree (git's `TREE` extension) does not record as identical to HEAD's, and the
+/// directories (`dir/`, sorted) it does record so, whose index entries need no comparison.
+/// Git skips them the same way; a fresh commit leaves the whole tree skipped.
+#[derive(Default)]
+struct HeadSide {
+    flat: Flat,
+    same_dirs: Vec<Vec<u8>>,
+    /// The whole tree is the index's.
+    all_same: bool,
+}
 
-    let mut staged = Vec::new();
-    let entry = |i: usize| &index.file.entries()[i];
-    let paths: BTreeSet<&Vec<u8>> = tree.keys().chain(index.entries.keys()).collect();
-    for path in paths {
-        if index.unmerged.contains(path) {
+impl HeadSide {
+    /// Whether `path`'s index entry matches HEAD by the cache tree.
+    fn skips(&self, path: &[u8]) -> bool {
+        if self.all_same {
+            return true;
+        }
+        // The directories are disjoint, so only the last one sorting before `path` can hold it.
+        let at = self.same_dirs.partition_point(|d| d.as_slice() <= path);
+        at > 0 && path.starts_with(&self.same_dirs[at - 1])
+    }
+}
+
+fn head_side(repo: &gix::Repository, index: &Index) -> Result<(Option<GitHead>, HeadSide), RpcError> {
+    let head = repo.head().map_err(broken)?;
+    let reference = head.referent_name().map(|n| n.as_bstr().to_str_lossy().into_owned());
+    let Some(id) = head.id() else {
+        return Ok((None, HeadSide::default()));
+    };
+    let git_head = GitHead {
+        oid: id.to_string(),
+        reference: if head.is_detached() { None } else { reference },
+    };
+    let tree = repo.head_commit().map_err(broken)?.tree_id().map_err(broken)?.detach();
+    let mut side = HeadSide::default();
+    let cache = index.file.tree();
+    if cache.is_some_and(|c| c.num_entries.is_some() && c.id == tree) {
+        side.all_same = true;
+    } else {
+        collect_head(repo, tree, cache, &mut Vec::new(), &mut side)?;
+    }
+    Ok((Some(git_head), side))
+}
+
+/// HEAD's tree `id` at `prefix`, skipping the subtrees `cache` records as unchanged.
+fn collect_head(
+    repo: &gix::Repository,
+    id: ObjectId,
+    cache: Option<&gix::index::extension::Tree>,
+    prefix: &mut Vec<u8>,
+    side: &mut HeadSide,
+) -> Result<(), RpcError> {
+    let tree = repo.find_tree(id).map_err(broken)?;
+    let decoded = tree.decode().map_err(broken)?;
+    for entry in &decoded.entries {
+        let len = prefix.len();
+        prefix.extend_from_slice(entry.filename);
+        let kind = entry.mode.kind();
+        if kind == EntryKind::Tree {
+            let child = cache.and_then(|c| {
+                c.children
+                    .iter()
+                    .find(|t| t.name.as_slice() == entry.filename.as_bytes())
+            });
+            prefix.push(b'/');
+            if child.is_some_and(|c| c.num_entries.is_some() && c.id == entry.oid) {
+                side.same_dirs.push(prefix.clone());
+            } else {
+                collect_head(repo, entry.oid.to_owned(), child, prefix, side)?;
+            }
+        } else {
+            side.flat.insert(
+                prefix.clone(),
+                Item {
+                    id: entry.oid.to_owned(),
+                    kind,
+                },
+            );
+        }
+        prefix.truncate(len);
+    }
+    Ok(())
+}
+
+/// The staged area: HEAD against the index.
+fn staged(index: &Index, head: &HeadSide) -> Result<Vec<GitEntry>, RpcError> {
+    let mut changes: Vec<(&[u8], GitChange)> = Vec::new();
+    let mut in_index = HashSet::new();
+    for (path, e) in index.stage0_entries() {
+        if head.skips(path) {
             continue;
         }
-        let old = tree.get(path);
-        let new = index.entries.get(path).map(|&i| entry(i));
-        let change = match (old, new) {
-            (None, Some(_)) => GitChange::Added,
-            (Some(_), None) => GitChange::Deleted,
-            (Some(o), Some(n)) => {
-                let kind = index_kind(n.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
+        in_index.insert(path);
+        let change = match head.flat.get(path) {
+            None => GitChange::Added,
+            Some(o) => {
+                let kind = index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
                 if is_link(o.kind) != is_link(kind) {
                     GitChange::TypeChanged
-                } else if o.id != n.id || o.kind != kind {
+                } else if o.id != e.id || o.kind != kind {
                     GitChange::Modified
                 } else {
                     continue;
                 }
             }
-            (None, None) => continue,
         };
-        staged.push(git_entry(path, change));
+        changes.push((path, change));
     }
-    for path in &index.unmerged {
-        staged.push(git_entry(path, GitChange::Unmerged));
+    for path in head.flat.keys() {
+        if !in_index.contains(path.as_slice()) && !index.unmerged.contains(path) {
+            changes.push((path, GitChange::Deleted));
+        }
     }
+    changes.sort_by(|a, b| a.0.cmp(b.0));
+    let mut out: Vec<GitEntry> = changes.into_iter().map(|(p, c)| git_entry(p, c)).collect();
+    out.extend(index.unmerged.iter().map(|p| git_entry(p, GitChange::Unmerged)));
+    Ok(out)
+}
 
-    let mut worktree = Vec::new();
+/// The index's stat data for what `lstat` says now (truncated as git stores it).
+fn index_stat(st: &rustix::fs::Stat) -> gix::index::entry::Stat {
+    use gix::index::entry::stat::Time;
+    gix::index::entry::Stat {
+        mtime: Time {
+            secs: st.st_mtime as u32,
+            nsecs: st.st_mtime_nsec as u32,
+        },
+        ctime: Time {
+            secs: st.st_ctime as u32,
+            nsecs: st.st_ctime_nsec as u32,
+        },
+        dev: st.st_dev as u32,
+        ino: st.st_ino as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size: st.st_size as u32,
+    }
+}
+
+/// The stage-0 entries (indices into `entries`) whose stat data does not vouch for their
+/// content: changed, racily clean (the index was written in the same second as the file
+/// last changed) or gone. Unchanged stat information means unchanged content, as git decides it.
+fn stat_suspects(root: &rustix::fd::OwnedFd, index: &Index, entries: &[(&[u8], usize)]) -> Vec<usize> {
     let timestamp = index.file.timestamp();
     let options = gix::index::entry::stat::Options::default();
-    for (path, &i) in &index.entries {
-        let e = entry(i);
-        let full = fs_path(root, path);
-        // Unchanged stat information (and an index written after the file last changed)
-        // means unchanged content, as git decides it.
-        if let Ok(meta) = gix::index::fs::Metadata::from_path_no_follow(&full)
-            && let Ok(stat) = gix::index::entry::Stat::from_fs(&meta)
-            && e.stat.matches(&stat, options)
-            && !e.stat.is_racy(timestamp, options)
-        {
-            continue;
+    let all = index.file.entries();
+    let mut out = Vec::new();
+    for &(path, i) in entries {
+        let e = &all[i];
+        let clean = rustix::fs::statat(root, path, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| e.stat.matches(&index_stat(&st), options) && !e.stat.is_racy(timestamp, options));
+        if !clean {
+            out.push(i);
         }
-        let change = match worktree_blob(&full).map_err(broken)? {
+    }
+    out
+}
+
+/// `git.status`: `None` outside a repository.
+///
+/// Like git, the `lstat` of every tracked file (in two halves on two threads, relative to
+/// the root's descriptor) overlaps with the walk for untracked files (a third thread);
+/// contents are hashed only for entries whose stat data does not vouch for them.
+pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
+    let Some(repo) = open(root)? else { return Ok(None) };
+    let index = load_index(&repo)?;
+    let (head, head_side) = head_side(&repo, &index)?;
+    let staged = staged(&index, &head_side)?;
+
+    let dir = rustix::fs::open(
+        root,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| broken(std::io::Error::from(e)))?;
+    let tracked: Vec<(&[u8], usize)> = index
+        .file
+        .entries()
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.stage() == gix::index::entry::Stage::Unconflicted)
+        .map(|(i, e)| (e.path(&index.file).as_bytes(), i))
+        .collect();
+    let (first, second) = tracked.split_at(tracked.len() / 2);
+    let (walked, mut suspects) = std::thread::scope(|s| {
+        let walk = s.spawn(|| untracked(root, &index));
+        let half = s.spawn(|| stat_suspects(&dir, &index, second));
+        let mut suspects = stat_suspects(&dir, &index, first);
+        suspects.extend(half.join().unwrap_or_default());
+        (walk.join(), suspects)
+    });
+    let (untracked_paths, attribute_files) = walked.map_err(|_| RpcError::new(ErrorCode::Internal))??;
+    check_filters(&repo, root, &attribute_files)?;
+
+    suspects.sort_unstable();
+    let mut worktree = Vec::new();
+    for i in suspects {
+        let e = &index.file.entries()[i];
+        let path = e.path(&index.file).as_bytes();
+        let change = match worktree_blob(&fs_path(root, path)).map_err(broken)? {
             None => GitChange::Deleted,
             Some((data, kind)) => {
                 let indexed = index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
@@ -303,12 +472,6 @@ fn untracked(root: &Path, index: &Index) -> Result<(Vec<Vec<u8>>, Vec<PathBuf>),
             true
         })
         .build();
-    let tracked: HashSet<&[u8]> = index
-        .entries
-        .keys()
-        .chain(index.unmerged.iter())
-        .map(|p| p.as_slice())
-        .collect();
     let mut out = Vec::new();
     let mut attributes = Vec::new();
     for entry in walk {
@@ -323,7 +486,7 @@ fn untracked(root: &Path, index: &Index) -> Result<(Vec<Vec<u8>>, Vec<PathBuf>),
         if entry.file_name() == ".gitattributes" {
             attributes.push(entry.path().to_path_buf());
         }
-        if !tracked.contains(rel) {
+        if !index.tracks(rel) {
             out.push(rel.to_vec());
         }
     }
@@ -348,11 +511,8 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     let index = load_index(&repo)?;
     check_filters(&repo, root, &[])?;
     let blob = |id: ObjectId| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
-    let indexed = match index.entries.get(path) {
-        Some(&i) => {
-            let e = &index.file.entries()[i];
-            Some((e.id, index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?))
-        }
+    let indexed = match index.stage0(path) {
+        Some(e) => Some((e.id, index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?)),
         None => None,
     };
     let read_file =
@@ -699,6 +859,58 @@ mod tests {
             ],
         );
         assert_eq!(feature(outer.path()), "submodules");
+    }
+
+    fn staged(root: &Path) -> Vec<(String, berth_protocol::GitChange)> {
+        status(root)
+            .unwrap()
+            .unwrap()
+            .staged
+            .into_iter()
+            .map(|e| {
+                let path = super::super::decode_raw(&e.path).unwrap();
+                (String::from_utf8(path).unwrap(), e.change)
+            })
+            .collect()
+    }
+
+    /// The staged area skips the directories the index's cache tree records as HEAD's, and
+    /// only those: a fresh commit (all valid), `git add`/`git rm --cached` (the touched
+    /// directories invalidated) and a soft reset (valid cache entries naming another tree).
+    #[test]
+    fn the_staged_area_uses_the_cache_tree_only_where_it_matches_head() {
+        use berth_protocol::GitChange::{Added, Deleted, Modified};
+        let r = repo();
+        let root = r.path();
+        for d in ["x", "y", "z", "w/deep"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+            std::fs::write(root.join(d).join("f"), d).unwrap();
+            std::fs::write(root.join(d).join("g"), d).unwrap();
+        }
+        git(root, &["add", "-A"]);
+        git(root, &["commit", "-q", "-m", "dirs"]);
+        assert_eq!(staged(root), vec![]);
+
+        std::fs::write(root.join("x/f"), "changed").unwrap();
+        std::fs::write(root.join("y/new"), "new").unwrap();
+        git(root, &["add", "x/f", "y/new"]);
+        git(root, &["rm", "-q", "--cached", "z/g"]);
+        let expected = vec![
+            ("x/f".to_string(), Modified),
+            ("y/new".to_string(), Added),
+            ("z/g".to_string(), Deleted),
+        ];
+        assert_eq!(staged(root), expected);
+
+        // Commit, then move HEAD back: the index's cache tree is valid but for the newer tree.
+        std::fs::write(root.join("w/deep/f"), "deeper").unwrap();
+        git(root, &["add", "w/deep/f"]);
+        git(root, &["commit", "-q", "-m", "more"]);
+        git(root, &["write-tree"]);
+        git(root, &["reset", "-q", "--soft", "HEAD~1"]);
+        let mut expected = expected;
+        expected.insert(0, ("w/deep/f".to_string(), Modified));
+        assert_eq!(staged(root), expected);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use berth_protocol::{
     WorkspaceFilesParams, WorkspacePath,
     jsonrpc::{Request, Response},
     method,
-    worker::{self as wp, Call, CallAck, CallCancel, CallItem},
+    worker::{self as wp, Call, CallAck, CallCancel},
 };
 use serde_json::Value;
 use tokio::sync::Semaphore;
@@ -155,13 +155,24 @@ impl Items {
         let Ok(permit) = permit else { return false };
         // Returned by the server's `call.ack`, not on drop.
         permit.forget();
-        let Ok(item) = serde_json::to_value(item) else {
-            return false;
+        // Written in one pass, without a `Value` copy of the item (a file chunk's base64).
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Params<'a, T> {
+            call_id: u32,
+            item: &'a T,
+        }
+        #[derive(serde::Serialize)]
+        struct Note<'a, T> {
+            jsonrpc: &'static str,
+            method: &'static str,
+            params: Params<'a, T>,
+        }
+        let note = Note {
+            jsonrpc: "2.0",
+            method: wp::CALL_ITEM,
+            params: Params { call_id: self.id, item },
         };
-        let note = Request::notification(
-            wp::CALL_ITEM,
-            serde_json::to_value(CallItem { call_id: self.id, item }).unwrap_or_default(),
-        );
         let Ok(text) = serde_json::to_string(&note) else {
             return false;
         };
