@@ -643,12 +643,16 @@ impl SilencingProxy {
 }
 
 fn listen_reconnects(metrics: &str) -> u64 {
+    metric(metrics, "berth_db_listen_reconnects_total").unwrap_or(0)
+}
+
+/// An unlabelled metric's value.
+fn metric(metrics: &str, name: &str) -> Option<u64> {
     metrics
         .lines()
-        .find(|l| l.starts_with("berth_db_listen_reconnects_total "))
+        .find(|l| l.split_whitespace().next() == Some(name))
         .and_then(|l| l.split_whitespace().last())
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// A LISTEN connection that goes silent without closing (half-open) is noticed by its
@@ -683,6 +687,18 @@ async fn a_silent_listen_connection_is_noticed_and_replaced() {
     let mut watcher = Client::authed(&replica.ws_url(), &stack.token).await.unwrap();
     let mut w = watcher.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     assert!(w.next(10).await.is_some());
+    // Silence it only once it listens on every channel: a connection silenced halfway
+    // through its LISTENs fails its set-up, which is retried but is no lost connection.
+    let up = eventually(30, || {
+        let replica = &replica;
+        async move {
+            metric(&replica.metrics().await, "berth_db_listen_up")
+                .filter(|&v| v == 1)
+                .map(|_| ())
+        }
+    })
+    .await;
+    assert!(up.is_some(), "the replica listens");
     let silenced = eventually(10, || {
         let n = proxy.silence_listeners();
         async move { (n > 0).then_some(n) }

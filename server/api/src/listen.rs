@@ -34,6 +34,7 @@ pub fn spawn(state: AppState) {
             match listening {
                 Ok((client, mut rx)) => {
                     backoff = Duration::from_millis(100);
+                    state.metrics.listen_up.set(1);
                     state.hub.poke_all();
                     state.workers.kick_all();
                     state.interactions.wake_all();
@@ -60,6 +61,7 @@ pub fn spawn(state: AppState) {
                             _ = state.shutdown.cancelled() => return,
                         }
                     }
+                    state.metrics.listen_up.set(0);
                     state.metrics.listen_reconnects.inc();
                     tracing::warn!("listen connection lost; reconnecting");
                 }

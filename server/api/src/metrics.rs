@@ -36,6 +36,8 @@ pub struct Metrics {
     pub object_store_bytes: IntCounterVec,
     /// Times the LISTEN connection was lost (closed, failed, or silent past its probe).
     pub listen_reconnects: IntCounter,
+    /// 1 while the LISTEN connection is set up and listening on every channel.
+    pub listen_up: IntGauge,
 }
 
 impl Metrics {
@@ -84,6 +86,7 @@ impl Metrics {
             object_store_bytes: crate::blobs::bytes_counter(),
             listen_reconnects: IntCounter::new("berth_db_listen_reconnects_total", "LISTEN connections lost")
                 .expect("metric"),
+            listen_up: IntGauge::new("berth_db_listen_up", "1 while the LISTEN connection listens").expect("metric"),
             registry,
         };
         for c in m.collectors() {
@@ -109,6 +112,7 @@ impl Metrics {
             Box::new(self.auth_failures.clone()),
             Box::new(self.object_store_bytes.clone()),
             Box::new(self.listen_reconnects.clone()),
+            Box::new(self.listen_up.clone()),
         ]
     }
 
