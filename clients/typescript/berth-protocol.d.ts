@@ -260,6 +260,36 @@ export type Compaction = {
 };
 
 /**
+ * `content.read` parameters: a page of an attachment's bytes.
+ */
+export type ContentReadParams = {
+  /**
+   * The `nextAfter` of the previous page.
+   */
+  "after"?: string | null;
+  "attachmentId": string;
+};
+
+/**
+ * One page of an attachment's bytes: at most [`CONTENT_PAGE_BYTES`].
+ */
+export type ContentReadResult = {
+  "attachment": RowAttachment;
+  /**
+   * The page's bytes, base64 (standard alphabet, padded).
+   */
+  "data": string;
+  /**
+   * Pass as `after` for the next page; absent on the last page.
+   */
+  "nextAfter"?: string | null;
+  /**
+   * The byte offset of `data` in the attachment.
+   */
+  "offset": number;
+};
+
+/**
  * `content.upload` parameters: the request is followed by one binary WebSocket message
  * whose first four bytes are this request's id (big-endian u32) and the rest the bytes.
  */
@@ -1038,7 +1068,8 @@ export type RoleInput = {
  */
 export type Row = {
   /**
-   * A user row's attachments, in the order they were sent.
+   * A user row's attachments, in the order they were sent; on a channel session's reply
+   * row, the files the model attached during its turn (`attach_file`), in order.
    */
   "attachments"?: Array<RowAttachment> | null;
   "body": string;
@@ -1157,6 +1188,11 @@ export type SessionCreateParams = {
   "agent"?: string | null;
   "autoApprove"?: boolean | null;
   "baseUrl"?: string | null;
+  /**
+   * The chat channel the answers are read on (at most [`MAX_CHANNEL_BYTES`], no control
+   * characters): the model is told to answer in short plain text, and with tools it
+   * gets `attach_file`, whose files come back on its reply row (`attachments`).
+   */
   "channel"?: string | null;
   /**
    * How many levels of sessions below this one it may start (sub-agents, a
@@ -1267,6 +1303,7 @@ export type SessionKind = "coordinator";
 export type SessionListEntry = {
   "agentId"?: string | null;
   "branch"?: string | null;
+  "channel"?: string | null;
   "effectiveModelId"?: string | null;
   "effectiveModelLevel"?: (ModelLevel | null);
   "kind"?: (SessionKind | null);
@@ -1416,6 +1453,10 @@ export type SessionSnapshot = {
    * The session's agent definition, if it has one.
    */
   "agentId"?: string | null;
+  /**
+   * The chat channel its answers are read on (`session.create {channel}`).
+   */
+  "channel"?: string | null;
   "createdAt": string;
   /**
    * How many levels of sessions below it this one may still start.
@@ -1823,6 +1864,7 @@ export interface Methods {
   "agent.list": { params: Empty; result: Array<Agent> };
   "agent.remove": { params: AgentRemoveParams; result: Removed };
   "agent.save": { params: AgentSaveParams; result: Agent };
+  "content.read": { params: ContentReadParams; result: ContentReadResult };
   "content.upload": { params: ContentUploadParams; result: ContentUploadResult };
   "files.list": { params: FilesListParams; result: FilesListResult };
   "files.read": { params: FilesReadParams; result: null };

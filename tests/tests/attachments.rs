@@ -10,6 +10,7 @@ use futures_util::TryStreamExt;
 use rand::RngCore;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use std::time::Duration;
 
 fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
@@ -199,8 +200,10 @@ async fn attachments_reach_the_worker_and_the_model_through_s3() {
     attachments_reach_the_worker_and_the_model(&settings).await;
 }
 
+/// A binary message for no upload in flight (a wrong request id, or too short to hold one)
+/// is answered with a typed error that names no request, and the connection goes on.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_binary_message_for_no_upload_drops_the_connection() {
+async fn a_binary_message_for_no_upload_is_a_typed_error_and_the_connection_stays() {
     let mock = MockProvider::start().await;
     let db = berth_e2e::fresh_database().await;
     let server = TestServer::start(&db, &mock.base_url()).await.expect("server");
@@ -208,16 +211,30 @@ async fn a_binary_message_for_no_upload_drops_the_connection() {
         .await
         .expect("client");
     assert_eq!(c.ok("ping", json!({})).await["pong"], true);
+
     c.send_binary(vec![0, 0, 3, 231, 1, 2, 3]);
-    let closed = eventually(10, || {
-        let closed = c.is_closed();
-        async move { closed.then_some(()) }
-    })
-    .await;
-    assert!(
-        closed.is_some(),
-        "a binary message that matches no upload drops the connection"
-    );
+    let stray = tokio::time::timeout(Duration::from_secs(10), c.orphans.recv())
+        .await
+        .expect("an answer to the stray binary message")
+        .expect("connection open");
+    assert_eq!(stray.id, None, "the error names no request");
+    let e = stray.error.expect("an error");
+    assert_eq!(code(&e), "bad-params");
+    assert_eq!(e.data["reason"], "no-upload-in-flight");
+    assert_eq!(e.data["requestId"], 999);
+
+    c.send_binary(vec![0, 1]);
+    let short = tokio::time::timeout(Duration::from_secs(10), c.orphans.recv())
+        .await
+        .expect("an answer to the short binary message")
+        .expect("connection open")
+        .error
+        .expect("an error");
+    assert_eq!(code(&short), "bad-params");
+    assert_eq!(short.data["reason"], "short-binary-message");
+
+    assert_eq!(c.ok("ping", json!({})).await["pong"], true);
+    assert!(!c.is_closed(), "the connection stays usable");
 }
 
 #[tokio::test(flavor = "multi_thread")]

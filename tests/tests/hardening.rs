@@ -697,18 +697,25 @@ async fn a_silent_listen_connection_is_noticed_and_replaced() {
     assert!(noticed.is_some(), "the silent LISTEN connection is noticed");
 
     // The turn runs on replica 0's worker; its live deltas reach replica 1 only by NOTIFY.
-    let mut parts = Vec::new();
-    for word in ["one ", "two ", "three ", "four ", "five"] {
-        parts.push(berth_e2e::Part::Text(word.into()));
-        parts.push(berth_e2e::Part::Delay(300));
+    // The reconnect counter moves when the old connection is given up, before the new one
+    // listens: turns until one's deltas arrive (a listener never replaced fails them all).
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let mut parts = Vec::new();
+        for word in ["one ", "two ", "three ", "four ", "five"] {
+            parts.push(berth_e2e::Part::Text(word.into()));
+            parts.push(berth_e2e::Part::Delay(300));
+        }
+        mock.push(Reply::Stream(parts));
+        writer
+            .ok("session.send", json!({"sessionId": sid, "prompt": "count"}))
+            .await;
+        let items = w.until(30, is_turn_end).await.expect("the turn ends");
+        let live = items.iter().any(|i| i["type"] == "model.delta");
+        seen.push(items);
+        if live {
+            return;
+        }
     }
-    mock.push(Reply::Stream(parts));
-    writer
-        .ok("session.send", json!({"sessionId": sid, "prompt": "count"}))
-        .await;
-    let items = w.until(30, is_turn_end).await.expect("the turn ends");
-    assert!(
-        items.iter().any(|i| i["type"] == "model.delta"),
-        "live deltas arrive again: {items:?}"
-    );
+    panic!("live deltas never arrive again: {seen:?}");
 }

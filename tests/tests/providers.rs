@@ -511,6 +511,40 @@ async fn the_first_turn_names_the_session_once_and_never_over_a_human_title() {
     );
 }
 
+/// A session without a model of its own is named by its agent's model, the one its turns use.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_title_of_an_agents_session_comes_from_the_agents_model() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[("BERTH_AUTO_TITLES", "true")]).await;
+    let mut c = stack.client(0).await;
+    let agent = c
+        .ok(
+            "agent.save",
+            json!({"name": "namer", "systemPrompt": "You name things.", "model": "agent-model"}),
+        )
+        .await;
+    mock.push(answer());
+    mock.push(Reply::text(&["Named by the agent"]));
+    let (sid, end) = run_turn(&stack, &mut c, json!({"agent": agent["agentId"]}), "hi there").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    berth_e2e::harness::eventually(30, || {
+        let url = stack.servers[0].ws_url();
+        let token = stack.token.clone();
+        let sid = sid.clone();
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            let s = c.ok("session.get", json!({"sessionId": sid})).await;
+            (s["title"] == "Named by the agent").then_some(())
+        }
+    })
+    .await
+    .expect("the session is named");
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2, "the turn and the title");
+    assert_eq!(requests[0]["model"], "agent-model", "the turn uses the agent's model");
+    assert_eq!(requests[1]["model"], "agent-model", "and so does its title");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_title_request_is_a_title_diagnostic_after_the_answer() {
     let mock = MockProvider::start().await;

@@ -166,7 +166,10 @@ pub async fn serve(
         .route("/v1/worker", get(workers::upgrade))
         .route(workers::calls::INTERNAL_CALL_PATH, post(workers::calls::internal_call))
         .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
-        .route(berth_protocol::worker::ATTACHMENTS_PATH, get(rpc::upload::worker_fetch))
+        .route(
+            berth_protocol::worker::ATTACHMENTS_PATH,
+            get(rpc::upload::worker_fetch).post(rpc::upload::worker_attach),
+        )
         .route("/v1/auth/login", post(login::login))
         .route("/v1/schema", get(schema))
         .route("/", get(console::index))

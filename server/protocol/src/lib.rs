@@ -135,6 +135,9 @@ methods! {
     SessionSend = "session.send" (SessionSendParams) -> SessionSendResult;
     /// Upload an attachment: this request, then one binary message `[id: u32 BE][bytes]`.
     ContentUpload = "content.upload" (ContentUploadParams) -> ContentUploadResult;
+    /// A page of an attachment's bytes (an upload, or a file a channel session's model
+    /// attached), base64.
+    ContentRead = "content.read" (ContentReadParams) -> ContentReadResult;
     /// Read history rows under a fixed `through` fence.
     SessionHistory = "session.history" (SessionHistoryParams) -> SessionHistoryResult;
     /// Subscription: every event after `after`, then a `state` item, then live; items are

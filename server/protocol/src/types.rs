@@ -113,23 +113,18 @@ pub struct SessionCreateParams {
     /// The agent definition the session uses (its id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
-    // SPEC fields this release does not offer yet: typed (a wrong type is `bad-params`),
-    // and present means `unsupported {field}` (see `unsupported_field`).
+    /// The chat channel the answers are read on (at most [`MAX_CHANNEL_BYTES`], no control
+    /// characters): the model is told to answer in short plain text, and with tools it
+    /// gets `attach_file`, whose files come back on its reply row (`attachments`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
 }
 
+/// The longest `session.create {channel}`, in bytes of UTF-8.
+pub const MAX_CHANNEL_BYTES: usize = 128;
+
 /// The deepest nesting `session.create {delegationDepth}` may ask for.
 pub const MAX_DELEGATION_DEPTH: u32 = 4;
-
-impl SessionCreateParams {
-    /// The first field given that this release does not offer yet (answered `unsupported`).
-    pub fn unsupported_field(&self) -> Option<&'static str> {
-        [("channel", self.channel.is_some())]
-            .into_iter()
-            .find_map(|(name, given)| given.then_some(name))
-    }
-}
 
 /// What a session is for (`session.create {kind}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,6 +206,9 @@ pub struct SessionSnapshot {
     /// The session that started this one (a coordinator, or a delegate call's session).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// The chat channel its answers are read on (`session.create {channel}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
     /// How many levels of sessions below it this one may still start.
     pub delegation_depth: u32,
     pub created_at: String,
@@ -272,6 +270,8 @@ pub struct SessionListEntry {
     pub kind: Option<SessionKind>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -638,6 +638,35 @@ pub struct ContentUploadParams {
     pub bytes: Option<u64>,
 }
 
+/// `content.read` parameters: a page of an attachment's bytes.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContentReadParams {
+    pub attachment_id: String,
+    /// The `nextAfter` of the previous page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+}
+
+/// The most bytes of an attachment one `content.read` page carries (before base64).
+pub const CONTENT_PAGE_BYTES: usize = 256 << 10;
+
+/// One page of an attachment's bytes: at most [`CONTENT_PAGE_BYTES`].
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContentReadResult {
+    pub attachment: RowAttachment,
+    /// The byte offset of `data` in the attachment.
+    pub offset: u64,
+    /// The page's bytes, base64 (standard alphabet, padded).
+    pub data: String,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}
+
 /// An uploaded attachment, to name in `session.send {attachments}`.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -888,7 +917,8 @@ pub struct Row {
     /// Fields cut to fit the page, by field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncated: Option<std::collections::BTreeMap<RowField, Truncation>>,
-    /// A user row's attachments, in the order they were sent.
+    /// A user row's attachments, in the order they were sent; on a channel session's reply
+    /// row, the files the model attached during its turn (`attach_file`), in order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachments: Option<Vec<RowAttachment>>,
 }

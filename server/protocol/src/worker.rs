@@ -188,6 +188,13 @@ pub struct TurnRun {
     /// (`turn.compact`). Absent: none declared, no compaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_tokens: Option<u64>,
+    /// The chat channel the session's answers are read on: the model is told so, and with
+    /// tools it gets `attach_file` (files sent with [`ATTACHMENTS_PATH`] `POST`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// The largest attachment the API tier takes, in bytes (set with `channel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attachment_bytes: Option<u64>,
 }
 
 /// Worker → server: summarize the session's history before `keepFrom` into a handoff row
@@ -477,7 +484,22 @@ pub struct AttachmentMeta {
 /// order of [`TurnRun::attachments`] (worker credential; the turn named in
 /// [`MODEL_PROXY_TURN_HEADER`]). `?count=N` asks for the first N attachments only, so a
 /// worker takes what fits its byte budget.
+///
+/// `POST` (a channel session's running turn, [`AttachQuery`] as the query, the file's
+/// bytes as the body, at most [`TurnRun::max_attachment_bytes`]) stores a file the model
+/// attached as an attachment of the session, answered with its
+/// [`crate::RowAttachment`]; the turn's reply row names it. Refusals are [`ProxyError`]s.
 pub const ATTACHMENTS_PATH: &str = "/v1/worker/attachments";
+
+/// The query of a `POST` to [`ATTACHMENTS_PATH`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AttachQuery {
+    /// The file name the reader sees (not a path).
+    pub name: String,
+    pub mime: String,
+    /// Lowercase hex SHA-256 of the body, checked by the server.
+    pub sha256: String,
+}
 
 /// Worker → server: streamed output (live only).
 #[derive(Debug, Clone, Serialize, Deserialize)]

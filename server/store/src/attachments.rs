@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use berth_protocol::{ErrorCode, worker::AttachmentMeta};
+use berth_protocol::{ErrorCode, RowAttachment, worker::AttachmentMeta};
 use deadpool_postgres::GenericClient;
 
 use crate::{Cached, Principal, Result, Store, StoreError, not_found, tenant_tx, workspaces::PRESENCE_TTL};
@@ -146,6 +146,124 @@ impl Store {
         tx.commit().await?;
         Ok(by_turn.remove(turn_id).unwrap_or_default())
     }
+}
+
+/// The turn `$1` of tenant `$2` runs, handed to a live connection of credential `$3`.
+fn running_for_worker() -> String {
+    format!(
+        "SELECT t.session_id FROM turns t JOIN worker_presence p ON p.connection_id = t.dispatched_to
+          WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running'
+            AND p.tenant_id = $2 AND p.credential_id = $3
+            AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
+    )
+}
+
+impl Store {
+    /// For a file a channel session's model attaches: the session of `turn_id` if the turn
+    /// runs in a channel session and was handed to a live connection of the calling worker
+    /// credential (`turn-not-running` otherwise).
+    pub async fn worker_attach_session(&self, worker: &Principal, turn_id: &str) -> Result<String> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
+        let row = tx
+            .qo(
+                &format!(
+                    "SELECT r.session_id FROM ({}) r JOIN sessions s ON s.id = r.session_id
+                      WHERE s.channel IS NOT NULL AND s.removed_at IS NULL",
+                    running_for_worker()
+                ),
+                &[&turn_id, &worker.tenant_id, &worker.credential_id],
+            )
+            .await?;
+        tx.commit().await?;
+        row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::TurnNotRunning))
+    }
+
+    /// Record a file the model of `turn_id` attached (its bytes already stored under
+    /// `a.object_key`), under the same conditions as [`Store::worker_attach_session`]
+    /// checked again; the turn's reply row will name it.
+    pub async fn insert_worker_attachment(&self, worker: &Principal, turn_id: &str, a: &NewAttachment) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
+        let bytes = i64::try_from(a.bytes).unwrap_or(i64::MAX);
+        let n = tx
+            .ex(
+                &format!(
+                    "INSERT INTO attachments (id, tenant_id, session_id, name, mime_type, bytes, sha256, object_key, turn_id)
+                     SELECT $4, $2, r.session_id, $5, $6, $7, $8, $9, $1
+                       FROM ({}) r JOIN sessions s ON s.id = r.session_id
+                      WHERE s.channel IS NOT NULL AND s.removed_at IS NULL",
+                    running_for_worker()
+                ),
+                &[
+                    &turn_id,
+                    &worker.tenant_id,
+                    &worker.credential_id,
+                    &a.id,
+                    &a.name,
+                    &a.mime_type,
+                    &bytes,
+                    &a.sha256,
+                    &a.object_key,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(StoreError::Code(ErrorCode::TurnNotRunning));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// An attachment of the tenant as rows name it, with where its bytes are
+    /// (`not-found` for another tenant's id, exactly as for one that does not exist).
+    pub async fn get_attachment(&self, tenant_id: &str, attachment_id: &str) -> Result<(RowAttachment, String)> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let row = tx
+            .qo(
+                "SELECT id, name, mime_type, bytes, sha256, object_key FROM attachments WHERE id = $1 AND tenant_id = $2",
+                &[&attachment_id, &tenant_id],
+            )
+            .await?;
+        tx.commit().await?;
+        let Some(r) = row else { return not_found() };
+        let bytes: i64 = r.get(3);
+        let meta = RowAttachment {
+            attachment_id: r.get(0),
+            name: r.get(1),
+            mime_type: r.get(2),
+            bytes: u64::try_from(bytes).unwrap_or(0),
+            sha256: r.get(4),
+        };
+        Ok((meta, r.get(5)))
+    }
+}
+
+/// Name the files the model of `turn_id` attached, and no row names yet, on the reply row
+/// at `(sequence, item_index)` (in the transaction that publishes it, so that its watchers
+/// and `session.history` see them with the row).
+pub(crate) async fn name_in_reply_row(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    turn_id: &str,
+    sequence: i64,
+    item_index: i32,
+) -> Result<()> {
+    tx.ex(
+        "UPDATE rows SET attachments = named.list
+           FROM (SELECT jsonb_agg(jsonb_build_object('attachmentId', a.id, 'name', a.name, 'mimeType', a.mime_type,
+                                                     'bytes', a.bytes, 'sha256', a.sha256) ORDER BY a.created_at, a.id) AS list
+                   FROM attachments a
+                  WHERE a.turn_id = $3 AND a.tenant_id = $2
+                    AND NOT EXISTS (SELECT 1 FROM rows r WHERE r.session_id = $1 AND r.tenant_id = $2
+                                       AND r.attachments @> jsonb_build_array(jsonb_build_object('attachmentId', a.id)))) AS named
+          WHERE named.list IS NOT NULL AND session_id = $1 AND tenant_id = $2 AND source_sequence = $4 AND item_index = $5",
+        &[&session_id, &tenant_id, &turn_id, &sequence, &item_index],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Name the turn's attachments on its prompt row (item 0 of `turn.started` at `sequence`).

@@ -78,8 +78,9 @@ impl Store {
         let branch_json = serde_json::to_value(&branch).unwrap_or_default();
         tx.ex(
             "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, provider, base_url, no_tools, auto_approve,
-                                   last_sequence, cleared_at_sequence, branch, agent_id)
-             SELECT $1, tenant_id, workspace_id, title, model, provider, base_url, no_tools, false, $3, $4, $5, agent_id
+                                   last_sequence, cleared_at_sequence, branch, agent_id, channel)
+             SELECT $1, tenant_id, workspace_id, title, model, provider, base_url, no_tools, false, $3, $4, $5, agent_id,
+                    channel
                FROM sessions WHERE id = $2",
             &[&id, &source, &through, &cleared, &branch_json],
         )

@@ -22,6 +22,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0014_coordinator.sql", include_str!("../../../migrations/0014_coordinator.sql")),
     ("0015_patches.sql", include_str!("../../../migrations/0015_patches.sql")),
     ("0016_agents_skills_compaction.sql", include_str!("../../../migrations/0016_agents_skills_compaction.sql")),
+    ("0017_channel_sessions.sql", include_str!("../../../migrations/0017_channel_sessions.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -151,8 +151,8 @@ impl Store {
         let depth = i32::try_from(p.delegation_depth.unwrap_or(default_depth)).unwrap_or(i32::MAX);
         tx.ex(
             "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve, provider, base_url,
-                                   kind, delegation_depth, agent_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                                   kind, delegation_depth, agent_id, channel)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             &[
                 &id,
                 &tenant_id,
@@ -166,6 +166,7 @@ impl Store {
                 &kind,
                 &depth,
                 &p.agent,
+                &p.channel,
             ],
         )
         .await?;
@@ -222,7 +223,7 @@ impl Store {
                         (SELECT count(*) FROM rows r WHERE r.session_id = s.id AND NOT r.hidden AND r.kind IN ('user', 'assistant')),
                         (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
                         (SELECT count(*) FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'),
-                        s.branch->>'sessionId', s.kind, s.parent_id, s.agent_id, a.model
+                        s.branch->>'sessionId', s.kind, s.parent_id, s.agent_id, a.model, s.channel
                    FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id
                   WHERE s.tenant_id = $1 AND s.removed_at IS NULL AND ($2::text IS NULL OR s.workspace_id = $2)
                     AND ($6::text IS NULL OR s.parent_id = $6)
@@ -260,6 +261,7 @@ impl Store {
                 branch: r.get(9),
                 kind: r.get::<_, Option<&str>>(10).and_then(SessionKind::parse),
                 parent: r.get(11),
+                channel: r.get(14),
             });
         }
         Ok(SessionListResult {
@@ -439,7 +441,7 @@ pub(crate) async fn snapshot(
                                                                 'preview', substring(t.prompt for $3),
                                                                 'promptBytes', octet_length(t.prompt)) ORDER BY t.queue_position)
                                 FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'), '[]'::json),
-                    {}, s.agent_id, (SELECT a.model FROM agents a WHERE a.id = s.agent_id)
+                    {}, s.agent_id, (SELECT a.model FROM agents a WHERE a.id = s.agent_id), s.channel
                FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2 AND s.removed_at IS NULL",
                 crate::interactions::pending_json_sql()
             ),
@@ -478,6 +480,7 @@ pub(crate) async fn snapshot(
         provider: row.get(9),
         kind: row.get::<_, Option<&str>>(10).and_then(SessionKind::parse),
         parent: row.get(11),
+        channel: row.get(18),
         delegation_depth: row.get::<_, i32>(12).max(0) as u32,
         created_at: fmt_time(row.get(6)),
         updated_at: fmt_time(row.get(7)),

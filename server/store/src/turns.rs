@@ -644,9 +644,16 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let claimed = tx
             .qo(
-                "UPDATE sessions SET title_attempted = true
-                  WHERE id = $1 AND tenant_id = $2 AND title = '' AND NOT title_attempted AND removed_at IS NULL
-                  RETURNING provider, model, base_url",
+                // The model the session's turns use: the session's own, else its agent's
+                // (with the agent's provider), as the claim resolves it.
+                "WITH claimed AS (
+                   UPDATE sessions SET title_attempted = true
+                    WHERE id = $1 AND tenant_id = $2 AND title = '' AND NOT title_attempted AND removed_at IS NULL
+                    RETURNING agent_id, provider, model, base_url)
+                 SELECT CASE WHEN c.model IS NULL AND a.model IS NOT NULL THEN a.provider ELSE c.provider END,
+                        coalesce(c.model, a.model),
+                        CASE WHEN c.model IS NULL AND a.model IS NOT NULL THEN NULL ELSE c.base_url END
+                   FROM claimed c LEFT JOIN agents a ON a.id = c.agent_id",
                 &[&session_id, &tenant_id],
             )
             .await?;
@@ -893,7 +900,8 @@ async fn claim_running(
                               ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
               RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
                         s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
-                        s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params",
+                        s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params,
+                        s.channel",
             &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
         )
         .await?;
@@ -922,6 +930,9 @@ async fn claim_running(
                 skills: skills.clone(),
                 // The API tier fills it from the turn's provider profile.
                 context_tokens: None,
+                channel: c.get(13),
+                // The API tier fills it from its configuration.
+                max_attachment_bytes: None,
                 attachments: attachments
                     .remove(&c.get::<_, String>(0))
                     .unwrap_or_default()
@@ -1186,7 +1197,15 @@ async fn step_in_tx(
         .get(0);
     let usage: Option<Usage> = metered.and_then(|u| serde_json::from_value(u).ok());
     let completed = EventPayload::ModelCompleted(ModelCompleted { usage });
-    append_event(tx, tenant_id, session_id, Some(turn_id), &completed, rows).await
+    let seq = append_event(tx, tenant_id, session_id, Some(turn_id), &completed, rows).await?;
+    // The reply (a step without tool calls) carries the files the model attached.
+    let reply = rows.iter().rposition(|r| r.kind == RowKind::Assistant);
+    if let Some(i) = reply
+        && !rows.iter().any(|r| r.kind == RowKind::ToolCall)
+    {
+        crate::attachments::name_in_reply_row(tx, tenant_id, session_id, turn_id, seq, i as i32).await?;
+    }
+    Ok(seq)
 }
 
 /// queued → running, publishing the prompt as the user row of `turn.started`; a turn that

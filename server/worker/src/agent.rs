@@ -24,7 +24,7 @@ use crate::{
     policy::{self, Answer},
     skills,
     tools::{
-        Tools,
+        Tools, attach,
         mcp::{Mcp, Problem},
     },
     turn::{Halt, TurnLink, cause},
@@ -226,6 +226,10 @@ fn system_prompt(run: &TurnRun, tools: bool) -> String {
         prompt.push(' ');
         prompt.push_str(messages::COORDINATOR_PROMPT);
     }
+    if let Some(channel) = &run.channel {
+        prompt.push_str("\n\n");
+        prompt.push_str(&messages::channel_prompt(channel, tools));
+    }
     prompt
 }
 
@@ -244,9 +248,13 @@ fn offered(run: &TurnRun, with_skills: bool, mcp: &Mcp) -> Vec<Value> {
     if let Some(names) = run.agent.as_ref().and_then(|a| a.tools.as_ref()) {
         schemas.retain(|s| names.iter().any(|n| Some(n.as_str()) == schema_name(s)));
     }
-    // A coordinator's own tools are what the session is for: no tool set takes them away.
+    // A coordinator's own tools are what the session is for: no tool set takes them away;
+    // nor a channel session's way to send its reader a file.
     if run.coordinator {
         schemas.extend(coordinator::schemas());
+    }
+    if run.channel.is_some() {
+        schemas.push(attach::schema());
     }
     schemas
 }
@@ -365,6 +373,12 @@ async fn call_tool(
         }
     } else if run.coordinator && coordinator::is_tool(&call.name) {
         coordinator::run(t, call, cancel).await?
+    } else if call.name == attach::ATTACH_FILE {
+        let max = run.max_attachment_bytes.unwrap_or(0);
+        tokio::select! {
+            o = attach::run(t, tools.workspace().clone(), max, &call.arguments) => o,
+            _ = cancel.cancelled() => return Err(Halt::Stopped),
+        }
     } else if mcp.offers(&call.name) {
         mcp.call(&call.name, &call.arguments, cancel).await
     } else {

@@ -464,11 +464,13 @@ async fn run(
                     let _ = conn.out.send(text(&refusal)).await;
                 }
             },
-            // An upload's bytes; one whose id matches no upload in flight drops the connection.
-            // (Cloning `Bytes` shares the buffer.)
-            Message::Binary(b) if !conn.uploads.deliver(b.clone()) => {
-                let _ = conn.out.send(close(1003, "unexpected binary message")).await;
-                break;
+            // An upload's bytes; one whose id matches no upload in flight is a typed error
+            // and the connection goes on. (Cloning `Bytes` shares the buffer.)
+            Message::Binary(b) => {
+                if let Err(stray) = conn.uploads.deliver(b) {
+                    let refusal = RpcResponse::err(None, stray.error().0);
+                    let _ = conn.out.send(text(&refusal)).await;
+                }
             }
             Message::Close(_) => break,
             _ => {}
@@ -763,6 +765,7 @@ async fn dispatch(ctx: &Ctx, name: &str, params: serde_json::Value) -> ApiResult
         method::SessionSend::NAME => call::<method::SessionSend, _, _>(ctx, params, session::send).await,
         method::SessionHistory::NAME => call::<method::SessionHistory, _, _>(ctx, params, session::history).await,
         method::ContentUpload::NAME => call::<method::ContentUpload, _, _>(ctx, params, upload::content_upload).await,
+        method::ContentRead::NAME => call::<method::ContentRead, _, _>(ctx, params, upload::content_read).await,
         method::SessionWatch::NAME => call::<method::SessionWatch, _, _>(ctx, params, session::watch).await,
         method::SessionList::NAME => call::<method::SessionList, _, _>(ctx, params, session::list).await,
         method::SessionRename::NAME => call::<method::SessionRename, _, _>(ctx, params, session::rename).await,
@@ -966,6 +969,7 @@ mod tests {
         "SessionGet",
         "SessionSend",
         "ContentUpload",
+        "ContentRead",
         "SessionHistory",
         "SessionWatch",
         "SubscriptionClose",

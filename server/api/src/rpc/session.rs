@@ -50,8 +50,15 @@ pub(super) fn choose_model(ctx: &Ctx, provider: Option<&str>, model: Option<Stri
 #[tracing::instrument(skip_all, fields(workspace.id = %p.workspace_id))]
 pub async fn create(ctx: Ctx, mut p: SessionCreateParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
-    if let Some(field) = p.unsupported_field() {
-        return Err(ApiError::with(ErrorCode::Unsupported, json!({"field": field})));
+    if let Some(channel) = &p.channel
+        && (channel.trim().is_empty()
+            || channel.len() > berth_protocol::MAX_CHANNEL_BYTES
+            || channel.chars().any(char::is_control))
+    {
+        return Err(ApiError::with(
+            ErrorCode::BadParams,
+            json!({"field": "channel", "max": berth_protocol::MAX_CHANNEL_BYTES}),
+        ));
     }
     if p.delegation_depth
         .is_some_and(|d| d > berth_protocol::MAX_DELEGATION_DEPTH)

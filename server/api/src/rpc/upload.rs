@@ -1,10 +1,12 @@
-//! `content.upload` (SPEC §3, §4.13) and the worker's fetch of a turn's attachment bytes.
+//! `content.upload` and `content.read` (SPEC §3, §4.13), the worker's fetch of a turn's
+//! attachment bytes, and its store of a file a channel session's model attached.
 //!
 //! An upload is a text request followed by one binary message whose first four bytes are
 //! that request's id (big-endian u32). The reader registers the id when it admits the
 //! request (before the handler task runs, so a binary message sent right behind its request
 //! always finds its slot) and hands the binary message to that slot; a binary message whose
-//! id has no slot drops the connection. Bytes go to object storage first, then the row: a
+//! id has no slot is answered with a typed error (`id: null`, the id in `data.requestId`)
+//! and the connection stays usable. Bytes go to object storage first, then the row: a
 //! crash in between leaves an orphan blob, never a row without bytes.
 
 use std::{collections::HashMap, sync::Mutex};
@@ -15,9 +17,11 @@ use axum::{
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
 };
+use base64::Engine;
 use berth_protocol::{
-    ContentUploadParams, ContentUploadResult, ErrorCode,
-    worker::{MODEL_PROXY_TURN_HEADER, ProxyError},
+    CONTENT_PAGE_BYTES, ContentReadParams, ContentReadResult, ContentUploadParams, ContentUploadResult, ErrorCode,
+    RowAttachment,
+    worker::{self as wp, MODEL_PROXY_TURN_HEADER, ProxyError},
 };
 use berth_store::{CredentialKind, NewAttachment, StoreError};
 use bytes::Bytes;
@@ -33,8 +37,8 @@ use crate::{
 };
 
 /// Refused uploads whose binary message is still expected, kept per connection so that
-/// the message is swallowed rather than dropping the connection; beyond this many they
-/// are forgotten (their binary message then drops the connection).
+/// the message is swallowed silently; beyond this many they are forgotten (their binary
+/// message is then answered as one for no upload).
 const MAX_DISCARDED: usize = 64;
 
 /// Longest name and content type accepted, in bytes.
@@ -82,20 +86,48 @@ impl Uploads {
         }
     }
 
-    /// Route a binary message to its upload; false when its id matches no upload in
-    /// flight (the caller drops the connection).
-    pub fn deliver(&self, msg: Bytes) -> bool {
-        let Some(head) = msg.get(..4) else { return false };
+    /// Route a binary message to its upload. A message too short to hold an id, or whose id
+    /// matches no upload in flight (or one whose bytes came already), is refused.
+    pub fn deliver(&self, msg: Bytes) -> Result<(), Stray> {
+        let Some(head) = msg.get(..4) else {
+            return Err(Stray { request_id: None });
+        };
         let id = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+        let stray = Stray { request_id: Some(id) };
         let mut slots = self.slots.lock().expect("uploads lock");
-        let Some(slot) = slots.get_mut(&id) else { return false };
-        let Some(tx) = slot.tx.take() else { return false };
+        let Some(slot) = slots.get_mut(&id) else {
+            return Err(stray);
+        };
+        let Some(tx) = slot.tx.take() else {
+            return Err(stray);
+        };
         // The handler may be gone already (refused, timed out): the bytes are dropped.
         let _ = tx.send(msg.slice(4..));
         if slot.rx.is_none() {
             slots.remove(&id);
         }
-        true
+        Ok(())
+    }
+}
+
+/// A binary message that belongs to no upload in flight.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Stray {
+    /// The id it named; None when it was shorter than the 4-byte id.
+    pub request_id: Option<u32>,
+}
+
+impl Stray {
+    /// The answer: a `bad-params` error without a request id (the id it named may belong
+    /// to another request of this connection, which must not get a second answer).
+    pub fn error(&self) -> ApiError {
+        match self.request_id {
+            Some(id) => ApiError::with(
+                ErrorCode::BadParams,
+                json!({"reason": "no-upload-in-flight", "requestId": id}),
+            ),
+            None => ApiError::with(ErrorCode::BadParams, json!({"reason": "short-binary-message"})),
+        }
     }
 }
 
@@ -291,6 +323,137 @@ pub async fn worker_fetch(State(state): State<AppState>, headers: HeaderMap, Que
         .into_response()
 }
 
+/// `POST /v1/worker/attachments`: a file the model of a channel session's running turn
+/// attached (`attach_file`), from the worker the turn was handed to. Checked like an upload
+/// (size limit, name and type, the digest the worker computed), stored in object storage,
+/// then recorded as an attachment of the session produced by the turn.
+pub async fn worker_attach(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<wp::AttachQuery>,
+    body: Body,
+) -> Response {
+    let principal = match super::bearer(&headers) {
+        Some(t) => match state.store.authenticate(t).await {
+            Ok(Some(p)) if p.kind == CredentialKind::Worker => Some(p),
+            Ok(_) => None,
+            Err(_) => return refuse(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable.as_str()),
+        },
+        None => None,
+    };
+    let Some(principal) = principal else {
+        state.metrics.auth_failures.with_label_values(&["attachments"]).inc();
+        return refuse(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized.as_str());
+    };
+    let Some(turn_id) = headers.get(MODEL_PROXY_TURN_HEADER).and_then(|v| v.to_str().ok()) else {
+        return refuse(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str());
+    };
+    if check_text("filename", &q.name).is_err()
+        || check_text("mime", &q.mime).is_err()
+        || q.name.contains(['/', '\\'])
+        || q.name == "."
+        || q.name == ".."
+    {
+        return refuse(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str());
+    }
+    let store = &state.store;
+    // Checked before the bytes are taken, so a refused turn costs no storage.
+    if let Err(e) = store.worker_attach_session(&principal, turn_id).await {
+        return store_refusal(e);
+    }
+    let max = state.config.max_attachment_bytes;
+    let Ok(data) = axum::body::to_bytes(body, max).await else {
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge.as_str());
+    };
+    let (data, sha256) = match tokio::task::spawn_blocking(move || {
+        let hex: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
+        (data, hex)
+    })
+    .await
+    {
+        Ok(d) => d,
+        Err(_) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal.as_str()),
+    };
+    if sha256 != q.sha256 {
+        return refuse(StatusCode::BAD_REQUEST, "attachment-corrupt");
+    }
+    let id = berth_store::token::new_id("att");
+    let attachment = NewAttachment {
+        object_key: format!("{}/attachments/{id}", principal.tenant_id),
+        id,
+        session_id: String::new(),
+        name: q.name,
+        mime_type: q.mime,
+        bytes: data.len() as u64,
+        sha256,
+    };
+    if let Err(e) = state.blobs.put(&attachment.object_key, data).await {
+        tracing::warn!(error = %e, "object store write failed");
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable.as_str());
+    }
+    if let Err(e) = store.insert_worker_attachment(&principal, turn_id, &attachment).await {
+        if let Err(e) = state.blobs.delete(&attachment.object_key).await {
+            tracing::warn!(error = %e, "unrecorded attachment blob left behind");
+        }
+        return store_refusal(e);
+    }
+    tracing::info!(turn.id = %turn_id, attachment.id = %attachment.id, bytes = attachment.bytes, "file attached");
+    axum::Json(RowAttachment {
+        attachment_id: attachment.id,
+        name: attachment.name,
+        mime_type: attachment.mime_type,
+        bytes: attachment.bytes,
+        sha256: attachment.sha256,
+    })
+    .into_response()
+}
+
+fn store_refusal(e: StoreError) -> Response {
+    match e {
+        StoreError::Code(code) => refuse(StatusCode::FORBIDDEN, code.as_str()),
+        e => {
+            tracing::warn!(error = %e, "attaching a file could not check the turn");
+            refuse(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable.as_str())
+        }
+    }
+}
+
+/// `content.read`: a page of an attachment's bytes, read from object storage by byte range
+/// on any replica (as `patch.read` pages a patch).
+#[tracing::instrument(skip_all, fields(attachment.id = %p.attachment_id))]
+pub async fn content_read(ctx: Ctx, p: ContentReadParams) -> ApiResult<ContentReadResult> {
+    let me = ctx.principal()?;
+    let (attachment, key) = ctx.state.store.get_attachment(&me.tenant_id, &p.attachment_id).await?;
+    let offset = match &p.after {
+        None => 0,
+        Some(a) => a
+            .parse::<u64>()
+            .ok()
+            .filter(|o| *o <= attachment.bytes)
+            .ok_or_else(|| ApiError::with(ErrorCode::BadParams, json!({"field": "after"})))?,
+    };
+    let end = (offset + CONTENT_PAGE_BYTES as u64).min(attachment.bytes);
+    let data = if offset < end {
+        ctx.state.blobs.get_range(&key, offset..end).await.map_err(|e| {
+            tracing::warn!(error = %e, "object store read failed");
+            ApiError::code(ErrorCode::Unavailable)
+        })?
+    } else {
+        Bytes::new()
+    };
+    if data.len() as u64 != end - offset {
+        tracing::warn!("object store returned a short range");
+        return Err(ApiError::code(ErrorCode::Unavailable));
+    }
+    let total = attachment.bytes;
+    Ok(ContentReadResult {
+        attachment,
+        offset,
+        data: base64::engine::general_purpose::STANDARD.encode(&data),
+        next_after: (end < total).then(|| end.to_string()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,19 +468,29 @@ mod tests {
     async fn a_binary_message_reaches_its_upload_whenever_the_handler_asks() {
         let uploads = Uploads::default();
         uploads.begin(7);
-        assert!(uploads.deliver(frame(7, b"abc")), "delivered before the handler waits");
+        assert!(
+            uploads.deliver(frame(7, b"abc")).is_ok(),
+            "delivered before the handler waits"
+        );
         let rx = uploads.take_receiver(7).expect("receiver");
         assert_eq!(rx.await.expect("bytes"), Bytes::from_static(b"abc"));
         uploads.end(7);
-        assert!(!uploads.deliver(frame(7, b"again")), "one binary message per upload");
+        assert_eq!(
+            uploads.deliver(frame(7, b"again")),
+            Err(Stray { request_id: Some(7) }),
+            "one binary message per upload"
+        );
     }
 
     #[test]
     fn unknown_ids_and_short_messages_are_refused() {
         let uploads = Uploads::default();
         uploads.begin(1);
-        assert!(!uploads.deliver(frame(2, b"x")));
-        assert!(!uploads.deliver(Bytes::from_static(b"\0\0\0")));
+        assert_eq!(uploads.deliver(frame(2, b"x")), Err(Stray { request_id: Some(2) }));
+        assert_eq!(
+            uploads.deliver(Bytes::from_static(b"\0\0\0")),
+            Err(Stray { request_id: None })
+        );
     }
 
     #[test]
@@ -325,7 +498,7 @@ mod tests {
         let uploads = Uploads::default();
         uploads.begin(3);
         uploads.end(3);
-        assert!(uploads.deliver(frame(3, b"late")));
+        assert!(uploads.deliver(frame(3, b"late")).is_ok());
         assert!(uploads.slots.lock().expect("lock").is_empty());
     }
 }

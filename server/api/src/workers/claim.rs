@@ -105,6 +105,9 @@ async fn claim(conn: &Arc<Conn>) -> bool {
     };
     for mut c in claimed {
         c.run.context_tokens = crate::compaction::context_window(state, c.provider.as_deref(), c.run.model.as_deref());
+        if c.run.channel.is_some() {
+            c.run.max_attachment_bytes = Some(state.config.max_attachment_bytes as u64);
+        }
         tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, "turn handed to worker");
         // Registered before `turn.run` goes out, so the worker's first message finds it.
         let handle = turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id);

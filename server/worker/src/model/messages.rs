@@ -19,6 +19,19 @@ pub(crate) const COORDINATOR_PROMPT: &str = "You also coordinate other agents: l
 in a workspace with a self-contained task, wait for its turn to end and read its answer, send it follow-ups, or stop \
 it. Children work in parallel; start all the independent ones before waiting. Your final answer gathers their results.";
 
+/// What a channel session's model is told (with the channel's name) on every turn.
+pub(crate) fn channel_prompt(channel: &str, tools: bool) -> String {
+    let mut s = format!(
+        "Your replies are read on the chat channel {channel:?} as short plain text: answer briefly, without \
+markdown tables, headings or code blocks longer than a few lines. The reader sees only your final reply, not your \
+tool calls or their results."
+    );
+    if tools {
+        s.push_str(" To send the reader a file, attach it with attach_file; it is delivered with your reply.");
+    }
+    s
+}
+
 /// Bytes of one tool result the model sees; the whole result stays in history.
 pub(crate) const TOOL_OUTPUT_SHOWN: usize = 32 << 10;
 
