@@ -61,7 +61,7 @@ async fn main() {
         return;
     }
     if only == "concurrency" {
-        concurrency(&mut table, &mock).await;
+        concurrency(&mut table).await;
         println!();
         table.print();
         return;
@@ -139,7 +139,7 @@ async fn main() {
 
     // 3. Many turns at once, and the worker's observations (two replicas, two workers).
     if want("concurrency") && std::env::var_os("BERTH_BENCH_SKIP_CONCURRENCY").is_none() {
-        concurrency(&mut table, &mock).await;
+        concurrency(&mut table).await;
     }
 
     println!();
@@ -1197,10 +1197,10 @@ async fn online_workspace(server: &TestServer, token: &str, host: &str) -> Strin
     panic!("the workspace of {host} never came online");
 }
 
-/// CPU time (user + system) a process has used so far.
-fn cpu_time(pid: u32) -> Duration {
+/// Clock ticks per second of `/proc/<pid>/stat`'s times.
+fn clock_ticks() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let ticks = *TICKS.get_or_init(|| {
+    *TICKS.get_or_init(|| {
         std::process::Command::new("getconf")
             .arg("CLK_TCK")
             .output()
@@ -1208,13 +1208,200 @@ fn cpu_time(pid: u32) -> Duration {
             .and_then(|o| String::from_utf8(o.stdout).ok())
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(100.0)
-    });
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
-    // Fields after the command name (which may hold spaces) start at ") ".
-    let rest = &stat[stat.rfind(") ").expect("stat") + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    })
+}
+
+/// The fields of a `/proc/…/stat` file after the command name (which may hold spaces):
+/// `[0]` state, `[1]` ppid, `[11]` utime, `[12]` stime. None once the process is gone.
+fn stat_fields(path: &str) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let rest = &stat[stat.rfind(") ")? + 2..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+fn stat_cpu(f: &[String]) -> Duration {
     let (utime, stime): (f64, f64) = (f[11].parse().expect("utime"), f[12].parse().expect("stime"));
-    Duration::from_secs_f64((utime + stime) / ticks)
+    Duration::from_secs_f64((utime + stime) / clock_ticks())
+}
+
+/// CPU time (user + system) a process has used so far (zero once it is gone).
+fn cpu_time(pid: u32) -> Duration {
+    stat_fields(&format!("/proc/{pid}/stat")).map_or(Duration::ZERO, |f| stat_cpu(&f))
+}
+
+/// CPU time of a process and all its children (PostgreSQL: the postmaster and its
+/// backends). A backend that exits between two readings takes its time with it; the pools
+/// keep theirs open, so that is only the odd autovacuum worker.
+fn tree_cpu(root: u32) -> Duration {
+    let mut sum = cpu_time(root);
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some(f) = stat_fields(&format!("/proc/{pid}/stat"))
+            && f[1].parse::<u32>().ok() == Some(root)
+        {
+            sum += stat_cpu(&f);
+        }
+    }
+    sum
+}
+
+/// CPU time of this process's threads whose name starts with `prefix`.
+fn threads_cpu(prefix: &str) -> Duration {
+    let mut sum = Duration::ZERO;
+    for entry in std::fs::read_dir("/proc/self/task").expect("tasks").flatten() {
+        let dir = entry.path();
+        let named = std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.starts_with(prefix));
+        if named && let Some(f) = stat_fields(&format!("{}/stat", dir.display())) {
+            sum += stat_cpu(&f);
+        }
+    }
+    sum
+}
+
+/// Thread name of the scripted provider's runtime, so that its CPU is told apart from the
+/// bench client's in this process.
+const MOCK_THREADS: &str = "mock-provider";
+
+/// The scripted provider on a runtime (one thread) of its own.
+fn isolated_mock() -> MockProvider {
+    std::thread::spawn(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(MOCK_THREADS)
+            .enable_all()
+            .build()
+            .expect("provider runtime");
+        let mock = rt.block_on(MockProvider::start());
+        // Serves until the bench exits.
+        Box::leak(Box::new(rt));
+        mock
+    })
+    .join()
+    .expect("provider thread")
+}
+
+/// CPU used so far by each process a turn crosses.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    api: Duration,
+    worker: Duration,
+    postgres: Duration,
+    provider: Duration,
+    client: Duration,
+}
+
+impl Cpu {
+    fn total(&self) -> Duration {
+        self.api + self.worker + self.postgres + self.provider + self.client
+    }
+
+    fn plus(&self, o: &Cpu) -> Cpu {
+        Cpu {
+            api: self.api + o.api,
+            worker: self.worker + o.worker,
+            postgres: self.postgres + o.postgres,
+            provider: self.provider + o.provider,
+            client: self.client + o.client,
+        }
+    }
+
+    fn minus(&self, o: &Cpu) -> Cpu {
+        Cpu {
+            api: self.api.saturating_sub(o.api),
+            worker: self.worker.saturating_sub(o.worker),
+            postgres: self.postgres.saturating_sub(o.postgres),
+            provider: self.provider.saturating_sub(o.provider),
+            client: self.client.saturating_sub(o.client),
+        }
+    }
+
+    /// "API a · worker b · … = total ms per turn".
+    fn per_turn(&self, turns: usize) -> String {
+        let f = |d: Duration| ms(d) / turns as f64;
+        format!(
+            "API {:.2} · worker {:.2} · PostgreSQL {:.2} · provider {:.2} · bench client {:.2} = {:.2} ms",
+            f(self.api),
+            f(self.worker),
+            f(self.postgres),
+            f(self.provider),
+            f(self.client),
+            f(self.total())
+        )
+    }
+}
+
+/// The processes of the concurrency rows, read together.
+struct Meters {
+    replicas: Vec<u32>,
+    workers: Vec<u32>,
+    postmaster: u32,
+}
+
+impl Meters {
+    fn read(&self) -> Cpu {
+        let provider = threads_cpu(MOCK_THREADS);
+        Cpu {
+            api: self.replicas.iter().map(|p| cpu_time(*p)).sum(),
+            worker: self.workers.iter().map(|p| cpu_time(*p)).sum(),
+            postgres: tree_cpu(self.postmaster),
+            provider,
+            client: cpu_time(std::process::id()).saturating_sub(provider),
+        }
+    }
+}
+
+/// The postmaster of the cluster holding `database_url` (the parent of a backend).
+async fn postmaster(database_url: &str) -> u32 {
+    let c = db(database_url).await;
+    let backend: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("backend pid")
+        .get(0);
+    let f = stat_fields(&format!("/proc/{backend}/stat")).expect("backend stat");
+    f[1].parse().expect("ppid")
+}
+
+/// `BERTH_BENCH_PERF=FILE`: `perf record` of the given processes while the 50-turn rounds
+/// run (the figures of that run are then perturbed by perf itself).
+fn perf_start(pids: &[u32]) -> Option<std::process::Child> {
+    let out = std::env::var("BERTH_BENCH_PERF").ok()?;
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let child = std::process::Command::new("perf")
+        .args(["record", "-F", "999", "--call-graph", "dwarf,16384", "-o", &out, "-p"])
+        .arg(pids.join(","))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("perf record");
+    // perf needs a moment to attach.
+    std::thread::sleep(Duration::from_millis(500));
+    Some(child)
+}
+
+fn perf_stop(child: Option<std::process::Child>) {
+    if let Some(mut child) = child {
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+    }
+}
+
+/// Backends of the cluster (for `perf record`).
+fn children_of(root: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if stat_fields(&format!("/proc/{pid}/stat")).is_some_and(|f| f[1].parse::<u32>().ok() == Some(root)) {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 /// One prepared session: a client of its own (sending and watching) on some replica.
@@ -1284,10 +1471,12 @@ async fn concurrent_round(seats: Vec<Seat>, mock: &MockProvider) -> (Vec<f64>, V
     (walls, back)
 }
 
-async fn concurrency(table: &mut Table, mock: &MockProvider) {
+async fn concurrency(table: &mut Table) {
     const ONE_WORKER: usize = 50;
     const ROUNDS: usize = 3;
     const SPREAD: usize = 200;
+    // A provider of its own, on its own thread, so that its CPU is measured apart.
+    let mock = &isolated_mock();
     let database_url = fresh_database().await;
     let a = TestServer::start_with(&database_url, &mock.base_url(), ENV)
         .await
@@ -1298,36 +1487,65 @@ async fn concurrency(table: &mut Table, mock: &MockProvider) {
     let token = a.admin_token();
     let (dir_a, dir_b) = (scratch_dir("bench-repo"), scratch_dir("bench-ws-b"));
     let repo_files = git_repo(&dir_a);
-    let _wa = spawn_worker(&a, "bench-a", "wa", &dir_a).await;
-    let _wb = spawn_worker(&b, "bench-b", "wb", &dir_b).await;
+    let wa = spawn_worker(&a, "bench-a", "wa", &dir_a).await;
+    let wb = spawn_worker(&b, "bench-b", "wb", &dir_b).await;
     let ws_a = online_workspace(&a, &token, "bench-a").await;
     let ws_b = online_workspace(&a, &token, "bench-b").await;
+    let (pid_a, pid_b) = (a.child.id().expect("pid"), b.child.id().expect("pid"));
+    let (pid_wa, pid_wb) = (wa.id().expect("pid"), wb.id().expect("pid"));
+    let postmaster = postmaster(&database_url).await;
+    // Replica B, worker B and their clients are idle in the first two rows: counting them
+    // adds only their idle ticks.
+    let meters = Meters {
+        replicas: vec![pid_a, pid_b],
+        workers: vec![pid_wa, pid_wb],
+        postmaster,
+    };
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    let load = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    println!("load average before the concurrency rows: {}", load());
 
     // The single turn alone, in this run: one session on worker A, client on replica A.
     let mut alone = seats(&[&a], &token, &[&ws_a], 1).await;
     let mut single = Vec::new();
+    let mut single_cpu = Cpu::default();
     for i in 0..13 {
+        let c0 = meters.read();
         let (w, back) = concurrent_round(alone, mock).await;
         alone = back;
         if i >= 3 {
             single.extend(w);
+            single_cpu = single_cpu.plus(&meters.read().minus(&c0));
         }
     }
     let single_median = median(&mut single);
+    table.add(
+        "CPU per turn, one turn alone (10 turns; user + system)",
+        single_cpu.per_turn(10),
+        "—".into(),
+        "—".into(),
+        "report",
+        None,
+    );
 
     // 50 at once on worker A (clients on replica A, which holds it).
     let mut seated = seats(&[&a], &token, &[&ws_a], ONE_WORKER).await;
     let (_, back) = concurrent_round(seated, mock).await; // warm-up
     seated = back;
-    let (mut walls, mut cpu) = (Vec::new(), Duration::ZERO);
-    let pid_a = a.child.id().expect("pid");
+    let mut walls = Vec::new();
+    let perf = perf_start(&[&[pid_a, pid_wa][..], &children_of(postmaster)].concat());
+    let c0 = meters.read();
     for _ in 0..ROUNDS {
-        let c0 = cpu_time(pid_a);
         let (w, back) = concurrent_round(seated, mock).await;
-        cpu += cpu_time(pid_a) - c0;
         seated = back;
         walls.extend(w);
     }
+    let cpu = meters.read().minus(&c0);
+    perf_stop(perf);
     drop(seated);
     let (m, p99) = (median(&mut walls), quantile(&mut walls, 0.99));
     table.add(
@@ -1338,24 +1556,28 @@ async fn concurrency(table: &mut Table, mock: &MockProvider) {
         "median ≤ 2×, p99 ≤ 3×",
         Some(m <= 2.0 * single_median && p99 <= 3.0 * single_median),
     );
-    let turns = (ONE_WORKER * ROUNDS) as f64;
+    let turns = ONE_WORKER * ROUNDS;
     table.add(
-        "API-tier CPU per turn, 50 concurrent on one worker (replica holding the worker; user + system)",
-        format!("{:.2} ms", ms(cpu) / turns),
+        &format!("CPU per turn, {ONE_WORKER} concurrent on one worker (user + system)"),
+        cpu.per_turn(turns),
         "—".into(),
-        "—".into(),
+        format!(
+            "{ONE_WORKER} turns × {:.2} ms / {cores} cores = {:.1} ms of CPU a round",
+            ms(cpu.total()) / turns as f64,
+            ms(cpu.total()) / ROUNDS as f64 / cores as f64
+        ),
         "report",
         None,
     );
+    println!("load average after the {ONE_WORKER}-turn rounds: {}", load());
 
     // 200 at once across both workers and both replicas.
     let mut seated = seats(&[&a, &b], &token, &[&ws_a, &ws_b], SPREAD).await;
     let (_, back) = concurrent_round(seated, mock).await; // warm-up
     seated = back;
-    let pids = [pid_a, b.child.id().expect("pid")];
-    let c0: Duration = pids.iter().map(|p| cpu_time(*p)).sum();
+    let c0 = meters.read();
     let (mut walls, back) = concurrent_round(seated, mock).await;
-    let cpu = pids.iter().map(|p| cpu_time(*p)).sum::<Duration>() - c0;
+    let cpu = meters.read().minus(&c0);
     drop(back);
     let (m, p99) = (median(&mut walls), quantile(&mut walls, 0.99));
     table.add(
@@ -1367,13 +1589,18 @@ async fn concurrency(table: &mut Table, mock: &MockProvider) {
         Some(m <= 2.0 * single_median && p99 <= 3.0 * single_median),
     );
     table.add(
-        &format!("API-tier CPU per turn, {SPREAD} concurrent (both replicas; user + system)"),
-        format!("{:.2} ms", ms(cpu) / SPREAD as f64),
+        &format!("CPU per turn, {SPREAD} concurrent (both replicas, both workers; user + system)"),
+        cpu.per_turn(SPREAD),
         "—".into(),
-        "—".into(),
+        format!(
+            "{SPREAD} turns × {:.2} ms / {cores} cores = {:.1} ms of CPU",
+            ms(cpu.total()) / SPREAD as f64,
+            ms(cpu.total()) / cores as f64
+        ),
         "report",
         None,
     );
+    println!("load average after the {SPREAD}-turn round: {}", load());
 
     git_status(table, &a, &token, &ws_a, &dir_a, repo_files).await;
     files_read(table, &b, &token, &ws_a, &dir_a).await;

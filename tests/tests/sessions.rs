@@ -816,6 +816,51 @@ async fn a_stalled_watcher_catches_up_without_loss() {
     assert_eq!(seen, (1..=last).collect::<Vec<_>>());
 }
 
+/// A watcher joining late reads history whose events add up to more than one catch-up
+/// batch's byte budget (1 MiB): every event once, in order, each with all of its rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_watcher_catches_up_over_the_byte_budget_with_every_row() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let mut done = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    // Two answers of 600 KiB: the second one does not fit the first batch. (A third would
+    // make the turn compact its history instead.)
+    let replies: Vec<String> = (0..2).map(|i| format!("{i}").repeat(600 << 10)).collect();
+    for (i, reply) in replies.iter().enumerate() {
+        let chunks: Vec<Part> = berth_protocol::text::chunks(reply, 64 << 10)
+            .into_iter()
+            .map(|c| Part::Text(c.to_string()))
+            .collect();
+        mock.push(Reply::Stream(chunks));
+        c.ok("session.send", json!({"sessionId": sid, "prompt": format!("p{i}")}))
+            .await;
+        done.until(60, is_turn_end).await.unwrap();
+    }
+    let last = c.ok("session.get", json!({"sessionId": sid})).await["sequence"]
+        .as_i64()
+        .unwrap();
+    let mut late = stack.client(0).await;
+    let mut sub = late.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let (mut seen, mut prompts, mut answers) = (Vec::new(), Vec::new(), Vec::new());
+    while seen.last().copied().unwrap_or(0) < last {
+        let item = sub.next(30).await.expect("the late watcher catches up");
+        let Some(seq) = item["sequence"].as_i64() else { continue };
+        seen.push(seq);
+        for row in item["rows"].as_array().into_iter().flatten() {
+            match row["kind"].as_str() {
+                Some("user") => prompts.push(row["body"].as_str().unwrap().to_string()),
+                Some("assistant") => answers.push(row["body"].as_str().unwrap().to_string()),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(seen, (1..=last).collect::<Vec<_>>());
+    assert_eq!(prompts, ["p0", "p1"]);
+    assert_eq!(answers, replies, "each answer whole, once, in order");
+}
+
 /// Receipts expire after the retention period.
 #[tokio::test(flavor = "multi_thread")]
 async fn receipts_are_deleted_after_the_retention_period() {

@@ -4,7 +4,7 @@
 
 use berth_protocol::{ContextReport, ErrorCode, RoleInput, ToolSchemaSize};
 
-use crate::{Cached, Result, Store, StoreError, fmt_time, tenant_tx, tenant_tx_unflushed, token};
+use crate::{Cached, Result, Store, StoreError, fmt_time, tenant_tx, tenant_tx_unflushed_first, token};
 
 /// The parts of a report the proxy measures (the store adds identity and the fence).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -30,20 +30,21 @@ impl Store {
         measure: &ContextMeasure,
     ) -> Result<String> {
         let mut client = self.pool.get().await?;
-        let tx = tenant_tx_unflushed(&mut client, tenant_id).await?;
         let id = token::new_id("ctx");
         let report = serde_json::to_value(measure).map_err(|e| StoreError::Other(e.into()))?;
-        let n = tx
-            .ex(
-                "INSERT INTO context_records (id, tenant_id, session_id, turn_id, sequence, provider, model, report)
-                 SELECT $1, t.tenant_id, t.session_id, t.id, s.last_sequence, $4, $5, $6
-                   FROM turns t JOIN sessions s ON s.id = t.session_id
-                  WHERE t.id = $3 AND t.tenant_id = $2",
-                &[&id, &tenant_id, &turn_id, &provider, &model, &report],
-            )
-            .await?;
+        let (tx, inserted) = tenant_tx_unflushed_first(
+            &mut client,
+            tenant_id,
+            "INSERT INTO context_records (id, tenant_id, session_id, turn_id, sequence, provider, model, report)
+             SELECT $1, t.tenant_id, t.session_id, t.id, s.last_sequence, $4, $5, $6
+               FROM turns t JOIN sessions s ON s.id = t.session_id
+              WHERE t.id = $3 AND t.tenant_id = $2
+             RETURNING 1",
+            &[&id, &tenant_id, &turn_id, &provider, &model, &report],
+        )
+        .await?;
         tx.commit().await?;
-        if n == 0 {
+        if inserted.is_empty() {
             return Err(StoreError::Code(ErrorCode::TurnNotRunning));
         }
         Ok(id)

@@ -8,7 +8,9 @@ use berth_protocol::{
 };
 use deadpool_postgres::GenericClient;
 
-use crate::{CHANNEL_EVENTS, Cached, Result, Store, StoreError, fmt_time, not_found, tenant_tx};
+use crate::{CHANNEL_EVENTS, Cached, Result, Store, StoreError, fmt_time, not_found, tenant_tx, tenant_tx_first};
+
+type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
 
 /// A persisted event together with its rows.
 pub type EventRecord = Event;
@@ -84,7 +86,6 @@ pub(crate) async fn append_event(
         })
         .collect();
     let notice = format!("{session_id}:{seq}");
-    type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
     let event_params: [Param; 6] = [&session_id, &seq, &tenant_id, &kind, &turn_id, &payload];
     let row_params: Vec<[Param; 10]> = items
         .iter()
@@ -186,6 +187,37 @@ SELECT f.last_sequence, f.cleared_at_sequence, p.fits,
   ) p ON true
  ORDER BY p.source_sequence, p.item_index";
 
+/// A watcher's catch-up in one statement: the session's fence (`cleared_at_sequence`; no
+/// line at all when the session does not exist), then the events after `$3` in order, each
+/// with its rows (one line per row, the event's columns repeated; none for an event
+/// without rows): at most `$4` events and no more than `$5` bytes of payloads and row text,
+/// but always the first event whole. One more event comes back without payload or rows
+/// (`fits` false) when the batch is cut: it says there is more. No event: one line of NULLs
+/// after the fence.
+const CATCH_UP_SQL: &str = "
+SELECT f.cleared_at_sequence, w.sequence, w.fits, w.type, w.turn_id,
+       CASE WHEN w.fits THEN w.payload END, w.at,
+       r.source_sequence, r.item_index, r.turn_id, r.kind, r.body, r.thinking, r.tool, r.hidden, r.attachments
+  FROM (SELECT cleared_at_sequence FROM sessions
+         WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL) f
+  LEFT JOIN LATERAL (
+    SELECT x.*, (x.n <= $4::bigint AND (x.n = 1 OR x.running <= $5::bigint)) AS fits FROM (
+      SELECT e.sequence, e.type, e.turn_id, e.payload, e.at,
+             row_number() OVER v AS n,
+             (sum(octet_length(e.payload::text)::bigint + coalesce(b.bytes, 0)::bigint) OVER v)::bigint AS running,
+             octet_length(e.payload::text)::bigint + coalesce(b.bytes, 0)::bigint AS size
+        FROM events e
+        LEFT JOIN LATERAL (SELECT sum(octet_length(body) + coalesce(octet_length(thinking), 0)) AS bytes
+                             FROM rows WHERE session_id = e.session_id AND source_sequence = e.sequence) b ON true
+       WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.sequence > $3::bigint
+      WINDOW v AS (ORDER BY e.sequence ROWS UNBOUNDED PRECEDING)
+       ORDER BY e.sequence LIMIT $4::bigint + 1
+    ) x
+    WHERE x.n <= 2 OR x.running - x.size <= $5::bigint
+  ) w ON true
+  LEFT JOIN rows r ON w.fits AND r.session_id = $1 AND r.tenant_id = $2 AND r.source_sequence = w.sequence
+ ORDER BY w.sequence, r.item_index";
+
 /// Cut a row's fields to `budget` bytes in all, `first` served first, marking what was cut.
 fn fit(row: &mut Row, budget: usize, first: RowField) {
     let mut left = budget;
@@ -262,74 +294,45 @@ impl Store {
         max_bytes: usize,
     ) -> Result<(Vec<EventRecord>, bool)> {
         let mut client = self.pool.get().await?;
-        let client = tenant_tx(&mut client, tenant_id).await?;
-        let (_, cleared) = self.fence(&client, tenant_id, session_id).await?;
+        let params: [Param; 5] = [&session_id, &tenant_id, &after, &limit, &(max_bytes as i64)];
+        let (tx, lines) = tenant_tx_first(&mut client, tenant_id, CATCH_UP_SQL, &params).await?;
+        tx.commit().await?;
+        let Some(fence) = lines.first() else { return not_found() };
+        let cleared: i64 = fence.get(0);
         if after > 0 && after < cleared - 1 {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
-        // Sizes first (nothing large is read), to cut the batch at the byte budget.
-        let sizes = client
-            .qa(
-                "SELECT e.sequence, octet_length(e.payload::text)::bigint + coalesce(r.bytes, 0)::bigint FROM events e
-                   LEFT JOIN LATERAL (SELECT sum(octet_length(body) + coalesce(octet_length(thinking), 0)) AS bytes
-                                        FROM rows WHERE session_id = e.session_id AND source_sequence = e.sequence) r ON true
-                  WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.sequence > $3 ORDER BY e.sequence LIMIT $4",
-                &[&session_id, &tenant_id, &after, &(limit + 1)],
-            )
-            .await?;
-        let mut take = 0usize;
-        let mut used = 0usize;
-        for s in sizes.iter().take(limit as usize) {
-            let size = s.get::<_, i64>(1) as usize;
-            if take > 0 && used + size > max_bytes {
-                break;
+        let mut out: Vec<Event> = Vec::new();
+        let mut more = false;
+        for line in &lines {
+            let Some(sequence) = line.get::<_, Option<i64>>(1) else {
+                continue;
+            };
+            if !line.get::<_, bool>(2) {
+                more = true;
+                continue;
             }
-            used += size;
-            take += 1;
+            if out.last().is_none_or(|e| e.sequence != sequence) {
+                out.push(Event {
+                    sequence,
+                    at: fmt_time(line.get(6)),
+                    turn_id: line.get(4),
+                    rows: Vec::new(),
+                    payload: stored_payload(line.get(3), line.get(5))?,
+                });
+            }
+            if line.get::<_, Option<i64>>(7).is_some()
+                && let Some(e) = out.last_mut()
+            {
+                e.rows.push(row_at(line, 7));
+            }
         }
-        let more = take < sizes.len();
-        let Some(last) = sizes.get(take.wrapping_sub(1)).map(|r| r.get::<_, i64>(0)) else {
+        let Some(first) = out.first() else {
             return Ok((Vec::new(), false));
         };
-        let events = client
-            .qa(
-                "SELECT sequence, type, turn_id, payload, at FROM events
-                  WHERE session_id = $1 AND tenant_id = $2 AND sequence > $3 AND sequence <= $4 ORDER BY sequence",
-                &[&session_id, &tenant_id, &after, &last],
-            )
-            .await?;
-        if events.is_empty() {
-            return Ok((Vec::new(), false));
-        }
-        let first: i64 = events[0].get(0);
-        if after > 0 && first != after + 1 {
-            // Cleared between the fence read and this one.
+        if after > 0 && first.sequence != after + 1 {
+            // Cleared: the events right after the cursor are gone.
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
-        }
-        let rows = client
-            .qa(
-                &format!(
-                    "SELECT {ROW_COLUMNS} FROM rows WHERE session_id = $1 AND tenant_id = $2
-                      AND source_sequence > $3 AND source_sequence <= $4 ORDER BY source_sequence, item_index"
-                ),
-                &[&session_id, &tenant_id, &after, &last],
-            )
-            .await?;
-        let mut rows = rows.iter().map(row_from).peekable();
-        let mut out = Vec::with_capacity(events.len());
-        for e in &events {
-            let sequence: i64 = e.get(0);
-            let mut published = Vec::new();
-            while let Some(r) = rows.next_if(|r| r.position.source_sequence == sequence) {
-                published.push(r);
-            }
-            out.push(Event {
-                sequence,
-                at: fmt_time(e.get(4)),
-                turn_id: e.get(2),
-                rows: published,
-                payload: stored_payload(e.get(1), e.get(3))?,
-            });
         }
         Ok((out, more))
     }

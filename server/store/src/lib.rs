@@ -363,7 +363,7 @@ pub(crate) async fn tenant_tx<'a>(
     tenant_id: &str,
 ) -> Result<deadpool_postgres::Transaction<'a>> {
     let tx = client.transaction().await?;
-    tx.ex(SET_TENANT, &[&APP_ROLE, &tenant_id]).await?;
+    tx.ex(TENANT_SQL, &[&APP_ROLE, &tenant_id]).await?;
     Ok(tx)
 }
 
@@ -381,7 +381,7 @@ pub(crate) async fn tenant_read(
 ) -> Result<Vec<tokio_postgres::Row>> {
     // Prepared first (cached per connection): a statement still to be prepared would go
     // out after the `COMMIT`.
-    let set = client.prepare_cached(SET_TENANT).await?;
+    let set = client.prepare_cached(TENANT_SQL).await?;
     let statement = client.prepare_cached(sql).await?;
     let c: &tokio_postgres::Client = client;
     let (begin, set, rows, commit) = futures_util::future::join4(
@@ -408,25 +408,51 @@ pub(crate) async fn tenant_read_opt(
     Ok(tenant_read(client, tenant_id, sql, params).await?.into_iter().next())
 }
 
-/// The tenant switch every tenant-scoped transaction starts with.
-const SET_TENANT: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true)";
+/// Scopes the current transaction to a tenant: `$1` [`APP_ROLE`], `$2` the tenant id.
+const TENANT_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true)";
+/// [`TENANT_SQL`], and the commit does not wait for the disk.
+const TENANT_UNFLUSHED_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true),
+        set_config('synchronous_commit', 'off', true)";
 
-/// [`tenant_tx`] whose commit does not wait for the disk (`synchronous_commit = off`, set
-/// with the tenant, no extra round trip). Only for writes whose loss in a database crash is
-/// harmless — never for history a client or worker was told is stored (ARCHITECTURE.md,
-/// "Durable where acknowledged"). A later durable commit flushes the log past it.
-pub(crate) async fn tenant_tx_unflushed<'a>(
+/// [`tenant_tx`] whose first statement goes out together with the tenant switch: one wait
+/// instead of two, on paths every turn takes. Returns the transaction and the statement's
+/// rows.
+pub(crate) async fn tenant_tx_first<'a>(
     client: &'a mut deadpool_postgres::Object,
     tenant_id: &str,
-) -> Result<deadpool_postgres::Transaction<'a>> {
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
+    begin_pipelined(client, TENANT_SQL, tenant_id, sql, params).await
+}
+
+/// [`tenant_tx_first`] whose commit does not wait for the disk (`synchronous_commit = off`,
+/// set with the tenant). Only for writes whose loss in a database crash is harmless — never
+/// for history a client or worker was told is stored (ARCHITECTURE.md, "Durable where
+/// acknowledged"). A later durable commit flushes the log past it.
+pub(crate) async fn tenant_tx_unflushed_first<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    tenant_id: &str,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
+    begin_pipelined(client, TENANT_UNFLUSHED_SQL, tenant_id, sql, params).await
+}
+
+async fn begin_pipelined<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    tenant_sql: &str,
+    tenant_id: &str,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
     let tx = client.transaction().await?;
-    tx.ex(
-        "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true),
-                set_config('synchronous_commit', 'off', true)",
-        &[&APP_ROLE, &tenant_id],
-    )
-    .await?;
-    Ok(tx)
+    // Both prepared first (cached after the first use on a connection), so that they are
+    // sent, and run, in this order: the statement runs under the tenant.
+    let (tenant, first) = tokio::try_join!(tx.prepare_cached(tenant_sql), tx.prepare_cached(sql))?;
+    let tenant_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&APP_ROLE, &tenant_id];
+    let (_, rows) = tokio::try_join!(biased; tx.execute(&tenant, &tenant_params), tx.query(&first, params))?;
+    Ok((tx, rows))
 }
 
 /// RFC 3339 with milliseconds, UTC.

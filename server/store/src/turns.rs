@@ -17,7 +17,7 @@ use crate::{
     not_found,
     receipts::{Receipt, finish},
     sessions::{lock_session, queue_changed},
-    tenant_tx, tenant_tx_unflushed, token,
+    tenant_tx, tenant_tx_first, tenant_tx_unflushed_first, token,
     workspaces::{PRESENCE_TTL, online_sql},
 };
 
@@ -369,25 +369,18 @@ impl Store {
             i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
         );
         let mut client = self.pool.get().await?;
-        let tx = tenant_tx_unflushed(&mut client, tenant_id).await?;
-        if let Some(id) = context {
-            tx.ex(
-                "UPDATE context_records SET input_tokens = $3 WHERE id = $1 AND tenant_id = $2",
-                &[&id, &tenant_id, &input],
-            )
-            .await?;
-        }
-        let Some(turn_id) = turn_id else {
-            tx.commit().await?;
-            return Ok(());
-        };
-        tx.ex(
-            "UPDATE turns SET input_tokens = input_tokens + $3, output_tokens = output_tokens + $4,
+        // Both updates in one statement, sent with the tenant switch: one wait in all before
+        // the commit. A missing context record or turn updates nothing, as before.
+        let (tx, _) = tenant_tx_unflushed_first(
+            &mut client,
+            tenant_id,
+            "WITH c AS (UPDATE context_records SET input_tokens = $3 WHERE id = $5 AND tenant_id = $2)
+             UPDATE turns SET input_tokens = input_tokens + $3, output_tokens = output_tokens + $4,
                     step_usage = jsonb_build_object(
                         'inputTokens', coalesce((step_usage->>'inputTokens')::bigint, 0) + $3,
                         'outputTokens', coalesce((step_usage->>'outputTokens')::bigint, 0) + $4)
               WHERE id = $1 AND tenant_id = $2",
-            &[&turn_id, &tenant_id, &input, &output],
+            &[&turn_id, &tenant_id, &input, &output, &context],
         )
         .await?;
         tx.commit().await?;
@@ -425,26 +418,25 @@ impl Store {
     ) -> Result<()> {
         let mut client = self.pool.get().await?;
         // Live output is not history (the completed step is): no need to wait for the disk.
-        let tx = tenant_tx_unflushed(&mut client, tenant_id).await?;
-        let updated = tx
-            .ex(
-                "UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
-                  WHERE id = $1 AND tenant_id = $2 AND state = 'running'",
-                &[
-                    &turn_id,
-                    &tenant_id,
-                    &crate::history::pg_text(text),
-                    &crate::history::pg_text(thinking),
-                ],
-            )
-            .await?;
-        if updated == 0 {
-            // The turn was stopped: its late output goes nowhere.
-            return Ok(());
-        }
-        for p in payloads {
-            tx.ex("SELECT pg_notify($1, $2)", &[&channel, p]).await?;
-        }
+        // The update and the relay in one statement, sent with the tenant switch; a turn
+        // that was stopped updates nothing and relays nothing (its late output goes nowhere).
+        let (tx, _) = tenant_tx_unflushed_first(
+            &mut client,
+            tenant_id,
+            "WITH u AS (UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
+                         WHERE id = $1 AND tenant_id = $2 AND state = 'running' RETURNING 1)
+             SELECT pg_notify($5, p) FROM unnest($6::text[]) WITH ORDINALITY AS n(p, i)
+              WHERE EXISTS (SELECT 1 FROM u) ORDER BY i",
+            &[
+                &turn_id,
+                &tenant_id,
+                &crate::history::pg_text(text),
+                &crate::history::pg_text(thinking),
+                &channel,
+                &payloads,
+            ],
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -452,15 +444,16 @@ impl Store {
     /// The running step's stored partial output, if a turn runs.
     pub async fn partial(&self, tenant_id: &str, session_id: &str) -> Result<Option<Partial>> {
         let mut client = self.pool.get().await?;
-        let client = tenant_tx(&mut client, tenant_id).await?;
-        let row = client
-            .qo(
-                "SELECT id, step, partial_text, partial_thinking FROM turns
-                  WHERE session_id = $1 AND tenant_id = $2 AND state = 'running'",
-                &[&session_id, &tenant_id],
-            )
-            .await?;
-        Ok(row.map(|r| Partial {
+        let (tx, rows) = tenant_tx_first(
+            &mut client,
+            tenant_id,
+            "SELECT id, step, partial_text, partial_thinking FROM turns
+              WHERE session_id = $1 AND tenant_id = $2 AND state = 'running'",
+            &[&session_id, &tenant_id],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(rows.first().map(|r| Partial {
             turn_id: r.get(0),
             step: r.get(1),
             text: r.get(2),
@@ -502,8 +495,14 @@ impl Store {
             return Err(StoreError::Code(ErrorCode::BadParams));
         }
         let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        crate::coordinator::lock_coordinator_of_turn(&tx, tenant_id, turn_id).await?;
+        // The coordinator's lock (if the session is a child) goes out with the tenant switch.
+        let (tx, _) = tenant_tx_first(
+            &mut client,
+            tenant_id,
+            crate::coordinator::LOCK_COORDINATOR_OF_TURN,
+            &[&turn_id, &tenant_id],
+        )
+        .await?;
         let session_id = lock_running_turn(&tx, connection_id, tenant_id, turn_id).await?;
         for p in relay {
             tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DELTAS, p]).await?;
@@ -512,13 +511,19 @@ impl Store {
             step_in_tx(&tx, tenant_id, &session_id, turn_id, rows).await?;
         }
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
-        let totals = tx
-            .q1(
-                "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = ''
-                  WHERE id = $1 RETURNING input_tokens, output_tokens",
-                &[&turn_id, &state.as_str(), &cause_json],
-            )
-            .await?;
+        // The settle and the dispatch notice (delivered at commit) in one wait.
+        let (totals, ()) = tokio::try_join!(
+            async {
+                tx.q1(
+                    "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = ''
+                      WHERE id = $1 RETURNING input_tokens, output_tokens",
+                    &[&turn_id, &state.as_str(), &cause_json],
+                )
+                .await
+                .map_err(StoreError::from)
+            },
+            notify_dispatch(&tx, &session_id),
+        )?;
         let (input, output): (i64, i64) = (totals.get(0), totals.get(1));
         let ended = EventPayload::TurnEnded(TurnEnded {
             state,
@@ -539,7 +544,6 @@ impl Store {
             };
             diagnostic(&tx, tenant_id, &session_id, kind, Some(turn_id), Some(seq), c).await?;
         }
-        notify_dispatch(&tx, &session_id).await?;
         tx.commit().await?;
         Ok((session_id, seq))
     }
@@ -1159,22 +1163,22 @@ pub(crate) async fn lock_running_turn(
     tenant_id: &str,
     turn_id: &str,
 ) -> Result<String> {
-    // The lock in one round trip; the turn is read again under it (a fresh snapshot).
-    let session_id: String = tx
-        .qo(
-            "SELECT id FROM sessions WHERE id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) FOR UPDATE",
-            &[&turn_id, &tenant_id],
-        )
-        .await?
-        .map(|r| r.get(0))
-        .ok_or(StoreError::Code(ErrorCode::NotFound))?;
-    let row = tx
-        .q1(
+    // The lock, then the turn read again under it (the next statement's snapshot is taken
+    // after the lock is held): sent together, one wait. Both are prepared first (cached
+    // after the first use on a connection) so that they go out, and run, in this order.
+    let (lock, read) = tokio::try_join!(
+        tx.prepare_cached(
+            "SELECT id FROM sessions WHERE id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) FOR UPDATE"
+        ),
+        tx.prepare_cached(
             "SELECT t.state, t.dispatched_to, s.removed_at IS NULL FROM turns t JOIN sessions s ON s.id = t.session_id
-              WHERE t.id = $1",
-            &[&turn_id],
-        )
-        .await?;
+              WHERE t.id = $1 AND t.tenant_id = $2"
+        ),
+    )?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&turn_id, &tenant_id];
+    let (locked, row) = tokio::try_join!(biased; tx.query_opt(&lock, &params), tx.query_opt(&read, &params))?;
+    let session_id: String = locked.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))?;
+    let row = row.ok_or(StoreError::Code(ErrorCode::NotFound))?;
     let (state, to, live): (String, Option<String>, bool) = (row.get(0), row.get(1), row.get(2));
     let handed_elsewhere = connection_id.is_some_and(|c| to.as_deref() != Some(c));
     if state != "running" || !live || handed_elsewhere {

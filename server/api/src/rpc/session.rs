@@ -516,7 +516,8 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
             changed = sub.events.changed() => if changed.is_err() { return Ok(()) },
             item = sub.live.recv() => match item {
                 Ok(item) => {
-                    let item = match serde_json::from_value::<LiveItem>((*item).clone()) {
+                    // Read in place: every watcher of the session shares the one item.
+                    let item = match <LiveItem as serde::Deserialize>::deserialize(&*item) {
                         Ok(LiveItem::ModelDelta(d)) => live.admit(&d).map(LiveItem::ModelDelta),
                         Ok(other) => Some(other),
                         Err(e) => {
