@@ -75,17 +75,8 @@ where
     })?;
     // The operation's identity is what the method understood: the decoded params written
     // back out, so that `null` and absent, unknown fields and key order make no difference.
-    let mut hashed = serde_json::to_value(&typed).map_err(|_| ApiError::code(ErrorCode::Internal))?;
-    if let Some(obj) = hashed.as_object_mut() {
-        obj.remove("operationId");
-        // Never keep even a digest of a password.
-        obj.remove("password");
-    }
-    // serde_json's map is ordered by key, so this is a canonical form.
-    let hash: String = Sha256::digest(hashed.to_string().as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let decoded = serde_json::to_value(&typed).map_err(|_| ApiError::code(ErrorCode::Internal))?;
+    let hash = operation_digest(decoded);
     let store = &ctx.state.store;
     match store
         .receipt_begin(&tenant, &principal, &operation_id, M::NAME, &hash)
@@ -130,4 +121,62 @@ pub async fn lookup(ctx: &Ctx, operation_id: &str) -> ApiResult<Option<ReceiptVi
 /// `operation.receipt`: the stored outcome, or null.
 pub async fn receipt(ctx: Ctx, p: OperationReceiptParams) -> ApiResult<Option<ReceiptView>> {
     lookup(&ctx, &p.operation_id).await
+}
+
+/// The stored digest of an operation's decoded params: without its operation id, and
+/// without secrets (a password, an MCP server's env and header values — only their names
+/// count), of which not even a digest is kept: a low-entropy secret could be found from it.
+fn operation_digest(mut params: Value) -> String {
+    if let Some(obj) = params.as_object_mut() {
+        obj.remove("operationId");
+        obj.remove("password");
+        if let Some(transport) = obj.get_mut("transport").and_then(Value::as_object_mut) {
+            for secrets in ["env", "headers"] {
+                if let Some(map) = transport.get_mut(secrets).and_then(Value::as_object_mut) {
+                    map.values_mut().for_each(|v| *v = Value::Null);
+                }
+            }
+        }
+    }
+    // serde_json's map is ordered by key, so this is a canonical form.
+    Sha256::digest(params.to_string().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::operation_digest;
+
+    #[test]
+    fn operation_digests_keep_no_secret() {
+        let save = |header: &str, env: &str| {
+            operation_digest(json!({
+                "name": "tools",
+                "operationId": "op-1",
+                "transport": {"kind": "http", "url": "https://mcp.example", "headers": {"Authorization": header}, "env": {"TOKEN": env}},
+            }))
+        };
+        assert_eq!(
+            save("Bearer a", "x"),
+            save("Bearer b", "y"),
+            "secret values do not count"
+        );
+        let renamed = operation_digest(json!({
+            "name": "tools",
+            "transport": {"kind": "http", "url": "https://mcp.example", "headers": {"X-Key": "Bearer a"}, "env": {"TOKEN": "x"}},
+        }));
+        assert_ne!(save("Bearer a", "x"), renamed, "their names do");
+        assert_eq!(
+            operation_digest(json!({"email": "a@example.com", "password": "one"})),
+            operation_digest(json!({"email": "a@example.com", "password": "two"})),
+        );
+        assert_ne!(
+            operation_digest(json!({"email": "a@example.com"})),
+            operation_digest(json!({"email": "b@example.com"})),
+        );
+    }
 }
