@@ -512,8 +512,12 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
                 }
             }
         }
+        // Live items first: a step's last delta is published before the event that ends
+        // it (in NOTIFY order, or locally before the commit), so a watcher that finds both
+        // ready delivers the delta, not the catch-up that would overtake it.
         tokio::select! {
-            changed = sub.events.changed() => if changed.is_err() { return Ok(()) },
+            biased;
+            _ = cancel.cancelled() => return Ok(()),
             item = sub.live.recv() => match item {
                 Ok(item) => {
                     // Read in place: every watcher of the session shares the one item.
@@ -539,8 +543,8 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
                 }
                 Err(RecvError::Closed) => return Ok(()),
             },
+            changed = sub.events.changed() => if changed.is_err() { return Ok(()) },
             _ = safety.tick() => {}
-            _ = cancel.cancelled() => return Ok(()),
         }
     }
 }
