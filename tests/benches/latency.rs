@@ -516,11 +516,14 @@ async fn trace_turn(mock: &MockProvider) {
         t.total, t.answered, t.started, t.first_delta, t.settle
     );
     for line in text.get(from as usize..).unwrap_or("").lines() {
-        // `<epoch ms> [pid] LOG:  duration: 0.123 ms  execute s1: SELECT …`
+        // `<epoch s.ms> [pid] LOG:  duration: 0.123 ms  execute s1: SELECT …` (`%n` is
+        // seconds with milliseconds)
         let Some((at, rest)) = line.split_once(' ') else {
             continue;
         };
-        let Ok(at) = at.parse::<f64>() else { continue };
+        let Ok(at) = at.parse::<f64>().map(|s| s * 1e3) else {
+            continue;
+        };
         let offset = at - start;
         if offset < 0.0 || offset > t.total + 1.0 || !rest.contains("duration:") {
             continue;
