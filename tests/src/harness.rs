@@ -223,6 +223,37 @@ impl TestServer {
             .to_string()
     }
 
+    /// A second tenant, `tenant-b`, with an admin `b@example.com`; returns that admin's
+    /// client credential.
+    pub async fn tenant_b(&self) -> String {
+        self.admin(&["tenant", "create", "tenant-b"]).await.expect("tenant");
+        self.admin(&[
+            "user",
+            "create",
+            "--tenant",
+            "tenant-b",
+            "--email",
+            "b@example.com",
+            "--admin",
+        ])
+        .await
+        .expect("user");
+        self.admin(&[
+            "token",
+            "create",
+            "--tenant",
+            "tenant-b",
+            "--user",
+            "b@example.com",
+            "--note",
+            "b",
+        ])
+        .await
+        .expect("token")
+        .trim()
+        .to_string()
+    }
+
     /// `berth admin …` against this server's database; returns stdout.
     pub async fn admin(&self, args: &[&str]) -> anyhow::Result<String> {
         let out = Command::new(berth_bin())

@@ -26,6 +26,21 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// A member of the default tenant, and a client on replica 0 signed in with their own
+    /// credential (made by `admin`).
+    pub async fn member(&self, admin: &mut Client, email: &str) -> Client {
+        let user = admin.ok("admin.user.create", json!({"email": email})).await;
+        let cred = admin
+            .ok(
+                "admin.credential.create",
+                json!({"userId": user["userId"], "note": email}),
+            )
+            .await;
+        Client::authed(&self.servers[0].ws_url(), cred["token"].as_str().unwrap())
+            .await
+            .unwrap()
+    }
+
     /// `replicas` API replicas and a worker (on replica 0) whose workspace is online.
     pub async fn start(mock: &MockProvider, replicas: usize) -> Stack {
         Self::start_with(mock, replicas, &[]).await

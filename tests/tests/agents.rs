@@ -6,20 +6,6 @@
 use berth_e2e::{Client, MockProvider, Reply, Stack, TestServer, client::code};
 use serde_json::{Value, json};
 
-/// A member of the default tenant and a client signed in with their own credential.
-async fn member(stack: &Stack, admin: &mut Client, email: &str) -> Client {
-    let user = admin.ok("admin.user.create", json!({"email": email})).await;
-    let cred = admin
-        .ok(
-            "admin.credential.create",
-            json!({"userId": user["userId"], "note": email}),
-        )
-        .await;
-    Client::authed(&stack.servers[0].ws_url(), cred["token"].as_str().unwrap())
-        .await
-        .unwrap()
-}
-
 /// Send `prompt` and wait until its turn ends; returns the `turn.ended` event.
 async fn turn(c: &mut Client, sid: &str, prompt: &str) -> Value {
     let sent = c.ok("session.send", json!({"sessionId": sid, "prompt": prompt})).await;
@@ -55,8 +41,8 @@ async fn an_agent_saved_by_one_member_drives_another_members_session_and_a_switc
     let mock = MockProvider::start().await;
     let mut stack = Stack::start(&mock, 1).await;
     let mut admin = stack.client(0).await;
-    let mut alice = member(&stack, &mut admin, "alice@example.com").await;
-    let mut bob = member(&stack, &mut admin, "bob@example.com").await;
+    let mut alice = stack.member(&mut admin, "alice@example.com").await;
+    let mut bob = stack.member(&mut admin, "bob@example.com").await;
 
     // Alice saves two agents; a bad definition is a typed error, a taken name a conflict.
     let reviewer = alice

@@ -285,30 +285,6 @@ async fn bad_uploads_are_typed_errors_and_the_connection_stays_usable() {
     assert!(!c.is_closed());
 }
 
-/// Tenant B: a tenant, an admin user and a client credential for it.
-async fn tenant_b(server: &TestServer) -> String {
-    server.admin(&["tenant", "create", "tenant-b"]).await.unwrap();
-    server
-        .admin(&["user", "create", "--tenant", "tenant-b", "--email", "b@example.com"])
-        .await
-        .unwrap();
-    server
-        .admin(&[
-            "token",
-            "create",
-            "--tenant",
-            "tenant-b",
-            "--user",
-            "b@example.com",
-            "--note",
-            "b",
-        ])
-        .await
-        .unwrap()
-        .trim()
-        .to_string()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn another_tenants_attachment_and_session_are_not_found() {
     let mock = MockProvider::start().await;
@@ -324,7 +300,7 @@ async fn another_tenants_attachment_and_session_are_not_found() {
         .await
         .expect("upload");
 
-    let token_b = tenant_b(&stack.servers[0]).await;
+    let token_b = stack.servers[0].tenant_b().await;
     let mut b = Client::authed(&stack.servers[0].ws_url(), &token_b).await.expect("b");
     // Tenant B cannot upload into A's session…
     let e = b

@@ -213,20 +213,6 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
     assert_eq!(c.history(&sid).await.last().unwrap()["body"], "Still here.");
 }
 
-/// A member of the default tenant, signed in with their own credential.
-async fn member(stack: &Stack, admin: &mut Client, email: &str) -> Client {
-    let user = admin.ok("admin.user.create", json!({"email": email})).await;
-    let cred = admin
-        .ok(
-            "admin.credential.create",
-            json!({"userId": user["userId"], "note": email}),
-        )
-        .await;
-    Client::authed(&stack.servers[0].ws_url(), cred["token"].as_str().unwrap())
-        .await
-        .unwrap()
-}
-
 /// The test server in streamable-HTTP mode, refusing requests without `header`; returns the
 /// process (killed when dropped) and its URL.
 async fn http_server(header: &str) -> (tokio::process::Child, String) {
@@ -270,7 +256,7 @@ async fn an_admins_http_mcp_server_serves_a_members_session_under_approval_and_i
     let stack = Stack::start(&mock, 1).await;
     let (_server, url) = http_server(&format!("authorization:{SECRET}")).await;
     let mut admin = stack.client(0).await;
-    let mut bob = member(&stack, &mut admin, "bob@example.com").await;
+    let mut bob = stack.member(&mut admin, "bob@example.com").await;
     let definition = json!({
         "name": "web",
         "transport": {"kind": "http", "url": url, "headers": {"authorization": SECRET}},

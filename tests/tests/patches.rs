@@ -69,30 +69,6 @@ async fn read_all(c: &mut Client, patch_id: &str) -> (String, usize) {
     }
 }
 
-/// Tenant B: a tenant, an admin user and a client credential for it.
-async fn tenant_b(server: &TestServer) -> String {
-    server.admin(&["tenant", "create", "tenant-b"]).await.expect("tenant");
-    server
-        .admin(&["user", "create", "--tenant", "tenant-b", "--email", "b@example.com"])
-        .await
-        .expect("user");
-    server
-        .admin(&[
-            "token",
-            "create",
-            "--tenant",
-            "tenant-b",
-            "--user",
-            "b@example.com",
-            "--note",
-            "b",
-        ])
-        .await
-        .expect("token")
-        .trim()
-        .to_string()
-}
-
 /// A repository with a base commit and every kind of change on top, including a file
 /// large enough that its patch takes several pages.
 fn repository_with_changes(dir: &Path) {
@@ -224,7 +200,7 @@ async fn a_patch_survives_later_turns_changes_and_a_restart(env: Vec<(String, St
 
     // Another tenant's patch id is not-found, like one that does not exist; so is its
     // session for a snapshot.
-    let token_b = tenant_b(&stack.servers[0]).await;
+    let token_b = stack.servers[0].tenant_b().await;
     let mut b = Client::authed(&stack.servers[1].ws_url(), &token_b).await.expect("b");
     for id in [patch_id.as_str(), "pch_000000000000000000000000"] {
         let e = b.call("patch.read", json!({"patchId": id})).await.unwrap_err();

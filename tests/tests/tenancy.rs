@@ -5,38 +5,6 @@ use std::time::Duration;
 use berth_e2e::{Client, MockProvider, Stack, TestServer, client::code, fresh_database, harness::eventually};
 use serde_json::{Value, json};
 
-/// Tenant B: a tenant, an admin user and a client credential for it.
-async fn tenant_b(server: &TestServer) -> String {
-    server.admin(&["tenant", "create", "tenant-b"]).await.unwrap();
-    server
-        .admin(&[
-            "user",
-            "create",
-            "--tenant",
-            "tenant-b",
-            "--email",
-            "b@example.com",
-            "--admin",
-        ])
-        .await
-        .unwrap();
-    server
-        .admin(&[
-            "token",
-            "create",
-            "--tenant",
-            "tenant-b",
-            "--user",
-            "b@example.com",
-            "--note",
-            "b",
-        ])
-        .await
-        .unwrap()
-        .trim()
-        .to_string()
-}
-
 /// Every method is classified: it takes an id (and is in the matrix) or it does not.
 const NO_ID_METHODS: &[&str] = &[
     "hello",
@@ -125,7 +93,7 @@ async fn another_tenants_ids_answer_exactly_like_missing_ids_and_change_nothing(
         .await
         .expect("content.upload");
 
-    let b_token = tenant_b(&stack.servers[0]).await;
+    let b_token = stack.servers[0].tenant_b().await;
     let mut b = Client::authed(&stack.servers[0].ws_url(), &b_token).await.unwrap();
 
     let before = snapshot(&mut a, &sid).await;
@@ -515,7 +483,7 @@ async fn row_level_security_admits_only_the_transactions_tenant() {
     let stack = Stack::start(&mock, 1).await;
     let mut a = stack.client(0).await;
     let sid = stack.session(&mut a).await;
-    let b_token = tenant_b(&stack.servers[0]).await;
+    let b_token = stack.servers[0].tenant_b().await;
     let _ = b_token;
     let client = berth_e2e::harness::db(&stack.database_url).await;
     let tenant_a: String = client

@@ -45,16 +45,7 @@ pub(crate) async fn complete(
     };
     // No reasoning asked for: a title or a summary needs none.
     let outgoing = providers::request(profile.api, chat, None);
-    let url = format!("{}{}", base.trim_end_matches('/'), outgoing.path);
-    let build = || {
-        let req = state.provider_http.post(&url).json(&outgoing.body);
-        let req = providers::headers(profile.api, req);
-        if with_key {
-            providers::authorize(profile, req)
-        } else {
-            req
-        }
-    };
+    let build = outgoing.builder(&state.provider_http, profile, base, with_key);
     let resp = proxy::send_with_retries(build, &state.config.model.resilience).await?;
     let meter = proxy::Meter {
         state: state.clone(),

@@ -179,16 +179,7 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         }
     };
     let outgoing = providers::request(profile.api, obj, spec.level);
-    let url = format!("{}{}", base.trim_end_matches('/'), outgoing.path);
-    let build = || {
-        let req = state.provider_http.post(&url).json(&outgoing.body);
-        let req = providers::headers(profile.api, req);
-        if with_key {
-            providers::authorize(profile, req)
-        } else {
-            req
-        }
-    };
+    let build = outgoing.builder(&state.provider_http, profile, base, with_key);
     let send = async {
         let started = Instant::now();
         let resp = send_with_retries(build, &model_cfg.resilience).await;

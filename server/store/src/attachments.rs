@@ -218,15 +218,15 @@ impl Store {
     /// An attachment of the tenant as rows name it, with where its bytes are
     /// (`not-found` for another tenant's id, exactly as for one that does not exist).
     pub async fn get_attachment(&self, tenant_id: &str, attachment_id: &str) -> Result<(RowAttachment, String)> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let row = tx
-            .qo(
-                "SELECT id, name, mime_type, bytes, sha256, object_key FROM attachments WHERE id = $1 AND tenant_id = $2",
-                &[&attachment_id, &tenant_id],
-            )
-            .await?;
-        tx.commit().await?;
+        // One round trip: it runs for every page of `content.read`.
+        let client = self.pool.get().await?;
+        let row = crate::tenant_read_opt(
+            &client,
+            tenant_id,
+            "SELECT id, name, mime_type, bytes, sha256, object_key FROM attachments WHERE id = $1 AND tenant_id = $2",
+            &[&attachment_id, &tenant_id],
+        )
+        .await?;
         let Some(r) = row else { return not_found() };
         let bytes: i64 = r.get(3);
         let meta = RowAttachment {

@@ -118,18 +118,18 @@ impl Store {
     /// A patch of a live session of the tenant, with its object key (`not-found`
     /// otherwise, exactly as for an id that does not exist).
     pub async fn get_patch(&self, tenant_id: &str, patch_id: &str) -> Result<(PatchInfo, String)> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let row = tx
-            .qo(
-                &format!(
-                    "{PATCH_SELECT} p WHERE p.id = $1 AND p.tenant_id = $2
-                       AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = p.session_id AND s.removed_at IS NULL)"
-                ),
-                &[&patch_id, &tenant_id],
-            )
-            .await?;
-        tx.commit().await?;
+        // One round trip: it runs for every page of `patch.read`.
+        let client = self.pool.get().await?;
+        let row = crate::tenant_read_opt(
+            &client,
+            tenant_id,
+            &format!(
+                "{PATCH_SELECT} p WHERE p.id = $1 AND p.tenant_id = $2
+                   AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = p.session_id AND s.removed_at IS NULL)"
+            ),
+            &[&patch_id, &tenant_id],
+        )
+        .await?;
         match row {
             Some(r) => Ok(patch_from_row(&r)),
             None => not_found(),

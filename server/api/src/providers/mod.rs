@@ -26,6 +26,24 @@ pub(crate) struct Outgoing {
     pub body: Value,
 }
 
+impl Outgoing {
+    /// A builder of this request to `base`, one per attempt: the format's headers, and the
+    /// profile's key when `with_key` (never for a client-chosen endpoint).
+    pub(crate) fn builder<'a>(
+        &'a self,
+        http: &'a reqwest::Client,
+        profile: &'a ProviderProfile,
+        base: &str,
+        with_key: bool,
+    ) -> impl Fn() -> reqwest::RequestBuilder + 'a {
+        let url = format!("{}{}", base.trim_end_matches('/'), self.path);
+        move || {
+            let req = headers(profile.api, http.post(&url).json(&self.body));
+            if with_key { authorize(profile, req) } else { req }
+        }
+    }
+}
+
 /// Build the request for `api` from a chat-completions body (model already set), asking
 /// for the model's reasoning `level` where it has one.
 ///

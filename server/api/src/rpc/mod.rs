@@ -861,6 +861,39 @@ pub fn gone() -> RpcError {
     RpcError::new(ErrorCode::Unavailable)
 }
 
+/// The bytes of a stored blob of `total` bytes from the cursor `after` (a byte offset as a
+/// string; absent: the start), at most `page` of them, read by byte range on any replica.
+/// Returns the page's offset and bytes; a cursor past the end is `bad-params {field:"after"}`.
+pub(super) async fn blob_page(
+    ctx: &Ctx,
+    key: &str,
+    total: u64,
+    after: Option<&str>,
+    page: usize,
+) -> ApiResult<(u64, bytes::Bytes)> {
+    let offset = match after {
+        None => 0,
+        Some(a) => a
+            .parse::<u64>()
+            .ok()
+            .filter(|o| *o <= total)
+            .ok_or_else(|| ApiError::with(ErrorCode::BadParams, json!({"field": "after"})))?,
+    };
+    let end = (offset + page as u64).min(total);
+    if offset == end {
+        return Ok((offset, bytes::Bytes::new()));
+    }
+    let data = ctx.state.blobs.get_range(key, offset..end).await.map_err(|e| {
+        tracing::warn!(error = %e, "object store read failed");
+        ApiError::code(ErrorCode::Unavailable)
+    })?;
+    if data.len() as u64 != end - offset {
+        tracing::warn!("object store returned a short range");
+        return Err(ApiError::code(ErrorCode::Unavailable));
+    }
+    Ok((offset, data))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -106,24 +106,9 @@ pub async fn snapshot(ctx: Ctx, p: PatchSnapshotParams) -> ApiResult<PatchInfo> 
 pub async fn read(ctx: Ctx, p: PatchReadParams) -> ApiResult<PatchReadResult> {
     let me = ctx.principal()?;
     let (patch, key) = ctx.state.store.get_patch(&me.tenant_id, &p.patch_id).await?;
+    let (offset, data) = super::blob_page(&ctx, &key, patch.bytes, p.after.as_deref(), PATCH_PAGE_BYTES).await?;
+    let end = offset + data.len() as u64;
     let bad_cursor = || ApiError::with(ErrorCode::BadParams, json!({"field": "after"}));
-    let offset = match &p.after {
-        None => 0,
-        Some(a) => a
-            .parse::<u64>()
-            .ok()
-            .filter(|o| *o <= patch.bytes)
-            .ok_or_else(bad_cursor)?,
-    };
-    let end = (offset + PATCH_PAGE_BYTES as u64).min(patch.bytes);
-    let data = if offset < end {
-        ctx.state.blobs.get_range(&key, offset..end).await.map_err(|e| {
-            tracing::warn!(error = %e, "object store read failed");
-            ApiError::code(ErrorCode::Unavailable)
-        })?
-    } else {
-        Bytes::new()
-    };
     let (text, used) = page(&data, end == patch.bytes).ok_or_else(bad_cursor)?;
     let next = offset + used as u64;
     let patch_bytes = patch.bytes;

@@ -424,27 +424,8 @@ fn store_refusal(e: StoreError) -> Response {
 pub async fn content_read(ctx: Ctx, p: ContentReadParams) -> ApiResult<ContentReadResult> {
     let me = ctx.principal()?;
     let (attachment, key) = ctx.state.store.get_attachment(&me.tenant_id, &p.attachment_id).await?;
-    let offset = match &p.after {
-        None => 0,
-        Some(a) => a
-            .parse::<u64>()
-            .ok()
-            .filter(|o| *o <= attachment.bytes)
-            .ok_or_else(|| ApiError::with(ErrorCode::BadParams, json!({"field": "after"})))?,
-    };
-    let end = (offset + CONTENT_PAGE_BYTES as u64).min(attachment.bytes);
-    let data = if offset < end {
-        ctx.state.blobs.get_range(&key, offset..end).await.map_err(|e| {
-            tracing::warn!(error = %e, "object store read failed");
-            ApiError::code(ErrorCode::Unavailable)
-        })?
-    } else {
-        Bytes::new()
-    };
-    if data.len() as u64 != end - offset {
-        tracing::warn!("object store returned a short range");
-        return Err(ApiError::code(ErrorCode::Unavailable));
-    }
+    let (offset, data) = super::blob_page(&ctx, &key, attachment.bytes, p.after.as_deref(), CONTENT_PAGE_BYTES).await?;
+    let end = offset + data.len() as u64;
     let total = attachment.bytes;
     Ok(ContentReadResult {
         attachment,
