@@ -77,6 +77,25 @@ pub enum Message {
 /// The notification that carries subscription items.
 pub const SUBSCRIPTION_ITEM: &str = "subscription.item";
 
+/// A notification to write in one pass, borrowing its params (an item may be large, e.g. a
+/// file chunk's base64: no `Value` copy of it on the way out).
+#[derive(Debug, Serialize)]
+pub struct NotificationRef<'a, P> {
+    jsonrpc: &'static str,
+    method: &'a str,
+    params: P,
+}
+
+impl<'a, P: Serialize> NotificationRef<'a, P> {
+    pub fn new(method: &'a str, params: P) -> Self {
+        NotificationRef {
+            jsonrpc: "2.0",
+            method,
+            params,
+        }
+    }
+}
+
 /// The params of a `subscription.item` notification: the subscribing request's id and one
 /// item (for `session.watch`, a [`crate::WatchItem`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -69,24 +69,13 @@ impl Store {
         prompt: &str,
         op: Option<&Receipt>,
     ) -> Result<SessionSendResult> {
-        self.send_with_attachments(tenant_id, session_id, prompt, &[], op).await
+        Ok(self.admit(tenant_id, session_id, prompt, &[], op).await?.0)
     }
 
     /// [`Store::send`] with attachments (ids of the tenant's uploads, in the order the
-    /// worker receives them; another tenant's id is `not-found`).
-    pub async fn send_with_attachments(
-        &self,
-        tenant_id: &str,
-        session_id: &str,
-        prompt: &str,
-        attachments: &[String],
-        op: Option<&Receipt>,
-    ) -> Result<SessionSendResult> {
-        Ok(self.admit(tenant_id, session_id, prompt, attachments, op).await?.0)
-    }
-
-    /// [`Store::send_with_attachments`], also returning the session's workspace (so that a
-    /// replica holding its worker can hand the started turn out at once).
+    /// worker receives them; another tenant's id is `not-found`), also returning the
+    /// session's workspace (so that a replica holding its worker can hand the started turn
+    /// out at once).
     pub async fn admit(
         &self,
         tenant_id: &str,

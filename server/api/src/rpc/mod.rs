@@ -43,7 +43,7 @@ use axum::{
 };
 use berth_protocol::{
     ErrorCode, Method, RpcError,
-    jsonrpc::{Request, Response as RpcResponse, SUBSCRIPTION_ITEM},
+    jsonrpc::{NotificationRef, Request, Response as RpcResponse, SUBSCRIPTION_ITEM},
     method,
 };
 use berth_store::{CredentialKind, Principal};
@@ -335,17 +335,7 @@ impl Ctx {
             id: Option<u32>,
             item: &'a T,
         }
-        #[derive(serde::Serialize)]
-        struct Note<'a, T> {
-            jsonrpc: &'static str,
-            method: &'static str,
-            params: Params<'a, T>,
-        }
-        let note = Note {
-            jsonrpc: "2.0",
-            method: SUBSCRIPTION_ITEM,
-            params: Params { id: self.id, item },
-        };
+        let note = NotificationRef::new(SUBSCRIPTION_ITEM, Params { id: self.id, item });
         self.conn.out.send(text(&note)).await
     }
 }

@@ -162,17 +162,7 @@ impl Items {
             call_id: u32,
             item: &'a T,
         }
-        #[derive(serde::Serialize)]
-        struct Note<'a, T> {
-            jsonrpc: &'static str,
-            method: &'static str,
-            params: Params<'a, T>,
-        }
-        let note = Note {
-            jsonrpc: "2.0",
-            method: wp::CALL_ITEM,
-            params: Params { call_id: self.id, item },
-        };
+        let note = berth_protocol::jsonrpc::NotificationRef::new(wp::CALL_ITEM, Params { call_id: self.id, item });
         let Ok(text) = serde_json::to_string(&note) else {
             return false;
         };
