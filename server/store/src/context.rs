@@ -4,7 +4,7 @@
 
 use berth_protocol::{ContextReport, ErrorCode, RoleInput, ToolSchemaSize};
 
-use crate::{Cached, Result, Store, StoreError, fmt_time, tenant_tx, tenant_tx_unflushed_first, token};
+use crate::{Cached, Result, Store, StoreError, fmt_time, tenant_tx, token};
 
 /// The parts of a report the proxy measures (the store adds identity and the fence).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -29,11 +29,12 @@ impl Store {
         model: &str,
         measure: &ContextMeasure,
     ) -> Result<String> {
-        let mut client = self.pool.get().await?;
+        let client = self.pool.get().await?;
         let id = token::new_id("ctx");
         let report = serde_json::to_value(measure).map_err(|e| StoreError::Other(e.into()))?;
-        let (tx, inserted) = tenant_tx_unflushed_first(
-            &mut client,
+        // `BEGIN`, the tenant switch, the insert and `COMMIT` in one round trip.
+        let inserted = crate::tenant_write_unflushed(
+            &client,
             tenant_id,
             "INSERT INTO context_records (id, tenant_id, session_id, turn_id, sequence, provider, model, report)
              SELECT $1, t.tenant_id, t.session_id, t.id, s.last_sequence, $4, $5, $6
@@ -43,7 +44,6 @@ impl Store {
             &[&id, &tenant_id, &turn_id, &provider, &model, &report],
         )
         .await?;
-        tx.commit().await?;
         if inserted.is_empty() {
             return Err(StoreError::Code(ErrorCode::TurnNotRunning));
         }

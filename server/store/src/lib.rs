@@ -379,9 +379,32 @@ pub(crate) async fn tenant_read(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Vec<tokio_postgres::Row>> {
+    tenant_once(client, TENANT_SQL, tenant_id, sql, params).await
+}
+
+/// One write statement in its own transaction, in one round trip as [`tenant_read`], whose
+/// commit does not wait for the disk (as [`tenant_tx_unflushed_first`], with the same
+/// restriction: only for writes whose loss in a database crash is harmless). A failing
+/// statement fails the call and its `COMMIT` then rolls back.
+pub(crate) async fn tenant_write_unflushed(
+    client: &deadpool_postgres::Object,
+    tenant_id: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<tokio_postgres::Row>> {
+    tenant_once(client, TENANT_UNFLUSHED_SQL, tenant_id, sql, params).await
+}
+
+async fn tenant_once(
+    client: &deadpool_postgres::Object,
+    tenant_sql: &str,
+    tenant_id: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<tokio_postgres::Row>> {
     // Prepared first (cached per connection): a statement still to be prepared would go
     // out after the `COMMIT`.
-    let set = client.prepare_cached(TENANT_SQL).await?;
+    let set = client.prepare_cached(tenant_sql).await?;
     let statement = client.prepare_cached(sql).await?;
     let c: &tokio_postgres::Client = client;
     let (begin, set, rows, commit) = futures_util::future::join4(

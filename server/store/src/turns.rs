@@ -85,12 +85,11 @@ impl Store {
         op: Option<&Receipt>,
     ) -> Result<(SessionSendResult, String)> {
         let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let (result, workspace_id) =
-            admit_with_workspace(&tx, tenant_id, session_id, prompt, attachments, None).await?;
-        finish(&tx, op, &result).await?;
+        // The tenant switch goes out with admission's first statements: one wait.
+        let tx = client.transaction().await?;
+        let admitted = admit_in(&tx, true, tenant_id, session_id, prompt, attachments, None, op).await?;
         tx.commit().await?;
-        Ok((result, workspace_id))
+        Ok(admitted)
     }
 
     /// Stop exactly this turn: a running one is cancelled (its worker told to stop), a
@@ -248,11 +247,11 @@ impl Store {
         Ok(result)
     }
 
-    /// Hand out work to a worker connection serving `workspace_ids`: start the next queued
-    /// turn of every idle session there, then claim up to `limit` running turns not yet
-    /// handed out, recording the model each is dispatched with (the session's, else
-    /// `default_model`). Everything runs under the tenant's transactions; the claimed turns'
-    /// conversations are read in one query.
+    /// Hand out work to a worker connection serving `workspace_ids`: claim up to `limit`
+    /// running turns not yet handed out, recording the model each is dispatched with (the
+    /// session's, else `default_model`); start the next queued turn of every idle session
+    /// there and claim those too, within the limit. Everything runs under the tenant's
+    /// transactions; the worker reads each turn's conversation with `turn.history`.
     pub async fn claim_turns(
         &self,
         connection_id: &str,
@@ -262,23 +261,38 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<ClaimedTurn>> {
         let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let candidates = tx
-            .qa(
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // The tenant switch, the sessions whose queued turn may start, and the claim of the
+        // running turns not yet handed out go out together: one wait. All are prepared first
+        // (cached after the first use on a connection) so that they are sent, and run, in
+        // this order.
+        let tx = client.transaction().await?;
+        let (tenant, candidates, claim) = tokio::try_join!(
+            tx.prepare_cached(crate::TENANT_SQL),
+            tx.prepare_cached(
                 "SELECT DISTINCT ON (t.session_id) t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id
                   WHERE s.tenant_id = $1 AND s.workspace_id = ANY($2) AND t.state = 'queued' AND NOT s.paused AND s.removed_at IS NULL
                     AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.session_id = t.session_id AND r.state = 'running')
-                  ORDER BY t.session_id, t.queue_position",
-                &[&tenant_id, &workspace_ids],
-            )
-            .await?;
-        if candidates.is_empty() {
-            // The usual case (a turn started by `session.send`): claim in this transaction.
-            let claimed = claim_running(&tx, connection_id, tenant_id, workspace_ids, default_model, limit).await?;
-            tx.commit().await?;
-            return Ok(claimed);
-        }
+                  ORDER BY t.session_id, t.queue_position"
+            ),
+            tx.prepare_cached(CLAIM_SQL),
+        )?;
+        let tenant_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&crate::APP_ROLE, &tenant_id];
+        let candidate_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant_id, &workspace_ids];
+        let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&connection_id, &tenant_id, &workspace_ids, &default_model, &limit];
+        let (_, candidates, claimed) = tokio::try_join!(
+            biased;
+            tx.execute(&tenant, &tenant_params),
+            tx.query(&candidates, &candidate_params),
+            tx.query(&claim, &claim_params),
+        )?;
+        let mut turns = claimed_turns(&tx, tenant_id, claimed).await?;
         tx.commit().await?;
+        // Usually none: a turn started by `session.send` is running already.
+        if candidates.is_empty() {
+            return Ok(turns);
+        }
         for c in candidates {
             let session_id: String = c.get(0);
             let tx = tenant_tx(&mut client, tenant_id).await?;
@@ -300,10 +314,16 @@ impl Store {
             }
             tx.commit().await?;
         }
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let claimed = claim_running(&tx, connection_id, tenant_id, workspace_ids, default_model, limit).await?;
-        tx.commit().await?;
-        Ok(claimed)
+        let room = limit.saturating_sub(turns.len() as i64);
+        if room > 0 {
+            let tx = tenant_tx(&mut client, tenant_id).await?;
+            let claimed = tx
+                .qa(CLAIM_SQL, &[&connection_id, &tenant_id, &workspace_ids, &default_model, &room])
+                .await?;
+            turns.extend(claimed_turns(&tx, tenant_id, claimed).await?);
+            tx.commit().await?;
+        }
+        Ok(turns)
     }
 
     /// For the model proxy: the model, provider profile and endpoint `turn_id` was
@@ -357,11 +377,11 @@ impl Store {
             i64::try_from(usage.input_tokens).unwrap_or(i64::MAX),
             i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
         );
-        let mut client = self.pool.get().await?;
-        // Both updates in one statement, sent with the tenant switch: one wait in all before
-        // the commit. A missing context record or turn updates nothing, as before.
-        let (tx, _) = tenant_tx_unflushed_first(
-            &mut client,
+        let client = self.pool.get().await?;
+        // Both updates in one statement, sent with `BEGIN`, the tenant switch and `COMMIT`:
+        // one wait in all. A missing context record or turn updates nothing, as before.
+        crate::tenant_write_unflushed(
+            &client,
             tenant_id,
             "WITH c AS (UPDATE context_records SET input_tokens = $3 WHERE id = $5 AND tenant_id = $2)
              UPDATE turns SET input_tokens = input_tokens + $3, output_tokens = output_tokens + $4,
@@ -372,7 +392,6 @@ impl Store {
             &[&turn_id, &tenant_id, &input, &output, &context],
         )
         .await?;
-        tx.commit().await?;
         Ok(())
     }
 
@@ -863,49 +882,44 @@ async fn diagnostic(
     Ok(())
 }
 
-/// Claim up to `limit` running turns not yet handed out in these workspaces for
-/// `connection_id`, recording the model each is dispatched with (the session's, else
-/// `default_model`), with their attachments.
-async fn claim_running(
+/// Claim up to `$5` running turns not yet handed out in workspaces `$3` of tenant `$2` for
+/// connection `$1`, recording the model each is dispatched with (the session's, else `$4`,
+/// the default).
+const CLAIM_SQL: &str =
+    // The model resolves session > agent > tenant default; the agent's model comes with its
+    // provider (and without the session's endpoint). A fork never takes its agent's
+    // auto-approval (forks start narrowed).
+    "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, a.model, $4),
+            provider = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN a.provider ELSE s.provider END,
+            base_url = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN NULL ELSE s.base_url END
+       FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id
+      WHERE s.id = t.session_id AND t.dispatched_to IS NULL AND t.state = 'running'
+        AND t.id IN (SELECT u.id FROM turns u JOIN sessions v ON v.id = u.session_id
+                      WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
+                        AND u.state = 'running' AND u.dispatched_to IS NULL
+                      ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
+      RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
+                s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
+                s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params,
+                s.channel";
+
+/// The turns a [`CLAIM_SQL`] returned, with their attachments, the tenant's skills and MCP
+/// servers (read together: one wait).
+async fn claimed_turns(
     tx: &impl GenericClient,
-    connection_id: &str,
     tenant_id: &str,
-    workspace_ids: &[String],
-    default_model: Option<&str>,
-    limit: usize,
+    claimed: Vec<tokio_postgres::Row>,
 ) -> Result<Vec<ClaimedTurn>> {
-    if limit == 0 {
-        return Ok(Vec::new());
-    }
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let claimed = tx
-        .qa(
-            // The model resolves session > agent > tenant default; the agent's model comes
-            // with its provider (and without the session's endpoint). A fork never takes
-            // its agent's auto-approval (forks start narrowed).
-            "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, a.model, $4),
-                    provider = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN a.provider ELSE s.provider END,
-                    base_url = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN NULL ELSE s.base_url END
-               FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id
-              WHERE s.id = t.session_id AND t.dispatched_to IS NULL AND t.state = 'running'
-                AND t.id IN (SELECT u.id FROM turns u JOIN sessions v ON v.id = u.session_id
-                              WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
-                                AND u.state = 'running' AND u.dispatched_to IS NULL
-                              ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
-              RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
-                        s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
-                        s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params,
-                        s.channel",
-            &[&connection_id, &tenant_id, &workspace_ids, &default_model, &limit],
-        )
-        .await?;
     if claimed.is_empty() {
         return Ok(Vec::new());
     }
     let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
-    let mut attachments = turn_attachments(tx, tenant_id, &turn_ids).await?;
-    let skills = crate::skills::tenant_skills(tx, tenant_id).await?;
-    let mcp_servers = crate::mcp::enabled_servers(tx, tenant_id).await?;
+    let (mut attachments, skills, mcp_servers) = tokio::try_join!(
+        biased;
+        turn_attachments(tx, tenant_id, &turn_ids),
+        crate::skills::tenant_skills(tx, tenant_id),
+        crate::mcp::enabled_servers(tx, tenant_id),
+    )?;
     // The settings only: the worker reads the conversation with `turn.history`.
     Ok(claimed
         .iter()
@@ -956,57 +970,131 @@ pub(crate) async fn admit(
     attachments: &[String],
     parent_turn: Option<&str>,
 ) -> Result<SessionSendResult> {
-    Ok(
-        admit_with_workspace(tx, tenant_id, session_id, prompt, attachments, parent_turn)
-            .await?
-            .0,
-    )
+    Ok(admit_in(tx, false, tenant_id, session_id, prompt, attachments, parent_turn, None)
+        .await?
+        .0)
 }
 
-/// [`admit`], also returning the session's workspace.
-pub(crate) async fn admit_with_workspace(
+/// The session's live turns and the next queue position, read under its lock.
+const ADMIT_ACTIVE_SQL: &str = "SELECT
+        (SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'queued'),
+        (SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'running'),
+        (SELECT coalesce(max(queue_position), 0) + 1 FROM turns WHERE session_id = $1)";
+
+/// [`admit`], also returning the session's workspace. `switch_tenant`: the transaction is
+/// fresh and the tenant switch is sent here, ahead of the first statements (one wait for
+/// all of them). `op` is finished with the result in the same transaction.
+#[allow(clippy::too_many_arguments)]
+async fn admit_in(
     tx: &impl GenericClient,
+    switch_tenant: bool,
     tenant_id: &str,
     session_id: &str,
     prompt: &str,
     attachments: &[String],
     parent_turn: Option<&str>,
+    op: Option<&Receipt>,
 ) -> Result<(SessionSendResult, String)> {
-    let session = tx
-        .qo(
-            &format!(
-                "SELECT workspace_id, paused, {} AS online FROM sessions s
-                  WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
-                online_sql("s.workspace_id")
-            ),
-            &[&session_id, &tenant_id],
-        )
-        .await?;
+    let lock_sql = format!(
+        "SELECT workspace_id, paused, {} AS online FROM sessions s
+          WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
+        online_sql("s.workspace_id")
+    );
+    // The tenant switch, the session lock and the turns read again under it (the read's
+    // snapshot is taken once the lock is held) go out together. All are prepared first
+    // (cached after the first use on a connection) so that they are sent, and run, in this
+    // order.
+    let tenant = async {
+        match switch_tenant {
+            true => Ok(Some(tx.prepare_cached(crate::TENANT_SQL).await?)),
+            false => Ok::<_, tokio_postgres::Error>(None),
+        }
+    };
+    let (tenant, lock, active) = tokio::try_join!(
+        tenant,
+        tx.prepare_cached(&lock_sql),
+        tx.prepare_cached(ADMIT_ACTIVE_SQL)
+    )?;
+    let tenant_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&crate::APP_ROLE, &tenant_id];
+    let switch = async {
+        match &tenant {
+            Some(t) => tx.execute(t, &tenant_params).await.map(drop),
+            None => Ok(()),
+        }
+    };
+    let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&session_id, &tenant_id];
+    let active_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&session_id];
+    let (_, session, active) = tokio::try_join!(
+        biased;
+        switch,
+        tx.query_opt(&lock, &lock_params),
+        tx.query_one(&active, &active_params),
+    )?;
     let Some(session) = session else { return not_found() };
     let workspace_id: String = session.get(0);
     let paused: bool = session.get(1);
     let online: bool = session.get(2);
-    let active = tx
-        .q1(
-            "SELECT count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running')
-               FROM turns WHERE session_id = $1 AND state IN ('running', 'queued')",
-            &[&session_id],
-        )
-        .await?;
-    let (queued, running): (i64, i64) = (active.get(0), active.get(1));
+    let (queued, running, position): (i64, i64, i64) = (active.get(0), active.get(1), active.get(2));
     let busy = queued + running > 0;
     if queued >= MAX_QUEUE_LENGTH as i64 {
         return Err(StoreError::Code(ErrorCode::QueueFull));
     }
     check_attachment_ids(tx, tenant_id, attachments).await?;
     let turn_id = token::new_id("trn");
-    let position: i64 = tx
-        .q1(
-            "SELECT coalesce(max(queue_position), 0) + 1 FROM turns WHERE session_id = $1",
-            &[&session_id],
-        )
-        .await?
-        .get(0);
+    if !busy && !paused && online {
+        let result = SessionSendResult {
+            turn_id: turn_id.clone(),
+            state: TurnState::Running,
+            queue_id: None,
+            queue_revision: None,
+        };
+        // The turn goes in running (as `start_turn` leaves it), with the wake-up of the
+        // replica holding the worker (delivered on commit) in the same statement; then
+        // `turn.started` and the receipt, sent together. The insert is prepared first so
+        // that it goes out, and runs, before the event that names the turn.
+        let insert = tx
+            .prepare_cached(
+                "INSERT INTO turns (id, tenant_id, session_id, state, started_at, prompt, queue_position,
+                                    attachment_ids, parent_turn_id)
+                 SELECT $1, $2, $3, 'running', now(), $4, $5, $6, $7 FROM (SELECT pg_notify($8, $9)) wake",
+            )
+            .await?;
+        let rows = [NewRow {
+            kind: RowKind::User,
+            body: prompt.to_string(),
+            thinking: None,
+            tool: None,
+            hidden: None,
+        }];
+        let started = EventPayload::TurnStarted(Nothing {});
+        let (_, seq, _) = tokio::try_join!(
+            biased;
+            async {
+                tx.execute(
+                    &insert,
+                    &[
+                        &turn_id,
+                        &tenant_id,
+                        &session_id,
+                        &prompt,
+                        &position,
+                        &attachments,
+                        &parent_turn,
+                        &CHANNEL_DISPATCH,
+                        &workspace_id,
+                    ],
+                )
+                .await
+                .map_err(StoreError::from)
+            },
+            append_event(tx, tenant_id, session_id, Some(&turn_id), &started, &rows),
+            finish(tx, op, &result),
+        )?;
+        if !attachments.is_empty() {
+            crate::attachments::name_in_prompt_row(tx, tenant_id, session_id, &turn_id, seq).await?;
+        }
+        return Ok((result, workspace_id));
+    }
     tx.ex(
         "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids, parent_turn_id)
          VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7)",
@@ -1021,45 +1109,34 @@ pub(crate) async fn admit_with_workspace(
         ],
     )
     .await?;
-    let result = if !busy && !paused && online {
-        start_turn(tx, tenant_id, session_id, &turn_id, prompt, false).await?;
-        tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DISPATCH, &workspace_id])
-            .await?;
-        SessionSendResult {
-            turn_id,
-            state: TurnState::Running,
-            queue_id: None,
-            queue_revision: None,
-        }
-    } else {
-        let entry = QueueEntry {
-            queue_id: turn_id.clone(),
-            turn_id: turn_id.clone(),
-            queue_revision: 0,
-            preview: berth_protocol::text::prefix(prompt, QUEUE_PREVIEW_BYTES).to_string(),
-            prompt_bytes: prompt.len() as u64,
-        };
-        let queued = EventPayload::TurnQueued(TurnQueued { entry });
-        append_event(tx, tenant_id, session_id, Some(&turn_id), &queued, &[]).await?;
-        queue_changed(tx, tenant_id, session_id).await?;
-        if !online {
-            notice(
-                tx,
-                tenant_id,
-                session_id,
-                "warning",
-                "workspace-offline",
-                json!({"workspaceId": workspace_id}),
-            )
-            .await?;
-        }
-        SessionSendResult {
-            queue_id: Some(turn_id.clone()),
-            turn_id,
-            state: TurnState::Queued,
-            queue_revision: Some(0),
-        }
+    let entry = QueueEntry {
+        queue_id: turn_id.clone(),
+        turn_id: turn_id.clone(),
+        queue_revision: 0,
+        preview: berth_protocol::text::prefix(prompt, QUEUE_PREVIEW_BYTES).to_string(),
+        prompt_bytes: prompt.len() as u64,
     };
+    let queued = EventPayload::TurnQueued(TurnQueued { entry });
+    append_event(tx, tenant_id, session_id, Some(&turn_id), &queued, &[]).await?;
+    queue_changed(tx, tenant_id, session_id).await?;
+    if !online {
+        notice(
+            tx,
+            tenant_id,
+            session_id,
+            "warning",
+            "workspace-offline",
+            json!({"workspaceId": workspace_id}),
+        )
+        .await?;
+    }
+    let result = SessionSendResult {
+        queue_id: Some(turn_id.clone()),
+        turn_id,
+        state: TurnState::Queued,
+        queue_revision: Some(0),
+    };
+    finish(tx, op, &result).await?;
     Ok((result, workspace_id))
 }
 
