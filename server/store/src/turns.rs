@@ -318,7 +318,10 @@ impl Store {
         if room > 0 {
             let tx = tenant_tx(&mut client, tenant_id).await?;
             let claimed = tx
-                .qa(CLAIM_SQL, &[&connection_id, &tenant_id, &workspace_ids, &default_model, &room])
+                .qa(
+                    CLAIM_SQL,
+                    &[&connection_id, &tenant_id, &workspace_ids, &default_model, &room],
+                )
                 .await?;
             turns.extend(claimed_turns(&tx, tenant_id, claimed).await?);
             tx.commit().await?;
@@ -970,9 +973,11 @@ pub(crate) async fn admit(
     attachments: &[String],
     parent_turn: Option<&str>,
 ) -> Result<SessionSendResult> {
-    Ok(admit_in(tx, false, tenant_id, session_id, prompt, attachments, parent_turn, None)
-        .await?
-        .0)
+    Ok(
+        admit_in(tx, false, tenant_id, session_id, prompt, attachments, parent_turn, None)
+            .await?
+            .0,
+    )
 }
 
 /// The session's live turns and the next queue position, read under its lock.
