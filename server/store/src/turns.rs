@@ -293,9 +293,48 @@ impl Store {
         if candidates.is_empty() {
             return Ok(turns);
         }
+        match self
+            .start_queued(
+                &mut client,
+                connection_id,
+                tenant_id,
+                workspace_ids,
+                default_model,
+                limit,
+                &mut turns,
+                candidates,
+            )
+            .await
+        {
+            Ok(()) => Ok(turns),
+            // The turns claimed above are committed as handed to this connection: they must
+            // go out. The queued ones are started and claimed by a later claim (the
+            // claimer's next wake-up or safety tick).
+            Err(e) if !turns.is_empty() => {
+                tracing::warn!(error = %e, "starting queued turns failed; handing out the claimed ones");
+                Ok(turns)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Start the next queued turn of each candidate session, then claim what was started,
+    /// within what is left of `limit` after `turns`.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_queued(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        connection_id: &str,
+        tenant_id: &str,
+        workspace_ids: &[String],
+        default_model: Option<&str>,
+        limit: i64,
+        turns: &mut Vec<ClaimedTurn>,
+        candidates: Vec<tokio_postgres::Row>,
+    ) -> Result<()> {
         for c in candidates {
             let session_id: String = c.get(0);
-            let tx = tenant_tx(&mut client, tenant_id).await?;
+            let tx = tenant_tx(client, tenant_id).await?;
             // Re-check under the session lock: another replica may have started one, or the
             // queue may have changed order.
             tx.q1("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id])
@@ -316,17 +355,18 @@ impl Store {
         }
         let room = limit.saturating_sub(turns.len() as i64);
         if room > 0 {
-            let tx = tenant_tx(&mut client, tenant_id).await?;
+            let tx = tenant_tx(client, tenant_id).await?;
             let claimed = tx
                 .qa(
                     CLAIM_SQL,
                     &[&connection_id, &tenant_id, &workspace_ids, &default_model, &room],
                 )
                 .await?;
-            turns.extend(claimed_turns(&tx, tenant_id, claimed).await?);
+            let claimed = claimed_turns(&tx, tenant_id, claimed).await?;
             tx.commit().await?;
+            turns.extend(claimed);
         }
-        Ok(turns)
+        Ok(())
     }
 
     /// For the model proxy: the model, provider profile and endpoint `turn_id` was
