@@ -718,7 +718,7 @@ async fn steps_relay_and_store_and_a_settled_turn_refuses_late_writes() {
     let mut w = watch(&mut c, &sid).await;
 
     // Live output the API tier has not relayed yet rides in the step's transaction.
-    let _ = worker.request("turn.delta", json!({"turnId": turn, "text": "first "}));
+    drop(worker.request("turn.delta", json!({"turnId": turn, "text": "first "})));
     let rows = json!([
         {"kind": "assistant", "body": "first answer", "thinking": "hmm"},
         {"kind": "toolCall", "body": "{\"command\":\"ls\"}", "tool": {"name": "shell", "callId": "c1", "status": "pending"}},
