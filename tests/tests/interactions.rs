@@ -702,3 +702,101 @@ async fn the_agent_waits_for_approval_across_a_reconnect_and_a_denied_call_never
 fn messages_of(mock: &MockProvider, i: usize) -> Vec<Value> {
     mock.requests()[i]["messages"].as_array().unwrap().clone()
 }
+
+/// The worker's write path (issue 8): a step is stored whole with its rows and relays the
+/// live output before it to a watcher on the other replica; a turn that ends while one of
+/// its interactions is pending closes it first (its resolution comes before `turn.ended`,
+/// the end's last step before both); and once settled, the turn's late step and end are
+/// refused (`turn-not-running`) and write nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn steps_relay_and_store_and_a_settled_turn_refuses_late_writes() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(1).await;
+    let (sid, turn) = running_turn(&mut c, &mut worker, json!({})).await;
+    let mut w = watch(&mut c, &sid).await;
+
+    // Live output the API tier has not relayed yet rides in the step's transaction.
+    drop(worker.request("turn.delta", json!({"turnId": turn, "text": "first "})));
+    let rows = json!([
+        {"kind": "assistant", "body": "first answer", "thinking": "hmm"},
+        {"kind": "toolCall", "body": "{\"command\":\"ls\"}", "tool": {"name": "shell", "callId": "c1", "status": "pending"}},
+        {"kind": "toolResult", "body": "a\nb", "tool": {"name": "shell", "callId": "c1", "status": "ok"}},
+    ]);
+    let step = result(worker.call("turn.step", json!({"turnId": turn, "rows": rows})).await);
+    let seq = step["sequence"].as_i64().expect("sequence");
+    let seen = w.until(10, |e| e["type"] == "model.completed").await.unwrap();
+    let delta = seen
+        .iter()
+        .position(|e| e["type"] == "model.delta" && e["text"] == "first ")
+        .expect("the delta reaches the other replica's watcher");
+    let completed = seen.last().unwrap();
+    assert!(delta < seen.len() - 1);
+    assert_eq!(completed["sequence"], seq);
+    assert_eq!(completed["turnId"], turn.as_str());
+    let got: Vec<(Value, Value, Value)> = completed["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["kind"].clone(), r["body"].clone(), r["position"]["itemIndex"].clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (json!("assistant"), json!("first answer"), json!(0)),
+            (json!("toolCall"), json!("{\"command\":\"ls\"}"), json!(1)),
+            (json!("toolResult"), json!("a\nb"), json!(2)),
+        ]
+    );
+    assert_eq!(completed["rows"][0]["thinking"], "hmm");
+    assert_eq!(completed["rows"][2]["tool"]["status"], "ok");
+
+    // The worker ends the turn (with its last step) while it still asks: the interaction
+    // closes with its fallback, before `turn.ended`.
+    let ask = worker.ask(&turn, "call-2", approval("rm -rf build"));
+    w.until(10, |e| e["type"] == "interaction.requested").await.unwrap();
+    let end = worker
+        .call(
+            "turn.end",
+            json!({"turnId": turn, "state": "failed", "cause": {"code": "provider-status", "status": 500},
+                   "step": [{"kind": "assistant", "body": "last words"}]}),
+        )
+        .await;
+    assert!(end.error.is_none(), "{:?}", end.error);
+    let got = result(answer(ask, 15).await.expect("the open request is answered"));
+    assert_eq!(got["state"], "closed");
+    let seen = w.until(10, |e| e["type"] == "turn.ended").await.unwrap();
+    let kinds: Vec<&str> = seen
+        .iter()
+        .filter(|e| e.get("sequence").is_some())
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert_eq!(kinds, ["model.completed", "interaction.resolved", "turn.ended"]);
+    let ended = seen.last().unwrap();
+    assert_eq!(ended["state"], "failed");
+    assert_eq!(ended["cause"], json!({"code": "provider-status", "status": 500}));
+    let last = ended["sequence"].as_i64().unwrap();
+    let diagnostics = c.ok("session.diagnostics", json!({"sessionId": sid})).await;
+    let diagnostic = &diagnostics["diagnostics"][0];
+    assert_eq!(
+        (&diagnostic["kind"], &diagnostic["sequence"]),
+        (&json!("model-step"), &json!(last)),
+        "{diagnostics}"
+    );
+
+    // Settled: whatever the worker still sends for the turn is refused and stores nothing.
+    let late = worker
+        .call(
+            "turn.step",
+            json!({"turnId": turn, "rows": [{"kind": "assistant", "body": "too late"}]}),
+        )
+        .await;
+    assert_eq!(late.error.expect("refused").data["code"], "turn-not-running");
+    let late = worker
+        .call("turn.end", json!({"turnId": turn, "state": "completed"}))
+        .await;
+    assert_eq!(late.error.expect("refused").data["code"], "turn-not-running");
+    let snap = c.ok("session.get", json!({"sessionId": sid})).await;
+    assert_eq!(snap["sequence"], last);
+}

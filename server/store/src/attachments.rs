@@ -240,32 +240,6 @@ impl Store {
     }
 }
 
-/// Name the files the model of `turn_id` attached, and no row names yet, on the reply row
-/// at `(sequence, item_index)` (in the transaction that publishes it, so that its watchers
-/// and `session.history` see them with the row).
-pub(crate) async fn name_in_reply_row(
-    tx: &impl GenericClient,
-    tenant_id: &str,
-    session_id: &str,
-    turn_id: &str,
-    sequence: i64,
-    item_index: i32,
-) -> Result<()> {
-    tx.ex(
-        "UPDATE rows SET attachments = named.list
-           FROM (SELECT jsonb_agg(jsonb_build_object('attachmentId', a.id, 'name', a.name, 'mimeType', a.mime_type,
-                                                     'bytes', a.bytes, 'sha256', a.sha256) ORDER BY a.created_at, a.id) AS list
-                   FROM attachments a
-                  WHERE a.turn_id = $3 AND a.tenant_id = $2
-                    AND NOT EXISTS (SELECT 1 FROM rows r WHERE r.session_id = $1 AND r.tenant_id = $2
-                                       AND r.attachments @> jsonb_build_array(jsonb_build_object('attachmentId', a.id)))) AS named
-          WHERE named.list IS NOT NULL AND session_id = $1 AND tenant_id = $2 AND source_sequence = $4 AND item_index = $5",
-        &[&session_id, &tenant_id, &turn_id, &sequence, &item_index],
-    )
-    .await?;
-    Ok(())
-}
-
 /// Name the turn's attachments on its prompt row (item 0 of `turn.started` at `sequence`).
 pub(crate) async fn name_in_prompt_row(
     tx: &impl GenericClient,

@@ -24,6 +24,16 @@ pub(crate) fn pg_text(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// A row's tool as stored (without NUL).
+pub(crate) fn tool_json(t: &ToolInfo) -> serde_json::Value {
+    let clean = ToolInfo {
+        name: pg_text(&t.name).into_owned(),
+        call_id: pg_text(&t.call_id).into_owned(),
+        status: pg_text(&t.status).into_owned(),
+    };
+    serde_json::to_value(clean).unwrap_or_default()
+}
+
 /// Append one event (and the rows it publishes) inside the caller's transaction. The
 /// sequence comes from bumping `sessions.last_sequence`, which also serializes appends per
 /// session; the NOTIFY is delivered when the transaction commits. Only the typed union can
@@ -66,14 +76,7 @@ pub(crate) async fn append_event(
         .iter()
         .enumerate()
         .map(|(i, row)| {
-            let tool = row.tool.as_ref().map(|t| {
-                let clean = ToolInfo {
-                    name: pg_text(&t.name).into_owned(),
-                    call_id: pg_text(&t.call_id).into_owned(),
-                    status: pg_text(&t.status).into_owned(),
-                };
-                serde_json::to_value(clean).unwrap_or_default()
-            });
+            let tool = row.tool.as_ref().map(tool_json);
             let (body, thinking) = (pg_text(&row.body), row.thinking.as_deref().map(pg_text));
             (
                 i as i32,

@@ -421,6 +421,41 @@ async fn tenant_once(
     Ok(rows)
 }
 
+/// A whole write transaction under the tenant's row-level security in one round trip:
+/// `BEGIN`, the tenant switch, `statements` in order and `COMMIT` go out together, as in
+/// [`tenant_read`] (all sent on the first poll). Each statement's rows come back; an error
+/// in any of them fails the whole (PostgreSQL then answers the `COMMIT` with a rollback),
+/// and `Ok` means committed durably. The statements' own `WHERE` clauses must make them
+/// write nothing when an earlier one's outcome says they should not: nothing runs between.
+pub(crate) async fn tenant_pipeline(
+    client: &deadpool_postgres::Object,
+    tenant_id: &str,
+    statements: &[(&str, Params<'_>)],
+) -> Result<Vec<Vec<tokio_postgres::Row>>> {
+    let set = client.prepare_cached(TENANT_SQL).await?;
+    let prepared =
+        futures_util::future::try_join_all(statements.iter().map(|(sql, _)| client.prepare_cached(sql))).await?;
+    let c: &tokio_postgres::Client = client;
+    let queries = futures_util::future::join_all(
+        prepared
+            .iter()
+            .zip(statements)
+            .map(|(statement, (_, params))| c.query(statement, params)),
+    );
+    let (begin, set, results, commit) = futures_util::future::join4(
+        c.batch_execute("BEGIN"),
+        c.execute(&set, &[&APP_ROLE, &tenant_id]),
+        queries,
+        c.batch_execute("COMMIT"),
+    )
+    .await;
+    begin?;
+    set?;
+    let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    commit?;
+    Ok(results)
+}
+
 /// [`tenant_read`] of at most one row.
 pub(crate) async fn tenant_read_opt(
     client: &deadpool_postgres::Object,
@@ -460,6 +495,31 @@ pub(crate) async fn tenant_tx_unflushed_first<'a>(
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
     begin_pipelined(client, TENANT_UNFLUSHED_SQL, tenant_id, sql, params).await
+}
+
+/// [`tenant_tx`] whose first `statements` go out together with the tenant switch, in
+/// order (each runs after the one before, so a statement reads what an earlier one locked):
+/// one wait after `BEGIN`. Returns the transaction and each statement's rows; an error in
+/// any of them fails the whole (the transaction is dropped, so rolled back).
+pub(crate) async fn tenant_tx_pipelined<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    tenant_id: &str,
+    statements: &[(&str, Params<'_>)],
+) -> Result<(deadpool_postgres::Transaction<'a>, Vec<Vec<tokio_postgres::Row>>)> {
+    let tx = client.transaction().await?;
+    let tenant = tx.prepare_cached(TENANT_SQL).await?;
+    let prepared = futures_util::future::try_join_all(statements.iter().map(|(sql, _)| tx.prepare_cached(sql))).await?;
+    let tenant_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&APP_ROLE, &tenant_id];
+    let queries = futures_util::future::try_join_all(
+        prepared
+            .iter()
+            .zip(statements)
+            .map(|(statement, (_, params))| tx.query(statement, params)),
+    );
+    // `biased`: first polled (and so sent) in this order; `try_join_all` of a few polls in
+    // order too.
+    let (_, results) = tokio::try_join!(biased; tx.execute(&tenant, &tenant_params), queries)?;
+    Ok((tx, results))
 }
 
 async fn begin_pipelined<'a>(

@@ -439,20 +439,40 @@ impl Store {
     }
 
     /// Persist a completed model step as one `model.completed` event. Only the connection
-    /// the turn was handed to may write to it, and only while it runs.
+    /// the turn was handed to may write to it, and only while it runs. `relay`: the step's
+    /// live output not yet relayed (payloads on [`CHANNEL_DELTAS`]), notified before the
+    /// step's event and only if the step is written.
+    ///
+    /// One round trip: the transaction goes out whole (`BEGIN`, the tenant, the session
+    /// lock, the relay, [`STEP_SQL`], `COMMIT`), the checks being in the statements' own
+    /// `WHERE` clauses, read after the lock.
     pub async fn append_step(
         &self,
         connection_id: &str,
         tenant_id: &str,
         turn_id: &str,
         rows: &[NewRow],
+        relay: &[String],
     ) -> Result<i64> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
-        let seq = step_in_tx(&tx, tenant_id, &session_id, turn_id, rows).await?;
-        tx.commit().await?;
-        Ok(seq)
+        let client = self.pool.get().await?;
+        let step = StepParams::new(rows);
+        let conn = Some(connection_id);
+        let lock_params: [Param; 2] = [&turn_id, &tenant_id];
+        let relay_params: [Param; 5] = [&turn_id, &tenant_id, &conn, &CHANNEL_DELTAS, &relay];
+        let step_params = step.params(&turn_id, &tenant_id, &conn);
+        let mut statements: Vec<(&str, &[Param])> = vec![(LOCK_SESSION_OF_TURN, &lock_params)];
+        if !relay.is_empty() {
+            statements.push((RELAY_SQL, &relay_params));
+        }
+        statements.push((STEP_SQL, &step_params));
+        let results = crate::tenant_pipeline(&client, tenant_id, &statements).await?;
+        if results[0].is_empty() {
+            return not_found();
+        }
+        let written = results.last().and_then(|rows| rows.first());
+        written
+            .map(|r| r.get(0))
+            .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))
     }
 
     /// Append coalesced live output to the running step and relay it to other replicas in
@@ -546,47 +566,67 @@ impl Store {
             return Err(StoreError::Code(ErrorCode::BadParams));
         }
         let mut client = self.pool.get().await?;
-        // The coordinator's lock (if the session is a child) goes out with the tenant switch.
-        let (tx, _) = tenant_tx_first(
-            &mut client,
-            tenant_id,
-            crate::coordinator::LOCK_COORDINATOR_OF_TURN,
-            &[&turn_id, &tenant_id],
-        )
-        .await?;
-        let session_id = lock_running_turn(&tx, connection_id, tenant_id, turn_id).await?;
-        for p in relay {
-            tx.ex("SELECT pg_notify($1, $2)", &[&CHANNEL_DELTAS, p]).await?;
-        }
-        if let Some(rows) = step {
-            step_in_tx(&tx, tenant_id, &session_id, turn_id, rows).await?;
-        }
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
-        // The settle and the dispatch notice (delivered at commit) in one wait.
-        let (totals, ()) = tokio::try_join!(
-            async {
-                tx.q1(
-                    "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = ''
-                      WHERE id = $1 RETURNING input_tokens, output_tokens",
-                    &[&turn_id, &state.as_str(), &cause_json],
-                )
-                .await
-                .map_err(StoreError::from)
-            },
-            notify_dispatch(&tx, &session_id),
-        )?;
-        let (input, output): (i64, i64) = (totals.get(0), totals.get(1));
-        let ended = EventPayload::TurnEnded(TurnEnded {
+        // `turn.ended` without its usage, which END_SQL adds from the turn's totals.
+        let mut ended = serde_json::to_value(TurnEnded {
             state,
             cause: cause.cloned(),
-            usage: (input > 0 || output > 0).then(|| Usage {
-                input_tokens: u64::try_from(input).unwrap_or(0),
-                output_tokens: u64::try_from(output).unwrap_or(0),
-            }),
-        });
-        crate::interactions::close_for_turn(&tx, tenant_id, turn_id).await?;
-        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &ended, &[]).await?;
-        crate::coordinator::child_ended(&tx, tenant_id, &session_id, turn_id, state, cause).await?;
+            usage: None,
+        })
+        .map_err(|e| StoreError::Other(e.into()))?;
+        if let Some(fields) = ended.as_object_mut() {
+            fields.remove("type");
+        }
+        let ended_type = EventPayload::TurnEnded(TurnEnded {
+            state,
+            cause: None,
+            usage: None,
+        })
+        .type_name();
+        let step = step.map(StepParams::new);
+        let step_params = step.as_ref().map(|s| s.params(&turn_id, &tenant_id, &connection_id));
+        // Everything up to the commit goes out with the tenant switch, in order: the
+        // coordinator's lock (if the session is a child), the session's lock and the turn read
+        // under it, the relay, the step and the end — each written only if the turn runs (and
+        // the end only if no interaction of the turn is pending, which must be closed first).
+        let key: [Param; 2] = [&turn_id, &tenant_id];
+        let relay_params: [Param; 5] = [&turn_id, &tenant_id, &connection_id, &CHANNEL_DELTAS, &relay];
+        let state_str = state.as_str();
+        let end_params: [Param; 9] = [
+            &turn_id,
+            &tenant_id,
+            &connection_id,
+            &state_str,
+            &cause_json,
+            &ended,
+            &ended_type,
+            &CHANNEL_DISPATCH,
+            &crate::CHANNEL_EVENTS,
+        ];
+        let mut statements: Vec<(&str, &[Param])> = vec![
+            (crate::coordinator::LOCK_COORDINATOR_OF_TURN, &key),
+            (LOCK_SESSION_OF_TURN, &key),
+            (READ_TURN, &key),
+        ];
+        if !relay.is_empty() {
+            statements.push((RELAY_SQL, &relay_params));
+        }
+        if let Some(p) = &step_params {
+            statements.push((STEP_SQL, p));
+        }
+        statements.push((END_SQL, &end_params));
+        let (tx, results) = crate::tenant_tx_pipelined(&mut client, tenant_id, &statements).await?;
+        let session_id = check_running(results[1].first(), results[2].first(), connection_id)?;
+        let child = !results[0].is_empty();
+        let seq = match results.last().and_then(|r| r.first()) {
+            Some(r) => r.get(0),
+            // An interaction of the turn is pending: closed first (its resolution comes
+            // before `turn.ended`), then the turn settles as before.
+            None => settle_after_interactions(&tx, tenant_id, &session_id, turn_id, state, cause, &cause_json).await?,
+        };
+        if child {
+            crate::coordinator::child_ended(&tx, tenant_id, &session_id, turn_id, state, cause).await?;
+        }
         if let Some(c) = cause {
             let kind = if state == TurnState::Interrupted {
                 "execution"
@@ -1264,6 +1304,157 @@ async fn check_queued(tx: &impl GenericClient, session_id: &str, queue_id: &str,
     Ok(())
 }
 
+type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+
+/// Locks the session of turn `$1` of tenant `$2` (the session row first, as stop, clear and
+/// remove do); no row: no such turn.
+const LOCK_SESSION_OF_TURN: &str =
+    "SELECT id FROM sessions WHERE id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) FOR UPDATE";
+
+/// The session of turn `$1` (tenant `$2`) if it runs, its session is not removed and, when
+/// `$3` names a worker connection, it was handed to that connection. Read in a statement
+/// after [`LOCK_SESSION_OF_TURN`], so under the lock.
+macro_rules! running_turn_sql {
+    () => {
+        "SELECT t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id
+          WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running' AND s.removed_at IS NULL
+            AND ($3::text IS NULL OR t.dispatched_to = $3)"
+    };
+}
+
+/// Live output relayed to other replicas (payloads `$5` on channel `$4`, in order) if the
+/// turn runs ([`running_turn_sql`]).
+const RELAY_SQL: &str = concat!(
+    "SELECT pg_notify($4, p) FROM unnest($5::text[]) WITH ORDINALITY AS n(p, i)
+      WHERE EXISTS (",
+    running_turn_sql!(),
+    ") ORDER BY i"
+);
+
+/// A completed step of a running turn ([`running_turn_sql`]; nothing is written otherwise)
+/// in one statement: the turn's step moves on and its metered usage is read and reset, the
+/// session's sequence is bumped (gapless: the session row is locked), and the
+/// `model.completed` event (`$10`, with that usage), its rows (`$4`..`$8` by item) and the
+/// notice go in. The reply row (`$9`, a step without tool calls) names the turn's files not
+/// named yet. Returns the sequence, or no row when the turn does not run.
+const STEP_SQL: &str = concat!(
+    "WITH t AS (",
+    running_turn_sql!(),
+    "),
+     u AS (UPDATE turns x SET step = x.step + 1, partial_text = '', partial_thinking = '', step_usage = NULL
+             FROM (SELECT step_usage FROM turns WHERE id = $1) old
+            WHERE x.id = $1 AND EXISTS (SELECT 1 FROM t) RETURNING old.step_usage AS usage),
+     s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
+            WHERE id = (SELECT session_id FROM t) AND tenant_id = $2 RETURNING id, last_sequence),
+     e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
+           SELECT s.id, s.last_sequence, $2, $10, $1,
+                  CASE WHEN u.usage IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('usage', jsonb_build_object(
+                                'inputTokens', (u.usage->>'inputTokens')::bigint,
+                                'outputTokens', (u.usage->>'outputTokens')::bigint)) END
+             FROM s, u),
+     named AS (SELECT jsonb_agg(jsonb_build_object('attachmentId', a.id, 'name', a.name, 'mimeType', a.mime_type,
+                                                   'bytes', a.bytes, 'sha256', a.sha256) ORDER BY a.created_at, a.id) AS list
+                 FROM attachments a
+                WHERE $9::int IS NOT NULL AND a.turn_id = $1 AND a.tenant_id = $2
+                  AND NOT EXISTS (SELECT 1 FROM rows r WHERE r.session_id = (SELECT session_id FROM t) AND r.tenant_id = $2
+                                     AND r.attachments @> jsonb_build_array(jsonb_build_object('attachmentId', a.id)))),
+     r AS (INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden,
+                             attachments)
+           SELECT s.id, s.last_sequence, (v.n - 1)::int, $2, $1, v.kind, v.body, v.thinking, v.tool, v.hidden,
+                  CASE WHEN v.n - 1 = $9::int THEN (SELECT list FROM named) END
+             FROM s, unnest($4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bool[])
+                     WITH ORDINALITY AS v(kind, body, thinking, tool, hidden, n))
+     SELECT s.last_sequence, pg_notify($11, s.id || ':' || s.last_sequence) FROM s"
+);
+
+/// A running turn ([`running_turn_sql`]) with no pending interaction settles in one
+/// statement: state `$4` and cause `$5`, the session's sequence bumped, `turn.ended` (`$7`;
+/// payload `$6` plus the turn's metered usage, if any) appended, the dispatch notice (`$8`:
+/// the next queued turn may start) and the event's notice (`$9`). Returns the sequence, or
+/// no row when nothing was written.
+const END_SQL: &str = concat!(
+    "WITH t AS (",
+    running_turn_sql!(),
+    "),
+     u AS (UPDATE turns x SET state = $4, cause = $5, ended_at = now(), partial_text = '', partial_thinking = ''
+            WHERE x.id = $1 AND EXISTS (SELECT 1 FROM t)
+              AND NOT EXISTS (SELECT 1 FROM interactions i WHERE i.turn_id = $1 AND i.tenant_id = $2 AND i.state = 'pending')
+           RETURNING x.input_tokens, x.output_tokens),
+     s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
+            WHERE id = (SELECT session_id FROM t) AND tenant_id = $2 AND EXISTS (SELECT 1 FROM u)
+           RETURNING id, last_sequence, workspace_id),
+     e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
+           SELECT s.id, s.last_sequence, $2, $7, $1,
+                  $6::jsonb || CASE WHEN u.input_tokens > 0 OR u.output_tokens > 0
+                                    THEN jsonb_build_object('usage', jsonb_build_object(
+                                             'inputTokens', greatest(u.input_tokens, 0),
+                                             'outputTokens', greatest(u.output_tokens, 0)))
+                                    ELSE '{}'::jsonb END
+             FROM s, u)
+     SELECT s.last_sequence, pg_notify($8, s.workspace_id), pg_notify($9, s.id || ':' || s.last_sequence) FROM s"
+);
+
+/// A step's rows as the columns [`STEP_SQL`] takes.
+struct StepParams<'a> {
+    kinds: Vec<&'static str>,
+    bodies: Vec<std::borrow::Cow<'a, str>>,
+    thinking: Vec<Option<std::borrow::Cow<'a, str>>>,
+    tools: Vec<Option<serde_json::Value>>,
+    hidden: Vec<bool>,
+    /// The reply row, which names the turn's files: the last answer of a step without tool
+    /// calls.
+    reply: Option<i32>,
+    event: &'static str,
+}
+
+impl<'a> StepParams<'a> {
+    fn new(rows: &'a [NewRow]) -> StepParams<'a> {
+        let reply = rows
+            .iter()
+            .rposition(|r| r.kind == RowKind::Assistant)
+            .filter(|_| !rows.iter().any(|r| r.kind == RowKind::ToolCall))
+            .map(|i| i as i32);
+        StepParams {
+            kinds: rows.iter().map(|r| r.kind.as_str()).collect(),
+            bodies: rows.iter().map(|r| crate::history::pg_text(&r.body)).collect(),
+            thinking: rows
+                .iter()
+                .map(|r| r.thinking.as_deref().map(crate::history::pg_text))
+                .collect(),
+            tools: rows
+                .iter()
+                .map(|r| r.tool.as_ref().map(crate::history::tool_json))
+                .collect(),
+            hidden: rows.iter().map(|r| r.hidden.unwrap_or(false)).collect(),
+            reply,
+            event: EventPayload::ModelCompleted(ModelCompleted { usage: None }).type_name(),
+        }
+    }
+
+    /// [`STEP_SQL`]'s parameters.
+    fn params<'p>(
+        &'p self,
+        turn_id: &'p &str,
+        tenant_id: &'p &str,
+        connection_id: &'p Option<&str>,
+    ) -> [Param<'p>; 11] {
+        [
+            turn_id,
+            tenant_id,
+            connection_id,
+            &self.kinds,
+            &self.bodies,
+            &self.thinking,
+            &self.tools,
+            &self.hidden,
+            &self.reply,
+            &self.event,
+            &crate::CHANNEL_EVENTS,
+        ]
+    }
+}
+
 /// Lock the session of a running turn and return its id: the session row first (as stop,
 /// clear and remove do), then the turn is checked under that lock — still running, its
 /// session not removed, and, when a worker connection writes, handed to that connection. A
@@ -1277,19 +1468,28 @@ pub(crate) async fn lock_running_turn(
     // The lock, then the turn read again under it (the next statement's snapshot is taken
     // after the lock is held): sent together, one wait. Both are prepared first (cached
     // after the first use on a connection) so that they go out, and run, in this order.
-    let (lock, read) = tokio::try_join!(
-        tx.prepare_cached(
-            "SELECT id FROM sessions WHERE id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) FOR UPDATE"
-        ),
-        tx.prepare_cached(
-            "SELECT t.state, t.dispatched_to, s.removed_at IS NULL FROM turns t JOIN sessions s ON s.id = t.session_id
-              WHERE t.id = $1 AND t.tenant_id = $2"
-        ),
-    )?;
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&turn_id, &tenant_id];
+    let (lock, read) = tokio::try_join!(tx.prepare_cached(LOCK_SESSION_OF_TURN), tx.prepare_cached(READ_TURN))?;
+    let params: [Param; 2] = [&turn_id, &tenant_id];
     let (locked, row) = tokio::try_join!(biased; tx.query_opt(&lock, &params), tx.query_opt(&read, &params))?;
+    check_running(locked.as_ref(), row.as_ref(), connection_id)
+}
+
+/// A turn's state, where it was handed and whether its session is live (`$1` turn, `$2`
+/// tenant).
+const READ_TURN: &str =
+    "SELECT t.state, t.dispatched_to, s.removed_at IS NULL FROM turns t JOIN sessions s ON s.id = t.session_id
+  WHERE t.id = $1 AND t.tenant_id = $2";
+
+/// The session of a turn given [`LOCK_SESSION_OF_TURN`]'s and then [`READ_TURN`]'s row:
+/// `not-found` without them; `turn-not-running` unless it runs, its session is live and,
+/// when a worker connection writes, it was handed to that connection.
+fn check_running(
+    locked: Option<&tokio_postgres::Row>,
+    turn: Option<&tokio_postgres::Row>,
+    connection_id: Option<&str>,
+) -> Result<String> {
     let session_id: String = locked.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))?;
-    let row = row.ok_or(StoreError::Code(ErrorCode::NotFound))?;
+    let row = turn.ok_or(StoreError::Code(ErrorCode::NotFound))?;
     let (state, to, live): (String, Option<String>, bool) = (row.get(0), row.get(1), row.get(2));
     let handed_elsewhere = connection_id.is_some_and(|c| to.as_deref() != Some(c));
     if state != "running" || !live || handed_elsewhere {
@@ -1298,37 +1498,40 @@ pub(crate) async fn lock_running_turn(
     Ok(session_id)
 }
 
-/// Append a completed model step of a locked running turn as one `model.completed` event,
-/// with the usage the model proxy metered for it (the worker's own report is not trusted).
-async fn step_in_tx(
+/// Settle a locked running turn whose interactions are pending: they are closed before
+/// `turn.ended` is appended, so their resolutions come first. Returns its sequence.
+async fn settle_after_interactions(
     tx: &impl GenericClient,
     tenant_id: &str,
     session_id: &str,
     turn_id: &str,
-    rows: &[NewRow],
+    state: TurnState,
+    cause: Option<&Cause>,
+    cause_json: &Option<serde_json::Value>,
 ) -> Result<i64> {
-    // The metered usage is read and reset in one statement (the turn row is locked through
-    // its session).
-    let metered: Option<serde_json::Value> = tx
-        .q1(
-            "UPDATE turns t SET step = t.step + 1, partial_text = '', partial_thinking = '', step_usage = NULL
-               FROM (SELECT step_usage FROM turns WHERE id = $1) old
-              WHERE t.id = $1 RETURNING old.step_usage",
-            &[&turn_id],
-        )
-        .await?
-        .get(0);
-    let usage: Option<Usage> = metered.and_then(|u| serde_json::from_value(u).ok());
-    let completed = EventPayload::ModelCompleted(ModelCompleted { usage });
-    let seq = append_event(tx, tenant_id, session_id, Some(turn_id), &completed, rows).await?;
-    // The reply (a step without tool calls) carries the files the model attached.
-    let reply = rows.iter().rposition(|r| r.kind == RowKind::Assistant);
-    if let Some(i) = reply
-        && !rows.iter().any(|r| r.kind == RowKind::ToolCall)
-    {
-        crate::attachments::name_in_reply_row(tx, tenant_id, session_id, turn_id, seq, i as i32).await?;
-    }
-    Ok(seq)
+    let (totals, ()) = tokio::try_join!(
+        async {
+            tx.q1(
+                "UPDATE turns SET state = $2, cause = $3, ended_at = now(), partial_text = '', partial_thinking = ''
+                  WHERE id = $1 RETURNING input_tokens, output_tokens",
+                &[&turn_id, &state.as_str(), cause_json],
+            )
+            .await
+            .map_err(StoreError::from)
+        },
+        notify_dispatch(tx, session_id),
+    )?;
+    let (input, output): (i64, i64) = (totals.get(0), totals.get(1));
+    let ended = EventPayload::TurnEnded(TurnEnded {
+        state,
+        cause: cause.cloned(),
+        usage: (input > 0 || output > 0).then(|| Usage {
+            input_tokens: u64::try_from(input).unwrap_or(0),
+            output_tokens: u64::try_from(output).unwrap_or(0),
+        }),
+    });
+    crate::interactions::close_for_turn(tx, tenant_id, turn_id).await?;
+    append_event(tx, tenant_id, session_id, Some(turn_id), &ended, &[]).await
 }
 
 /// queued → running, publishing the prompt as the user row of `turn.started`; a turn that

@@ -12,7 +12,9 @@ impl TurnTask {
     /// `turn.step`: append the completed step as one `model.completed` event (its usage is
     /// what the model proxy metered, not the worker's report).
     pub(super) async fn step(&mut self, step: TurnStep) -> Result<serde_json::Value, ApiError> {
-        self.flush_relay().await;
+        // The output not yet relayed goes to other replicas in the step's transaction, before
+        // its event (the stored partial text is cleared there anyway): one transaction less.
+        let relay = self.take_relay().map(|(_, payloads)| payloads).unwrap_or_default();
         let conn = self.conn.clone();
         let r = {
             let _permits = conn.write_permits().await;
@@ -23,6 +25,7 @@ impl TurnTask {
                     &conn.principal.tenant_id,
                     &self.turn_id,
                     &step.rows,
+                    &relay,
                 )
                 .await
         };
