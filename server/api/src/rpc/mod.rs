@@ -1019,6 +1019,38 @@ mod tests {
         out.budget.close();
         assert!(!out.send(msg()).await);
     }
+    /// A result written once (no `Value` in between) goes out as the same response as the
+    /// `Value` it stands for, for a struct result and for `null` (keys now in the struct's
+    /// order rather than sorted, as JSON leaves it open).
+    #[test]
+    fn written_results_make_the_same_response_text() {
+        let page = berth_protocol::SessionHistoryResult {
+            through: 7,
+            rows: Vec::new(),
+            next_after: Some(berth_protocol::Position {
+                source_sequence: 3,
+                item_index: 1,
+            }),
+        };
+        for (written, value) in [
+            (encode(&page).unwrap(), serde_json::to_value(&page).unwrap()),
+            (encode(&()).unwrap(), serde_json::Value::Null),
+        ] {
+            let Message::Text(new) = text(&Answered {
+                jsonrpc: "2.0",
+                id: Some(9),
+                result: &written,
+            }) else {
+                panic!("text")
+            };
+            let Message::Text(old) = text(&RpcResponse::ok(Some(9), value)) else {
+                panic!("text")
+            };
+            let parse = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap();
+            assert_eq!(parse(new.as_str()), parse(old.as_str()));
+        }
+    }
+
     /// Every declared method must appear in the dispatcher's match.
     #[test]
     fn every_declared_method_is_dispatched() {
