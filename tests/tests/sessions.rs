@@ -1006,7 +1006,7 @@ async fn history_pages_written_from_rows_match_the_typed_pages() {
     let (tenant, first): (String, i64) = (row.get(0), row.get(1));
     db.execute(
         "INSERT INTO events (session_id, sequence, tenant_id, type, payload)
-         SELECT $1, g, $2, 'model.completed', '{}' FROM generate_series($3::bigint, $3 + 5) g",
+         SELECT $1, g, $2, 'model.completed', '{}' FROM generate_series($3::bigint, $3::bigint + 5) g",
         &[&sid, &tenant, &(first + 1)],
     )
     .await
@@ -1016,13 +1016,13 @@ async fn history_pages_written_from_rows_match_the_typed_pages() {
     let tool = json!({"name": "read", "callId": "call_1", "status": "ok"});
     db.execute(
         "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden, attachments)
-         VALUES ($1, $3 + 1, 0, $2, NULL, 'user', 'hello \"there\"\n\u{1F600}', NULL, NULL, false, $4),
-                ($1, $3 + 2, 0, $2, 'turn_x', 'assistant', 'an answer', 'a thought', NULL, false, NULL),
-                ($1, $3 + 2, 1, $2, 'turn_x', 'toolCall', '{\"path\":\"a\"}', NULL, $5, false, NULL),
-                ($1, $3 + 2, 2, $2, 'turn_x', 'toolResult', 'internal', NULL, $5, true, NULL),
-                ($1, $3 + 3, 0, $2, 'turn_x', 'toolResult', 'odd tool', NULL, '{\"name\": 1}', false, NULL),
-                ($1, $3 + 4, 0, $2, 'turn_x', 'assistant', repeat('long ', 1000), repeat('deep ', 500), NULL, false, NULL),
-                ($1, $3 + 5, 0, $2, 'turn_x', 'notice', '', NULL, NULL, false, NULL)",
+         VALUES ($1, $3::bigint + 1, 0, $2, NULL, 'user', 'hello \"there\"\n\u{1F600}', NULL, NULL, false, $4),
+                ($1, $3::bigint + 2, 0, $2, 'turn_x', 'assistant', 'an answer', 'a thought', NULL, false, NULL),
+                ($1, $3::bigint + 2, 1, $2, 'turn_x', 'toolCall', '{\"path\":\"a\"}', NULL, $5, false, NULL),
+                ($1, $3::bigint + 2, 2, $2, 'turn_x', 'toolResult', 'internal', NULL, $5, true, NULL),
+                ($1, $3::bigint + 3, 0, $2, 'turn_x', 'toolResult', 'odd tool', NULL, '{\"name\": 1}', false, NULL),
+                ($1, $3::bigint + 4, 0, $2, 'turn_x', 'assistant', repeat('long ', 1000), repeat('deep ', 500), NULL, false, NULL),
+                ($1, $3::bigint + 5, 0, $2, 'turn_x', 'notice', '', NULL, NULL, false, NULL)",
         &[&sid, &tenant, &first, &attachments, &tool],
     )
     .await
