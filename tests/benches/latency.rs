@@ -914,6 +914,16 @@ struct RawRow {
     _thinking: Option<String>,
     _tool: Option<Value>,
     _hidden: bool,
+    _attachments: Option<Value>,
+}
+
+/// A `session.history` answer decoded the way a typed client does (`berth-client`'s
+/// `call::<SessionHistory>`): straight into the protocol's rows, the same information the
+/// baseline's rows hold.
+#[derive(serde::Deserialize)]
+struct HistoryAnswer {
+    id: u32,
+    result: berth_protocol::SessionHistoryResult,
 }
 
 async fn history_page(table: &mut Table, dev: &TestServer, token: &str, workspace_id: &str, database_url: &str) {
@@ -949,7 +959,9 @@ async fn history_page(table: &mut Table, dev: &TestServer, token: &str, workspac
         .expect("fence");
     db.batch_execute("ANALYZE events; ANALYZE rows").await.expect("analyze");
     let from = first + EVENTS / 2;
-    let mut berth = Vec::new();
+    // The same through the tests' client, which parses every frame into a `Value` tree and
+    // hands answers between tasks: reported beside the figure, for what such a client costs.
+    let mut through_value = Vec::new();
     for i in 0..N + 10 {
         let t0 = Instant::now();
         let page = client
@@ -961,12 +973,35 @@ async fn history_page(table: &mut Table, dev: &TestServer, token: &str, workspac
         let took = ms(t0.elapsed());
         assert_eq!(page["rows"].as_array().map(Vec::len), Some(200), "page: {page}");
         if i >= 10 {
+            through_value.push(took);
+        }
+    }
+    // The page as a client asks for it and gets it: one request on its own WebSocket, the
+    // answer decoded into typed rows (no test-client routing tasks in between).
+    let mut ws = ws_connect(&dev.ws_url(), Some(token)).await;
+    let mut berth = Vec::new();
+    for i in 0..N + 10 {
+        let id = i as u32 + 1;
+        let t0 = Instant::now();
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": "session.history",
+            "params": {"sessionId": sid, "after": {"sourceSequence": from, "itemIndex": 0}, "limit": 200}});
+        ws.send(Message::text(request.to_string())).await.expect("send");
+        let answer = loop {
+            match ws.next().await.expect("open").expect("frame") {
+                Message::Text(t) => break serde_json::from_str::<HistoryAnswer>(&t).expect("a history page"),
+                Message::Close(c) => panic!("closed: {c:?}"),
+                _ => {}
+            }
+        };
+        let took = ms(t0.elapsed());
+        assert_eq!((answer.id, answer.result.rows.len()), (id, 200));
+        if i >= 10 {
             berth.push(took);
         }
     }
     let select = db
         .prepare(
-            "SELECT source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden FROM rows
+            "SELECT source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden, attachments FROM rows
               WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden AND (source_sequence, item_index) > ($3, 0)
               ORDER BY source_sequence, item_index LIMIT 200",
         )
@@ -986,6 +1021,7 @@ async fn history_page(table: &mut Table, dev: &TestServer, token: &str, workspac
                 _thinking: r.get(5),
                 _tool: r.get(6),
                 _hidden: r.get(7),
+                _attachments: r.get(8),
             })
             .collect();
         let took = ms(t0.elapsed());
@@ -994,7 +1030,7 @@ async fn history_page(table: &mut Table, dev: &TestServer, token: &str, workspac
             raw.push(took);
         }
     }
-    let (b, r) = (median(&mut berth), median(&mut raw));
+    let (b, r, v) = (median(&mut berth), median(&mut raw), median(&mut through_value));
     table.add(
         &format!("`session.history` page of 200 rows in a {EVENTS}-event session (median of {N})"),
         format!("{b:.2} ms"),
@@ -1002,6 +1038,14 @@ async fn history_page(table: &mut Table, dev: &TestServer, token: &str, workspac
         format!("{:.2}×", b / r),
         "≤ 2×",
         Some(b / r <= 2.0),
+    );
+    table.add(
+        &format!("`session.history` page, the same, through the tests' `Value`-tree client (median of {N})"),
+        format!("{v:.2} ms"),
+        format!("{r:.2} ms indexed SELECT"),
+        format!("{:.2}×", v / r),
+        "report",
+        None,
     );
 }
 

@@ -986,3 +986,88 @@ async fn history_pages_cut_by_rows_and_bytes_cover_the_whole_history() {
         .unwrap_err();
     assert_eq!(code(&missing), "not-found");
 }
+
+/// `session.history` pages are written straight from the database's rows; the text is the
+/// same, byte for byte, as the typed page's (`Store::history`, which the worker's
+/// `turn_history` reads): turn ids, thinking, tools, attachments, hidden rows left out, a
+/// stored tool that does not read as one left out, a single row cut to the budget, the
+/// `nextAfter` cursor and an empty page.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_pages_written_from_rows_match_the_typed_pages() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let row = db
+        .query_one("SELECT tenant_id, last_sequence FROM sessions WHERE id = $1", &[&sid])
+        .await
+        .unwrap();
+    let (tenant, first): (String, i64) = (row.get(0), row.get(1));
+    db.execute(
+        "INSERT INTO events (session_id, sequence, tenant_id, type, payload)
+         SELECT $1, g, $2, 'model.completed', '{}' FROM generate_series($3::bigint, $3::bigint + 5) g",
+        &[&sid, &tenant, &(first + 1)],
+    )
+    .await
+    .unwrap();
+    let attachments = json!([{"attachmentId": "att_1", "name": "a \"quoted\" name.png", "mimeType": "image/png",
+                              "bytes": 12, "sha256": "ab".repeat(32)}]);
+    let tool = json!({"name": "read", "callId": "call_1", "status": "ok"});
+    db.execute(
+        "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden, attachments)
+         VALUES ($1, $3::bigint + 1, 0, $2, NULL, 'user', 'hello \"there\"\n\u{1F600}', NULL, NULL, false, $4),
+                ($1, $3::bigint + 2, 0, $2, 'turn_x', 'assistant', 'an answer', 'a thought', NULL, false, NULL),
+                ($1, $3::bigint + 2, 1, $2, 'turn_x', 'toolCall', '{\"path\":\"a\"}', NULL, $5, false, NULL),
+                ($1, $3::bigint + 2, 2, $2, 'turn_x', 'toolResult', 'internal', NULL, $5, true, NULL),
+                ($1, $3::bigint + 3, 0, $2, 'turn_x', 'toolResult', 'odd tool', NULL, '{\"name\": 1}', false, NULL),
+                ($1, $3::bigint + 4, 0, $2, 'turn_x', 'assistant', repeat('long ', 1000), repeat('deep ', 500), NULL, false, NULL),
+                ($1, $3::bigint + 5, 0, $2, 'turn_x', 'notice', '', NULL, NULL, false, NULL)",
+        &[&sid, &tenant, &first, &attachments, &tool],
+    )
+    .await
+    .unwrap();
+    db.execute(
+        "UPDATE sessions SET last_sequence = $2 WHERE id = $1",
+        &[&sid, &(first + 6)],
+    )
+    .await
+    .unwrap();
+    let store = berth_store::Store::connect(&stack.database_url, 1).unwrap();
+    let after = |seq: i64, item: i32| {
+        Some(berth_protocol::Position {
+            source_sequence: seq,
+            item_index: item,
+        })
+    };
+    let pages = [
+        (None, None, None, None),
+        (None, Some(2), None, None),
+        (after(first + 2, 0), Some(2), None, None),
+        (after(first + 3, 0), None, Some(1024), None),
+        (None, None, Some(1024), None),
+        (None, Some(500), None, Some(first + 2)),
+        (after(first + 6, 0), None, None, None),
+    ];
+    for (after, limit, max_bytes, through) in pages {
+        let p = berth_protocol::SessionHistoryParams {
+            session_id: sid.clone(),
+            after,
+            limit,
+            max_bytes,
+            through,
+            ..Default::default()
+        };
+        let written = store.history_json(&tenant, &p).await.unwrap();
+        let typed = serde_json::to_string(&store.history(&tenant, &p).await.unwrap()).unwrap();
+        assert_eq!(written.get(), typed, "{after:?} {limit:?} {max_bytes:?} {through:?}");
+    }
+    // What a client reads is that text.
+    let whole = c.ok("session.history", json!({"sessionId": sid})).await;
+    let rows = whole["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "the hidden row is left out: {whole}");
+    assert_eq!(rows[0]["attachments"], attachments);
+    assert_eq!(rows[1]["thinking"], "a thought");
+    assert_eq!(rows[2]["tool"], tool);
+    assert!(rows[3].get("tool").is_none(), "{}", rows[3]);
+}

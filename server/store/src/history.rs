@@ -3,10 +3,12 @@
 use std::collections::BTreeMap;
 
 use berth_protocol::{
-    ErrorCode, Event, EventPayload, HistoryTarget, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams,
-    SessionHistoryResult, SessionSourceParams, SessionSourceResult, ToolInfo, Truncation,
+    ErrorCode, Event, EventPayload, HistoryTarget, NewRow, Position, Row, RowAttachment, RowField, RowKind,
+    SessionHistoryParams, SessionHistoryResult, SessionSourceParams, SessionSourceResult, ToolInfo, Truncation,
 };
 use deadpool_postgres::GenericClient;
+use serde_json::value::RawValue;
+use tokio_postgres::types::Json;
 
 use crate::{CHANNEL_EVENTS, Cached, Result, Store, StoreError, fmt_time, not_found, tenant_tx, tenant_tx_first};
 
@@ -162,33 +164,44 @@ fn row_at(r: &tokio_postgres::Row, at: usize) -> Row {
     }
 }
 
-/// A plain `session.history` page (no target) in one statement: the session's fence, then
-/// the page's rows after `$4, $5` up to `least($3, last_sequence)`, at most `$6`; a row's
-/// fields are read only if it fits the `$7` byte budget (the first row always does). One
-/// more row comes back without fields when the page is cut (`fits` false): it says there
-/// is more. A session that does not exist gives no row at all; an empty page, one row of
-/// NULLs after the fence.
+/// A plain `session.history` page (no target): the page's rows after `$4, $5` up to
+/// `least($3, last_sequence)`, at most `$6`; a row's fields are read only if it fits the
+/// `$7` byte budget (the first row always does). One more row comes back without fields
+/// when the page is cut (`fits` false): it says there is more. Flat on purpose: the rows
+/// come out of the index in page order, so nothing is sorted again (a join with the
+/// session's fence here cost a sort of the whole page); the fence is a statement of its own
+/// ([`FENCE_SQL`]) in the same snapshot.
 const PAGE_SQL: &str = "
-SELECT f.last_sequence, f.cleared_at_sequence, p.fits,
-       p.source_sequence, p.item_index, p.turn_id, p.kind,
-       CASE WHEN p.fits THEN p.body END, CASE WHEN p.fits THEN p.thinking END, p.tool, p.hidden, p.attachments
-  FROM (SELECT last_sequence, cleared_at_sequence FROM sessions
-         WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL) f
-  LEFT JOIN LATERAL (
-    SELECT w.*, (w.n <= $6::bigint AND (w.n = 1 OR w.running <= $7::bigint)) AS fits FROM (
-      SELECT r.source_sequence, r.item_index, r.turn_id, r.kind, r.body, r.thinking, r.tool, r.hidden, r.attachments,
-             row_number() OVER w AS n,
-             (sum(octet_length(r.body)::bigint + coalesce(octet_length(r.thinking), 0)::bigint) OVER w)::bigint AS running,
-             octet_length(r.body)::bigint + coalesce(octet_length(r.thinking), 0)::bigint AS size
-        FROM rows r
-       WHERE r.session_id = $1 AND r.tenant_id = $2 AND NOT r.hidden
-         AND r.source_sequence <= least($3::bigint, f.last_sequence) AND (r.source_sequence, r.item_index) > ($4::bigint, $5::int)
-      WINDOW w AS (ORDER BY r.source_sequence, r.item_index ROWS UNBOUNDED PRECEDING)
-       ORDER BY r.source_sequence, r.item_index LIMIT $6::bigint + 1
-    ) w
-    WHERE w.n <= 2 OR w.running - w.size <= $7::bigint
-  ) p ON true
- ORDER BY p.source_sequence, p.item_index";
+SELECT w.n <= $6::bigint AND (w.n = 1 OR w.running <= $7::bigint) AS fits,
+       w.source_sequence, w.item_index, w.turn_id, w.kind,
+       CASE WHEN w.n = 1 OR w.running <= $7::bigint THEN w.body END,
+       CASE WHEN w.n = 1 OR w.running <= $7::bigint THEN w.thinking END, w.tool, w.hidden, w.attachments
+  FROM (
+    SELECT r.source_sequence, r.item_index, r.turn_id, r.kind, r.body, r.thinking, r.tool, r.hidden, r.attachments,
+           row_number() OVER w AS n,
+           (sum(octet_length(r.body)::bigint + coalesce(octet_length(r.thinking), 0)::bigint) OVER w)::bigint AS running,
+           octet_length(r.body)::bigint + coalesce(octet_length(r.thinking), 0)::bigint AS size
+      FROM rows r
+     WHERE r.session_id = $1 AND r.tenant_id = $2 AND NOT r.hidden
+       AND r.source_sequence <= least($3::bigint,
+             (SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL))
+       AND (r.source_sequence, r.item_index) > ($4::bigint, $5::int)
+    WINDOW w AS (ORDER BY r.source_sequence, r.item_index ROWS UNBOUNDED PRECEDING)
+     ORDER BY r.source_sequence, r.item_index LIMIT $6::bigint + 1
+  ) w
+ WHERE w.n <= 2 OR w.running - w.size <= $7::bigint
+ ORDER BY w.source_sequence, w.item_index";
+
+/// The tenant switch of [`crate::tenant_read`] for a page read, which also keeps
+/// PostgreSQL from planning [`PAGE_SQL`] again on every call: with `auto`, the generic plan
+/// of a `LIMIT $6` looks dearer than a custom one, so each page paid ~0.13 ms of planning for
+/// the same plan (an index range scan of `rows_pkey` in page order, whatever the values).
+const PAGE_TENANT_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true),
+        set_config('plan_cache_mode', 'force_generic_plan', true)";
+
+/// The session's fence for [`PAGE_SQL`] (no row: no such session).
+const FENCE_SQL: &str =
+    "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL";
 
 /// A watcher's catch-up in one statement: the session's fence (`cleared_at_sequence`; no
 /// line at all when the session does not exist), then the events after `$3` in order, each
@@ -254,6 +267,148 @@ fn fit(row: &mut Row, budget: usize, first: RowField) {
     }
     if !marks.is_empty() {
         row.truncated = Some(marks);
+    }
+}
+
+/// The session's fence ([`FENCE_SQL`]) and a page ([`PAGE_SQL`]) in one round trip, under
+/// the tenant's row-level security as [`crate::tenant_read`], in one snapshot (repeatable
+/// read): the page is cut at the same last sequence the fence reports.
+async fn page_read(
+    client: &deadpool_postgres::Object,
+    tenant_id: &str,
+    params: &[Param<'_>],
+) -> Result<(Option<tokio_postgres::Row>, Vec<tokio_postgres::Row>)> {
+    // Prepared first (cached per connection): a statement still to be prepared would go
+    // out after the `COMMIT`.
+    let (set, fence, page) = tokio::try_join!(
+        client.prepare_cached(PAGE_TENANT_SQL),
+        client.prepare_cached(FENCE_SQL),
+        client.prepare_cached(PAGE_SQL),
+    )?;
+    let c: &tokio_postgres::Client = client;
+    let tenant: [Param; 2] = [&crate::APP_ROLE, &tenant_id];
+    // Polled (and so sent) in this order; PostgreSQL runs them in order.
+    let (begin, set, fence, page, commit) = tokio::join!(
+        biased;
+        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+        c.execute(&set, &tenant),
+        c.query_opt(&fence, &params[..2]),
+        c.query(&page, params),
+        c.batch_execute("COMMIT"),
+    );
+    begin?;
+    set?;
+    let fence = fence?;
+    let page = page?;
+    commit?;
+    Ok((fence, page))
+}
+
+/// The lines of a [`PAGE_SQL`] answer, checked: the page's fence and whether more follows.
+struct PageLines {
+    lines: Vec<tokio_postgres::Row>,
+    through: i64,
+    budget: usize,
+    more: bool,
+}
+
+impl PageLines {
+    /// The lines that are the page's rows (their [`ROW_COLUMNS`] start at column 1).
+    fn rows(&self) -> impl Iterator<Item = &tokio_postgres::Row> {
+        self.lines.iter().filter(|r| r.get::<_, bool>(0))
+    }
+
+    /// Where the next page starts, when there is more.
+    fn next_after(&self) -> Option<Position> {
+        let last = self.rows().last().filter(|_| self.more)?;
+        Some(Position {
+            source_sequence: last.get(1),
+            item_index: last.get(2),
+        })
+    }
+
+    /// The page as its typed result; a page of one row is cut to the byte budget.
+    fn typed(&self) -> SessionHistoryResult {
+        let mut rows: Vec<Row> = self.rows().map(|r| row_at(r, 1)).collect();
+        if let [only] = rows.as_mut_slice() {
+            fit(only, self.budget, RowField::Body);
+        }
+        SessionHistoryResult {
+            through: self.through,
+            rows,
+            next_after: self.next_after(),
+        }
+    }
+}
+
+/// A page row borrowed from its PostgreSQL row: serializes exactly as [`Row`] (same fields,
+/// same order, same omissions; `truncated` is never set on a page of several rows).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RowRef<'a> {
+    position: Position,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    turn_id: Option<&'a str>,
+    kind: RowKind,
+    body: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool: Option<ToolInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hidden: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attachments: Option<Vec<RowAttachment>>,
+}
+
+/// [`row_at`], borrowing the text columns.
+fn row_ref(r: &tokio_postgres::Row, at: usize) -> RowRef<'_> {
+    let hidden: bool = r.get(at + 7);
+    RowRef {
+        position: Position {
+            source_sequence: r.get(at),
+            item_index: r.get(at + 1),
+        },
+        turn_id: r.get(at + 2),
+        kind: RowKind::parse(r.get(at + 3)).unwrap_or(RowKind::Notice),
+        body: r.get(at + 4),
+        thinking: r.get(at + 5),
+        // As in `row_at`, a stored value that does not read as the type is left out.
+        tool: r
+            .try_get::<_, Option<Json<ToolInfo>>>(at + 6)
+            .ok()
+            .flatten()
+            .map(|t| t.0),
+        hidden: hidden.then_some(true),
+        attachments: r
+            .try_get::<_, Option<Json<Vec<RowAttachment>>>>(at + 8)
+            .ok()
+            .flatten()
+            .map(|a| a.0),
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<Box<RawValue>> {
+    serde_json::value::to_raw_value(v).map_err(|e| StoreError::Other(e.into()))
+}
+
+/// Serializes as [`SessionHistoryResult`] (same fields, same order).
+impl serde::Serialize for PageLines {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Rows<'a>(&'a PageLines);
+        impl serde::Serialize for Rows<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.rows().map(|r| row_ref(r, 1)))
+            }
+        }
+        let mut out = s.serialize_struct("SessionHistoryResult", 3)?;
+        out.serialize_field("through", &self.through)?;
+        out.serialize_field("rows", &Rows(self))?;
+        if let Some(next) = self.next_after() {
+            out.serialize_field("nextAfter", &next)?;
+        }
+        out.end()
     }
 }
 
@@ -489,9 +644,29 @@ impl Store {
         })
     }
 
-    /// A page without a target: fence, sizes and rows in one statement ([`PAGE_SQL`]), read
-    /// in one round trip ([`crate::tenant_read`]); the same answers as the general path.
+    /// A page without a target: the fence and the page ([`PAGE_SQL`]) in one round trip
+    /// ([`page_read`]); the same answers as the general path.
     async fn history_page(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<SessionHistoryResult> {
+        Ok(self.page_lines(tenant_id, p).await?.typed())
+    }
+
+    /// [`Store::history`] written out as its JSON, the same text as serializing its
+    /// result. A page of several rows (no target) is written straight from PostgreSQL's
+    /// rows: text fields borrowed, no [`Row`] built in between.
+    pub async fn history_json(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<Box<RawValue>> {
+        if p.target.is_some() {
+            return to_json(&self.history(tenant_id, p).await?);
+        }
+        let page = self.page_lines(tenant_id, p).await?;
+        if page.rows().nth(1).is_none() {
+            // One row (or none) may be cut to the byte budget: the typed page marks it.
+            return to_json(&page.typed());
+        }
+        to_json(&page)
+    }
+
+    /// The lines of [`PAGE_SQL`] for `p`, with the fence checked.
+    async fn page_lines(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<PageLines> {
         let through = match p.through {
             Some(t) if t < 0 => return Err(StoreError::Code(ErrorCode::BadParams)),
             t => t.unwrap_or(i64::MAX),
@@ -506,10 +681,9 @@ impl Store {
         });
         let limit = i64::from(p.limit.unwrap_or(100).clamp(1, 500));
         let client = self.pool.get().await?;
-        let page = crate::tenant_read(
+        let (fence, lines) = page_read(
             &client,
             tenant_id,
-            PAGE_SQL,
             &[
                 &p.session_id,
                 &tenant_id,
@@ -522,8 +696,8 @@ impl Store {
         )
         .await?;
         drop(client);
-        let Some(first) = page.first() else { return not_found() };
-        let (last, cleared): (i64, i64) = (first.get(0), first.get(1));
+        let Some(fence) = fence else { return not_found() };
+        let (last, cleared): (i64, i64) = (fence.get(0), fence.get(1));
         if p.through.is_some_and(|t| t < cleared) {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
@@ -532,23 +706,12 @@ impl Store {
         {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
-        let mut rows = Vec::with_capacity(page.len());
-        let mut more = false;
-        for r in &page {
-            match r.get::<_, Option<bool>>(2) {
-                Some(true) => rows.push(row_at(r, 3)),
-                Some(false) => more = true,
-                None => {}
-            }
-        }
-        if let [only] = rows.as_mut_slice() {
-            fit(only, budget, RowField::Body);
-        }
-        let next_after = if more { rows.last().map(|r| r.position) } else { None };
-        Ok(SessionHistoryResult {
+        let more = lines.iter().any(|r| !r.get::<_, bool>(0));
+        Ok(PageLines {
+            lines,
             through: through.min(last),
-            rows,
-            next_after,
+            budget,
+            more,
         })
     }
 

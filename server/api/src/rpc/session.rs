@@ -5,10 +5,10 @@ use std::time::Duration;
 use berth_protocol::{
     Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync,
     ResyncReason, SessionCompactParams, SessionCompactResult, SessionContextParams, SessionContextResult,
-    SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams,
-    SessionHistoryResult, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
-    SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
-    SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef, TurnState, WatchState,
+    SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams, SessionListParams,
+    SessionListResult, SessionOpParams, SessionPauseParams, SessionRef, SessionRenameParams, SessionSendParams,
+    SessionSendResult, SessionSetModelParams, SessionSnapshot, SessionSourceParams, SessionSourceResult,
+    SessionStopParams, SessionWatchParams, TurnRef, TurnState, WatchState,
 };
 use berth_store::Partial;
 use serde_json::json;
@@ -242,10 +242,12 @@ pub fn check_prompt(prompt: &str) -> ApiResult<()> {
     Ok(())
 }
 
+/// `session.history`, answered with the JSON of its `SessionHistoryResult` written by the
+/// store straight from the page's rows.
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
-pub async fn history(ctx: Ctx, p: SessionHistoryParams) -> ApiResult<SessionHistoryResult> {
+pub async fn history(ctx: Ctx, p: SessionHistoryParams) -> ApiResult<Box<serde_json::value::RawValue>> {
     let me = ctx.principal()?;
-    Ok(ctx.state.store.history(&me.tenant_id, &p).await?)
+    Ok(ctx.state.store.history_json(&me.tenant_id, &p).await?)
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
