@@ -1753,6 +1753,7 @@ async fn files_read(
     };
     let mut perf = None;
     let mut cpu0 = Vec::new();
+    let mut to_begin = Vec::new();
     for i in 0..N + 2 {
         if i == 2 {
             perf = perf_start(&[&pids[..], &[std::process::id()]].concat());
@@ -1773,6 +1774,7 @@ async fn files_read(
             match item["type"].as_str() {
                 Some("chunk") => bytes += item["dataBase64"].as_str().map_or(0, str::len) * 3 / 4,
                 Some("end") => break,
+                Some("begin") if i >= 2 => to_begin.push(ms(t0.elapsed())),
                 Some("begin") => {}
                 other => panic!("files.read: {other:?} {item}"),
             }
@@ -1791,7 +1793,11 @@ async fn files_read(
         .zip(["worker", "replica A", "replica B", "bench (client and baseline)"])
         .map(|((c, c0), name)| format!("{name} {:.1} ms", ms(c.saturating_sub(*c0)) / N as f64))
         .collect();
-    println!("  files.read CPU per read: {}", per_read.join(", "));
+    println!(
+        "  files.read CPU per read: {}; first item (begin) after {:.1} ms (median)",
+        per_read.join(", "),
+        median(&mut to_begin)
+    );
     let (b, r) = (median(&mut berth), median(&mut raw));
     table.add(
         &format!(
