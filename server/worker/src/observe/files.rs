@@ -27,6 +27,8 @@ use crate::workspace::{OpenError, Workspace};
 const EXCLUDED: &[&[u8]] = &[b".git", b".berth"];
 /// The largest file `files.read` captures (it holds the whole file in one buffer).
 pub(crate) const READ_MAX: u64 = 64 << 20;
+/// From this size on, `files.read` checks for text beside the digest, on a thread of its own.
+const PARALLEL_CHECKS: usize = 1 << 20;
 /// How long changes settle before `changed` goes out (coalescing bursts).
 const SETTLE: Duration = Duration::from_millis(50);
 /// The polling fallback rests at least this long between scans…
@@ -144,19 +146,19 @@ pub(crate) fn list(ws: &Workspace, p: &FilesListParams) -> Result<FilesListResul
 
 /// What `files.read` captured: one buffer, and the identity it came from.
 struct Capture {
-    /// Shared with the thread computing its SHA-256 while the chunks go.
-    data: Arc<Vec<u8>>,
+    data: Vec<u8>,
     meta: cap_std::fs::Metadata,
     version: String,
+    /// SHA-256 of `data`, hex (every chunk is cut from `data`, so it is the digest of
+    /// what is delivered).
+    sha256: String,
     /// Whether `data` is text: no NUL early on (git's rule for binary) and valid UTF-8.
     text: bool,
 }
 
-/// The version names the content (its XXH3-128, a fast pass, so that `begin` need not wait
-/// for the SHA-256 of a large file), the file's identity and where it is.
-fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, data: &[u8]) -> String {
+fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, digest: &[u8]) -> String {
     let mut h = Sha256::new();
-    h.update(xxhash_rust::xxh3::xxh3_128(data).to_le_bytes());
+    h.update(digest);
     h.update(format!("{}:{}:{}:", meta.dev(), meta.ino(), parent).as_bytes());
     h.update(rel.as_os_str().as_bytes());
     let v = h.finalize();
@@ -206,12 +208,24 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
         }
         let parent_id = ws.lstat(parent).map(|m| identity(&m)).unwrap_or_default();
         // Git's rule for binary (a NUL early on), then UTF-8, decide what is text.
-        let text = !data[..data.len().min(8000)].contains(&0) && std::str::from_utf8(&data).is_ok();
-        let version = version(rel, &after, &parent_id, &data);
+        let is_text = |data: &[u8]| !data[..data.len().min(8000)].contains(&0) && std::str::from_utf8(data).is_ok();
+        // The digest and the text check each take a pass over the whole file before the
+        // first chunk can go: side by side on two threads when the file is large.
+        let (digest, text) = if data.len() < PARALLEL_CHECKS {
+            (Sha256::digest(&data), is_text(&data))
+        } else {
+            std::thread::scope(|s| {
+                let text = s.spawn(|| is_text(&data));
+                let digest = Sha256::digest(&data);
+                (digest, text.join().unwrap_or(false))
+            })
+        };
+        let version = version(rel, &after, &parent_id, &digest);
         return Ok(Ok(Capture {
-            data: Arc::new(data),
+            data,
             meta: after,
             version,
+            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
             text,
         }));
     }
@@ -276,13 +290,6 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
         return Ok(());
     };
     let size = cap.data.len() as u64;
-    // `end` carries the SHA-256 of every byte delivered (all cut from `data`): computed on
-    // a thread of its own while the chunks go.
-    let data = cap.data.clone();
-    let sha256 = tokio::task::spawn_blocking(move || {
-        let digest = Sha256::digest(&*data);
-        digest.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    });
     let begin = FilesReadItem::Begin {
         version: cap.version.clone(),
         size,
@@ -316,11 +323,10 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
                 cap.meta.mtime_nsec(),
             )
     });
-    let sha256 = sha256.await.map_err(|_| RpcError::new(ErrorCode::Internal))?;
     let end = FilesReadItem::End {
         version: cap.version,
         size,
-        sha256,
+        sha256: cap.sha256,
         replaced,
     };
     items.send(&end).await;
