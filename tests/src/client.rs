@@ -102,6 +102,9 @@ impl Client {
             tokio::net::TcpSocket::new_v6()?
         };
         socket.set_recv_buffer_size(4096)?;
+        // Small segments keep the server's send buffer small too: Linux sizes it from the
+        // segment size, and loopback's 64 KiB segments would let it absorb megabytes.
+        socket2::SockRef::from(&socket).set_tcp_mss(536)?;
         let tcp = socket.connect(addr).await?;
         let (ws, _) = tokio_tungstenite::client_async(req, tokio_tungstenite::MaybeTlsStream::Plain(tcp))
             .await

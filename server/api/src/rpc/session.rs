@@ -454,8 +454,11 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
     let mut sync = true;
     let mut joined = false;
     let mut safety = tokio::time::interval(Duration::from_secs(5));
+    // Whether the database may hold events this watcher has not sent: live items never
+    // add any, so only an event wake-up, a lag or the safety tick reads the database.
+    let mut catch_up = true;
     loop {
-        loop {
+        while std::mem::take(&mut catch_up) {
             if cancel.is_cancelled() {
                 return Ok(());
             }
@@ -474,9 +477,7 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
             if let Some(last) = events.last() {
                 cursor = last.sequence;
             }
-            if !more {
-                break;
-            }
+            catch_up = more;
         }
         joined = true;
         if sync {
@@ -540,11 +541,17 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
                         return Err(gone());
                     }
                     sync = true;
+                    catch_up = true;
                 }
                 Err(RecvError::Closed) => return Ok(()),
             },
-            changed = sub.events.changed() => if changed.is_err() { return Ok(()) },
-            _ = safety.tick() => {}
+            changed = sub.events.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                catch_up = true;
+            }
+            _ = safety.tick() => catch_up = true,
         }
     }
 }
