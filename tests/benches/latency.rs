@@ -1650,7 +1650,7 @@ async fn concurrency(table: &mut Table) {
     println!("load average after the {SPREAD}-turn round: {}", load());
 
     git_status(table, &a, &token, &ws_a, &dir_a, repo_files).await;
-    files_read(table, &b, &token, &ws_a, &dir_a).await;
+    files_read(table, &b, &token, &ws_a, &dir_a, [pid_wa, pid_a, pid_b]).await;
     stop(a).await;
     stop(b).await;
 }
@@ -1668,10 +1668,15 @@ async fn workspace_rows(table: &mut Table, mock: &MockProvider) {
     let token = a.admin_token();
     let dir = scratch_dir("bench-repo");
     let files = git_repo(&dir);
-    let _w = spawn_worker(&a, "bench-a", "wa", &dir).await;
+    let w = spawn_worker(&a, "bench-a", "wa", &dir).await;
     let ws = online_workspace(&a, &token, "bench-a").await;
     git_status(table, &a, &token, &ws, &dir, files).await;
-    files_read(table, &b, &token, &ws, &dir).await;
+    let pids = [
+        w.id().expect("pid"),
+        a.child.id().expect("pid"),
+        b.child.id().expect("pid"),
+    ];
+    files_read(table, &b, &token, &ws, &dir, pids).await;
     stop(a).await;
     stop(b).await;
 }
@@ -1763,7 +1768,16 @@ async fn git_status(
     );
 }
 
-async fn files_read(table: &mut Table, server: &TestServer, token: &str, workspace: &str, dir: &std::path::Path) {
+/// `pids`: the worker, the replica holding it and the client's replica, whose CPU per read
+/// is printed (and recorded by `perf` with `BERTH_BENCH_PERF=FILE`).
+async fn files_read(
+    table: &mut Table,
+    server: &TestServer,
+    token: &str,
+    workspace: &str,
+    dir: &std::path::Path,
+    pids: [u32; 3],
+) {
     use base64::Engine;
     use sha2::Digest;
     const N: usize = 8;
@@ -1776,7 +1790,19 @@ async fn files_read(table: &mut Table, server: &TestServer, token: &str, workspa
     let sid = session(&mut client, workspace).await;
     let b64 = base64::engine::general_purpose::STANDARD.encode("big.txt");
     let (mut berth, mut raw) = (Vec::new(), Vec::new());
+    let cpu = || {
+        let mut c = pids.map(cpu_time).to_vec();
+        c.push(cpu_time(std::process::id()));
+        c
+    };
+    let mut perf = None;
+    let mut cpu0 = Vec::new();
+    let mut to_begin = Vec::new();
     for i in 0..N + 2 {
+        if i == 2 {
+            perf = perf_start(&[&pids[..], &[std::process::id()]].concat());
+            cpu0 = cpu();
+        }
         let t0 = Instant::now();
         let data = std::fs::read(&path).expect("read");
         let digest = sha2::Sha256::digest(&data);
@@ -1792,6 +1818,7 @@ async fn files_read(table: &mut Table, server: &TestServer, token: &str, workspa
             match item["type"].as_str() {
                 Some("chunk") => bytes += item["dataBase64"].as_str().map_or(0, str::len) * 3 / 4,
                 Some("end") => break,
+                Some("begin") if i >= 2 => to_begin.push(ms(t0.elapsed())),
                 Some("begin") => {}
                 other => panic!("files.read: {other:?} {item}"),
             }
@@ -1803,6 +1830,18 @@ async fn files_read(table: &mut Table, server: &TestServer, token: &str, workspa
             berth.push(content.len() as f64 / b.as_secs_f64() / 1e6);
         }
     }
+    perf_stop(perf);
+    let per_read: Vec<String> = cpu()
+        .iter()
+        .zip(&cpu0)
+        .zip(["worker", "replica A", "replica B", "bench (client and baseline)"])
+        .map(|((c, c0), name)| format!("{name} {:.1} ms", ms(c.saturating_sub(*c0)) / N as f64))
+        .collect();
+    println!(
+        "  files.read CPU per read: {}; first item (begin) after {:.1} ms (median)",
+        per_read.join(", "),
+        median(&mut to_begin)
+    );
     let (b, r) = (median(&mut berth), median(&mut raw));
     table.add(
         &format!(

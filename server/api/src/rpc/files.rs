@@ -52,7 +52,7 @@ async fn relay(ctx: &Ctx, mut stream: CallStream) -> ApiResult<Value> {
     loop {
         match stream.next().await {
             Some(CallEvent::Item(item)) => {
-                if !ctx.item(&item).await {
+                if !ctx.item_raw(&item).await {
                     return Err(ApiError(super::gone()));
                 }
             }

@@ -338,6 +338,32 @@ impl Ctx {
         let note = NotificationRef::new(SUBSCRIPTION_ITEM, Params { id: self.id, item });
         self.conn.out.send(text(&note)).await
     }
+
+    /// Send one subscription item that is already JSON text (a worker's file chunk, ~44 KiB):
+    /// copied once into a message sized for it, not grown through a serializer.
+    pub async fn item_raw(&self, item: &serde_json::value::RawValue) -> bool {
+        self.conn.out.send(Message::Text(item_text(self.id, item).into())).await
+    }
+}
+
+/// A `subscription.item` notification around `item`, as [`Ctx::item`] writes it.
+fn item_text(id: Option<u32>, item: &serde_json::value::RawValue) -> String {
+    use std::fmt::Write;
+    let mut text = String::with_capacity(item.get().len() + 80);
+    let _ = write!(
+        text,
+        r#"{{"jsonrpc":"2.0","method":"{SUBSCRIPTION_ITEM}","params":{{"id":"#
+    );
+    match id {
+        Some(id) => {
+            let _ = write!(text, "{id}");
+        }
+        None => text.push_str("null"),
+    }
+    text.push_str(r#","item":"#);
+    text.push_str(item.get());
+    text.push_str("}}");
+    text
 }
 
 fn text<T: serde::Serialize>(v: &T) -> Message {
@@ -926,6 +952,24 @@ pub(super) async fn blob_page(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raw_item_is_written_as_the_serialized_notification() {
+        let item =
+            serde_json::value::RawValue::from_string(r#"{"type":"chunk","offset":0,"dataBase64":"aGk="}"#.into())
+                .unwrap();
+        for id in [Some(7), None] {
+            #[derive(serde::Serialize)]
+            struct Params<'a> {
+                id: Option<u32>,
+                item: &'a serde_json::value::RawValue,
+            }
+            let serialized =
+                serde_json::to_value(NotificationRef::new(SUBSCRIPTION_ITEM, Params { id, item: &item })).unwrap();
+            let written: serde_json::Value = serde_json::from_str(&item_text(id, &item)).unwrap();
+            assert_eq!(written, serialized);
+        }
+    }
 
     #[test]
     fn bearer_scheme_is_case_insensitive() {

@@ -31,7 +31,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use berth_protocol::{ErrorCode, Method, RpcError, jsonrpc::Request, method, worker as wp};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json, value::RawValue};
@@ -215,7 +215,8 @@ enum Inner {
     },
     Remote {
         body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
-        buf: Vec<u8>,
+        /// Received and not yet taken; lines are split off its front without moving the rest.
+        buf: BytesMut,
         /// How much of `buf` is known to hold no line end.
         scanned: usize,
     },
@@ -285,10 +286,9 @@ impl CallStream {
                 None => CallEvent::Done(Err(unavailable("worker-disconnected"))),
             },
             Inner::Remote { body, buf, scanned } => loop {
-                if let Some(at) = buf[*scanned..].iter().position(|b| *b == b'\n') {
-                    let end = *scanned + at;
-                    let parsed = serde_json::from_slice::<Line>(&buf[..end]);
-                    buf.drain(..=end);
+                if let Some(at) = memchr::memchr(b'\n', &buf[*scanned..]) {
+                    let line = buf.split_to(*scanned + at + 1);
+                    let parsed = serde_json::from_slice::<Line>(&line[..line.len() - 1]);
                     *scanned = 0;
                     match parsed {
                         Ok(Line::Item(v)) => return CallEvent::Item(v),
@@ -458,7 +458,7 @@ pub async fn call(
     Ok(CallStream {
         inner: Inner::Remote {
             body: Box::pin(resp.bytes_stream()),
-            buf: Vec::new(),
+            buf: BytesMut::new(),
             scanned: 0,
         },
         wait: Wait::of(method_name),
@@ -483,6 +483,24 @@ pub async fn unary<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// One line of a forwarded call's response body.
+fn line_bytes(l: &Line) -> Bytes {
+    let mut v = match l {
+        // Written by hand, sized once: an item (a file chunk) is copied once, not grown
+        // into a serializer's buffer.
+        Line::Item(item) => {
+            let mut v = Vec::with_capacity(item.get().len() + 10);
+            v.extend_from_slice(b"{\"item\":");
+            v.extend_from_slice(item.get().as_bytes());
+            v.push(b'}');
+            v
+        }
+        l => serde_json::to_vec(l).unwrap_or_default(),
+    };
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
 /// `POST /v1/internal/call`: another replica forwards a call for a worker this replica holds.
 pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Json(req): Json<Forwarded>) -> Response {
     let presented = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
@@ -494,11 +512,6 @@ pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Js
     // A credit window's worth of lines may wait for the response body: the worker's window
     // is not narrowed by this hop.
     let (tx, rx) = mpsc::channel::<Bytes>(wp::CALL_WINDOW as usize);
-    let line = |l: &Line| {
-        let mut v = serde_json::to_vec(l).unwrap_or_default();
-        v.push(b'\n');
-        Bytes::from(v)
-    };
     match state.workers.call_local(&req.tenant_id, req.call).await {
         Ok(Some(mut stream)) => {
             tokio::spawn(async move {
@@ -515,17 +528,17 @@ pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Js
                         _ = keepalive.tick() => Line::Keepalive,
                     };
                     // The requesting replica went away: dropping the stream cancels the call.
-                    if tx.send(line(&out)).await.is_err() {
+                    if tx.send(line_bytes(&out)).await.is_err() {
                         break;
                     }
                 }
             });
         }
         Ok(None) => {
-            let _ = tx.try_send(line(&Line::Error(RpcError::new(ErrorCode::WorkspaceOffline))));
+            let _ = tx.try_send(line_bytes(&Line::Error(RpcError::new(ErrorCode::WorkspaceOffline))));
         }
         Err(e) => {
-            let _ = tx.try_send(line(&Line::Error(e.0)));
+            let _ = tx.try_send(line_bytes(&Line::Error(e.0)));
         }
     }
     let body = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -587,4 +600,26 @@ pub fn spawn_announce(state: AppState) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hand_written_item_line_reads_back_as_the_item() {
+        let item = RawValue::from_string(r#"{"type":"chunk","offset":0,"dataBase64":"aGk="}"#.into()).unwrap();
+        let bytes = line_bytes(&Line::Item(item.clone()));
+        assert_eq!(bytes.last(), Some(&b'\n'));
+        assert_eq!(bytes.iter().filter(|b| **b == b'\n').count(), 1);
+        match serde_json::from_slice::<Line>(&bytes[..bytes.len() - 1]).unwrap() {
+            Line::Item(back) => assert_eq!(back.get(), item.get()),
+            other => panic!("{other:?}"),
+        }
+        let keepalive = line_bytes(&Line::Keepalive);
+        assert!(matches!(
+            serde_json::from_slice::<Line>(&keepalive[..keepalive.len() - 1]).unwrap(),
+            Line::Keepalive
+        ));
+    }
 }

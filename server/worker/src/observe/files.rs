@@ -27,6 +27,8 @@ use crate::workspace::{OpenError, Workspace};
 const EXCLUDED: &[&[u8]] = &[b".git", b".berth"];
 /// The largest file `files.read` captures (it holds the whole file in one buffer).
 pub(crate) const READ_MAX: u64 = 64 << 20;
+/// From this size on, `files.read` checks for text beside the digest, on a thread of its own.
+const PARALLEL_CHECKS: usize = 1 << 20;
 /// How long changes settle before `changed` goes out (coalescing bursts).
 const SETTLE: Duration = Duration::from_millis(50);
 /// The polling fallback rests at least this long between scans…
@@ -150,6 +152,8 @@ struct Capture {
     /// SHA-256 of `data`, hex (every chunk is cut from `data`, so it is the digest of
     /// what is delivered).
     sha256: String,
+    /// Whether `data` is text: no NUL early on (git's rule for binary) and valid UTF-8.
+    text: bool,
 }
 
 fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, digest: &[u8]) -> String {
@@ -203,13 +207,26 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
             continue;
         }
         let parent_id = ws.lstat(parent).map(|m| identity(&m)).unwrap_or_default();
-        let digest = Sha256::digest(&data);
+        // Git's rule for binary (a NUL early on), then UTF-8, decide what is text.
+        let is_text = |data: &[u8]| !data[..data.len().min(8000)].contains(&0) && std::str::from_utf8(data).is_ok();
+        // The digest and the text check each take a pass over the whole file before the
+        // first chunk can go: side by side on two threads when the file is large.
+        let (digest, text) = if data.len() < PARALLEL_CHECKS {
+            (Sha256::digest(&data), is_text(&data))
+        } else {
+            std::thread::scope(|s| {
+                let text = s.spawn(|| is_text(&data));
+                let digest = Sha256::digest(&data);
+                (digest, text.join().unwrap_or(false))
+            })
+        };
         let version = version(rel, &after, &parent_id, &digest);
         return Ok(Ok(Capture {
             data,
             meta: after,
             version,
             sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+            text,
         }));
     }
     Err(failure(ErrorCode::Unavailable, "reason", "changing"))
@@ -264,9 +281,7 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
         items.send(&FilesReadItem::Changed { version: cap.version }).await;
         return Ok(());
     }
-    // Git's rule for binary (a NUL early on) and then UTF-8 decide what is text.
-    let nul = cap.data[..cap.data.len().min(8000)].contains(&0);
-    let (kind, mime) = if !nul && std::str::from_utf8(&cap.data).is_ok() {
+    let (kind, mime) = if cap.text {
         (FileContentKind::Text, "text/plain; charset=utf-8")
     } else if let Some(mime) = image_mime(&cap.data) {
         (FileContentKind::Image, mime)
@@ -287,11 +302,10 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     let mut offset = 0usize;
     for end in chunk_ends(&cap.data, kind == FileContentKind::Text) {
         let piece = &cap.data[offset..end];
-        let chunk = FilesReadItem::Chunk {
-            offset: offset as u64,
-            data_base64: base64::engine::general_purpose::STANDARD.encode(piece),
-        };
-        if !items.send(&chunk).await {
+        if !items
+            .send_written(piece.len().div_ceil(3) * 4 + 64, |out| write_chunk(out, offset, piece))
+            .await
+        {
             return Ok(());
         }
         offset = end;
@@ -317,6 +331,15 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     };
     items.send(&end).await;
     Ok(())
+}
+
+/// A `chunk` item as JSON text, written in one pass: its base64 is encoded straight into
+/// `out` (base64 needs no JSON escaping, so no serializer has to look at it again).
+fn write_chunk(out: &mut String, offset: usize, piece: &[u8]) {
+    use std::fmt::Write;
+    let _ = write!(out, r#"{{"type":"chunk","offset":{offset},"dataBase64":""#);
+    base64::engine::general_purpose::STANDARD.encode_string(piece, out);
+    out.push_str("\"}");
 }
 
 /// A cheap signature of a directory's entries (names, kinds, sizes, times) for polling.
@@ -460,6 +483,23 @@ mod tests {
         assert_eq!(at, data.len());
         assert_eq!(chunk_ends(b"", true), Vec::<usize>::new());
         assert_eq!(chunk_ends(&[0u8; 70_000], false), vec![32768, 65536, 70_000]);
+    }
+
+    #[test]
+    fn a_written_chunk_is_the_chunk_item_in_its_call_item() {
+        let piece = "naïve ✓ \"quoted\"\n".as_bytes();
+        let written = super::super::call_item_text(7, 0, |out| write_chunk(out, 65_536, piece));
+        let parsed: serde_json::Value = serde_json::from_str(&written).unwrap();
+        let item = FilesReadItem::Chunk {
+            offset: 65_536,
+            data_base64: base64::engine::general_purpose::STANDARD.encode(piece),
+        };
+        let expected = serde_json::json!({
+            "jsonrpc": "2.0",
+            "method": berth_protocol::worker::CALL_ITEM,
+            "params": {"callId": 7, "item": item},
+        });
+        assert_eq!(parsed, expected);
     }
 
     #[test]

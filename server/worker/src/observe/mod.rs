@@ -145,9 +145,9 @@ pub(crate) struct Items {
 }
 
 impl Items {
-    /// Send one item within the call's credit; false once the call is cancelled or the
-    /// connection is gone.
-    pub(crate) async fn send(&self, item: &impl serde::Serialize) -> bool {
+    /// Wait for credit for one item; false once the call is cancelled or the connection is
+    /// gone.
+    async fn credit(&self) -> bool {
         let permit = tokio::select! {
             p = self.credit.acquire() => p,
             _ = self.cancel.cancelled() => return false,
@@ -155,7 +155,16 @@ impl Items {
         let Ok(permit) = permit else { return false };
         // Returned by the server's `call.ack`, not on drop.
         permit.forget();
-        // Written in one pass, without a `Value` copy of the item (a file chunk's base64).
+        true
+    }
+
+    /// Send one item within the call's credit; false once the call is cancelled or the
+    /// connection is gone.
+    pub(crate) async fn send(&self, item: &impl serde::Serialize) -> bool {
+        if !self.credit().await {
+            return false;
+        }
+        // Written in one pass, without a `Value` copy of the item.
         #[derive(serde::Serialize)]
         #[serde(rename_all = "camelCase")]
         struct Params<'a, T> {
@@ -168,6 +177,34 @@ impl Items {
         };
         self.link.out.send(Message::Text(text.into())).await.is_ok()
     }
+
+    /// Send one item that `write_item` writes as JSON text (about `len` bytes) straight into
+    /// the message: a file chunk's base64 goes into the frame in one pass, with no serde
+    /// escaping pass over it and no reallocation.
+    pub(crate) async fn send_written(&self, len: usize, write_item: impl FnOnce(&mut String)) -> bool {
+        if !self.credit().await {
+            return false;
+        }
+        self.link
+            .out
+            .send(Message::Text(call_item_text(self.id, len, write_item).into()))
+            .await
+            .is_ok()
+    }
+}
+
+/// A `call.item` notification around an item written by `write_item`.
+fn call_item_text(call_id: u32, len: usize, write_item: impl FnOnce(&mut String)) -> String {
+    use std::fmt::Write;
+    let mut text = String::with_capacity(len + 96);
+    let _ = write!(
+        text,
+        r#"{{"jsonrpc":"2.0","method":"{}","params":{{"callId":{call_id},"item":"#,
+        wp::CALL_ITEM
+    );
+    write_item(&mut text);
+    text.push_str("}}");
+    text
 }
 
 fn params<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, RpcError> {
