@@ -34,6 +34,8 @@ impl TurnTask {
         self.live.text = 0;
         self.live.thinking = 0;
         let seq = r?;
+        // Local watchers wake now, not when this replica hears its own NOTIFY back.
+        conn.state.hub.event(&self.live.session, seq);
         conn.state.metrics.events_appended.inc();
         Ok(json!({"sequence": seq}))
     }
@@ -74,6 +76,7 @@ impl TurnTask {
         let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
         self.relay_now(idle).await;
         let (session_id, seq) = r?;
+        conn.state.hub.event(&session_id, seq);
         if end.state == berth_protocol::TurnState::Completed {
             crate::titles::spawn(conn.state.clone(), conn.principal.tenant_id.clone(), session_id);
         }
