@@ -951,6 +951,19 @@ pub struct NewRow {
     pub hidden: Option<bool>,
 }
 
+impl NewRow {
+    /// The user's prompt as the row a turn starts with.
+    pub fn user(prompt: &str) -> NewRow {
+        NewRow {
+            kind: RowKind::User,
+            body: prompt.to_string(),
+            thinking: None,
+            tool: None,
+            hidden: None,
+        }
+    }
+}
+
 /// `session.watch` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -1144,13 +1144,7 @@ async fn admit_in(
                  SELECT $1, $2, $3, 'running', now(), $4, $5, $6, $7 FROM (SELECT pg_notify($8, $9)) wake",
             )
             .await?;
-        let rows = [NewRow {
-            kind: RowKind::User,
-            body: prompt.to_string(),
-            thinking: None,
-            tool: None,
-            hidden: None,
-        }];
+        let rows = [NewRow::user(prompt)];
         let started = EventPayload::TurnStarted(Nothing {});
         let (_, seq, _) = tokio::try_join!(
             biased;
@@ -1549,13 +1543,7 @@ async fn start_turn(
         &[&turn_id],
     )
     .await?;
-    let row = NewRow {
-        kind: RowKind::User,
-        body: prompt.to_string(),
-        thinking: None,
-        tool: None,
-        hidden: None,
-    };
+    let row = NewRow::user(prompt);
     let started = EventPayload::TurnStarted(Nothing {});
     let seq = append_event(tx, tenant_id, session_id, Some(turn_id), &started, &[row]).await?;
     crate::attachments::name_in_prompt_row(tx, tenant_id, session_id, turn_id, seq).await?;
