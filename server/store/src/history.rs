@@ -143,24 +143,17 @@ fn row_from(r: &tokio_postgres::Row) -> Row {
 
 /// A row whose [`ROW_COLUMNS`] start at column `at`.
 fn row_at(r: &tokio_postgres::Row, at: usize) -> Row {
-    let hidden: bool = r.get(at + 7);
+    let v = row_ref(r, at);
     Row {
-        position: Position {
-            source_sequence: r.get(at),
-            item_index: r.get(at + 1),
-        },
-        turn_id: r.get(at + 2),
-        kind: RowKind::parse(r.get(at + 3)).unwrap_or(RowKind::Notice),
-        body: r.get(at + 4),
-        thinking: r.get(at + 5),
-        tool: r
-            .get::<_, Option<serde_json::Value>>(at + 6)
-            .and_then(|v| serde_json::from_value::<ToolInfo>(v).ok()),
-        hidden: hidden.then_some(true),
+        position: v.position,
+        turn_id: v.turn_id.map(str::to_owned),
+        kind: v.kind,
+        body: v.body.to_owned(),
+        thinking: v.thinking.map(str::to_owned),
+        tool: v.tool,
+        hidden: v.hidden,
         truncated: None,
-        attachments: r
-            .get::<_, Option<serde_json::Value>>(at + 8)
-            .and_then(|v| serde_json::from_value(v).ok()),
+        attachments: v.attachments,
     }
 }
 
@@ -361,7 +354,7 @@ struct RowRef<'a> {
     attachments: Option<Vec<RowAttachment>>,
 }
 
-/// [`row_at`], borrowing the text columns.
+/// A row whose [`ROW_COLUMNS`] start at column `at`, its text columns borrowed.
 fn row_ref(r: &tokio_postgres::Row, at: usize) -> RowRef<'_> {
     let hidden: bool = r.get(at + 7);
     RowRef {
@@ -373,7 +366,7 @@ fn row_ref(r: &tokio_postgres::Row, at: usize) -> RowRef<'_> {
         kind: RowKind::parse(r.get(at + 3)).unwrap_or(RowKind::Notice),
         body: r.get(at + 4),
         thinking: r.get(at + 5),
-        // As in `row_at`, a stored value that does not read as the type is left out.
+        // A stored value that does not read as the type is left out.
         tool: r
             .try_get::<_, Option<Json<ToolInfo>>>(at + 6)
             .ok()

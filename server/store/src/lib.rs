@@ -402,23 +402,8 @@ async fn tenant_once(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Vec<tokio_postgres::Row>> {
-    // Prepared first (cached per connection): a statement still to be prepared would go
-    // out after the `COMMIT`.
-    let set = client.prepare_cached(tenant_sql).await?;
-    let statement = client.prepare_cached(sql).await?;
-    let c: &tokio_postgres::Client = client;
-    let (begin, set, rows, commit) = futures_util::future::join4(
-        c.batch_execute("BEGIN"),
-        c.execute(&set, &[&APP_ROLE, &tenant_id]),
-        c.query(&statement, params),
-        c.batch_execute("COMMIT"),
-    )
-    .await;
-    begin?;
-    set?;
-    let rows = rows?;
-    commit?;
-    Ok(rows)
+    let mut results = one_round_trip(client, tenant_sql, tenant_id, &[(sql, params)]).await?;
+    Ok(results.pop().unwrap_or_default())
 }
 
 /// A whole write transaction under the tenant's row-level security in one round trip:
@@ -432,7 +417,18 @@ pub(crate) async fn tenant_pipeline(
     tenant_id: &str,
     statements: &[(&str, Params<'_>)],
 ) -> Result<Vec<Vec<tokio_postgres::Row>>> {
-    let set = client.prepare_cached(TENANT_SQL).await?;
+    one_round_trip(client, TENANT_SQL, tenant_id, statements).await
+}
+
+async fn one_round_trip(
+    client: &deadpool_postgres::Object,
+    tenant_sql: &str,
+    tenant_id: &str,
+    statements: &[(&str, Params<'_>)],
+) -> Result<Vec<Vec<tokio_postgres::Row>>> {
+    // Prepared first (cached per connection): a statement still to be prepared would go
+    // out after the `COMMIT`.
+    let set = client.prepare_cached(tenant_sql).await?;
     let prepared =
         futures_util::future::try_join_all(statements.iter().map(|(sql, _)| client.prepare_cached(sql))).await?;
     let c: &tokio_postgres::Client = client;
@@ -481,7 +477,7 @@ pub(crate) async fn tenant_tx_first<'a>(
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
-    begin_pipelined(client, TENANT_SQL, tenant_id, sql, params).await
+    begin_with_first(client, TENANT_SQL, tenant_id, sql, params).await
 }
 
 /// [`tenant_tx_first`] whose commit does not wait for the disk (`synchronous_commit = off`,
@@ -494,7 +490,7 @@ pub(crate) async fn tenant_tx_unflushed_first<'a>(
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
-    begin_pipelined(client, TENANT_UNFLUSHED_SQL, tenant_id, sql, params).await
+    begin_with_first(client, TENANT_UNFLUSHED_SQL, tenant_id, sql, params).await
 }
 
 /// [`tenant_tx`] whose first `statements` go out together with the tenant switch, in
@@ -506,10 +502,44 @@ pub(crate) async fn tenant_tx_pipelined<'a>(
     tenant_id: &str,
     statements: &[(&str, Params<'_>)],
 ) -> Result<(deadpool_postgres::Transaction<'a>, Vec<Vec<tokio_postgres::Row>>)> {
+    begin_pipelined(client, TENANT_SQL, tenant_id, statements).await
+}
+
+async fn begin_pipelined<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    tenant_sql: &str,
+    tenant_id: &str,
+    statements: &[(&str, Params<'_>)],
+) -> Result<(deadpool_postgres::Transaction<'a>, Vec<Vec<tokio_postgres::Row>>)> {
     let tx = client.transaction().await?;
-    let tenant = tx.prepare_cached(TENANT_SQL).await?;
+    let results = pipelined(&tx, Some((tenant_sql, tenant_id)), statements).await?;
+    Ok((tx, results))
+}
+
+/// `statements` sent together in an open transaction, in order (each runs after the one
+/// before, so a statement reads what an earlier one locked), after the tenant switch
+/// `(tenant_sql, tenant_id)` when given: one wait. Each statement's rows come back; an error
+/// in any of them fails the whole.
+pub(crate) async fn pipelined(
+    tx: &impl deadpool_postgres::GenericClient,
+    tenant: Option<(&str, &str)>,
+    statements: &[(&str, Params<'_>)],
+) -> Result<Vec<Vec<tokio_postgres::Row>>> {
+    // All prepared first (cached after the first use on a connection), so that they are
+    // sent, and run, in this order: the statements run under the tenant.
+    let switch = match tenant {
+        Some((sql, _)) => Some(tx.prepare_cached(sql).await?),
+        None => None,
+    };
     let prepared = futures_util::future::try_join_all(statements.iter().map(|(sql, _)| tx.prepare_cached(sql))).await?;
+    let tenant_id = tenant.map(|(_, id)| id);
     let tenant_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&APP_ROLE, &tenant_id];
+    let switch = async {
+        match &switch {
+            Some(s) => tx.execute(s, &tenant_params).await.map(drop),
+            None => Ok(()),
+        }
+    };
     let queries = futures_util::future::try_join_all(
         prepared
             .iter()
@@ -518,24 +548,20 @@ pub(crate) async fn tenant_tx_pipelined<'a>(
     );
     // `biased`: first polled (and so sent) in this order; `try_join_all` of a few polls in
     // order too.
-    let (_, results) = tokio::try_join!(biased; tx.execute(&tenant, &tenant_params), queries)?;
-    Ok((tx, results))
+    let (_, results) = tokio::try_join!(biased; switch, queries)?;
+    Ok(results)
 }
 
-async fn begin_pipelined<'a>(
+/// The first statement's rows of [`begin_pipelined`].
+async fn begin_with_first<'a>(
     client: &'a mut deadpool_postgres::Object,
     tenant_sql: &str,
     tenant_id: &str,
     sql: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    params: Params<'_>,
 ) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
-    let tx = client.transaction().await?;
-    // Both prepared first (cached after the first use on a connection), so that they are
-    // sent, and run, in this order: the statement runs under the tenant.
-    let (tenant, first) = tokio::try_join!(tx.prepare_cached(tenant_sql), tx.prepare_cached(sql))?;
-    let tenant_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&APP_ROLE, &tenant_id];
-    let (_, rows) = tokio::try_join!(biased; tx.execute(&tenant, &tenant_params), tx.query(&first, params))?;
-    Ok((tx, rows))
+    let (tx, mut results) = begin_pipelined(client, tenant_sql, tenant_id, &[(sql, params)]).await?;
+    Ok((tx, results.pop().unwrap_or_default()))
 }
 
 /// RFC 3339 with milliseconds, UTC.

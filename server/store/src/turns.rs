@@ -263,30 +263,26 @@ impl Store {
         let mut client = self.pool.get().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         // The tenant switch, the sessions whose queued turn may start, and the claim of the
-        // running turns not yet handed out go out together: one wait. All are prepared first
-        // (cached after the first use on a connection) so that they are sent, and run, in
-        // this order.
-        let tx = client.transaction().await?;
-        let (tenant, candidates, claim) = tokio::try_join!(
-            tx.prepare_cached(crate::TENANT_SQL),
-            tx.prepare_cached(
-                "SELECT DISTINCT ON (t.session_id) t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id
-                  WHERE s.tenant_id = $1 AND s.workspace_id = ANY($2) AND t.state = 'queued' AND NOT s.paused AND s.removed_at IS NULL
-                    AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.session_id = t.session_id AND r.state = 'running')
-                  ORDER BY t.session_id, t.queue_position"
-            ),
-            tx.prepare_cached(CLAIM_SQL),
-        )?;
-        let tenant_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&crate::APP_ROLE, &tenant_id];
-        let candidate_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant_id, &workspace_ids];
-        let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-            [&connection_id, &tenant_id, &workspace_ids, &default_model, &limit];
-        let (_, candidates, claimed) = tokio::try_join!(
-            biased;
-            tx.execute(&tenant, &tenant_params),
-            tx.query(&candidates, &candidate_params),
-            tx.query(&claim, &claim_params),
-        )?;
+        // running turns not yet handed out go out together: one wait.
+        let candidate_params: [Param; 2] = [&tenant_id, &workspace_ids];
+        let claim_params: [Param; 5] = [&connection_id, &tenant_id, &workspace_ids, &default_model, &limit];
+        let (tx, mut results) = crate::tenant_tx_pipelined(
+            &mut client,
+            tenant_id,
+            &[
+                (
+                    "SELECT DISTINCT ON (t.session_id) t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id
+                      WHERE s.tenant_id = $1 AND s.workspace_id = ANY($2) AND t.state = 'queued' AND NOT s.paused AND s.removed_at IS NULL
+                        AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.session_id = t.session_id AND r.state = 'running')
+                      ORDER BY t.session_id, t.queue_position",
+                    &candidate_params,
+                ),
+                (CLAIM_SQL, &claim_params),
+            ],
+        )
+        .await?;
+        let claimed = results.pop().unwrap_or_default();
+        let candidates = results.pop().unwrap_or_default();
         let mut turns = claimed_turns(&tx, tenant_id, claimed).await?;
         tx.commit().await?;
         // Usually none: a turn started by `session.send` is running already.
@@ -1085,37 +1081,21 @@ async fn admit_in(
           WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
         online_sql("s.workspace_id")
     );
-    // The tenant switch, the session lock and the turns read again under it (the read's
-    // snapshot is taken once the lock is held) go out together. All are prepared first
-    // (cached after the first use on a connection) so that they are sent, and run, in this
-    // order.
-    let tenant = async {
-        match switch_tenant {
-            true => Ok(Some(tx.prepare_cached(crate::TENANT_SQL).await?)),
-            false => Ok::<_, tokio_postgres::Error>(None),
-        }
-    };
-    let (tenant, lock, active) = tokio::try_join!(
-        tenant,
-        tx.prepare_cached(&lock_sql),
-        tx.prepare_cached(ADMIT_ACTIVE_SQL)
-    )?;
-    let tenant_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&crate::APP_ROLE, &tenant_id];
-    let switch = async {
-        match &tenant {
-            Some(t) => tx.execute(t, &tenant_params).await.map(drop),
-            None => Ok(()),
-        }
-    };
-    let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&session_id, &tenant_id];
-    let active_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&session_id];
-    let (_, session, active) = tokio::try_join!(
-        biased;
-        switch,
-        tx.query_opt(&lock, &lock_params),
-        tx.query_one(&active, &active_params),
-    )?;
+    // The tenant switch (on a fresh transaction), the session lock and the turns read again
+    // under it (the read's snapshot is taken once the lock is held) go out together.
+    let lock_params: [Param; 2] = [&session_id, &tenant_id];
+    let active_params: [Param; 1] = [&session_id];
+    let mut results = crate::pipelined(
+        tx,
+        switch_tenant.then_some((crate::TENANT_SQL, tenant_id)),
+        &[(&lock_sql, &lock_params), (ADMIT_ACTIVE_SQL, &active_params)],
+    )
+    .await?;
+    let active = results.pop().unwrap_or_default().into_iter().next();
+    let session = results.pop().unwrap_or_default().into_iter().next();
     let Some(session) = session else { return not_found() };
+    // Scalar subqueries: always one row.
+    let active = active.ok_or(StoreError::Code(ErrorCode::Internal))?;
     let workspace_id: String = session.get(0);
     let paused: bool = session.get(1);
     let online: bool = session.get(2);

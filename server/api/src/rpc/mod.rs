@@ -780,7 +780,8 @@ where
     encode(&result)
 }
 
-fn decode<M: Method>(params: serde_json::Value) -> ApiResult<M::Params> {
+/// Typed params, or `bad-params` naming where they failed to decode.
+pub(super) fn decode<M: Method>(params: serde_json::Value) -> ApiResult<M::Params> {
     serde_json::from_value(params).map_err(|e| {
         ApiError::with(
             ErrorCode::BadParams,

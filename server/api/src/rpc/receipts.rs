@@ -67,12 +67,7 @@ where
     }
     let (tenant, principal) = principal_key(ctx)?;
     // Params that do not decode are no operation: answered without a receipt.
-    let typed: M::Params = serde_json::from_value(params).map_err(|e| {
-        ApiError::with(
-            ErrorCode::BadParams,
-            serde_json::json!({"method": M::NAME, "line": e.line(), "column": e.column()}),
-        )
-    })?;
+    let typed = super::decode::<M>(params)?;
     // The operation's identity is what the method understood: the decoded params written
     // back out, so that `null` and absent, unknown fields and key order make no difference.
     let decoded = serde_json::to_value(&typed).map_err(|_| ApiError::code(ErrorCode::Internal))?;
