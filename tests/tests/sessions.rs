@@ -1071,3 +1071,147 @@ async fn history_pages_written_from_rows_match_the_typed_pages() {
     assert_eq!(rows[2]["tool"], tool);
     assert!(rows[3].get("tool").is_none(), "{}", rows[3]);
 }
+
+/// A page is cut at the byte budget at the same row whatever its rows' sizes: rows of mixed
+/// sizes (a few bytes to past the largest budget, some with thinking, multi-byte text), read
+/// in pages of several limits and budgets, give exactly the longest prefix of the rest of
+/// the history that holds at most `limit` rows and `maxBytes` of text (the first row always;
+/// alone, it is cut to the budget and marked), each row's text whole, and together the whole
+/// history.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_pages_cut_rows_of_mixed_sizes_at_the_byte_budget() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let row = db
+        .query_one("SELECT tenant_id, last_sequence FROM sessions WHERE id = $1", &[&sid])
+        .await
+        .unwrap();
+    let (tenant, first): (String, i64) = (row.get(0), row.get(1));
+    let sizes = [
+        5, 3000, 40, 1500, 700, 70_000, 12, 2600, 300_000, 8, 1100, 900, 20_000, 3, 5000, 260_000, 64, 2000, 1_200_000,
+        30, 1023, 1025, 9,
+    ];
+    // (position, body, thinking) in history order; every third row thinks, every fourth
+    // writes two-byte characters, and every fifth event holds a second, hidden row.
+    let mut rows: Vec<(i64, i32, String, Option<String>)> = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let sequence = first + 1 + i as i64;
+        let text = |n: usize| if i % 4 == 1 { "é".repeat(n / 2) } else { "x".repeat(n) };
+        let (body, thinking) = if i % 3 == 2 {
+            (text(size / 2), Some(text(size - size / 2)))
+        } else {
+            (text(size), None)
+        };
+        db.execute(
+            "INSERT INTO events (session_id, sequence, tenant_id, type, payload) VALUES ($1, $2, $3, 'model.completed', '{}')",
+            &[&sid, &sequence, &tenant],
+        )
+        .await
+        .unwrap();
+        db.execute(
+            "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, kind, body, thinking)
+             VALUES ($1, $2, 0, $3, 'assistant', $4, $5)",
+            &[&sid, &sequence, &tenant, &body, &thinking],
+        )
+        .await
+        .unwrap();
+        if i % 5 == 0 {
+            db.execute(
+                "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, kind, body, hidden)
+                 VALUES ($1, $2, 1, $3, 'toolResult', repeat('h', 4000), true)",
+                &[&sid, &sequence, &tenant],
+            )
+            .await
+            .unwrap();
+        }
+        rows.push((sequence, 0, body, thinking));
+    }
+    db.execute(
+        "UPDATE sessions SET last_sequence = $2 WHERE id = $1",
+        &[&sid, &(first + sizes.len() as i64)],
+    )
+    .await
+    .unwrap();
+    let text_len = |r: &(i64, i32, String, Option<String>)| r.2.len() + r.3.as_ref().map_or(0, String::len);
+    for (limit, max_bytes) in [
+        (100, None),
+        (500, Some(1024)),
+        (3, Some(4096)),
+        (10, Some(65_536)),
+        (500, Some(1 << 20)),
+        (2, Some(1024)),
+        (1, Some(300_000)),
+    ] {
+        let budget = max_bytes.unwrap_or(256 << 10);
+        let mut at = 0;
+        let mut after = Value::Null;
+        while at < rows.len() {
+            let page = c
+                .ok(
+                    "session.history",
+                    json!({"sessionId": sid, "after": after, "limit": limit, "maxBytes": max_bytes}),
+                )
+                .await;
+            // The longest prefix of what is left within the limit and the budget.
+            let mut take = 0;
+            let mut used = 0;
+            for r in &rows[at..] {
+                used += text_len(r);
+                if take == limit || (take > 0 && used > budget) {
+                    break;
+                }
+                take += 1;
+            }
+            let got = page["rows"].as_array().unwrap();
+            let label = format!("{limit}/{max_bytes:?} at row {at}");
+            assert_eq!(got.len(), take, "{label}");
+            for (r, want) in got.iter().zip(&rows[at..at + take]) {
+                assert_eq!(
+                    r["position"],
+                    json!({"sourceSequence": want.0, "itemIndex": want.1}),
+                    "{label}"
+                );
+                let (body, thinking) = (r["body"].as_str().unwrap(), r["thinking"].as_str());
+                if take == 1 && text_len(want) > budget {
+                    // Alone and longer than the budget: cut, body first, and marked.
+                    assert!(body.len() + thinking.map_or(0, str::len) <= budget, "{label}");
+                    assert!(want.2.starts_with(body), "{label}");
+                    let thought = want.3.as_deref().unwrap_or_default();
+                    assert!(thought.starts_with(thinking.unwrap_or_default()), "{label}");
+                    // Each field that was cut says so, with its whole size.
+                    for (field, got, whole) in [
+                        ("body", body, want.2.as_str()),
+                        ("thinking", thinking.unwrap_or_default(), thought),
+                    ] {
+                        let mark = &r["truncated"][field];
+                        if got.len() < whole.len() {
+                            assert_eq!(
+                                (&mark["bytes"], &mark["returned"]),
+                                (&json!(whole.len()), &json!(got.len())),
+                                "{label}"
+                            );
+                        } else {
+                            assert!(mark.is_null(), "{label}");
+                        }
+                    }
+                } else {
+                    assert!(r.get("truncated").is_none(), "{label}");
+                    assert_eq!(body, want.2, "{label}");
+                    assert_eq!(thinking, want.3.as_deref(), "{label}");
+                }
+            }
+            at += take;
+            match page.get("nextAfter") {
+                Some(next) => {
+                    assert!(at < rows.len(), "{label}: nextAfter on the last page");
+                    assert_eq!(next, &got.last().unwrap()["position"], "{label}");
+                    after = next.clone();
+                }
+                None => assert_eq!(at, rows.len(), "{label}: no nextAfter before the end"),
+            }
+        }
+    }
+}

@@ -143,7 +143,10 @@ fn row_from(r: &tokio_postgres::Row) -> Row {
 
 /// A row whose [`ROW_COLUMNS`] start at column `at`.
 fn row_at(r: &tokio_postgres::Row, at: usize) -> Row {
-    let v = row_ref(r, at);
+    owned(row_ref(r, at))
+}
+
+fn owned(v: RowRef<'_>) -> Row {
     Row {
         position: v.position,
         turn_id: v.turn_id.map(str::to_owned),
@@ -158,32 +161,35 @@ fn row_at(r: &tokio_postgres::Row, at: usize) -> Row {
 }
 
 /// A plain `session.history` page (no target): the page's rows after `$4, $5` up to
-/// `least($3, last_sequence)`, at most `$6`; a row's fields are read only if it fits the
-/// `$7` byte budget (the first row always does). One more row comes back without fields
-/// when the page is cut (`fits` false): it says there is more. Flat on purpose: the rows
-/// come out of the index in page order, so nothing is sorted again (a join with the
-/// session's fence here cost a sort of the whole page); the fence is a statement of its own
-/// ([`FENCE_SQL`]) in the same snapshot.
+/// `least($3, last_sequence)`, at most `$6` and one more (which says there is more), each
+/// with its text's size in bytes (column 0; then [`ROW_COLUMNS`]). The cut at the byte
+/// budget is made in Rust ([`cut`]), so a row's text comes back only when it is at most
+/// `$7` bytes: with `$7` = budget / (`$6` + 1), this statement returns at most one budget of
+/// text whatever the rows hold; the longer rows that fall within the page are read after it
+/// ([`TEXT_SQL`]). Flat on purpose: the rows come out of the index in page order, so
+/// nothing is sorted again, and no window function (a running sum over the page cost
+/// ~0.1 ms per 200 rows); the fence is a statement of its own ([`FENCE_SQL`]) in the same
+/// snapshot.
 const PAGE_SQL: &str = "
-SELECT w.n <= $6::bigint AND (w.n = 1 OR w.running <= $7::bigint) AS fits,
-       w.source_sequence, w.item_index, w.turn_id, w.kind,
-       CASE WHEN w.n = 1 OR w.running <= $7::bigint THEN w.body END,
-       CASE WHEN w.n = 1 OR w.running <= $7::bigint THEN w.thinking END, w.tool, w.hidden, w.attachments
-  FROM (
-    SELECT r.source_sequence, r.item_index, r.turn_id, r.kind, r.body, r.thinking, r.tool, r.hidden, r.attachments,
-           row_number() OVER w AS n,
-           (sum(octet_length(r.body)::bigint + coalesce(octet_length(r.thinking), 0)::bigint) OVER w)::bigint AS running,
-           octet_length(r.body)::bigint + coalesce(octet_length(r.thinking), 0)::bigint AS size
-      FROM rows r
-     WHERE r.session_id = $1 AND r.tenant_id = $2 AND NOT r.hidden
-       AND r.source_sequence <= least($3::bigint,
-             (SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL))
-       AND (r.source_sequence, r.item_index) > ($4::bigint, $5::int)
-    WINDOW w AS (ORDER BY r.source_sequence, r.item_index ROWS UNBOUNDED PRECEDING)
-     ORDER BY r.source_sequence, r.item_index LIMIT $6::bigint + 1
-  ) w
- WHERE w.n <= 2 OR w.running - w.size <= $7::bigint
- ORDER BY w.source_sequence, w.item_index";
+SELECT octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint,
+       source_sequence, item_index, turn_id, kind,
+       CASE WHEN octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint <= $7::bigint THEN body END,
+       CASE WHEN octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint <= $7::bigint THEN thinking END,
+       tool, hidden, attachments
+  FROM rows
+ WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
+   AND source_sequence <= least($3::bigint,
+         (SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL))
+   AND (source_sequence, item_index) > ($4::bigint, $5::int)
+ ORDER BY source_sequence, item_index LIMIT $6::bigint + 1";
+
+/// The text of the page's rows that [`PAGE_SQL`] left out (longer than its per-row share
+/// of the budget), at positions `($3[k], $4[k])`, in that order.
+const TEXT_SQL: &str = "
+SELECT r.body, r.thinking
+  FROM unnest($3::bigint[], $4::int[]) WITH ORDINALITY AS p(sequence, item, k)
+  JOIN rows r ON r.session_id = $1 AND r.tenant_id = $2 AND r.source_sequence = p.sequence AND r.item_index = p.item
+ ORDER BY p.k";
 
 /// The tenant switch of [`crate::tenant_read`] for a page read, which also keeps
 /// PostgreSQL from planning [`PAGE_SQL`] again on every call: with `auto`, the generic plan
@@ -297,23 +303,52 @@ async fn page_read(
     Ok((fence, page))
 }
 
-/// The lines of a [`PAGE_SQL`] answer, checked: the page's fence and whether more follows.
+/// How many of a [`PAGE_SQL`] answer's rows, whose text sizes are `sizes` in page order,
+/// make the page: at most `limit`, and no more than `budget` bytes of text in all, but
+/// always the first row (a page of one row is cut to the budget instead). Also whether more
+/// follows (a row was left out, or the page ends at `limit` before the answer's extra row).
+fn cut(sizes: impl IntoIterator<Item = i64>, limit: usize, budget: usize) -> (usize, bool) {
+    let (mut take, mut used) = (0usize, 0u64);
+    for size in sizes {
+        used = used.saturating_add(size.max(0) as u64);
+        if take == limit || (take > 0 && used > budget as u64) {
+            return (take, true);
+        }
+        take += 1;
+    }
+    (take, false)
+}
+
+/// A [`PAGE_SQL`] answer cut to the page, checked: the page's fence, whether more follows,
+/// and the text of the page's rows that the statement left out.
 struct PageLines {
     lines: Vec<tokio_postgres::Row>,
+    /// The page's rows: the first `take` lines.
+    take: usize,
+    /// The text (body, thinking) of the page's rows that [`PAGE_SQL`] left out, by line.
+    texts: Vec<(usize, tokio_postgres::Row)>,
     through: i64,
     budget: usize,
     more: bool,
 }
 
 impl PageLines {
-    /// The lines that are the page's rows (their [`ROW_COLUMNS`] start at column 1).
-    fn rows(&self) -> impl Iterator<Item = &tokio_postgres::Row> {
-        self.lines.iter().filter(|r| r.get::<_, bool>(0))
+    /// The page's rows, their text borrowed.
+    fn rows(&self) -> impl Iterator<Item = RowRef<'_>> {
+        self.lines[..self.take].iter().enumerate().map(|(i, line)| {
+            match self.texts.binary_search_by_key(&i, |(at, _)| *at) {
+                Ok(k) => {
+                    let text = &self.texts[k].1;
+                    row_ref_text(line, 1, (text.get(0), text.get(1)))
+                }
+                Err(_) => row_ref(line, 1),
+            }
+        })
     }
 
     /// Where the next page starts, when there is more.
     fn next_after(&self) -> Option<Position> {
-        let last = self.rows().last().filter(|_| self.more)?;
+        let last = self.lines[..self.take].last().filter(|_| self.more)?;
         Some(Position {
             source_sequence: last.get(1),
             item_index: last.get(2),
@@ -322,7 +357,7 @@ impl PageLines {
 
     /// The page as its typed result; a page of one row is cut to the byte budget.
     fn typed(&self) -> SessionHistoryResult {
-        let mut rows: Vec<Row> = self.rows().map(|r| row_at(r, 1)).collect();
+        let mut rows: Vec<Row> = self.rows().map(owned).collect();
         if let [only] = rows.as_mut_slice() {
             fit(only, self.budget, RowField::Body);
         }
@@ -356,6 +391,11 @@ struct RowRef<'a> {
 
 /// A row whose [`ROW_COLUMNS`] start at column `at`, its text columns borrowed.
 fn row_ref(r: &tokio_postgres::Row, at: usize) -> RowRef<'_> {
+    row_ref_text(r, at, (r.get(at + 4), r.get(at + 5)))
+}
+
+/// [`row_ref`] with its text (body, thinking) read apart.
+fn row_ref_text<'a>(r: &'a tokio_postgres::Row, at: usize, (body, thinking): (&'a str, Option<&'a str>)) -> RowRef<'a> {
     let hidden: bool = r.get(at + 7);
     RowRef {
         position: Position {
@@ -364,8 +404,8 @@ fn row_ref(r: &tokio_postgres::Row, at: usize) -> RowRef<'_> {
         },
         turn_id: r.get(at + 2),
         kind: RowKind::parse(r.get(at + 3)).unwrap_or(RowKind::Notice),
-        body: r.get(at + 4),
-        thinking: r.get(at + 5),
+        body,
+        thinking,
         // A stored value that does not read as the type is left out.
         tool: r
             .try_get::<_, Option<Json<ToolInfo>>>(at + 6)
@@ -392,7 +432,7 @@ impl serde::Serialize for PageLines {
         struct Rows<'a>(&'a PageLines);
         impl serde::Serialize for Rows<'_> {
             fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-                s.collect_seq(self.0.rows().map(|r| row_ref(r, 1)))
+                s.collect_seq(self.0.rows())
             }
         }
         let mut out = s.serialize_struct("SessionHistoryResult", 3)?;
@@ -651,15 +691,28 @@ impl Store {
             return to_json(&self.history(tenant_id, p).await?);
         }
         let page = self.page_lines(tenant_id, p).await?;
-        if page.rows().nth(1).is_none() {
+        if page.take < 2 {
             // One row (or none) may be cut to the byte budget: the typed page marks it.
             return to_json(&page.typed());
         }
         to_json(&page)
     }
 
-    /// The lines of [`PAGE_SQL`] for `p`, with the fence checked.
+    /// The page for `p` ([`PAGE_SQL`], cut to the page), with the fence checked.
     async fn page_lines(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<PageLines> {
+        // A clear between the page statement and the read of its long rows deletes them:
+        // the page is read again, and answers as a read after the clear does.
+        for _ in 0..3 {
+            if let Some(page) = self.page_once(tenant_id, p).await? {
+                return Ok(page);
+            }
+        }
+        Err(StoreError::Code(ErrorCode::HistoryCleared))
+    }
+
+    /// [`Store::page_lines`], or None when the page's long rows were deleted after the page
+    /// statement read them.
+    async fn page_once(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<Option<PageLines>> {
         let through = match p.through {
             Some(t) if t < 0 => return Err(StoreError::Code(ErrorCode::BadParams)),
             t => t.unwrap_or(i64::MAX),
@@ -672,7 +725,10 @@ impl Store {
             source_sequence: 0,
             item_index: -1,
         });
-        let limit = i64::from(p.limit.unwrap_or(100).clamp(1, 500));
+        let limit = p.limit.unwrap_or(100).clamp(1, 500) as usize;
+        // Each row's share of the budget: the page statement returns no more text than one
+        // budget, however long its rows are.
+        let share = (budget / (limit + 1)) as i64;
         let client = self.pool.get().await?;
         let (fence, lines) = page_read(
             &client,
@@ -683,12 +739,11 @@ impl Store {
                 &through,
                 &lo.source_sequence,
                 &lo.item_index,
-                &limit,
-                &(budget as i64),
+                &(limit as i64),
+                &share,
             ],
         )
         .await?;
-        drop(client);
         let Some(fence) = fence else { return not_found() };
         let (last, cleared): (i64, i64) = (fence.get(0), fence.get(1));
         if p.through.is_some_and(|t| t < cleared) {
@@ -699,13 +754,36 @@ impl Store {
         {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
-        let more = lines.iter().any(|r| !r.get::<_, bool>(0));
-        Ok(PageLines {
+        let size = |line: &tokio_postgres::Row| line.get::<_, i64>(0);
+        let (take, more) = cut(lines.iter().map(size), limit, budget);
+        // The page's rows longer than their share, read now. A row's text never changes, so
+        // a later snapshot reads the same text, unless the row was deleted since (a clear).
+        let long: Vec<usize> = (0..take).filter(|&i| size(&lines[i]) > share).collect();
+        let mut texts = Vec::new();
+        if !long.is_empty() {
+            let sequences: Vec<i64> = long.iter().map(|&i| lines[i].get(1)).collect();
+            let items: Vec<i32> = long.iter().map(|&i| lines[i].get(2)).collect();
+            let read = crate::tenant_read(
+                &client,
+                tenant_id,
+                TEXT_SQL,
+                &[&p.session_id, &tenant_id, &sequences, &items],
+            )
+            .await?;
+            if read.len() != long.len() {
+                return Ok(None);
+            }
+            texts = long.into_iter().zip(read).collect();
+        }
+        drop(client);
+        Ok(Some(PageLines {
             lines,
+            take,
+            texts,
             through: through.min(last),
             budget,
             more,
-        })
+        }))
     }
 
     /// Read a row's field onward from byte `offset` (which must be a character boundary).
@@ -766,6 +844,25 @@ mod tests {
             truncated: None,
             attachments: None,
         }
+    }
+
+    /// The page is the longest prefix within the limit and the budget, the first row always.
+    #[test]
+    fn cut_takes_the_longest_prefix_within_limit_and_budget() {
+        // Within both: all, and nothing more.
+        assert_eq!(cut([10, 20, 30], 5, 100), (3, false));
+        // The budget is inclusive; the row past it is left for the next page.
+        assert_eq!(cut([40, 60, 1], 5, 100), (2, true));
+        assert_eq!(cut([40, 61, 1], 5, 100), (1, true));
+        // The first row always, even past the budget (it is cut later).
+        assert_eq!(cut([500, 1], 5, 100), (1, true));
+        assert_eq!(cut([500], 5, 100), (1, false));
+        // The limit: the answer's extra row says there is more.
+        assert_eq!(cut([1, 1, 1], 2, 100), (2, true));
+        assert_eq!(cut([1, 1], 2, 100), (2, false));
+        // A long row after small ones ends the page before it, not at it.
+        assert_eq!(cut([1, 1, 1000, 1], 5, 100), (2, true));
+        assert_eq!(cut([], 5, 100), (0, false));
     }
 
     #[test]
