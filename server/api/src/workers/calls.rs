@@ -180,8 +180,8 @@ impl CallTable {
     }
 
     /// A binary chunk frame from the worker; false when `frame` is not one.
-    pub(super) fn chunk_frame(&self, frame: Bytes) -> bool {
-        let Some((call_id, offset)) = wp::chunk_frame_header(&frame) else {
+    pub(super) fn chunk_frame(&self, frame: &Bytes) -> bool {
+        let Some((call_id, offset)) = wp::chunk_frame_header(frame) else {
             return false;
         };
         let data = frame.slice(wp::CHUNK_FRAME_HEADER..);
@@ -800,7 +800,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(4);
         table.calls.lock().unwrap().as_mut().unwrap().insert(9, tx);
         let frame = Bytes::from(wp::chunk_frame(9, 32768, b"raw \xff"));
-        assert!(table.chunk_frame(frame));
+        assert!(table.chunk_frame(&frame));
         match rx.try_recv().unwrap() {
             CallEvent::Item(Item::Chunk { offset, data }) => {
                 assert_eq!(offset, 32768);
@@ -809,7 +809,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Not a chunk frame: refused, nothing delivered.
-        assert!(!table.chunk_frame(Bytes::from_static(b"\x02short")));
+        assert!(!table.chunk_frame(&Bytes::from_static(b"\x02short")));
         assert!(rx.try_recv().is_err());
     }
 }

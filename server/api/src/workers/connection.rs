@@ -194,11 +194,9 @@ async fn read_loop(
                 match msg? {
                     Message::Text(text) => route(conn, &text).await,
                     // A `files.read` chunk as raw bytes (announced in the hello's result).
-                    Message::Binary(frame) => {
-                        if !conn.calls.chunk_frame(frame) {
-                            let err = RpcResponse::err(None, RpcError::new(ErrorCode::ParseError));
-                            conn.send(text_msg(&err)).await;
-                        }
+                    Message::Binary(frame) if !conn.calls.chunk_frame(&frame) => {
+                        let err = RpcResponse::err(None, RpcError::new(ErrorCode::ParseError));
+                        conn.send(text_msg(&err)).await;
                     }
                     Message::Close(_) => break,
                     _ => {}
