@@ -16,7 +16,8 @@
 //! own id space), the worker streams `call.item` notifications for subscriptions and then
 //! answers the request. The worker keeps at most [`CALL_WINDOW`] items of a call unacknowledged;
 //! the server returns credit with `call.ack` as the items are consumed, and `call.cancel`
-//! stops a call early.
+//! stops a call early. A `files.read` chunk goes as a binary message ([`chunk_frame`]) to a
+//! server that announced [`WorkerHelloResult::binary_chunks`].
 
 use serde::{Deserialize, Serialize};
 
