@@ -808,6 +808,13 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // An older worker's text `call.item` of the same chunk still arrives, as its JSON.
+        let text = r#"{"jsonrpc":"2.0","method":"call.item","params":{"callId":9,"item":{"type":"chunk","offset":0,"dataBase64":"aGk="}}}"#;
+        assert!(table.item_text(text));
+        match rx.try_recv().unwrap() {
+            CallEvent::Item(Item::Json(v)) => assert_eq!(v.get(), r#"{"type":"chunk","offset":0,"dataBase64":"aGk="}"#),
+            other => panic!("{other:?}"),
+        }
         // Not a chunk frame: refused, nothing delivered.
         assert!(!table.chunk_frame(&Bytes::from_static(b"\x02short")));
         assert!(rx.try_recv().is_err());
