@@ -564,6 +564,104 @@ async fn files_read_through_the_other_replica() {
     }
 }
 
+/// A forwarded call's response body, as a replica asking for frames and an older one
+/// asking for JSON lines each get it: the same chunks either way.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones() {
+    use base64::Engine;
+    let Setup { stack, dir, .. } = setup().await;
+    let content = text_of(200 << 10, "forwarded");
+    write(&dir, "mid.txt", &content);
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let secret: String = db
+        .query_one("SELECT secret FROM cluster_secret", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let tenant: String = db
+        .query_one("SELECT tenant_id FROM workspaces WHERE id = $1", &[&stack.workspace_id])
+        .await
+        .unwrap()
+        .get(0);
+    let body = json!({"tenantId": tenant, "call": {
+        "workspaceId": stack.workspace_id,
+        "method": "files.read",
+        "params": {"sessionId": "s", "path": {"bytesBase64": b64(b"mid.txt")}},
+    }});
+    // The worker is on replica 0: the call runs there, as if replica 1 had forwarded it.
+    let forward = |accept: Option<&str>| {
+        let mut req = reqwest::Client::new()
+            .post(format!("http://{}/v1/internal/call", stack.servers[0].addr))
+            .header("x-berth-cluster-secret", &secret)
+            .json(&body);
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        req
+    };
+    let check = |items: Vec<(String, u64, Vec<u8>)>, answer: Value| {
+        assert_eq!(items.first().map(|i| i.0.as_str()), Some("begin"));
+        assert_eq!(items.last().map(|i| i.0.as_str()), Some("end"));
+        let mut got = Vec::new();
+        for (kind, offset, data) in &items[1..items.len() - 1] {
+            assert_eq!(kind, "chunk");
+            assert_eq!(*offset, got.len() as u64, "contiguous offsets");
+            got.extend_from_slice(data);
+        }
+        assert!(got == content, "the content arrives whole");
+        assert_eq!(answer, Value::Null);
+    };
+
+    // An older replica (no `accept`): JSON lines, chunks as base64 items.
+    let resp = forward(None).send().await.unwrap();
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let text = resp.text().await.unwrap();
+    let (mut items, mut answer) = (Vec::new(), None);
+    for line in text.lines() {
+        let line: Value = serde_json::from_str(line).unwrap();
+        if let Some(item) = line.get("item") {
+            let data = item["dataBase64"].as_str().map(unb64).unwrap_or_default();
+            let kind = item["type"].as_str().unwrap().to_string();
+            items.push((kind, item["offset"].as_u64().unwrap_or(0), data));
+        } else if let Some(r) = line.get("result") {
+            answer = Some(r.clone());
+        }
+    }
+    check(
+        items,
+        answer.unwrap_or_else(|| panic!("no answer line: {}", text.lines().last().unwrap_or_default())),
+    );
+
+    // A replica asking for frames: length-prefixed, chunks as raw bytes.
+    let frames = "application/x-berth-call-frames";
+    let resp = forward(Some(frames)).send().await.unwrap();
+    assert_eq!(resp.headers()["content-type"], frames);
+    let bytes = resp.bytes().await.unwrap();
+    let (mut items, mut answer, mut at) = (Vec::new(), None, 0);
+    while at < bytes.len() {
+        let len = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let frame = &bytes[at + 4..at + 4 + len];
+        at += 4 + len;
+        match frame[0] {
+            1 => {
+                let item: Value = serde_json::from_slice(&frame[1..]).unwrap();
+                items.push((item["type"].as_str().unwrap().to_string(), 0, Vec::new()));
+            }
+            2 => {
+                let offset = u64::from_be_bytes(frame[1..9].try_into().unwrap());
+                items.push(("chunk".to_string(), offset, frame[9..].to_vec()));
+            }
+            3 => answer = Some(serde_json::from_slice(&frame[1..]).unwrap()),
+            5 => {}
+            other => panic!(
+                "frame kind {other}: {}",
+                base64::engine::general_purpose::STANDARD.encode(frame)
+            ),
+        }
+    }
+    check(items, answer.expect("an answer frame"));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn files_list_and_watch_through_the_other_replica() {
     let Setup {

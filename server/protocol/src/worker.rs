@@ -16,7 +16,8 @@
 //! own id space), the worker streams `call.item` notifications for subscriptions and then
 //! answers the request. The worker keeps at most [`CALL_WINDOW`] items of a call unacknowledged;
 //! the server returns credit with `call.ack` as the items are consumed, and `call.cancel`
-//! stops a call early.
+//! stops a call early. A `files.read` chunk goes as a binary message ([`chunk_frame`]) to a
+//! server that announced [`WorkerHelloResult::binary_chunks`].
 
 use serde::{Deserialize, Serialize};
 
@@ -70,6 +71,37 @@ pub struct Call {
 pub struct CallItem {
     pub call_id: u32,
     pub item: serde_json::Value,
+}
+
+/// A `files.read` chunk item as one binary WebSocket message (worker → server), sent only
+/// to a server whose hello set [`WorkerHelloResult::binary_chunks`]: [`CHUNK_FRAME_TAG`],
+/// the call id (u32, big-endian), the chunk's offset (u64, big-endian), then the chunk's
+/// raw bytes. It stands for the item `{type: "chunk", offset, dataBase64}` and counts
+/// against the call's credit like any `call.item`; no hop has to parse or re-validate the
+/// bytes, and base64 is done once, where the client's JSON is written.
+pub const CHUNK_FRAME_TAG: u8 = 1;
+/// The length of a chunk frame's header (tag, call id, offset).
+pub const CHUNK_FRAME_HEADER: usize = 1 + 4 + 8;
+
+/// A chunk frame around `data`, in one sized buffer.
+pub fn chunk_frame(call_id: u32, offset: u64, data: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(CHUNK_FRAME_HEADER + data.len());
+    frame.push(CHUNK_FRAME_TAG);
+    frame.extend_from_slice(&call_id.to_be_bytes());
+    frame.extend_from_slice(&offset.to_be_bytes());
+    frame.extend_from_slice(data);
+    frame
+}
+
+/// A chunk frame's call id and offset; its data is `frame[CHUNK_FRAME_HEADER..]`. None when
+/// `frame` is not a chunk frame (too short, or another tag).
+pub fn chunk_frame_header(frame: &[u8]) -> Option<(u32, u64)> {
+    if frame.len() < CHUNK_FRAME_HEADER || frame[0] != CHUNK_FRAME_TAG {
+        return None;
+    }
+    let call_id = u32::from_be_bytes(frame[1..5].try_into().ok()?);
+    let offset = u64::from_be_bytes(frame[5..13].try_into().ok()?);
+    Some((call_id, offset))
 }
 
 /// Server → worker: `items` more items of call `call_id` may be sent.
@@ -137,6 +169,10 @@ pub struct WorkerHelloResult {
     /// server would ignore the field and lose the step).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub end_carries_step: bool,
+    /// The server takes `files.read` chunks as binary chunk frames ([`chunk_frame`]). A
+    /// worker sends them only when this is set (an older server reads text frames only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub binary_chunks: bool,
     /// This connection's id, for the next `worker.hello`'s `replaces`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_id: Option<String>,
@@ -597,3 +633,29 @@ pub struct TurnInteractionResult {
 /// The request header naming the turn a model-proxy call is for: the proxy serves only a
 /// running turn handed to a connection of the calling worker credential.
 pub const MODEL_PROXY_TURN_HEADER: &str = "berth-turn";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_frame_round_trips() {
+        let data = b"\x00\xffnot utf-8 \xc3";
+        let frame = chunk_frame(7, 1 << 33, data);
+        assert_eq!(frame.len(), CHUNK_FRAME_HEADER + data.len());
+        assert_eq!(chunk_frame_header(&frame), Some((7, 1 << 33)));
+        assert_eq!(&frame[CHUNK_FRAME_HEADER..], data);
+        let empty = chunk_frame(u32::MAX, 0, b"");
+        assert_eq!(chunk_frame_header(&empty), Some((u32::MAX, 0)));
+    }
+
+    #[test]
+    fn anything_else_is_not_a_chunk_frame() {
+        let frame = chunk_frame(1, 2, b"x");
+        assert_eq!(chunk_frame_header(&frame[..CHUNK_FRAME_HEADER - 1]), None);
+        assert_eq!(chunk_frame_header(b""), None);
+        let mut other = frame.clone();
+        other[0] = 2;
+        assert_eq!(chunk_frame_header(&other), None);
+    }
+}

@@ -136,6 +136,8 @@ pub(crate) struct Link {
     pub(crate) endings: Arc<delegate::Endings>,
     /// The server stores a turn's last step with its end (`turn.end` carries it).
     pub(crate) end_carries_step: bool,
+    /// The server takes `files.read` chunks as binary frames.
+    pub(crate) binary_chunks: bool,
 }
 
 impl Link {
@@ -239,6 +241,7 @@ async fn connect_once(
         token: config.token.clone(),
         endings: Arc::default(),
         end_carries_step: registered.end_carries_step,
+        binary_chunks: registered.binary_chunks,
     };
     let turns = CancellationToken::new();
     let running: Running = Arc::default();

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::Ctx;
 use crate::{
     error::{ApiError, ApiResult},
-    workers::calls::{self, CallEvent, CallStream},
+    workers::calls::{self, CallEvent, CallStream, Item},
 };
 
 /// Methods that stay open as subscriptions (besides `session.watch`).
@@ -52,7 +52,11 @@ async fn relay(ctx: &Ctx, mut stream: CallStream) -> ApiResult<Value> {
     loop {
         match stream.next().await {
             Some(CallEvent::Item(item)) => {
-                if !ctx.item_raw(&item).await {
+                let sent = match &item {
+                    Item::Json(item) => ctx.item_raw(item).await,
+                    Item::Chunk { offset, data } => ctx.item_chunk(*offset, data).await,
+                };
+                if !sent {
                     return Err(ApiError(super::gone()));
                 }
             }

@@ -344,12 +344,29 @@ impl Ctx {
     pub async fn item_raw(&self, item: &serde_json::value::RawValue) -> bool {
         self.conn.out.send(Message::Text(item_text(self.id, item).into())).await
     }
+
+    /// Send one `files.read` chunk item from its raw bytes: base64-encoded straight into a
+    /// message sized for it (the one place a chunk is encoded).
+    pub async fn item_chunk(&self, offset: u64, data: &[u8]) -> bool {
+        let mut text = item_prefix(self.id, crate::workers::calls::chunk_json_len(data.len()));
+        crate::workers::calls::write_chunk_json(&mut text, offset, data);
+        text.push_str("}}");
+        self.conn.out.send(Message::Text(text.into())).await
+    }
 }
 
 /// A `subscription.item` notification around `item`, as [`Ctx::item`] writes it.
 fn item_text(id: Option<u32>, item: &serde_json::value::RawValue) -> String {
+    let mut text = item_prefix(id, item.get().len());
+    text.push_str(item.get());
+    text.push_str("}}");
+    text
+}
+
+/// A `subscription.item` notification up to its item, in a buffer with room for `len` more.
+fn item_prefix(id: Option<u32>, len: usize) -> String {
     use std::fmt::Write;
-    let mut text = String::with_capacity(item.get().len() + 80);
+    let mut text = String::with_capacity(len + 80);
     let _ = write!(
         text,
         r#"{{"jsonrpc":"2.0","method":"{SUBSCRIPTION_ITEM}","params":{{"id":"#
@@ -361,8 +378,6 @@ fn item_text(id: Option<u32>, item: &serde_json::value::RawValue) -> String {
         None => text.push_str("null"),
     }
     text.push_str(r#","item":"#);
-    text.push_str(item.get());
-    text.push_str("}}");
     text
 }
 

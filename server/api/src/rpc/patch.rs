@@ -54,7 +54,7 @@ pub async fn snapshot(ctx: Ctx, p: PatchSnapshotParams) -> ApiResult<PatchInfo> 
     let answer = loop {
         match stream.next().await {
             Some(CallEvent::Item(v)) => {
-                let chunk: PatchChunk = serde_json::from_str(v.get()).map_err(|_| malformed("chunk"))?;
+                let chunk: PatchChunk = serde_json::from_str(v.to_json().get()).map_err(|_| malformed("chunk"))?;
                 if text.len() + chunk.text.len() > MAX_PATCH_BYTES {
                     return Err(too_large());
                 }

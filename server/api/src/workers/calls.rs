@@ -8,9 +8,12 @@
 //!   slow reader slows the worker instead of growing a buffer.
 //! - **Remote**: presence names another replica. This replica POSTs the call to that
 //!   replica's `/v1/internal/call` (its address from the `replicas` table, authenticated with
-//!   the cluster secret), which runs it locally and streams the events back as JSON lines
-//!   over the HTTP response; TCP carries the back-pressure. Large answers never touch
-//!   PostgreSQL or NOTIFY.
+//!   the cluster secret), which runs it locally and streams the events back over the HTTP
+//!   response as length-prefixed frames ([`super::frames`]; JSON lines to and from an older
+//!   replica); TCP carries the back-pressure. Large answers never touch PostgreSQL or NOTIFY.
+//!
+//! A `files.read` chunk crosses as raw bytes from the worker (a binary frame) to the replica
+//! that writes the client's `subscription.item`, which base64-encodes it once.
 //!
 //! Every call is bounded: a worker connection serves at most [`CALLS_PER_WORKER`] at once;
 //! unary calls time out, streams time out when idle; a worker or replica that goes away
@@ -37,7 +40,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json, value::RawValue};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::Registry;
+use super::{
+    Registry,
+    frames::{self, FrameDecoder, Line},
+};
 use crate::{
     AppState,
     error::{ApiError, ApiResult},
@@ -58,13 +64,50 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A forwarded stream with nothing, not even a keepalive, for this long is dead.
 const REMOTE_IDLE: Duration = Duration::from_secs(45);
 
-/// What a call yields: items (subscriptions), then its answer. An item stays the JSON text
-/// the worker wrote: the replicas only pass it on (a file chunk is ~44 KiB of base64 that
-/// no hop needs to look into).
+/// What a call yields: items (subscriptions), then its answer.
 #[derive(Debug)]
 pub enum CallEvent {
-    Item(Box<RawValue>),
+    Item(Item),
     Done(Result<Value, RpcError>),
+}
+
+/// One subscription item of a call, as the replicas pass it on without looking into it.
+#[derive(Debug, Clone)]
+pub enum Item {
+    /// The JSON text the worker wrote.
+    Json(Box<RawValue>),
+    /// A `files.read` chunk's offset and raw bytes (the item `{type: "chunk", offset,
+    /// dataBase64}`), from a binary chunk frame.
+    Chunk { offset: u64, data: Bytes },
+}
+
+impl Item {
+    /// The item as JSON text (a chunk base64-encoded), for a hop that needs JSON.
+    pub fn to_json(&self) -> Box<RawValue> {
+        match self {
+            Item::Json(v) => v.clone(),
+            Item::Chunk { offset, data } => {
+                let mut text = String::with_capacity(chunk_json_len(data.len()));
+                write_chunk_json(&mut text, *offset, data);
+                RawValue::from_string(text).unwrap_or_else(|_| RawValue::NULL.to_owned())
+            }
+        }
+    }
+}
+
+/// About how long [`write_chunk_json`] makes a chunk of `len` bytes.
+pub fn chunk_json_len(len: usize) -> usize {
+    len.div_ceil(3) * 4 + 64
+}
+
+/// A chunk item's JSON text, its base64 encoded straight into `out` (base64 needs no JSON
+/// escaping).
+pub fn write_chunk_json(out: &mut String, offset: u64, data: &[u8]) {
+    use base64::Engine;
+    use std::fmt::Write;
+    let _ = write!(out, r#"{{"type":"chunk","offset":{offset},"dataBase64":""#);
+    base64::engine::general_purpose::STANDARD.encode_string(data, out);
+    out.push_str("\"}");
 }
 
 /// The calls in progress on one worker connection, shared by the connection (which
@@ -119,7 +162,7 @@ impl CallTable {
         }
         match serde_json::from_str::<Note>(text) {
             Ok(note) if note.method == wp::CALL_ITEM => {
-                self.item(note.params.call_id, note.params.item);
+                self.item(note.params.call_id, Item::Json(note.params.item));
                 true
             }
             _ => false,
@@ -132,11 +175,21 @@ impl CallTable {
             return;
         };
         if let Ok(raw) = serde_json::value::to_raw_value(&item.item) {
-            self.item(item.call_id, raw);
+            self.item(item.call_id, Item::Json(raw));
         }
     }
 
-    fn item(&self, call_id: u32, item: Box<RawValue>) {
+    /// A binary chunk frame from the worker; false when `frame` is not one.
+    pub(super) fn chunk_frame(&self, frame: &Bytes) -> bool {
+        let Some((call_id, offset)) = wp::chunk_frame_header(frame) else {
+            return false;
+        };
+        let data = frame.slice(wp::CHUNK_FRAME_HEADER..);
+        self.item(call_id, Item::Chunk { offset, data });
+        true
+    }
+
+    fn item(&self, call_id: u32, item: Item) {
         let mut calls = self.calls.lock().expect("calls lock");
         let Some(map) = calls.as_mut() else { return };
         let Some(tx) = map.get(&call_id) else { return };
@@ -215,21 +268,40 @@ enum Inner {
     },
     Remote {
         body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
-        /// Received and not yet taken; lines are split off its front without moving the rest.
+        /// Received and not yet taken; frames are split off its front without moving the rest.
         buf: BytesMut,
-        /// How much of `buf` is known to hold no line end.
+        body_kind: BodyKind,
+    },
+}
+
+/// How a forwarded call's response body is cut into events.
+enum BodyKind {
+    Frames(FrameDecoder),
+    /// JSON lines (an older replica); how much of the buffer is known to hold no line end.
+    Lines {
         scanned: usize,
     },
 }
 
-/// One line of a forwarded call's response body.
+/// One line of a forwarded call's response body in the JSON-lines form.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-enum Line {
+enum JsonLine {
     Item(Box<RawValue>),
     Result(Value),
     Error(RpcError),
     Keepalive,
+}
+
+impl From<JsonLine> for Line {
+    fn from(l: JsonLine) -> Line {
+        match l {
+            JsonLine::Item(v) => Line::Item(Item::Json(v)),
+            JsonLine::Result(v) => Line::Result(v),
+            JsonLine::Error(e) => Line::Error(e),
+            JsonLine::Keepalive => Line::Keepalive,
+        }
+    }
 }
 
 fn unavailable(reason: &str) -> RpcError {
@@ -285,20 +357,34 @@ impl CallStream {
                 // The connection loop dropped the call: the worker went away.
                 None => CallEvent::Done(Err(unavailable("worker-disconnected"))),
             },
-            Inner::Remote { body, buf, scanned } => loop {
-                if let Some(at) = memchr::memchr(b'\n', &buf[*scanned..]) {
-                    let line = buf.split_to(*scanned + at + 1);
-                    let parsed = serde_json::from_slice::<Line>(&line[..line.len() - 1]);
-                    *scanned = 0;
-                    match parsed {
-                        Ok(Line::Item(v)) => return CallEvent::Item(v),
-                        Ok(Line::Result(v)) => return CallEvent::Done(Ok(v)),
-                        Ok(Line::Error(e)) => return CallEvent::Done(Err(e)),
-                        Ok(Line::Keepalive) => continue,
-                        Err(_) => return CallEvent::Done(Err(unavailable("replica-unreachable"))),
+            Inner::Remote { body, buf, body_kind } => loop {
+                let parsed = match body_kind {
+                    BodyKind::Frames(decoder) => decoder.decode(buf).map_err(|e| e.to_string()),
+                    BodyKind::Lines { scanned } => match memchr::memchr(b'\n', &buf[*scanned..]) {
+                        Some(at) => {
+                            let line = buf.split_to(*scanned + at + 1);
+                            *scanned = 0;
+                            serde_json::from_slice::<JsonLine>(&line[..line.len() - 1])
+                                .map(|l| Some(l.into()))
+                                .map_err(|e| e.to_string())
+                        }
+                        None => {
+                            *scanned = buf.len();
+                            Ok(None)
+                        }
+                    },
+                };
+                match parsed {
+                    Ok(Some(Line::Item(v))) => return CallEvent::Item(v),
+                    Ok(Some(Line::Result(v))) => return CallEvent::Done(Ok(v)),
+                    Ok(Some(Line::Error(e))) => return CallEvent::Done(Err(e)),
+                    Ok(Some(Line::Keepalive)) => continue,
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a forwarded call's response was malformed");
+                        return CallEvent::Done(Err(unavailable("replica-unreachable")));
                     }
                 }
-                *scanned = buf.len();
                 match body.next().await {
                     Some(Ok(bytes)) => buf.extend_from_slice(&bytes),
                     // The forwarding replica went away mid-call.
@@ -441,6 +527,7 @@ pub async fn call(
         .http
         .post(format!("{}{INTERNAL_CALL_PATH}", url.trim_end_matches('/')))
         .header(SECRET_HEADER, &state.cluster.secret)
+        .header(reqwest::header::ACCEPT, frames::CONTENT_TYPE)
         .json(&body)
         .send()
         .await;
@@ -455,11 +542,19 @@ pub async fn call(
             return Err(ApiError(unavailable("replica-unreachable")));
         }
     };
+    let framed = resp
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == frames::CONTENT_TYPE.as_bytes());
     Ok(CallStream {
         inner: Inner::Remote {
             body: Box::pin(resp.bytes_stream()),
             buf: BytesMut::new(),
-            scanned: 0,
+            body_kind: if framed {
+                BodyKind::Frames(FrameDecoder::default())
+            } else {
+                BodyKind::Lines { scanned: 0 }
+            },
         },
         wait: Wait::of(method_name),
         deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
@@ -483,22 +578,59 @@ pub async fn unary<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// One line of a forwarded call's response body.
+/// One line of a forwarded call's response body in the JSON-lines form (for an older
+/// replica).
 fn line_bytes(l: &Line) -> Bytes {
     let mut v = match l {
-        // Written by hand, sized once: an item (a file chunk) is copied once, not grown
-        // into a serializer's buffer.
+        // Written by hand, sized once: an item is copied once, not grown into a
+        // serializer's buffer.
         Line::Item(item) => {
+            let item = item.to_json();
             let mut v = Vec::with_capacity(item.get().len() + 10);
             v.extend_from_slice(b"{\"item\":");
             v.extend_from_slice(item.get().as_bytes());
             v.push(b'}');
             v
         }
-        l => serde_json::to_vec(l).unwrap_or_default(),
+        Line::Result(r) => serde_json::to_vec(&JsonLine::Result(r.clone())).unwrap_or_default(),
+        Line::Error(e) => serde_json::to_vec(&JsonLine::Error(e.clone())).unwrap_or_default(),
+        Line::Keepalive => serde_json::to_vec(&JsonLine::Keepalive).unwrap_or_default(),
     };
     v.push(b'\n');
     Bytes::from(v)
+}
+
+/// How a forwarded call's response body is written: frames, or JSON lines for a replica
+/// that did not ask for frames.
+#[derive(Clone, Copy)]
+struct BodyWriter {
+    framed: bool,
+}
+
+impl BodyWriter {
+    /// Queue `line` for the body; false once the requesting replica has gone away.
+    async fn send(self, tx: &mpsc::Sender<Bytes>, line: &Line) -> bool {
+        if !self.framed {
+            return tx.send(line_bytes(line)).await.is_ok();
+        }
+        let (head, data) = frames::encode(line);
+        if tx.send(head).await.is_err() {
+            return false;
+        }
+        match data {
+            Some(d) => tx.send(d).await.is_ok(),
+            None => true,
+        }
+    }
+
+    fn try_send(self, tx: &mpsc::Sender<Bytes>, line: &Line) {
+        let bytes = if self.framed {
+            frames::encode(line).0
+        } else {
+            line_bytes(line)
+        };
+        let _ = tx.try_send(bytes);
+    }
 }
 
 /// `POST /v1/internal/call`: another replica forwards a call for a worker this replica holds.
@@ -509,9 +641,13 @@ pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Js
         state.metrics.auth_failures.with_label_values(&["cluster"]).inc();
         return StatusCode::FORBIDDEN.into_response();
     }
-    // A credit window's worth of lines may wait for the response body: the worker's window
-    // is not narrowed by this hop.
-    let (tx, rx) = mpsc::channel::<Bytes>(wp::CALL_WINDOW as usize);
+    let framed = headers
+        .get(axum::http::header::ACCEPT)
+        .is_some_and(|v| v.as_bytes() == frames::CONTENT_TYPE.as_bytes());
+    let writer = BodyWriter { framed };
+    // A credit window's worth of items (a chunk is two pieces: its header and its data) may
+    // wait for the response body: the worker's window is not narrowed by this hop.
+    let (tx, rx) = mpsc::channel::<Bytes>(2 * wp::CALL_WINDOW as usize + 2);
     match state.workers.call_local(&req.tenant_id, req.call).await {
         Ok(Some(mut stream)) => {
             tokio::spawn(async move {
@@ -528,24 +664,27 @@ pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Js
                         _ = keepalive.tick() => Line::Keepalive,
                     };
                     // The requesting replica went away: dropping the stream cancels the call.
-                    if tx.send(line_bytes(&out)).await.is_err() {
+                    if !writer.send(&tx, &out).await {
                         break;
                     }
                 }
             });
         }
-        Ok(None) => {
-            let _ = tx.try_send(line_bytes(&Line::Error(RpcError::new(ErrorCode::WorkspaceOffline))));
-        }
-        Err(e) => {
-            let _ = tx.try_send(line_bytes(&Line::Error(e.0)));
-        }
+        Ok(None) => writer.try_send(&tx, &Line::Error(RpcError::new(ErrorCode::WorkspaceOffline))),
+        Err(e) => writer.try_send(&tx, &Line::Error(e.0)),
     }
     let body = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
     });
     Response::builder()
-        .header("content-type", "application/x-ndjson")
+        .header(
+            "content-type",
+            if framed {
+                frames::CONTENT_TYPE
+            } else {
+                "application/x-ndjson"
+            },
+        )
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
@@ -604,22 +743,80 @@ pub fn spawn_announce(state: AppState) {
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine;
+
     use super::*;
 
     #[test]
     fn a_hand_written_item_line_reads_back_as_the_item() {
         let item = RawValue::from_string(r#"{"type":"chunk","offset":0,"dataBase64":"aGk="}"#.into()).unwrap();
-        let bytes = line_bytes(&Line::Item(item.clone()));
+        let bytes = line_bytes(&Line::Item(Item::Json(item.clone())));
         assert_eq!(bytes.last(), Some(&b'\n'));
         assert_eq!(bytes.iter().filter(|b| **b == b'\n').count(), 1);
-        match serde_json::from_slice::<Line>(&bytes[..bytes.len() - 1]).unwrap() {
-            Line::Item(back) => assert_eq!(back.get(), item.get()),
+        match serde_json::from_slice::<JsonLine>(&bytes[..bytes.len() - 1]).unwrap() {
+            JsonLine::Item(back) => assert_eq!(back.get(), item.get()),
+            other => panic!("{other:?}"),
+        }
+        // A binary chunk goes to an older replica as the same JSON item.
+        let chunk = line_bytes(&Line::Item(Item::Chunk {
+            offset: 0,
+            data: Bytes::from_static(b"hi"),
+        }));
+        match serde_json::from_slice::<JsonLine>(&chunk[..chunk.len() - 1]).unwrap() {
+            JsonLine::Item(back) => assert_eq!(back.get(), item.get()),
             other => panic!("{other:?}"),
         }
         let keepalive = line_bytes(&Line::Keepalive);
         assert!(matches!(
-            serde_json::from_slice::<Line>(&keepalive[..keepalive.len() - 1]).unwrap(),
-            Line::Keepalive
+            serde_json::from_slice::<JsonLine>(&keepalive[..keepalive.len() - 1]).unwrap(),
+            JsonLine::Keepalive
         ));
+    }
+
+    #[test]
+    fn a_chunk_written_as_json_is_the_protocols_chunk_item() {
+        let data = b"\x00\xff naive \"quoted\"\n\xc3";
+        let item = Item::Chunk {
+            offset: 1 << 33,
+            data: Bytes::from_static(data),
+        }
+        .to_json();
+        let parsed: berth_protocol::FilesReadItem = serde_json::from_str(item.get()).unwrap();
+        let expected = berth_protocol::FilesReadItem::Chunk {
+            offset: 1 << 33,
+            data_base64: base64::engine::general_purpose::STANDARD.encode(data),
+        };
+        assert_eq!(
+            serde_json::to_value(parsed).unwrap(),
+            serde_json::to_value(expected).unwrap()
+        );
+        assert!(item.get().len() <= chunk_json_len(data.len()));
+    }
+
+    #[test]
+    fn a_binary_chunk_frame_becomes_a_chunk_item_of_its_call() {
+        let (out, _rx) = mpsc::channel(1);
+        let table = CallTable::new(out);
+        let (tx, mut rx) = mpsc::channel(4);
+        table.calls.lock().unwrap().as_mut().unwrap().insert(9, tx);
+        let frame = Bytes::from(wp::chunk_frame(9, 32768, b"raw \xff"));
+        assert!(table.chunk_frame(&frame));
+        match rx.try_recv().unwrap() {
+            CallEvent::Item(Item::Chunk { offset, data }) => {
+                assert_eq!(offset, 32768);
+                assert_eq!(&data[..], b"raw \xff");
+            }
+            other => panic!("{other:?}"),
+        }
+        // An older worker's text `call.item` of the same chunk still arrives, as its JSON.
+        let text = r#"{"jsonrpc":"2.0","method":"call.item","params":{"callId":9,"item":{"type":"chunk","offset":0,"dataBase64":"aGk="}}}"#;
+        assert!(table.item_text(text));
+        match rx.try_recv().unwrap() {
+            CallEvent::Item(Item::Json(v)) => assert_eq!(v.get(), r#"{"type":"chunk","offset":0,"dataBase64":"aGk="}"#),
+            other => panic!("{other:?}"),
+        }
+        // Not a chunk frame: refused, nothing delivered.
+        assert!(!table.chunk_frame(&Bytes::from_static(b"\x02short")));
+        assert!(rx.try_recv().is_err());
     }
 }

@@ -153,6 +153,7 @@ async fn hello(
             })
             .collect(),
         end_carries_step: true,
+        binary_chunks: true,
         connection_id: Some(connection_id.to_string()),
     };
     sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))
@@ -192,6 +193,11 @@ async fn read_loop(
                 last_heard = std::time::Instant::now();
                 match msg? {
                     Message::Text(text) => route(conn, &text).await,
+                    // A `files.read` chunk as raw bytes (announced in the hello's result).
+                    Message::Binary(frame) if !conn.calls.chunk_frame(&frame) => {
+                        let err = RpcResponse::err(None, RpcError::new(ErrorCode::ParseError));
+                        conn.send(text_msg(&err)).await;
+                    }
                     Message::Close(_) => break,
                     _ => {}
                 }

@@ -18,6 +18,7 @@ pub(crate) mod calls;
 mod children;
 mod claim;
 mod connection;
+mod frames;
 pub(crate) mod interaction;
 mod relay;
 mod steps;

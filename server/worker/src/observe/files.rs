@@ -302,10 +302,7 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     let mut offset = 0usize;
     for end in chunk_ends(&cap.data, kind == FileContentKind::Text) {
         let piece = &cap.data[offset..end];
-        if !items
-            .send_written(piece.len().div_ceil(3) * 4 + 64, |out| write_chunk(out, offset, piece))
-            .await
-        {
+        if !items.send_chunk(offset, piece).await {
             return Ok(());
         }
         offset = end;
@@ -335,7 +332,7 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
 
 /// A `chunk` item as JSON text, written in one pass: its base64 is encoded straight into
 /// `out` (base64 needs no JSON escaping, so no serializer has to look at it again).
-fn write_chunk(out: &mut String, offset: usize, piece: &[u8]) {
+pub(super) fn write_chunk(out: &mut String, offset: usize, piece: &[u8]) {
     use std::fmt::Write;
     let _ = write!(out, r#"{{"type":"chunk","offset":{offset},"dataBase64":""#);
     base64::engine::general_purpose::STANDARD.encode_string(piece, out);

@@ -191,6 +191,23 @@ impl Items {
             .await
             .is_ok()
     }
+
+    /// Send one `files.read` chunk within the call's credit: as a binary chunk frame (raw
+    /// bytes, no base64) when the server takes them, else as a `call.item` text frame.
+    pub(crate) async fn send_chunk(&self, offset: usize, piece: &[u8]) -> bool {
+        if !self.link.binary_chunks {
+            return self
+                .send_written(piece.len().div_ceil(3) * 4 + 64, |out| {
+                    files::write_chunk(out, offset, piece)
+                })
+                .await;
+        }
+        if !self.credit().await {
+            return false;
+        }
+        let frame = wp::chunk_frame(self.id, offset as u64, piece);
+        self.link.out.send(Message::Binary(frame.into())).await.is_ok()
+    }
 }
 
 /// A `call.item` notification around an item written by `write_item`.
