@@ -604,16 +604,18 @@ async fn begin_with_first<'a>(
 pub(crate) struct Begun<'a> {
     client: &'a deadpool_postgres::Object,
     /// `BEGIN`'s answer, checked at the commit.
-    begin: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'a>>>,
+    begin: Option<Pending<'a>>,
     done: bool,
 }
+
+/// A request sent and not yet answered.
+type Pending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'a>>;
 
 impl<'a> Begun<'a> {
     /// Sends `BEGIN` now, without waiting for its answer.
     pub(crate) fn new(client: &'a deadpool_postgres::Object) -> Begun<'a> {
         let c: &'a tokio_postgres::Client = client;
-        let mut begin: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + 'a>> =
-            Box::pin(c.batch_execute("BEGIN"));
+        let mut begin: Pending<'a> = Box::pin(c.batch_execute("BEGIN"));
         let begin = match send_now(begin.as_mut()) {
             std::task::Poll::Ready(Err(e)) => Some(Box::pin(std::future::ready(Err(e))) as _),
             std::task::Poll::Ready(Ok(())) => None,
