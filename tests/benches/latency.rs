@@ -1412,6 +1412,89 @@ async fn postmaster(database_url: &str) -> u32 {
     f[1].parse().expect("ppid")
 }
 
+/// `BERTH_BENCH_DB_SET="name=value …"`: settings for every later connection to the
+/// database (`ALTER DATABASE … SET`), to compare a server setting with the same binary.
+async fn database_settings(database_url: &str) {
+    let Ok(settings) = std::env::var("BERTH_BENCH_DB_SET") else {
+        return;
+    };
+    let c = db(database_url).await;
+    let name: String = c
+        .query_one("SELECT current_database()", &[])
+        .await
+        .expect("database")
+        .get(0);
+    for setting in settings.split_whitespace() {
+        let (key, value) = setting.split_once('=').expect("name=value");
+        c.batch_execute(&format!("ALTER DATABASE \"{name}\" SET {key} = '{value}'"))
+            .await
+            .expect("database setting");
+        println!("database setting: {key} = {value}");
+    }
+}
+
+/// `BERTH_BENCH_STATEMENTS=1`: `pg_stat_statements` over the 50-turn rounds (the test
+/// cluster must load it: `BERTH_TEST_PG_SETTINGS="shared_preload_libraries=pg_stat_statements
+/// pg_stat_statements.track_planning=on"`). Resets the counters; the connection reads them
+/// afterwards.
+async fn statements_start(database_url: &str) -> Option<tokio_postgres::Client> {
+    std::env::var_os("BERTH_BENCH_STATEMENTS")?;
+    let c = db(database_url).await;
+    let ready = c
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()")
+        .await;
+    match ready {
+        Ok(()) => Some(c),
+        Err(e) => {
+            println!("pg_stat_statements unavailable (set BERTH_TEST_PG_SETTINGS): {e}");
+            None
+        }
+    }
+}
+
+/// The statements of this database since [`statements_start`], by total (planning +
+/// execution) time: calls per turn, planning and execution time per call and in all.
+async fn statements_print(c: &tokio_postgres::Client, turns: usize) {
+    let rows = c
+        .query(
+            "SELECT calls, plans, total_plan_time, total_exec_time, rows,
+                    left(regexp_replace(query, '\\s+', ' ', 'g'), 150)
+               FROM pg_stat_statements
+              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+              ORDER BY total_plan_time + total_exec_time DESC",
+            &[],
+        )
+        .await
+        .expect("pg_stat_statements");
+    let turns = turns as f64;
+    let (mut calls, mut plan, mut exec) = (0i64, 0.0, 0.0);
+    println!(
+        "\npg_stat_statements over {turns} turns (per turn: calls, plan ms, exec ms; per call: plan µs, exec µs; plans; query)"
+    );
+    for r in &rows {
+        let (n, plans, p, e): (i64, i64, f64, f64) = (r.get(0), r.get(1), r.get(2), r.get(3));
+        calls += n;
+        plan += p;
+        exec += e;
+        let q: String = r.get(5);
+        println!(
+            "{:6.2} {:7.3} {:7.3} | {:6.1} {:6.1} | {:6} | {q}",
+            n as f64 / turns,
+            p / turns,
+            e / turns,
+            p * 1e3 / n.max(1) as f64,
+            e * 1e3 / n.max(1) as f64,
+            plans
+        );
+    }
+    println!(
+        "all: {:.1} statements, {:.3} ms planning, {:.3} ms execution per turn",
+        calls as f64 / turns,
+        plan / turns,
+        exec / turns
+    );
+}
+
 /// `BERTH_BENCH_PERF=FILE`: `perf record` of the given processes while the 50-turn rounds
 /// run (the figures of that run are then perturbed by perf itself).
 fn perf_start(pids: &[u32]) -> Option<std::process::Child> {
@@ -1525,6 +1608,7 @@ async fn concurrency(table: &mut Table) {
     // A provider of its own, on its own thread, so that its CPU is measured apart.
     let mock = &isolated_mock();
     let database_url = fresh_database().await;
+    database_settings(&database_url).await;
     let a = TestServer::start_with(&database_url, &mock.base_url(), ENV)
         .await
         .expect("replica A");
@@ -1584,6 +1668,7 @@ async fn concurrency(table: &mut Table) {
     let (_, back) = concurrent_round(seated, mock).await; // warm-up
     seated = back;
     let mut walls = Vec::new();
+    let statements = statements_start(&database_url).await;
     let perf = perf_start(&[&[pid_a, pid_wa][..], &children_of(postmaster)].concat());
     let c0 = meters.read();
     for _ in 0..ROUNDS {
@@ -1593,6 +1678,9 @@ async fn concurrency(table: &mut Table) {
     }
     let cpu = meters.read().minus(&c0);
     perf_stop(perf);
+    if let Some(c) = statements {
+        statements_print(&c, ONE_WORKER * ROUNDS).await;
+    }
     drop(seated);
     let (m, p99) = (median(&mut walls), quantile(&mut walls, 0.99));
     table.add(

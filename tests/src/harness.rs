@@ -40,6 +40,13 @@ fn cluster() -> &'static TestCluster {
                 &dir,
                 &ClusterOptions {
                     unsafe_no_fsync: true,
+                    // Diagnostics only (e.g. the bench's `pg_stat_statements` table):
+                    // `name=value` settings, space-separated.
+                    settings: std::env::var("BERTH_TEST_PG_SETTINGS")
+                        .unwrap_or_default()
+                        .split_whitespace()
+                        .map(String::from)
+                        .collect(),
                     ..ClusterOptions::default()
                 },
             )

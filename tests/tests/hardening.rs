@@ -521,6 +521,7 @@ async fn database_tls_follows_sslmode() {
         unsafe_no_fsync: true,
         tcp_port: Some(port),
         tls: Some((dir.join("server.crt"), dir.join("server.key"))),
+        ..ClusterOptions::default()
     };
     let cluster_dir = dir.join("cluster");
     let cluster = tokio::task::spawn_blocking(move || PrivateCluster::start(&cluster_dir, &options))

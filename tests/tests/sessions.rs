@@ -586,6 +586,32 @@ async fn a_two_mib_message_reads_back_exactly() {
     assert_eq!(hidden["rows"][0]["hidden"], true);
 }
 
+/// A prompt is handed to the worker when it is admitted, whether the client is on the
+/// replica holding the worker (which kicks it directly and skips its own dispatch
+/// notification) or on another one (which reaches the worker's replica only through
+/// `NOTIFY berth_dispatch`). Without either path a turn would start only on the claimer's
+/// 5 s safety tick: two turns in a row, each ended within 3 s, cannot both be that.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prompt_is_handed_out_at_once_through_either_replica() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    for replica in [1, 0] {
+        let mut c = stack.client(replica).await;
+        let sid = stack.session(&mut c).await;
+        let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+        for round in 0..2 {
+            mock.push(Reply::Stream(vec![Part::Text("done".into())]));
+            c.ok("session.send", json!({"sessionId": sid, "prompt": "go"})).await;
+            let items = watch.until(3, is_turn_end).await;
+            let ended = items.as_ref().and_then(|i| i.last());
+            assert!(
+                ended.is_some_and(|e| e["state"] == "completed"),
+                "replica {replica}, turn {round}: handed out and ended at once: {items:?}"
+            );
+        }
+    }
+}
+
 /// A watcher joining mid-turn, on another replica than the worker's, gets the text so far
 /// and then the rest, with nothing doubled.
 #[tokio::test(flavor = "multi_thread")]

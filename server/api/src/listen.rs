@@ -85,7 +85,11 @@ fn handle(state: &AppState, channel: &str, payload: &str) {
                 state.hub.event(session, seq);
             }
         }
-        CHANNEL_DISPATCH => state.workers.kick(payload),
+        CHANNEL_DISPATCH => {
+            if let Some(workspace_id) = berth_store::dispatch_target(payload, &state.config.replica_id) {
+                state.workers.kick(workspace_id);
+            }
+        }
         CHANNEL_INTERACTIONS => state.interactions.wake(payload),
         CHANNEL_REVOKE => {
             let closed = state.connections.revoke(payload);

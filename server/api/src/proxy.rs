@@ -26,7 +26,7 @@ use berth_protocol::{
     Cause, ErrorCode,
     worker::{MODEL_PROXY_TURN_HEADER, ProxyError, Usage},
 };
-use berth_store::{CredentialKind, StoreError};
+use berth_store::CredentialKind;
 use futures_util::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -88,36 +88,35 @@ fn fail(status: StatusCode, code: &str, provider_status: Option<u16>) -> Respons
 }
 
 pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let principal = match bearer(&headers) {
-        Some(t) => match state.store.authenticate(t).await {
-            Ok(Some(p)) if p.kind == CredentialKind::Worker => Some(p),
-            Ok(_) => None,
-            Err(_) => return fail(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable.as_str(), None),
-        },
-        None => None,
+    let turn_id = headers
+        .get(MODEL_PROXY_TURN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    // The credential and the turn are checked in one round trip (this runs before every
+    // model request); without a turn header, the credential alone.
+    let checked = match (bearer(&headers), &turn_id) {
+        (Some(t), Some(turn_id)) => state.store.authenticate_for_turn(t, turn_id).await,
+        (Some(t), None) => state.store.authenticate(t).await.map(|p| p.map(|p| (p, None))),
+        (None, _) => Ok(None),
     };
-    let Some(principal) = principal else {
+    let checked = match checked {
+        Ok(Some((p, turn))) if p.kind == CredentialKind::Worker => Some((p, turn)),
+        Ok(_) => None,
+        Err(_) => return fail(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable.as_str(), None),
+    };
+    let Some((principal, turn)) = checked else {
         state.metrics.auth_failures.with_label_values(&["model-proxy"]).inc();
         return fail(StatusCode::UNAUTHORIZED, "unauthorized", None);
     };
-    let Some(turn_id) = headers
-        .get(MODEL_PROXY_TURN_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-    else {
+    let Some(turn_id) = turn_id else {
         return fail(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str(), None);
     };
     let model_cfg = &state.config.model;
     let Some(permit) = state.proxy.admit(&principal.tenant_id) else {
         return fail(StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited.as_str(), None);
     };
-    let turn = match state.store.proxy_turn(&principal, &turn_id).await {
-        Ok(t) => t,
-        Err(StoreError::Code(code)) => return fail(StatusCode::FORBIDDEN, code.as_str(), None),
-        Err(e) => {
-            tracing::warn!(error = %e, "model proxy could not check the turn");
-            return fail(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable.as_str(), None);
-        }
+    let Some(turn) = turn else {
+        return fail(StatusCode::FORBIDDEN, ErrorCode::TurnNotRunning.as_str(), None);
     };
     // The profiles as they are now (a reload during the call does not change it).
     let providers = state.config.providers.current();

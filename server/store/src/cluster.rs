@@ -26,6 +26,9 @@ pub struct ClusterOptions {
     pub tcp_port: Option<u16>,
     /// Serve TLS on TCP with this certificate and key (PEM files; copied into the cluster).
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// More server settings, `name=value` each (passed as `-c`; diagnostics such as
+    /// `shared_preload_libraries=pg_stat_statements`).
+    pub settings: Vec<String>,
 }
 
 /// A running private cluster. Dropping it stops the server (fast shutdown).
@@ -122,6 +125,9 @@ impl PrivateCluster {
                 "-c",
                 "ssl_key_file=server.key",
             ]);
+        }
+        for setting in &options.settings {
+            cmd.arg("-c").arg(setting);
         }
         if options.unsafe_no_fsync {
             cmd.args([

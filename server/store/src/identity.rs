@@ -2,7 +2,9 @@
 
 use anyhow::anyhow;
 
-use crate::{Cached, Result, Store, StoreError, admin::audit, tenant_tx, token};
+use crate::{
+    APP_ROLE, Cached, ProxyTurn, Result, Store, StoreError, admin::audit, tenant_tx, token, workspaces::PRESENCE_TTL,
+};
 use berth_protocol::ErrorCode;
 
 /// What kind of principal a credential authenticates.
@@ -43,49 +45,80 @@ impl Store {
         }
         let digest = token::digest(presented);
         let client = self.pool.get().await?;
-        let find = client
-            .prepare_cached(
-                "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256, c.expires_at
-                   FROM credentials c LEFT JOIN users u ON u.id = c.user_id
-                  WHERE c.sha256 = $1 AND c.revoked_at IS NULL
-                    AND (c.expires_at IS NULL OR c.expires_at > now())
-                    AND (u.id IS NULL OR u.disabled_at IS NULL)",
-            )
-            .await?;
+        let (find, touch) = tokio::try_join!(client.prepare_cached(FIND_SQL), client.prepare_cached(TOUCH_SQL))?;
         // last-used is advisory: written at most once a minute, in the same round trip as
         // the look-up (pipelined; it runs on every model request).
-        let touch = client
-            .prepare_cached(
-                "UPDATE credentials SET last_used_at = now()
-                  WHERE sha256 = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
-                    AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
-                    AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = user_id AND u.disabled_at IS NOT NULL)",
-            )
-            .await?;
         let (row, touched) =
             futures_util::future::join(client.query_opt(&find, &[&digest]), client.execute(&touch, &[&digest])).await;
         touched?;
-        let Some(row) = row? else { return Ok(None) };
-        // The index found it by hash; compare the stored hash in constant time anyway.
-        let stored: Vec<u8> = row.get(5);
-        if !bool::from(subtle::ConstantTimeEq::ct_eq(stored.as_slice(), digest.as_slice())) {
+        Ok(principal(row?, &digest))
+    }
+
+    /// For the model proxy, before every model request: [`Store::authenticate`] and the
+    /// turn's check (the model, provider profile and endpoint `turn_id` was dispatched with)
+    /// in one round trip. `BEGIN`, the look-up and its touch, the
+    /// switch to the credential's tenant (found again by its hash, as the tenant is not
+    /// known before the answer), the turn's check under row-level security and `COMMIT` go
+    /// out together. None: not authenticated; else the principal and the turn, if it runs
+    /// and was handed to a live connection of this worker credential.
+    pub async fn authenticate_for_turn(
+        &self,
+        presented: &str,
+        turn_id: &str,
+    ) -> Result<Option<(Principal, Option<ProxyTurn>)>> {
+        if !token::well_formed(presented) {
             return Ok(None);
         }
-        let id: String = row.get(0);
-        let kind: String = row.get(2);
-        let kind = if kind == "worker" {
-            CredentialKind::Worker
-        } else {
-            CredentialKind::User
+        let digest = token::digest(presented);
+        let client = self.pool.get().await?;
+        let turn_sql = format!(
+            "SELECT t.model, t.provider, t.base_url, t.session_id FROM turns t
+               JOIN worker_presence p ON p.connection_id = t.dispatched_to
+               JOIN credentials c ON c.id = p.credential_id
+              WHERE t.id = $1 AND c.sha256 = $2 AND c.kind = 'worker' AND t.tenant_id = c.tenant_id
+                AND p.tenant_id = c.tenant_id AND t.state = 'running'
+                AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
+        );
+        // Prepared first (cached per connection): a statement still to be prepared would go
+        // out after the `COMMIT`.
+        let (find, touch, switch, turn) = tokio::try_join!(
+            client.prepare_cached(FIND_SQL),
+            client.prepare_cached(TOUCH_SQL),
+            client.prepare_cached(TENANT_OF_CREDENTIAL_SQL),
+            client.prepare_cached(&turn_sql),
+        )?;
+        let c: &tokio_postgres::Client = &client;
+        // `biased`: polled, so sent, in this order, all on the first poll (a caller dropped
+        // mid-way still leaves the connection outside any transaction).
+        let by_digest: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&digest];
+        let switch_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&digest, &APP_ROLE];
+        let turn_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&turn_id, &digest];
+        let (begin, row, touched, switched, turn, commit) = tokio::join!(
+            biased;
+            c.batch_execute("BEGIN"),
+            c.query_opt(&find, &by_digest),
+            c.execute(&touch, &by_digest),
+            c.execute(&switch, &switch_params),
+            c.query_opt(&turn, &turn_params),
+            c.batch_execute("COMMIT"),
+        );
+        begin?;
+        touched?;
+        switched?;
+        let turn = turn?;
+        commit?;
+        let Some(principal) = principal(row?, &digest) else {
+            return Ok(None);
         };
-        Ok(Some(Principal {
-            tenant_id: row.get(1),
-            credential_id: id,
-            kind,
-            user_id: row.get(3),
-            role: row.get::<_, Option<String>>(4).unwrap_or_else(|| "worker".into()),
-            expires_at: row.get(6),
-        }))
+        Ok(Some((
+            principal,
+            turn.map(|r| ProxyTurn {
+                model: r.get(0),
+                provider: r.get(1),
+                base_url: r.get(2),
+                session_id: r.get(3),
+            }),
+        )))
     }
 
     /// The principal of a signed-in user (JWT), if the user exists and is not disabled.
@@ -237,4 +270,48 @@ impl Store {
             .await?;
         row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
     }
+}
+
+/// A live credential by its SHA-256 (`$1`), with its user's role.
+const FIND_SQL: &str = "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256, c.expires_at
+       FROM credentials c LEFT JOIN users u ON u.id = c.user_id
+      WHERE c.sha256 = $1 AND c.revoked_at IS NULL
+        AND (c.expires_at IS NULL OR c.expires_at > now())
+        AND (u.id IS NULL OR u.disabled_at IS NULL)";
+
+/// The credential's last use, at most once a minute.
+const TOUCH_SQL: &str = "UPDATE credentials SET last_used_at = now()
+      WHERE sha256 = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+        AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
+        AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = user_id AND u.disabled_at IS NOT NULL)";
+
+/// Scopes the current transaction to the tenant of the credential whose SHA-256 is `$1`
+/// (none: a tenant that matches no row) and then switches to role `$2`, as `TENANT_SQL`
+/// does. The tenant is set first: its look-up runs before the role changes.
+const TENANT_OF_CREDENTIAL_SQL: &str = "SELECT set_config('berth.tenant_id',
+        coalesce((SELECT tenant_id FROM credentials WHERE sha256 = $1 AND revoked_at IS NULL), ''), true),
+        set_config('role', $2, true)";
+
+/// The principal of a [`FIND_SQL`] row, if its stored hash is `digest`.
+fn principal(row: Option<tokio_postgres::Row>, digest: &[u8]) -> Option<Principal> {
+    let row = row?;
+    // The index found it by hash; compare the stored hash in constant time anyway.
+    let stored: Vec<u8> = row.get(5);
+    if !bool::from(subtle::ConstantTimeEq::ct_eq(stored.as_slice(), digest)) {
+        return None;
+    }
+    let kind: String = row.get(2);
+    let kind = if kind == "worker" {
+        CredentialKind::Worker
+    } else {
+        CredentialKind::User
+    };
+    Some(Principal {
+        tenant_id: row.get(1),
+        credential_id: row.get(0),
+        kind,
+        user_id: row.get(3),
+        role: row.get::<_, Option<String>>(4).unwrap_or_else(|| "worker".into()),
+        expires_at: row.get(6),
+    })
 }

@@ -53,8 +53,29 @@ pub use turns::{ClaimedTurn, Partial, ProxyTurn, TitleSource};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.
 pub const CHANNEL_EVENTS: &str = "berth_events";
-/// Channel carrying a workspace id whose queued or undispatched turns may now be handed out.
+/// Channel carrying a workspace id whose queued or undispatched turns may now be handed out,
+/// optionally followed by a space and the id of the replica that sent it and has already
+/// woken its own worker connections ([`dispatch_payload`]).
 pub const CHANNEL_DISPATCH: &str = "berth_dispatch";
+
+/// A [`CHANNEL_DISPATCH`] payload for `workspace_id`. `from`: the sending replica, which
+/// kicks its own connections itself, so that it can skip its own notification.
+pub fn dispatch_payload(workspace_id: &str, from: Option<&str>) -> String {
+    match from {
+        Some(replica) => format!("{workspace_id} {replica}"),
+        None => workspace_id.to_string(),
+    }
+}
+
+/// The workspace whose connections replica `me` must kick for a [`CHANNEL_DISPATCH`]
+/// `payload`: none when `me` sent it (it kicked them already).
+pub fn dispatch_target<'a>(payload: &'a str, me: &str) -> Option<&'a str> {
+    match payload.split_once(' ') {
+        Some((_, from)) if from == me => None,
+        Some((workspace_id, _)) => Some(workspace_id),
+        None => Some(payload),
+    }
+}
 /// Channel carrying small coalesced live deltas between replicas (JSON).
 pub const CHANNEL_DELTAS: &str = "berth_deltas";
 /// Channel carrying revocations: `cred:<credential id>` or `user:<user id>`.
@@ -182,11 +203,21 @@ fn db_config(url: &str, options: &DbOptions) -> anyhow::Result<tokio_postgres::C
     if config.get_tcp_user_timeout().is_none() && !options.tcp_user_timeout.is_zero() {
         config.tcp_user_timeout(options.tcp_user_timeout);
     }
-    let given = config.get_options().unwrap_or_default().to_string();
-    if !given.contains("statement_timeout") && !options.statement_timeout.is_zero() {
+    let mut all = config.get_options().unwrap_or_default().to_string();
+    if !all.contains("statement_timeout") && !options.statement_timeout.is_zero() {
         let ms = options.statement_timeout.as_millis();
-        let all = format!("{given} -c statement_timeout={ms}");
-        config.options(all.trim_start());
+        all.push_str(&format!(" -c statement_timeout={ms}"));
+    }
+    // Prepared statements keep one generic plan per connection. Under the default (`auto`)
+    // PostgreSQL plans a statement anew on every call when the generic plan's estimate
+    // looks dearer than the custom plans' — planning on every call of a turn's statements,
+    // whose plans are index look-ups either way (ARCHITECTURE.md, "Generic plans").
+    if !all.contains("plan_cache_mode") {
+        all.push_str(" -c plan_cache_mode=force_generic_plan");
+    }
+    let all = all.trim_start();
+    if !all.is_empty() {
+        config.options(all);
     }
     Ok(config)
 }
@@ -564,6 +595,72 @@ async fn begin_with_first<'a>(
     Ok((tx, results.pop().unwrap_or_default()))
 }
 
+/// A transaction whose `BEGIN` goes out with its first statements rather than waiting for
+/// its own answer first, as `client.transaction()` does: one wait less, on paths every turn
+/// takes (admission, the claim). Statements run on [`Begun::client`], in order after the
+/// `BEGIN`. Dropped without [`Begun::commit`] (an error, a cancelled caller), it sends
+/// `ROLLBACK` before the connection goes back to the pool, as a dropped
+/// `tokio_postgres::Transaction` does.
+pub(crate) struct Begun<'a> {
+    client: &'a deadpool_postgres::Object,
+    /// `BEGIN`'s answer, checked at the commit.
+    begin: Option<Pending<'a>>,
+    done: bool,
+}
+
+/// A request sent and not yet answered.
+type Pending<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'a>>;
+
+impl<'a> Begun<'a> {
+    /// Sends `BEGIN` now, without waiting for its answer.
+    pub(crate) fn new(client: &'a deadpool_postgres::Object) -> Begun<'a> {
+        let c: &'a tokio_postgres::Client = client;
+        let mut begin: Pending<'a> = Box::pin(c.batch_execute("BEGIN"));
+        let begin = match send_now(begin.as_mut()) {
+            std::task::Poll::Ready(Err(e)) => Some(Box::pin(std::future::ready(Err(e))) as _),
+            std::task::Poll::Ready(Ok(())) => None,
+            std::task::Poll::Pending => Some(begin),
+        };
+        Begun {
+            client,
+            begin,
+            done: false,
+        }
+    }
+
+    /// The connection, inside the transaction.
+    pub(crate) fn client(&self) -> &'a deadpool_postgres::Object {
+        self.client
+    }
+
+    /// Commits (durably unless the transaction set otherwise).
+    pub(crate) async fn commit(mut self) -> Result<()> {
+        if let Some(begin) = self.begin.take() {
+            begin.await?;
+        }
+        self.client.batch_execute("COMMIT").await?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Begun<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // Sent on the first poll; its answer is discarded. A `ROLLBACK` after a `COMMIT`
+            // that went out (a commit cancelled while waiting) only draws a warning.
+            let c: &tokio_postgres::Client = self.client;
+            let mut rollback = std::pin::pin!(c.batch_execute("ROLLBACK"));
+            let _ = send_now(rollback.as_mut());
+        }
+    }
+}
+
+/// Polls `f` once: a tokio-postgres request goes out on its first poll.
+fn send_now<F: std::future::Future + ?Sized>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+    f.poll(&mut std::task::Context::from_waker(futures_util::task::noop_waker_ref()))
+}
+
 /// RFC 3339 with milliseconds, UTC.
 pub(crate) fn fmt_time(t: chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -577,6 +674,18 @@ pub(crate) fn not_found<T>() -> Result<T> {
 mod tests {
     use super::*;
 
+    /// A replica skips only its own dispatch notifications; every other replica kicks the
+    /// workspace's connections, as for a payload without a sender.
+    #[test]
+    fn dispatch_is_skipped_only_by_its_sender() {
+        let mine = dispatch_payload("wsp_1", Some("rep_a"));
+        assert_eq!(dispatch_target(&mine, "rep_a"), None);
+        assert_eq!(dispatch_target(&mine, "rep_b"), Some("wsp_1"));
+        let anyone = dispatch_payload("wsp_1", None);
+        assert_eq!(anyone, "wsp_1");
+        assert_eq!(dispatch_target(&anyone, "rep_a"), Some("wsp_1"));
+    }
+
     /// Connect timeout, TCP user timeout and statement timeout are set unless the URL sets
     /// them itself.
     #[test]
@@ -585,7 +694,10 @@ mod tests {
         let c = db_config("host=db user=berth dbname=berth", &options).unwrap();
         assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(10)));
         assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(30)));
-        assert_eq!(c.get_options(), Some("-c statement_timeout=30000"));
+        assert_eq!(
+            c.get_options(),
+            Some("-c statement_timeout=30000 -c plan_cache_mode=force_generic_plan")
+        );
 
         let c = db_config(
             "postgres://berth@db/berth?connect_timeout=3&tcp_user_timeout=4&options=-c%20statement_timeout%3D5s",
@@ -594,16 +706,30 @@ mod tests {
         .unwrap();
         assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(3)));
         assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(4)));
-        assert_eq!(c.get_options(), Some("-c statement_timeout=5s"));
+        assert_eq!(
+            c.get_options(),
+            Some("-c statement_timeout=5s -c plan_cache_mode=force_generic_plan")
+        );
 
         let c = db_config("host=db options='-c search_path=x'", &options).unwrap();
-        assert_eq!(c.get_options(), Some("-c search_path=x -c statement_timeout=30000"));
+        assert_eq!(
+            c.get_options(),
+            Some("-c search_path=x -c statement_timeout=30000 -c plan_cache_mode=force_generic_plan")
+        );
+        let c = db_config("host=db options='-c plan_cache_mode=auto'", &options).unwrap();
+        assert_eq!(
+            c.get_options(),
+            Some("-c plan_cache_mode=auto -c statement_timeout=30000")
+        );
 
         let none = DbOptions {
             statement_timeout: Duration::ZERO,
             ..DbOptions::default()
         };
-        assert_eq!(db_config("host=db", &none).unwrap().get_options(), None);
+        assert_eq!(
+            db_config("host=db", &none).unwrap().get_options(),
+            Some("-c plan_cache_mode=force_generic_plan")
+        );
         assert!(db_config("host=db sslmode=verify-full", &options).is_err());
     }
 }

@@ -69,13 +69,15 @@ impl Store {
         prompt: &str,
         op: Option<&Receipt>,
     ) -> Result<SessionSendResult> {
-        Ok(self.admit(tenant_id, session_id, prompt, &[], op).await?.0)
+        Ok(self.admit(tenant_id, session_id, prompt, &[], op, None).await?.0)
     }
 
     /// [`Store::send`] with attachments (ids of the tenant's uploads, in the order the
     /// worker receives them; another tenant's id is `not-found`), also returning the
     /// session's workspace (so that a replica holding its worker can hand the started turn
-    /// out at once).
+    /// out at once). `replica`: the admitting replica, named in the dispatch notification
+    /// when it kicks its own worker connections itself after the commit
+    /// ([`crate::dispatch_payload`]).
     pub async fn admit(
         &self,
         tenant_id: &str,
@@ -83,11 +85,23 @@ impl Store {
         prompt: &str,
         attachments: &[String],
         op: Option<&Receipt>,
+        replica: Option<&str>,
     ) -> Result<(SessionSendResult, String)> {
-        let mut client = self.pool.get().await?;
-        // The tenant switch goes out with admission's first statements: one wait.
-        let tx = client.transaction().await?;
-        let admitted = admit_in(&tx, true, tenant_id, session_id, prompt, attachments, None, op).await?;
+        let client = self.pool.get().await?;
+        // `BEGIN` and the tenant switch go out with admission's first statements: one wait.
+        let tx = crate::Begun::new(&client);
+        let admitted = admit_in(
+            tx.client(),
+            true,
+            tenant_id,
+            session_id,
+            prompt,
+            attachments,
+            None,
+            op,
+            replica,
+        )
+        .await?;
         tx.commit().await?;
         Ok(admitted)
     }
@@ -262,13 +276,14 @@ impl Store {
     ) -> Result<Vec<ClaimedTurn>> {
         let mut client = self.pool.get().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        // The tenant switch, the sessions whose queued turn may start, and the claim of the
-        // running turns not yet handed out go out together: one wait.
+        // `BEGIN`, the tenant switch, the sessions whose queued turn may start, and the
+        // claim of the running turns not yet handed out go out together: one wait.
         let candidate_params: [Param; 2] = [&tenant_id, &workspace_ids];
         let claim_params: [Param; 5] = [&connection_id, &tenant_id, &workspace_ids, &default_model, &limit];
-        let (tx, mut results) = crate::tenant_tx_pipelined(
-            &mut client,
-            tenant_id,
+        let tx = crate::Begun::new(&client);
+        let mut results = crate::pipelined(
+            tx.client(),
+            Some((crate::TENANT_SQL, tenant_id)),
             &[
                 (
                     "SELECT DISTINCT ON (t.session_id) t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id
@@ -283,7 +298,7 @@ impl Store {
         .await?;
         let claimed = results.pop().unwrap_or_default();
         let candidates = results.pop().unwrap_or_default();
-        let mut turns = claimed_turns(&tx, tenant_id, claimed).await?;
+        let mut turns = claimed_turns(tx.client(), tenant_id, claimed).await?;
         tx.commit().await?;
         // Usually none: a turn started by `session.send` is running already.
         if candidates.is_empty() {
@@ -363,36 +378,6 @@ impl Store {
             turns.extend(claimed);
         }
         Ok(())
-    }
-
-    /// For the model proxy: the model, provider profile and endpoint `turn_id` was
-    /// dispatched with (None: the defaults), if the turn is running and was handed to a live
-    /// connection of the calling worker credential; `turn-not-running` otherwise.
-    pub async fn proxy_turn(&self, worker: &Principal, turn_id: &str) -> Result<ProxyTurn> {
-        let client = self.pool.get().await?;
-        // One round trip: it runs before every model request.
-        let row = crate::tenant_read_opt(
-            &client,
-            &worker.tenant_id,
-            &format!(
-                "SELECT t.model, t.provider, t.base_url, t.session_id FROM turns t
-                   JOIN worker_presence p ON p.connection_id = t.dispatched_to
-                  WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running'
-                    AND p.tenant_id = $2 AND p.credential_id = $3
-                    AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
-            ),
-            &[&turn_id, &worker.tenant_id, &worker.credential_id],
-        )
-        .await?;
-        match row {
-            Some(r) => Ok(ProxyTurn {
-                model: r.get(0),
-                provider: r.get(1),
-                base_url: r.get(2),
-                session_id: r.get(3),
-            }),
-            None => Err(StoreError::Code(ErrorCode::TurnNotRunning)),
-        }
     }
 
     /// Record the usage the model proxy metered from the provider's stream: added to the
@@ -1049,11 +1034,19 @@ pub(crate) async fn admit(
     attachments: &[String],
     parent_turn: Option<&str>,
 ) -> Result<SessionSendResult> {
-    Ok(
-        admit_in(tx, false, tenant_id, session_id, prompt, attachments, parent_turn, None)
-            .await?
-            .0,
+    Ok(admit_in(
+        tx,
+        false,
+        tenant_id,
+        session_id,
+        prompt,
+        attachments,
+        parent_turn,
+        None,
+        None,
     )
+    .await?
+    .0)
 }
 
 /// The session's live turns and the next queue position, read under its lock.
@@ -1064,7 +1057,8 @@ const ADMIT_ACTIVE_SQL: &str = "SELECT
 
 /// [`admit`], also returning the session's workspace. `switch_tenant`: the transaction is
 /// fresh and the tenant switch is sent here, ahead of the first statements (one wait for
-/// all of them). `op` is finished with the result in the same transaction.
+/// all of them). `op` is finished with the result in the same transaction. `replica`: see
+/// [`Store::admit`].
 #[allow(clippy::too_many_arguments)]
 async fn admit_in(
     tx: &impl GenericClient,
@@ -1075,6 +1069,7 @@ async fn admit_in(
     attachments: &[String],
     parent_turn: Option<&str>,
     op: Option<&Receipt>,
+    replica: Option<&str>,
 ) -> Result<(SessionSendResult, String)> {
     let lock_sql = format!(
         "SELECT workspace_id, paused, {} AS online FROM sessions s
@@ -1126,6 +1121,7 @@ async fn admit_in(
             .await?;
         let rows = [NewRow::user(prompt)];
         let started = EventPayload::TurnStarted(Nothing {});
+        let wake = crate::dispatch_payload(&workspace_id, replica);
         let (_, seq, _) = tokio::try_join!(
             biased;
             async {
@@ -1140,7 +1136,7 @@ async fn admit_in(
                         &attachments,
                         &parent_turn,
                         &CHANNEL_DISPATCH,
-                        &workspace_id,
+                        &wake,
                     ],
                 )
                 .await

@@ -219,12 +219,20 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
     let (r, workspace_id) = ctx
         .state
         .store
-        .admit(&me.tenant_id, &p.session_id, &p.prompt, &p.attachments, ctx.op.as_ref())
+        .admit(
+            &me.tenant_id,
+            &p.session_id,
+            &p.prompt,
+            &p.attachments,
+            ctx.op.as_ref(),
+            Some(ctx.state.config.replica_id.as_str()),
+        )
         .await?;
     if r.state == TurnState::Running {
         // When this replica holds the workspace's worker, hand the turn out now rather than
-        // when this replica hears its own `NOTIFY berth_dispatch` back (other replicas still
-        // rely on that; a claim that finds nothing left is harmless).
+        // when this replica hears its own `NOTIFY berth_dispatch` back. The notification
+        // names this replica, which skips it (a second, empty claim); other replicas still
+        // kick on it.
         ctx.state.workers.kick(&workspace_id);
     }
     tracing::info!(turn.id = %r.turn_id, state = r.state.as_str(), "turn admitted");

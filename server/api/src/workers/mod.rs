@@ -5,7 +5,10 @@
 //! `worker.hello`, and is then handed turns. Hand-out is driven by the database: any
 //! replica that admits or settles a turn sends `NOTIFY berth_dispatch, '<workspace>'`, and
 //! the replica that holds a connection for that workspace claims the turns
-//! ([`berth_store::Store::claim_turns`]) and sends `turn.run`.
+//! ([`berth_store::Store::claim_turns`]) and sends `turn.run`. `session.send` kicks this
+//! replica's connections itself and names itself in the payload
+//! ([`berth_store::dispatch_payload`]), so that it does not claim again when its own
+//! notification comes back.
 //!
 //! One connection carries many turns, and they must not wait for each other: the reader
 //! routes each message to its turn's own task (an ordered queue, so a turn's messages keep
