@@ -191,13 +191,6 @@ SELECT r.body, r.thinking
   JOIN rows r ON r.session_id = $1 AND r.tenant_id = $2 AND r.source_sequence = p.sequence AND r.item_index = p.item
  ORDER BY p.k";
 
-/// The tenant switch of [`crate::tenant_read`] for a page read, which also keeps
-/// PostgreSQL from planning [`PAGE_SQL`] again on every call: with `auto`, the generic plan
-/// of a `LIMIT $6` looks dearer than a custom one, so each page paid ~0.13 ms of planning for
-/// the same plan (an index range scan of `rows_pkey` in page order, whatever the values).
-const PAGE_TENANT_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true),
-        set_config('plan_cache_mode', 'force_generic_plan', true)";
-
 /// The session's fence for [`PAGE_SQL`] (no row: no such session).
 const FENCE_SQL: &str =
     "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL";
@@ -277,29 +270,10 @@ async fn page_read(
     tenant_id: &str,
     params: &[Param<'_>],
 ) -> Result<(Option<tokio_postgres::Row>, Vec<tokio_postgres::Row>)> {
-    // Prepared first (cached per connection): a statement still to be prepared would go
-    // out after the `COMMIT`.
-    let (set, fence, page) = tokio::try_join!(
-        client.prepare_cached(PAGE_TENANT_SQL),
-        client.prepare_cached(FENCE_SQL),
-        client.prepare_cached(PAGE_SQL),
-    )?;
-    let c: &tokio_postgres::Client = client;
-    let tenant: [Param; 2] = [&crate::APP_ROLE, &tenant_id];
-    // Polled (and so sent) in this order; PostgreSQL runs them in order.
-    let (begin, set, fence, page, commit) = tokio::join!(
-        biased;
-        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
-        c.execute(&set, &tenant),
-        c.query_opt(&fence, &params[..2]),
-        c.query(&page, params),
-        c.batch_execute("COMMIT"),
-    );
-    begin?;
-    set?;
-    let fence = fence?;
-    let page = page?;
-    commit?;
+    let mut results =
+        crate::tenant_snapshot(client, tenant_id, &[(FENCE_SQL, &params[..2]), (PAGE_SQL, params)]).await?;
+    let page = results.pop().unwrap_or_default();
+    let fence = results.pop().and_then(|rows| rows.into_iter().next());
     Ok((fence, page))
 }
 

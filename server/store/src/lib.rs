@@ -433,7 +433,7 @@ async fn tenant_once(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Vec<tokio_postgres::Row>> {
-    let mut results = one_round_trip(client, tenant_sql, tenant_id, &[(sql, params)]).await?;
+    let mut results = one_round_trip(client, "BEGIN", tenant_sql, tenant_id, &[(sql, params)]).await?;
     Ok(results.pop().unwrap_or_default())
 }
 
@@ -448,11 +448,29 @@ pub(crate) async fn tenant_pipeline(
     tenant_id: &str,
     statements: &[(&str, Params<'_>)],
 ) -> Result<Vec<Vec<tokio_postgres::Row>>> {
-    one_round_trip(client, TENANT_SQL, tenant_id, statements).await
+    one_round_trip(client, "BEGIN", TENANT_SQL, tenant_id, statements).await
+}
+
+/// Reads under the tenant's row-level security in one round trip, as [`tenant_read`], all
+/// in one snapshot (repeatable read, read only): each statement's rows.
+pub(crate) async fn tenant_snapshot(
+    client: &deadpool_postgres::Object,
+    tenant_id: &str,
+    statements: &[(&str, Params<'_>)],
+) -> Result<Vec<Vec<tokio_postgres::Row>>> {
+    one_round_trip(
+        client,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+        TENANT_SQL,
+        tenant_id,
+        statements,
+    )
+    .await
 }
 
 async fn one_round_trip(
     client: &deadpool_postgres::Object,
+    begin_sql: &str,
     tenant_sql: &str,
     tenant_id: &str,
     statements: &[(&str, Params<'_>)],
@@ -470,7 +488,7 @@ async fn one_round_trip(
             .map(|(statement, (_, params))| c.query(statement, params)),
     );
     let (begin, set, results, commit) = futures_util::future::join4(
-        c.batch_execute("BEGIN"),
+        c.batch_execute(begin_sql),
         c.execute(&set, &[&APP_ROLE, &tenant_id]),
         queries,
         c.batch_execute("COMMIT"),
