@@ -1013,6 +1013,18 @@ async fn history_pages_cut_by_rows_and_bytes_cover_the_whole_history() {
     assert_eq!(code(&missing), "not-found");
 }
 
+/// A new session, for tests that write its history rows themselves: its id, a direct
+/// database connection, its tenant and its last sequence.
+async fn seeded_session(stack: &Stack, c: &mut Client) -> (String, tokio_postgres::Client, String, i64) {
+    let sid = stack.session(c).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let row = db
+        .query_one("SELECT tenant_id, last_sequence FROM sessions WHERE id = $1", &[&sid])
+        .await
+        .unwrap();
+    (sid, db, row.get(0), row.get(1))
+}
+
 /// `session.history` pages are written straight from the database's rows; the text is the
 /// same, byte for byte, as the typed page's (`Store::history`, which the worker's
 /// `turn_history` reads): turn ids, thinking, tools, attachments, hidden rows left out, a
@@ -1023,13 +1035,7 @@ async fn history_pages_written_from_rows_match_the_typed_pages() {
     let mock = MockProvider::start().await;
     let stack = Stack::start(&mock, 1).await;
     let mut c = stack.client(0).await;
-    let sid = stack.session(&mut c).await;
-    let db = berth_e2e::harness::db(&stack.database_url).await;
-    let row = db
-        .query_one("SELECT tenant_id, last_sequence FROM sessions WHERE id = $1", &[&sid])
-        .await
-        .unwrap();
-    let (tenant, first): (String, i64) = (row.get(0), row.get(1));
+    let (sid, db, tenant, first) = seeded_session(&stack, &mut c).await;
     db.execute(
         "INSERT INTO events (session_id, sequence, tenant_id, type, payload)
          SELECT $1, g, $2, 'model.completed', '{}' FROM generate_series($3::bigint, $3::bigint + 5) g",
@@ -1109,13 +1115,7 @@ async fn history_pages_cut_rows_of_mixed_sizes_at_the_byte_budget() {
     let mock = MockProvider::start().await;
     let stack = Stack::start(&mock, 1).await;
     let mut c = stack.client(0).await;
-    let sid = stack.session(&mut c).await;
-    let db = berth_e2e::harness::db(&stack.database_url).await;
-    let row = db
-        .query_one("SELECT tenant_id, last_sequence FROM sessions WHERE id = $1", &[&sid])
-        .await
-        .unwrap();
-    let (tenant, first): (String, i64) = (row.get(0), row.get(1));
+    let (sid, db, tenant, first) = seeded_session(&stack, &mut c).await;
     let sizes = [
         5, 3000, 40, 1500, 700, 70_000, 12, 2600, 300_000, 8, 1100, 900, 20_000, 3, 5000, 260_000, 64, 2000, 1_200_000,
         30, 1023, 1025, 9,
