@@ -621,7 +621,7 @@ async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
     let mut a = stack.client(0).await;
     let sid = stack.session(&mut a).await;
     let mut b = stack.client(1).await;
-    let mut watches = vec![
+    let mut watches = [
         a.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
         b.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
     ];
