@@ -612,6 +612,39 @@ async fn a_prompt_is_handed_out_at_once_through_either_replica() {
     }
 }
 
+/// Watchers on either replica see the turn's live phase go `running` and, once it ends,
+/// `idle` (relayed to the other replica in the end's own transaction).
+#[tokio::test(flavor = "multi_thread")]
+async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut a = stack.client(0).await;
+    let sid = stack.session(&mut a).await;
+    let mut b = stack.client(1).await;
+    let mut watches = [
+        a.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
+        b.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
+    ];
+    for round in 0..2 {
+        mock.push(Reply::Stream(vec![Part::Text("done".into())]));
+        let sent = a.ok("session.send", json!({"sessionId": sid, "prompt": "go"})).await;
+        let turn = sent["turnId"].clone();
+        for (replica, watch) in watches.iter_mut().enumerate() {
+            let phase = |p: &'static str| {
+                let turn = turn.clone();
+                move |i: &Value| i["type"] == "phase" && i["phase"] == p && i["turnId"] == turn
+            };
+            let items = watch.until(10, phase("running")).await;
+            assert!(items.is_some(), "replica {replica}, turn {round}: phase running");
+            let items = watch.until(10, phase("idle")).await;
+            assert!(
+                items.is_some(),
+                "replica {replica}, turn {round}: phase idle after the end"
+            );
+        }
+    }
+}
+
 /// A watcher joining mid-turn, on another replica than the worker's, gets the text so far
 /// and then the rest, with nothing doubled.
 #[tokio::test(flavor = "multi_thread")]

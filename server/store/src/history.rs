@@ -10,7 +10,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
 use tokio_postgres::types::Json;
 
-use crate::{CHANNEL_EVENTS, Cached, Result, Store, StoreError, fmt_time, not_found, tenant_tx, tenant_tx_first};
+use crate::{CHANNEL_EVENTS, Cached, Result, Store, StoreError, fmt_time, not_found, tenant_tx};
 
 type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
 
@@ -458,10 +458,10 @@ impl Store {
         limit: i64,
         max_bytes: usize,
     ) -> Result<(Vec<EventRecord>, bool)> {
-        let mut client = self.pool.get().await?;
+        let client = self.pool.get().await?;
         let params: [Param; 5] = [&session_id, &tenant_id, &after, &limit, &(max_bytes as i64)];
-        let (tx, lines) = tenant_tx_first(&mut client, tenant_id, CATCH_UP_SQL, &params).await?;
-        tx.commit().await?;
+        // `BEGIN`, the tenant switch, the statement and `COMMIT` in one round trip.
+        let lines = crate::tenant_read(&client, tenant_id, CATCH_UP_SQL, &params).await?;
         let Some(fence) = lines.first() else { return not_found() };
         let cleared: i64 = fence.get(0);
         if after > 0 && after < cleared - 1 {

@@ -414,9 +414,11 @@ pub(crate) async fn tenant_read(
 }
 
 /// One write statement in its own transaction, in one round trip as [`tenant_read`], whose
-/// commit does not wait for the disk (as [`tenant_tx_unflushed_first`], with the same
-/// restriction: only for writes whose loss in a database crash is harmless). A failing
-/// statement fails the call and its `COMMIT` then rolls back.
+/// commit does not wait for the disk (`synchronous_commit = off`, set with the tenant).
+/// Only for writes whose loss in a database crash is harmless — never for history a client
+/// or worker was told is stored (ARCHITECTURE.md, "Durable where acknowledged"); a later
+/// durable commit flushes the log past it. A failing statement fails the call and its
+/// `COMMIT` then rolls back.
 pub(crate) async fn tenant_write_unflushed(
     client: &deadpool_postgres::Object,
     tenant_id: &str,
@@ -517,31 +519,6 @@ const TENANT_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth
 const TENANT_UNFLUSHED_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true),
         set_config('synchronous_commit', 'off', true)";
 
-/// [`tenant_tx`] whose first statement goes out together with the tenant switch: one wait
-/// instead of two, on paths every turn takes. Returns the transaction and the statement's
-/// rows.
-pub(crate) async fn tenant_tx_first<'a>(
-    client: &'a mut deadpool_postgres::Object,
-    tenant_id: &str,
-    sql: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
-    begin_with_first(client, TENANT_SQL, tenant_id, sql, params).await
-}
-
-/// [`tenant_tx_first`] whose commit does not wait for the disk (`synchronous_commit = off`,
-/// set with the tenant). Only for writes whose loss in a database crash is harmless — never
-/// for history a client or worker was told is stored (ARCHITECTURE.md, "Durable where
-/// acknowledged"). A later durable commit flushes the log past it.
-pub(crate) async fn tenant_tx_unflushed_first<'a>(
-    client: &'a mut deadpool_postgres::Object,
-    tenant_id: &str,
-    sql: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
-    begin_with_first(client, TENANT_UNFLUSHED_SQL, tenant_id, sql, params).await
-}
-
 /// [`tenant_tx`] whose first `statements` go out together with the tenant switch, in
 /// order (each runs after the one before, so a statement reads what an earlier one locked):
 /// one wait after `BEGIN`. Returns the transaction and each statement's rows; an error in
@@ -599,18 +576,6 @@ pub(crate) async fn pipelined(
     // order too.
     let (_, results) = tokio::try_join!(biased; switch, queries)?;
     Ok(results)
-}
-
-/// The first statement's rows of [`begin_pipelined`].
-async fn begin_with_first<'a>(
-    client: &'a mut deadpool_postgres::Object,
-    tenant_sql: &str,
-    tenant_id: &str,
-    sql: &str,
-    params: Params<'_>,
-) -> Result<(deadpool_postgres::Transaction<'a>, Vec<tokio_postgres::Row>)> {
-    let (tx, mut results) = begin_pipelined(client, tenant_sql, tenant_id, &[(sql, params)]).await?;
-    Ok((tx, results.pop().unwrap_or_default()))
 }
 
 /// A transaction whose `BEGIN` goes out with its first statements rather than waiting for

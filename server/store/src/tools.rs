@@ -20,6 +20,18 @@ use crate::{
 /// Rows per `turn.history` page at most.
 const TURN_HISTORY_ROWS: u32 = 500;
 
+/// A running turn's session (`$1` the turn, `$2` the tenant, `$3` the connection it was
+/// handed to), with the session's latest compaction's `keepFrom` and its summary (the
+/// compaction event's row 0), NULL when never compacted.
+const TURN_HANDOFF_SQL: &str = "SELECT t.session_id, c.payload->'keepFrom', r.body
+       FROM turns t
+       LEFT JOIN LATERAL (SELECT e.sequence, e.payload FROM events e
+                           WHERE e.session_id = t.session_id AND e.tenant_id = $2 AND e.type = 'session.compacted'
+                           ORDER BY e.sequence DESC LIMIT 1) c ON true
+       LEFT JOIN rows r ON r.session_id = t.session_id AND r.tenant_id = $2
+                       AND r.source_sequence = c.sequence AND r.item_index = 0
+      WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running' AND t.dispatched_to = $3";
+
 impl Store {
     /// A page of the session's rows (hidden ones left out) for the worker connection that
     /// runs `turn_id`, after `after`; returns the rows, where the next page starts and, on
@@ -31,15 +43,32 @@ impl Store {
         turn_id: &str,
         mut after: Option<Position>,
     ) -> Result<(Vec<Row>, Option<Position>, Option<Handoff>)> {
-        let session_id = self.turn_session(connection_id, tenant_id, turn_id).await?;
-        let mut handoff = None;
-        if after.is_none() {
-            let mut client = self.pool.get().await?;
-            let tx = tenant_tx(&mut client, tenant_id).await?;
-            handoff = crate::compaction::handoff(&tx, tenant_id, &session_id).await?;
-            tx.commit().await?;
-            // The pages start at `keepFrom` (`after` is exclusive).
-            after = handoff.as_ref().map(|h| Position {
+        // The turn check and, on the first page, the handoff (the latest compaction's
+        // `keepFrom` and summary) in one statement and one round trip.
+        let (session_id, handoff) = if after.is_some() {
+            (self.turn_session(connection_id, tenant_id, turn_id).await?, None)
+        } else {
+            let client = self.pool.get().await?;
+            let row = crate::tenant_read_opt(
+                &client,
+                tenant_id,
+                TURN_HANDOFF_SQL,
+                &[&turn_id, &tenant_id, &connection_id],
+            )
+            .await?
+            .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))?;
+            let handoff = match row.get::<_, Option<serde_json::Value>>(1) {
+                Some(keep_from) => Some(Handoff {
+                    keep_from: serde_json::from_value(keep_from).map_err(|e| StoreError::Other(e.into()))?,
+                    summary: row.get::<_, Option<String>>(2).unwrap_or_default(),
+                }),
+                None => None,
+            };
+            (row.get(0), handoff)
+        };
+        // The pages start at `keepFrom` (`after` is exclusive).
+        if let Some(h) = &handoff {
+            after = Some(Position {
                 source_sequence: h.keep_from.source_sequence,
                 item_index: h.keep_from.item_index - 1,
             });

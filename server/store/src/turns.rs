@@ -17,7 +17,7 @@ use crate::{
     not_found,
     receipts::{Receipt, finish},
     sessions::{lock_session, queue_changed},
-    tenant_tx, tenant_tx_first, tenant_tx_unflushed_first, token,
+    tenant_tx, token,
     workspaces::{PRESENCE_TTL, online_sql},
 };
 
@@ -468,12 +468,14 @@ impl Store {
         channel: &str,
         payloads: &[String],
     ) -> Result<()> {
-        let mut client = self.pool.get().await?;
+        let client = self.pool.get().await?;
         // Live output is not history (the completed step is): no need to wait for the disk.
-        // The update and the relay in one statement, sent with the tenant switch; a turn
-        // that was stopped updates nothing and relays nothing (its late output goes nowhere).
-        let (tx, _) = tenant_tx_unflushed_first(
-            &mut client,
+        // The update and the relay in one statement, sent with `BEGIN`, the tenant switch
+        // and `COMMIT` (one round trip: the turn's row lock is held inside PostgreSQL only,
+        // never across a wait for this process); a turn that was stopped updates nothing and
+        // relays nothing (its late output goes nowhere).
+        crate::tenant_write_unflushed(
+            &client,
             tenant_id,
             "WITH u AS (UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
                          WHERE id = $1 AND tenant_id = $2 AND state = 'running' RETURNING 1)
@@ -489,22 +491,20 @@ impl Store {
             ],
         )
         .await?;
-        tx.commit().await?;
         Ok(())
     }
 
     /// The running step's stored partial output, if a turn runs.
     pub async fn partial(&self, tenant_id: &str, session_id: &str) -> Result<Option<Partial>> {
-        let mut client = self.pool.get().await?;
-        let (tx, rows) = tenant_tx_first(
-            &mut client,
+        let client = self.pool.get().await?;
+        let rows = crate::tenant_read(
+            &client,
             tenant_id,
             "SELECT id, step, partial_text, partial_thinking FROM turns
               WHERE session_id = $1 AND tenant_id = $2 AND state = 'running'",
             &[&session_id, &tenant_id],
         )
         .await?;
-        tx.commit().await?;
         Ok(rows.first().map(|r| Partial {
             turn_id: r.get(0),
             step: r.get(1),

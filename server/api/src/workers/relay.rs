@@ -100,15 +100,18 @@ impl TurnTask {
     pub(super) async fn relay_now(&self, item: serde_json::Value) {
         let state = &self.conn.state;
         state.hub.live(&self.live.session, item.clone());
+        if let Err(e) = state.store.notify(CHANNEL_DELTAS, &self.relayed(item)).await {
+            tracing::warn!(error = %e, "relaying live deltas failed");
+        }
+    }
+
+    /// `item` as a `NOTIFY` payload for the other replicas' watchers.
+    pub(super) fn relayed(&self, item: serde_json::Value) -> String {
         let msg = RelayedDelta {
-            replica: state.config.replica_id.clone(),
+            replica: self.conn.state.config.replica_id.clone(),
             session: self.live.session.clone(),
             item,
         };
-        if let Ok(payload) = serde_json::to_string(&msg)
-            && let Err(e) = state.store.notify(CHANNEL_DELTAS, &payload).await
-        {
-            tracing::warn!(error = %e, "relaying live deltas failed");
-        }
+        serde_json::to_string(&msg).unwrap_or_default()
     }
 }

@@ -47,7 +47,10 @@ impl TurnTask {
         // The output not yet relayed goes to other replicas with the end, in its transaction
         // (the stored partial text is cleared there anyway): one transaction less on the
         // turn's critical path, and the deltas still arrive before `turn.ended`.
-        let relay = self.take_relay().map(|(_, payloads)| payloads).unwrap_or_default();
+        let mut relay = self.take_relay().map(|(_, payloads)| payloads).unwrap_or_default();
+        // So is the idle phase, last: committed with the end, or not at all.
+        let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
+        relay.push(self.relayed(idle.clone()));
         let conn = self.conn.clone();
         let r = {
             let _permits = conn.write_permits().await;
@@ -73,8 +76,12 @@ impl TurnTask {
         let metrics = &conn.state.metrics;
         metrics.turn_duration.observe(self.live.started.elapsed().as_secs_f64());
         conn.state.hub.end_step(&self.live.session);
-        let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
-        self.relay_now(idle).await;
+        if r.is_ok() {
+            conn.state.hub.live(&self.live.session, idle);
+        } else {
+            // Not settled here (already stopped or swept): the idle phase goes out alone.
+            self.relay_now(idle).await;
+        }
         let (session_id, seq) = r?;
         conn.state.hub.event(&session_id, seq);
         if end.state == berth_protocol::TurnState::Completed {
