@@ -1996,7 +1996,12 @@ async fn files_read(
         let (bytes, begin) = read_checked(&mut ws, i as u32 + 1, &sid, &b64).await;
         let b = t0.elapsed();
         let c1 = cpu();
-        assert!(bytes == content.as_bytes(), "read {} of {} bytes, or other bytes", bytes.len(), content.len());
+        assert!(
+            bytes == content.as_bytes(),
+            "read {} of {} bytes, or other bytes",
+            bytes.len(),
+            content.len()
+        );
 
         // The tests' client: a `Value` tree per item.
         let t0 = Instant::now();

@@ -501,6 +501,31 @@ mod tests {
     }
 
     #[test]
+    fn a_capture_read_in_blocks_has_the_whole_files_digest_and_kind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        // Several read blocks, a block boundary inside a multi-byte character.
+        let text = "naïve ✓ café\n".repeat(3 * READ_BLOCK as usize / 10);
+        let mut invalid = text.clone().into_bytes();
+        invalid.push(0xC3); // a truncated character at the very end: not UTF-8
+        let mut nul = b"\0".to_vec();
+        nul.extend_from_slice(text.as_bytes());
+        for (name, data, is_text) in [
+            ("text", text.as_bytes().to_vec(), true),
+            ("invalid", invalid, false),
+            ("nul", nul, false),
+            ("empty", Vec::new(), true),
+        ] {
+            std::fs::write(tmp.path().join(name), &data).unwrap();
+            let cap = capture(&ws, Path::new(name)).unwrap().ok().unwrap();
+            assert!(cap.data == data, "{name}: captured other bytes");
+            let hex: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(cap.sha256, hex, "{name}");
+            assert_eq!(cap.text, is_text, "{name}");
+        }
+    }
+
+    #[test]
     fn local_directories_are_watched_natively() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(tmp.path()).unwrap();
