@@ -1856,8 +1856,95 @@ async fn git_status(
     );
 }
 
+/// One frame of a `files.read` subscription as a careful client reads it: typed and
+/// borrowed (a chunk's base64 is not copied out of the frame), fields it does not use skipped.
+#[derive(serde::Deserialize)]
+struct ReadFrame<'a> {
+    /// The final answer's id (a response); absent on items.
+    id: Option<u32>,
+    #[serde(borrow)]
+    params: Option<ReadParams<'a>>,
+    #[serde(borrow)]
+    error: Option<&'a serde_json::value::RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReadParams<'a> {
+    id: u32,
+    #[serde(borrow)]
+    item: ReadItem<'a>,
+}
+
+/// `begin`, `chunk` or `end` (one flat struct: the fields of all three, by `type`).
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReadItem<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    size: Option<u64>,
+    offset: Option<u64>,
+    data_base64: Option<&'a str>,
+    sha256: Option<&'a str>,
+}
+
+/// One `files.read` as a careful client does it, on its own WebSocket: every frame parsed
+/// typed and borrowed, offsets checked contiguous, each chunk's base64 decoded into one
+/// buffer and fed to a SHA-256 that must match `end`'s. The file's bytes and the time to
+/// `begin`.
+async fn read_checked(ws: &mut Ws, id: u32, session: &str, path_b64: &str) -> (Vec<u8>, Duration) {
+    use sha2::Digest;
+    let t0 = Instant::now();
+    let request = json!({"jsonrpc": "2.0", "id": id, "method": "files.read",
+        "params": {"sessionId": session, "path": {"bytesBase64": path_b64}}});
+    ws.send(Message::text(request.to_string())).await.expect("send");
+    let mut data = Vec::new();
+    let mut hasher = sha2::Sha256::new();
+    let mut to_begin = Duration::ZERO;
+    let mut ended = false;
+    loop {
+        let text = next_text(ws).await;
+        let frame: ReadFrame = serde_json::from_str(&text).expect("a files.read frame");
+        if let Some(e) = frame.error {
+            panic!("files.read failed: {e}");
+        }
+        let Some(params) = frame.params else {
+            assert_eq!(frame.id, Some(id), "answer of another request: {text}");
+            assert!(ended, "files.read answered before its end item");
+            return (data, to_begin);
+        };
+        assert_eq!(params.id, id);
+        let item = params.item;
+        match item.kind {
+            "begin" => {
+                to_begin = t0.elapsed();
+                data.reserve_exact(item.size.expect("begin size") as usize);
+            }
+            "chunk" => {
+                assert_eq!(item.offset, Some(data.len() as u64), "offsets not contiguous");
+                let at = data.len();
+                base64_simd::STANDARD
+                    .decode_append(item.data_base64.expect("chunk data"), &mut data)
+                    .expect("chunk base64");
+                hasher.update(&data[at..]);
+            }
+            "end" => {
+                assert_eq!(item.size, Some(data.len() as u64), "end size");
+                let digest: String = hasher.clone().finalize().iter().map(|b| format!("{b:02x}")).collect();
+                assert_eq!(item.sha256, Some(digest.as_str()), "end sha256");
+                ended = true;
+            }
+            other => panic!("files.read: {other} {text}"),
+        }
+    }
+}
+
 /// `pids`: the worker, the replica holding it and the client's replica, whose CPU per read
 /// is printed (and recorded by `perf` with `BERTH_BENCH_PERF=FILE`).
+///
+/// The row is a careful client's read ([`read_checked`]); a second row reports the same
+/// read through the tests' client (a `serde_json::Value` tree of every item, handed between
+/// tasks, offsets and digest not checked), interleaved with the first so both see the same
+/// load.
 async fn files_read(
     table: &mut Table,
     server: &TestServer,
@@ -1876,20 +1963,26 @@ async fn files_read(
     std::fs::write(&path, &content).expect("big file");
     let mut client = Client::authed(&server.ws_url(), token).await.expect("client");
     let sid = session(&mut client, workspace).await;
+    let mut ws = ws_connect(&server.ws_url(), Some(token)).await;
     let b64 = base64::engine::general_purpose::STANDARD.encode("big.txt");
-    let (mut berth, mut raw) = (Vec::new(), Vec::new());
+    let (mut berth, mut through_value, mut raw) = (Vec::new(), Vec::new(), Vec::new());
     let cpu = || {
         let mut c = pids.map(cpu_time).to_vec();
         c.push(cpu_time(std::process::id()));
         c
     };
+    let add = |sum: &mut Vec<Duration>, before: &[Duration], after: &[Duration]| {
+        sum.resize(after.len(), Duration::ZERO);
+        for ((s, b), a) in sum.iter_mut().zip(before).zip(after) {
+            *s += a.saturating_sub(*b);
+        }
+    };
     let mut perf = None;
-    let mut cpu0 = Vec::new();
-    let mut to_begin = Vec::new();
+    let (mut cpu_checked, mut cpu_value) = (Vec::new(), Vec::new());
+    let (mut to_begin, mut to_begin_value) = (Vec::new(), Vec::new());
     for i in 0..N + 2 {
         if i == 2 {
             perf = perf_start(&[&pids[..], &[std::process::id()]].concat());
-            cpu0 = cpu();
         }
         let t0 = Instant::now();
         let data = std::fs::read(&path).expect("read");
@@ -1898,42 +1991,67 @@ async fn files_read(
         let r = t0.elapsed();
         std::hint::black_box((digest, encoded));
 
+        let c0 = cpu();
+        let t0 = Instant::now();
+        let (bytes, begin) = read_checked(&mut ws, i as u32 + 1, &sid, &b64).await;
+        let b = t0.elapsed();
+        let c1 = cpu();
+        assert!(
+            bytes == content.as_bytes(),
+            "read {} of {} bytes, or other bytes",
+            bytes.len(),
+            content.len()
+        );
+
+        // The tests' client: a `Value` tree per item.
         let t0 = Instant::now();
         let mut sub = client.subscribe("files.read", json!({"sessionId": sid, "path": {"bytesBase64": b64}}));
         let mut bytes = 0usize;
+        let mut begin_value = Duration::ZERO;
         loop {
             let item = sub.next(60).await.expect("files.read item");
             match item["type"].as_str() {
                 Some("chunk") => bytes += item["dataBase64"].as_str().map_or(0, str::len) * 3 / 4,
                 Some("end") => break,
-                Some("begin") if i >= 2 => to_begin.push(ms(t0.elapsed())),
-                Some("begin") => {}
+                Some("begin") => begin_value = t0.elapsed(),
                 other => panic!("files.read: {other:?} {item}"),
             }
         }
-        let b = t0.elapsed();
+        let v = t0.elapsed();
+        let c2 = cpu();
         assert!(bytes + 4 >= content.len(), "read {bytes} of {}", content.len());
         if i >= 2 {
             raw.push(content.len() as f64 / r.as_secs_f64() / 1e6);
             berth.push(content.len() as f64 / b.as_secs_f64() / 1e6);
+            through_value.push(content.len() as f64 / v.as_secs_f64() / 1e6);
+            to_begin.push(ms(begin));
+            to_begin_value.push(ms(begin_value));
+            add(&mut cpu_checked, &c0, &c1);
+            add(&mut cpu_value, &c1, &c2);
         }
     }
     perf_stop(perf);
-    let per_read: Vec<String> = cpu()
-        .iter()
-        .zip(&cpu0)
-        .zip(["worker", "replica A", "replica B", "bench (client and baseline)"])
-        .map(|((c, c0), name)| format!("{name} {:.1} ms", ms(c.saturating_sub(*c0)) / N as f64))
-        .collect();
+    let per_read = |sum: &[Duration]| {
+        sum.iter()
+            .zip(["worker", "replica A", "replica B", "bench client"])
+            .map(|(c, name)| format!("{name} {:.1} ms", ms(*c) / N as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     println!(
-        "  files.read CPU per read: {}; first item (begin) after {:.1} ms (median)",
-        per_read.join(", "),
+        "  files.read CPU per read (careful client): {}; first item (begin) after {:.1} ms (median)",
+        per_read(&cpu_checked),
         median(&mut to_begin)
     );
-    let (b, r) = (median(&mut berth), median(&mut raw));
+    println!(
+        "  files.read CPU per read (tests' Value-tree client): {}; first item (begin) after {:.1} ms (median)",
+        per_read(&cpu_value),
+        median(&mut to_begin_value)
+    );
+    let (b, v, r) = (median(&mut berth), median(&mut through_value), median(&mut raw));
     table.add(
         &format!(
-            "`files.read` of an {} MiB file through the other replica (median of {N})",
+            "`files.read` of an {} MiB file through the other replica (median of {N}; a client that checks offsets, decodes and verifies the SHA-256)",
             SIZE >> 20
         ),
         format!("{b:.0} MB/s"),
@@ -1941,5 +2059,15 @@ async fn files_read(
         format!("{:.2}×", b / r),
         "≥ 0.5×",
         Some(b >= 0.5 * r),
+    );
+    table.add(
+        &format!(
+            "`files.read`, the same, through the tests' `Value`-tree client (median of {N}; no decoding, no digest check)"
+        ),
+        format!("{v:.0} MB/s"),
+        format!("{r:.0} MB/s read + SHA-256 + base64 in process"),
+        format!("{:.2}×", v / r),
+        "report",
+        None,
     );
 }

@@ -101,12 +101,11 @@ pub fn chunk_json_len(len: usize) -> usize {
 }
 
 /// A chunk item's JSON text, its base64 encoded straight into `out` (base64 needs no JSON
-/// escaping).
+/// escaping). SIMD base64: this is the one encoding of every chunk a client reads.
 pub fn write_chunk_json(out: &mut String, offset: u64, data: &[u8]) {
-    use base64::Engine;
     use std::fmt::Write;
     let _ = write!(out, r#"{{"type":"chunk","offset":{offset},"dataBase64":""#);
-    base64::engine::general_purpose::STANDARD.encode_string(data, out);
+    base64_simd::STANDARD.encode_append(data, out);
     out.push_str("\"}");
 }
 

@@ -27,8 +27,9 @@ use crate::workspace::{OpenError, Workspace};
 const EXCLUDED: &[&[u8]] = &[b".git", b".berth"];
 /// The largest file `files.read` captures (it holds the whole file in one buffer).
 pub(crate) const READ_MAX: u64 = 64 << 20;
-/// From this size on, `files.read` checks for text beside the digest, on a thread of its own.
-const PARALLEL_CHECKS: usize = 1 << 20;
+/// `files.read` reads a file in blocks of this size, each hashed right after it is read
+/// (while it is still in the cache) instead of in a second pass over the whole buffer.
+const READ_BLOCK: u64 = 256 << 10;
 /// How long changes settle before `changed` goes out (coalescing bursts).
 const SETTLE: Duration = Duration::from_millis(50);
 /// The polling fallback rests at least this long between scans…
@@ -193,11 +194,19 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
                 reason: "too-large".into(),
             }));
         }
-        let mut data = Vec::with_capacity(opened.meta.len() as usize);
-        (&opened.handle)
-            .take(READ_MAX + 1)
-            .read_to_end(&mut data)
-            .map_err(|e| io_failure(&e))?;
+        let mut data = Vec::with_capacity(opened.meta.len() as usize + 1);
+        let mut hasher = Sha256::new();
+        while data.len() as u64 <= READ_MAX {
+            let start = data.len();
+            let n = (&opened.handle)
+                .take(READ_BLOCK)
+                .read_to_end(&mut data)
+                .map_err(|e| io_failure(&e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&data[start..]);
+        }
         let after = cap_std::fs::Metadata::from_file(&opened.handle).map_err(|e| io_failure(&e))?;
         if after.len() != data.len() as u64
             || after.mtime() != opened.meta.mtime()
@@ -207,19 +216,11 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
             continue;
         }
         let parent_id = ws.lstat(parent).map(|m| identity(&m)).unwrap_or_default();
-        // Git's rule for binary (a NUL early on), then UTF-8, decide what is text.
-        let is_text = |data: &[u8]| !data[..data.len().min(8000)].contains(&0) && std::str::from_utf8(data).is_ok();
-        // The digest and the text check each take a pass over the whole file before the
-        // first chunk can go: side by side on two threads when the file is large.
-        let (digest, text) = if data.len() < PARALLEL_CHECKS {
-            (Sha256::digest(&data), is_text(&data))
-        } else {
-            std::thread::scope(|s| {
-                let text = s.spawn(|| is_text(&data));
-                let digest = Sha256::digest(&data);
-                (digest, text.join().unwrap_or(false))
-            })
-        };
+        let digest = hasher.finalize();
+        // Git's rule for binary (a NUL early on), then UTF-8, decide what is text. SIMD
+        // validation is a fraction of the digest's time, so it runs here, on this thread: a
+        // second thread only waited for a core on a busy machine.
+        let text = !data[..data.len().min(8000)].contains(&0) && simdutf8::basic::from_utf8(&data).is_ok();
         let version = version(rel, &after, &parent_id, &digest);
         return Ok(Ok(Capture {
             data,
@@ -335,7 +336,7 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
 pub(super) fn write_chunk(out: &mut String, offset: usize, piece: &[u8]) {
     use std::fmt::Write;
     let _ = write!(out, r#"{{"type":"chunk","offset":{offset},"dataBase64":""#);
-    base64::engine::general_purpose::STANDARD.encode_string(piece, out);
+    base64_simd::STANDARD.encode_append(piece, out);
     out.push_str("\"}");
 }
 
@@ -497,6 +498,31 @@ mod tests {
             "params": {"callId": 7, "item": item},
         });
         assert_eq!(parsed, expected);
+    }
+
+    #[test]
+    fn a_capture_read_in_blocks_has_the_whole_files_digest_and_kind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        // Several read blocks, a block boundary inside a multi-byte character.
+        let text = "naïve ✓ café\n".repeat(3 * READ_BLOCK as usize / 10);
+        let mut invalid = text.clone().into_bytes();
+        invalid.push(0xC3); // a truncated character at the very end: not UTF-8
+        let mut nul = b"\0".to_vec();
+        nul.extend_from_slice(text.as_bytes());
+        for (name, data, is_text) in [
+            ("text", text.as_bytes().to_vec(), true),
+            ("invalid", invalid, false),
+            ("nul", nul, false),
+            ("empty", Vec::new(), true),
+        ] {
+            std::fs::write(tmp.path().join(name), &data).unwrap();
+            let cap = capture(&ws, Path::new(name)).unwrap().ok().unwrap();
+            assert!(cap.data == data, "{name}: captured other bytes");
+            let hex: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(cap.sha256, hex, "{name}");
+            assert_eq!(cap.text, is_text, "{name}");
+        }
     }
 
     #[test]
