@@ -438,6 +438,20 @@ async fn tenant_once(
     Ok(results.pop().unwrap_or_default())
 }
 
+/// A whole write transaction under the tenant's row-level security in one round trip:
+/// `BEGIN`, the tenant switch, `statements` in order and `COMMIT` go out together, as in
+/// [`tenant_read`] (all sent on the first poll). Each statement's rows come back; an error
+/// in any of them fails the whole (PostgreSQL then answers the `COMMIT` with a rollback),
+/// and `Ok` means committed durably. The statements' own `WHERE` clauses must make them
+/// write nothing when an earlier one's outcome says they should not: nothing runs between.
+pub(crate) async fn tenant_pipeline(
+    client: &deadpool_postgres::Object,
+    tenant_id: &str,
+    statements: &[(&str, Params<'_>)],
+) -> Result<Vec<Vec<tokio_postgres::Row>>> {
+    one_round_trip(client, "BEGIN", TENANT_SQL, tenant_id, statements).await
+}
+
 /// Reads under the tenant's row-level security in one round trip, as [`tenant_read`], all
 /// in one snapshot (repeatable read, read only): each statement's rows.
 pub(crate) async fn tenant_snapshot(

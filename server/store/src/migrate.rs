@@ -24,7 +24,6 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0016_agents_skills_compaction.sql", include_str!("../../../migrations/0016_agents_skills_compaction.sql")),
     ("0017_channel_sessions.sql", include_str!("../../../migrations/0017_channel_sessions.sql")),
     ("0018_mcp_servers.sql", include_str!("../../../migrations/0018_mcp_servers.sql")),
-    ("0019_step_function.sql", include_str!("../../../migrations/0019_step_function.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

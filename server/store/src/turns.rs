@@ -424,9 +424,9 @@ impl Store {
     /// live output not yet relayed (payloads on [`CHANNEL_DELTAS`]), notified before the
     /// step's event and only if the step is written.
     ///
-    /// One protocol message: [`STEP_CALL`] in an implicit transaction (the tenant switch,
-    /// the session lock, the relay and the step, in the `berth_step` function of migration
-    /// 0019; the checks are in its statements, read after the lock).
+    /// One round trip: the transaction goes out whole (`BEGIN`, the tenant, the session
+    /// lock, the relay, [`STEP_SQL`], `COMMIT`), the checks being in the statements' own
+    /// `WHERE` clauses, read after the lock.
     ///
     /// `replica` (the caller's replica id) wakes its own watchers itself once this returns:
     /// the event's `NOTIFY` then goes out only if a watcher held by another replica is
@@ -443,13 +443,21 @@ impl Store {
         let client = self.pool.get().await?;
         let step = StepParams::new(rows);
         let conn = Some(connection_id);
-        let params = step.params(&turn_id, &tenant_id, &conn, &replica, &true, &relay);
-        let statement = client.prepare_cached(STEP_CALL).await?;
-        let row = client.query_one(&statement, &params).await?;
-        if !row.get::<_, bool>(0) {
+        let lock_params: [Param; 2] = [&turn_id, &tenant_id];
+        let relay_params: [Param; 5] = [&turn_id, &tenant_id, &conn, &CHANNEL_DELTAS, &relay];
+        let step_params = step.params(&turn_id, &tenant_id, &conn, &replica, &true);
+        let mut statements: Vec<(&str, &[Param])> = vec![(LOCK_SESSION_OF_TURN, &lock_params)];
+        if !relay.is_empty() {
+            statements.push((RELAY_SQL, &relay_params));
+        }
+        statements.push((STEP_SQL, &step_params));
+        let results = crate::tenant_pipeline(&client, tenant_id, &statements).await?;
+        if results[0].is_empty() {
             return not_found();
         }
-        row.get::<_, Option<i64>>(1)
+        let written = results.last().and_then(|rows| rows.first());
+        written
+            .map(|r| r.get(0))
             .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))
     }
 
@@ -566,12 +574,10 @@ impl Store {
         .type_name();
         let step = step.map(StepParams::new);
         let replica = replica.filter(|_| cause.is_none());
-        // The end's notice (a later sequence) wakes whoever the step's would have; the relay
-        // goes out before, on its own.
-        let no_relay: &[String] = &[];
+        // The end's notice (a later sequence) wakes whoever the step's would have.
         let step_params = step
             .as_ref()
-            .map(|s| s.params(&turn_id, &tenant_id, &connection_id, &replica, &false, &no_relay));
+            .map(|s| s.params(&turn_id, &tenant_id, &connection_id, &replica, &false));
         // Everything up to the commit goes out with the tenant switch, in order: the
         // coordinator's lock (if the session is a child), the session's lock and the turn read
         // under it, the relay, the step and the end — each written only if the turn runs (and
@@ -600,7 +606,7 @@ impl Store {
             statements.push((RELAY_SQL, &relay_params));
         }
         if let Some(p) = &step_params {
-            statements.push((STEP_CALL, p));
+            statements.push((STEP_SQL, p));
         }
         statements.push((END_SQL, &end_params));
         let (tx, results) = crate::tenant_tx_pipelined(&mut client, tenant_id, &statements).await?;
@@ -1326,21 +1332,48 @@ const RELAY_SQL: &str = concat!(
     ") ORDER BY i"
 );
 
-/// A completed step of a running turn, by `berth_step` (migration 0019) in one statement:
-/// the tenant switch (`$2`), the session's lock (the session row first, as stop, clear and
-/// remove take it; then the turn's), the relay of live output (`$15` on channel `$14`) and,
-/// if the turn runs ([`running_turn_sql`], connection `$3`), the step: the turn's step
-/// moves on and its metered usage is read and reset, the session's sequence is bumped
-/// (gapless: the session row is locked), and the `model.completed` event (`$10`, with that
-/// usage), its rows (`$4`..`$8` by item) and the notice go in. The reply row (`$9`, a step
-/// without tool calls) names the turn's files not named yet. Returns whether the turn's
-/// session was found and locked, and the sequence (null when nothing was written).
+/// A completed step of a running turn ([`running_turn_sql`]; nothing is written otherwise)
+/// in one statement: the turn's step moves on and its metered usage is read and reset, the
+/// session's sequence is bumped (gapless: the session row is locked), and the
+/// `model.completed` event (`$10`, with that usage), its rows (`$4`..`$8` by item) and the
+/// notice go in. The reply row (`$9`, a step without tool calls) names the turn's files not
+/// named yet. Returns the sequence, or no row when the turn does not run.
 ///
 /// The event's notice (`$11`) goes out only when `$13` is set and someone may need it: any
 /// watcher when `$12` (the appending replica, which wakes its own watchers itself) is null,
-/// else only a watcher another replica recorded (as `watched_elsewhere_sql`).
-const STEP_CALL: &str =
-    "SELECT locked, seq FROM berth_step($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
+/// else only a watcher another replica recorded (`watched_elsewhere_sql`).
+const STEP_SQL: &str = concat!(
+    "WITH t AS (",
+    running_turn_sql!(),
+    "),
+     u AS (UPDATE turns x SET step = x.step + 1, partial_text = '', partial_thinking = '', step_usage = NULL
+             FROM (SELECT step_usage FROM turns WHERE id = $1) old
+            WHERE x.id = $1 AND EXISTS (SELECT 1 FROM t) RETURNING old.step_usage AS usage),
+     s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
+            WHERE id = (SELECT session_id FROM t) AND tenant_id = $2 RETURNING id, last_sequence),
+     e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
+           SELECT s.id, s.last_sequence, $2, $10, $1,
+                  CASE WHEN u.usage IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('usage', jsonb_build_object(
+                                'inputTokens', (u.usage->>'inputTokens')::bigint,
+                                'outputTokens', (u.usage->>'outputTokens')::bigint)) END
+             FROM s, u),
+     named AS (SELECT jsonb_agg(jsonb_build_object('attachmentId', a.id, 'name', a.name, 'mimeType', a.mime_type,
+                                                   'bytes', a.bytes, 'sha256', a.sha256) ORDER BY a.created_at, a.id) AS list
+                 FROM attachments a
+                WHERE $9::int IS NOT NULL AND a.turn_id = $1 AND a.tenant_id = $2
+                  AND NOT EXISTS (SELECT 1 FROM rows r WHERE r.session_id = (SELECT session_id FROM t) AND r.tenant_id = $2
+                                     AND r.attachments @> jsonb_build_array(jsonb_build_object('attachmentId', a.id)))),
+     r AS (INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden,
+                             attachments)
+           SELECT s.id, s.last_sequence, (v.n - 1)::int, $2, $1, v.kind, v.body, v.thinking, v.tool, v.hidden,
+                  CASE WHEN v.n - 1 = $9::int THEN (SELECT list FROM named) END
+             FROM s, unnest($4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bool[])
+                     WITH ORDINALITY AS v(kind, body, thinking, tool, hidden, n))
+     SELECT s.last_sequence, (SELECT pg_notify($11, s.id || ':' || s.last_sequence) WHERE $13::bool AND (",
+    watched_elsewhere_sql!("$12"),
+    ")) FROM s"
+);
 
 /// A running turn ([`running_turn_sql`]) with no pending interaction settles in one
 /// statement: state `$4` and cause `$5`, the session's sequence bumped, `turn.ended` (`$7`;
@@ -1348,7 +1381,7 @@ const STEP_CALL: &str =
 /// when a turn of the session is queued (the next one may start now; the turn's own
 /// connection freeing a slot for another session's turn is its replica's business, see
 /// `workers/steps.rs`), and the event's notice (`$9`) when someone may need it (as in
-/// [`STEP_CALL`], `$10` the appending replica or null). Returns the sequence, or no row when
+/// [`STEP_SQL`], `$10` the appending replica or null). Returns the sequence, or no row when
 /// nothing was written.
 const END_SQL: &str = concat!(
     "WITH t AS (",
@@ -1378,7 +1411,7 @@ const END_SQL: &str = concat!(
 );
 
 
-/// A step's rows as the columns [`STEP_CALL`] takes.
+/// A step's rows as the columns [`STEP_SQL`] takes.
 struct StepParams<'a> {
     kinds: Vec<&'static str>,
     bodies: Vec<std::borrow::Cow<'a, str>>,
@@ -1415,7 +1448,7 @@ impl<'a> StepParams<'a> {
         }
     }
 
-    /// [`STEP_CALL`]'s parameters.
+    /// [`STEP_SQL`]'s parameters.
     fn params<'p>(
         &'p self,
         turn_id: &'p &str,
@@ -1423,8 +1456,7 @@ impl<'a> StepParams<'a> {
         connection_id: &'p Option<&str>,
         replica: &'p Option<&str>,
         notify: &'p bool,
-        relay: &'p &[String],
-    ) -> [Param<'p>; 15] {
+    ) -> [Param<'p>; 13] {
         [
             turn_id,
             tenant_id,
@@ -1439,8 +1471,6 @@ impl<'a> StepParams<'a> {
             &crate::CHANNEL_EVENTS,
             replica,
             notify,
-            &CHANNEL_DELTAS,
-            relay,
         ]
     }
 }
