@@ -633,7 +633,10 @@ async fn the_next_queued_turn_starts_at_once_when_a_turn_ends() {
         for round in 0..3 {
             mock.push(slow(format!("next {round}")));
             let sent = c
-                .ok("session.send", json!({"sessionId": sid, "prompt": format!("next {round}")}))
+                .ok(
+                    "session.send",
+                    json!({"sessionId": sid, "prompt": format!("next {round}")}),
+                )
                 .await;
             assert_eq!(sent["state"], "queued", "replica {replica}, round {round}");
             watch.until(30, is_turn_end).await.expect("the running turn ends");

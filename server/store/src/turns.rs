@@ -1410,7 +1410,6 @@ const END_SQL: &str = concat!(
     ") FROM s"
 );
 
-
 /// A step's rows as the columns [`STEP_SQL`] takes.
 struct StepParams<'a> {
     kinds: Vec<&'static str>,
