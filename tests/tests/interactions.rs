@@ -865,3 +865,39 @@ async fn watches_on_another_replica_get_every_append_at_once_even_registering_mi
         "the end's step before it"
     );
 }
+
+/// A watcher row swept while its watch stays open (its replica's heartbeats failed for
+/// 45 s; here deleted by hand) is recorded again by that replica's next heartbeat: it is
+/// what makes the worker's replica notify, so the watch on the other replica then gets
+/// steps at once again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_swept_watcher_row_of_an_open_watch_is_recorded_again() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut a = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
+    let mut b = stack.client(1).await;
+    let mut w = watch(&mut b, &sid).await;
+    let count = "SELECT count(*) FROM session_watchers WHERE session_id = $1";
+    assert_eq!(stack.sql_i64(count, &sid).await, 1);
+    let swept = stack
+        .sql_i64(
+            "WITH d AS (DELETE FROM session_watchers WHERE session_id = $1 RETURNING 1) SELECT count(*) FROM d",
+            &sid,
+        )
+        .await;
+    assert_eq!(swept, 1);
+    let back = eventually(30, || async { (stack.sql_i64(count, &sid).await == 1).then_some(()) }).await;
+    assert!(back.is_some(), "the open watch's row is recorded again");
+    let step = worker
+        .call(
+            "turn.step",
+            json!({"turnId": turn, "rows": [{"kind": "assistant", "body": "after the sweep"}]}),
+        )
+        .await;
+    let seq = result(step)["sequence"].as_i64().unwrap();
+    w.until(3, |e| e["sequence"].as_i64() == Some(seq))
+        .await
+        .expect("the step reaches the watch on B at once");
+}
