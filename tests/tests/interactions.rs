@@ -800,3 +800,104 @@ async fn steps_relay_and_store_and_a_settled_turn_refuses_late_writes() {
     let snap = c.ok("session.get", json!({"sessionId": sid})).await;
     assert_eq!(snap["sequence"], last);
 }
+
+/// Issue 8: an append on the worker's replica sends its `NOTIFY` only when a watcher held
+/// by another replica is recorded (its own watchers it wakes directly). So watches on
+/// another replica must still get every step and the end at once, gaplessly — also a watch
+/// that registers while a step is being appended. Each round opens a new watch on replica B
+/// racing one `turn.step` on replica A, and nothing else is appended until both of B's
+/// watches have that step: a notice skipped wrongly leaves a watch waiting for its 5 s
+/// safety read, past the 3 s allowed here.
+#[tokio::test(flavor = "multi_thread")]
+async fn watches_on_another_replica_get_every_append_at_once_even_registering_mid_step() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut a = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
+    let mut b = stack.client(1).await;
+    let mut steady = watch(&mut b, &sid).await;
+    let mut seen = Vec::new();
+    let mut last = a.ok("session.get", json!({"sessionId": sid})).await["sequence"]
+        .as_i64()
+        .unwrap();
+    for round in 0..12 {
+        let mut fresh = b.subscribe("session.watch", json!({"sessionId": sid, "after": last}));
+        // Let the registration and the step meet at different points of each other.
+        tokio::time::sleep(Duration::from_millis(round % 4)).await;
+        let step = worker
+            .call(
+                "turn.step",
+                json!({"turnId": turn, "rows": [{"kind": "assistant", "body": format!("step {round}")}]}),
+            )
+            .await;
+        let seq = result(step)["sequence"].as_i64().unwrap();
+        for (name, w) in [("steady", &mut steady), ("fresh", &mut fresh)] {
+            let items = w
+                .until(3, |e| e["sequence"].as_i64() == Some(seq))
+                .await
+                .unwrap_or_else(|| panic!("round {round}: the {name} watch on B got sequence {seq} at once"));
+            if name == "steady" {
+                seen.extend(items.iter().filter_map(|e| e["sequence"].as_i64()));
+            }
+        }
+        b.ok("subscription.close", json!({"id": fresh.id})).await;
+        last = seq;
+    }
+    // The end carrying the last step: both its events reach B at once.
+    let end = worker
+        .call(
+            "turn.end",
+            json!({"turnId": turn, "state": "completed", "step": [{"kind": "assistant", "body": "done"}]}),
+        )
+        .await;
+    let end_seq = result(end)["sequence"].as_i64().unwrap();
+    let items = steady
+        .until(3, |e| e["type"] == "turn.ended")
+        .await
+        .expect("turn.ended reaches the watch on B at once");
+    seen.extend(items.iter().filter_map(|e| e["sequence"].as_i64()));
+    assert_eq!(seen.last(), Some(&end_seq));
+    let first = seen[0];
+    assert_eq!(seen, (first..=end_seq).collect::<Vec<_>>(), "gapless, each event once");
+    assert!(
+        items.iter().any(|e| e["type"] == "model.completed"),
+        "the end's step before it"
+    );
+}
+
+/// A watcher row swept while its watch stays open (its replica's heartbeats failed for
+/// 45 s; here deleted by hand) is recorded again by that replica's next heartbeat: it is
+/// what makes the worker's replica notify, so the watch on the other replica then gets
+/// steps at once again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_swept_watcher_row_of_an_open_watch_is_recorded_again() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut a = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
+    let mut b = stack.client(1).await;
+    let mut w = watch(&mut b, &sid).await;
+    let count = "SELECT count(*) FROM session_watchers WHERE session_id = $1";
+    assert_eq!(stack.sql_i64(count, &sid).await, 1);
+    let swept = stack
+        .sql_i64(
+            "WITH d AS (DELETE FROM session_watchers WHERE session_id = $1 RETURNING 1) SELECT count(*) FROM d",
+            &sid,
+        )
+        .await;
+    assert_eq!(swept, 1);
+    let back = eventually(30, || async { (stack.sql_i64(count, &sid).await == 1).then_some(()) }).await;
+    assert!(back.is_some(), "the open watch's row is recorded again");
+    let step = worker
+        .call(
+            "turn.step",
+            json!({"turnId": turn, "rows": [{"kind": "assistant", "body": "after the sweep"}]}),
+        )
+        .await;
+    let seq = result(step)["sequence"].as_i64().unwrap();
+    w.until(3, |e| e["sequence"].as_i64() == Some(seq))
+        .await
+        .expect("the step reaches the watch on B at once");
+}

@@ -645,6 +645,45 @@ async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
     }
 }
 
+/// A turn's end wakes a claim only when its session has a queued turn (issue 20): the next
+/// queued turn then starts at once, whichever replica admitted it, three times in a row
+/// (without a wake-up it would wait for the claimer's safety read, every 5 s).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_next_queued_turn_starts_at_once_when_a_turn_ends() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let slow = |text: String| Reply::Stream(vec![Part::Delay(2000), Part::Text(text)]);
+    for replica in [1, 0] {
+        let mut c = stack.client(replica).await;
+        let sid = stack.session(&mut c).await;
+        let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+        mock.push(slow("first".into()));
+        c.ok("session.send", json!({"sessionId": sid, "prompt": "first"})).await;
+        watch
+            .until(20, |e| e["type"] == "turn.started")
+            .await
+            .expect("the first turn starts");
+        for round in 0..3 {
+            mock.push(slow(format!("next {round}")));
+            let sent = c
+                .ok(
+                    "session.send",
+                    json!({"sessionId": sid, "prompt": format!("next {round}")}),
+                )
+                .await;
+            assert_eq!(sent["state"], "queued", "replica {replica}, round {round}");
+            watch.until(30, is_turn_end).await.expect("the running turn ends");
+            let started = watch.until(3, |e| e["type"] == "turn.started").await;
+            assert!(
+                started.is_some(),
+                "replica {replica}, round {round}: the queued turn starts at once"
+            );
+        }
+        let last = watch.until(30, is_turn_end).await.expect("the last turn ends");
+        assert_eq!(last.last().unwrap()["state"], "completed");
+    }
+}
+
 /// A watcher joining mid-turn, on another replica than the worker's, gets the text so far
 /// and then the rest, with nothing doubled.
 #[tokio::test(flavor = "multi_thread")]

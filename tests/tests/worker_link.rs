@@ -384,6 +384,42 @@ async fn turns_beyond_a_connections_bound_wait_to_be_handed_out() {
     assert_eq!(end.last().unwrap()["state"], "completed");
 }
 
+/// Issue 20: a turn that ends normally on a full connection hands out the turn waiting for
+/// room at once. The end's `NOTIFY` wakes claims only for its session's queued turns, so
+/// the replica holding the connection wakes its own claimer when the end frees a slot
+/// (without it, the waiting turn would wait for the claimer's safety read, every 5 s).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_ending_on_a_full_connection_hands_out_the_waiting_one_at_once() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_WORKER_MAX_TURNS", "1")]).await;
+    let mut c = stack.client(0).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let undispatched = "SELECT state = 'running' AND dispatched_to IS NULL FROM turns WHERE id = $1";
+    for round in 0..3 {
+        let slow = Reply::Stream(vec![
+            Part::Text("working".into()),
+            Part::Delay(1500),
+            Part::Text(" done".into()),
+        ]);
+        let (_, _, mut wa) = start_turn(&stack, &mut c, &mock, slow, "first").await;
+        wa.until(20, |i| i["type"] == "model.delta")
+            .await
+            .expect("turn A streams");
+        let (_, turn_b, mut wb) = start_turn(&stack, &mut c, &mock, Reply::text(&["second"]), "second").await;
+        assert!(
+            db.query_one(undispatched, &[&turn_b]).await.unwrap().get::<_, bool>(0),
+            "round {round}: the connection is full, B waits"
+        );
+        let end = wa.until(30, is_turn_end).await.expect("A ends");
+        assert_eq!(end.last().unwrap()["state"], "completed");
+        let end = wb.until(3, is_turn_end).await;
+        assert!(
+            end.is_some_and(|e| e.last().unwrap()["state"] == "completed"),
+            "round {round}: B is handed out and ends at once once A ended"
+        );
+    }
+}
+
 /// A worker speaking the protocol by hand on its own host and workspace: returns the socket
 /// and its workspace id, and whether the server takes the last step in `turn.end`.
 async fn raw_worker(

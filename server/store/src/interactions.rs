@@ -429,6 +429,12 @@ impl Store {
     }
 
     /// Record an open `session.watch` held by `replica_id`; returns the watcher's id.
+    ///
+    /// The row is what makes other replicas' appends send their `NOTIFY` (an append skips
+    /// it when no other replica watches), so the session row is share-locked while it goes
+    /// in: an append holds that row `FOR UPDATE`, so it either commits before this (and the
+    /// watch's first read, after this returns, sees its event) or takes its snapshot after
+    /// this commits (and sees the row).
     pub async fn watcher_add(&self, tenant_id: &str, session_id: &str, replica_id: &str) -> Result<String> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
@@ -436,7 +442,8 @@ impl Store {
         let n = tx
             .ex(
                 "INSERT INTO session_watchers (id, tenant_id, session_id, replica_id)
-                 SELECT $1, $2, id, $4 FROM sessions WHERE id = $3 AND tenant_id = $2 AND removed_at IS NULL",
+                 SELECT $1, $2, id, $4 FROM sessions WHERE id = $3 AND tenant_id = $2 AND removed_at IS NULL
+                 FOR SHARE",
                 &[&id, &tenant_id, &session_id, &replica_id],
             )
             .await?;
@@ -460,18 +467,40 @@ impl Store {
         Ok(())
     }
 
-    /// Keep these watcher rows (a replica's open watches) counting, and forget rows whose
-    /// heartbeat lapsed (their replica died, or their removal failed). System work across
-    /// tenants, like the worker presence sweep.
-    pub async fn watchers_heartbeat(&self, ids: &[String]) -> Result<()> {
+    /// Keep these watcher rows (replica `replica_id`'s open watches) counting, and forget
+    /// rows whose heartbeat lapsed (their replica died, or their removal failed). A row of
+    /// a watch still open that was forgotten (this replica's heartbeats failed for that
+    /// long) is recorded again, under the same share lock as [`Store::watcher_add`], and
+    /// returned: appends may have skipped their `NOTIFY` meanwhile, so its watch must read
+    /// again (and a watch that ended meanwhile must remove its row again). System work
+    /// across tenants, like the worker presence sweep.
+    pub async fn watchers_heartbeat(&self, replica_id: &str, watchers: &[WatcherKey]) -> Result<Vec<WatcherKey>> {
         let client = self.pool.get().await?;
-        if !ids.is_empty() {
-            client
-                .ex(
-                    "UPDATE session_watchers SET heartbeat_at = now() WHERE id = ANY($1)",
-                    &[&ids],
+        let mut restored = Vec::new();
+        if !watchers.is_empty() {
+            let ids: Vec<&str> = watchers.iter().map(|w| w.id.as_str()).collect();
+            let tenants: Vec<&str> = watchers.iter().map(|w| w.tenant_id.as_str()).collect();
+            let sessions: Vec<&str> = watchers.iter().map(|w| w.session_id.as_str()).collect();
+            restored = client
+                .qa(
+                    "WITH k AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS k(id, tenant_id, session_id)),
+                          beat AS (UPDATE session_watchers w SET heartbeat_at = now() FROM k WHERE w.id = k.id RETURNING w.id)
+                     INSERT INTO session_watchers (id, tenant_id, session_id, replica_id)
+                     SELECT k.id, k.tenant_id, k.session_id, $4 FROM k JOIN sessions s ON s.id = k.session_id AND s.tenant_id = k.tenant_id
+                      WHERE s.removed_at IS NULL AND k.id NOT IN (SELECT id FROM beat)
+                        FOR SHARE OF s
+                     ON CONFLICT (id) DO NOTHING
+                     RETURNING id, tenant_id, session_id",
+                    &[&ids, &tenants, &sessions, &replica_id],
                 )
-                .await?;
+                .await?
+                .into_iter()
+                .map(|r| WatcherKey {
+                    id: r.get(0),
+                    tenant_id: r.get(1),
+                    session_id: r.get(2),
+                })
+                .collect();
         }
         client
             .ex(
@@ -479,8 +508,16 @@ impl Store {
                 &[],
             )
             .await?;
-        Ok(())
+        Ok(restored)
     }
+}
+
+/// One open `session.watch` as its replica knows it, for [`Store::watchers_heartbeat`].
+#[derive(Clone, Debug)]
+pub struct WatcherKey {
+    pub id: String,
+    pub tenant_id: String,
+    pub session_id: String,
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@ pub use context::ContextMeasure;
 pub use coordinator::NewChild;
 pub use history::EventRecord;
 pub use identity::{CredentialKind, Principal};
+pub use interactions::WatcherKey;
 pub use patches::NewPatch;
 pub use receipts::{Begin, Receipt, ReceiptView};
 pub use routing::WorkerRoute;

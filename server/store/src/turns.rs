@@ -427,6 +427,10 @@ impl Store {
     /// One round trip: the transaction goes out whole (`BEGIN`, the tenant, the session
     /// lock, the relay, [`STEP_SQL`], `COMMIT`), the checks being in the statements' own
     /// `WHERE` clauses, read after the lock.
+    ///
+    /// `replica` (the caller's replica id) wakes its own watchers itself once this returns:
+    /// the event's `NOTIFY` then goes out only if a watcher held by another replica is
+    /// recorded. None: it always goes out.
     pub async fn append_step(
         &self,
         connection_id: &str,
@@ -434,13 +438,14 @@ impl Store {
         turn_id: &str,
         rows: &[NewRow],
         relay: &[String],
+        replica: Option<&str>,
     ) -> Result<i64> {
         let client = self.pool.get().await?;
         let step = StepParams::new(rows);
         let conn = Some(connection_id);
         let lock_params: [Param; 2] = [&turn_id, &tenant_id];
         let relay_params: [Param; 5] = [&turn_id, &tenant_id, &conn, &CHANNEL_DELTAS, &relay];
-        let step_params = step.params(&turn_id, &tenant_id, &conn);
+        let step_params = step.params(&turn_id, &tenant_id, &conn, &replica, &true);
         let mut statements: Vec<(&str, &[Param])> = vec![(LOCK_SESSION_OF_TURN, &lock_params)];
         if !relay.is_empty() {
             statements.push((RELAY_SQL, &relay_params));
@@ -523,7 +528,7 @@ impl Store {
         state: TurnState,
         cause: Option<&Cause>,
     ) -> Result<(String, i64)> {
-        self.end_turn_with_step(connection_id, tenant_id, turn_id, None, state, cause, &[])
+        self.end_turn_with_step(connection_id, tenant_id, turn_id, None, state, cause, &[], None)
             .await
     }
 
@@ -531,7 +536,9 @@ impl Store {
     /// [`Store::append_step`]) in the same transaction: one commit on the turn's critical
     /// path instead of two, and no reader ever sees the answer without the end or the
     /// reverse. `relay`: live output for other replicas' watchers (payloads on
-    /// [`CHANNEL_DELTAS`]), notified before the end's events.
+    /// [`CHANNEL_DELTAS`]), notified before the end's events. `replica`: as in
+    /// [`Store::append_step`]; an end with a cause always notifies, since its diagnostic
+    /// wakes `session.watchDiagnostics` on every replica through the session's notice.
     #[allow(clippy::too_many_arguments)]
     pub async fn end_turn_with_step(
         &self,
@@ -542,6 +549,7 @@ impl Store {
         state: TurnState,
         cause: Option<&Cause>,
         relay: &[String],
+        replica: Option<&str>,
     ) -> Result<(String, i64)> {
         if !state.is_settled() {
             return Err(StoreError::Code(ErrorCode::BadParams));
@@ -565,7 +573,11 @@ impl Store {
         })
         .type_name();
         let step = step.map(StepParams::new);
-        let step_params = step.as_ref().map(|s| s.params(&turn_id, &tenant_id, &connection_id));
+        let replica = replica.filter(|_| cause.is_none());
+        // The end's notice (a later sequence) wakes whoever the step's would have.
+        let step_params = step
+            .as_ref()
+            .map(|s| s.params(&turn_id, &tenant_id, &connection_id, &replica, &false));
         // Everything up to the commit goes out with the tenant switch, in order: the
         // coordinator's lock (if the session is a child), the session's lock and the turn read
         // under it, the relay, the step and the end — each written only if the turn runs (and
@@ -573,7 +585,7 @@ impl Store {
         let key: [Param; 2] = [&turn_id, &tenant_id];
         let relay_params: [Param; 5] = [&turn_id, &tenant_id, &connection_id, &CHANNEL_DELTAS, &relay];
         let state_str = state.as_str();
-        let end_params: [Param; 9] = [
+        let end_params: [Param; 10] = [
             &turn_id,
             &tenant_id,
             &connection_id,
@@ -583,6 +595,7 @@ impl Store {
             &ended_type,
             &CHANNEL_DISPATCH,
             &crate::CHANNEL_EVENTS,
+            &replica,
         ];
         let mut statements: Vec<(&str, &[Param])> = vec![
             (crate::coordinator::LOCK_COORDINATOR_OF_TURN, &key),
@@ -1292,6 +1305,24 @@ macro_rules! running_turn_sql {
     };
 }
 
+/// Whether a watcher of session `s.id` that replica `$r` does not hold is recorded
+/// (`session_watchers`), or `$r` is null: only then must an append's notice go out, since
+/// the appending replica `$r` wakes its own watchers directly. Stale rows count (a notice
+/// too many is harmless). Registering a watcher takes a share lock on the session row, which
+/// conflicts with the appender's `FOR UPDATE`: so an append either sees the new row (its
+/// statement's snapshot is taken after its lock) or commits before the watcher's first read
+/// (`Store::watcher_add`).
+macro_rules! watched_elsewhere_sql {
+    ($r:literal) => {
+        concat!(
+            $r,
+            "::text IS NULL OR EXISTS (SELECT 1 FROM session_watchers w WHERE w.session_id = s.id AND w.replica_id <> ",
+            $r,
+            ")"
+        )
+    };
+}
+
 /// Live output relayed to other replicas (payloads `$5` on channel `$4`, in order) if the
 /// turn runs ([`running_turn_sql`]).
 const RELAY_SQL: &str = concat!(
@@ -1307,6 +1338,10 @@ const RELAY_SQL: &str = concat!(
 /// `model.completed` event (`$10`, with that usage), its rows (`$4`..`$8` by item) and the
 /// notice go in. The reply row (`$9`, a step without tool calls) names the turn's files not
 /// named yet. Returns the sequence, or no row when the turn does not run.
+///
+/// The event's notice (`$11`) goes out only when `$13` is set and someone may need it: any
+/// watcher when `$12` (the appending replica, which wakes its own watchers itself) is null,
+/// else only a watcher another replica recorded (`watched_elsewhere_sql`).
 const STEP_SQL: &str = concat!(
     "WITH t AS (",
     running_turn_sql!(),
@@ -1335,14 +1370,19 @@ const STEP_SQL: &str = concat!(
                   CASE WHEN v.n - 1 = $9::int THEN (SELECT list FROM named) END
              FROM s, unnest($4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bool[])
                      WITH ORDINALITY AS v(kind, body, thinking, tool, hidden, n))
-     SELECT s.last_sequence, pg_notify($11, s.id || ':' || s.last_sequence) FROM s"
+     SELECT s.last_sequence, (SELECT pg_notify($11, s.id || ':' || s.last_sequence) WHERE $13::bool AND (",
+    watched_elsewhere_sql!("$12"),
+    ")) FROM s"
 );
 
 /// A running turn ([`running_turn_sql`]) with no pending interaction settles in one
 /// statement: state `$4` and cause `$5`, the session's sequence bumped, `turn.ended` (`$7`;
-/// payload `$6` plus the turn's metered usage, if any) appended, the dispatch notice (`$8`:
-/// the next queued turn may start) and the event's notice (`$9`). Returns the sequence, or
-/// no row when nothing was written.
+/// payload `$6` plus the turn's metered usage, if any) appended, the dispatch notice (`$8`)
+/// when a turn of the session is queued (the next one may start now; the turn's own
+/// connection freeing a slot for another session's turn is its replica's business, see
+/// `workers/steps.rs`), and the event's notice (`$9`) when someone may need it (as in
+/// [`STEP_SQL`], `$10` the appending replica or null). Returns the sequence, or no row when
+/// nothing was written.
 const END_SQL: &str = concat!(
     "WITH t AS (",
     running_turn_sql!(),
@@ -1362,7 +1402,12 @@ const END_SQL: &str = concat!(
                                              'outputTokens', greatest(u.output_tokens, 0)))
                                     ELSE '{}'::jsonb END
              FROM s, u)
-     SELECT s.last_sequence, pg_notify($8, s.workspace_id), pg_notify($9, s.id || ':' || s.last_sequence) FROM s"
+     SELECT s.last_sequence,
+            (SELECT pg_notify($8, s.workspace_id)
+              WHERE EXISTS (SELECT 1 FROM turns q WHERE q.session_id = s.id AND q.state = 'queued')),
+            (SELECT pg_notify($9, s.id || ':' || s.last_sequence) WHERE ",
+    watched_elsewhere_sql!("$10"),
+    ") FROM s"
 );
 
 /// A step's rows as the columns [`STEP_SQL`] takes.
@@ -1408,7 +1453,9 @@ impl<'a> StepParams<'a> {
         turn_id: &'p &str,
         tenant_id: &'p &str,
         connection_id: &'p Option<&str>,
-    ) -> [Param<'p>; 11] {
+        replica: &'p Option<&str>,
+        notify: &'p bool,
+    ) -> [Param<'p>; 13] {
         [
             turn_id,
             tenant_id,
@@ -1421,6 +1468,8 @@ impl<'a> StepParams<'a> {
             &self.reply,
             &self.event,
             &crate::CHANNEL_EVENTS,
+            replica,
+            notify,
         ]
     }
 }

@@ -1,9 +1,10 @@
 //! `session.pendingInteractions`, `session.interaction`, `session.respond`, and who watches
 //! a session (a held interaction asked while nobody watches is answered by its fallback).
 
-use std::{collections::HashSet, sync::Mutex};
+use std::{collections::HashMap, sync::Mutex};
 
 use berth_protocol::{ErrorCode, Interaction, InteractionRef, InteractionResolution, SessionRef, SessionRespondParams};
+use berth_store::WatcherKey;
 use serde_json::json;
 
 use super::Ctx;
@@ -52,19 +53,52 @@ pub async fn respond(ctx: Ctx, p: SessionRespondParams) -> ApiResult<Interaction
 }
 
 /// The session watches this replica holds, as recorded in PostgreSQL (`session_watchers`),
-/// so that every replica can tell whether anyone watches a session. Only the ids listed here
-/// are kept alive by the heartbeat: a row whose removal failed, or whose replica died,
-/// stops counting once its heartbeat lapses.
+/// so that every replica can tell whether anyone watches a session, and whether an append
+/// must `NOTIFY` another replica. Only the rows listed here are kept alive by the heartbeat
+/// (and recorded again if they were swept while the watch stayed open): a row whose removal
+/// failed, or whose replica died, stops counting once its heartbeat lapses.
 #[derive(Default)]
 pub struct Watchers {
-    ids: Mutex<HashSet<String>>,
+    /// Session (and tenant) of each watcher id.
+    ids: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl Watchers {
-    /// The ids to keep alive.
-    pub fn ids(&self) -> Vec<String> {
-        self.ids.lock().expect("watchers lock").iter().cloned().collect()
+    /// The rows to keep alive.
+    pub fn keys(&self) -> Vec<WatcherKey> {
+        let ids = self.ids.lock().expect("watchers lock");
+        ids.iter()
+            .map(|(id, (tenant_id, session_id))| WatcherKey {
+                id: id.clone(),
+                tenant_id: tenant_id.clone(),
+                session_id: session_id.clone(),
+            })
+            .collect()
     }
+
+    /// Whether this replica still holds the watch `id`.
+    pub fn holds(&self, id: &str) -> bool {
+        self.ids.lock().expect("watchers lock").contains_key(id)
+    }
+}
+
+/// Keep this replica's watcher rows alive. A row recorded again (it had been swept) means
+/// appends may have skipped their `NOTIFY` for its session: its watchers read again. A row
+/// recorded again for a watch that ended meanwhile (its removal ran first) is removed.
+pub async fn heartbeat(state: &AppState) -> berth_store::Result<()> {
+    let restored = state
+        .store
+        .watchers_heartbeat(&state.config.replica_id, &state.watchers.keys())
+        .await?;
+    for w in restored {
+        tracing::warn!(session.id = %w.session_id, "session watcher row was swept while the watch was open; recorded again");
+        if state.watchers.holds(&w.id) {
+            state.hub.event(&w.session_id, 0);
+        } else {
+            state.store.watcher_remove(&w.tenant_id, &w.id).await?;
+        }
+    }
+    Ok(())
 }
 
 /// One open `session.watch`; removed when dropped.
@@ -80,7 +114,12 @@ impl Watcher {
             .store
             .watcher_add(tenant_id, session_id, &state.config.replica_id)
             .await?;
-        state.watchers.ids.lock().expect("watchers lock").insert(id.clone());
+        state
+            .watchers
+            .ids
+            .lock()
+            .expect("watchers lock")
+            .insert(id.clone(), (tenant_id.to_string(), session_id.to_string()));
         Ok(Watcher {
             state: state.clone(),
             tenant_id: tenant_id.to_string(),

@@ -174,7 +174,7 @@ pub fn spawn_housekeeping(state: AppState) {
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "interaction expiry sweep failed"),
                 },
-                _ = watchers.tick() => if let Err(e) = state.store.watchers_heartbeat(&state.watchers.ids()).await {
+                _ = watchers.tick() => if let Err(e) = crate::rpc::interaction::heartbeat(&state).await {
                     tracing::warn!(error = %e, "session watcher heartbeat failed");
                 },
                 _ = state.shutdown.cancelled() => return,

@@ -3,10 +3,12 @@
 //!
 //! A worker connects outbound with a worker credential, declares its workspaces in
 //! `worker.hello`, and is then handed turns. Hand-out is driven by the database: any
-//! replica that admits or settles a turn sends `NOTIFY berth_dispatch, '<workspace>'`, and
-//! the replica that holds a connection for that workspace claims the turns
-//! ([`berth_store::Store::claim_turns`]) and sends `turn.run`. `session.send` kicks this
-//! replica's connections itself and names itself in the payload
+//! replica that admits a turn, or settles one whose session has a queued turn, sends
+//! `NOTIFY berth_dispatch, '<workspace>'`, and the replica that holds a connection for that
+//! workspace claims the turns ([`berth_store::Store::claim_turns`]) and sends `turn.run`.
+//! A turn ending on a connection that was full kicks that replica's claimer directly
+//! (turns left unclaimed for lack of room are this connection's business). `session.send`
+//! kicks this replica's connections itself and names itself in the payload
 //! ([`berth_store::dispatch_payload`]), so that it does not claim again when its own
 //! notification comes back.
 //!

@@ -26,6 +26,8 @@ impl TurnTask {
                     &self.turn_id,
                     &step.rows,
                     &relay,
+                    // Local watchers are woken below: the NOTIFY is for other replicas' only.
+                    Some(&conn.state.config.replica_id),
                 )
                 .await
         };
@@ -64,6 +66,7 @@ impl TurnTask {
                     end.state,
                     end.cause.as_ref(),
                     &relay,
+                    Some(&conn.state.config.replica_id),
                 )
                 .await
         };
@@ -72,7 +75,19 @@ impl TurnTask {
             Err(e @ (StoreError::Db(_) | StoreError::Unavailable(_) | StoreError::Other(_))) => return Err(e.into()),
             r => r,
         };
-        conn.turns.lock().expect("turns lock").remove(&self.turn_id);
+        let full = {
+            let mut turns = conn.turns.lock().expect("turns lock");
+            let full = turns.len() >= conn.state.config.limits.worker_max_turns;
+            turns.remove(&self.turn_id);
+            full
+        };
+        // A turn left unclaimed while this connection was full may be handed out now. The
+        // end's own NOTIFY wakes a claim only for the session's next queued turn.
+        if full {
+            for workspace in &conn.workspaces {
+                conn.state.workers.kick(workspace);
+            }
+        }
         let metrics = &conn.state.metrics;
         metrics.turn_duration.observe(self.live.started.elapsed().as_secs_f64());
         conn.state.hub.end_step(&self.live.session);
