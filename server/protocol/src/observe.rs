@@ -310,6 +310,25 @@ pub const FILES_LIST_BYTES: usize = 512 << 10;
 /// The most original bytes a `files.read` chunk carries.
 pub const FILES_READ_CHUNK: usize = 32 << 10;
 
+/// A `files.read` buffer's chunk boundaries: at most [`FILES_READ_CHUNK`] bytes each, text
+/// cut on UTF-8 boundaries. Greedy from the start, so the ends of any run of whole chunks,
+/// cut again from the run's start, are the same ends (a replica recuts a chunk run this way).
+pub fn files_read_chunk_ends(data: &[u8], text: bool) -> Vec<usize> {
+    let mut ends = Vec::with_capacity(data.len() / FILES_READ_CHUNK + 1);
+    let mut at = 0;
+    while at < data.len() {
+        let mut end = (at + FILES_READ_CHUNK).min(data.len());
+        // A UTF-8 continuation byte (10xxxxxx) cannot start a chunk; at most 3 steps back
+        // in valid UTF-8, and never to an empty chunk.
+        while text && end < data.len() && end > at + 1 && data[end] & 0xC0 == 0x80 {
+            end -= 1;
+        }
+        ends.push(end);
+        at = end;
+    }
+    ends
+}
+
 /// The largest patch `patch.snapshot` captures, in bytes (more → `payload-too-large
 /// {limit: "patch", max}`).
 pub const MAX_PATCH_BYTES: usize = 64 << 20;
@@ -376,4 +395,54 @@ pub struct PatchReadResult {
     /// Pass as `after` for the next page; absent on the last page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_after: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Text of 1-, 2-, 3- and 4-byte characters, so that cuts fall inside characters.
+    fn mixed_text(len: usize) -> Vec<u8> {
+        "aé✓😀".repeat(len / 10 + 1).into_bytes()[..].to_vec()
+    }
+
+    #[test]
+    fn chunk_ends_are_bounded_utf8_boundaries() {
+        let data = mixed_text(300_000);
+        let ends = files_read_chunk_ends(&data, true);
+        let mut at = 0;
+        for &end in &ends {
+            assert!(end > at && end - at <= FILES_READ_CHUNK);
+            assert!(std::str::from_utf8(&data[at..end]).is_ok(), "cut inside a character at {end}");
+            at = end;
+        }
+        assert_eq!(at, data.len());
+        // Some cuts had to step back from a full chunk.
+        assert!(ends.windows(2).any(|w| w[1] - w[0] < FILES_READ_CHUNK));
+        assert_eq!(files_read_chunk_ends(b"", true), Vec::<usize>::new());
+        assert_eq!(
+            files_read_chunk_ends(&[0x80u8; 70_000], false),
+            vec![32768, 65536, 70_000]
+        );
+        // Not UTF-8 although called text: still bounded, never empty, and it ends.
+        let odd = files_read_chunk_ends(&[0x80u8; 70_000], true);
+        assert_eq!(*odd.last().unwrap(), 70_000);
+    }
+
+    #[test]
+    fn a_run_of_whole_chunks_recuts_to_the_same_chunks() {
+        for text in [true, false] {
+            let data = mixed_text(1 << 20);
+            let ends = files_read_chunk_ends(&data, text);
+            // Runs of up to 8 chunks, as a worker groups them, cut again from their start.
+            let mut recut = Vec::new();
+            let mut start = 0;
+            for run in ends.chunks(8) {
+                let end = *run.last().unwrap();
+                recut.extend(files_read_chunk_ends(&data[start..end], text).iter().map(|e| start + e));
+                start = end;
+            }
+            assert_eq!(recut, ends);
+        }
+    }
 }

@@ -104,6 +104,44 @@ pub fn chunk_frame_header(frame: &[u8]) -> Option<(u32, u64)> {
     Some((call_id, offset))
 }
 
+/// A run of consecutive `files.read` chunks as one binary WebSocket message (worker →
+/// server), sent only to a server whose hello set [`WorkerHelloResult::chunk_runs`]:
+/// [`CHUNK_RUN_TAG`], the call id (u32, big-endian), the run's offset (u64, big-endian), a
+/// flags byte ([`CHUNK_RUN_TEXT`]: cut on UTF-8 boundaries), then at most
+/// [`CHUNK_RUN_BYTES`] raw bytes starting and ending on chunk boundaries. It stands for the
+/// chunk items [`crate::files_read_chunk_ends`] cuts it into (the replica writing the
+/// client's items cuts it so) and counts that many items against the call's credit: one
+/// message, one wake-up per hop for up to 8 chunks.
+pub const CHUNK_RUN_TAG: u8 = 2;
+/// The length of a chunk run's header (tag, call id, offset, flags).
+pub const CHUNK_RUN_HEADER: usize = 1 + 4 + 8 + 1;
+/// A chunk run's flag: a text file's bytes, cut on UTF-8 boundaries.
+pub const CHUNK_RUN_TEXT: u8 = 1;
+/// The most bytes one chunk run carries.
+pub const CHUNK_RUN_BYTES: usize = 256 << 10;
+
+/// A chunk run frame around `data`, in one sized buffer.
+pub fn chunk_run_frame(call_id: u32, offset: u64, text: bool, data: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(CHUNK_RUN_HEADER + data.len());
+    frame.push(CHUNK_RUN_TAG);
+    frame.extend_from_slice(&call_id.to_be_bytes());
+    frame.extend_from_slice(&offset.to_be_bytes());
+    frame.push(if text { CHUNK_RUN_TEXT } else { 0 });
+    frame.extend_from_slice(data);
+    frame
+}
+
+/// A chunk run's call id, offset and text flag; its data is `frame[CHUNK_RUN_HEADER..]`.
+/// None when `frame` is not a chunk run.
+pub fn chunk_run_header(frame: &[u8]) -> Option<(u32, u64, bool)> {
+    if frame.len() < CHUNK_RUN_HEADER || frame[0] != CHUNK_RUN_TAG {
+        return None;
+    }
+    let call_id = u32::from_be_bytes(frame[1..5].try_into().ok()?);
+    let offset = u64::from_be_bytes(frame[5..13].try_into().ok()?);
+    Some((call_id, offset, frame[13] & CHUNK_RUN_TEXT != 0))
+}
+
 /// Server → worker: `items` more items of call `call_id` may be sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -173,6 +211,10 @@ pub struct WorkerHelloResult {
     /// worker sends them only when this is set (an older server reads text frames only).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub binary_chunks: bool,
+    /// The server takes runs of `files.read` chunks as one binary message
+    /// ([`chunk_run_frame`]). A worker sends them only when this is set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chunk_runs: bool,
     /// This connection's id, for the next `worker.hello`'s `replaces`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_id: Option<String>,
@@ -647,6 +689,20 @@ mod tests {
         assert_eq!(&frame[CHUNK_FRAME_HEADER..], data);
         let empty = chunk_frame(u32::MAX, 0, b"");
         assert_eq!(chunk_frame_header(&empty), Some((u32::MAX, 0)));
+    }
+
+    #[test]
+    fn a_chunk_run_round_trips() {
+        let data = "é".repeat(100).into_bytes();
+        let frame = chunk_run_frame(9, 1 << 35, true, &data);
+        assert_eq!(chunk_run_header(&frame), Some((9, 1 << 35, true)));
+        assert_eq!(&frame[CHUNK_RUN_HEADER..], &data[..]);
+        let binary = chunk_run_frame(1, 0, false, b"\x89PNG");
+        assert_eq!(chunk_run_header(&binary), Some((1, 0, false)));
+        // The two binary forms are told apart by their tag.
+        assert_eq!(chunk_frame_header(&frame), None);
+        assert_eq!(chunk_run_header(&chunk_frame(9, 0, &data)), None);
+        assert_eq!(chunk_run_header(&frame[..CHUNK_RUN_HEADER - 1]), None);
     }
 
     #[test]

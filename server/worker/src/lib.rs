@@ -138,6 +138,8 @@ pub(crate) struct Link {
     pub(crate) end_carries_step: bool,
     /// The server takes `files.read` chunks as binary frames.
     pub(crate) binary_chunks: bool,
+    /// The server takes runs of `files.read` chunks as one binary frame.
+    pub(crate) chunk_runs: bool,
 }
 
 impl Link {
@@ -242,6 +244,7 @@ async fn connect_once(
         endings: Arc::default(),
         end_carries_step: registered.end_carries_step,
         binary_chunks: registered.binary_chunks,
+        chunk_runs: registered.chunk_runs,
     };
     let turns = CancellationToken::new();
     let running: Running = Arc::default();

@@ -54,7 +54,7 @@ async fn relay(ctx: &Ctx, mut stream: CallStream) -> ApiResult<Value> {
             Some(CallEvent::Item(item)) => {
                 let sent = match &item {
                     Item::Json(item) => ctx.item_raw(item).await,
-                    Item::Chunk { offset, data } => ctx.item_chunk(*offset, data).await,
+                    Item::Chunk { .. } => ctx.item_chunks(&item.chunks()).await,
                 };
                 if !sent {
                     return Err(ApiError(super::gone()));

@@ -353,6 +353,16 @@ impl Ctx {
         text.push_str("}}");
         self.conn.out.send(Message::Text(text.into())).await
     }
+
+    /// Send a run's chunk items (each ≤ 32 KiB, see [`crate::workers::calls::Item::chunks`]).
+    pub async fn item_chunks(&self, chunks: &[(u64, bytes::Bytes)]) -> bool {
+        for (offset, data) in chunks {
+            if !self.item_chunk(*offset, data).await {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// A `subscription.item` notification around `item`, as [`Ctx::item`] writes it.

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use super::Ctx;
 use crate::{
     error::{ApiError, ApiResult},
-    workers::calls::{self, CallEvent},
+    workers::calls::{self, CallEvent, Item},
 };
 
 fn too_large() -> ApiError {
@@ -53,13 +53,15 @@ pub async fn snapshot(ctx: Ctx, p: PatchSnapshotParams) -> ApiResult<PatchInfo> 
     let mut text = String::new();
     let answer = loop {
         match stream.next().await {
-            Some(CallEvent::Item(v)) => {
-                let chunk: PatchChunk = serde_json::from_str(v.to_json().get()).map_err(|_| malformed("chunk"))?;
+            Some(CallEvent::Item(Item::Json(v))) => {
+                let chunk: PatchChunk = serde_json::from_str(v.get()).map_err(|_| malformed("chunk"))?;
                 if text.len() + chunk.text.len() > MAX_PATCH_BYTES {
                     return Err(too_large());
                 }
                 text.push_str(&chunk.text);
             }
+            // A patch's items are JSON; raw chunks belong to `files.read`.
+            Some(CallEvent::Item(Item::Chunk { .. })) => return Err(malformed("chunk")),
             Some(CallEvent::Done(r)) => break r.map_err(ApiError)?,
             None => return Err(ApiError(super::gone())),
         }

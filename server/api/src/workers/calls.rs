@@ -33,7 +33,7 @@ use axum::{
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
-use berth_protocol::{ErrorCode, Method, RpcError, jsonrpc::Request, method, worker as wp};
+use berth_protocol::{ErrorCode, FILES_READ_CHUNK, Method, RpcError, jsonrpc::Request, method, worker as wp};
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
@@ -76,21 +76,40 @@ pub enum CallEvent {
 pub enum Item {
     /// The JSON text the worker wrote.
     Json(Box<RawValue>),
-    /// A `files.read` chunk's offset and raw bytes (the item `{type: "chunk", offset,
-    /// dataBase64}`), from a binary chunk frame.
-    Chunk { offset: u64, data: Bytes },
+    /// `files.read` chunks as raw bytes from a binary frame: one chunk (the item `{type:
+    /// "chunk", offset, dataBase64}`), or a run of whole chunks starting at `offset` that
+    /// [`Item::chunks`] cuts into the client's items (`text`: on UTF-8 boundaries).
+    Chunk { offset: u64, data: Bytes, text: bool },
 }
 
 impl Item {
-    /// The item as JSON text (a chunk base64-encoded), for a hop that needs JSON.
-    pub fn to_json(&self) -> Box<RawValue> {
+    /// A chunk run's chunks as the client gets them: each one's offset and bytes (≤ 32 KiB,
+    /// the same cuts the worker made). Empty for a JSON item.
+    pub fn chunks(&self) -> Vec<(u64, Bytes)> {
+        let Item::Chunk { offset, data, text } = self else {
+            return Vec::new();
+        };
+        if data.len() <= FILES_READ_CHUNK {
+            // One chunk (all an older worker sends, an empty one included).
+            return vec![(*offset, data.clone())];
+        }
+        let mut start = 0;
+        berth_protocol::files_read_chunk_ends(data, *text)
+            .into_iter()
+            .map(|end| {
+                let piece = (*offset + start as u64, data.slice(start..end));
+                start = end;
+                piece
+            })
+            .collect()
+    }
+
+    /// How many items this counts for against the worker's credit (a run: its chunks).
+    pub fn credits(&self) -> u32 {
         match self {
-            Item::Json(v) => v.clone(),
-            Item::Chunk { offset, data } => {
-                let mut text = String::with_capacity(chunk_json_len(data.len()));
-                write_chunk_json(&mut text, *offset, data);
-                RawValue::from_string(text).unwrap_or_else(|_| RawValue::NULL.to_owned())
-            }
+            Item::Json(_) => 1,
+            Item::Chunk { data, .. } if data.len() <= FILES_READ_CHUNK => 1,
+            Item::Chunk { .. } => self.chunks().len() as u32,
         }
     }
 }
@@ -178,13 +197,18 @@ impl CallTable {
         }
     }
 
-    /// A binary chunk frame from the worker; false when `frame` is not one.
+    /// A binary chunk frame or chunk run from the worker; false when `frame` is neither.
     pub(super) fn chunk_frame(&self, frame: &Bytes) -> bool {
-        let Some((call_id, offset)) = wp::chunk_frame_header(frame) else {
+        let (call_id, item) = if let Some((call_id, offset)) = wp::chunk_frame_header(frame) {
+            let data = frame.slice(wp::CHUNK_FRAME_HEADER..);
+            (call_id, Item::Chunk { offset, data, text: false })
+        } else if let Some((call_id, offset, text)) = wp::chunk_run_header(frame) {
+            let data = frame.slice(wp::CHUNK_RUN_HEADER..);
+            (call_id, Item::Chunk { offset, data, text })
+        } else {
             return false;
         };
-        let data = frame.slice(wp::CHUNK_FRAME_HEADER..);
-        self.item(call_id, Item::Chunk { offset, data });
+        self.item(call_id, item);
         true
     }
 
@@ -340,7 +364,7 @@ impl CallStream {
                 id, rx, table, unacked, ..
             } => match rx.recv().await {
                 Some(CallEvent::Item(v)) => {
-                    *unacked += 1;
+                    *unacked += v.credits();
                     if *unacked >= wp::CALL_WINDOW / 2 && table.contains(*id) {
                         let ack = wp::CallAck {
                             call_id: *id,
@@ -527,6 +551,7 @@ pub async fn call(
         .post(format!("{}{INTERNAL_CALL_PATH}", url.trim_end_matches('/')))
         .header(SECRET_HEADER, &state.cluster.secret)
         .header(reqwest::header::ACCEPT, frames::CONTENT_TYPE)
+        .header(frames::RUNS_HEADER, "1")
         .json(&body)
         .send()
         .await;
@@ -583,13 +608,25 @@ fn line_bytes(l: &Line) -> Bytes {
     let mut v = match l {
         // Written by hand, sized once: an item is copied once, not grown into a
         // serializer's buffer.
-        Line::Item(item) => {
-            let item = item.to_json();
+        Line::Item(Item::Json(item)) => {
             let mut v = Vec::with_capacity(item.get().len() + 10);
             v.extend_from_slice(b"{\"item\":");
             v.extend_from_slice(item.get().as_bytes());
             v.push(b'}');
             v
+        }
+        // A chunk run: one line per chunk, as JSON items.
+        Line::Item(run @ Item::Chunk { data, .. }) => {
+            let mut text = String::with_capacity(chunk_json_len(data.len()) + 12 * data.len().div_ceil(1 << 15));
+            for (i, (offset, piece)) in run.chunks().into_iter().enumerate() {
+                if i > 0 {
+                    text.push('\n');
+                }
+                text.push_str("{\"item\":");
+                write_chunk_json(&mut text, offset, &piece);
+                text.push('}');
+            }
+            text.into_bytes()
         }
         Line::Result(r) => serde_json::to_vec(&JsonLine::Result(r.clone())).unwrap_or_default(),
         Line::Error(e) => serde_json::to_vec(&JsonLine::Error(e.clone())).unwrap_or_default(),
@@ -604,6 +641,8 @@ fn line_bytes(l: &Line) -> Bytes {
 #[derive(Clone, Copy)]
 struct BodyWriter {
     framed: bool,
+    /// The requesting replica reads chunk-run frames.
+    runs: bool,
 }
 
 impl BodyWriter {
@@ -612,19 +651,18 @@ impl BodyWriter {
         if !self.framed {
             return tx.send(line_bytes(line)).await.is_ok();
         }
-        let (head, data) = frames::encode(line);
-        if tx.send(head).await.is_err() {
-            return false;
+        for bytes in frames::encode(line, self.runs) {
+            if tx.send(bytes).await.is_err() {
+                return false;
+            }
         }
-        match data {
-            Some(d) => tx.send(d).await.is_ok(),
-            None => true,
-        }
+        true
     }
 
     fn try_send(self, tx: &mpsc::Sender<Bytes>, line: &Line) {
+        // Only for an error (one frame or line).
         let bytes = if self.framed {
-            frames::encode(line).0
+            frames::encode(line, self.runs).concat().into()
         } else {
             line_bytes(line)
         };
@@ -643,7 +681,8 @@ pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Js
     let framed = headers
         .get(axum::http::header::ACCEPT)
         .is_some_and(|v| v.as_bytes() == frames::CONTENT_TYPE.as_bytes());
-    let writer = BodyWriter { framed };
+    let runs = framed && headers.contains_key(frames::RUNS_HEADER);
+    let writer = BodyWriter { framed, runs };
     // A credit window's worth of items (a chunk is two pieces: its header and its data) may
     // wait for the response body: the worker's window is not narrowed by this hop.
     let (tx, rx) = mpsc::channel::<Bytes>(2 * wp::CALL_WINDOW as usize + 2);
@@ -760,11 +799,36 @@ mod tests {
         let chunk = line_bytes(&Line::Item(Item::Chunk {
             offset: 0,
             data: Bytes::from_static(b"hi"),
+            text: true,
         }));
         match serde_json::from_slice::<JsonLine>(&chunk[..chunk.len() - 1]).unwrap() {
             JsonLine::Item(back) => assert_eq!(back.get(), item.get()),
             other => panic!("{other:?}"),
         }
+        // A run goes as one line per chunk, cut on UTF-8 boundaries.
+        let text = "aé✓😀".repeat(7_000);
+        let run = line_bytes(&Line::Item(Item::Chunk {
+            offset: 5,
+            data: Bytes::from(text.clone()),
+            text: true,
+        }));
+        let mut joined = Vec::new();
+        let mut at = 5;
+        for line in run[..run.len() - 1].split(|b| *b == b'\n') {
+            let JsonLine::Item(back) = serde_json::from_slice::<JsonLine>(line).unwrap() else {
+                panic!("not an item")
+            };
+            let berth_protocol::FilesReadItem::Chunk { offset, data_base64 } = serde_json::from_str(back.get()).unwrap()
+            else {
+                panic!("not a chunk")
+            };
+            let piece = base64::engine::general_purpose::STANDARD.decode(data_base64).unwrap();
+            assert_eq!(offset, at);
+            assert!(piece.len() <= FILES_READ_CHUNK && std::str::from_utf8(&piece).is_ok());
+            at += piece.len() as u64;
+            joined.extend(piece);
+        }
+        assert_eq!(joined, text.as_bytes());
         let keepalive = line_bytes(&Line::Keepalive);
         assert!(matches!(
             serde_json::from_slice::<JsonLine>(&keepalive[..keepalive.len() - 1]).unwrap(),
@@ -775,12 +839,9 @@ mod tests {
     #[test]
     fn a_chunk_written_as_json_is_the_protocols_chunk_item() {
         let data = b"\x00\xff naive \"quoted\"\n\xc3";
-        let item = Item::Chunk {
-            offset: 1 << 33,
-            data: Bytes::from_static(data),
-        }
-        .to_json();
-        let parsed: berth_protocol::FilesReadItem = serde_json::from_str(item.get()).unwrap();
+        let mut item = String::new();
+        write_chunk_json(&mut item, 1 << 33, data);
+        let parsed: berth_protocol::FilesReadItem = serde_json::from_str(&item).unwrap();
         let expected = berth_protocol::FilesReadItem::Chunk {
             offset: 1 << 33,
             data_base64: base64::engine::general_purpose::STANDARD.encode(data),
@@ -789,7 +850,7 @@ mod tests {
             serde_json::to_value(parsed).unwrap(),
             serde_json::to_value(expected).unwrap()
         );
-        assert!(item.get().len() <= chunk_json_len(data.len()));
+        assert!(item.len() <= chunk_json_len(data.len()));
     }
 
     #[test]
@@ -801,9 +862,23 @@ mod tests {
         let frame = Bytes::from(wp::chunk_frame(9, 32768, b"raw \xff"));
         assert!(table.chunk_frame(&frame));
         match rx.try_recv().unwrap() {
-            CallEvent::Item(Item::Chunk { offset, data }) => {
+            CallEvent::Item(Item::Chunk { offset, data, text }) => {
                 assert_eq!(offset, 32768);
                 assert_eq!(&data[..], b"raw \xff");
+                assert!(!text);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A chunk run: one item, counting for each of its chunks.
+        let run = "é".repeat(100_000);
+        let frame = Bytes::from(wp::chunk_run_frame(9, 65536, true, run.as_bytes()));
+        assert!(table.chunk_frame(&frame));
+        match rx.try_recv().unwrap() {
+            CallEvent::Item(item @ Item::Chunk { offset: 65536, text: true, .. }) => {
+                assert_eq!(item.credits(), 7);
+                let chunks = item.chunks();
+                assert_eq!(chunks[1].0, 65536 + chunks[0].1.len() as u64);
+                assert_eq!(chunks.iter().map(|c| &c.1[..]).collect::<Vec<_>>().concat(), run.as_bytes());
             }
             other => panic!("{other:?}"),
         }

@@ -154,6 +154,7 @@ async fn hello(
             .collect(),
         end_carries_step: true,
         binary_chunks: true,
+        chunk_runs: true,
         connection_id: Some(connection_id.to_string()),
     };
     sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))

@@ -9,6 +9,8 @@
 //!
 //! A replica that asks for frames names [`CONTENT_TYPE`] in its `accept` header and reads the
 //! response by its `content-type`: an older replica on either side gets and sends JSON lines.
+//! A run of chunks (a worker's chunk run) crosses as one frame (its offset, a flags byte and
+//! its bytes) to a replica that sent [`RUNS_HEADER`]; an older one gets a frame per chunk.
 
 use berth_protocol::RpcError;
 use bytes::{Buf, Bytes, BytesMut};
@@ -28,6 +30,10 @@ const CHUNK: u8 = 2;
 const RESULT: u8 = 3;
 const ERROR: u8 = 4;
 const KEEPALIVE: u8 = 5;
+const CHUNK_RUN: u8 = 6;
+
+/// The request header by which a replica says it reads chunk-run frames.
+pub const RUNS_HEADER: &str = "x-berth-chunk-runs";
 
 /// One event of a forwarded call.
 #[derive(Debug)]
@@ -47,15 +53,16 @@ pub enum FrameError {
     Kind(u8),
     #[error("empty frame")]
     Empty,
-    #[error("chunk frame without its offset")]
+    #[error("chunk frame without its offset and flags")]
     ShortChunk,
     #[error("frame payload: {0}")]
     Json(#[from] serde_json::Error),
 }
 
-/// `line` as frame bytes: one buffer, or a header and a chunk's data (passed on as it is,
-/// not copied).
-pub fn encode(line: &Line) -> (Bytes, Option<Bytes>) {
+/// `line` as frame bytes: one buffer, or for chunks a header and the chunk's data (passed on
+/// as it is, not copied). A chunk run goes as one frame when `runs` (the reader takes them),
+/// else as a frame per chunk.
+pub fn encode(line: &Line, runs: bool) -> Vec<Bytes> {
     let whole = |kind: u8, payload: &[u8]| {
         let mut v = Vec::with_capacity(5 + payload.len());
         v.extend_from_slice(&(payload.len() as u32 + 1).to_be_bytes());
@@ -63,18 +70,27 @@ pub fn encode(line: &Line) -> (Bytes, Option<Bytes>) {
         v.extend_from_slice(payload);
         Bytes::from(v)
     };
+    let chunk = |offset: u64, data: &Bytes| {
+        let mut head = Vec::with_capacity(13);
+        head.extend_from_slice(&(data.len() as u32 + 9).to_be_bytes());
+        head.push(CHUNK);
+        head.extend_from_slice(&offset.to_be_bytes());
+        [Bytes::from(head), data.clone()]
+    };
     match line {
-        Line::Item(Item::Json(item)) => (whole(ITEM, item.get().as_bytes()), None),
-        Line::Item(Item::Chunk { offset, data }) => {
-            let mut head = Vec::with_capacity(13);
-            head.extend_from_slice(&(data.len() as u32 + 9).to_be_bytes());
-            head.push(CHUNK);
+        Line::Item(Item::Json(item)) => vec![whole(ITEM, item.get().as_bytes())],
+        Line::Item(Item::Chunk { offset, data, text }) if runs => {
+            let mut head = Vec::with_capacity(14);
+            head.extend_from_slice(&(data.len() as u32 + 10).to_be_bytes());
+            head.push(CHUNK_RUN);
             head.extend_from_slice(&offset.to_be_bytes());
-            (Bytes::from(head), Some(data.clone()))
+            head.push(u8::from(*text));
+            vec![Bytes::from(head), data.clone()]
         }
-        Line::Result(v) => (whole(RESULT, &serde_json::to_vec(v).unwrap_or_default()), None),
-        Line::Error(e) => (whole(ERROR, &serde_json::to_vec(e).unwrap_or_default()), None),
-        Line::Keepalive => (whole(KEEPALIVE, b""), None),
+        Line::Item(run @ Item::Chunk { .. }) => run.chunks().iter().flat_map(|(o, d)| chunk(*o, d)).collect(),
+        Line::Result(v) => vec![whole(RESULT, &serde_json::to_vec(v).unwrap_or_default())],
+        Line::Error(e) => vec![whole(ERROR, &serde_json::to_vec(e).unwrap_or_default())],
+        Line::Keepalive => vec![whole(KEEPALIVE, b"")],
     }
 }
 
@@ -109,7 +125,23 @@ impl FrameDecoder {
                     return Err(FrameError::ShortChunk);
                 }
                 let offset = frame.get_u64();
-                Line::Item(Item::Chunk { offset, data: frame })
+                Line::Item(Item::Chunk {
+                    offset,
+                    data: frame,
+                    text: false,
+                })
+            }
+            CHUNK_RUN => {
+                if frame.len() < 9 {
+                    return Err(FrameError::ShortChunk);
+                }
+                let offset = frame.get_u64();
+                let text = frame.get_u8() & 1 != 0;
+                Line::Item(Item::Chunk {
+                    offset,
+                    data: frame,
+                    text,
+                })
             }
             RESULT => Line::Result(serde_json::from_slice(&frame)?),
             ERROR => Line::Error(serde_json::from_slice(&frame)?),
@@ -126,10 +158,16 @@ mod tests {
     use super::*;
 
     fn bytes(line: &Line) -> Vec<u8> {
-        let (head, data) = encode(line);
-        let mut v = head.to_vec();
-        v.extend_from_slice(data.as_deref().unwrap_or_default());
-        v
+        encode(line, true).concat()
+    }
+
+    /// A text run of 1- to 4-byte characters, longer than one chunk.
+    fn run() -> Item {
+        Item::Chunk {
+            offset: 1 << 20,
+            data: Bytes::from("aé✓😀".repeat(10_000)),
+            text: true,
+        }
     }
 
     fn sample() -> Vec<Line> {
@@ -140,11 +178,14 @@ mod tests {
             Line::Item(Item::Chunk {
                 offset: 1 << 40,
                 data: Bytes::from_static(b"\x00\xff\n raw \xc3"),
+                text: false,
             }),
             Line::Item(Item::Chunk {
                 offset: 0,
                 data: Bytes::new(),
+                text: false,
             }),
+            Line::Item(run()),
             Line::Keepalive,
             Line::Error(RpcError::new(ErrorCode::WorkspaceOffline)),
             Line::Result(serde_json::json!({"files": 2})),
@@ -154,9 +195,18 @@ mod tests {
     fn same(a: &Line, b: &Line) -> bool {
         match (a, b) {
             (Line::Item(Item::Json(x)), Line::Item(Item::Json(y))) => x.get() == y.get(),
-            (Line::Item(Item::Chunk { offset: o1, data: d1 }), Line::Item(Item::Chunk { offset: o2, data: d2 })) => {
-                o1 == o2 && d1 == d2
-            }
+            (
+                Line::Item(Item::Chunk {
+                    offset: o1,
+                    data: d1,
+                    text: t1,
+                }),
+                Line::Item(Item::Chunk {
+                    offset: o2,
+                    data: d2,
+                    text: t2,
+                }),
+            ) => o1 == o2 && d1 == d2 && t1 == t2,
             (Line::Result(x), Line::Result(y)) => x == y,
             (Line::Error(x), Line::Error(y)) => x.code == y.code,
             (Line::Keepalive, Line::Keepalive) => true,
@@ -187,12 +237,42 @@ mod tests {
     }
 
     #[test]
+    fn a_run_goes_to_an_older_replica_as_its_chunks() {
+        let run = run();
+        let stream = encode(&Line::Item(run.clone()), false).concat();
+        let mut dec = FrameDecoder::default();
+        let mut buf = BytesMut::from(&stream[..]);
+        let mut back = Vec::new();
+        while let Some(line) = dec.decode(&mut buf).unwrap() {
+            match line {
+                Line::Item(Item::Chunk { offset, data, .. }) => back.push((offset, data)),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(back, run.chunks());
+        assert_eq!(back.len(), 4);
+        let Item::Chunk { data, .. } = &run else { unreachable!() };
+        let mut at = 1 << 20;
+        for (offset, piece) in &back {
+            assert_eq!(*offset, at);
+            assert!(piece.len() <= berth_protocol::FILES_READ_CHUNK);
+            assert!(std::str::from_utf8(piece).is_ok());
+            at += piece.len() as u64;
+        }
+        assert_eq!(back.iter().map(|(_, d)| &d[..]).collect::<Vec<_>>().concat(), &data[..]);
+    }
+
+    #[test]
     fn bad_frames_are_typed_errors() {
         let decode = |bytes: &[u8]| FrameDecoder::default().decode(&mut BytesMut::from(bytes));
         assert!(matches!(decode(b"\x00\x00\x00\x01\x09"), Err(FrameError::Kind(9))));
         assert!(matches!(decode(b"\x00\x00\x00\x00"), Err(FrameError::Empty)));
         assert!(matches!(
             decode(b"\x00\x00\x00\x03\x02\x00\x00"),
+            Err(FrameError::ShortChunk)
+        ));
+        assert!(matches!(
+            decode(b"\x00\x00\x00\x09\x06\x00\x00\x00\x00\x00\x00\x00\x00"),
             Err(FrameError::ShortChunk)
         ));
         assert!(matches!(decode(b"\x00\x00\x00\x03\x01{x"), Err(FrameError::Json(_))));

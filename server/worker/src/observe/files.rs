@@ -13,9 +13,9 @@ use std::{
 
 use base64::Engine;
 use berth_protocol::{
-    ErrorCode, FILES_LIST_BYTES, FILES_LIST_PAGE, FILES_READ_CHUNK, FileContentKind, FileEntry, FileKind,
+    ErrorCode, FILES_LIST_BYTES, FILES_LIST_PAGE, FileContentKind, FileEntry, FileKind,
     FilesListParams, FilesListResult, FilesReadItem, FilesReadParams, FilesWatchEnd, FilesWatchItem, FilesWatchParams,
-    RpcError,
+    RpcError, files_read_chunk_ends, worker::CHUNK_RUN_BYTES,
 };
 use cap_std::fs::MetadataExt;
 use sha2::{Digest, Sha256};
@@ -248,20 +248,23 @@ fn image_mime(data: &[u8]) -> Option<&'static str> {
     }
 }
 
-/// Chunk boundaries: at most [`FILES_READ_CHUNK`] bytes, text cut on UTF-8 boundaries.
-fn chunk_ends(data: &[u8], text: bool) -> Vec<usize> {
-    let mut ends = Vec::new();
-    let mut at = 0;
-    while at < data.len() {
-        let mut end = (at + FILES_READ_CHUNK).min(data.len());
-        // A UTF-8 continuation byte (10xxxxxx) cannot start a chunk.
-        while text && end < data.len() && end > at && data[end] & 0xC0 == 0x80 {
-            end -= 1;
+/// Consecutive chunks (by their `ends`) grouped into runs of at most `max` bytes: each
+/// run's start, end and number of chunks.
+fn chunk_runs(ends: &[usize], max: usize) -> Vec<(usize, usize, u32)> {
+    let mut runs = Vec::new();
+    let (mut start, mut last, mut count) = (0, 0, 0u32);
+    for &end in ends {
+        if count > 0 && end - start > max {
+            runs.push((start, last, count));
+            (start, count) = (last, 0);
         }
-        ends.push(end);
-        at = end;
+        last = end;
+        count += 1;
     }
-    ends
+    if count > 0 {
+        runs.push((start, last, count));
+    }
+    runs
 }
 
 /// `files.read`: `begin`, chunks and `end` from one buffer, or one explicit outcome.
@@ -300,13 +303,23 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     if !items.send(&begin).await {
         return Ok(());
     }
-    let mut offset = 0usize;
-    for end in chunk_ends(&cap.data, kind == FileContentKind::Text) {
-        let piece = &cap.data[offset..end];
-        if !items.send_chunk(offset, piece).await {
-            return Ok(());
+    let text = kind == FileContentKind::Text;
+    let ends = files_read_chunk_ends(&cap.data, text);
+    if items.chunk_runs() {
+        // Whole chunks in runs of at most `CHUNK_RUN_BYTES`: one message per run.
+        for (start, end, chunks) in chunk_runs(&ends, CHUNK_RUN_BYTES) {
+            if !items.send_run(start, text, &cap.data[start..end], chunks).await {
+                return Ok(());
+            }
         }
-        offset = end;
+    } else {
+        let mut offset = 0usize;
+        for end in ends {
+            if !items.send_chunk(offset, &cap.data[offset..end]).await {
+                return Ok(());
+            }
+            offset = end;
+        }
     }
     // Whether the path still names what was delivered.
     let (w, r) = (ws.clone(), rel.clone());
@@ -468,19 +481,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chunks_are_bounded_and_end_on_utf8_boundaries() {
-        let text = "é".repeat(40_000); // 80 000 bytes of two-byte characters
+    fn chunks_go_in_runs_of_whole_chunks_within_the_bound() {
+        let text = "é✓".repeat(100_000); // 500 000 bytes of 2- and 3-byte characters
         let data = text.as_bytes();
-        let ends = chunk_ends(data, true);
+        let ends = files_read_chunk_ends(data, true);
+        let runs = chunk_runs(&ends, CHUNK_RUN_BYTES);
         let mut at = 0;
-        for end in &ends {
-            assert!(end - at <= FILES_READ_CHUNK);
-            assert!(std::str::from_utf8(&data[at..*end]).is_ok());
-            at = *end;
+        let mut chunks = 0;
+        for &(start, end, count) in &runs {
+            assert_eq!(start, at);
+            assert!(end - start <= CHUNK_RUN_BYTES);
+            // Each run ends where a chunk ends and holds exactly its chunks.
+            assert!(ends.contains(&end));
+            assert_eq!(files_read_chunk_ends(&data[start..end], true).len(), count as usize);
+            chunks += count as usize;
+            at = end;
         }
-        assert_eq!(at, data.len());
-        assert_eq!(chunk_ends(b"", true), Vec::<usize>::new());
-        assert_eq!(chunk_ends(&[0u8; 70_000], false), vec![32768, 65536, 70_000]);
+        assert_eq!((at, chunks), (data.len(), ends.len()));
+        assert_eq!(runs.len(), 2);
+        assert_eq!(chunk_runs(&[], CHUNK_RUN_BYTES), vec![]);
+        assert_eq!(chunk_runs(&[10], CHUNK_RUN_BYTES), vec![(0, 10, 1)]);
     }
 
     #[test]

@@ -148,8 +148,13 @@ impl Items {
     /// Wait for credit for one item; false once the call is cancelled or the connection is
     /// gone.
     async fn credit(&self) -> bool {
+        self.credits(1).await
+    }
+
+    /// Wait for credit for `n` items (see [`Items::credit`]).
+    async fn credits(&self, n: u32) -> bool {
         let permit = tokio::select! {
-            p = self.credit.acquire() => p,
+            p = self.credit.acquire_many(n) => p,
             _ = self.cancel.cancelled() => return false,
         };
         let Ok(permit) = permit else { return false };
@@ -206,6 +211,24 @@ impl Items {
             return false;
         }
         let frame = wp::chunk_frame(self.id, offset as u64, piece);
+        self.link.out.send(Message::Binary(frame.into())).await.is_ok()
+    }
+}
+
+impl Items {
+    /// The server takes runs of chunks ([`Items::send_run`]).
+    pub(crate) fn chunk_runs(&self) -> bool {
+        self.link.chunk_runs
+    }
+
+    /// Send a run of `chunks` whole `files.read` chunks starting at `offset` as one binary
+    /// message, within the call's credit for that many items (only when
+    /// [`Items::chunk_runs`]).
+    pub(crate) async fn send_run(&self, offset: usize, text: bool, run: &[u8], chunks: u32) -> bool {
+        if !self.credits(chunks).await {
+            return false;
+        }
+        let frame = wp::chunk_run_frame(self.id, offset as u64, text, run);
         self.link.out.send(Message::Binary(frame.into())).await.is_ok()
     }
 }
