@@ -568,7 +568,6 @@ async fn files_read_through_the_other_replica() {
 /// asking for JSON lines each get it: the same chunks either way.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones() {
-    use base64::Engine;
     let Setup { stack, dir, .. } = setup().await;
     let content = text_of(200 << 10, "forwarded");
     write(&dir, "mid.txt", &content);
@@ -589,7 +588,7 @@ async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones
         "params": {"sessionId": "s", "path": {"bytesBase64": b64(b"mid.txt")}},
     }});
     // The worker is on replica 0: the call runs there, as if replica 1 had forwarded it.
-    let forward = |accept: Option<&str>| {
+    let forward = |accept: Option<&str>, runs: bool| {
         let mut req = reqwest::Client::new()
             .post(format!("http://{}/v1/internal/call", stack.servers[0].addr))
             .header("x-berth-cluster-secret", &secret)
@@ -597,15 +596,21 @@ async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones
         if let Some(a) = accept {
             req = req.header("accept", a);
         }
+        if runs {
+            req = req.header("x-berth-chunk-runs", "1");
+        }
         req
     };
-    let check = |items: Vec<(String, u64, Vec<u8>)>, answer: Value| {
+    // `max`: the most bytes one chunk item (or run frame) may carry.
+    let check = |items: Vec<(String, u64, Vec<u8>)>, answer: Value, max: usize| {
         assert_eq!(items.first().map(|i| i.0.as_str()), Some("begin"));
         assert_eq!(items.last().map(|i| i.0.as_str()), Some("end"));
         let mut got = Vec::new();
         for (kind, offset, data) in &items[1..items.len() - 1] {
             assert_eq!(kind, "chunk");
             assert_eq!(*offset, got.len() as u64, "contiguous offsets");
+            assert!(data.len() <= max, "{} bytes in one chunk", data.len());
+            assert!(std::str::from_utf8(data).is_ok(), "cut on a UTF-8 boundary");
             got.extend_from_slice(data);
         }
         assert!(got == content, "the content arrives whole");
@@ -613,7 +618,7 @@ async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones
     };
 
     // An older replica (no `accept`): JSON lines, chunks as base64 items.
-    let resp = forward(None).send().await.unwrap();
+    let resp = forward(None, false).send().await.unwrap();
     assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
     let text = resp.text().await.unwrap();
     let (mut items, mut answer) = (Vec::new(), None);
@@ -630,14 +635,31 @@ async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones
     check(
         items,
         answer.unwrap_or_else(|| panic!("no answer line: {}", text.lines().last().unwrap_or_default())),
+        32 << 10,
     );
 
-    // A replica asking for frames: length-prefixed, chunks as raw bytes.
+    // A replica asking for frames: length-prefixed, chunks as raw bytes; runs of chunks as
+    // one frame only to a replica that says it reads them.
     let frames = "application/x-berth-call-frames";
-    let resp = forward(Some(frames)).send().await.unwrap();
-    assert_eq!(resp.headers()["content-type"], frames);
-    let bytes = resp.bytes().await.unwrap();
-    let (mut items, mut answer, mut at) = (Vec::new(), None, 0);
+    for runs in [false, true] {
+        let resp = forward(Some(frames), runs).send().await.unwrap();
+        assert_eq!(resp.headers()["content-type"], frames);
+        let bytes = resp.bytes().await.unwrap();
+        let (items, answer, run_frames) = read_frames(&bytes);
+        assert_eq!(run_frames > 0, runs, "run frames only when asked for");
+        check(
+            items,
+            answer.expect("an answer frame"),
+            if runs { 256 << 10 } else { 32 << 10 },
+        );
+    }
+}
+
+/// A framed forwarded-call body's items (kind, offset, bytes), its answer, and how many
+/// chunk-run frames it held.
+fn read_frames(bytes: &[u8]) -> (Vec<(String, u64, Vec<u8>)>, Option<Value>, usize) {
+    use base64::Engine;
+    let (mut items, mut answer, mut at, mut runs) = (Vec::new(), None, 0, 0);
     while at < bytes.len() {
         let len = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
         let frame = &bytes[at + 4..at + 4 + len];
@@ -651,6 +673,13 @@ async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones
                 let offset = u64::from_be_bytes(frame[1..9].try_into().unwrap());
                 items.push(("chunk".to_string(), offset, frame[9..].to_vec()));
             }
+            // A run of whole chunks: offset, flags (1: text), bytes.
+            6 => {
+                let offset = u64::from_be_bytes(frame[1..9].try_into().unwrap());
+                assert_eq!(frame[9], 1, "a text file's run");
+                items.push(("chunk".to_string(), offset, frame[10..].to_vec()));
+                runs += 1;
+            }
             3 => answer = Some(serde_json::from_slice(&frame[1..]).unwrap()),
             5 => {}
             other => panic!(
@@ -659,7 +688,7 @@ async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones
             ),
         }
     }
-    check(items, answer.expect("an answer frame"));
+    (items, answer, runs)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -413,7 +413,10 @@ mod tests {
         let mut at = 0;
         for &end in &ends {
             assert!(end > at && end - at <= FILES_READ_CHUNK);
-            assert!(std::str::from_utf8(&data[at..end]).is_ok(), "cut inside a character at {end}");
+            assert!(
+                std::str::from_utf8(&data[at..end]).is_ok(),
+                "cut inside a character at {end}"
+            );
             at = end;
         }
         assert_eq!(at, data.len());

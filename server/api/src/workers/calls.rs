@@ -201,7 +201,14 @@ impl CallTable {
     pub(super) fn chunk_frame(&self, frame: &Bytes) -> bool {
         let (call_id, item) = if let Some((call_id, offset)) = wp::chunk_frame_header(frame) {
             let data = frame.slice(wp::CHUNK_FRAME_HEADER..);
-            (call_id, Item::Chunk { offset, data, text: false })
+            (
+                call_id,
+                Item::Chunk {
+                    offset,
+                    data,
+                    text: false,
+                },
+            )
         } else if let Some((call_id, offset, text)) = wp::chunk_run_header(frame) {
             let data = frame.slice(wp::CHUNK_RUN_HEADER..);
             (call_id, Item::Chunk { offset, data, text })
@@ -818,7 +825,8 @@ mod tests {
             let JsonLine::Item(back) = serde_json::from_slice::<JsonLine>(line).unwrap() else {
                 panic!("not an item")
             };
-            let berth_protocol::FilesReadItem::Chunk { offset, data_base64 } = serde_json::from_str(back.get()).unwrap()
+            let berth_protocol::FilesReadItem::Chunk { offset, data_base64 } =
+                serde_json::from_str(back.get()).unwrap()
             else {
                 panic!("not a chunk")
             };
@@ -874,11 +882,20 @@ mod tests {
         let frame = Bytes::from(wp::chunk_run_frame(9, 65536, true, run.as_bytes()));
         assert!(table.chunk_frame(&frame));
         match rx.try_recv().unwrap() {
-            CallEvent::Item(item @ Item::Chunk { offset: 65536, text: true, .. }) => {
+            CallEvent::Item(
+                item @ Item::Chunk {
+                    offset: 65536,
+                    text: true,
+                    ..
+                },
+            ) => {
                 assert_eq!(item.credits(), 7);
                 let chunks = item.chunks();
                 assert_eq!(chunks[1].0, 65536 + chunks[0].1.len() as u64);
-                assert_eq!(chunks.iter().map(|c| &c.1[..]).collect::<Vec<_>>().concat(), run.as_bytes());
+                assert_eq!(
+                    chunks.iter().map(|c| &c.1[..]).collect::<Vec<_>>().concat(),
+                    run.as_bytes()
+                );
             }
             other => panic!("{other:?}"),
         }

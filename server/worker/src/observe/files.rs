@@ -13,9 +13,9 @@ use std::{
 
 use base64::Engine;
 use berth_protocol::{
-    ErrorCode, FILES_LIST_BYTES, FILES_LIST_PAGE, FileContentKind, FileEntry, FileKind,
-    FilesListParams, FilesListResult, FilesReadItem, FilesReadParams, FilesWatchEnd, FilesWatchItem, FilesWatchParams,
-    RpcError, files_read_chunk_ends, worker::CHUNK_RUN_BYTES,
+    ErrorCode, FILES_LIST_BYTES, FILES_LIST_PAGE, FileContentKind, FileEntry, FileKind, FilesListParams,
+    FilesListResult, FilesReadItem, FilesReadParams, FilesWatchEnd, FilesWatchItem, FilesWatchParams, RpcError,
+    files_read_chunk_ends, worker::CHUNK_RUN_BYTES,
 };
 use cap_std::fs::MetadataExt;
 use sha2::{Digest, Sha256};
