@@ -655,9 +655,11 @@ async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones
     }
 }
 
-/// A framed forwarded-call body's items (kind, offset, bytes), its answer, and how many
-/// chunk-run frames it held.
-fn read_frames(bytes: &[u8]) -> (Vec<(String, u64, Vec<u8>)>, Option<Value>, usize) {
+/// A forwarded call's item as a test sees it: kind, offset, bytes.
+type SeenItem = (String, u64, Vec<u8>);
+
+/// A framed forwarded-call body's items, its answer, and how many chunk-run frames it held.
+fn read_frames(bytes: &[u8]) -> (Vec<SeenItem>, Option<Value>, usize) {
     use base64::Engine;
     let (mut items, mut answer, mut at, mut runs) = (Vec::new(), None, 0, 0);
     while at < bytes.len() {
