@@ -625,6 +625,14 @@ async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
         a.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
         b.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
     ];
+    // The phase is live output, not history: each watch must be in place (caught up)
+    // before the turn starts, or its `running` may go out before it listens.
+    for watch in &mut watches {
+        watch
+            .until(10, |e| e["type"] == "session.created")
+            .await
+            .expect("watch catches up");
+    }
     for round in 0..2 {
         mock.push(Reply::Stream(vec![Part::Text("done".into())]));
         let sent = a.ok("session.send", json!({"sessionId": sid, "prompt": "go"})).await;
