@@ -22,14 +22,18 @@ const TURN_HISTORY_ROWS: u32 = 500;
 
 /// A running turn's session (`$1` the turn, `$2` the tenant, `$3` the connection it was
 /// handed to), with the session's latest compaction's `keepFrom` and its summary (the
-/// compaction event's row 0), NULL when never compacted.
-const TURN_HANDOFF_SQL: &str = "SELECT t.session_id, c.payload->'keepFrom', r.body
+/// compaction event's row 0), NULL when never compacted. The summary is read inside the
+/// lateral (only for a compaction found): joined outside it, a session never compacted had
+/// every row 0 of its history scanned and filtered out on each turn.
+const TURN_HANDOFF_SQL: &str = "SELECT t.session_id, c.payload->'keepFrom', c.body
        FROM turns t
-       LEFT JOIN LATERAL (SELECT e.sequence, e.payload FROM events e
+       LEFT JOIN LATERAL (SELECT e.payload,
+                                 (SELECT r.body FROM rows r
+                                   WHERE r.session_id = e.session_id AND r.tenant_id = $2
+                                     AND r.source_sequence = e.sequence AND r.item_index = 0) AS body
+                            FROM events e
                            WHERE e.session_id = t.session_id AND e.tenant_id = $2 AND e.type = 'session.compacted'
                            ORDER BY e.sequence DESC LIMIT 1) c ON true
-       LEFT JOIN rows r ON r.session_id = t.session_id AND r.tenant_id = $2
-                       AND r.source_sequence = c.sequence AND r.item_index = 0
       WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running' AND t.dispatched_to = $3";
 
 impl Store {

@@ -217,7 +217,8 @@ impl Store {
         order.insert(at, queue_id.to_string());
         let base: i64 = tx
             .q1(
-                "SELECT coalesce(max(queue_position), 0) FROM turns WHERE session_id = $1",
+                "SELECT coalesce((SELECT queue_position FROM turns WHERE session_id = $1
+                                   ORDER BY queue_position DESC LIMIT 1), 0)",
                 &[&session_id],
             )
             .await?
@@ -1062,11 +1063,14 @@ pub(crate) async fn admit(
     .0)
 }
 
-/// The session's live turns and the next queue position, read under its lock.
+/// The session's live turns and the next queue position, read under its lock. The
+/// position is the last entry of `turns_session` (`ORDER BY … LIMIT 1`): the planner ran
+/// `max()` over every turn of the session (its statistics see one turn a session).
 const ADMIT_ACTIVE_SQL: &str = "SELECT
         (SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'queued'),
         (SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'running'),
-        (SELECT coalesce(max(queue_position), 0) + 1 FROM turns WHERE session_id = $1)";
+        coalesce((SELECT queue_position FROM turns WHERE session_id = $1
+                   ORDER BY queue_position DESC LIMIT 1), 0) + 1";
 
 /// [`admit`], also returning the session's workspace. `switch_tenant`: the transaction is
 /// fresh and the tenant switch is sent here, ahead of the first statements (one wait for
