@@ -549,65 +549,6 @@ async fn trace_turn(mock: &MockProvider) {
         println!("{offset:7.2} {short}");
     }
     println!("{statements} statements on {} backends within the turn", backends.len());
-    // `BERTH_BENCH_TRACE_EXPLAIN=1`: the plans (generic, as a pooled prepared statement
-    // settles on) of two reads that once scanned the session's whole history (copies of
-    // `ADMIT_ACTIVE_SQL` and `TURN_HANDOFF_SQL` in berth-store).
-    if std::env::var("BERTH_BENCH_TRACE_EXPLAIN").is_ok() {
-        admin
-            .batch_execute("SET plan_cache_mode = force_generic_plan")
-            .await
-            .expect("generic plans");
-        let turn: String = admin
-            .query_one(
-                "SELECT id FROM turns WHERE session_id = $1 ORDER BY queue_position DESC LIMIT 1",
-                &[&sid],
-            )
-            .await
-            .expect("turn")
-            .get(0);
-        let tenant: String = admin
-            .query_one("SELECT tenant_id FROM sessions WHERE id = $1", &[&sid])
-            .await
-            .expect("tenant")
-            .get(0);
-        for (name, sql, args) in [
-            (
-                "admit",
-                "SELECT (SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'queued'),
-                        (SELECT count(*) FROM turns WHERE session_id = $1 AND state = 'running'),
-                        coalesce((SELECT queue_position FROM turns WHERE session_id = $1
-                                   ORDER BY queue_position DESC LIMIT 1), 0) + 1",
-                format!("'{sid}'"),
-            ),
-            (
-                "handoff",
-                "SELECT t.session_id, c.payload->'keepFrom', c.body FROM turns t
-                   LEFT JOIN LATERAL (SELECT e.payload,
-                                             (SELECT r.body FROM rows r
-                                               WHERE r.session_id = e.session_id AND r.tenant_id = $2
-                                                 AND r.source_sequence = e.sequence AND r.item_index = 0) AS body
-                                        FROM events e
-                                       WHERE e.session_id = t.session_id AND e.tenant_id = $2 AND e.type = 'session.compacted'
-                                       ORDER BY e.sequence DESC LIMIT 1) c ON true
-                  WHERE t.id = $1 AND t.tenant_id = $2",
-                format!("'{turn}', '{tenant}'"),
-            ),
-        ] {
-            admin
-                .batch_execute(&format!("PREPARE {name} AS {sql}"))
-                .await
-                .expect("prepare");
-            for row in admin
-                .simple_query(&format!("EXPLAIN (ANALYZE, BUFFERS) EXECUTE {name}({args})"))
-                .await
-                .expect("explain")
-            {
-                if let tokio_postgres::SimpleQueryMessage::Row(r) = row {
-                    println!("{name}: {}", r.get(0).unwrap_or(""));
-                }
-            }
-        }
-    }
     stop(dev).await;
 }
 
