@@ -13,7 +13,11 @@
 //!   replica); TCP carries the back-pressure. Large answers never touch PostgreSQL or NOTIFY.
 //!
 //! A `files.read` chunk crosses as raw bytes from the worker (a binary frame) to the replica
-//! that writes the client's `subscription.item`, which base64-encodes it once.
+//! that writes the client's `subscription.item`, which base64-encodes it once. A file of at
+//! most [`STAGE_GRANT`] bytes crosses to the replica holding the worker while the worker is
+//! still reading and hashing it (staged blocks, [`wp::staged_frame`]); that replica keeps the
+//! blocks (within a replica-wide [`STAGE_BUDGET`]) and hands them on as the read's chunks
+//! only once `begin` arrives, so that after `begin` no hop waits for the worker.
 //!
 //! Every call is bounded: a worker connection serves at most [`CALLS_PER_WORKER`] at once;
 //! unary calls time out, streams time out when idle; a worker or replica that goes away
@@ -63,6 +67,14 @@ const STREAM_IDLE: Duration = Duration::from_secs(60);
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A forwarded stream with nothing, not even a keepalive, for this long is dead.
 const REMOTE_IDLE: Duration = Duration::from_secs(45);
+/// The most bytes of one `files.read` a worker may stage before `begin` (the file's size
+/// at most; a larger file goes after `begin`, within the item credit).
+pub const STAGE_GRANT: u64 = 16 << 20;
+/// The most staged bytes this replica holds across all reads: a read that finds no room
+/// left is not staged (it goes after `begin`, as before).
+pub const STAGE_BUDGET: u64 = 256 << 20;
+/// The staging budget is counted in units of this many bytes.
+pub(super) const STAGE_UNIT: u64 = 1 << 20;
 
 /// What a call yields: items (subscriptions), then its answer.
 #[derive(Debug)]
@@ -133,10 +145,38 @@ pub fn write_chunk_json(out: &mut String, offset: u64, data: &[u8]) {
 pub(super) struct CallTable {
     /// None once the connection has ended: no call starts, and every consumer's channel
     /// is closed (which its stream reports as `worker-disconnected`).
-    calls: Mutex<Option<HashMap<u32, mpsc::Sender<CallEvent>>>>,
+    calls: Mutex<Option<HashMap<u32, Slot>>>,
     /// To the worker (the connection's writer).
     out: mpsc::Sender<Message>,
     slots: Arc<Semaphore>,
+}
+
+/// One call in progress: where its events go, and the blocks it staged so far.
+struct Slot {
+    tx: mpsc::Sender<CallEvent>,
+    /// Some while the worker may stage blocks (a `files.read` granted `stageBytes`, until
+    /// its first item).
+    staged: Option<Staged>,
+}
+
+/// A `files.read`'s staged blocks, kept until its first item.
+#[derive(Debug, Default)]
+struct Staged {
+    /// What the worker was granted (`stageBytes`).
+    limit: u64,
+    /// The blocks' bytes, in total.
+    len: u64,
+    /// Each block's offset and bytes, in file order.
+    blocks: Vec<(u64, Bytes)>,
+}
+
+/// The fields of a `begin` item that staged blocks need.
+#[derive(Deserialize)]
+struct Begin {
+    #[serde(rename = "type")]
+    tag: String,
+    size: Option<u64>,
+    kind: Option<String>,
 }
 
 fn to_message(req: &berth_protocol::jsonrpc::Request) -> Message {
@@ -158,7 +198,12 @@ impl CallTable {
     }
 
     fn remove(&self, id: u32) -> Option<mpsc::Sender<CallEvent>> {
-        self.calls.lock().expect("calls lock").as_mut()?.remove(&id)
+        self.calls.lock().expect("calls lock").as_mut()?.remove(&id).map(|s| s.tx)
+    }
+
+    /// The blocks call `id` staged; no more may come after this (its first item).
+    fn take_staged(&self, id: u32) -> Option<Staged> {
+        self.calls.lock().expect("calls lock").as_mut()?.get_mut(&id)?.staged.take()
     }
 
     fn contains(&self, id: u32) -> bool {
@@ -197,8 +242,13 @@ impl CallTable {
         }
     }
 
-    /// A binary chunk frame or chunk run from the worker; false when `frame` is neither.
+    /// A binary chunk frame, chunk run or staged block from the worker; false when `frame`
+    /// is none of them.
     pub(super) fn chunk_frame(&self, frame: &Bytes) -> bool {
+        if let Some((call_id, offset)) = wp::staged_header(frame) {
+            self.stage(call_id, offset, frame.slice(wp::STAGED_HEADER..));
+            return true;
+        }
         let (call_id, item) = if let Some((call_id, offset)) = wp::chunk_frame_header(frame) {
             let data = frame.slice(wp::CHUNK_FRAME_HEADER..);
             (
@@ -222,14 +272,38 @@ impl CallTable {
     fn item(&self, call_id: u32, item: Item) {
         let mut calls = self.calls.lock().expect("calls lock");
         let Some(map) = calls.as_mut() else { return };
-        let Some(tx) = map.get(&call_id) else { return };
+        let Some(slot) = map.get(&call_id) else { return };
         // The worker keeps within its credit, so the channel has room; a worker that does
         // not ends the call instead of growing a buffer.
-        if tx.try_send(CallEvent::Item(item)).is_err() {
+        if slot.tx.try_send(CallEvent::Item(item)).is_err() {
             tracing::warn!("worker overran a call's credit; call ended");
-            if let Some(tx) = map.remove(&call_id) {
-                let _ = tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
-            }
+            overran(map, call_id);
+        }
+    }
+
+    /// A staged block of call `call_id` at `offset`: kept until the call's first item. A
+    /// block at offset 0 starts the file again (the worker re-reads a changed file); a
+    /// block out of order, past the grant, or of a call that may not stage ends the call.
+    fn stage(&self, call_id: u32, offset: u64, data: Bytes) {
+        let mut calls = self.calls.lock().expect("calls lock");
+        let Some(map) = calls.as_mut() else { return };
+        let Some(slot) = map.get_mut(&call_id) else { return };
+        let Some(staged) = slot.staged.as_mut() else {
+            tracing::warn!("worker staged a block it was not granted; call ended");
+            return overran(map, call_id);
+        };
+        if offset == 0 {
+            staged.blocks.clear();
+            staged.len = 0;
+        }
+        let len = data.len() as u64;
+        if offset != staged.len || staged.len + len > staged.limit {
+            tracing::warn!("worker staged a block out of order or past its grant; call ended");
+            return overran(map, call_id);
+        }
+        if len > 0 {
+            staged.blocks.push((offset, data));
+            staged.len += len;
         }
     }
 
@@ -248,6 +322,39 @@ impl CallTable {
         let _ = tx.try_send(CallEvent::Done(done));
         true
     }
+}
+
+/// End call `call_id`: its worker broke the protocol.
+fn overran(map: &mut HashMap<u32, Slot>, call_id: u32) {
+    if let Some(slot) = map.remove(&call_id) {
+        let _ = slot.tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
+    }
+}
+
+/// What a read's staged blocks become at its first item `first`: the chunks that follow
+/// `begin` (each block a run, cut into chunks on its own: a text file's blocks end on
+/// UTF-8 boundaries); nothing for any other outcome (the blocks are dropped). An error
+/// when they are not the file `begin` announces.
+fn unstage(staged: Staged, first: &RawValue) -> Result<Vec<CallEvent>, RpcError> {
+    if staged.blocks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Ok(begin) = serde_json::from_str::<Begin>(first.get()) else {
+        return Ok(Vec::new());
+    };
+    if begin.tag != "begin" {
+        return Ok(Vec::new());
+    }
+    if begin.size != Some(staged.len) {
+        tracing::warn!("a worker's staged blocks are not the file its begin announced; call ended");
+        return Err(unavailable("worker-overran"));
+    }
+    let text = begin.kind.as_deref() == Some("text");
+    Ok(staged
+        .blocks
+        .into_iter()
+        .map(|(offset, data)| CallEvent::Item(Item::Chunk { offset, data, text }))
+        .collect())
 }
 
 /// A `call.item`'s params with the item left as text.
@@ -282,6 +389,9 @@ impl Wait {
 /// The consumer's end of a call.
 pub struct CallStream {
     inner: Inner,
+    /// Items ready to hand out before anything else is received (a read's staged blocks,
+    /// after its `begin`).
+    ready: std::collections::VecDeque<CallEvent>,
     wait: Wait,
     deadline: tokio::time::Instant,
     finished: bool,
@@ -295,6 +405,8 @@ enum Inner {
         /// Items taken but not yet acknowledged to the worker.
         unacked: u32,
         _slot: OwnedSemaphorePermit,
+        /// The staging budget this read holds (see [`STAGE_BUDGET`]).
+        _stage: Option<OwnedSemaphorePermit>,
     },
     Remote {
         body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
@@ -346,6 +458,9 @@ impl CallStream {
         if self.finished {
             return None;
         }
+        if let Some(ready) = self.ready.pop_front() {
+            return Some(ready);
+        }
         let limit = match (self.wait, &self.inner) {
             (Wait::Unary, _) => Some(self.deadline),
             (_, Inner::Remote { .. }) => Some(tokio::time::Instant::now() + REMOTE_IDLE.max(STREAM_IDLE)),
@@ -371,6 +486,14 @@ impl CallStream {
                 id, rx, table, unacked, ..
             } => match rx.recv().await {
                 Some(CallEvent::Item(v)) => {
+                    if let Item::Json(first) = &v
+                        && let Some(staged) = table.take_staged(*id)
+                    {
+                        match unstage(staged, first) {
+                            Ok(chunks) => self.ready.extend(chunks),
+                            Err(e) => return CallEvent::Done(Err(e)),
+                        }
+                    }
                     *unacked += v.credits();
                     if *unacked >= wp::CALL_WINDOW / 2 && table.contains(*id) {
                         let ack = wp::CallAck {
@@ -485,13 +608,27 @@ impl Registry {
         // Room for a full credit window plus the answer: the worker never sends more.
         let (tx, rx) = mpsc::channel(wp::CALL_WINDOW as usize + 2);
         let wait = Wait::of(&call.method);
+        // A read may stage its file while the budget has room (never what a forwarding
+        // replica put in the call).
+        let mut call = call;
+        let stage = (call.method == method::FilesRead::NAME)
+            .then(|| {
+                let units = (STAGE_GRANT / STAGE_UNIT) as u32;
+                self.stage_budget.clone().try_acquire_many_owned(units).ok()
+            })
+            .flatten();
+        call.stage_bytes = stage.as_ref().map(|_| STAGE_GRANT);
         let req = Request::new(id, wp::CALL, serde_json::to_value(&call).unwrap_or_default());
         {
             let mut calls = table.calls.lock().expect("calls lock");
             let Some(map) = calls.as_mut() else {
                 return Ok(None);
             };
-            map.insert(id, tx);
+            let staged = stage.as_ref().map(|_| Staged {
+                limit: STAGE_GRANT,
+                ..Staged::default()
+            });
+            map.insert(id, Slot { tx, staged });
         }
         let stream = CallStream {
             inner: Inner::Local {
@@ -500,7 +637,9 @@ impl Registry {
                 table: table.clone(),
                 unacked: 0,
                 _slot: slot,
+                _stage: stage,
             },
+            ready: Default::default(),
             wait,
             deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
             finished: false,
@@ -532,6 +671,7 @@ pub async fn call(
         workspace_id: workspace_id.to_string(),
         method: method_name.to_string(),
         params,
+        stage_bytes: None,
     };
     if let Some(stream) = state.workers.call_local(tenant_id, call.clone()).await? {
         return Ok(stream);
@@ -587,6 +727,7 @@ pub async fn call(
                 BodyKind::Lines { scanned: 0 }
             },
         },
+        ready: Default::default(),
         wait: Wait::of(method_name),
         deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
         finished: false,
@@ -861,12 +1002,137 @@ mod tests {
         assert!(item.len() <= chunk_json_len(data.len()));
     }
 
+    fn begin_item(size: usize, kind: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"call.item","params":{{"callId":1,"item":{{"type":"begin","version":"v","size":{size},"kind":"{kind}","mime":"text/plain"}}}}}}"#
+        )
+    }
+
+    /// A read's call on a table, its worker granted `limit` staged bytes, and its consumer.
+    fn staging_call(limit: Option<u64>) -> (Arc<CallTable>, mpsc::Sender<CallEvent>, CallStream) {
+        let (out, _rx) = mpsc::channel(8);
+        let table = CallTable::new(out);
+        let (tx, rx) = mpsc::channel(wp::CALL_WINDOW as usize + 2);
+        let staged = limit.map(|limit| Staged {
+            limit,
+            ..Staged::default()
+        });
+        table.calls.lock().unwrap().as_mut().unwrap().insert(
+            1,
+            Slot {
+                tx: tx.clone(),
+                staged,
+            },
+        );
+        let stream = CallStream {
+            inner: Inner::Local {
+                id: 1,
+                rx,
+                table: table.clone(),
+                unacked: 0,
+                _slot: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+                _stage: None,
+            },
+            ready: Default::default(),
+            wait: Wait::Stream,
+            deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
+            finished: false,
+        };
+        (table, tx, stream)
+    }
+
+    fn staged(table: &CallTable, offset: u64, data: &[u8]) {
+        assert!(table.chunk_frame(&Bytes::from(wp::staged_frame(1, offset, data))));
+    }
+
+    /// Staged blocks wait for `begin`, then follow it as the read's chunks, each block cut
+    /// on its own; a block at offset 0 starts the file again.
+    #[tokio::test]
+    async fn staged_blocks_follow_begin_as_the_reads_chunks() {
+        let (table, tx, mut stream) = staging_call(Some(1 << 20));
+        staged(&table, 0, b"stale bytes of an earlier reading");
+        staged(&table, 0, b""); // the worker reads the file again
+        let first = "é✓".repeat(20_000); // 100 000 bytes: four chunks
+        staged(&table, 0, first.as_bytes());
+        staged(&table, first.len() as u64, b" the end");
+        let size = first.len() + 8;
+        assert!(table.item_text(&begin_item(size, "text")));
+        tx.try_send(CallEvent::Done(Ok(Value::Null))).unwrap();
+        let Some(CallEvent::Item(Item::Json(begin))) = stream.next().await else {
+            panic!("begin first")
+        };
+        assert!(begin.get().contains(r#""type":"begin""#));
+        let mut file = Vec::new();
+        let mut chunks = 0;
+        loop {
+            match stream.next().await.unwrap() {
+                CallEvent::Item(item @ Item::Chunk { text: true, .. }) => {
+                    for (offset, piece) in item.chunks() {
+                        assert_eq!(offset, file.len() as u64);
+                        assert!(piece.len() <= FILES_READ_CHUNK && std::str::from_utf8(&piece).is_ok());
+                        file.extend_from_slice(&piece);
+                        chunks += 1;
+                    }
+                }
+                CallEvent::Done(Ok(Value::Null)) => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(file, [first.as_bytes(), b" the end"].concat());
+        assert_eq!(chunks, 5);
+        // No block may come once the read has begun.
+        staged(&table, size as u64, b"more");
+        assert!(!table.contains(1));
+    }
+
+    /// Any other outcome drops the staged blocks; blocks that are not the announced file,
+    /// out of order, past the grant or not granted end the call with a typed error.
+    #[tokio::test]
+    async fn staged_blocks_are_dropped_or_refused() {
+        let (table, tx, mut stream) = staging_call(Some(1 << 20));
+        staged(&table, 0, b"a binary file");
+        let binary = r#"{"jsonrpc":"2.0","method":"call.item","params":{"callId":1,"item":{"type":"binary"}}}"#;
+        assert!(table.item_text(binary));
+        tx.try_send(CallEvent::Done(Ok(Value::Null))).unwrap();
+        assert!(matches!(stream.next().await, Some(CallEvent::Item(Item::Json(v))) if v.get() == r#"{"type":"binary"}"#));
+        assert!(matches!(stream.next().await, Some(CallEvent::Done(Ok(_)))));
+
+        let (table, _tx, mut stream) = staging_call(Some(1 << 20));
+        staged(&table, 0, b"12345");
+        assert!(table.item_text(&begin_item(6, "text")));
+        let Some(CallEvent::Done(Err(e))) = stream.next().await else {
+            panic!("a size mismatch is an error")
+        };
+        assert_eq!(e.data["reason"], "worker-overran");
+
+        let overran = |limit: Option<u64>, blocks: &[(u64, &[u8])]| {
+            let (table, _tx, mut stream) = staging_call(limit);
+            for (offset, data) in blocks {
+                staged(&table, *offset, data);
+            }
+            assert!(!table.contains(1), "{blocks:?}");
+            let Inner::Local { rx, .. } = &mut stream.inner else {
+                unreachable!()
+            };
+            assert!(matches!(rx.try_recv(), Ok(CallEvent::Done(Err(e))) if e.data["reason"] == "worker-overran"));
+        };
+        overran(Some(1 << 20), &[(0, b"abc"), (4, b"gap")]);
+        overran(Some(4), &[(0, b"abc"), (3, b"de")]);
+        overran(None, &[(0, b"abc")]);
+    }
+
     #[test]
     fn a_binary_chunk_frame_becomes_a_chunk_item_of_its_call() {
         let (out, _rx) = mpsc::channel(1);
         let table = CallTable::new(out);
         let (tx, mut rx) = mpsc::channel(4);
-        table.calls.lock().unwrap().as_mut().unwrap().insert(9, tx);
+        table
+            .calls
+            .lock()
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .insert(9, Slot { tx, staged: None });
         let frame = Bytes::from(wp::chunk_frame(9, 32768, b"raw \xff"));
         assert!(table.chunk_frame(&frame));
         match rx.try_recv().unwrap() {
