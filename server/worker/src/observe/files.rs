@@ -289,11 +289,13 @@ fn read_staged(file: &std::fs::File, stage: &Stage, hasher: &mut Sha256) -> Resu
     let mut utf8 = true;
     let mut carry: Vec<u8> = Vec::new();
     loop {
-        let mut block = Vec::with_capacity(header + carry.len() + READ_BLOCK as usize + 1);
+        let mut block = Vec::with_capacity(header + READ_BLOCK as usize);
         block.extend_from_slice(&berth_protocol::worker::staged_frame_header(stage.call_id, sent));
         block.extend_from_slice(&carry);
         let fresh = block.len();
-        let n = file.take(READ_BLOCK).read_to_end(&mut block).map_err(|e| io_failure(&e))?;
+        // At most `READ_BLOCK` bytes a block, the carried ones included.
+        let want = READ_BLOCK - carry.len() as u64;
+        let n = file.take(want).read_to_end(&mut block).map_err(|e| io_failure(&e))?;
         hasher.update(&block[fresh..]);
         size += n as u64;
         if size > stage.limit {
@@ -304,7 +306,7 @@ fn read_staged(file: &std::fs::File, stage: &Stage, hasher: &mut Sha256) -> Resu
             head.extend_from_slice(&block[fresh..fresh + more]);
         }
         // `take` stops short of the block only at the end of the file.
-        let end = (n as u64) < READ_BLOCK;
+        let end = (n as u64) < want;
         carry.clear();
         if utf8 {
             match simdutf8::compat::from_utf8(&block[header..]) {
@@ -711,7 +713,7 @@ mod tests {
                 let (call_id, offset) = staged_header(&frame).unwrap();
                 assert_eq!((call_id, offset), (4, joined.len() as u64), "{name}");
                 let block = &frame[STAGED_HEADER..];
-                assert!(!block.is_empty());
+                assert!(!block.is_empty() && block.len() <= READ_BLOCK as usize);
                 if is_text {
                     assert!(std::str::from_utf8(block).is_ok(), "{name}: a block cut a character");
                 }
