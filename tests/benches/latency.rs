@@ -1944,6 +1944,22 @@ async fn read_checked(ws: &mut Ws, id: u32, session: &str, path_b64: &str) -> (V
     }
 }
 
+/// CPU time of a process to the nanosecond: the sum of its threads' time on a CPU
+/// (`/proc/<pid>/task/*/schedstat`), where `/proc/<pid>/stat` counts 10 ms ticks, too coarse
+/// for a read of ~10 ms a process. A thread that exits takes its time with it (the tokio
+/// pools keep theirs for 10 s, longer than a read).
+fn thread_cpu(pid: u32) -> Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Duration::ZERO;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
+}
+
 /// `pids`: the worker, the replica holding it and the client's replica, whose CPU per read
 /// is printed (and recorded by `perf` with `BERTH_BENCH_PERF=FILE`).
 ///
@@ -1973,8 +1989,8 @@ async fn files_read(
     let b64 = base64::engine::general_purpose::STANDARD.encode("big.txt");
     let (mut berth, mut through_value, mut raw) = (Vec::new(), Vec::new(), Vec::new());
     let cpu = || {
-        let mut c = pids.map(cpu_time).to_vec();
-        c.push(cpu_time(std::process::id()));
+        let mut c = pids.map(thread_cpu).to_vec();
+        c.push(thread_cpu(std::process::id()));
         c
     };
     let add = |sum: &mut Vec<Duration>, before: &[Duration], after: &[Duration]| {

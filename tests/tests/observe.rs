@@ -488,6 +488,18 @@ async fn files_read_through_the_other_replica() {
     );
     let version = begin["version"].as_str().unwrap().to_string();
 
+    // Two reads of the file at once, the first read last: each arrives whole (a read's
+    // blocks, sent ahead of its `begin`, stay its own until it is read).
+    let path = json!({"sessionId": sid, "path": {"bytesBase64": b64(b"big.txt")}});
+    let mut first = client.subscribe("files.read", path.clone());
+    let mut second = client.subscribe("files.read", path);
+    for sub in [&mut second, &mut first] {
+        let (begin, got, end) = collect_read(sub).await;
+        assert_eq!(begin["version"], version.as_str());
+        assert!(got == content, "a concurrent read arrives whole ({} bytes)", got.len());
+        assert_eq!(end.expect("end")["sha256"], sha256_hex(&content));
+    }
+
     // After a replace, `expectedVersion` reports the change instead of reading.
     write(&dir, "replacement.tmp", "new\n");
     std::fs::rename(dir.join("replacement.tmp"), dir.join("big.txt")).unwrap();

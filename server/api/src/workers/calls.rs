@@ -145,18 +145,15 @@ pub fn write_chunk_json(out: &mut String, offset: u64, data: &[u8]) {
 pub(super) struct CallTable {
     /// None once the connection has ended: no call starts, and every consumer's channel
     /// is closed (which its stream reports as `worker-disconnected`).
-    calls: Mutex<Option<HashMap<u32, Slot>>>,
+    calls: Mutex<Option<HashMap<u32, mpsc::Sender<CallEvent>>>>,
+    /// The blocks of reads that may stage (granted `stageBytes`), by call id: from the
+    /// call's start until its consumer takes them at its first item, or ends. Apart from
+    /// `calls`, whose entry goes with the worker's answer, which may come before the
+    /// consumer has reached the first item.
+    staged: Mutex<HashMap<u32, Staged>>,
     /// To the worker (the connection's writer).
     out: mpsc::Sender<Message>,
     slots: Arc<Semaphore>,
-}
-
-/// One call in progress: where its events go, and the blocks it staged so far.
-struct Slot {
-    tx: mpsc::Sender<CallEvent>,
-    /// Some while the worker may stage blocks (a `files.read` granted `stageBytes`, until
-    /// its first item).
-    staged: Option<Staged>,
 }
 
 /// A `files.read`'s staged blocks, kept until its first item.
@@ -187,6 +184,7 @@ impl CallTable {
     pub(super) fn new(out: mpsc::Sender<Message>) -> Arc<CallTable> {
         Arc::new(CallTable {
             calls: Mutex::new(Some(HashMap::new())),
+            staged: Mutex::default(),
             out,
             slots: Arc::new(Semaphore::new(CALLS_PER_WORKER)),
         })
@@ -195,15 +193,17 @@ impl CallTable {
     /// The connection ended: every call in progress ends with a typed error.
     pub(super) fn close(&self) {
         self.calls.lock().expect("calls lock").take();
+        self.staged.lock().expect("staged lock").clear();
     }
 
     fn remove(&self, id: u32) -> Option<mpsc::Sender<CallEvent>> {
-        self.calls.lock().expect("calls lock").as_mut()?.remove(&id).map(|s| s.tx)
+        self.calls.lock().expect("calls lock").as_mut()?.remove(&id)
     }
 
-    /// The blocks call `id` staged; no more may come after this (its first item).
+    /// The blocks call `id` staged; no more may come after this (its first item, or its
+    /// end).
     fn take_staged(&self, id: u32) -> Option<Staged> {
-        self.calls.lock().expect("calls lock").as_mut()?.get_mut(&id)?.staged.take()
+        self.staged.lock().expect("staged lock").remove(&id)
     }
 
     fn contains(&self, id: u32) -> bool {
@@ -272,10 +272,10 @@ impl CallTable {
     fn item(&self, call_id: u32, item: Item) {
         let mut calls = self.calls.lock().expect("calls lock");
         let Some(map) = calls.as_mut() else { return };
-        let Some(slot) = map.get(&call_id) else { return };
+        let Some(tx) = map.get(&call_id) else { return };
         // The worker keeps within its credit, so the channel has room; a worker that does
         // not ends the call instead of growing a buffer.
-        if slot.tx.try_send(CallEvent::Item(item)).is_err() {
+        if tx.try_send(CallEvent::Item(item)).is_err() {
             tracing::warn!("worker overran a call's credit; call ended");
             overran(map, call_id);
         }
@@ -285,25 +285,38 @@ impl CallTable {
     /// block at offset 0 starts the file again (the worker re-reads a changed file); a
     /// block out of order, past the grant, or of a call that may not stage ends the call.
     fn stage(&self, call_id: u32, offset: u64, data: Bytes) {
-        let mut calls = self.calls.lock().expect("calls lock");
-        let Some(map) = calls.as_mut() else { return };
-        let Some(slot) = map.get_mut(&call_id) else { return };
-        let Some(staged) = slot.staged.as_mut() else {
-            tracing::warn!("worker staged a block it was not granted; call ended");
-            return overran(map, call_id);
+        let kept = {
+            let mut all = self.staged.lock().expect("staged lock");
+            match all.get_mut(&call_id) {
+                Some(staged) => {
+                    if offset == 0 {
+                        staged.blocks.clear();
+                        staged.len = 0;
+                    }
+                    let len = data.len() as u64;
+                    let fits = offset == staged.len && staged.len + len <= staged.limit;
+                    if fits && len > 0 {
+                        staged.blocks.push((offset, data));
+                        staged.len += len;
+                    }
+                    if !fits {
+                        all.remove(&call_id);
+                    }
+                    fits
+                }
+                None => false,
+            }
         };
-        if offset == 0 {
-            staged.blocks.clear();
-            staged.len = 0;
-        }
-        let len = data.len() as u64;
-        if offset != staged.len || staged.len + len > staged.limit {
-            tracing::warn!("worker staged a block out of order or past its grant; call ended");
-            return overran(map, call_id);
-        }
-        if len > 0 {
-            staged.blocks.push((offset, data));
-            staged.len += len;
+        if !kept {
+            let mut calls = self.calls.lock().expect("calls lock");
+            // A call that has ended (its consumer gone): the block is dropped, as an item
+            // would be. A live one broke the protocol.
+            if let Some(map) = calls.as_mut()
+                && map.contains_key(&call_id)
+            {
+                tracing::warn!("worker staged a block out of order, past its grant or not granted; call ended");
+                overran(map, call_id);
+            }
         }
     }
 
@@ -325,9 +338,9 @@ impl CallTable {
 }
 
 /// End call `call_id`: its worker broke the protocol.
-fn overran(map: &mut HashMap<u32, Slot>, call_id: u32) {
-    if let Some(slot) = map.remove(&call_id) {
-        let _ = slot.tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
+fn overran(map: &mut HashMap<u32, mpsc::Sender<CallEvent>>, call_id: u32) {
+    if let Some(tx) = map.remove(&call_id) {
+        let _ = tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
     }
 }
 
@@ -552,6 +565,10 @@ impl CallStream {
             return;
         }
         self.finished = true;
+        if let Inner::Local { id, table, .. } = &self.inner {
+            // Blocks not taken (a read that ended before its first item) go now.
+            table.take_staged(*id);
+        }
         if let Inner::Local { id, table, .. } = &self.inner
             && table.remove(*id).is_some()
         {
@@ -624,11 +641,14 @@ impl Registry {
             let Some(map) = calls.as_mut() else {
                 return Ok(None);
             };
-            let staged = stage.as_ref().map(|_| Staged {
+            map.insert(id, tx);
+        }
+        if stage.is_some() {
+            let staged = Staged {
                 limit: STAGE_GRANT,
                 ..Staged::default()
-            });
-            map.insert(id, Slot { tx, staged });
+            };
+            table.staged.lock().expect("staged lock").insert(id, staged);
         }
         let stream = CallStream {
             inner: Inner::Local {
@@ -1013,17 +1033,14 @@ mod tests {
         let (out, _rx) = mpsc::channel(8);
         let table = CallTable::new(out);
         let (tx, rx) = mpsc::channel(wp::CALL_WINDOW as usize + 2);
-        let staged = limit.map(|limit| Staged {
-            limit,
-            ..Staged::default()
-        });
-        table.calls.lock().unwrap().as_mut().unwrap().insert(
-            1,
-            Slot {
-                tx: tx.clone(),
-                staged,
-            },
-        );
+        table.calls.lock().unwrap().as_mut().unwrap().insert(1, tx.clone());
+        if let Some(limit) = limit {
+            let staged = Staged {
+                limit,
+                ..Staged::default()
+            };
+            table.staged.lock().unwrap().insert(1, staged);
+        }
         let stream = CallStream {
             inner: Inner::Local {
                 id: 1,
@@ -1057,7 +1074,10 @@ mod tests {
         staged(&table, first.len() as u64, b" the end");
         let size = first.len() + 8;
         assert!(table.item_text(&begin_item(size, "text")));
-        tx.try_send(CallEvent::Done(Ok(Value::Null))).unwrap();
+        // The worker's answer may come before the consumer reaches `begin`.
+        assert!(table.answer(r#"{"jsonrpc":"2.0","id":1,"result":null}"#));
+        assert!(!table.contains(1));
+        drop(tx);
         let Some(CallEvent::Item(Item::Json(begin))) = stream.next().await else {
             panic!("begin first")
         };
@@ -1080,9 +1100,9 @@ mod tests {
         }
         assert_eq!(file, [first.as_bytes(), b" the end"].concat());
         assert_eq!(chunks, 5);
-        // No block may come once the read has begun.
-        staged(&table, size as u64, b"more");
-        assert!(!table.contains(1));
+        // A block of a call that has ended is dropped.
+        staged(&table, size as u64, b"late");
+        assert!(table.staged.lock().unwrap().is_empty());
     }
 
     /// Any other outcome drops the staged blocks; blocks that are not the announced file,
@@ -1116,6 +1136,15 @@ mod tests {
             };
             assert!(matches!(rx.try_recv(), Ok(CallEvent::Done(Err(e))) if e.data["reason"] == "worker-overran"));
         };
+        // Once the read's first item is taken, no block may come.
+        let (table, tx, mut stream) = staging_call(Some(1 << 20));
+        assert!(table.item_text(&begin_item(0, "text")));
+        assert!(matches!(stream.next().await, Some(CallEvent::Item(Item::Json(_)))));
+        staged(&table, 0, b"late");
+        assert!(!table.contains(1));
+        drop(tx);
+        assert!(matches!(stream.next().await, Some(CallEvent::Done(Err(_)))));
+
         overran(Some(1 << 20), &[(0, b"abc"), (4, b"gap")]);
         overran(Some(4), &[(0, b"abc"), (3, b"de")]);
         overran(None, &[(0, b"abc")]);
@@ -1126,13 +1155,7 @@ mod tests {
         let (out, _rx) = mpsc::channel(1);
         let table = CallTable::new(out);
         let (tx, mut rx) = mpsc::channel(4);
-        table
-            .calls
-            .lock()
-            .unwrap()
-            .as_mut()
-            .unwrap()
-            .insert(9, Slot { tx, staged: None });
+        table.calls.lock().unwrap().as_mut().unwrap().insert(9, tx);
         let frame = Bytes::from(wp::chunk_frame(9, 32768, b"raw \xff"));
         assert!(table.chunk_frame(&frame));
         match rx.try_recv().unwrap() {

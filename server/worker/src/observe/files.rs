@@ -697,6 +697,13 @@ mod tests {
             ("png", png, false),
             ("empty", Vec::new(), true),
             ("exact", vec![b'x'; READ_BLOCK as usize], true),
+            (
+                "benchlike",
+                "files.read bench — naïve café ✓ 0123456789 abcdefghijklmnopqrstuvwxyz\n"
+                    .repeat((8 << 20) / 72 + 1)
+                    .into_bytes(),
+                true,
+            ),
         ] {
             std::fs::write(tmp.path().join(name), &data).unwrap();
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
