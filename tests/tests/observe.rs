@@ -488,8 +488,8 @@ async fn files_read_through_the_other_replica() {
     );
     let version = begin["version"].as_str().unwrap().to_string();
 
-    // Two reads of the file at once, the first read last: each arrives whole (a read's
-    // blocks, sent ahead of its `begin`, stay its own until it is read).
+    // Two reads of the file at once, the first read last: each arrives whole (the two
+    // calls' chunks never mix on the worker's connection or between the replicas).
     let path = json!({"sessionId": sid, "path": {"bytesBase64": b64(b"big.txt")}});
     let mut first = client.subscribe("files.read", path.clone());
     let mut second = client.subscribe("files.read", path);

@@ -17,9 +17,7 @@
 //! answers the request. The worker keeps at most [`CALL_WINDOW`] items of a call unacknowledged;
 //! the server returns credit with `call.ack` as the items are consumed, and `call.cancel`
 //! stops a call early. A `files.read` chunk goes as a binary message ([`chunk_frame`]) to a
-//! server that announced [`WorkerHelloResult::binary_chunks`]; a file the call's
-//! [`Call::stage_bytes`] covers goes as staged blocks ([`staged_frame`]) while it is read,
-//! before `begin`.
+//! server that announced [`WorkerHelloResult::binary_chunks`].
 
 use serde::{Deserialize, Serialize};
 
@@ -65,12 +63,6 @@ pub struct Call {
     pub method: String,
     #[serde(default)]
     pub params: serde_json::Value,
-    /// `files.read`: how many bytes of the file the worker may send as staged blocks
-    /// ([`staged_frame`]) while it is still reading and checking it, before `begin`. Set by
-    /// the server holding the worker's connection, which keeps them until `begin` (or drops
-    /// them on any other outcome). Absent: none (an older server).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stage_bytes: Option<u64>,
 }
 
 /// Worker → server: one subscription item of call `call_id`.
@@ -148,49 +140,6 @@ pub fn chunk_run_header(frame: &[u8]) -> Option<(u32, u64, bool)> {
     let call_id = u32::from_be_bytes(frame[1..5].try_into().ok()?);
     let offset = u64::from_be_bytes(frame[5..13].try_into().ok()?);
     Some((call_id, offset, frame[13] & CHUNK_RUN_TEXT != 0))
-}
-
-/// A block of a `files.read` file sent while the worker is still reading it, before
-/// `begin` (only when the call's [`Call::stage_bytes`] allows, in total, that many bytes):
-/// [`STAGED_TAG`], the call id (u32, big-endian), the block's offset in the file (u64,
-/// big-endian), then its raw bytes. Blocks come in file order from offset 0; a block at
-/// offset 0 starts the file again (the worker re-reads a file written to meanwhile). When
-/// the file is text, every block ends on a UTF-8 boundary, so each block is cut into chunk
-/// items on its own ([`crate::files_read_chunk_ends`]). The server holding the connection
-/// keeps the blocks and sends them on as the read's chunks only after `begin` (whose `size`
-/// they must add up to); any other outcome drops them. They take no item credit: the
-/// server bounded them when it set `stage_bytes`. The worker then sends no chunk after
-/// `begin`, so the file crosses to the server while it is hashed and checked.
-pub const STAGED_TAG: u8 = 3;
-/// The length of a staged block's header (tag, call id, offset).
-pub const STAGED_HEADER: usize = 1 + 4 + 8;
-
-/// A staged block's header, for a buffer the block's bytes are then read into.
-pub fn staged_frame_header(call_id: u32, offset: u64) -> [u8; STAGED_HEADER] {
-    let mut head = [0u8; STAGED_HEADER];
-    head[0] = STAGED_TAG;
-    head[1..5].copy_from_slice(&call_id.to_be_bytes());
-    head[5..13].copy_from_slice(&offset.to_be_bytes());
-    head
-}
-
-/// A staged block around `data`, in one sized buffer.
-pub fn staged_frame(call_id: u32, offset: u64, data: &[u8]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(STAGED_HEADER + data.len());
-    frame.extend_from_slice(&staged_frame_header(call_id, offset));
-    frame.extend_from_slice(data);
-    frame
-}
-
-/// A staged block's call id and offset; its data is `frame[STAGED_HEADER..]`. None when
-/// `frame` is not a staged block.
-pub fn staged_header(frame: &[u8]) -> Option<(u32, u64)> {
-    if frame.len() < STAGED_HEADER || frame[0] != STAGED_TAG {
-        return None;
-    }
-    let call_id = u32::from_be_bytes(frame[1..5].try_into().ok()?);
-    let offset = u64::from_be_bytes(frame[5..13].try_into().ok()?);
-    Some((call_id, offset))
 }
 
 /// Server → worker: `items` more items of call `call_id` may be sent.
@@ -754,20 +703,6 @@ mod tests {
         assert_eq!(chunk_frame_header(&frame), None);
         assert_eq!(chunk_run_header(&chunk_frame(9, 0, &data)), None);
         assert_eq!(chunk_run_header(&frame[..CHUNK_RUN_HEADER - 1]), None);
-    }
-
-    #[test]
-    fn a_staged_block_round_trips() {
-        let data = b"\x00\xffraw \xc3";
-        let frame = staged_frame(5, 1 << 34, data);
-        assert_eq!(staged_header(&frame), Some((5, 1 << 34)));
-        assert_eq!(&frame[STAGED_HEADER..], data);
-        assert_eq!(staged_header(&frame[..STAGED_HEADER - 1]), None);
-        // Told apart from the two chunk forms by its tag.
-        assert_eq!(chunk_frame_header(&frame), None);
-        assert_eq!(chunk_run_header(&frame), None);
-        assert_eq!(staged_header(&chunk_frame(5, 0, data)), None);
-        assert_eq!(staged_header(&chunk_run_frame(5, 0, true, data)), None);
     }
 
     #[test]

@@ -13,11 +13,7 @@
 //!   replica); TCP carries the back-pressure. Large answers never touch PostgreSQL or NOTIFY.
 //!
 //! A `files.read` chunk crosses as raw bytes from the worker (a binary frame) to the replica
-//! that writes the client's `subscription.item`, which base64-encodes it once. A file of at
-//! most [`STAGE_GRANT`] bytes crosses to the replica holding the worker while the worker is
-//! still reading and hashing it (staged blocks, [`wp::staged_frame`]); that replica keeps the
-//! blocks (within a replica-wide [`STAGE_BUDGET`]) and hands them on as the read's chunks
-//! only once `begin` arrives, so that after `begin` no hop waits for the worker.
+//! that writes the client's `subscription.item`, which base64-encodes it once.
 //!
 //! Every call is bounded: a worker connection serves at most [`CALLS_PER_WORKER`] at once;
 //! unary calls time out, streams time out when idle; a worker or replica that goes away
@@ -67,14 +63,6 @@ const STREAM_IDLE: Duration = Duration::from_secs(60);
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A forwarded stream with nothing, not even a keepalive, for this long is dead.
 const REMOTE_IDLE: Duration = Duration::from_secs(45);
-/// The most bytes of one `files.read` a worker may stage before `begin` (the file's size
-/// at most; a larger file goes after `begin`, within the item credit).
-pub const STAGE_GRANT: u64 = 16 << 20;
-/// The most staged bytes this replica holds across all reads: a read that finds no room
-/// left is not staged (it goes after `begin`, as before).
-pub const STAGE_BUDGET: u64 = 256 << 20;
-/// The staging budget is counted in units of this many bytes.
-pub(super) const STAGE_UNIT: u64 = 1 << 20;
 
 /// What a call yields: items (subscriptions), then its answer.
 #[derive(Debug)]
@@ -146,34 +134,9 @@ pub(super) struct CallTable {
     /// None once the connection has ended: no call starts, and every consumer's channel
     /// is closed (which its stream reports as `worker-disconnected`).
     calls: Mutex<Option<HashMap<u32, mpsc::Sender<CallEvent>>>>,
-    /// The blocks of reads that may stage (granted `stageBytes`), by call id: from the
-    /// call's start until its consumer takes them at its first item, or ends. Apart from
-    /// `calls`, whose entry goes with the worker's answer, which may come before the
-    /// consumer has reached the first item.
-    staged: Mutex<HashMap<u32, Staged>>,
     /// To the worker (the connection's writer).
     out: mpsc::Sender<Message>,
     slots: Arc<Semaphore>,
-}
-
-/// A `files.read`'s staged blocks, kept until its first item.
-#[derive(Debug, Default)]
-struct Staged {
-    /// What the worker was granted (`stageBytes`).
-    limit: u64,
-    /// The blocks' bytes, in total.
-    len: u64,
-    /// Each block's offset and bytes, in file order.
-    blocks: Vec<(u64, Bytes)>,
-}
-
-/// The fields of a `begin` item that staged blocks need.
-#[derive(Deserialize)]
-struct Begin {
-    #[serde(rename = "type")]
-    tag: String,
-    size: Option<u64>,
-    kind: Option<String>,
 }
 
 fn to_message(req: &berth_protocol::jsonrpc::Request) -> Message {
@@ -184,7 +147,6 @@ impl CallTable {
     pub(super) fn new(out: mpsc::Sender<Message>) -> Arc<CallTable> {
         Arc::new(CallTable {
             calls: Mutex::new(Some(HashMap::new())),
-            staged: Mutex::default(),
             out,
             slots: Arc::new(Semaphore::new(CALLS_PER_WORKER)),
         })
@@ -193,17 +155,10 @@ impl CallTable {
     /// The connection ended: every call in progress ends with a typed error.
     pub(super) fn close(&self) {
         self.calls.lock().expect("calls lock").take();
-        self.staged.lock().expect("staged lock").clear();
     }
 
     fn remove(&self, id: u32) -> Option<mpsc::Sender<CallEvent>> {
         self.calls.lock().expect("calls lock").as_mut()?.remove(&id)
-    }
-
-    /// The blocks call `id` staged; no more may come after this (its first item, or its
-    /// end).
-    fn take_staged(&self, id: u32) -> Option<Staged> {
-        self.staged.lock().expect("staged lock").remove(&id)
     }
 
     fn contains(&self, id: u32) -> bool {
@@ -242,13 +197,8 @@ impl CallTable {
         }
     }
 
-    /// A binary chunk frame, chunk run or staged block from the worker; false when `frame`
-    /// is none of them.
+    /// A binary chunk frame or chunk run from the worker; false when `frame` is neither.
     pub(super) fn chunk_frame(&self, frame: &Bytes) -> bool {
-        if let Some((call_id, offset)) = wp::staged_header(frame) {
-            self.stage(call_id, offset, frame.slice(wp::STAGED_HEADER..));
-            return true;
-        }
         let (call_id, item) = if let Some((call_id, offset)) = wp::chunk_frame_header(frame) {
             let data = frame.slice(wp::CHUNK_FRAME_HEADER..);
             (
@@ -277,45 +227,8 @@ impl CallTable {
         // not ends the call instead of growing a buffer.
         if tx.try_send(CallEvent::Item(item)).is_err() {
             tracing::warn!("worker overran a call's credit; call ended");
-            overran(map, call_id);
-        }
-    }
-
-    /// A staged block of call `call_id` at `offset`: kept until the call's first item. A
-    /// block at offset 0 starts the file again (the worker re-reads a changed file); a
-    /// block out of order, past the grant, or of a call that may not stage ends the call.
-    fn stage(&self, call_id: u32, offset: u64, data: Bytes) {
-        let kept = {
-            let mut all = self.staged.lock().expect("staged lock");
-            match all.get_mut(&call_id) {
-                Some(staged) => {
-                    if offset == 0 {
-                        staged.blocks.clear();
-                        staged.len = 0;
-                    }
-                    let len = data.len() as u64;
-                    let fits = offset == staged.len && staged.len + len <= staged.limit;
-                    if fits && len > 0 {
-                        staged.blocks.push((offset, data));
-                        staged.len += len;
-                    }
-                    if !fits {
-                        all.remove(&call_id);
-                    }
-                    fits
-                }
-                None => false,
-            }
-        };
-        if !kept {
-            let mut calls = self.calls.lock().expect("calls lock");
-            // A call that has ended (its consumer gone): the block is dropped, as an item
-            // would be. A live one broke the protocol.
-            if let Some(map) = calls.as_mut()
-                && map.contains_key(&call_id)
-            {
-                tracing::warn!("worker staged a block out of order, past its grant or not granted; call ended");
-                overran(map, call_id);
+            if let Some(tx) = map.remove(&call_id) {
+                let _ = tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
             }
         }
     }
@@ -335,39 +248,6 @@ impl CallTable {
         let _ = tx.try_send(CallEvent::Done(done));
         true
     }
-}
-
-/// End call `call_id`: its worker broke the protocol.
-fn overran(map: &mut HashMap<u32, mpsc::Sender<CallEvent>>, call_id: u32) {
-    if let Some(tx) = map.remove(&call_id) {
-        let _ = tx.try_send(CallEvent::Done(Err(unavailable("worker-overran"))));
-    }
-}
-
-/// What a read's staged blocks become at its first item `first`: the chunks that follow
-/// `begin` (each block a run, cut into chunks on its own: a text file's blocks end on
-/// UTF-8 boundaries); nothing for any other outcome (the blocks are dropped). An error
-/// when they are not the file `begin` announces.
-fn unstage(staged: Staged, first: &RawValue) -> Result<Vec<CallEvent>, RpcError> {
-    if staged.blocks.is_empty() {
-        return Ok(Vec::new());
-    }
-    let Ok(begin) = serde_json::from_str::<Begin>(first.get()) else {
-        return Ok(Vec::new());
-    };
-    if begin.tag != "begin" {
-        return Ok(Vec::new());
-    }
-    if begin.size != Some(staged.len) {
-        tracing::warn!("a worker's staged blocks are not the file its begin announced; call ended");
-        return Err(unavailable("worker-overran"));
-    }
-    let text = begin.kind.as_deref() == Some("text");
-    Ok(staged
-        .blocks
-        .into_iter()
-        .map(|(offset, data)| CallEvent::Item(Item::Chunk { offset, data, text }))
-        .collect())
 }
 
 /// A `call.item`'s params with the item left as text.
@@ -402,9 +282,6 @@ impl Wait {
 /// The consumer's end of a call.
 pub struct CallStream {
     inner: Inner,
-    /// Items ready to hand out before anything else is received (a read's staged blocks,
-    /// after its `begin`).
-    ready: std::collections::VecDeque<CallEvent>,
     wait: Wait,
     deadline: tokio::time::Instant,
     finished: bool,
@@ -418,8 +295,6 @@ enum Inner {
         /// Items taken but not yet acknowledged to the worker.
         unacked: u32,
         _slot: OwnedSemaphorePermit,
-        /// The staging budget this read holds (see [`STAGE_BUDGET`]).
-        _stage: Option<OwnedSemaphorePermit>,
     },
     Remote {
         body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
@@ -471,9 +346,6 @@ impl CallStream {
         if self.finished {
             return None;
         }
-        if let Some(ready) = self.ready.pop_front() {
-            return Some(ready);
-        }
         let limit = match (self.wait, &self.inner) {
             (Wait::Unary, _) => Some(self.deadline),
             (_, Inner::Remote { .. }) => Some(tokio::time::Instant::now() + REMOTE_IDLE.max(STREAM_IDLE)),
@@ -499,14 +371,6 @@ impl CallStream {
                 id, rx, table, unacked, ..
             } => match rx.recv().await {
                 Some(CallEvent::Item(v)) => {
-                    if let Item::Json(first) = &v
-                        && let Some(staged) = table.take_staged(*id)
-                    {
-                        match unstage(staged, first) {
-                            Ok(chunks) => self.ready.extend(chunks),
-                            Err(e) => return CallEvent::Done(Err(e)),
-                        }
-                    }
                     *unacked += v.credits();
                     if *unacked >= wp::CALL_WINDOW / 2 && table.contains(*id) {
                         let ack = wp::CallAck {
@@ -565,10 +429,6 @@ impl CallStream {
             return;
         }
         self.finished = true;
-        if let Inner::Local { id, table, .. } = &self.inner {
-            // Blocks not taken (a read that ended before its first item) go now.
-            table.take_staged(*id);
-        }
         if let Inner::Local { id, table, .. } = &self.inner
             && table.remove(*id).is_some()
         {
@@ -625,16 +485,6 @@ impl Registry {
         // Room for a full credit window plus the answer: the worker never sends more.
         let (tx, rx) = mpsc::channel(wp::CALL_WINDOW as usize + 2);
         let wait = Wait::of(&call.method);
-        // A read may stage its file while the budget has room (never what a forwarding
-        // replica put in the call).
-        let mut call = call;
-        let stage = (call.method == method::FilesRead::NAME)
-            .then(|| {
-                let units = (STAGE_GRANT / STAGE_UNIT) as u32;
-                self.stage_budget.clone().try_acquire_many_owned(units).ok()
-            })
-            .flatten();
-        call.stage_bytes = stage.as_ref().map(|_| STAGE_GRANT);
         let req = Request::new(id, wp::CALL, serde_json::to_value(&call).unwrap_or_default());
         {
             let mut calls = table.calls.lock().expect("calls lock");
@@ -643,13 +493,6 @@ impl Registry {
             };
             map.insert(id, tx);
         }
-        if stage.is_some() {
-            let staged = Staged {
-                limit: STAGE_GRANT,
-                ..Staged::default()
-            };
-            table.staged.lock().expect("staged lock").insert(id, staged);
-        }
         let stream = CallStream {
             inner: Inner::Local {
                 id,
@@ -657,9 +500,7 @@ impl Registry {
                 table: table.clone(),
                 unacked: 0,
                 _slot: slot,
-                _stage: stage,
             },
-            ready: Default::default(),
             wait,
             deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
             finished: false,
@@ -691,7 +532,6 @@ pub async fn call(
         workspace_id: workspace_id.to_string(),
         method: method_name.to_string(),
         params,
-        stage_bytes: None,
     };
     if let Some(stream) = state.workers.call_local(tenant_id, call.clone()).await? {
         return Ok(stream);
@@ -747,7 +587,6 @@ pub async fn call(
                 BodyKind::Lines { scanned: 0 }
             },
         },
-        ready: Default::default(),
         wait: Wait::of(method_name),
         deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
         finished: false,
@@ -1020,134 +859,6 @@ mod tests {
             serde_json::to_value(expected).unwrap()
         );
         assert!(item.len() <= chunk_json_len(data.len()));
-    }
-
-    fn begin_item(size: usize, kind: &str) -> String {
-        format!(
-            r#"{{"jsonrpc":"2.0","method":"call.item","params":{{"callId":1,"item":{{"type":"begin","version":"v","size":{size},"kind":"{kind}","mime":"text/plain"}}}}}}"#
-        )
-    }
-
-    /// A read's call on a table, its worker granted `limit` staged bytes, and its consumer.
-    fn staging_call(limit: Option<u64>) -> (Arc<CallTable>, mpsc::Sender<CallEvent>, CallStream) {
-        let (out, _rx) = mpsc::channel(8);
-        let table = CallTable::new(out);
-        let (tx, rx) = mpsc::channel(wp::CALL_WINDOW as usize + 2);
-        table.calls.lock().unwrap().as_mut().unwrap().insert(1, tx.clone());
-        if let Some(limit) = limit {
-            let staged = Staged {
-                limit,
-                ..Staged::default()
-            };
-            table.staged.lock().unwrap().insert(1, staged);
-        }
-        let stream = CallStream {
-            inner: Inner::Local {
-                id: 1,
-                rx,
-                table: table.clone(),
-                unacked: 0,
-                _slot: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
-                _stage: None,
-            },
-            ready: Default::default(),
-            wait: Wait::Stream,
-            deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
-            finished: false,
-        };
-        (table, tx, stream)
-    }
-
-    fn staged(table: &CallTable, offset: u64, data: &[u8]) {
-        assert!(table.chunk_frame(&Bytes::from(wp::staged_frame(1, offset, data))));
-    }
-
-    /// Staged blocks wait for `begin`, then follow it as the read's chunks, each block cut
-    /// on its own; a block at offset 0 starts the file again.
-    #[tokio::test]
-    async fn staged_blocks_follow_begin_as_the_reads_chunks() {
-        let (table, tx, mut stream) = staging_call(Some(1 << 20));
-        staged(&table, 0, b"stale bytes of an earlier reading");
-        staged(&table, 0, b""); // the worker reads the file again
-        let first = "é✓".repeat(20_000); // 100 000 bytes: four chunks
-        staged(&table, 0, first.as_bytes());
-        staged(&table, first.len() as u64, b" the end");
-        let size = first.len() + 8;
-        assert!(table.item_text(&begin_item(size, "text")));
-        // The worker's answer may come before the consumer reaches `begin`.
-        assert!(table.answer(r#"{"jsonrpc":"2.0","id":1,"result":null}"#));
-        assert!(!table.contains(1));
-        drop(tx);
-        let Some(CallEvent::Item(Item::Json(begin))) = stream.next().await else {
-            panic!("begin first")
-        };
-        assert!(begin.get().contains(r#""type":"begin""#));
-        let mut file = Vec::new();
-        let mut chunks = 0;
-        loop {
-            match stream.next().await.unwrap() {
-                CallEvent::Item(item @ Item::Chunk { text: true, .. }) => {
-                    for (offset, piece) in item.chunks() {
-                        assert_eq!(offset, file.len() as u64);
-                        assert!(piece.len() <= FILES_READ_CHUNK && std::str::from_utf8(&piece).is_ok());
-                        file.extend_from_slice(&piece);
-                        chunks += 1;
-                    }
-                }
-                CallEvent::Done(Ok(Value::Null)) => break,
-                other => panic!("{other:?}"),
-            }
-        }
-        assert_eq!(file, [first.as_bytes(), b" the end"].concat());
-        assert_eq!(chunks, 5);
-        // A block of a call that has ended is dropped.
-        staged(&table, size as u64, b"late");
-        assert!(table.staged.lock().unwrap().is_empty());
-    }
-
-    /// Any other outcome drops the staged blocks; blocks that are not the announced file,
-    /// out of order, past the grant or not granted end the call with a typed error.
-    #[tokio::test]
-    async fn staged_blocks_are_dropped_or_refused() {
-        let (table, tx, mut stream) = staging_call(Some(1 << 20));
-        staged(&table, 0, b"a binary file");
-        let binary = r#"{"jsonrpc":"2.0","method":"call.item","params":{"callId":1,"item":{"type":"binary"}}}"#;
-        assert!(table.item_text(binary));
-        tx.try_send(CallEvent::Done(Ok(Value::Null))).unwrap();
-        assert!(matches!(stream.next().await, Some(CallEvent::Item(Item::Json(v))) if v.get() == r#"{"type":"binary"}"#));
-        assert!(matches!(stream.next().await, Some(CallEvent::Done(Ok(_)))));
-
-        let (table, _tx, mut stream) = staging_call(Some(1 << 20));
-        staged(&table, 0, b"12345");
-        assert!(table.item_text(&begin_item(6, "text")));
-        let Some(CallEvent::Done(Err(e))) = stream.next().await else {
-            panic!("a size mismatch is an error")
-        };
-        assert_eq!(e.data["reason"], "worker-overran");
-
-        let overran = |limit: Option<u64>, blocks: &[(u64, &[u8])]| {
-            let (table, _tx, mut stream) = staging_call(limit);
-            for (offset, data) in blocks {
-                staged(&table, *offset, data);
-            }
-            assert!(!table.contains(1), "{blocks:?}");
-            let Inner::Local { rx, .. } = &mut stream.inner else {
-                unreachable!()
-            };
-            assert!(matches!(rx.try_recv(), Ok(CallEvent::Done(Err(e))) if e.data["reason"] == "worker-overran"));
-        };
-        // Once the read's first item is taken, no block may come.
-        let (table, tx, mut stream) = staging_call(Some(1 << 20));
-        assert!(table.item_text(&begin_item(0, "text")));
-        assert!(matches!(stream.next().await, Some(CallEvent::Item(Item::Json(_)))));
-        staged(&table, 0, b"late");
-        assert!(!table.contains(1));
-        drop(tx);
-        assert!(matches!(stream.next().await, Some(CallEvent::Done(Err(_)))));
-
-        overran(Some(1 << 20), &[(0, b"abc"), (4, b"gap")]);
-        overran(Some(4), &[(0, b"abc"), (3, b"de")]);
-        overran(None, &[(0, b"abc")]);
     }
 
     #[test]

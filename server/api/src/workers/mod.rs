@@ -55,9 +55,6 @@ pub struct Registry {
     writes: Arc<Semaphore>,
     /// Ids of worker calls started here.
     next_call: std::sync::atomic::AtomicU32,
-    /// Room for `files.read` blocks staged before `begin`, in MiB (see
-    /// [`calls::STAGE_BUDGET`]).
-    stage_budget: Arc<Semaphore>,
 }
 
 /// A worker connection held by this replica.
@@ -78,7 +75,6 @@ impl Registry {
             conns: Mutex::default(),
             writes: Arc::new(Semaphore::new(limits.replica_max_turn_writes.max(1))),
             next_call: Default::default(),
-            stage_budget: Arc::new(Semaphore::new((calls::STAGE_BUDGET / calls::STAGE_UNIT) as usize)),
         }
     }
 

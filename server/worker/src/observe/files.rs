@@ -147,31 +147,14 @@ pub(crate) fn list(ws: &Workspace, p: &FilesListParams) -> Result<FilesListResul
 
 /// What `files.read` captured: one buffer, and the identity it came from.
 struct Capture {
-    /// The file's bytes; empty when they went to the server as staged blocks.
     data: Vec<u8>,
-    /// The file went to the server as staged blocks while it was read (see [`Stage`]).
-    staged: bool,
-    size: u64,
-    /// The file's first bytes (up to [`HEAD`]): its NUL test and image magic.
-    head: Vec<u8>,
     meta: cap_std::fs::Metadata,
     version: String,
-    /// SHA-256 of the bytes read, hex (every chunk is cut from them, so it is the digest
-    /// of what is delivered).
+    /// SHA-256 of `data`, hex (every chunk is cut from `data`, so it is the digest of
+    /// what is delivered).
     sha256: String,
-    /// Whether the file is text: no NUL early on (git's rule for binary) and valid UTF-8.
+    /// Whether `data` is text: no NUL early on (git's rule for binary) and valid UTF-8.
     text: bool,
-}
-
-/// How many of a file's first bytes git's binary rule looks at for a NUL.
-const HEAD: usize = 8000;
-
-/// Where a capture sends the file while it reads it: staged blocks of call `call_id`
-/// (each a ready binary message), for a file of at most `limit` bytes.
-struct Stage {
-    call_id: u32,
-    limit: u64,
-    tx: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
 }
 
 fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, digest: &[u8]) -> String {
@@ -183,21 +166,13 @@ fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, digest: &[u8]
     v[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Read the whole file through one handle; retried when a writer changed it meanwhile. With
-/// `stage`, a file within its limit goes out as staged blocks as it is read (see
-/// [`read_staged`]) and is not kept.
-fn capture(ws: &Workspace, rel: &Path, stage: Option<&Stage>) -> Result<Result<Capture, FilesReadItem>, RpcError> {
+/// Read the whole file through one handle; retried when a writer changed it meanwhile.
+fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>, RpcError> {
     let parent = rel
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    for attempt in 0..3 {
-        if attempt > 0
-            && let Some(stage) = stage
-        {
-            // Whatever an earlier reading staged is void: an empty block at offset 0.
-            let _ = stage.tx.send(berth_protocol::worker::staged_frame(stage.call_id, 0, &[]));
-        }
+    for _ in 0..3 {
         let opened = match ws.open_regular(rel) {
             Ok(o) => o,
             Err(OpenError::Absent) => return Ok(Err(FilesReadItem::Absent)),
@@ -219,53 +194,36 @@ fn capture(ws: &Workspace, rel: &Path, stage: Option<&Stage>) -> Result<Result<C
                 reason: "too-large".into(),
             }));
         }
+        let mut data = Vec::with_capacity(opened.meta.len() as usize + 1);
         let mut hasher = Sha256::new();
-        let (data, staged, size, head, text) = match stage.filter(|s| opened.meta.len() <= s.limit) {
-            Some(stage) => {
-                let Some(read) = read_staged(&opened.handle, stage, &mut hasher)? else {
-                    // It grew past the limit while read: read again.
-                    continue;
-                };
-                let (size, head, utf8) = read;
-                (Vec::new(), true, size, head, utf8)
+        while data.len() as u64 <= READ_MAX {
+            let start = data.len();
+            let n = (&opened.handle)
+                .take(READ_BLOCK)
+                .read_to_end(&mut data)
+                .map_err(|e| io_failure(&e))?;
+            if n == 0 {
+                break;
             }
-            None => {
-                let mut data = Vec::with_capacity(opened.meta.len() as usize + 1);
-                while data.len() as u64 <= READ_MAX {
-                    let start = data.len();
-                    let n = (&opened.handle)
-                        .take(READ_BLOCK)
-                        .read_to_end(&mut data)
-                        .map_err(|e| io_failure(&e))?;
-                    if n == 0 {
-                        break;
-                    }
-                    hasher.update(&data[start..]);
-                }
-                // SIMD validation is a fraction of the digest's time, so it runs here, on
-                // this thread: a second thread only waited for a core on a busy machine.
-                let utf8 = simdutf8::basic::from_utf8(&data).is_ok();
-                let head = data[..data.len().min(HEAD)].to_vec();
-                let size = data.len() as u64;
-                (data, false, size, head, utf8)
-            }
-        };
+            hasher.update(&data[start..]);
+        }
         let after = cap_std::fs::Metadata::from_file(&opened.handle).map_err(|e| io_failure(&e))?;
-        if after.len() != size || after.mtime() != opened.meta.mtime() || after.mtime_nsec() != opened.meta.mtime_nsec()
+        if after.len() != data.len() as u64
+            || after.mtime() != opened.meta.mtime()
+            || after.mtime_nsec() != opened.meta.mtime_nsec()
         {
             // Written to while we read: read again.
             continue;
         }
         let parent_id = ws.lstat(parent).map(|m| identity(&m)).unwrap_or_default();
         let digest = hasher.finalize();
-        // Git's rule for binary (a NUL early on), then UTF-8, decide what is text.
-        let text = !head.contains(&0) && text;
+        // Git's rule for binary (a NUL early on), then UTF-8, decide what is text. SIMD
+        // validation is a fraction of the digest's time, so it runs here, on this thread: a
+        // second thread only waited for a core on a busy machine.
+        let text = !data[..data.len().min(8000)].contains(&0) && simdutf8::basic::from_utf8(&data).is_ok();
         let version = version(rel, &after, &parent_id, &digest);
         return Ok(Ok(Capture {
             data,
-            staged,
-            size,
-            head,
             meta: after,
             version,
             sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
@@ -273,62 +231,6 @@ fn capture(ws: &Workspace, rel: &Path, stage: Option<&Stage>) -> Result<Result<C
         }));
     }
     Err(failure(ErrorCode::Unavailable, "reason", "changing"))
-}
-
-/// Read `file` in blocks, each hashed and checked for UTF-8 right after it is read and then
-/// sent as a staged block (read straight into the message, behind its header): the file
-/// crosses to the server while the rest is still read and hashed, instead of after
-/// `begin`. A block that ends inside a character leaves that character's first bytes to
-/// the next block, so that every block of a text file ends on a UTF-8 boundary. The file's
-/// size, its first bytes and whether it is all valid UTF-8; None when it grew past the
-/// stage's limit.
-fn read_staged(file: &std::fs::File, stage: &Stage, hasher: &mut Sha256) -> Result<Option<(u64, Vec<u8>, bool)>, RpcError> {
-    let header = berth_protocol::worker::STAGED_HEADER;
-    let (mut size, mut sent) = (0u64, 0u64);
-    let mut head = Vec::new();
-    let mut utf8 = true;
-    let mut carry: Vec<u8> = Vec::new();
-    loop {
-        let mut block = Vec::with_capacity(header + READ_BLOCK as usize);
-        block.extend_from_slice(&berth_protocol::worker::staged_frame_header(stage.call_id, sent));
-        block.extend_from_slice(&carry);
-        let fresh = block.len();
-        // At most `READ_BLOCK` bytes a block, the carried ones included.
-        let want = READ_BLOCK - carry.len() as u64;
-        let n = file.take(want).read_to_end(&mut block).map_err(|e| io_failure(&e))?;
-        hasher.update(&block[fresh..]);
-        size += n as u64;
-        if size > stage.limit {
-            return Ok(None);
-        }
-        if head.len() < HEAD {
-            let more = (HEAD - head.len()).min(n);
-            head.extend_from_slice(&block[fresh..fresh + more]);
-        }
-        // `take` stops short of the block only at the end of the file.
-        let end = (n as u64) < want;
-        carry.clear();
-        if utf8 {
-            match simdutf8::compat::from_utf8(&block[header..]) {
-                Ok(_) => {}
-                // A character cut by the block's end: it goes with the next block.
-                Err(e) if e.error_len().is_none() && !end => {
-                    let cut = header + e.valid_up_to();
-                    carry.extend_from_slice(&block[cut..]);
-                    block.truncate(cut);
-                }
-                Err(_) => utf8 = false,
-            }
-        }
-        if block.len() > header {
-            sent += (block.len() - header) as u64;
-            // The receiver is gone only when the read was abandoned: the result is unused.
-            let _ = stage.tx.send(block);
-        }
-        if end {
-            return Ok(Some((size, head, utf8)));
-        }
-    }
 }
 
 /// The image types a client can show, by their magic bytes.
@@ -366,38 +268,11 @@ fn chunk_runs(ends: &[usize], max: usize) -> Vec<(usize, usize, u32)> {
 }
 
 /// `files.read`: `begin`, chunks and `end` from one buffer, or one explicit outcome.
-/// `stage_bytes` is the call's [`berth_protocol::worker::Call::stage_bytes`].
-pub(crate) async fn read(
-    ws: Arc<Workspace>,
-    p: FilesReadParams,
-    stage_bytes: Option<u64>,
-    items: &Items,
-) -> Result<(), RpcError> {
+pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) -> Result<(), RpcError> {
     let rel = relative(&p.path)?;
     let (w, r) = (ws.clone(), rel.clone());
-    let (stage, staged) = match stage_bytes.filter(|b| *b > 0) {
-        Some(limit) => {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            let stage = Stage {
-                call_id: items.id,
-                limit,
-                tx,
-            };
-            (Some(stage), Some(rx))
-        }
-        None => (None, None),
-    };
-    // The blocks go out as the capture reads them; all of them before `begin`.
-    let forward = async {
-        if let Some(mut rx) = staged {
-            let mut open = true;
-            while let Some(block) = rx.recv().await {
-                open = open && items.send_staged(block).await;
-            }
-        }
-    };
-    let (capture, ()) = tokio::join!(super::blocking(move || capture(&w, &r, stage.as_ref())), forward);
-    let cap = match capture? {
+    let capture = super::blocking(move || capture(&w, &r)).await?;
+    let cap = match capture {
         Ok(c) => c,
         Err(outcome) => {
             items.send(&outcome).await;
@@ -412,13 +287,13 @@ pub(crate) async fn read(
     }
     let (kind, mime) = if cap.text {
         (FileContentKind::Text, "text/plain; charset=utf-8")
-    } else if let Some(mime) = image_mime(&cap.head) {
+    } else if let Some(mime) = image_mime(&cap.data) {
         (FileContentKind::Image, mime)
     } else {
         items.send(&FilesReadItem::Binary).await;
         return Ok(());
     };
-    let size = cap.size;
+    let size = cap.data.len() as u64;
     let begin = FilesReadItem::Begin {
         version: cap.version.clone(),
         size,
@@ -430,9 +305,7 @@ pub(crate) async fn read(
     }
     let text = kind == FileContentKind::Text;
     let ends = files_read_chunk_ends(&cap.data, text);
-    if cap.staged {
-        // Every byte went before `begin`.
-    } else if items.chunk_runs() {
+    if items.chunk_runs() {
         // Whole chunks in runs of at most `CHUNK_RUN_BYTES`: one message per run.
         for (start, end, chunks) in chunk_runs(&ends, CHUNK_RUN_BYTES) {
             if !items.send_run(start, text, &cap.data[start..end], chunks).await {
@@ -664,86 +537,12 @@ mod tests {
             ("empty", Vec::new(), true),
         ] {
             std::fs::write(tmp.path().join(name), &data).unwrap();
-            let cap = capture(&ws, Path::new(name), None).unwrap().ok().unwrap();
+            let cap = capture(&ws, Path::new(name)).unwrap().ok().unwrap();
             assert!(cap.data == data, "{name}: captured other bytes");
             let hex: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
             assert_eq!(cap.sha256, hex, "{name}");
             assert_eq!(cap.text, is_text, "{name}");
-            assert!(!cap.staged);
         }
-    }
-
-    /// Staged: the blocks, in order and contiguous, are the file; each block of a text file
-    /// is valid UTF-8 on its own; the digest and the text decision are the whole file's.
-    #[test]
-    fn a_staged_capture_sends_the_file_in_blocks_that_end_on_character_boundaries() {
-        use berth_protocol::worker::{STAGED_HEADER, staged_header};
-        let tmp = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(tmp.path()).unwrap();
-        // 1- to 4-byte characters, so that block ends fall inside characters.
-        let text = "a é ✓ 😀\n".repeat(READ_BLOCK as usize / 5);
-        let mut invalid_late = text.clone().into_bytes();
-        invalid_late.extend_from_slice(b"\xff tail");
-        let mut cut_last = text.clone().into_bytes();
-        cut_last.push(0xF0); // a 4-byte character's first byte, and nothing after it
-        let mut nul = b"\0".to_vec();
-        nul.extend_from_slice(text.as_bytes());
-        let png = [b"\x89PNG\r\n\x1a\n".as_slice(), &[0xC3; 300_000]].concat();
-        for (name, data, is_text) in [
-            ("text", text.as_bytes().to_vec(), true),
-            ("invalid-late", invalid_late, false),
-            ("cut-last", cut_last, false),
-            ("nul", nul, false),
-            ("png", png, false),
-            ("empty", Vec::new(), true),
-            ("exact", vec![b'x'; READ_BLOCK as usize], true),
-            (
-                "benchlike",
-                "files.read bench — naïve café ✓ 0123456789 abcdefghijklmnopqrstuvwxyz\n"
-                    .repeat((8 << 20) / 72 + 1)
-                    .into_bytes(),
-                true,
-            ),
-        ] {
-            std::fs::write(tmp.path().join(name), &data).unwrap();
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-            let stage = Stage {
-                call_id: 4,
-                limit: 16 << 20,
-                tx,
-            };
-            let cap = capture(&ws, Path::new(name), Some(&stage)).unwrap().ok().unwrap();
-            drop(stage);
-            assert!(cap.staged && cap.data.is_empty(), "{name}");
-            let mut joined = Vec::new();
-            while let Ok(frame) = rx.try_recv() {
-                let (call_id, offset) = staged_header(&frame).unwrap();
-                assert_eq!((call_id, offset), (4, joined.len() as u64), "{name}");
-                let block = &frame[STAGED_HEADER..];
-                assert!(!block.is_empty() && block.len() <= READ_BLOCK as usize);
-                if is_text {
-                    assert!(std::str::from_utf8(block).is_ok(), "{name}: a block cut a character");
-                }
-                joined.extend_from_slice(block);
-            }
-            assert!(joined == data, "{name}: staged other bytes");
-            assert_eq!(cap.size, data.len() as u64);
-            let hex: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
-            assert_eq!(cap.sha256, hex, "{name}");
-            assert_eq!(cap.text, is_text, "{name}");
-            assert_eq!(image_mime(&cap.head).is_some(), name == "png");
-        }
-        // Larger than the stage's limit: read into one buffer, nothing staged.
-        std::fs::write(tmp.path().join("big"), text.as_bytes()).unwrap();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let stage = Stage {
-            call_id: 4,
-            limit: 1000,
-            tx,
-        };
-        let cap = capture(&ws, Path::new("big"), Some(&stage)).unwrap().ok().unwrap();
-        assert!(!cap.staged && cap.data == text.as_bytes());
-        assert!(rx.try_recv().is_err());
     }
 
     #[test]

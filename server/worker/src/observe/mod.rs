@@ -216,16 +216,6 @@ impl Items {
 }
 
 impl Items {
-    /// Send a staged block (a ready binary message, see [`wp::staged_frame`]): no item
-    /// credit, the call's `stageBytes` bounds them. False once the call is cancelled or the
-    /// connection is gone.
-    pub(crate) async fn send_staged(&self, frame: Vec<u8>) -> bool {
-        tokio::select! {
-            sent = self.link.out.send(Message::Binary(frame.into())) => sent.is_ok(),
-            _ = self.cancel.cancelled() => false,
-        }
-    }
-
     /// The server takes runs of chunks ([`Items::send_run`]).
     pub(crate) fn chunk_runs(&self) -> bool {
         self.link.chunk_runs
@@ -285,8 +275,7 @@ async fn run(root: PathBuf, call: Call, items: &Items) -> Result<Value, RpcError
             to_value(blocking(move || files::list(&ws, &p)).await?)
         }
         method::FilesRead::NAME => {
-            let p = params::<FilesReadParams>(call.params)?;
-            files::read(workspace()?, p, call.stage_bytes, items).await?;
+            files::read(workspace()?, params::<FilesReadParams>(call.params)?, items).await?;
             Ok(Value::Null)
         }
         method::FilesWatch::NAME => {
