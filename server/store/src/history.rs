@@ -160,43 +160,28 @@ fn owned(v: RowRef<'_>) -> Row {
     }
 }
 
-/// A plain `session.history` page (no target), with its fence, in one statement: the
-/// session's `last_sequence` and `cleared_at_sequence` (columns 0 and 1, on every line; no
-/// line at all when the session does not exist), then the page's rows after `$4, $5` up to
+/// A plain `session.history` page (no target): the page's rows after `$4, $5` up to
 /// `least($3, last_sequence)`, at most `$6` and one more (which says there is more), each
-/// with its text's size in bytes (column 2; then [`ROW_COLUMNS`] from [`PAGE_ROW`]); a page
-/// without rows is one line of NULLs after the fence. The cut at the byte budget is made in
-/// Rust ([`cut`]), so a row's text comes back only when it is at most `$7` bytes: with `$7`
-/// = budget / (`$6` + 1), this statement returns at most one budget of text whatever the
-/// rows hold; the longer rows that fall within the page are read after it ([`TEXT_SQL`]).
-/// Flat on purpose: the rows come out of the index in page order, so nothing is sorted
-/// again, and no window function (a running sum over the page cost ~0.1 ms per 200 rows).
-/// One statement, so one snapshot: the page is cut at the last sequence the fence reports
-/// (the fence was a statement of its own in a repeatable-read transaction: one more
-/// statement and one more answer flushed by PostgreSQL on every page).
+/// with its text's size in bytes (column 0; then [`ROW_COLUMNS`]). The cut at the byte
+/// budget is made in Rust ([`cut`]), so a row's text comes back only when it is at most
+/// `$7` bytes: with `$7` = budget / (`$6` + 1), this statement returns at most one budget of
+/// text whatever the rows hold; the longer rows that fall within the page are read after it
+/// ([`TEXT_SQL`]). Flat on purpose: the rows come out of the index in page order, so
+/// nothing is sorted again, and no window function (a running sum over the page cost
+/// ~0.1 ms per 200 rows); the fence is a statement of its own ([`FENCE_SQL`]) in the same
+/// snapshot.
 const PAGE_SQL: &str = "
-SELECT f.last_sequence, f.cleared_at_sequence,
-       p.size, p.source_sequence, p.item_index, p.turn_id, p.kind, p.body, p.thinking, p.tool, p.hidden, p.attachments
-  FROM (SELECT last_sequence, cleared_at_sequence FROM sessions
-         WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL) f
-  LEFT JOIN LATERAL (
-    SELECT octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint AS size,
-           source_sequence, item_index, turn_id, kind,
-           CASE WHEN octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint <= $7::bigint
-                THEN body END AS body,
-           CASE WHEN octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint <= $7::bigint
-                THEN thinking END AS thinking,
-           tool, hidden, attachments
-      FROM rows
-     WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
-       AND source_sequence <= least($3::bigint, f.last_sequence)
-       AND (source_sequence, item_index) > ($4::bigint, $5::int)
-     ORDER BY source_sequence, item_index LIMIT $6::bigint + 1
-  ) p ON true";
-
-/// Where a [`PAGE_SQL`] line's text size is, and where its [`ROW_COLUMNS`] start.
-const PAGE_SIZE: usize = 2;
-const PAGE_ROW: usize = 3;
+SELECT octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint,
+       source_sequence, item_index, turn_id, kind,
+       CASE WHEN octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint <= $7::bigint THEN body END,
+       CASE WHEN octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint <= $7::bigint THEN thinking END,
+       tool, hidden, attachments
+  FROM rows
+ WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
+   AND source_sequence <= least($3::bigint,
+         (SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL))
+   AND (source_sequence, item_index) > ($4::bigint, $5::int)
+ ORDER BY source_sequence, item_index LIMIT $6::bigint + 1";
 
 /// The text of the page's rows that [`PAGE_SQL`] left out (longer than its per-row share
 /// of the budget), at positions `($3[k], $4[k])`, in that order.
@@ -205,6 +190,10 @@ SELECT r.body, r.thinking
   FROM unnest($3::bigint[], $4::int[]) WITH ORDINALITY AS p(sequence, item, k)
   JOIN rows r ON r.session_id = $1 AND r.tenant_id = $2 AND r.source_sequence = p.sequence AND r.item_index = p.item
  ORDER BY p.k";
+
+/// The session's fence for [`PAGE_SQL`] (no row: no such session).
+const FENCE_SQL: &str =
+    "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL";
 
 /// A watcher's catch-up in one statement: the session's fence (`cleared_at_sequence`; no
 /// line at all when the session does not exist), then the events after `$3` in order, each
@@ -273,27 +262,19 @@ fn fit(row: &mut Row, budget: usize, first: RowField) {
     }
 }
 
-/// A page ([`PAGE_SQL`]) under the tenant's row-level security, in one round trip (read
-/// only, [`crate::tenant_snapshot`]): the session's (last sequence, cleared-at sequence),
-/// None when there is no such session, and the page's lines.
+/// The session's fence ([`FENCE_SQL`]) and a page ([`PAGE_SQL`]) in one round trip, under
+/// the tenant's row-level security as [`crate::tenant_read`], in one snapshot (repeatable
+/// read): the page is cut at the same last sequence the fence reports.
 async fn page_read(
     client: &deadpool_postgres::Object,
     tenant_id: &str,
     params: &[Param<'_>],
-) -> Result<(Option<(i64, i64)>, Vec<tokio_postgres::Row>)> {
-    let mut lines = crate::tenant_snapshot(client, tenant_id, &[(PAGE_SQL, params)])
-        .await?
-        .pop()
-        .unwrap_or_default();
-    let Some(first) = lines.first() else {
-        return Ok((None, lines));
-    };
-    let fence = (first.get(0), first.get(1));
-    if first.get::<_, Option<i64>>(PAGE_ROW).is_none() {
-        // The page is empty: its one line is the fence's.
-        lines.clear();
-    }
-    Ok((Some(fence), lines))
+) -> Result<(Option<tokio_postgres::Row>, Vec<tokio_postgres::Row>)> {
+    let mut results =
+        crate::tenant_snapshot(client, tenant_id, &[(FENCE_SQL, &params[..2]), (PAGE_SQL, params)]).await?;
+    let page = results.pop().unwrap_or_default();
+    let fence = results.pop().and_then(|rows| rows.into_iter().next());
+    Ok((fence, page))
 }
 
 /// How many of a [`PAGE_SQL`] answer's rows, whose text sizes are `sizes` in page order,
@@ -332,9 +313,9 @@ impl PageLines {
             match self.texts.binary_search_by_key(&i, |(at, _)| *at) {
                 Ok(k) => {
                     let text = &self.texts[k].1;
-                    row_ref_text(line, PAGE_ROW, (text.get(0), text.get(1)))
+                    row_ref_text(line, 1, (text.get(0), text.get(1)))
                 }
-                Err(_) => row_ref(line, PAGE_ROW),
+                Err(_) => row_ref(line, 1),
             }
         })
     }
@@ -343,8 +324,8 @@ impl PageLines {
     fn next_after(&self) -> Option<Position> {
         let last = self.lines[..self.take].last().filter(|_| self.more)?;
         Some(Position {
-            source_sequence: last.get(PAGE_ROW),
-            item_index: last.get(PAGE_ROW + 1),
+            source_sequence: last.get(1),
+            item_index: last.get(2),
         })
     }
 
@@ -673,7 +654,7 @@ impl Store {
         })
     }
 
-    /// A page without a target: the fence and the page in one statement ([`PAGE_SQL`])
+    /// A page without a target: the fence and the page ([`PAGE_SQL`]) in one round trip
     /// ([`page_read`]); the same answers as the general path.
     async fn history_page(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<SessionHistoryResult> {
         Ok(self.page_lines(tenant_id, p).await?.typed())
@@ -757,9 +738,8 @@ impl Store {
             ],
         )
         .await?;
-        let Some((last, cleared)) = fence else {
-            return not_found();
-        };
+        let Some(fence) = fence else { return not_found() };
+        let (last, cleared): (i64, i64) = (fence.get(0), fence.get(1));
         if p.through.is_some_and(|t| t < cleared) {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
@@ -768,15 +748,15 @@ impl Store {
         {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
-        let size = |line: &tokio_postgres::Row| line.get::<_, i64>(PAGE_SIZE);
+        let size = |line: &tokio_postgres::Row| line.get::<_, i64>(0);
         let (take, more) = cut(lines.iter().map(size), limit, budget);
         // The page's rows longer than their share, read now. A row's text never changes, so
         // a later snapshot reads the same text, unless the row was deleted since (a clear).
         let long: Vec<usize> = (0..take).filter(|&i| size(&lines[i]) > share).collect();
         let mut texts = Vec::new();
         if !long.is_empty() {
-            let sequences: Vec<i64> = long.iter().map(|&i| lines[i].get(PAGE_ROW)).collect();
-            let items: Vec<i32> = long.iter().map(|&i| lines[i].get(PAGE_ROW + 1)).collect();
+            let sequences: Vec<i64> = long.iter().map(|&i| lines[i].get(1)).collect();
+            let items: Vec<i32> = long.iter().map(|&i| lines[i].get(2)).collect();
             let read = crate::tenant_read(
                 &client,
                 tenant_id,
