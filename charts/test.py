@@ -323,6 +323,22 @@ def _():
     refused(vals, "database.existingSecret is required")
 
 
+@test("refused: more database connections than the server allows")
+def _():
+    vals = values("default")
+    # 8 pods + 1 surge, 8 + 1 connections each, + 1 for the migration Job = 82 fit in 97;
+    # 10 pods (100) do not.
+    docs = manifests(render(vals))
+    assert env(container(docs, "Deployment", "api"))["BERTH_DB_POOL_SIZE"] == "8"
+    vals["api"] = {"autoscaling": {"maxReplicas": 10}}
+    refused(vals, "may open 100 database connections")
+    vals["database"]["connectionLimit"] = 100
+    manifests(render(vals))
+    vals["api"] = {"replicaCount": 4, "autoscaling": {"enabled": False}}
+    vals["database"].update({"poolSize": 32, "connectionLimit": 150})
+    refused(vals, "may open 166 database connections")
+
+
 @test("refused: a file:// object store shared by several replicas")
 def _():
     vals = values("default")

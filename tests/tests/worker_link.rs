@@ -420,6 +420,38 @@ async fn a_turn_ending_on_a_full_connection_hands_out_the_waiting_one_at_once() 
     }
 }
 
+/// A stop frees a full connection's slot as an end does: the waiting turn is handed out at
+/// once, not at the next 5 s safety tick (the stop's dispatch `NOTIFY` may reach the claimer
+/// before the connection has let go of the stopped turn).
+#[tokio::test]
+async fn a_turn_stopped_on_a_full_connection_hands_out_the_waiting_one_at_once() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_WORKER_MAX_TURNS", "1")]).await;
+    let mut c = stack.client(0).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let undispatched = "SELECT state = 'running' AND dispatched_to IS NULL FROM turns WHERE id = $1";
+    for round in 0..3 {
+        let slow = Reply::Stream(vec![Part::Text("working".into()), Part::Delay(30_000)]);
+        let (sa, turn_a, mut wa) = start_turn(&stack, &mut c, &mock, slow, "first").await;
+        wa.until(20, |i| i["type"] == "model.delta")
+            .await
+            .expect("turn A streams");
+        let (_, turn_b, mut wb) = start_turn(&stack, &mut c, &mock, Reply::text(&["second"]), "second").await;
+        assert!(
+            db.query_one(undispatched, &[&turn_b]).await.unwrap().get::<_, bool>(0),
+            "round {round}: the connection is full, B waits"
+        );
+        c.ok("session.stop", json!({"sessionId": sa, "turnId": turn_a})).await;
+        let end = wa.until(10, is_turn_end).await.expect("A ends");
+        assert_eq!(end.last().unwrap()["state"], "cancelled");
+        let end = wb.until(3, is_turn_end).await;
+        assert!(
+            end.is_some_and(|e| e.last().unwrap()["state"] == "completed"),
+            "round {round}: B is handed out and ends at once once A was stopped"
+        );
+    }
+}
+
 /// A worker speaking the protocol by hand on its own host and workspace: returns the socket
 /// and its workspace id, and whether the server takes the last step in `turn.end`.
 async fn raw_worker(

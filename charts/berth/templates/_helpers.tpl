@@ -74,6 +74,8 @@ automountServiceAccountToken: false
 {{ include "berth.databaseEnv" . }}
 - name: BERTH_DATA_DIR
   value: /var/lib/berth
+- name: BERTH_DB_POOL_SIZE
+  value: {{ .Values.database.poolSize | quote }}
 {{- if .Values.database.caSecret }}
 - name: BERTH_DB_CA_FILE
   value: /etc/berth/db-ca/{{ .Values.database.caSecretKey }}
@@ -180,6 +182,11 @@ true
 {{- end -}}
 {{- if ge (int .Values.api.preStopDelaySeconds) (int .Values.api.terminationGracePeriodSeconds) -}}
 {{- fail "api.preStopDelaySeconds must be shorter than api.terminationGracePeriodSeconds (the drain after SIGTERM needs the rest of the grace period)" -}}
+{{- end -}}
+{{- $pods := ternary .Values.api.autoscaling.maxReplicas .Values.api.replicaCount .Values.api.autoscaling.enabled | int -}}
+{{- $needed := add 1 (mul (add1 $pods) (add1 (int .Values.database.poolSize))) -}}
+{{- if gt (int $needed) (int .Values.database.connectionLimit) -}}
+{{- fail (printf "the API tier may open %d database connections ((%d pods + 1 surge) × (database.poolSize %d + 1 LISTEN) + 1 migration Job), more than database.connectionLimit %d: lower database.poolSize or the replica count, or raise PostgreSQL's max_connections and database.connectionLimit with it" (int $needed) $pods (int .Values.database.poolSize) (int .Values.database.connectionLimit)) -}}
 {{- end -}}
 {{- if and .Values.worker.enabled (gt (int .Values.worker.replicas) 1) (not .Values.worker.token.perPod) -}}
 {{- fail "worker.replicas > 1 needs worker.token.perPod=true: a worker credential serves one workspace host, so each pod needs its own" -}}

@@ -204,8 +204,7 @@ async fn read_loop(
                 }
             }
             Some(turn) = stop_rx.recv() => {
-                let handle = conn.turns.lock().expect("turns lock").remove(&turn);
-                if let Some(h) = handle {
+                if let Some(h) = conn.release_turn(&turn) {
                     h.cancel.cancel();
                 }
                 let stop = Request::notification(wp::TURN_STOP, json!({"turnId": turn}));

@@ -171,6 +171,23 @@ impl Conn {
     fn turn_count(&self) -> usize {
         self.turns.lock().expect("turns lock").len()
     }
+
+    /// The turn leaves this connection (ended or stopped). If that frees a slot of a full
+    /// connection, the claimer runs again: a turn left unclaimed while the connection was
+    /// full may be handed out now, and the NOTIFY that woke a claim may have come first.
+    fn release_turn(&self, turn_id: &str) -> Option<turn::TurnHandle> {
+        let (handle, full) = {
+            let mut turns = self.turns.lock().expect("turns lock");
+            let full = turns.len() >= self.state.config.limits.worker_max_turns;
+            (turns.remove(turn_id), full)
+        };
+        if full && handle.is_some() {
+            for workspace in &self.workspaces {
+                self.state.workers.kick(workspace);
+            }
+        }
+        handle
+    }
 }
 
 fn text_msg<T: Serialize>(v: &T) -> Message {

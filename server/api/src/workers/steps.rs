@@ -75,19 +75,9 @@ impl TurnTask {
             Err(e @ (StoreError::Db(_) | StoreError::Unavailable(_) | StoreError::Other(_))) => return Err(e.into()),
             r => r,
         };
-        let full = {
-            let mut turns = conn.turns.lock().expect("turns lock");
-            let full = turns.len() >= conn.state.config.limits.worker_max_turns;
-            turns.remove(&self.turn_id);
-            full
-        };
-        // A turn left unclaimed while this connection was full may be handed out now. The
-        // end's own NOTIFY wakes a claim only for the session's next queued turn.
-        if full {
-            for workspace in &conn.workspaces {
-                conn.state.workers.kick(workspace);
-            }
-        }
+        // The end's own NOTIFY wakes a claim only for the session's next queued turn; a slot
+        // freed on a full connection is this replica's to hand out.
+        conn.release_turn(&self.turn_id);
         let metrics = &conn.state.metrics;
         metrics.turn_duration.observe(self.live.started.elapsed().as_secs_f64());
         conn.state.hub.end_step(&self.live.session);

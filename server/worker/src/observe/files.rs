@@ -418,12 +418,7 @@ pub(crate) async fn watch(
     let native = if !trusted {
         Err(notify::Error::generic("a remote filesystem"))
     } else {
-        use notify::Watcher;
-        let wake = wake.clone();
-        notify::recommended_watcher(move |_event: notify::Result<notify::Event>| wake.notify_one()).and_then(|mut w| {
-            w.watch(&ws.root().join(&rel), notify::RecursiveMode::NonRecursive)?;
-            Ok(w)
-        })
+        super::watcher::register(&ws.root().join(&rel), wake.clone())
     };
     let native = match native {
         Ok(w) => Some(w),

@@ -6,6 +6,7 @@
 mod complete;
 mod files;
 mod git;
+mod watcher;
 
 use std::{
     collections::HashMap,
