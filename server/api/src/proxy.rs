@@ -33,7 +33,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::{
     AppState,
     auth::{BucketConfig, KeyedLimiter},
-    config::{ModelConfig, ProviderProfile, Resilience},
+    config::{ModelConfig, ProviderProfile, Resilience, WireApi},
     providers,
     rpc::bearer,
 };
@@ -135,35 +135,52 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         Ok(b) => b,
         Err(_) => return fail(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge.as_str(), None),
     };
-    let Ok(serde_json::Value::Object(mut obj)) = serde_json::from_slice::<serde_json::Value>(&body) else {
-        return fail(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str(), None);
-    };
-    drop(body);
     // The turn's model, one choice, streamed with usage, output capped: whatever was asked.
-    obj.insert("model".into(), model.clone().into());
-    obj.remove("n");
-    if let Some(cap) = model_cfg.max_output_tokens {
-        for key in ["max_tokens", "max_completion_tokens"] {
-            if let Some(v) = obj.get_mut(key) {
-                *v = v.as_u64().map_or(cap, |n| n.min(cap)).into();
+    let rewrite = |obj: &mut serde_json::Map<String, serde_json::Value>| {
+        obj.insert("model".into(), model.clone().into());
+        obj.remove("n");
+        if let Some(cap) = model_cfg.max_output_tokens {
+            for key in ["max_tokens", "max_completion_tokens"] {
+                if let Some(v) = obj.get_mut(key) {
+                    *v = v.as_u64().map_or(cap, |n| n.min(cap)).into();
+                }
+            }
+            if !obj.contains_key("max_completion_tokens") {
+                obj.insert(
+                    "max_tokens".into(),
+                    obj.get("max_tokens").cloned().unwrap_or(cap.into()),
+                );
             }
         }
-        if !obj.contains_key("max_completion_tokens") {
-            obj.insert(
-                "max_tokens".into(),
-                obj.get("max_tokens").cloned().unwrap_or(cap.into()),
-            );
+    };
+    let images = profile.takes_images(&model);
+    // A chat-completions provider gets the worker's messages as they came when none needs
+    // rewriting (the usual case): no tree of the conversation is built, measured and written
+    // again. Other formats, and messages to rewrite, go through the parsed body.
+    let forwarded = match profile.api {
+        WireApi::ChatCompletions => providers::chat::forward(&body, images, spec.level, rewrite),
+        _ => None,
+    };
+    // What the request holds (`measured`), for `session.context`.
+    let (outgoing, measured) = match forwarded {
+        Some(f) => f,
+        None => {
+            let Ok(serde_json::Value::Object(mut obj)) = serde_json::from_slice::<serde_json::Value>(&body) else {
+                return fail(StatusCode::BAD_REQUEST, ErrorCode::BadParams.as_str(), None);
+            };
+            rewrite(&mut obj);
+            // Images reach only a model that takes them; others read a note in their place.
+            if !images {
+                strip_images(&mut obj);
+            }
+            let measured = providers::measure(&obj);
+            (providers::request(profile.api, obj, spec.level).encode(), measured)
         }
-    }
-    // Images reach only a model that takes them; others read a note in their place.
-    if !profile.takes_images(&model) {
-        strip_images(&mut obj);
-    }
+    };
+    drop(body);
     let label = model_label(model_cfg, profile, &model);
-    // What the request holds, for `session.context` (best effort: the call goes on without).
-    // Written while the provider is asked, not before: only the meter at the stream's end
-    // needs its id.
-    let measured = providers::measure(&obj);
+    // The context record is best effort: the call goes on without. Written while the
+    // provider is asked, not before: only the meter at the stream's end needs its id.
     let record = async {
         match state
             .store
@@ -177,7 +194,6 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
             }
         }
     };
-    let outgoing = providers::request(profile.api, obj, spec.level);
     let build = outgoing.builder(&state.provider_http, profile, base, with_key);
     let send = async {
         let started = Instant::now();

@@ -399,19 +399,22 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<Box<RawValue>> {
     serde_json::value::to_raw_value(v).map_err(|e| StoreError::Other(e.into()))
 }
 
+/// A page's rows, serialized as the `Vec<Row>` they stand for.
+struct PageRows<'a>(&'a PageLines);
+
+impl serde::Serialize for PageRows<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.rows())
+    }
+}
+
 /// Serializes as [`SessionHistoryResult`] (same fields, same order).
 impl serde::Serialize for PageLines {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        struct Rows<'a>(&'a PageLines);
-        impl serde::Serialize for Rows<'_> {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-                s.collect_seq(self.0.rows())
-            }
-        }
         let mut out = s.serialize_struct("SessionHistoryResult", 3)?;
         out.serialize_field("through", &self.through)?;
-        out.serialize_field("rows", &Rows(self))?;
+        out.serialize_field("rows", &PageRows(self))?;
         if let Some(next) = self.next_after() {
             out.serialize_field("nextAfter", &next)?;
         }
@@ -670,6 +673,23 @@ impl Store {
             return to_json(&page.typed());
         }
         to_json(&page)
+    }
+
+    /// A page without a target as the JSON array of its rows (the text of
+    /// [`SessionHistoryResult::rows`]) and where the next page starts: for answers that carry
+    /// a page in a shape of their own (`turn.history`), written as [`Store::history_json`]
+    /// writes it.
+    pub(crate) async fn page_rows_json(
+        &self,
+        tenant_id: &str,
+        p: &SessionHistoryParams,
+    ) -> Result<(Box<RawValue>, Option<Position>)> {
+        let page = self.page_lines(tenant_id, p).await?;
+        if page.take < 2 {
+            let typed = page.typed();
+            return Ok((to_json(&typed.rows)?, typed.next_after));
+        }
+        Ok((to_json(&PageRows(&page))?, page.next_after()))
     }
 
     /// The page for `p` ([`PAGE_SQL`], cut to the page), with the fence checked.

@@ -4,11 +4,12 @@
 //! sees every change).
 
 use berth_protocol::{
-    ErrorCode, EventPayload, NewRow, Position, Row, RowField, RowKind, SessionHistoryParams, SessionSourceParams,
+    ErrorCode, EventPayload, NewRow, Position, RowField, RowKind, SessionHistoryParams, SessionSourceParams,
     SessionSourceResult, ToolCallStatus, ToolInfo,
     worker::{Handoff, ToolStatus},
 };
 use deadpool_postgres::GenericClient;
+use serde_json::value::RawValue;
 
 use crate::{
     Cached, Result, Store, StoreError,
@@ -36,17 +37,30 @@ const TURN_HANDOFF_SQL: &str = "SELECT t.session_id, c.payload->'keepFrom', c.bo
                            ORDER BY e.sequence DESC LIMIT 1) c ON true
       WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running' AND t.dispatched_to = $3";
 
+/// Serializes as [`berth_protocol::worker::TurnHistoryResult`] (same fields, same order, same omissions), its rows
+/// already written.
+#[derive(serde::Serialize)]
+struct TurnHistoryJson<'a> {
+    rows: &'a RawValue,
+    next: Option<Position>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    handoff: Option<Handoff>,
+}
+
 impl Store {
     /// A page of the session's rows (hidden ones left out) for the worker connection that
-    /// runs `turn_id`, after `after`; returns the rows, where the next page starts and, on
-    /// the first page of a compacted session, the handoff the pages start from.
-    pub async fn turn_history(
+    /// runs `turn_id`, after `after`, as the JSON of its [`berth_protocol::worker::TurnHistoryResult`]: the rows,
+    /// where the next page starts and, on the first page of a compacted session, the handoff
+    /// the pages start from. The rows are written straight from PostgreSQL's (as
+    /// `session.history`'s are): the page goes to the worker without a `Row` or a
+    /// `serde_json::Value` built for each row in between.
+    pub async fn turn_history_json(
         &self,
         connection_id: &str,
         tenant_id: &str,
         turn_id: &str,
         mut after: Option<Position>,
-    ) -> Result<(Vec<Row>, Option<Position>, Option<Handoff>)> {
+    ) -> Result<Box<RawValue>> {
         // The turn check and, on the first page, the handoff (the latest compaction's
         // `keepFrom` and summary) in one statement and one round trip.
         let (session_id, handoff) = if after.is_some() {
@@ -77,8 +91,8 @@ impl Store {
                 item_index: h.keep_from.item_index - 1,
             });
         }
-        let page = self
-            .history(
+        let (rows, next) = self
+            .page_rows_json(
                 tenant_id,
                 &SessionHistoryParams {
                     session_id,
@@ -89,7 +103,12 @@ impl Store {
                 },
             )
             .await?;
-        Ok((page.rows, page.next_after, handoff))
+        serde_json::value::to_raw_value(&TurnHistoryJson {
+            rows: &rows,
+            next,
+            handoff,
+        })
+        .map_err(|e| StoreError::Other(e.into()))
     }
 
     /// The rest of a row field that a `turn_history` page cut, from byte `offset`.
@@ -246,4 +265,77 @@ async fn set_call_status(
     )
     .await?;
     Ok(tool.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_protocol::{
+        Position, Row, RowKind, ToolInfo,
+        worker::{Handoff, TurnHistoryResult},
+    };
+
+    use super::TurnHistoryJson;
+
+    /// The page the worker reads is the same text as its typed result's.
+    #[test]
+    fn the_written_page_is_the_typed_results_text() {
+        let at = |s, i| Position {
+            source_sequence: s,
+            item_index: i,
+        };
+        let rows = vec![
+            Row {
+                position: at(3, 0),
+                turn_id: Some("t1".into()),
+                kind: RowKind::User,
+                body: "héllo \"quoted\"\n".into(),
+                thinking: None,
+                tool: None,
+                hidden: None,
+                truncated: None,
+                attachments: None,
+            },
+            Row {
+                position: at(4, 1),
+                turn_id: None,
+                kind: RowKind::ToolCall,
+                body: "{}".into(),
+                thinking: Some("why".into()),
+                tool: Some(ToolInfo {
+                    name: "shell".into(),
+                    call_id: "c1".into(),
+                    status: "completed".into(),
+                }),
+                hidden: None,
+                truncated: None,
+                attachments: None,
+            },
+        ];
+        let written = serde_json::value::to_raw_value(&rows).unwrap();
+        for (next, handoff) in [
+            (None, None),
+            (
+                Some(at(4, 1)),
+                Some(Handoff {
+                    keep_from: at(3, 0),
+                    summary: "earlier".into(),
+                }),
+            ),
+        ] {
+            let typed = TurnHistoryResult {
+                rows: rows.clone(),
+                next,
+                handoff: handoff.clone(),
+            };
+            let raw = TurnHistoryJson {
+                rows: &written,
+                next,
+                handoff,
+            };
+            assert_eq!(
+                serde_json::to_string(&raw).unwrap(),
+                serde_json::to_string(&typed).unwrap()
+            );
+        }
+    }
 }

@@ -8,10 +8,10 @@
 //! (`completed`, `failed`, or `denied` when approval was refused and it never ran).
 
 use berth_protocol::{
-    ModelParams, NewRow, Position, RowKind, SkillInfo, ToolInfo,
+    NewRow, Position, RowKind, SkillInfo, ToolInfo,
     worker::{self as wp, ToolStatus, TurnDelta, TurnRun},
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -114,7 +114,7 @@ async fn steps(
             }
         }
         let completion = tokio::select! {
-            c = model::stream(&t.link, t.turn_id(), &body, |text, thinking| delta(t, text, thinking)) => c?,
+            c = model::stream(&t.link, t.turn_id(), body, |text, thinking| delta(t, text, thinking)) => c?,
             _ = cancel.cancelled() => return Err(Halt::Stopped),
         };
         let (rows, first_call) = step_rows(&completion);
@@ -178,21 +178,43 @@ async fn load(
     Ok(conv)
 }
 
-/// A model request for the conversation so far.
-fn request(run: &TurnRun, conv: &Conversation, schemas: Option<&[Value]>) -> Value {
-    let mut body = json!({"model": run.model, "messages": conv.messages(), "stream": true});
-    if let Some(schemas) = schemas {
-        body["tools"] = Value::Array(schemas.to_vec());
-    }
-    if let Some(params) = run.agent.as_ref().and_then(|a| a.params.as_ref()) {
-        set_params(&mut body, params);
-    }
-    body
+/// A model request for the conversation so far, written out once: sent as it is, and its
+/// length is the compaction's estimate (the conversation is borrowed, not copied into a
+/// request tree).
+fn request(run: &TurnRun, conv: &Conversation, schemas: Option<&[Value]>) -> Vec<u8> {
+    let params = run.agent.as_ref().and_then(|a| a.params.as_ref());
+    let body = ModelRequest {
+        model: run.model.as_deref(),
+        messages: conv.messages(),
+        stream: true,
+        tools: schemas,
+        // The agent's sampling parameters (the proxy still caps the output).
+        temperature: params.and_then(|p| p.temperature),
+        top_p: params.and_then(|p| p.top_p),
+        max_tokens: params.and_then(|p| p.max_tokens),
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// A chat-completions request as the worker sends it to the proxy.
+#[derive(serde::Serialize)]
+struct ModelRequest<'a> {
+    model: Option<&'a str>,
+    messages: &'a [Value],
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a [Value]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
 }
 
 /// About four bytes a token (as `session.context` estimates).
-fn estimated_tokens(body: &Value) -> u64 {
-    (body.to_string().len() as u64).div_ceil(4)
+fn estimated_tokens(body: &[u8]) -> u64 {
+    (body.len() as u64).div_ceil(4)
 }
 
 /// Ask the server to summarize the history before `keep_from` (`turn.compact`); true when
@@ -266,19 +288,6 @@ fn schema_name(schema: &Value) -> Option<&str> {
 /// Whether the model was offered tool `name` (a call to any other does not run).
 fn is_offered(schemas: Option<&[Value]>, name: &str) -> bool {
     schemas.is_some_and(|s| s.iter().any(|s| schema_name(s) == Some(name)))
-}
-
-/// The agent's sampling parameters on a request (the proxy still caps the output).
-fn set_params(body: &mut Value, params: &ModelParams) {
-    if let Some(t) = params.temperature {
-        body["temperature"] = json!(t);
-    }
-    if let Some(p) = params.top_p {
-        body["top_p"] = json!(p);
-    }
-    if let Some(n) = params.max_tokens {
-        body["max_tokens"] = json!(n);
-    }
 }
 
 /// Live output, best effort.

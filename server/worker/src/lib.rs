@@ -28,12 +28,13 @@ use std::{
 
 use anyhow::{Context, bail};
 use berth_protocol::{
-    PROTOCOL_VERSION,
+    PROTOCOL_VERSION, RpcError,
     jsonrpc::{Request, Response},
     worker::{self as wp, TurnRun, WorkerHello, WorkerHelloResult, WorkspaceDecl},
 };
 use futures_util::{SinkExt, StreamExt};
 use rand::Rng;
+use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
 use tokio_util::sync::CancellationToken;
@@ -127,7 +128,7 @@ pub async fn run_reporting(
 #[derive(Clone)]
 pub(crate) struct Link {
     out: mpsc::Sender<Message>,
-    pending: Arc<Mutex<HashMap<u32, oneshot::Sender<Response>>>>,
+    pending: Arc<Mutex<HashMap<u32, oneshot::Sender<Answer>>>>,
     next_id: Arc<std::sync::atomic::AtomicU32>,
     pub(crate) http: reqwest::Client,
     pub(crate) proxy_url: String,
@@ -152,6 +153,17 @@ impl Link {
     }
 
     pub(crate) async fn request(&self, method: &str, params: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let result = self.request_raw(method, params).await?;
+        Ok(serde_json::from_str(result.as_deref().map_or("null", RawValue::get))?)
+    }
+
+    /// [`Link::request`] answering with the result's JSON text (None: `null`), for a caller
+    /// that reads it straight into its own type.
+    pub(crate) async fn request_raw(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> anyhow::Result<Option<Box<RawValue>>> {
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().expect("pending lock").insert(id, tx);
@@ -160,12 +172,7 @@ impl Link {
             .send(Message::Text(msg.into()))
             .await
             .context("connection closed")?;
-        let resp = rx.await.context("connection closed before the response")?;
-        match (resp.result, resp.error) {
-            (_, Some(e)) => Err(e.into()),
-            (Some(v), None) => Ok(v),
-            (None, None) => Ok(serde_json::Value::Null),
-        }
+        Ok(rx.await.context("connection closed before the response")??)
     }
 }
 
@@ -265,11 +272,8 @@ async fn connect_once(
                     Some(Err(e)) => break Err(e.into()),
                     None => break Err(anyhow::anyhow!("server closed the connection")),
                 };
-                if let Message::Text(text) = &msg && observer.handle(text) {
-                    continue;
-                }
                 if let Message::Text(text) = msg {
-                    on_message(&link, &ctx, &turns, &running, &text);
+                    on_message(&link, &ctx, &turns, &running, &observer, &text);
                 }
             }
             out = out_rx.recv() => if let Some(m) = out && let Err(e) = sink.send(m).await { break Err(e.into()) },
@@ -298,16 +302,51 @@ struct TurnContext {
     mcp: Arc<tools::McpConfig>,
 }
 
-fn on_message(link: &Link, ctx: &TurnContext, turns: &CancellationToken, running: &Running, text: &str) {
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
+/// A message from the server, read in one pass that builds no tree: a request's params and a
+/// response's result stay JSON text until whoever takes them reads them into their own type
+/// (a `turn.history` page goes straight into its rows).
+#[derive(serde::Deserialize)]
+struct Incoming<'a> {
+    #[serde(default)]
+    id: Option<u32>,
+    #[serde(default, borrow)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    params: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    result: Option<&'a RawValue>,
+    #[serde(default)]
+    error: Option<RpcError>,
+}
+
+/// An answer to one of the worker's requests: its result's JSON text (None: `null` or none).
+type Answer = Result<Option<Box<RawValue>>, RpcError>;
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TurnStop {
+    turn_id: String,
+}
+
+fn on_message(
+    link: &Link,
+    ctx: &TurnContext,
+    turns: &CancellationToken,
+    running: &Running,
+    observer: &observe::Observer,
+    text: &str,
+) {
+    let Ok(msg) = serde_json::from_str::<Incoming>(text) else {
         return;
     };
-    if value.get("method").is_some() {
-        let Ok(req) = serde_json::from_value::<Request>(value) else {
-            return;
-        };
-        match req.method.as_str() {
-            wp::TURN_RUN => match serde_json::from_value::<TurnRun>(req.params) {
+    if let Some(method) = msg.method {
+        let params = msg.params.map_or("null", RawValue::get);
+        match method.as_ref() {
+            // `call`, `call.ack`, `call.cancel`: the observer reads them itself.
+            m if m.starts_with("call") => {
+                observer.handle(text);
+            }
+            wp::TURN_RUN => match serde_json::from_str::<TurnRun>(params) {
                 Ok(run) => {
                     let link = link.clone();
                     let tools = match ctx.workspaces.get(&run.workspace_id) {
@@ -336,19 +375,22 @@ fn on_message(link: &Link, ctx: &TurnContext, turns: &CancellationToken, running
                 Err(e) => tracing::warn!(error = %e, "malformed turn.run"),
             },
             wp::TURN_STOP => {
-                if let Some(turn) = req.params.get("turnId").and_then(|t| t.as_str())
-                    && let Some(cancel) = running.lock().expect("running lock").remove(turn)
+                if let Ok(stop) = serde_json::from_str::<TurnStop>(params)
+                    && let Some(cancel) = running.lock().expect("running lock").remove(&stop.turn_id)
                 {
-                    tracing::info!(turn.id = %turn, "turn stopped by the server");
+                    tracing::info!(turn.id = %stop.turn_id, "turn stopped by the server");
                     cancel.cancel();
                 }
             }
             _ => {}
         }
-    } else if let Ok(resp) = serde_json::from_value::<Response>(value)
-        && let Some(id) = resp.id
+    } else if let Some(id) = msg.id
         && let Some(tx) = link.pending.lock().expect("pending lock").remove(&id)
     {
-        let _ = tx.send(resp);
+        let answer = match msg.error {
+            Some(e) => Err(e),
+            None => Ok(msg.result.map(RawValue::to_owned)),
+        };
+        let _ = tx.send(answer);
     }
 }

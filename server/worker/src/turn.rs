@@ -59,14 +59,21 @@ impl TurnLink {
 
     /// A request about this turn; a refusal because the turn is over is `Settled`.
     pub(crate) async fn request(&self, method: &str, params: Value) -> Result<Value, Halt> {
-        match self.link.request(method, params).await {
-            Ok(v) => Ok(v),
-            Err(e) => Err(match rpc_code(&e) {
-                Some("turn-not-running") | Some("not-found") => Halt::Settled,
-                Some(code) => Halt::Refused(code.to_string()),
-                None => Halt::Link(e),
-            }),
-        }
+        self.link.request(method, params).await.map_err(halt)
+    }
+
+    /// A request about this turn whose answer is read straight into `T` (a refusal as
+    /// [`TurnLink::request`]'s; an answer that does not read as `T` fails the turn with
+    /// `unreadable`).
+    async fn request_as<T: serde::de::DeserializeOwned>(
+        &self,
+        method: &str,
+        params: Value,
+        unreadable: &str,
+    ) -> Result<T, Halt> {
+        let result = self.link.request_raw(method, params).await.map_err(halt)?;
+        serde_json::from_str(result.as_deref().map_or("null", serde_json::value::RawValue::get))
+            .map_err(|_| Halt::Failed(cause(unreadable)))
     }
 
     /// The session's rows so far (ending with this turn's prompt), page by page, each field
@@ -81,9 +88,9 @@ impl TurnLink {
                 turn_id: self.turn_id.clone(),
                 after,
             };
-            let v = self.request(wp::TURN_HISTORY, to_value(&p)).await?;
-            let page: TurnHistoryResult =
-                serde_json::from_value(v).map_err(|_| Halt::Failed(cause("history-unreadable")))?;
+            let page: TurnHistoryResult = self
+                .request_as(wp::TURN_HISTORY, to_value(&p), "history-unreadable")
+                .await?;
             if after.is_none() {
                 handoff = page.handoff;
             }
@@ -112,9 +119,9 @@ impl TurnLink {
                     field,
                     offset,
                 };
-                let v = self.request(wp::TURN_SOURCE, to_value(&p)).await?;
-                let part: SessionSourceResult =
-                    serde_json::from_value(v).map_err(|_| Halt::Failed(cause("history-unreadable")))?;
+                let part: SessionSourceResult = self
+                    .request_as(wp::TURN_SOURCE, to_value(&p), "history-unreadable")
+                    .await?;
                 let text = match field {
                     RowField::Body => &mut row.body,
                     RowField::Thinking => row.thinking.get_or_insert_with(String::new),
@@ -187,6 +194,15 @@ impl TurnLink {
             output,
         };
         self.request(wp::TURN_TOOL_ENDED, to_value(&p)).await.map(drop)
+    }
+}
+
+/// How a failed request stops the turn: a refusal because the turn is over is `Settled`.
+fn halt(e: anyhow::Error) -> Halt {
+    match rpc_code(&e) {
+        Some("turn-not-running") | Some("not-found") => Halt::Settled,
+        Some(code) => Halt::Refused(code.to_string()),
+        None => Halt::Link(e),
     }
 }
 

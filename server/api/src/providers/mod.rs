@@ -15,6 +15,7 @@ pub(crate) mod chat;
 pub(crate) mod responses;
 
 use berth_protocol::Cause;
+use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use crate::config::{ProviderProfile, ReasoningLevel, WireApi};
@@ -27,6 +28,23 @@ pub(crate) struct Outgoing {
 }
 
 impl Outgoing {
+    /// The request written out once (each attempt sends the same bytes).
+    pub(crate) fn encode(&self) -> Encoded {
+        Encoded {
+            path: self.path,
+            body: Bytes::from(serde_json::to_vec(&self.body).unwrap_or_default()),
+        }
+    }
+}
+
+/// A provider request as it is sent: its path and its JSON body's bytes.
+pub(crate) struct Encoded {
+    /// Appended to the profile's base URL.
+    pub path: &'static str,
+    pub body: Bytes,
+}
+
+impl Encoded {
     /// A builder of this request to `base`, one per attempt: the format's headers, and the
     /// profile's key when `with_key` (never for a client-chosen endpoint).
     pub(crate) fn builder<'a>(
@@ -38,7 +56,11 @@ impl Outgoing {
     ) -> impl Fn() -> reqwest::RequestBuilder + 'a {
         let url = format!("{}{}", base.trim_end_matches('/'), self.path);
         move || {
-            let req = headers(profile.api, http.post(&url).json(&self.body));
+            let req = http
+                .post(&url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(self.body.clone());
+            let req = headers(profile.api, req);
             if with_key { authorize(profile, req) } else { req }
         }
     }
@@ -169,11 +191,36 @@ pub(crate) fn finish(out: &mut Vec<Value>, reason: &str, usage: Option<(u64, u64
 /// appearance) and the tool schemas, in bytes and estimated tokens (about four bytes a
 /// token); never the text itself.
 pub(crate) fn measure(chat: &Map<String, Value>) -> berth_store::ContextMeasure {
+    let messages = chat
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("unknown");
+            (role, serde_json::to_string(m).map_or(0, |t| t.len() as u64))
+        });
+    let tools = chat
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let name = t.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+            (name, serde_json::to_string(t).map_or(0, |s| s.len() as u64))
+        });
+    measured(messages, tools)
+}
+
+/// [`measure`] from each message's role and size in bytes, and each tool's name and size.
+pub(crate) fn measured<R: AsRef<str>, N: AsRef<str>>(
+    messages: impl IntoIterator<Item = (R, u64)>,
+    tools: impl IntoIterator<Item = (N, u64)>,
+) -> berth_store::ContextMeasure {
     let tokens = |bytes: u64| bytes.div_ceil(4);
     let mut roles: Vec<berth_protocol::RoleInput> = Vec::new();
-    for m in chat.get("messages").and_then(Value::as_array).into_iter().flatten() {
-        let role = m.get("role").and_then(Value::as_str).unwrap_or("unknown");
-        let bytes = serde_json::to_string(m).map_or(0, |t| t.len() as u64);
+    for (role, bytes) in messages {
+        let role = role.as_ref();
         match roles.iter_mut().find(|r| r.role == role) {
             Some(r) => {
                 r.messages += 1;
@@ -190,22 +237,12 @@ pub(crate) fn measure(chat: &Map<String, Value>) -> berth_store::ContextMeasure 
     for r in &mut roles {
         r.estimated_tokens = tokens(r.bytes);
     }
-    let tools: Vec<berth_protocol::ToolSchemaSize> = chat
-        .get("tools")
-        .and_then(Value::as_array)
+    let tools: Vec<berth_protocol::ToolSchemaSize> = tools
         .into_iter()
-        .flatten()
-        .map(|t| {
-            let bytes = serde_json::to_string(t).map_or(0, |s| s.len() as u64);
-            berth_protocol::ToolSchemaSize {
-                name: t
-                    .pointer("/function/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                bytes,
-                estimated_tokens: tokens(bytes),
-            }
+        .map(|(name, bytes)| berth_protocol::ToolSchemaSize {
+            name: name.as_ref().to_string(),
+            bytes,
+            estimated_tokens: tokens(bytes),
         })
         .collect();
     let estimated_tokens =

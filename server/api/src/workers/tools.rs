@@ -11,13 +11,13 @@ use berth_protocol::{
     ErrorCode,
     worker::{
         self as wp, TurnChildSend, TurnChildStart, TurnChildStop, TurnChildStopResult, TurnDelegate,
-        TurnDelegateResult, TurnHistory, TurnHistoryResult, TurnNotice, TurnSkill, TurnSkillResult, TurnSource,
-        TurnToolEnded, TurnToolStatus, TurnWorkspacesResult,
+        TurnDelegateResult, TurnHistory, TurnNotice, TurnSkill, TurnSkillResult, TurnSource, TurnToolEnded,
+        TurnToolStatus, TurnWorkspacesResult,
     },
 };
 use berth_store::{NewChild, StoreError};
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::{Value, json, value::RawValue};
 
 use super::turn::TurnTask;
 use crate::error::ApiError;
@@ -38,7 +38,19 @@ fn params<T: DeserializeOwned>(v: Value) -> Result<T, ApiError> {
 }
 
 impl TurnTask {
-    /// `turn.history`, `turn.source`, `turn.toolStatus`, `turn.toolEnded`, `turn.delegate`.
+    /// `turn.history`: a page of the session's rows, answered with the JSON the store wrote
+    /// straight from PostgreSQL's rows.
+    pub(super) async fn history(&self, p: Value) -> Result<Box<RawValue>, ApiError> {
+        let h: TurnHistory = params(p)?;
+        let conn = &self.conn;
+        Ok(conn
+            .state
+            .store
+            .turn_history_json(&conn.connection_id, &conn.principal.tenant_id, &self.turn_id, h.after)
+            .await?)
+    }
+
+    /// `turn.source`, `turn.toolStatus`, `turn.toolEnded`, `turn.delegate`, …
     pub(super) async fn agent_request(&mut self, method: &str, p: Value) -> Result<Value, ApiError> {
         let conn = self.conn.clone();
         let (store, tenant, id) = (
@@ -48,11 +60,6 @@ impl TurnTask {
         );
         let turn = self.turn_id.as_str();
         match method {
-            wp::TURN_HISTORY => {
-                let h: TurnHistory = params(p)?;
-                let (rows, next, handoff) = store.turn_history(id, tenant, turn, h.after).await?;
-                Ok(serde_json::to_value(TurnHistoryResult { rows, next, handoff }).unwrap_or_default())
-            }
             wp::TURN_SOURCE => {
                 let s: TurnSource = params(p)?;
                 let r = store

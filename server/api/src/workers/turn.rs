@@ -8,7 +8,7 @@ use berth_protocol::{
     jsonrpc::{Request, Response as RpcResponse},
     worker::{self as wp, TurnDelta, TurnEnd, TurnStep},
 };
-use serde_json::json;
+use serde_json::{json, value::RawValue};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -146,8 +146,11 @@ impl TurnTask {
                 Ok(end) => self.end(end).await,
                 Err(_) => Err(ApiError::code(ErrorCode::BadParams)),
             },
-            wp::TURN_HISTORY
-            | wp::TURN_SOURCE
+            wp::TURN_HISTORY => {
+                let page = self.history(req.params).await;
+                return self.reply_raw(req.id, page).await;
+            }
+            wp::TURN_SOURCE
             | wp::TURN_TOOL_STATUS
             | wp::TURN_TOOL_ENDED
             | wp::TURN_DELEGATE
@@ -172,6 +175,31 @@ impl TurnTask {
         };
         self.conn.send(text_msg(&resp)).await;
     }
+
+    /// [`TurnTask::reply`] with a result already written as JSON.
+    async fn reply_raw(&self, id: Option<u32>, result: Result<Box<RawValue>, ApiError>) {
+        if id.is_none() {
+            return;
+        }
+        let msg = match result {
+            Ok(v) => text_msg(&Answered {
+                jsonrpc: "2.0",
+                id,
+                result: &v,
+            }),
+            Err(e) => text_msg(&RpcResponse::err(id, e.0)),
+        };
+        self.conn.send(msg).await;
+    }
+}
+
+/// A success response around a result already written; the same fields, in the same order,
+/// as [`RpcResponse`].
+#[derive(serde::Serialize)]
+struct Answered<'a> {
+    jsonrpc: &'static str,
+    id: Option<u32>,
+    result: &'a RawValue,
 }
 
 /// `turn.compact`: summarize the session's history before `keepFrom` (the worker's turn

@@ -71,7 +71,7 @@ fn failed(code: &str) -> StreamError {
 pub(crate) async fn stream<F, Fut>(
     link: &Link,
     turn_id: &str,
-    body: &Value,
+    body: Vec<u8>,
     on_delta: F,
 ) -> Result<Completion, StreamError>
 where
@@ -83,7 +83,8 @@ where
         .post(&link.proxy_url)
         .bearer_auth(&link.token)
         .header(wp::MODEL_PROXY_TURN_HEADER, turn_id)
-        .json(body)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
         .send()
         .await
         .map_err(|e| StreamError::Link(e.into()))?;
