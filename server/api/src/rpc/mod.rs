@@ -447,17 +447,7 @@ async fn run(
                 };
                 let Some((msg, _permit)) = next else { break };
                 let last = matches!(msg, Message::Close(_));
-                // Queued messages go out together: flushed (one write, one wake-up of the
-                // client) only when nothing else is waiting, so none waits behind another's
-                // flush and a burst (file chunks, a catch-up) does not cost a write each.
-                let written = tokio::time::timeout(write_timeout, async {
-                    sink.feed(msg).await?;
-                    if last || rx.is_empty() {
-                        sink.flush().await?;
-                    }
-                    Ok::<_, axum::Error>(())
-                });
-                match written.await {
+                match tokio::time::timeout(write_timeout, sink.send(msg)).await {
                     Ok(Ok(())) if !last => {}
                     _ => break,
                 }
