@@ -390,6 +390,20 @@ async fn turns_beyond_a_connections_bound_wait_to_be_handed_out() {
 /// (without it, the waiting turn would wait for the claimer's safety read, every 5 s).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_turn_ending_on_a_full_connection_hands_out_the_waiting_one_at_once() {
+    a_freed_slot_hands_out_the_waiting_turn_at_once(false).await;
+}
+
+/// A stop frees a full connection's slot as an end does: the waiting turn is handed out at
+/// once, not at the next 5 s safety tick (the stop's dispatch `NOTIFY` may reach the claimer
+/// before the connection has let go of the stopped turn).
+#[tokio::test]
+async fn a_turn_stopped_on_a_full_connection_hands_out_the_waiting_one_at_once() {
+    a_freed_slot_hands_out_the_waiting_turn_at_once(true).await;
+}
+
+/// On a connection bound to one turn, turn A runs and turn B waits; A ends (or is stopped,
+/// with `stop`), and B must be handed out and end within 3 s, three rounds.
+async fn a_freed_slot_hands_out_the_waiting_turn_at_once(stop: bool) {
     let mock = MockProvider::start().await;
     let stack = Stack::start_with(&mock, 1, &[("BERTH_WORKER_MAX_TURNS", "1")]).await;
     let mut c = stack.client(0).await;
@@ -398,40 +412,9 @@ async fn a_turn_ending_on_a_full_connection_hands_out_the_waiting_one_at_once() 
     for round in 0..3 {
         let slow = Reply::Stream(vec![
             Part::Text("working".into()),
-            Part::Delay(1500),
+            Part::Delay(if stop { 30_000 } else { 1500 }),
             Part::Text(" done".into()),
         ]);
-        let (_, _, mut wa) = start_turn(&stack, &mut c, &mock, slow, "first").await;
-        wa.until(20, |i| i["type"] == "model.delta")
-            .await
-            .expect("turn A streams");
-        let (_, turn_b, mut wb) = start_turn(&stack, &mut c, &mock, Reply::text(&["second"]), "second").await;
-        assert!(
-            db.query_one(undispatched, &[&turn_b]).await.unwrap().get::<_, bool>(0),
-            "round {round}: the connection is full, B waits"
-        );
-        let end = wa.until(30, is_turn_end).await.expect("A ends");
-        assert_eq!(end.last().unwrap()["state"], "completed");
-        let end = wb.until(3, is_turn_end).await;
-        assert!(
-            end.is_some_and(|e| e.last().unwrap()["state"] == "completed"),
-            "round {round}: B is handed out and ends at once once A ended"
-        );
-    }
-}
-
-/// A stop frees a full connection's slot as an end does: the waiting turn is handed out at
-/// once, not at the next 5 s safety tick (the stop's dispatch `NOTIFY` may reach the claimer
-/// before the connection has let go of the stopped turn).
-#[tokio::test]
-async fn a_turn_stopped_on_a_full_connection_hands_out_the_waiting_one_at_once() {
-    let mock = MockProvider::start().await;
-    let stack = Stack::start_with(&mock, 1, &[("BERTH_WORKER_MAX_TURNS", "1")]).await;
-    let mut c = stack.client(0).await;
-    let db = berth_e2e::harness::db(&stack.database_url).await;
-    let undispatched = "SELECT state = 'running' AND dispatched_to IS NULL FROM turns WHERE id = $1";
-    for round in 0..3 {
-        let slow = Reply::Stream(vec![Part::Text("working".into()), Part::Delay(30_000)]);
         let (sa, turn_a, mut wa) = start_turn(&stack, &mut c, &mock, slow, "first").await;
         wa.until(20, |i| i["type"] == "model.delta")
             .await
@@ -441,13 +424,18 @@ async fn a_turn_stopped_on_a_full_connection_hands_out_the_waiting_one_at_once()
             db.query_one(undispatched, &[&turn_b]).await.unwrap().get::<_, bool>(0),
             "round {round}: the connection is full, B waits"
         );
-        c.ok("session.stop", json!({"sessionId": sa, "turnId": turn_a})).await;
-        let end = wa.until(10, is_turn_end).await.expect("A ends");
-        assert_eq!(end.last().unwrap()["state"], "cancelled");
+        let a_state = if stop {
+            c.ok("session.stop", json!({"sessionId": sa, "turnId": turn_a})).await;
+            "cancelled"
+        } else {
+            "completed"
+        };
+        let end = wa.until(30, is_turn_end).await.expect("A ends");
+        assert_eq!(end.last().unwrap()["state"], a_state);
         let end = wb.until(3, is_turn_end).await;
         assert!(
             end.is_some_and(|e| e.last().unwrap()["state"] == "completed"),
-            "round {round}: B is handed out and ends at once once A was stopped"
+            "round {round}: B is handed out and ends at once once A ended or was stopped"
         );
     }
 }
