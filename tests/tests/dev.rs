@@ -58,6 +58,21 @@ async fn ctrl_c_stops_dev_cleanly_with_its_cluster_and_plain_logs() {
     assert!(online.is_some(), "the dev worker never came online");
     drop(client);
 
+    // Its cluster commits past the WAL segment initdb wrote (where a commit waited ~20×
+    // longer for a thin-provisioned virtual disk). Attaching leaves the cluster running.
+    let cluster = berth_store::cluster::PrivateCluster::start(&data, &Default::default()).expect("attach");
+    let (db, connection) = tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls)
+        .await
+        .expect("connect to the dev cluster");
+    tokio::spawn(connection);
+    let segment: String = db
+        .query_one("SELECT pg_walfile_name(pg_current_wal_lsn())", &[])
+        .await
+        .expect("current WAL segment")
+        .get(0);
+    assert_ne!(segment, "000000010000000000000001", "still in initdb's WAL segment");
+    drop(db);
+
     let postmaster: i32 = std::fs::read_to_string(data.join("pg/postmaster.pid"))
         .expect("postmaster.pid")
         .lines()

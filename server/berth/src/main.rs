@@ -314,6 +314,7 @@ async fn database(settings: &Settings, data_dir: &Path) -> anyhow::Result<(Store
     let cluster =
         tokio::task::spawn_blocking(move || PrivateCluster::start(&data_dir, &ClusterOptions::default())).await??;
     create_database(&cluster.url("postgres"), "berth", None).await?;
+    berth_store::cluster::leave_initial_wal_segment(&cluster.url("postgres")).await?;
     let store = Store::connect_with(&cluster.url("berth"), &options)?;
     Ok((store, Some(cluster)))
 }
