@@ -201,7 +201,10 @@ const FENCE_SQL: &str =
 /// without rows): at most `$4` events and no more than `$5` bytes of payloads and row text,
 /// but always the first event whole. One more event comes back without payload or rows
 /// (`fits` false) when the batch is cut: it says there is more. No event: one line of NULLs
-/// after the fence.
+/// after the fence. Each event's rows are an index probe by key of their own (`LATERAL`,
+/// kept a subquery by `OFFSET 0`): joined flat, a generic plan made while the tables were
+/// small (a connection keeps its plan) probed `rows` by session only and filtered on the
+/// sequence, reading all of the session's rows for every event of the batch.
 const CATCH_UP_SQL: &str = "
 SELECT f.cleared_at_sequence, w.sequence, w.fits, w.type, w.turn_id,
        CASE WHEN w.fits THEN w.payload END, w.at,
@@ -223,7 +226,11 @@ SELECT f.cleared_at_sequence, w.sequence, w.fits, w.type, w.turn_id,
     ) x
     WHERE x.n <= 2 OR x.running - x.size <= $5::bigint
   ) w ON true
-  LEFT JOIN rows r ON w.fits AND r.session_id = $1 AND r.tenant_id = $2 AND r.source_sequence = w.sequence
+  LEFT JOIN LATERAL (
+    SELECT r.* FROM rows r
+     WHERE w.fits AND r.session_id = $1 AND r.tenant_id = $2 AND r.source_sequence = w.sequence
+    OFFSET 0
+  ) r ON true
  ORDER BY w.sequence, r.item_index";
 
 /// Cut a row's fields to `budget` bytes in all, `first` served first, marking what was cut.
