@@ -485,7 +485,15 @@ impl Store {
         // output goes nowhere).
         let (text, thinking) = (crate::history::pg_text(text), crate::history::pg_text(thinking));
         let lock_params: [Param; 2] = [&turn_id, &tenant_id];
-        let params: [Param; 7] = [&turn_id, &tenant_id, &text, &thinking, &CHANNEL_DELTAS, &payloads, &replica];
+        let params: [Param; 7] = [
+            &turn_id,
+            &tenant_id,
+            &text,
+            &thinking,
+            &CHANNEL_DELTAS,
+            &payloads,
+            &replica,
+        ];
         crate::tenant_pipeline_unflushed(
             &client,
             tenant_id,
@@ -624,7 +632,10 @@ impl Store {
             Some(r) => r.get(0),
             // An interaction of the turn is pending: closed first (its resolution comes
             // before `turn.ended`), then the turn settles as before.
-            None => settle_after_interactions(tx.client(), tenant_id, &session_id, turn_id, state, cause, &cause_json).await?,
+            None => {
+                settle_after_interactions(tx.client(), tenant_id, &session_id, turn_id, state, cause, &cause_json)
+                    .await?
+            }
         };
         if child {
             crate::coordinator::child_ended(tx.client(), tenant_id, &session_id, turn_id, state, cause).await?;
@@ -1097,7 +1108,7 @@ async fn admit_in(
 ) -> Result<(SessionSendResult, String)> {
     let lock_sql = format!(
         "SELECT workspace_id, paused, {} AS online FROM sessions s
-          WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
+          WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE FOR UPDATE",
         online_sql("s.workspace_id")
     );
     // The tenant switch (on a fresh transaction), the session lock and the turns read again
@@ -1308,11 +1319,18 @@ const LOCK_SESSION_OF_TURN: &str =
 /// The session of turn `$1` (tenant `$2`) if it runs, its session is not removed and, when
 /// `$3` names a worker connection, it was handed to that connection. Read in a statement
 /// after [`LOCK_SESSION_OF_TURN`], so under the lock.
+///
+/// The turn and its session are each read by primary key, in subqueries the planner keeps
+/// (`OFFSET 0`) so that the conditions on them are checked after the probe: joined flat, a
+/// generic plan made while the tables were small (a connection keeps its plan until the
+/// statistics change) scanned every running turn (the partial indexes on running turns
+/// match `state = 'running'`) and every session of the tenant, on each call.
 macro_rules! running_turn_sql {
     () => {
-        "SELECT t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id
-          WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running' AND s.removed_at IS NULL
-            AND ($3::text IS NULL OR t.dispatched_to = $3)"
+        "SELECT t.session_id
+           FROM (SELECT session_id, state, dispatched_to FROM turns WHERE id = $1 AND tenant_id = $2 OFFSET 0) t
+           JOIN LATERAL (SELECT id, removed_at FROM sessions WHERE id = t.session_id OFFSET 0) s ON true
+          WHERE t.state = 'running' AND s.removed_at IS NULL AND ($3::text IS NULL OR t.dispatched_to = $3)"
     };
 }
 
@@ -1359,10 +1377,12 @@ const LOCK_SESSION_FOR_RELAY: &str = "SELECT id FROM sessions
 /// Live output (`$3` text, `$4` thinking) appended to running turn `$1` (tenant `$2`), and its
 /// payloads `$6` relayed on channel `$5` in order, but only when a watcher another replica
 /// holds is recorded (`$7`: the appending replica, or null for always;
-/// `watched_elsewhere_sql`). Read after [`LOCK_SESSION_FOR_RELAY`].
+/// `watched_elsewhere_sql`). Read after [`LOCK_SESSION_FOR_RELAY`]. The turn's state is
+/// checked as `(…) IS TRUE`, which no partial index on running turns matches, so that the
+/// update finds the turn by primary key whatever the statistics (see [`running_turn_sql`]).
 const PARTIAL_SQL: &str = concat!(
     "WITH u AS (UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
-                 WHERE id = $1 AND tenant_id = $2 AND state = 'running' RETURNING session_id)
+                 WHERE id = $1 AND tenant_id = $2 AND (state = 'running') IS TRUE RETURNING session_id)
      SELECT pg_notify($5, p) FROM unnest($6::text[]) WITH ORDINALITY AS n(p, i)
       WHERE EXISTS (SELECT 1 FROM u JOIN sessions s ON s.id = u.session_id WHERE ",
     watched_elsewhere_sql!("$7"),
