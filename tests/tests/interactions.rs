@@ -866,6 +866,83 @@ async fn watches_on_another_replica_get_every_append_at_once_even_registering_mi
     );
 }
 
+/// The text a watch has drawn from its `model.delta` items so far (each placed at its
+/// offset, as a client does).
+fn drawn(text: &mut String, item: &Value) {
+    if item["type"] == "model.delta"
+        && let (Some(piece), Some(offset)) = (item["text"].as_str(), item["textOffset"].as_u64())
+    {
+        text.truncate(offset as usize);
+        text.push_str(piece);
+    }
+}
+
+/// Read `w`'s items into `text` until it reads `want`; false after `secs` seconds.
+async fn draws(w: &mut berth_e2e::client::Subscription, text: &mut String, want: &str, secs: u64) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while text != want {
+        let Ok(Some(item)) = tokio::time::timeout_at(deadline, w.items.recv()).await else {
+            return false;
+        };
+        drawn(text, &item);
+    }
+    true
+}
+
+/// Live output is relayed to other replicas only when one of them watches the session (a
+/// recorded watcher), as the step and end notices are. So a watch on another replica must
+/// still get the output at once — also one that registers while the output is being
+/// stored and relayed: either the relay sees its row, or it commits before the watch reads
+/// the stored text. Each round opens a new watch on replica B racing one delta the worker
+/// sends on replica A (relayed within 50 ms), at a different point of the flush each time;
+/// both of B's watches must draw all the text so far within 3 s (nothing else is sent: a
+/// skipped relay is never made up for until the step completes).
+#[tokio::test(flavor = "multi_thread")]
+async fn live_output_reaches_watches_on_another_replica_even_registering_mid_flush() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut a = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
+    let mut b = stack.client(1).await;
+    let mut steady = watch(&mut b, &sid).await;
+    let mut steady_text = String::new();
+    let mut sent = String::new();
+    let last = a.ok("session.get", json!({"sessionId": sid})).await["sequence"]
+        .as_i64()
+        .unwrap();
+    for round in 0..12u64 {
+        let mut fresh = b.subscribe("session.watch", json!({"sessionId": sid, "after": last}));
+        // Let the registration and the flush meet at different points of each other.
+        tokio::time::sleep(Duration::from_millis(round * 5 % 55)).await;
+        let piece = format!("piece {round}. ");
+        sent.push_str(&piece);
+        drop(worker.request("turn.delta", json!({"turnId": turn, "text": piece})));
+        let mut fresh_text = String::new();
+        assert!(
+            draws(&mut steady, &mut steady_text, &sent, 3).await,
+            "round {round}: the steady watch on B drew {steady_text:?}, not {sent:?}"
+        );
+        assert!(
+            draws(&mut fresh, &mut fresh_text, &sent, 3).await,
+            "round {round}: the fresh watch on B drew {fresh_text:?}, not {sent:?}"
+        );
+        b.ok("subscription.close", json!({"id": fresh.id})).await;
+    }
+    // The step that completes the text still reaches B (and clears the partial text).
+    let step = worker
+        .call(
+            "turn.step",
+            json!({"turnId": turn, "rows": [{"kind": "assistant", "body": sent.clone()}]}),
+        )
+        .await;
+    let seq = result(step)["sequence"].as_i64().unwrap();
+    steady
+        .until(3, |e| e["sequence"].as_i64() == Some(seq))
+        .await
+        .expect("the step reaches the watch on B at once");
+}
+
 /// A watcher row swept while its watch stays open (its replica's heartbeats failed for
 /// 45 s; here deleted by hand) is recorded again by that replica's next heartbeat: it is
 /// what makes the worker's replica notify, so the watch on the other replica then gets

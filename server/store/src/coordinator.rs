@@ -66,11 +66,16 @@ pub(crate) async fn lock_coordinator_of(tx: &impl GenericClient, tenant_id: &str
 }
 
 /// Lock the live coordinator the session of turn `$1` (tenant `$2`) is a child of, if any:
-/// found and locked in one statement, since every turn's end passes here.
-pub(crate) const LOCK_COORDINATOR_OF_TURN: &str =
-    "SELECT p.id FROM turns t JOIN sessions c ON c.id = t.session_id JOIN sessions p ON p.id = c.parent_id
-      WHERE t.id = $1 AND t.tenant_id = $2 AND c.tenant_id = $2 AND p.kind = 'coordinator' AND p.removed_at IS NULL
-        FOR UPDATE OF p";
+/// found and locked in one statement, since every turn's end passes here. Each row by
+/// primary key, the turn's, its session's, then the parent's: joined flat, a generic plan
+/// made while the tables were small (a connection keeps its plan until the statistics
+/// change) looked for coordinators among all of the tenant's live sessions (`sessions_list`)
+/// on every end. `(…) IS TRUE` matches no partial index on live sessions.
+pub(crate) const LOCK_COORDINATOR_OF_TURN: &str = "SELECT p.id FROM sessions p
+  WHERE p.id = (SELECT c.parent_id FROM sessions c
+                 WHERE c.id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) AND c.tenant_id = $2)
+    AND p.kind = 'coordinator' AND (p.removed_at IS NULL) IS TRUE
+    FOR UPDATE";
 
 /// A child's turn ended: tell its coordinator's history (nothing for other sessions).
 pub(crate) async fn child_ended(

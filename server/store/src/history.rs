@@ -179,7 +179,7 @@ SELECT octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint,
   FROM rows
  WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
    AND source_sequence <= least($3::bigint,
-         (SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL))
+         (SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE))
    AND (source_sequence, item_index) > ($4::bigint, $5::int)
  ORDER BY source_sequence, item_index LIMIT $6::bigint + 1";
 
@@ -191,9 +191,10 @@ SELECT r.body, r.thinking
   JOIN rows r ON r.session_id = $1 AND r.tenant_id = $2 AND r.source_sequence = p.sequence AND r.item_index = p.item
  ORDER BY p.k";
 
-/// The session's fence for [`PAGE_SQL`] (no row: no such session).
-const FENCE_SQL: &str =
-    "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL";
+/// The session's fence for [`PAGE_SQL`] (no row: no such session). Sessions are read by
+/// primary key on the turn path: `(…) IS TRUE` matches no partial index (ARCHITECTURE.md,
+/// "Generic plans").
+const FENCE_SQL: &str = "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE";
 
 /// A watcher's catch-up in one statement: the session's fence (`cleared_at_sequence`; no
 /// line at all when the session does not exist), then the events after `$3` in order, each
@@ -201,13 +202,16 @@ const FENCE_SQL: &str =
 /// without rows): at most `$4` events and no more than `$5` bytes of payloads and row text,
 /// but always the first event whole. One more event comes back without payload or rows
 /// (`fits` false) when the batch is cut: it says there is more. No event: one line of NULLs
-/// after the fence.
+/// after the fence. Each event's rows are an index probe by key of their own (`LATERAL`,
+/// kept a subquery by `OFFSET 0`): joined flat, a generic plan made while the tables were
+/// small (a connection keeps its plan) probed `rows` by session only and filtered on the
+/// sequence, reading all of the session's rows for every event of the batch.
 const CATCH_UP_SQL: &str = "
 SELECT f.cleared_at_sequence, w.sequence, w.fits, w.type, w.turn_id,
        CASE WHEN w.fits THEN w.payload END, w.at,
        r.source_sequence, r.item_index, r.turn_id, r.kind, r.body, r.thinking, r.tool, r.hidden, r.attachments
   FROM (SELECT cleared_at_sequence FROM sessions
-         WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL) f
+         WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE) f
   LEFT JOIN LATERAL (
     SELECT x.*, (x.n <= $4::bigint AND (x.n = 1 OR x.running <= $5::bigint)) AS fits FROM (
       SELECT e.sequence, e.type, e.turn_id, e.payload, e.at,
@@ -223,7 +227,11 @@ SELECT f.cleared_at_sequence, w.sequence, w.fits, w.type, w.turn_id,
     ) x
     WHERE x.n <= 2 OR x.running - x.size <= $5::bigint
   ) w ON true
-  LEFT JOIN rows r ON w.fits AND r.session_id = $1 AND r.tenant_id = $2 AND r.source_sequence = w.sequence
+  LEFT JOIN LATERAL (
+    SELECT r.* FROM rows r
+     WHERE w.fits AND r.session_id = $1 AND r.tenant_id = $2 AND r.source_sequence = w.sequence
+    OFFSET 0
+  ) r ON true
  ORDER BY w.sequence, r.item_index";
 
 /// Cut a row's fields to `budget` bytes in all, `first` served first, marking what was cut.
@@ -432,7 +440,7 @@ impl Store {
     ) -> Result<(i64, i64)> {
         let row = client
             .qo(
-                "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+                "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE",
                 &[&session_id, &tenant_id],
             )
             .await?;

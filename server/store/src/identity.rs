@@ -71,12 +71,14 @@ impl Store {
         }
         let digest = token::digest(presented);
         let client = self.pool.get().await?;
+        // The turn by primary key: `(…) IS TRUE` matches no partial index on running turns
+        // (see `turns::running_turn_sql`).
         let turn_sql = format!(
             "SELECT t.model, t.provider, t.base_url, t.session_id FROM turns t
                JOIN worker_presence p ON p.connection_id = t.dispatched_to
                JOIN credentials c ON c.id = p.credential_id
               WHERE t.id = $1 AND c.sha256 = $2 AND c.kind = 'worker' AND t.tenant_id = c.tenant_id
-                AND p.tenant_id = c.tenant_id AND t.state = 'running'
+                AND p.tenant_id = c.tenant_id AND (t.state = 'running') IS TRUE
                 AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'"
         );
         // Prepared first (cached per connection): a statement still to be prepared would go

@@ -430,11 +430,12 @@ impl Store {
 
     /// Record an open `session.watch` held by `replica_id`; returns the watcher's id.
     ///
-    /// The row is what makes other replicas' appends send their `NOTIFY` (an append skips
-    /// it when no other replica watches), so the session row is share-locked while it goes
-    /// in: an append holds that row `FOR UPDATE`, so it either commits before this (and the
-    /// watch's first read, after this returns, sees its event) or takes its snapshot after
-    /// this commits (and sees the row).
+    /// The row is what makes other replicas' appends send their `NOTIFY` and relay their
+    /// live output (both skipped when no other replica watches), so the session row is
+    /// share-locked while it goes in: an append holds that row `FOR UPDATE` (live output
+    /// `FOR NO KEY UPDATE`), so it either commits before this (and the watch's first reads,
+    /// after this returns, see its event or the stored partial text) or takes its snapshot
+    /// after this commits (and sees the row).
     pub async fn watcher_add(&self, tenant_id: &str, session_id: &str, replica_id: &str) -> Result<String> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;

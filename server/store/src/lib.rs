@@ -454,6 +454,16 @@ pub(crate) async fn tenant_pipeline(
     one_round_trip(client, "BEGIN", TENANT_SQL, tenant_id, statements).await
 }
 
+/// [`tenant_pipeline`] whose commit does not wait for the disk, as
+/// [`tenant_write_unflushed`] (and for the same kind of writes only).
+pub(crate) async fn tenant_pipeline_unflushed(
+    client: &deadpool_postgres::Object,
+    tenant_id: &str,
+    statements: &[(&str, Params<'_>)],
+) -> Result<Vec<Vec<tokio_postgres::Row>>> {
+    one_round_trip(client, "BEGIN", TENANT_UNFLUSHED_SQL, tenant_id, statements).await
+}
+
 /// Reads under the tenant's row-level security in one round trip, as [`tenant_read`], all
 /// in one snapshot (repeatable read, read only): each statement's rows.
 pub(crate) async fn tenant_snapshot(
@@ -520,29 +530,6 @@ const TENANT_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth
 const TENANT_UNFLUSHED_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true),
         set_config('synchronous_commit', 'off', true)";
 
-/// [`tenant_tx`] whose first `statements` go out together with the tenant switch, in
-/// order (each runs after the one before, so a statement reads what an earlier one locked):
-/// one wait after `BEGIN`. Returns the transaction and each statement's rows; an error in
-/// any of them fails the whole (the transaction is dropped, so rolled back).
-pub(crate) async fn tenant_tx_pipelined<'a>(
-    client: &'a mut deadpool_postgres::Object,
-    tenant_id: &str,
-    statements: &[(&str, Params<'_>)],
-) -> Result<(deadpool_postgres::Transaction<'a>, Vec<Vec<tokio_postgres::Row>>)> {
-    begin_pipelined(client, TENANT_SQL, tenant_id, statements).await
-}
-
-async fn begin_pipelined<'a>(
-    client: &'a mut deadpool_postgres::Object,
-    tenant_sql: &str,
-    tenant_id: &str,
-    statements: &[(&str, Params<'_>)],
-) -> Result<(deadpool_postgres::Transaction<'a>, Vec<Vec<tokio_postgres::Row>>)> {
-    let tx = client.transaction().await?;
-    let results = pipelined(&tx, Some((tenant_sql, tenant_id)), statements).await?;
-    Ok((tx, results))
-}
-
 /// `statements` sent together in an open transaction, in order (each runs after the one
 /// before, so a statement reads what an earlier one locked), after the tenant switch
 /// `(tenant_sql, tenant_id)` when given: one wait. Each statement's rows come back; an error
@@ -581,8 +568,8 @@ pub(crate) async fn pipelined(
 
 /// A transaction whose `BEGIN` goes out with its first statements rather than waiting for
 /// its own answer first, as `client.transaction()` does: one wait less, on paths every turn
-/// takes (admission, the claim). Statements run on [`Begun::client`], in order after the
-/// `BEGIN`. Dropped without [`Begun::commit`] (an error, a cancelled caller), it sends
+/// takes (admission, the claim, `turn.end`). Statements run on [`Begun::client`], in order
+/// after the `BEGIN`. Dropped without [`Begun::commit`] (an error, a cancelled caller), it sends
 /// `ROLLBACK` before the connection goes back to the pool, as a dropped
 /// `tokio_postgres::Transaction` does.
 pub(crate) struct Begun<'a> {

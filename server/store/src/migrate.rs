@@ -25,6 +25,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ("0017_channel_sessions.sql", include_str!("../../../migrations/0017_channel_sessions.sql")),
     ("0018_mcp_servers.sql", include_str!("../../../migrations/0018_mcp_servers.sql")),
     ("0019_turns_by_session.sql", include_str!("../../../migrations/0019_turns_by_session.sql")),
+    (
+        "0020_turns_dispatched_handed_out.sql",
+        include_str!("../../../migrations/0020_turns_dispatched_handed_out.sql"),
+    ),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -25,7 +25,8 @@ const TURN_HISTORY_ROWS: u32 = 500;
 /// handed to), with the session's latest compaction's `keepFrom` and its summary (the
 /// compaction event's row 0), NULL when never compacted. The summary is read inside the
 /// lateral (only for a compaction found): joined outside it, a session never compacted had
-/// every row 0 of its history scanned and filtered out on each turn.
+/// every row 0 of its history scanned and filtered out on each turn. The turn by primary key
+/// (`(…) IS TRUE` matches no partial index on running turns; see `turns::running_turn_sql`).
 const TURN_HANDOFF_SQL: &str = "SELECT t.session_id, c.payload->'keepFrom', c.body
        FROM turns t
        LEFT JOIN LATERAL (SELECT e.payload,
@@ -35,7 +36,7 @@ const TURN_HANDOFF_SQL: &str = "SELECT t.session_id, c.payload->'keepFrom', c.bo
                             FROM events e
                            WHERE e.session_id = t.session_id AND e.tenant_id = $2 AND e.type = 'session.compacted'
                            ORDER BY e.sequence DESC LIMIT 1) c ON true
-      WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running' AND t.dispatched_to = $3";
+      WHERE t.id = $1 AND t.tenant_id = $2 AND (t.state = 'running') IS TRUE AND t.dispatched_to = $3";
 
 /// Serializes as [`berth_protocol::worker::TurnHistoryResult`] (same fields, same order, same omissions), its rows
 /// already written.

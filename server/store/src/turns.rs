@@ -445,7 +445,7 @@ impl Store {
         let step = StepParams::new(rows);
         let conn = Some(connection_id);
         let lock_params: [Param; 2] = [&turn_id, &tenant_id];
-        let relay_params: [Param; 5] = [&turn_id, &tenant_id, &conn, &CHANNEL_DELTAS, &relay];
+        let relay_params: [Param; 6] = [&turn_id, &tenant_id, &conn, &CHANNEL_DELTAS, &relay, &replica];
         let step_params = step.params(&turn_id, &tenant_id, &conn, &replica, &true);
         let mut statements: Vec<(&str, &[Param])> = vec![(LOCK_SESSION_OF_TURN, &lock_params)];
         if !relay.is_empty() {
@@ -463,38 +463,41 @@ impl Store {
     }
 
     /// Append coalesced live output to the running step and relay it to other replicas in
-    /// the same transaction (`payload` goes on `channel`), so that the stored partial text
-    /// and the relayed deltas never disagree.
+    /// the same transaction (`payloads` go on [`CHANNEL_DELTAS`]), so that the stored partial text
+    /// and the relayed deltas never disagree. `replica` (the caller's replica id) relays to
+    /// its own watchers itself: the payloads then go out only if a watcher held by another
+    /// replica is recorded. None: they always go out.
     pub async fn append_partial(
         &self,
         tenant_id: &str,
         turn_id: &str,
         text: &str,
         thinking: &str,
-        channel: &str,
         payloads: &[String],
+        replica: Option<&str>,
     ) -> Result<()> {
         let client = self.pool.get().await?;
         // Live output is not history (the completed step is): no need to wait for the disk.
-        // The update and the relay in one statement, sent with `BEGIN`, the tenant switch
-        // and `COMMIT` (one round trip: the turn's row lock is held inside PostgreSQL only,
-        // never across a wait for this process); a turn that was stopped updates nothing and
-        // relays nothing (its late output goes nowhere).
-        crate::tenant_write_unflushed(
+        // The session lock, then the update and the relay in one statement (its snapshot
+        // taken once the lock is held), sent with `BEGIN`, the tenant switch and `COMMIT`:
+        // one round trip, the locks held inside PostgreSQL only, never across a wait for
+        // this process. A turn that was stopped updates nothing and relays nothing (its late
+        // output goes nowhere).
+        let (text, thinking) = (crate::history::pg_text(text), crate::history::pg_text(thinking));
+        let lock_params: [Param; 2] = [&turn_id, &tenant_id];
+        let params: [Param; 7] = [
+            &turn_id,
+            &tenant_id,
+            &text,
+            &thinking,
+            &CHANNEL_DELTAS,
+            &payloads,
+            &replica,
+        ];
+        crate::tenant_pipeline_unflushed(
             &client,
             tenant_id,
-            "WITH u AS (UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
-                         WHERE id = $1 AND tenant_id = $2 AND state = 'running' RETURNING 1)
-             SELECT pg_notify($5, p) FROM unnest($6::text[]) WITH ORDINALITY AS n(p, i)
-              WHERE EXISTS (SELECT 1 FROM u) ORDER BY i",
-            &[
-                &turn_id,
-                &tenant_id,
-                &crate::history::pg_text(text),
-                &crate::history::pg_text(thinking),
-                &channel,
-                &payloads,
-            ],
+            &[(LOCK_SESSION_FOR_RELAY, &lock_params), (PARTIAL_SQL, &params)],
         )
         .await?;
         Ok(())
@@ -555,7 +558,7 @@ impl Store {
         if !state.is_settled() {
             return Err(StoreError::Code(ErrorCode::BadParams));
         }
-        let mut client = self.pool.get().await?;
+        let client = self.pool.get().await?;
         let cause_json = cause.map(|c| serde_json::to_value(c).unwrap_or_default());
         // `turn.ended` without its usage, which END_SQL adds from the turn's totals.
         let mut ended = serde_json::to_value(TurnEnded {
@@ -574,6 +577,8 @@ impl Store {
         })
         .type_name();
         let step = step.map(StepParams::new);
+        // Live output concerns watches only, which record themselves (`relay_params`).
+        let relay_replica = replica;
         let replica = replica.filter(|_| cause.is_none());
         // The end's notice (a later sequence) wakes whoever the step's would have.
         let step_params = step
@@ -584,7 +589,14 @@ impl Store {
         // under it, the relay, the step and the end — each written only if the turn runs (and
         // the end only if no interaction of the turn is pending, which must be closed first).
         let key: [Param; 2] = [&turn_id, &tenant_id];
-        let relay_params: [Param; 5] = [&turn_id, &tenant_id, &connection_id, &CHANNEL_DELTAS, &relay];
+        let relay_params: [Param; 6] = [
+            &turn_id,
+            &tenant_id,
+            &connection_id,
+            &CHANNEL_DELTAS,
+            &relay,
+            &relay_replica,
+        ];
         let state_str = state.as_str();
         let end_params: [Param; 10] = [
             &turn_id,
@@ -610,17 +622,23 @@ impl Store {
             statements.push((STEP_SQL, p));
         }
         statements.push((END_SQL, &end_params));
-        let (tx, results) = crate::tenant_tx_pipelined(&mut client, tenant_id, &statements).await?;
+        // `BEGIN` goes out with them rather than awaited alone: one wait less. Dropped without
+        // its commit (an error, a cancelled caller), the transaction is rolled back.
+        let tx = crate::Begun::new(&client);
+        let results = crate::pipelined(tx.client(), Some((crate::TENANT_SQL, tenant_id)), &statements).await?;
         let session_id = check_running(results[1].first(), results[2].first(), connection_id)?;
         let child = !results[0].is_empty();
         let seq = match results.last().and_then(|r| r.first()) {
             Some(r) => r.get(0),
             // An interaction of the turn is pending: closed first (its resolution comes
             // before `turn.ended`), then the turn settles as before.
-            None => settle_after_interactions(&tx, tenant_id, &session_id, turn_id, state, cause, &cause_json).await?,
+            None => {
+                settle_after_interactions(tx.client(), tenant_id, &session_id, turn_id, state, cause, &cause_json)
+                    .await?
+            }
         };
         if child {
-            crate::coordinator::child_ended(&tx, tenant_id, &session_id, turn_id, state, cause).await?;
+            crate::coordinator::child_ended(tx.client(), tenant_id, &session_id, turn_id, state, cause).await?;
         }
         if let Some(c) = cause {
             let kind = if state == TurnState::Interrupted {
@@ -628,7 +646,7 @@ impl Store {
             } else {
                 "model-step"
             };
-            diagnostic(&tx, tenant_id, &session_id, kind, Some(turn_id), Some(seq), c).await?;
+            diagnostic(tx.client(), tenant_id, &session_id, kind, Some(turn_id), Some(seq), c).await?;
         }
         tx.commit().await?;
         Ok((session_id, seq))
@@ -1090,7 +1108,7 @@ async fn admit_in(
 ) -> Result<(SessionSendResult, String)> {
     let lock_sql = format!(
         "SELECT workspace_id, paused, {} AS online FROM sessions s
-          WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR UPDATE",
+          WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE FOR UPDATE",
         online_sql("s.workspace_id")
     );
     // The tenant switch (on a fresh transaction), the session lock and the turns read again
@@ -1301,11 +1319,18 @@ const LOCK_SESSION_OF_TURN: &str =
 /// The session of turn `$1` (tenant `$2`) if it runs, its session is not removed and, when
 /// `$3` names a worker connection, it was handed to that connection. Read in a statement
 /// after [`LOCK_SESSION_OF_TURN`], so under the lock.
+///
+/// The turn and its session are each read by primary key, in subqueries the planner keeps
+/// (`OFFSET 0`) so that the conditions on them are checked after the probe: joined flat, a
+/// generic plan made while the tables were small (a connection keeps its plan until the
+/// statistics change) scanned every running turn (the partial indexes on running turns
+/// match `state = 'running'`) and every session of the tenant, on each call.
 macro_rules! running_turn_sql {
     () => {
-        "SELECT t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id
-          WHERE t.id = $1 AND t.tenant_id = $2 AND t.state = 'running' AND s.removed_at IS NULL
-            AND ($3::text IS NULL OR t.dispatched_to = $3)"
+        "SELECT t.session_id
+           FROM (SELECT session_id, state, dispatched_to FROM turns WHERE id = $1 AND tenant_id = $2 OFFSET 0) t
+           JOIN LATERAL (SELECT id, removed_at FROM sessions WHERE id = t.session_id OFFSET 0) s ON true
+          WHERE t.state = 'running' AND s.removed_at IS NULL AND ($3::text IS NULL OR t.dispatched_to = $3)"
     };
 }
 
@@ -1313,7 +1338,8 @@ macro_rules! running_turn_sql {
 /// (`session_watchers`), or `$r` is null: only then must an append's notice go out, since
 /// the appending replica `$r` wakes its own watchers directly. Stale rows count (a notice
 /// too many is harmless). Registering a watcher takes a share lock on the session row, which
-/// conflicts with the appender's `FOR UPDATE`: so an append either sees the new row (its
+/// conflicts with the appender's `FOR UPDATE` (live output's `FOR NO KEY UPDATE`): so an
+/// append either sees the new row (its
 /// statement's snapshot is taken after its lock) or commits before the watcher's first read
 /// (`Store::watcher_add`).
 macro_rules! watched_elsewhere_sql {
@@ -1328,11 +1354,38 @@ macro_rules! watched_elsewhere_sql {
 }
 
 /// Live output relayed to other replicas (payloads `$5` on channel `$4`, in order) if the
-/// turn runs ([`running_turn_sql`]).
+/// turn runs ([`running_turn_sql`]) and a watcher that replica `$6` does not hold is
+/// recorded (or `$6` is null): the appending replica relays to its own watchers itself.
+/// Read after [`LOCK_SESSION_OF_TURN`], so a watcher registering meanwhile is either seen
+/// or reads the stored output after this commits (`watched_elsewhere_sql`).
 const RELAY_SQL: &str = concat!(
     "SELECT pg_notify($4, p) FROM unnest($5::text[]) WITH ORDINALITY AS n(p, i)
       WHERE EXISTS (",
     running_turn_sql!(),
+    " AND (",
+    watched_elsewhere_sql!("$6"),
+    ")) ORDER BY i"
+);
+
+/// Locks the session of turn `$1` of tenant `$2` for live output ([`PARTIAL_SQL`]): against a
+/// watcher's registration (`FOR SHARE`, `Store::watcher_add`), as an append's lock is. It
+/// changes no key of the row, so it does not block the inserts of events that reference it;
+/// taken before the turn's row, as every writer of a turn does.
+const LOCK_SESSION_FOR_RELAY: &str = "SELECT id FROM sessions
+  WHERE id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) FOR NO KEY UPDATE";
+
+/// Live output (`$3` text, `$4` thinking) appended to running turn `$1` (tenant `$2`), and its
+/// payloads `$6` relayed on channel `$5` in order, but only when a watcher another replica
+/// holds is recorded (`$7`: the appending replica, or null for always;
+/// `watched_elsewhere_sql`). Read after [`LOCK_SESSION_FOR_RELAY`]. The turn's state is
+/// checked as `(…) IS TRUE`, which no partial index on running turns matches, so that the
+/// update finds the turn by primary key whatever the statistics (see [`running_turn_sql`]).
+const PARTIAL_SQL: &str = concat!(
+    "WITH u AS (UPDATE turns SET partial_text = partial_text || $3, partial_thinking = partial_thinking || $4
+                 WHERE id = $1 AND tenant_id = $2 AND (state = 'running') IS TRUE RETURNING session_id)
+     SELECT pg_notify($5, p) FROM unnest($6::text[]) WITH ORDINALITY AS n(p, i)
+      WHERE EXISTS (SELECT 1 FROM u JOIN sessions s ON s.id = u.session_id WHERE ",
+    watched_elsewhere_sql!("$7"),
     ") ORDER BY i"
 );
 

@@ -58,8 +58,9 @@ impl TurnTask {
             .local_delta(&live.session, &self.turn_id, live.step, &text, &thinking, item);
     }
 
-    /// Store coalesced output as the step's partial text and relay it to other replicas,
-    /// in one transaction (live only; the completed step is what history keeps).
+    /// Store coalesced output as the step's partial text and relay it to other replicas
+    /// that watch the session, in one transaction (live only; the completed step is what
+    /// history keeps).
     pub(super) async fn flush_relay(&mut self) {
         let Some((p, payloads)) = self.take_relay() else { return };
         let state = &self.conn.state;
@@ -67,7 +68,15 @@ impl TurnTask {
         let _permits = self.conn.write_permits().await;
         if let Err(e) = state
             .store
-            .append_partial(tenant, &self.turn_id, &p.text, &p.thinking, CHANNEL_DELTAS, &payloads)
+            .append_partial(
+                tenant,
+                &self.turn_id,
+                &p.text,
+                &p.thinking,
+                &payloads,
+                // Local watchers got the deltas already: the relay is for other replicas' only.
+                Some(&state.config.replica_id),
+            )
             .await
         {
             tracing::warn!(error = %e, "relaying live deltas failed");
