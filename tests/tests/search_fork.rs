@@ -298,3 +298,84 @@ async fn fork_a_settled_turn_while_a_later_one_runs() {
         .await;
     let _ = t1;
 }
+
+/// Index entries of `rows` read so far in this database, once every backend's counts have
+/// reached the statistics (a backend reports them within 10 s of going idle).
+async fn rows_index_reads(db: &tokio_postgres::Client, after: i64) -> i64 {
+    let read = || async {
+        db.query_one(
+            "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes WHERE relname = 'rows'",
+            &[],
+        )
+        .await
+        .expect("index statistics")
+        .get::<_, i64>(0)
+    };
+    // Idle backends report within 10 s: read after that, and at least once past `after`.
+    tokio::time::sleep(std::time::Duration::from_secs(11)).await;
+    harness::eventually(20, || async { Some(read().await).filter(|n| *n > after) })
+        .await
+        .expect("the statistics report the reads")
+}
+
+/// Pages of a long session read their own rows only: `session.history` pages from the
+/// middle of a 20 000-row session and `session.search` pages from its start walk the
+/// primary key from the page's start. (The generic plan a pooled connection makes from the
+/// table's statistics read every row after the page's start and sorted them: ≈ 10 000–20 000
+/// index entries a page here, 35–50 ms a page at 100 000 rows.)
+#[tokio::test(flavor = "multi_thread")]
+async fn pages_of_a_long_session_read_only_their_rows() {
+    const LONG: i64 = 20_000;
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let db = harness::db(&stack.database_url).await;
+    db.batch_execute(&format!(
+        "INSERT INTO events (session_id, sequence, tenant_id, type, payload)
+           SELECT id, g + 2, tenant_id, 'model.completed', '{{}}' FROM sessions, generate_series(0, {last}) g WHERE id = '{sid}';
+         INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, kind, body)
+           SELECT id, g + 2, 0, tenant_id, 'assistant',
+                  CASE WHEN g % 7 = 0 THEN 'a needle' ELSE 'plain row ' || g END
+             FROM sessions, generate_series(0, {last}) g WHERE id = '{sid}';
+         UPDATE sessions SET last_sequence = {LONG} + 1 WHERE id = '{sid}';",
+        last = LONG - 1
+    ))
+    .await
+    .expect("bulk rows");
+    let before = rows_index_reads(&db, -1).await;
+
+    for k in 0..5 {
+        let at = 10_000 + k * 1_000;
+        let page = c
+            .ok(
+                "session.history",
+                json!({"sessionId": sid, "after": {"sourceSequence": at, "itemIndex": 0}, "limit": 200}),
+            )
+            .await;
+        let rows = page["rows"].as_array().expect("rows");
+        assert_eq!(rows.len(), 200);
+        assert_eq!(rows[0]["position"]["sourceSequence"], json!(at + 1));
+    }
+    let mut after = Value::Null;
+    let mut through = Value::Null;
+    for _ in 0..5 {
+        let mut params = json!({"sessionId": sid, "query": "needle", "caseSensitive": false, "wholeWord": false});
+        if !after.is_null() {
+            params["after"] = after.clone();
+            params["through"] = through.clone();
+        }
+        let page = c.ok("session.search", params).await;
+        assert!(!page["hits"].as_array().expect("hits").is_empty());
+        through = page["through"].clone();
+        after = page["nextAfter"].clone();
+        assert!(!after.is_null(), "more pages follow");
+    }
+
+    // The pages' own rows: 5 × 201 for history, 5 × (501 sizes + 500 rows) for search.
+    let read = rows_index_reads(&db, before).await - before;
+    assert!(
+        read < 10_000,
+        "ten pages read {read} index entries of `rows`: they walked more than their own rows"
+    );
+}

@@ -279,7 +279,7 @@ async fn page_read(
     params: &[Param<'_>],
 ) -> Result<(Option<tokio_postgres::Row>, Vec<tokio_postgres::Row>)> {
     let mut results =
-        crate::tenant_snapshot(client, tenant_id, &[(FENCE_SQL, &params[..2]), (PAGE_SQL, params)]).await?;
+        crate::tenant_snapshot_in_order(client, tenant_id, &[(FENCE_SQL, &params[..2]), (PAGE_SQL, params)]).await?;
     let page = results.pop().unwrap_or_default();
     let fence = results.pop().and_then(|rows| rows.into_iter().next());
     Ok((fence, page))

@@ -399,6 +399,17 @@ pub(crate) async fn tenant_tx<'a>(
     Ok(tx)
 }
 
+/// [`tenant_tx`] whose plans read a range of a session's rows in index order
+/// ([`TENANT_IN_ORDER_SQL`]): for pages of a long session (search).
+pub(crate) async fn tenant_tx_in_order<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    tenant_id: &str,
+) -> Result<deadpool_postgres::Transaction<'a>> {
+    let tx = client.transaction().await?;
+    tx.ex(TENANT_IN_ORDER_SQL, &[&APP_ROLE, &tenant_id]).await?;
+    Ok(tx)
+}
+
 /// One read-only statement under the tenant's row-level security in one round trip:
 /// `BEGIN`, the tenant switch (as [`tenant_tx`]), the statement and `COMMIT` go out
 /// together. tokio-postgres sends a request when its future is first polled and PostgreSQL
@@ -465,8 +476,10 @@ pub(crate) async fn tenant_pipeline_unflushed(
 }
 
 /// Reads under the tenant's row-level security in one round trip, as [`tenant_read`], all
-/// in one snapshot (repeatable read, read only): each statement's rows.
-pub(crate) async fn tenant_snapshot(
+/// in one snapshot (repeatable read, read only), each statement's rows; plans read a range of
+/// a session's rows in index order ([`TENANT_IN_ORDER_SQL`]): for pages of a long session
+/// (history).
+pub(crate) async fn tenant_snapshot_in_order(
     client: &deadpool_postgres::Object,
     tenant_id: &str,
     statements: &[(&str, Params<'_>)],
@@ -474,7 +487,7 @@ pub(crate) async fn tenant_snapshot(
     one_round_trip(
         client,
         "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-        TENANT_SQL,
+        TENANT_IN_ORDER_SQL,
         tenant_id,
         statements,
     )
@@ -526,6 +539,18 @@ pub(crate) async fn tenant_read_opt(
 
 /// Scopes the current transaction to a tenant: `$1` [`APP_ROLE`], `$2` the tenant id.
 const TENANT_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true)";
+/// [`TENANT_SQL`], and no bitmap scan or sort for this transaction's plans: a page of a
+/// session's rows (`ORDER BY` position, `LIMIT`) is then read by walking the primary key
+/// from the page's start, whatever the planner estimates. Pool connections make generic
+/// plans (ARCHITECTURE.md, "Generic plans"), which estimate a session's rows from the
+/// table's average: for a long session it chose a bitmap scan of every row after the page's
+/// start and a sort, ≈ 35–50 ms a page at 100 000 rows after it instead of ≈ 0.2 ms
+/// (docs/performance.md, "Pages of a long session"). A connection plans a statement once,
+/// under the settings of its first execution, so every use of a statement must go through
+/// the same switch.
+pub(crate) const TENANT_IN_ORDER_SQL: &str =
+    "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true),
+        set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)";
 /// [`TENANT_SQL`], and the commit does not wait for the disk.
 const TENANT_UNFLUSHED_SQL: &str = "SELECT set_config('role', $1, true), set_config('berth.tenant_id', $2, true),
         set_config('synchronous_commit', 'off', true)";

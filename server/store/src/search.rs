@@ -13,7 +13,7 @@ use berth_protocol::{
 };
 use regex::{Regex, RegexBuilder};
 
-use crate::{Cached, Result, Store, StoreError, tenant_tx};
+use crate::{Cached, Result, Store, StoreError};
 
 /// Rows read per page, at most.
 const PAGE_ROWS: i64 = 500;
@@ -90,7 +90,7 @@ impl Store {
         let matcher =
             Matcher::new(&p.query, p.case_sensitive, p.whole_word).ok_or(StoreError::Code(ErrorCode::BadParams))?;
         let mut client = self.pool.get().await?;
-        let client = tenant_tx(&mut client, tenant_id).await?;
+        let client = crate::tenant_tx_in_order(&mut client, tenant_id).await?;
         let session_id = p.session_id.as_str();
         let (last, cleared) = self.fence(&client, tenant_id, session_id).await?;
         let through = match p.through {
