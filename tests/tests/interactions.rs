@@ -801,6 +801,36 @@ async fn steps_relay_and_store_and_a_settled_turn_refuses_late_writes() {
     assert_eq!(snap["sequence"], last);
 }
 
+/// Two replicas, the fake worker on replica A with a running turn of a session created
+/// through A (client `a`), and a client `b` on replica B.
+struct AcrossReplicas {
+    _mock: MockProvider,
+    stack: Stack,
+    worker: FakeWorker,
+    a: Client,
+    b: Client,
+    sid: String,
+    turn: String,
+}
+
+async fn across_replicas() -> AcrossReplicas {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut a = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
+    let b = stack.client(1).await;
+    AcrossReplicas {
+        _mock: mock,
+        stack,
+        worker,
+        a,
+        b,
+        sid,
+        turn,
+    }
+}
+
 /// Issue 8: an append on the worker's replica sends its `NOTIFY` only when a watcher held
 /// by another replica is recorded (its own watchers it wakes directly). So watches on
 /// another replica must still get every step and the end at once, gaplessly — also a watch
@@ -810,12 +840,15 @@ async fn steps_relay_and_store_and_a_settled_turn_refuses_late_writes() {
 /// safety read, past the 3 s allowed here.
 #[tokio::test(flavor = "multi_thread")]
 async fn watches_on_another_replica_get_every_append_at_once_even_registering_mid_step() {
-    let mock = MockProvider::start().await;
-    let stack = Stack::start(&mock, 2).await;
-    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
-    let mut a = stack.client(0).await;
-    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
-    let mut b = stack.client(1).await;
+    let AcrossReplicas {
+        _mock,
+        stack: _stack,
+        mut worker,
+        mut a,
+        mut b,
+        sid,
+        turn,
+    } = across_replicas().await;
     let mut steady = watch(&mut b, &sid).await;
     let mut seen = Vec::new();
     let mut last = a.ok("session.get", json!({"sessionId": sid})).await["sequence"]
@@ -899,12 +932,15 @@ async fn draws(w: &mut berth_e2e::client::Subscription, text: &mut String, want:
 /// skipped relay is never made up for until the step completes).
 #[tokio::test(flavor = "multi_thread")]
 async fn live_output_reaches_watches_on_another_replica_even_registering_mid_flush() {
-    let mock = MockProvider::start().await;
-    let stack = Stack::start(&mock, 2).await;
-    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
-    let mut a = stack.client(0).await;
-    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
-    let mut b = stack.client(1).await;
+    let AcrossReplicas {
+        _mock,
+        stack: _stack,
+        mut worker,
+        mut a,
+        mut b,
+        sid,
+        turn,
+    } = across_replicas().await;
     let mut steady = watch(&mut b, &sid).await;
     let mut steady_text = String::new();
     let mut sent = String::new();
@@ -949,12 +985,15 @@ async fn live_output_reaches_watches_on_another_replica_even_registering_mid_flu
 /// steps at once again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_swept_watcher_row_of_an_open_watch_is_recorded_again() {
-    let mock = MockProvider::start().await;
-    let stack = Stack::start(&mock, 2).await;
-    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
-    let mut a = stack.client(0).await;
-    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
-    let mut b = stack.client(1).await;
+    let AcrossReplicas {
+        _mock,
+        stack,
+        mut worker,
+        a: _a,
+        mut b,
+        sid,
+        turn,
+    } = across_replicas().await;
     let mut w = watch(&mut b, &sid).await;
     let count = "SELECT count(*) FROM session_watchers WHERE session_id = $1";
     assert_eq!(stack.sql_i64(count, &sid).await, 1);

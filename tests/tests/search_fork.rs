@@ -28,6 +28,22 @@ fn expected_hits(n: i64) -> BTreeSet<(i64, &'static str, u64)> {
     out
 }
 
+/// `n` events of one assistant row each appended to session `sid` in bulk (sequences 2 to
+/// `n + 1`), each row's body and thinking the SQL expressions given (of `g`, 0 to `n - 1`).
+async fn fill(db: &tokio_postgres::Client, sid: &str, n: i64, body: &str, thinking: &str) {
+    db.batch_execute(&format!(
+        "INSERT INTO events (session_id, sequence, tenant_id, type, payload)
+           SELECT id, g + 2, tenant_id, 'model.completed', '{{}}' FROM sessions, generate_series(0, {last}) g WHERE id = '{sid}';
+         INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, kind, body, thinking)
+           SELECT id, g + 2, 0, tenant_id, 'assistant', {body}, {thinking}
+             FROM sessions, generate_series(0, {last}) g WHERE id = '{sid}';
+         UPDATE sessions SET last_sequence = {n} + 1 WHERE id = '{sid}';",
+        last = n - 1
+    ))
+    .await
+    .expect("bulk rows");
+}
+
 /// A 100 000-row session searched page by page under a fixed fence while new turns append:
 /// no row after the fence appears, every hit appears exactly once, and hits open with
 /// `session.history {target}`.
@@ -38,19 +54,14 @@ async fn search_pages_a_large_session_under_a_fixed_fence() {
     let mut c = stack.client(0).await;
     let sid = stack.session(&mut c).await;
     let db = harness::db(&stack.database_url).await;
-    db.batch_execute(&format!(
-        "INSERT INTO events (session_id, sequence, tenant_id, type, payload)
-           SELECT id, g + 2, tenant_id, 'model.completed', '{{}}' FROM sessions, generate_series(0, {last}) g WHERE id = '{sid}';
-         INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, kind, body, thinking)
-           SELECT id, g + 2, 0, tenant_id, 'assistant',
-                  CASE WHEN g % 7 = 0 THEN 'a needle, Needle.' ELSE 'plain row ' || g END,
-                  CASE WHEN g % 11 = 0 THEN 'NEEDLE first' ELSE NULL END
-             FROM sessions, generate_series(0, {last}) g WHERE id = '{sid}';
-         UPDATE sessions SET last_sequence = {ROWS} + 1 WHERE id = '{sid}';",
-        last = ROWS - 1
-    ))
-    .await
-    .expect("bulk rows");
+    fill(
+        &db,
+        &sid,
+        ROWS,
+        "CASE WHEN g % 7 = 0 THEN 'a needle, Needle.' ELSE 'plain row ' || g END",
+        "CASE WHEN g % 11 = 0 THEN 'NEEDLE first' ELSE NULL END",
+    )
+    .await;
 
     // 100 000 rows outgrow the default context window: the first new turn compacts them.
     mock.push_matching(berth_e2e::SUMMARY_REQUEST, Reply::text(&["earlier rows"]));
@@ -331,18 +342,14 @@ async fn pages_of_a_long_session_read_only_their_rows() {
     let mut c = stack.client(0).await;
     let sid = stack.session(&mut c).await;
     let db = harness::db(&stack.database_url).await;
-    db.batch_execute(&format!(
-        "INSERT INTO events (session_id, sequence, tenant_id, type, payload)
-           SELECT id, g + 2, tenant_id, 'model.completed', '{{}}' FROM sessions, generate_series(0, {last}) g WHERE id = '{sid}';
-         INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, kind, body)
-           SELECT id, g + 2, 0, tenant_id, 'assistant',
-                  CASE WHEN g % 7 = 0 THEN 'a needle' ELSE 'plain row ' || g END
-             FROM sessions, generate_series(0, {last}) g WHERE id = '{sid}';
-         UPDATE sessions SET last_sequence = {LONG} + 1 WHERE id = '{sid}';",
-        last = LONG - 1
-    ))
-    .await
-    .expect("bulk rows");
+    fill(
+        &db,
+        &sid,
+        LONG,
+        "CASE WHEN g % 7 = 0 THEN 'a needle' ELSE 'plain row ' || g END",
+        "NULL",
+    )
+    .await;
     let before = rows_index_reads(&db, -1).await;
 
     for k in 0..5 {
