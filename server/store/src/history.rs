@@ -438,12 +438,7 @@ impl Store {
         tenant_id: &str,
         session_id: &str,
     ) -> Result<(i64, i64)> {
-        let row = client
-            .qo(
-                "SELECT last_sequence, cleared_at_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE",
-                &[&session_id, &tenant_id],
-            )
-            .await?;
+        let row = client.qo(FENCE_SQL, &[&session_id, &tenant_id]).await?;
         match row {
             Some(r) => Ok((r.get(0), r.get(1))),
             None => not_found(),

@@ -394,9 +394,7 @@ pub(crate) async fn tenant_tx<'a>(
     client: &'a mut deadpool_postgres::Object,
     tenant_id: &str,
 ) -> Result<deadpool_postgres::Transaction<'a>> {
-    let tx = client.transaction().await?;
-    tx.ex(TENANT_SQL, &[&APP_ROLE, &tenant_id]).await?;
-    Ok(tx)
+    tenant_tx_as(client, TENANT_SQL, tenant_id).await
 }
 
 /// [`tenant_tx`] whose plans read a range of a session's rows in index order
@@ -405,8 +403,18 @@ pub(crate) async fn tenant_tx_in_order<'a>(
     client: &'a mut deadpool_postgres::Object,
     tenant_id: &str,
 ) -> Result<deadpool_postgres::Transaction<'a>> {
+    tenant_tx_as(client, TENANT_IN_ORDER_SQL, tenant_id).await
+}
+
+/// A transaction scoped to `tenant_id` by `tenant_sql` (a tenant switch: `$1` [`APP_ROLE`],
+/// `$2` the tenant id).
+async fn tenant_tx_as<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    tenant_sql: &str,
+    tenant_id: &str,
+) -> Result<deadpool_postgres::Transaction<'a>> {
     let tx = client.transaction().await?;
-    tx.ex(TENANT_IN_ORDER_SQL, &[&APP_ROLE, &tenant_id]).await?;
+    tx.ex(tenant_sql, &[&APP_ROLE, &tenant_id]).await?;
     Ok(tx)
 }
 

@@ -1311,10 +1311,17 @@ async fn check_queued(tx: &impl GenericClient, session_id: &str, queue_id: &str,
 
 type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
 
+/// The session row of turn `$1` of tenant `$2`, by key (no row: no such turn), for the
+/// locks below.
+macro_rules! session_of_turn_sql {
+    () => {
+        "SELECT id FROM sessions WHERE id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2)"
+    };
+}
+
 /// Locks the session of turn `$1` of tenant `$2` (the session row first, as stop, clear and
 /// remove do); no row: no such turn.
-const LOCK_SESSION_OF_TURN: &str =
-    "SELECT id FROM sessions WHERE id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) FOR UPDATE";
+const LOCK_SESSION_OF_TURN: &str = concat!(session_of_turn_sql!(), " FOR UPDATE");
 
 /// The session of turn `$1` (tenant `$2`) if it runs, its session is not removed and, when
 /// `$3` names a worker connection, it was handed to that connection. Read in a statement
@@ -1371,8 +1378,7 @@ const RELAY_SQL: &str = concat!(
 /// watcher's registration (`FOR SHARE`, `Store::watcher_add`), as an append's lock is. It
 /// changes no key of the row, so it does not block the inserts of events that reference it;
 /// taken before the turn's row, as every writer of a turn does.
-const LOCK_SESSION_FOR_RELAY: &str = "SELECT id FROM sessions
-  WHERE id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) FOR NO KEY UPDATE";
+const LOCK_SESSION_FOR_RELAY: &str = concat!(session_of_turn_sql!(), " FOR NO KEY UPDATE");
 
 /// Live output (`$3` text, `$4` thinking) appended to running turn `$1` (tenant `$2`), and its
 /// payloads `$6` relayed on channel `$5` in order, but only when a watcher another replica
