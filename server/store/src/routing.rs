@@ -1,7 +1,7 @@
 //! Routing worker calls: where a workspace's worker is connected, where replicas reach each
 //! other, and the secret they prove membership with.
 
-use crate::{Cached, Result, Store, not_found, tenant_tx, workspaces::PRESENCE_TTL};
+use crate::{Cached, Result, Store, not_found, tenant_read_opt, workspaces::PRESENCE_TTL};
 
 /// Where a workspace's worker is connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,39 +14,39 @@ pub struct WorkerRoute {
 impl Store {
     /// The replica holding the freshest live connection of a worker serving `workspace_id`
     /// (None: no worker holds it).
+    /// One round trip (it is on the path of every worker call through another replica).
     pub async fn worker_route(&self, tenant_id: &str, workspace_id: &str) -> Result<Option<WorkerRoute>> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let row = tx
-            .qo(
-                &format!(
-                    "SELECT p.replica_id, r.internal_url FROM worker_presence p
-                     LEFT JOIN replicas r ON r.replica_id = p.replica_id
-                     WHERE p.tenant_id = $1 AND $2 = ANY(p.workspace_ids)
-                       AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'
-                     ORDER BY p.heartbeat_at DESC LIMIT 1"
-                ),
-                &[&tenant_id, &workspace_id],
-            )
-            .await?;
-        tx.commit().await?;
+        let client = self.pool.get().await?;
+        let row = tenant_read_opt(
+            &client,
+            tenant_id,
+            &format!(
+                "SELECT p.replica_id, r.internal_url FROM worker_presence p
+                 LEFT JOIN replicas r ON r.replica_id = p.replica_id
+                 WHERE p.tenant_id = $1 AND $2 = ANY(p.workspace_ids)
+                   AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'
+                 ORDER BY p.heartbeat_at DESC LIMIT 1"
+            ),
+            &[&tenant_id, &workspace_id],
+        )
+        .await?;
         Ok(row.map(|r| WorkerRoute {
             replica_id: r.get(0),
             internal_url: r.get(1),
         }))
     }
 
-    /// The workspace of a live session of the tenant (`not-found` otherwise).
+    /// The workspace of a live session of the tenant (`not-found` otherwise), in one round
+    /// trip (it is on the path of every worker call for a session).
     pub async fn session_workspace(&self, tenant_id: &str, session_id: &str) -> Result<String> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let row = tx
-            .qo(
-                "SELECT workspace_id FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
-                &[&session_id, &tenant_id],
-            )
-            .await?;
-        tx.commit().await?;
+        let client = self.pool.get().await?;
+        let row = tenant_read_opt(
+            &client,
+            tenant_id,
+            "SELECT workspace_id FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+            &[&session_id, &tenant_id],
+        )
+        .await?;
         match row {
             Some(r) => Ok(r.get(0)),
             None => not_found(),
