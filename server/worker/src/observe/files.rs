@@ -27,8 +27,8 @@ use crate::workspace::{OpenError, Workspace};
 const EXCLUDED: &[&[u8]] = &[b".git", b".berth"];
 /// The largest file `files.read` captures (it holds the whole file in one buffer).
 pub(crate) const READ_MAX: u64 = 64 << 20;
-/// `files.read` reads a file in blocks of this size, each hashed right after it is read
-/// (while it is still in the cache) instead of in a second pass over the whole buffer.
+/// `files.read` reads a file in blocks of this size, each hashed (for its `version`) right
+/// after it is read, while it is still in the cache, instead of in a second pass.
 const READ_BLOCK: u64 = 256 << 10;
 /// How long changes settle before `changed` goes out (coalescing bursts).
 const SETTLE: Duration = Duration::from_millis(50);
@@ -147,19 +147,22 @@ pub(crate) fn list(ws: &Workspace, p: &FilesListParams) -> Result<FilesListResul
 
 /// What `files.read` captured: one buffer, and the identity it came from.
 struct Capture {
-    data: Vec<u8>,
+    /// Shared with the SHA-256 that runs while the chunks go out.
+    data: Arc<Vec<u8>>,
     meta: cap_std::fs::Metadata,
     version: String,
-    /// SHA-256 of `data`, hex (every chunk is cut from `data`, so it is the digest of
-    /// what is delivered).
-    sha256: String,
     /// Whether `data` is text: no NUL early on (git's rule for binary) and valid UTF-8.
     text: bool,
 }
 
-fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, digest: &[u8]) -> String {
+/// A read's `version`: its bytes (by XXH3-128, which hashes 8 MiB in well under a
+/// millisecond, so `begin` does not wait for the SHA-256 that `end` carries), the file's and
+/// its parent's identity, and its path. A precondition, not an integrity check: a forged
+/// collision could only let a read go ahead, and what it delivers is checked by `end`'s
+/// SHA-256.
+fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, content: u128) -> String {
     let mut h = Sha256::new();
-    h.update(digest);
+    h.update(content.to_le_bytes());
     h.update(format!("{}:{}:{}:", meta.dev(), meta.ino(), parent).as_bytes());
     h.update(rel.as_os_str().as_bytes());
     let v = h.finalize();
@@ -195,7 +198,7 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
             }));
         }
         let mut data = Vec::with_capacity(opened.meta.len() as usize + 1);
-        let mut hasher = Sha256::new();
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         while data.len() as u64 <= READ_MAX {
             let start = data.len();
             let n = (&opened.handle)
@@ -216,21 +219,21 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
             continue;
         }
         let parent_id = ws.lstat(parent).map(|m| identity(&m)).unwrap_or_default();
-        let digest = hasher.finalize();
-        // Git's rule for binary (a NUL early on), then UTF-8, decide what is text. SIMD
-        // validation is a fraction of the digest's time, so it runs here, on this thread: a
-        // second thread only waited for a core on a busy machine.
+        // Git's rule for binary (a NUL early on), then UTF-8, decide what is text.
         let text = !data[..data.len().min(8000)].contains(&0) && simdutf8::basic::from_utf8(&data).is_ok();
-        let version = version(rel, &after, &parent_id, &digest);
+        let version = version(rel, &after, &parent_id, hasher.digest128());
         return Ok(Ok(Capture {
-            data,
+            data: Arc::new(data),
             meta: after,
             version,
-            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
             text,
         }));
     }
     Err(failure(ErrorCode::Unavailable, "reason", "changing"))
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The image types a client can show, by their magic bytes.
@@ -294,6 +297,10 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
         return Ok(());
     };
     let size = cap.data.len() as u64;
+    // `end`'s SHA-256, hashed on a blocking thread while the chunks go out (every chunk is
+    // cut from `data`, so it is the digest of what is delivered).
+    let data = cap.data.clone();
+    let sha256 = tokio::task::spawn_blocking(move || sha256_hex(&data));
     let begin = FilesReadItem::Begin {
         version: cap.version.clone(),
         size,
@@ -334,10 +341,11 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
                 cap.meta.mtime_nsec(),
             )
     });
+    let sha256 = sha256.await.map_err(|_| RpcError::new(ErrorCode::Internal))?;
     let end = FilesReadItem::End {
         version: cap.version,
         size,
-        sha256: cap.sha256,
+        sha256,
         replaced,
     };
     items.send(&end).await;
@@ -516,7 +524,7 @@ mod tests {
     }
 
     #[test]
-    fn a_capture_read_in_blocks_has_the_whole_files_digest_and_kind() {
+    fn a_capture_read_in_blocks_holds_the_whole_file_and_its_kind() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(tmp.path()).unwrap();
         // Several read blocks, a block boundary inside a multi-byte character.
@@ -533,11 +541,34 @@ mod tests {
         ] {
             std::fs::write(tmp.path().join(name), &data).unwrap();
             let cap = capture(&ws, Path::new(name)).unwrap().ok().unwrap();
-            assert!(cap.data == data, "{name}: captured other bytes");
-            let hex: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
-            assert_eq!(cap.sha256, hex, "{name}");
+            assert!(*cap.data == data, "{name}: captured other bytes");
             assert_eq!(cap.text, is_text, "{name}");
         }
+    }
+
+    #[test]
+    fn the_version_binds_the_bytes_the_file_and_the_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        let version = |name: &str| capture(&ws, Path::new(name)).unwrap().ok().unwrap().version;
+        let text = "naïve ✓ café\n".repeat(3 * READ_BLOCK as usize / 10);
+        std::fs::write(tmp.path().join("a"), &text).unwrap();
+        let first = version("a");
+        assert_eq!(version("a"), first, "the same file read twice");
+        // One byte changed in the last block, in place: same file, same size.
+        let mut changed = text.clone().into_bytes();
+        *changed.last_mut().unwrap() = b'!';
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(tmp.path().join("a"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, &changed).unwrap();
+        drop(f);
+        let second = version("a");
+        assert_ne!(second, first, "other bytes");
+        // The same bytes under another name.
+        std::fs::write(tmp.path().join("b"), &changed).unwrap();
+        assert_ne!(version("b"), second, "another file");
     }
 
     #[test]
