@@ -184,6 +184,10 @@ async fn start_dev(mock: &MockProvider, database_url: Option<&str>) -> (TestServ
     for (k, v) in ENV {
         cmd.env(k, v);
     }
+    // The worker's TRACE event for each chunk of model output, with the wall-clock time it
+    // arrived (JSON lines, in the log): the worker → watcher figure of a live delta.
+    cmd.env("RUST_LOG", format!("info,{WORKER_RECEIPT_TARGET}=trace"))
+        .env("BERTH_LOG_FORMAT", "json");
     let (child, addr, metrics_addr) = spawn_listening(cmd, &log).await.expect("berth dev");
     let database_url = match database_url {
         Some(url) => url.to_string(),
@@ -367,6 +371,60 @@ fn stamps(text: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The worker's log target whose TRACE events say when each chunk of model output arrived.
+const WORKER_RECEIPT_TARGET: &str = "berth_worker::model";
+
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64
+}
+
+/// A stamped chunk at the watcher: its stamp, the wall-clock time (µs since the Unix epoch)
+/// it arrived, and the wall-clock time of [`epoch`] read at the same moment (so that a
+/// stamp maps to wall-clock time without drift between the two clocks over the run).
+#[derive(Clone, Copy)]
+struct Arrival {
+    stamp: u64,
+    wall: u64,
+    epoch_wall: u64,
+}
+
+fn arrivals(text: &str, now: Instant, wall: u64) -> Vec<Arrival> {
+    let epoch_wall = wall.saturating_sub(now.duration_since(epoch()).as_micros() as u64);
+    stamps(text)
+        .into_iter()
+        .map(|stamp| Arrival {
+            stamp,
+            wall,
+            epoch_wall,
+        })
+        .collect()
+}
+
+/// The worker's receipt of each stamped chunk (stamp → wall-clock µs), from the JSON lines
+/// of `berth dev`'s log.
+fn worker_receipts(log: &std::path::Path) -> std::collections::HashMap<u64, u64> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut receipts = std::collections::HashMap::new();
+    for line in text.lines().filter(|l| l.contains(WORKER_RECEIPT_TARGET)) {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if v["target"] != WORKER_RECEIPT_TARGET {
+            continue;
+        }
+        let (Some(at), Some(text)) = (v["fields"]["received_us"].as_u64(), v["fields"]["text"].as_str()) else {
+            continue;
+        };
+        for stamp in stamps(text) {
+            receipts.insert(stamp, at);
+        }
+    }
+    receipts
+}
+
 /// How long after its stamp each chunk reached us (ms).
 fn stamp_lags(text: &str, now: Instant) -> Vec<f64> {
     let now_us = now.duration_since(epoch()).as_micros() as u64;
@@ -412,6 +470,7 @@ struct TurnTimes {
     /// From the last delta to `turn.ended`.
     settle: f64,
     lags: Vec<f64>,
+    arrivals: Vec<Arrival>,
 }
 
 /// One turn through Berth: `session.send` on `sender`, observed by `watch` up to `turn.ended`.
@@ -440,6 +499,7 @@ async fn berth_turn(
                 .expect("turn within 30 s")
                 .expect("subscription open");
             let now = Instant::now();
+            let wall = wall_us();
             let at = ms(now - t0);
             match item["type"].as_str() {
                 Some("turn.started") => t.started = at,
@@ -448,7 +508,9 @@ async fn berth_turn(
                         t.first_delta = at;
                     }
                     last_delta = at;
-                    t.lags.extend(stamp_lags(item["text"].as_str().unwrap_or(""), now));
+                    let text = item["text"].as_str().unwrap_or("");
+                    t.lags.extend(stamp_lags(text, now));
+                    t.arrivals.extend(arrivals(text, now, wall));
                 }
                 Some("turn.ended") => {
                     assert_eq!(item["state"], "completed", "turn failed: {item}");
@@ -560,6 +622,7 @@ struct Turns {
     overhead: Vec<f64>,
     raw_lags: Vec<f64>,
     berth_lags: Vec<f64>,
+    arrivals: Vec<Arrival>,
     answered: Vec<f64>,
     started: Vec<f64>,
     first: Vec<f64>,
@@ -575,6 +638,7 @@ impl Turns {
         self.berth.push(t.total);
         self.overhead.push(t.total - raw_ms);
         self.berth_lags.extend(t.lags);
+        self.arrivals.extend(t.arrivals);
         self.answered.push(t.answered);
         self.started.push(t.started);
         self.first.push(t.first_delta);
@@ -665,6 +729,42 @@ async fn turn_overhead(
         format!("+{:.2} / +{:.2} ms", bp50 - rp50, bp99 - rp99),
         "p99 ≤ raw + 2 ms",
         Some(bp99 - rp99 <= 2.0),
+    );
+    // The same deltas from the worker's receipt (its TRACE event), and the leg before it.
+    let receipts = worker_receipts(&dev.log);
+    let (mut to_watcher, mut to_worker) = (Vec::new(), Vec::new());
+    for a in one.arrivals.iter().chain(&fresh.arrivals) {
+        if let Some(&at) = receipts.get(&a.stamp) {
+            to_watcher.push(a.wall.saturating_sub(at) as f64 / 1e3);
+            to_worker.push(at.saturating_sub(a.epoch_wall + a.stamp) as f64 / 1e3);
+        }
+    }
+    let missing = berth_lags.len() - to_watcher.len();
+    let wmax = quantile(&mut to_watcher, 1.0);
+    table.add(
+        &format!(
+            "{setup}: live delta, worker → watcher (p50 / p99 / max of {}{})",
+            to_watcher.len(),
+            if missing > 0 {
+                format!("; {missing} not in the worker's log")
+            } else {
+                String::new()
+            }
+        ),
+        format!(
+            "{:.2} / {:.2} / {wmax:.2} ms",
+            median(&mut to_watcher),
+            quantile(&mut to_watcher, 0.99)
+        ),
+        format!(
+            "{:.2} / {:.2} / {:.2} ms provider → worker",
+            median(&mut to_worker),
+            quantile(&mut to_worker, 0.99),
+            quantile(&mut to_worker, 1.0)
+        ),
+        "—".into(),
+        "each ≤ 2 ms",
+        Some(missing == 0 && wmax <= 2.0),
     );
 }
 

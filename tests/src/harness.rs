@@ -385,8 +385,9 @@ impl TestWorker {
             .arg("--workspace")
             .arg(format!("{name}={}", path.display()))
             .args(extra)
-            .envs(env.iter().copied())
             .env("RUST_LOG", "debug")
+            // The caller's environment last: it may set its own `RUST_LOG`.
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .kill_on_drop(true)

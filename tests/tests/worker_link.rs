@@ -574,3 +574,84 @@ async fn the_last_step_and_the_end_are_stored_together() {
     assert_eq!(stack.sql_i64(completed, &sid).await, 1, "stored once");
     assert_eq!(turn_state(&stack, &turn).await, "completed");
 }
+
+/// The JSON lines of a log whose target is `target`.
+fn log_events(log: &std::path::Path, target: &str) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == target)
+        .collect()
+}
+
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// Issue 8: with `berth_worker::model` at TRACE the worker logs each chunk of model output
+/// it receives (its turn, text and thinking, and the wall-clock time it arrived), so that a
+/// delta's way from the worker to a watcher can be measured; never the request or a
+/// credential. Below TRACE, no model output reaches the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_worker_traces_each_chunk_of_model_output_with_its_arrival() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let reply = |a: &str, b: &str| {
+        Reply::Stream(vec![
+            Part::Reasoning(format!("thinking {a}")),
+            Part::Text(a.into()),
+            Part::Delay(20),
+            Part::Text(b.into()),
+        ])
+    };
+
+    // The harness's worker logs at DEBUG.
+    let (_, _, mut w) = start_turn(&stack, &mut c, &mock, reply("quiet one", "quiet two"), "prompt one").await;
+    w.until(30, is_turn_end).await.expect("turn ended");
+    let log = std::fs::read_to_string(&stack.worker.as_ref().unwrap().log).unwrap();
+    assert!(!log.contains("quiet one") && !log.contains("quiet two"), "{log}");
+
+    stack.kill_worker().await;
+    let env = [
+        ("RUST_LOG", "info,berth_worker::model=trace"),
+        ("BERTH_LOG_FORMAT", "json"),
+    ];
+    stack.start_worker_with_env(0, &[], &env).await;
+    let before = wall_us();
+    let (_, turn, mut w) = start_turn(
+        &stack,
+        &mut c,
+        &mock,
+        reply("first piece", "second piece"),
+        "prompt two",
+    )
+    .await;
+    let items = w.until(30, is_turn_end).await.expect("turn ended");
+    let after = wall_us();
+    assert_eq!(items.last().unwrap()["state"], "completed");
+    let worker_log = &stack.worker.as_ref().unwrap().log;
+    let events = log_events(worker_log, "berth_worker::model");
+    let output: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| {
+            assert_eq!(e["level"], "TRACE");
+            assert_eq!(e["fields"]["turn"], turn.as_str());
+            let at = e["fields"]["received_us"].as_u64().expect("received_us");
+            assert!((before..=after).contains(&at), "{at} not within the turn");
+            let f = &e["fields"];
+            (f["text"].as_str().unwrap(), f["thinking"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        output,
+        [("", "thinking first piece"), ("first piece", ""), ("second piece", "")]
+    );
+    let log = std::fs::read_to_string(worker_log).unwrap();
+    assert!(!log.contains("prompt two"), "the request is not logged");
+    assert!(!log.contains(&stack.worker_token) && !log.contains("sk-test-provider-key"));
+}

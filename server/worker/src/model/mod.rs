@@ -104,6 +104,8 @@ where
     let mut events = std::pin::pin!(bytes.eventsource());
     let mut acc = Accumulator::default();
     while let Some(event) = events.next().await {
+        // When the chunk arrived, for the TRACE event that follows its delta.
+        let received = tracing::enabled!(tracing::Level::TRACE).then(std::time::SystemTime::now);
         let event = event.map_err(|e| match e {
             eventsource_stream::EventStreamError::Transport(Fault::Unreachable) => failed("provider-unreachable"),
             _ => failed("provider-protocol"),
@@ -116,11 +118,33 @@ where
         }
         let chunk: Chunk = serde_json::from_str(&event.data).map_err(|_| failed("provider-protocol"))?;
         if let Some((text, thinking)) = acc.add(chunk)? {
+            // Logged after the delta is sent, so that tracing never holds it up.
+            let traced = received.map(|at| (at, text.clone(), thinking.clone()));
             // Live deltas are best effort; history gets the whole step.
             let _ = on_delta(text, thinking).await;
+            if let Some((at, text, thinking)) = traced {
+                trace_output(turn_id, at, text.as_deref(), thinking.as_deref());
+            }
         }
     }
     Err(failed("provider-stream-ended"))
+}
+
+/// TRACE (target `berth_worker::model`): live output of turn `turn_id` as it arrived from
+/// the provider, `received_us` the wall-clock time (µs since the Unix epoch) it was parsed,
+/// so that a reader of the log can tell how long each delta took from here to a watcher.
+/// The model's output only: never the request, its headers or any credential.
+fn trace_output(turn_id: &str, received: std::time::SystemTime, text: Option<&str>, thinking: Option<&str>) {
+    let received_us = received
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    tracing::trace!(
+        turn = turn_id,
+        received_us,
+        text = text.unwrap_or(""),
+        thinking = thinking.unwrap_or(""),
+        "model output received"
+    );
 }
 
 /// The byte stream's bounds.
