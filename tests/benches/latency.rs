@@ -186,8 +186,11 @@ async fn start_dev(mock: &MockProvider, database_url: Option<&str>) -> (TestServ
     }
     // The worker's TRACE event for each chunk of model output, with the wall-clock time it
     // arrived (JSON lines, in the log): the worker → watcher figure of a live delta.
-    cmd.env("RUST_LOG", format!("info,{WORKER_RECEIPT_TARGET}=trace"))
-        .env("BERTH_LOG_FORMAT", "json");
+    cmd.env(
+        "RUST_LOG",
+        format!("info,{WORKER_RECEIPT_TARGET}=trace,{RELAY_TARGET}=trace"),
+    )
+    .env("BERTH_LOG_FORMAT", "json");
     let (child, addr, metrics_addr) = spawn_listening(cmd, &log).await.expect("berth dev");
     let database_url = match database_url {
         Some(url) => url.to_string(),
@@ -373,6 +376,9 @@ fn stamps(text: &str) -> Vec<u64> {
 
 /// The worker's log target whose TRACE events say when each chunk of model output arrived.
 const WORKER_RECEIPT_TARGET: &str = "berth_worker::model";
+/// The API tier's log target whose TRACE events say when a delta reached it, and when it
+/// was handed to the local watchers.
+const RELAY_TARGET: &str = "berth_api::workers";
 
 fn wall_us() -> u64 {
     std::time::SystemTime::now()
@@ -423,6 +429,27 @@ fn worker_receipts(log: &std::path::Path) -> std::collections::HashMap<u64, u64>
         }
     }
     receipts
+}
+
+/// The API tier's steps of each stamped delta (stamp → (step, wall-clock µs)), from the
+/// JSON lines of `berth dev`'s log.
+fn relay_steps(log: &std::path::Path) -> std::collections::HashMap<u64, Vec<(String, u64)>> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut steps: std::collections::HashMap<u64, Vec<(String, u64)>> = std::collections::HashMap::new();
+    for line in text.lines().filter(|l| l.contains(RELAY_TARGET)) {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let f = &v["fields"];
+        let (Some(what), Some(at), Some(text)) = (f["message"].as_str(), f["at_us"].as_u64(), f["text"].as_str())
+        else {
+            continue;
+        };
+        for stamp in stamps(text) {
+            steps.entry(stamp).or_default().push((what.to_string(), at));
+        }
+    }
+    steps
 }
 
 /// How long after its stamp each chunk reached us (ms).
@@ -738,6 +765,31 @@ async fn turn_overhead(
             to_watcher.push(a.wall.saturating_sub(at) as f64 / 1e3);
             to_worker.push(at.saturating_sub(a.epoch_wall + a.stamp) as f64 / 1e3);
         }
+    }
+    // The slowest deltas, step by step from the worker's receipt (ms).
+    let relay = relay_steps(&dev.log);
+    let mut slow: Vec<(u64, &Arrival)> = one
+        .arrivals
+        .iter()
+        .chain(&fresh.arrivals)
+        .filter_map(|a| receipts.get(&a.stamp).map(|&at| (at, a)))
+        .collect();
+    slow.sort_by_key(|(at, a)| std::cmp::Reverse(a.wall.saturating_sub(*at)));
+    for (at, a) in slow.iter().take(5) {
+        let since = |us: u64| us.saturating_sub(*at) as f64 / 1e3;
+        let steps: String = relay
+            .get(&a.stamp)
+            .map(|s| {
+                s.iter()
+                    .map(|(what, us)| format!("{what} +{:.2}, ", since(*us)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "  slow delta ({setup}): provider → worker {:.2} ms; then {steps}watcher +{:.2} ms",
+            at.saturating_sub(a.epoch_wall + a.stamp) as f64 / 1e3,
+            since(a.wall)
+        );
     }
     let missing = berth_lags.len() - to_watcher.len();
     let wmax = quantile(&mut to_watcher, 1.0);

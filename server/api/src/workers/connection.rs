@@ -240,6 +240,7 @@ async fn read_loop(
 /// One message from the worker: to its turn's queue (waiting while that queue is full), or
 /// answered here when it names no turn this connection holds.
 async fn route(conn: &Arc<Conn>, text: &str) {
+    let received = tracing::enabled!(tracing::Level::TRACE).then(std::time::SystemTime::now);
     // A call's item (a file chunk, mostly) passes on as text; the cheap test keeps turn
     // traffic off this path.
     if text.contains("\"call.item\"") && conn.calls.item_text(text) {
@@ -254,6 +255,11 @@ async fn route(conn: &Arc<Conn>, text: &str) {
             return;
         }
     };
+    if let Some(at) = received
+        && req.method == wp::TURN_DELTA
+    {
+        trace_delta("turn.delta received", &req.params, at);
+    }
     let turn_id = req.params.get("turnId").and_then(|t| t.as_str()).map(str::to_string);
     let code = match turn_id {
         Some(turn_id) => {
@@ -277,6 +283,22 @@ async fn route(conn: &Arc<Conn>, text: &str) {
         None => ErrorCode::MethodNotFound,
     };
     reply_err(conn, req, code).await;
+}
+
+/// TRACE (target `berth_api::workers`): a worker's `turn.delta` at a step of its way, `at_us`
+/// the wall-clock time (µs since the Unix epoch); its turn and live output only.
+pub(super) fn trace_delta(what: &'static str, params: &serde_json::Value, at: std::time::SystemTime) {
+    let at_us = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    tracing::trace!(
+        target: "berth_api::workers",
+        turn = params["turnId"].as_str().unwrap_or(""),
+        at_us,
+        text = params["text"].as_str().unwrap_or(""),
+        thinking = params["thinking"].as_str().unwrap_or(""),
+        "{what}"
+    );
 }
 
 async fn reply_err(conn: &Conn, req: Request, code: ErrorCode) {

@@ -56,6 +56,10 @@ impl TurnTask {
             .state
             .hub
             .local_delta(&live.session, &self.turn_id, live.step, &text, &thinking, item);
+        if tracing::enabled!(tracing::Level::TRACE) {
+            let params = json!({"turnId": self.turn_id, "text": text, "thinking": thinking});
+            super::connection::trace_delta("turn.delta relayed", &params, std::time::SystemTime::now());
+        }
     }
 
     /// Store coalesced output as the step's partial text and relay it to other replicas
