@@ -348,6 +348,50 @@ async fn a_held_step_write_does_not_delay_another_turn_on_the_same_worker() {
     assert_eq!(end.last().unwrap()["state"], "completed");
 }
 
+/// Issue 8: live deltas reach the replica's watchers while the write of the turn's relayed
+/// output waits for the database (its session row locked by the test); that write, and
+/// the end after it, complete once the lock goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn live_deltas_reach_watchers_while_the_relay_write_is_held() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let reply = Reply::Stream(vec![
+        Part::Text("one ".into()),
+        Part::Delay(1500),
+        Part::Text("two ".into()),
+        Part::Delay(1500),
+        Part::Text("three".into()),
+    ]);
+    let (sid, turn, mut w) = start_turn(&stack, &mut c, &mock, reply, "count").await;
+    let delta = |text: &'static str| move |i: &Value| i["type"] == "model.delta" && i["text"] == text;
+    w.until(20, delta("one ")).await.expect("the first delta");
+    let mut locker = berth_e2e::harness::db(&stack.database_url).await;
+    let lock = locker.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&sid])
+        .await
+        .unwrap();
+    w.until(20, delta("two ")).await.expect("the second delta");
+    // Its relay write (within 50 ms of it) waits on the lock.
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let held = eventually(30, || async {
+        let q = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        (db.query_one(q, &[]).await.ok()?.get::<_, i64>(0) > 0).then_some(())
+    })
+    .await;
+    assert!(held.is_some(), "the relay write waits on the session lock");
+    w.until(20, delta("three"))
+        .await
+        .expect("the third delta arrives while the relay write is held");
+    assert_eq!(turn_state(&stack, &turn).await, "running", "still held");
+
+    lock.rollback().await.unwrap();
+    let end = w.until(30, is_turn_end).await.expect("the turn ends once released");
+    assert_eq!(end.last().unwrap()["state"], "completed");
+    let history = c.ok("session.history", json!({"sessionId": sid})).await;
+    assert!(history.to_string().contains("one two three"), "{history}");
+}
+
 /// Issue 20: in-flight turn work per worker connection is bounded. With room for one turn,
 /// a second session's turn starts but waits unclaimed (nothing buffered for it) and is
 /// handed out as soon as the first turn ends.

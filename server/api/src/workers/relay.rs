@@ -64,26 +64,36 @@ impl TurnTask {
 
     /// Store coalesced output as the step's partial text and relay it to other replicas
     /// that watch the session, in one transaction (live only; the completed step is what
-    /// history keeps).
-    pub(super) async fn flush_relay(&mut self) {
+    /// history keeps), in a task of its own ([`TurnTask::flushing`]).
+    pub(super) fn flush_relay(&mut self) {
         let Some((p, payloads)) = self.take_relay() else { return };
-        let state = &self.conn.state;
-        let tenant = &self.conn.principal.tenant_id;
-        let _permits = self.conn.write_permits().await;
-        if let Err(e) = state
-            .store
-            .append_partial(
-                tenant,
-                &self.turn_id,
-                &p.text,
-                &p.thinking,
-                &payloads,
-                // Local watchers got the deltas already: the relay is for other replicas' only.
-                Some(&state.config.replica_id),
-            )
-            .await
-        {
-            tracing::warn!(error = %e, "relaying live deltas failed");
+        let (conn, turn_id) = (self.conn.clone(), self.turn_id.clone());
+        self.flushing = Some(tokio::spawn(async move {
+            let state = &conn.state;
+            let _permits = conn.write_permits().await;
+            if let Err(e) = state
+                .store
+                .append_partial(
+                    &conn.principal.tenant_id,
+                    &turn_id,
+                    &p.text,
+                    &p.thinking,
+                    &payloads,
+                    // Local watchers got the deltas already: the relay is for other replicas' only.
+                    Some(&state.config.replica_id),
+                )
+                .await
+            {
+                tracing::warn!(error = %e, "relaying live deltas failed");
+            }
+        }));
+    }
+
+    /// Wait for the relay write in flight, if any: what follows it (more relayed output, a
+    /// step, the end) is stored after it.
+    pub(super) async fn flushed(&mut self) {
+        if let Some(f) = self.flushing.take() {
+            let _ = f.await;
         }
     }
 

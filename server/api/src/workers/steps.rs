@@ -14,6 +14,7 @@ impl TurnTask {
     pub(super) async fn step(&mut self, step: TurnStep) -> Result<serde_json::Value, ApiError> {
         // The output not yet relayed goes to other replicas in the step's transaction, before
         // its event (the stored partial text is cleared there anyway): one transaction less.
+        self.flushed().await;
         let relay = self.take_relay().map(|(_, payloads)| payloads).unwrap_or_default();
         let conn = self.conn.clone();
         let r = {
@@ -49,6 +50,7 @@ impl TurnTask {
         // The output not yet relayed goes to other replicas with the end, in its transaction
         // (the stored partial text is cleared there anyway): one transaction less on the
         // turn's critical path, and the deltas still arrive before `turn.ended`.
+        self.flushed().await;
         let mut relay = self.take_relay().map(|(_, payloads)| payloads).unwrap_or_default();
         // So is the idle phase, last: committed with the end, or not at all.
         let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});

@@ -69,6 +69,10 @@ pub(super) struct TurnTask {
     pub live: LiveTurn,
     /// Output not yet stored and relayed to other replicas.
     pub pending: Option<Pending>,
+    /// The write of relayed output in flight, if any: its own task, so that deltas keep
+    /// reaching local watchers while it waits for the database; one at a time, in order,
+    /// and finished before a step or the end is stored.
+    pub flushing: Option<tokio::task::JoinHandle<()>>,
     /// Cancelled when the turn is stopped or the connection ends.
     pub cancel: CancellationToken,
 }
@@ -87,6 +91,7 @@ pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHan
             thinking: 0,
         },
         pending: None,
+        flushing: None,
         cancel: cancel.clone(),
     };
     tokio::spawn(task.run(rx, cancel.clone()));
@@ -119,7 +124,10 @@ impl TurnTask {
                     // The turn ended: the reader dropped its queue.
                     None => return,
                 },
-                _ = flush.tick(), if self.pending.is_some() => self.flush_relay().await,
+                _ = flush.tick(), if self.pending.is_some() && self.flushing.is_none() => self.flush_relay(),
+                _ = async { if let Some(f) = self.flushing.as_mut() { let _ = f.await; } }, if self.flushing.is_some() => {
+                    self.flushing = None;
+                }
             }
         }
     }
