@@ -637,13 +637,18 @@ fn wall_us() -> u64 {
 }
 
 /// Issue 8: with `berth_worker::model` at TRACE the worker logs each chunk of model output
-/// it receives (its turn, text and thinking, and the wall-clock time it arrived), so that a
-/// delta's way from the worker to a watcher can be measured; never the request or a
-/// credential. Below TRACE, no model output reaches the log.
+/// it receives (its turn, text and thinking, and the wall-clock time it arrived), and with
+/// `berth_api::workers` at TRACE the API tier logs each delta as it arrives and as it is
+/// handed to local watchers, so that a delta's way to a watcher can be measured; never the
+/// request or a credential. Below TRACE, no model output reaches the worker's log.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_worker_traces_each_chunk_of_model_output_with_its_arrival() {
     let mock = MockProvider::start().await;
-    let mut stack = Stack::start(&mock, 1).await;
+    let server_env = [
+        ("RUST_LOG", "info,berth_api::workers=trace"),
+        ("BERTH_LOG_FORMAT", "json"),
+    ];
+    let mut stack = Stack::start_with(&mock, 1, &server_env).await;
     let mut c = stack.client(0).await;
     let reply = |a: &str, b: &str| {
         Reply::Stream(vec![
@@ -698,4 +703,34 @@ async fn the_worker_traces_each_chunk_of_model_output_with_its_arrival() {
     let log = std::fs::read_to_string(worker_log).unwrap();
     assert!(!log.contains("prompt two"), "the request is not logged");
     assert!(!log.contains(&stack.worker_token) && !log.contains("sk-test-provider-key"));
+
+    // The API tier: each of this turn's deltas, received and then relayed (the reader may
+    // receive the next delta before the turn's task relays this one).
+    let server_log = &stack.servers[0].log;
+    let mut steps: Vec<((String, String), Vec<String>)> = Vec::new();
+    for e in log_events(server_log, "berth_api::workers") {
+        let f = &e["fields"];
+        if f["turn"] != turn.as_str() {
+            continue;
+        }
+        let at = f["at_us"].as_u64().expect("at_us");
+        assert!((before..=after).contains(&at), "{at} not within the turn");
+        let s = |k: &str| f[k].as_str().unwrap().to_string();
+        let piece = (s("text"), s("thinking"));
+        match steps.iter_mut().find(|(p, _)| *p == piece) {
+            Some((_, seen)) => seen.push(s("message")),
+            None => steps.push((piece, vec![s("message")])),
+        }
+    }
+    let expected: Vec<((String, String), Vec<String>)> = output
+        .iter()
+        .map(|(text, thinking)| {
+            let both = vec!["turn.delta received".to_string(), "turn.delta relayed".to_string()];
+            ((text.to_string(), thinking.to_string()), both)
+        })
+        .collect();
+    assert_eq!(steps, expected);
+    let log = std::fs::read_to_string(server_log).unwrap();
+    assert!(!log.contains(&stack.worker_token) && !log.contains(&stack.token));
+    assert!(!log.contains("sk-test-provider-key"));
 }
