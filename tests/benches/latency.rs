@@ -397,16 +397,36 @@ struct Arrival {
     epoch_wall: u64,
 }
 
-fn arrivals(text: &str, now: Instant, wall: u64) -> Vec<Arrival> {
+/// The stamps of `text` read off the watcher's socket at wall-clock `read`, `now` and
+/// `wall` being the instant and the wall-clock time read together later.
+fn arrivals(text: &str, read: u64, now: Instant, wall: u64) -> Vec<Arrival> {
     let epoch_wall = wall.saturating_sub(now.duration_since(epoch()).as_micros() as u64);
     stamps(text)
         .into_iter()
         .map(|stamp| Arrival {
             stamp,
-            wall,
+            wall: read,
             epoch_wall,
         })
         .collect()
+}
+
+/// A subscription's items, each with the wall-clock time a runtime thread took it from the
+/// client's reader task (the task that reads the socket hands it over at once). The
+/// bench's own task, which reads the clock for the other figures, runs on the main thread
+/// and may wake later: up to 2.5 ms later in the runs of 2026-12-01 13:48.
+type Timed = tokio::sync::mpsc::UnboundedReceiver<(Value, u64)>;
+
+fn timed(mut items: tokio::sync::mpsc::UnboundedReceiver<Value>) -> Timed {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(item) = items.recv().await {
+            if tx.send((item, wall_us())).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// The worker's receipt of each stamped chunk (stamp → wall-clock µs), from the JSON lines
@@ -501,12 +521,7 @@ struct TurnTimes {
 }
 
 /// One turn through Berth: `session.send` on `sender`, observed by `watch` up to `turn.ended`.
-async fn berth_turn(
-    sender: &mut Client,
-    watch: &mut tokio::sync::mpsc::UnboundedReceiver<Value>,
-    mock: &MockProvider,
-    session_id: &str,
-) -> TurnTimes {
+async fn berth_turn(sender: &mut Client, watch: &mut Timed, mock: &MockProvider, session_id: &str) -> TurnTimes {
     mock.push(script());
     while watch.try_recv().is_ok() {}
     let t0 = Instant::now();
@@ -521,7 +536,7 @@ async fn berth_turn(
         let mut t = TurnTimes::default();
         let mut last_delta = 0.0;
         loop {
-            let item = tokio::time::timeout(Duration::from_secs(30), watch.recv())
+            let (item, read) = tokio::time::timeout(Duration::from_secs(30), watch.recv())
                 .await
                 .expect("turn within 30 s")
                 .expect("subscription open");
@@ -537,7 +552,7 @@ async fn berth_turn(
                     last_delta = at;
                     let text = item["text"].as_str().unwrap_or("");
                     t.lags.extend(stamp_lags(text, now));
-                    t.arrivals.extend(arrivals(text, now, wall));
+                    t.arrivals.extend(arrivals(text, read, now, wall));
                 }
                 Some("turn.ended") => {
                     assert_eq!(item["state"], "completed", "turn failed: {item}");
@@ -567,7 +582,11 @@ async fn trace_turn(mock: &MockProvider) {
     let mut sender = Client::authed(&dev.ws_url(), &token).await.expect("client");
     let mut watcher = Client::authed(&dev.ws_url(), &token).await.expect("client");
     let sid = session(&mut sender, &workspace_id).await;
-    let mut sub = watcher.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let mut items = timed(
+        watcher
+            .subscribe("session.watch", json!({"sessionId": sid, "after": 0}))
+            .items,
+    );
     // `BERTH_BENCH_TRACE_WARM=N`: N turns before the traced one (3 by default; 63 traces
     // the last turn of the one-session row).
     let warm = std::env::var("BERTH_BENCH_TRACE_WARM")
@@ -575,7 +594,7 @@ async fn trace_turn(mock: &MockProvider) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     for _ in 0..warm {
-        berth_turn(&mut sender, &mut sub.items, mock, &sid).await;
+        berth_turn(&mut sender, &mut items, mock, &sid).await;
     }
     let admin = db(&database_url).await;
     let data: String = admin
@@ -595,7 +614,7 @@ async fn trace_turn(mock: &MockProvider) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let from = std::fs::metadata(&log).expect("log").len();
     let wall = std::time::SystemTime::now();
-    let t = berth_turn(&mut sender, &mut sub.items, mock, &sid).await;
+    let t = berth_turn(&mut sender, &mut items, mock, &sid).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     for sql in [
         "ALTER SYSTEM RESET log_min_duration_statement",
@@ -689,23 +708,28 @@ async fn turn_overhead(
     let mut watcher = Client::authed(&dev.ws_url(), token).await.expect("client");
     // Warm up both paths (connections, statement caches).
     let sid = session(&mut sender, workspace_id).await;
-    let mut sub = watcher.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let mut items = timed(
+        watcher
+            .subscribe("session.watch", json!({"sessionId": sid, "after": 0}))
+            .items,
+    );
     for _ in 0..3 {
         raw_provider(&http, mock).await;
-        berth_turn(&mut sender, &mut sub.items, mock, &sid).await;
+        berth_turn(&mut sender, &mut items, mock, &sid).await;
     }
     let (mut one, mut fresh) = (Turns::default(), Turns::default());
     for _ in 0..turns {
         let raw = raw_provider(&http, mock).await;
-        one.push(raw, berth_turn(&mut sender, &mut sub.items, mock, &sid).await);
+        one.push(raw, berth_turn(&mut sender, &mut items, mock, &sid).await);
 
         let raw = raw_provider(&http, mock).await;
         let t0 = Instant::now();
         let new_sid = session(&mut sender, workspace_id).await;
-        let mut new_sub = watcher.subscribe("session.watch", json!({"sessionId": new_sid, "after": 0}));
+        let new_sub = watcher.subscribe("session.watch", json!({"sessionId": new_sid, "after": 0}));
+        let (new_id, mut new_items) = (new_sub.id, timed(new_sub.items));
         fresh.creates.push(ms(t0.elapsed()));
-        fresh.push(raw, berth_turn(&mut sender, &mut new_sub.items, mock, &new_sid).await);
-        let _ = watcher.call("subscription.close", json!({"id": new_sub.id})).await;
+        fresh.push(raw, berth_turn(&mut sender, &mut new_items, mock, &new_sid).await);
+        let _ = watcher.call("subscription.close", json!({"id": new_id})).await;
     }
     for (what, t) in [("one session", &mut one), ("a new session per turn", &mut fresh)] {
         let (b, r, o) = (median(&mut t.berth), median(&mut t.raw), median(&mut t.overhead));
