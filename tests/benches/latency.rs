@@ -185,12 +185,16 @@ async fn start_dev(mock: &MockProvider, database_url: Option<&str>) -> (TestServ
         cmd.env(k, v);
     }
     // The worker's TRACE event for each chunk of model output, with the wall-clock time it
-    // arrived (JSON lines, in the log): the worker → watcher figure of a live delta.
-    cmd.env(
-        "RUST_LOG",
-        format!("info,{WORKER_RECEIPT_TARGET}=trace,{RELAY_TARGET}=trace"),
-    )
-    .env("BERTH_LOG_FORMAT", "json");
+    // arrived (JSON lines, in the log): the worker → watcher figure of a live delta. The API
+    // tier's events of each delta (the slowest deltas step by step) only with
+    // `BERTH_BENCH_DELTA_STEPS=1`: they are written on the delta's path, which they slow.
+    let relay = if std::env::var_os("BERTH_BENCH_DELTA_STEPS").is_some() {
+        format!(",{RELAY_TARGET}=trace")
+    } else {
+        String::new()
+    };
+    cmd.env("RUST_LOG", format!("info,{WORKER_RECEIPT_TARGET}=trace{relay}"))
+        .env("BERTH_LOG_FORMAT", "json");
     let (child, addr, metrics_addr) = spawn_listening(cmd, &log).await.expect("berth dev");
     let database_url = match database_url {
         Some(url) => url.to_string(),
