@@ -1346,9 +1346,8 @@ macro_rules! running_turn_sql {
 /// the appending replica `$r` wakes its own watchers directly. Stale rows count (a notice
 /// too many is harmless). Registering a watcher takes a share lock on the session row, which
 /// conflicts with the appender's `FOR UPDATE` (live output's `FOR NO KEY UPDATE`): so an
-/// append either sees the new row (its
-/// statement's snapshot is taken after its lock) or commits before the watcher's first read
-/// (`Store::watcher_add`).
+/// append either sees the new row (its statement's snapshot is taken after its lock) or
+/// commits before the watcher's first read (`Store::watcher_add`).
 macro_rules! watched_elsewhere_sql {
     ($r:literal) => {
         concat!(

@@ -90,10 +90,12 @@ impl TurnTask {
     }
 
     /// Wait for the relay write in flight, if any: what follows it (more relayed output, a
-    /// step, the end) is stored after it.
+    /// step, the end) is stored after it. Cancel-safe: the write stays tracked until it is
+    /// done (the turn's loop waits for it among other things).
     pub(super) async fn flushed(&mut self) {
-        if let Some(f) = self.flushing.take() {
+        if let Some(f) = self.flushing.as_mut() {
             let _ = f.await;
+            self.flushing = None;
         }
     }
 

@@ -125,9 +125,7 @@ impl TurnTask {
                     None => return,
                 },
                 _ = flush.tick(), if self.pending.is_some() && self.flushing.is_none() => self.flush_relay(),
-                _ = async { if let Some(f) = self.flushing.as_mut() { let _ = f.await; } }, if self.flushing.is_some() => {
-                    self.flushing = None;
-                }
+                _ = self.flushed(), if self.flushing.is_some() => {}
             }
         }
     }
