@@ -653,6 +653,107 @@ async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
     }
 }
 
+/// A watcher on the replica that holds the worker is sent the turn's steps and end as the
+/// append statements wrote them, without reading them back
+/// (`berth_watch_events_total{source="append"}`), and they are exactly the events a read
+/// returns: the same items as a watcher on the other replica (which reads them) and as a
+/// watch opened afterwards from the start. The one field that may differ is a tool call's
+/// `status`, which later events change in its row (a read shows the status at its time).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watcher_where_the_worker_is_gets_each_append_as_a_read_returns_it() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut a = stack.client(0).await;
+    let sid = stack.session(&mut a).await;
+    let mut b = stack.client(1).await;
+    let mut watches = [
+        a.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
+        b.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
+    ];
+    for watch in &mut watches {
+        watch
+            .until(10, |e| e["type"] == "session.created")
+            .await
+            .expect("watch catches up");
+    }
+    let appended = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("berth_watch_events_total{source=\"append\"} "))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    // A step of its own (a tool call), with thinking and usage; then the answer, whose step
+    // goes with the end. Each reply waits a little first, so that the watches have read what
+    // came before (an append is sent from memory only right after the watcher's cursor).
+    mock.push(Reply::Stream(vec![
+        Part::Delay(200),
+        Part::Reasoning("let me look".into()),
+        Part::tool_call(0, "call_1", "read_file", &json!({"path": "README.md"}), 8),
+        Part::Usage {
+            prompt: 20,
+            completion: 7,
+        },
+    ]));
+    mock.push(Reply::Stream(vec![
+        Part::Delay(200),
+        Part::Reasoning("nothing there".into()),
+        Part::Text("There is no readme.".into()),
+        Part::Usage {
+            prompt: 30,
+            completion: 5,
+        },
+    ]));
+    a.ok("session.send", json!({"sessionId": sid, "prompt": "Read the readme"}))
+        .await;
+    let events = |items: Vec<Value>| -> Vec<Value> {
+        items
+            .into_iter()
+            .filter(|e| e.get("sequence").is_some())
+            .map(|mut e| {
+                for row in e["rows"].as_array_mut().into_iter().flatten() {
+                    if let Some(tool) = row["tool"].as_object_mut() {
+                        tool.remove("status");
+                    }
+                }
+                e
+            })
+            .collect()
+    };
+    let here = events(watches[0].until(30, is_turn_end).await.expect("the turn ends here"));
+    let there = events(watches[1].until(30, is_turn_end).await.expect("the turn ends there"));
+    let types: Vec<&str> = here.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "turn.started",
+            "model.completed",
+            "tool.status",
+            "tool.ended",
+            "model.completed",
+            "turn.ended"
+        ]
+    );
+    assert_eq!(here, there, "the same events on either replica");
+    let mut fresh = b.subscribe("session.watch", json!({"sessionId": sid, "after": 1}));
+    let read = events(fresh.until(30, is_turn_end).await.expect("read from the start"));
+    assert_eq!(here, read, "the events a read returns");
+    // What the answer's step carried: rows with thinking, usage as metered.
+    let answer = &here[4];
+    assert_eq!(answer["rows"][0]["body"], "There is no readme.");
+    assert_eq!(answer["rows"][0]["thinking"], "nothing there");
+    let call = here[1]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "toolCall");
+    assert_eq!(call.expect("the step's tool call")["tool"]["name"], "read_file");
+    // The steps and the end (three events) were each sent from the append on the worker's
+    // replica unless a watch was still reading what came before; the other replica read
+    // everything.
+    assert!(appended(&stack.servers[0].metrics().await) >= 1);
+    assert_eq!(appended(&stack.servers[1].metrics().await), 0);
+}
+
 /// A turn's end wakes a claim only when its session has a queued turn (issue 20): the next
 /// queued turn then starts at once, whichever replica admitted it, three times in a row
 /// (without a wake-up it would wait for the claimer's safety read, every 5 s).

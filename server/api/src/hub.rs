@@ -6,18 +6,38 @@
 //! reads everything after its own cursor. Live deltas of turns whose worker this replica
 //! holds also accumulate here as the running step's partial output, so a watcher that
 //! subscribes mid-turn gets exactly the text so far plus everything after it.
+//!
+//! Events this replica itself appended for a turn (a worker's steps and ends) are also kept
+//! here for a moment, as the append statement returned them: a local watcher whose cursor
+//! is right before them sends them from here instead of reading them back from the
+//! database. It takes only an unbroken run that starts right after its cursor, so it still
+//! never skips or repeats an event; anything else is read as before.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex},
 };
 
-use berth_store::Partial;
+use berth_store::{EventRecord, Partial};
 use tokio::sync::{broadcast, watch};
 
 /// Live items kept per session for slow receivers; one that falls further behind lags and
 /// gets `resync` (then the partial text again), never a silent gap.
 const LIVE_BUFFER: usize = 1024;
+
+/// Events kept per watched session for local watchers ([`Hub::committed`]), and their rows'
+/// text at most: an event larger than that is read from the database.
+const RECENT_EVENTS: usize = 16;
+const RECENT_BYTES: usize = 256 << 10;
+
+/// What a session's watchers are woken with: the latest sequence known committed, and a
+/// count of wake-ups that name no sequence (the session changed; notifications may have
+/// been missed), after which a watcher must read the database.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mark {
+    pub sequence: i64,
+    pub pokes: u64,
+}
 
 #[derive(Default)]
 pub struct Hub {
@@ -25,8 +45,16 @@ pub struct Hub {
 }
 
 struct Channels {
-    /// Latest sequence known to be committed.
-    events: watch::Sender<i64>,
+    /// Latest sequence known to be committed, and the pokes.
+    events: watch::Sender<Mark>,
+    /// Events appended through this replica, by sequence (see the module's note).
+    recent: VecDeque<Arc<EventRecord>>,
+    recent_bytes: usize,
+    /// Appends of this replica in flight ([`Hub::appending`]), and the latest sequence a
+    /// notification named meanwhile: held back until they are done, so that watchers wake
+    /// when the hub has the events, not on hearing this replica's own `NOTIFY` first.
+    appending: usize,
+    deferred: i64,
     /// Live-only items (`model.delta`, `phase`).
     live: broadcast::Sender<Arc<serde_json::Value>>,
     /// The running step's output so far, when this replica holds the turn's worker.
@@ -36,7 +64,11 @@ struct Channels {
 impl Channels {
     fn new() -> Channels {
         Channels {
-            events: watch::channel(0).0,
+            events: watch::channel(Mark::default()).0,
+            recent: VecDeque::new(),
+            recent_bytes: 0,
+            appending: 0,
+            deferred: 0,
             live: broadcast::channel(LIVE_BUFFER).0,
             partial: None,
         }
@@ -47,7 +79,7 @@ impl Channels {
 pub struct Subscription<'a> {
     hub: &'a Hub,
     session_id: String,
-    pub events: watch::Receiver<i64>,
+    pub events: watch::Receiver<Mark>,
     pub live: broadcast::Receiver<Arc<serde_json::Value>>,
     /// The local partial output at the moment of subscribing (None: not held here).
     pub partial: Option<Partial>,
@@ -60,6 +92,7 @@ impl Drop for Subscription<'_> {
         if let Some(ch) = map.get(&self.session_id)
             && ch.events.receiver_count() <= 1
             && ch.partial.is_none()
+            && ch.appending == 0
         {
             map.remove(&self.session_id);
         }
@@ -88,19 +121,86 @@ impl Hub {
     /// A new event was committed in `session_id` (sequence 0: the session changed, e.g. removed).
     pub fn event(&self, session_id: &str, sequence: i64) {
         let mut map = self.sessions.lock().expect("hub lock");
-        if let Some(ch) = map.get(session_id) {
-            if ch.events.receiver_count() == 0 && ch.partial.is_none() {
+        if let Some(ch) = map.get_mut(session_id) {
+            if ch.events.receiver_count() == 0 && ch.partial.is_none() && ch.appending == 0 {
                 map.remove(session_id);
             } else if sequence == 0 {
-                ch.events.send_modify(|_| {});
+                ch.events.send_modify(|m| m.pokes += 1);
+            } else if ch.appending > 0 {
+                ch.deferred = ch.deferred.max(sequence);
             } else {
-                ch.events.send_if_modified(|s| {
-                    let newer = sequence > *s;
-                    *s = (*s).max(sequence);
-                    newer
-                });
+                advance(ch, sequence);
             }
         }
+    }
+
+    /// An append of this replica in `session_id` is about to go out, and local watchers are
+    /// subscribed (None: none are): its events are then to be handed to
+    /// [`Hub::committed`] with the returned guard. Until then, or until the guard is
+    /// dropped (the append failed), notifications for the session are held back.
+    pub fn appending(&self, session_id: &str) -> Option<Appending<'_>> {
+        let mut map = self.sessions.lock().expect("hub lock");
+        let ch = map.get_mut(session_id).filter(|ch| ch.events.receiver_count() > 0)?;
+        ch.appending += 1;
+        Some(Appending {
+            hub: self,
+            session_id: session_id.to_string(),
+        })
+    }
+
+    /// Events this replica committed (in sequence order, `sequence` the last), as the append
+    /// returned them: kept for the local watchers, who are then woken as by [`Hub::event`].
+    /// An event too large to keep is left for them to read.
+    pub fn committed(&self, append: Option<Appending<'_>>, session_id: &str, events: Vec<EventRecord>, sequence: i64) {
+        let Some(append) = append else {
+            self.event(session_id, sequence);
+            return;
+        };
+        {
+            let mut map = self.sessions.lock().expect("hub lock");
+            if let Some(ch) = map.get_mut(&append.session_id)
+                && ch.events.receiver_count() > 0
+            {
+                for e in events {
+                    let size = event_bytes(&e);
+                    if size > RECENT_BYTES {
+                        continue;
+                    }
+                    if ch.recent.back().is_some_and(|last| last.sequence >= e.sequence) {
+                        // Out of order with what is kept (a later append of this replica
+                        // came first): kept from here on; watchers read what is not.
+                        ch.recent.clear();
+                        ch.recent_bytes = 0;
+                    }
+                    ch.recent_bytes += size;
+                    ch.recent.push_back(Arc::new(e));
+                    while ch.recent.len() > RECENT_EVENTS || ch.recent_bytes > RECENT_BYTES {
+                        let Some(old) = ch.recent.pop_front() else { break };
+                        ch.recent_bytes -= event_bytes(&old);
+                    }
+                }
+                ch.deferred = ch.deferred.max(sequence);
+            }
+        }
+        // The guard wakes the watchers as it goes.
+        drop(append);
+    }
+
+    /// The events kept for the session that follow `cursor` without a gap (empty when the
+    /// one right after it is not kept).
+    pub fn recent_after(&self, session_id: &str, cursor: i64) -> Vec<Arc<EventRecord>> {
+        let map = self.sessions.lock().expect("hub lock");
+        let Some(ch) = map.get(session_id) else {
+            return Vec::new();
+        };
+        let mut out: Vec<Arc<EventRecord>> = Vec::new();
+        for e in ch.recent.iter().skip_while(|e| e.sequence <= cursor) {
+            if e.sequence != out.last().map_or(cursor, |l| l.sequence) + 1 {
+                break;
+            }
+            out.push(e.clone());
+        }
+        out
     }
 
     /// A live item for the session's watchers on this replica.
@@ -146,7 +246,7 @@ impl Hub {
         let mut map = self.sessions.lock().expect("hub lock");
         if let Some(ch) = map.get_mut(session_id) {
             ch.partial = None;
-            if ch.events.receiver_count() == 0 {
+            if ch.events.receiver_count() == 0 && ch.appending == 0 {
                 map.remove(session_id);
             }
         }
@@ -157,7 +257,48 @@ impl Hub {
     pub fn poke_all(&self) {
         let map = self.sessions.lock().expect("hub lock");
         for ch in map.values() {
-            ch.events.send_modify(|_| {});
+            ch.events.send_modify(|m| m.pokes += 1);
         }
     }
+}
+
+/// An append in flight ([`Hub::appending`]); dropped, it wakes the watchers with what was
+/// held back.
+pub struct Appending<'a> {
+    hub: &'a Hub,
+    session_id: String,
+}
+
+impl Drop for Appending<'_> {
+    fn drop(&mut self) {
+        let mut map = self.hub.sessions.lock().expect("hub lock");
+        if let Some(ch) = map.get_mut(&self.session_id) {
+            ch.appending -= 1;
+            if ch.appending == 0 {
+                let sequence = std::mem::take(&mut ch.deferred);
+                advance(ch, sequence);
+                if ch.events.receiver_count() == 0 && ch.partial.is_none() {
+                    map.remove(&self.session_id);
+                }
+            }
+        }
+    }
+}
+
+/// Wakes the session's watchers if `sequence` is newer than what they were told.
+fn advance(ch: &Channels, sequence: i64) {
+    ch.events.send_if_modified(|m| {
+        let newer = sequence > m.sequence;
+        m.sequence = m.sequence.max(sequence);
+        newer
+    });
+}
+
+/// An event's size as [`RECENT_BYTES`] counts it: its rows' text.
+fn event_bytes(e: &EventRecord) -> usize {
+    e.rows
+        .iter()
+        .map(|r| r.body.len() + r.thinking.as_ref().map_or(0, String::len))
+        .sum::<usize>()
+        + 256
 }

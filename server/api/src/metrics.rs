@@ -21,6 +21,9 @@ pub struct Metrics {
     pub turn_duration: prometheus::Histogram,
     /// From an event's commit to its delivery to a live watcher.
     pub fanout_lag: prometheus::Histogram,
+    /// Events sent to watchers, by where they came from: `append` (this replica's own
+    /// append, as written) or `read` (the database).
+    pub watch_events: IntCounterVec,
     /// Model tokens by provider, model and kind (`input`, `output`).
     pub model_tokens: IntCounterVec,
     /// Time to the first byte of a provider's response, by provider and model.
@@ -65,6 +68,11 @@ impl Metrics {
                     .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
             )
             .expect("metric"),
+            watch_events: IntCounterVec::new(
+                Opts::new("berth_watch_events_total", "events sent to watchers"),
+                &["source"],
+            )
+            .expect("metric"),
             model_tokens: IntCounterVec::new(
                 Opts::new("berth_model_tokens_total", "model tokens"),
                 &["provider", "model", "kind"],
@@ -104,6 +112,7 @@ impl Metrics {
             Box::new(self.turns.clone()),
             Box::new(self.turn_duration.clone()),
             Box::new(self.fanout_lag.clone()),
+            Box::new(self.watch_events.clone()),
             Box::new(self.model_tokens.clone()),
             Box::new(self.model_latency.clone()),
             Box::new(self.workers_connected.clone()),

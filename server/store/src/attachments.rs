@@ -288,6 +288,13 @@ pub(crate) async fn check_attachment_ids(tx: &impl GenericClient, tenant_id: &st
 }
 
 /// The attachments of `turns`, each turn's in its order.
+/// The attachments of turns `$1` (tenant `$2`), in each turn's order.
+pub(crate) const TURN_ATTACHMENTS_SQL: &str = "SELECT t.id, a.name, a.mime_type, a.bytes, a.sha256, a.object_key
+   FROM turns t, unnest(t.attachment_ids) WITH ORDINALITY AS u(attachment_id, n)
+   JOIN attachments a ON a.id = u.attachment_id
+  WHERE t.id = ANY($1) AND t.tenant_id = $2 AND a.tenant_id = $2
+  ORDER BY t.id, u.n";
+
 pub(crate) async fn turn_attachments(
     tx: &impl GenericClient,
     tenant_id: &str,
@@ -297,16 +304,7 @@ pub(crate) async fn turn_attachments(
     if turns.is_empty() {
         return Ok(out);
     }
-    let rows = tx
-        .qa(
-            "SELECT t.id, a.name, a.mime_type, a.bytes, a.sha256, a.object_key
-               FROM turns t, unnest(t.attachment_ids) WITH ORDINALITY AS u(attachment_id, n)
-               JOIN attachments a ON a.id = u.attachment_id
-              WHERE t.id = ANY($1) AND t.tenant_id = $2 AND a.tenant_id = $2
-              ORDER BY t.id, u.n",
-            &[&turns, &tenant_id],
-        )
-        .await?;
+    let rows = tx.qa(TURN_ATTACHMENTS_SQL, &[&turns, &tenant_id]).await?;
     for r in rows {
         let bytes: i64 = r.get(3);
         let sha256: String = r.get(4);

@@ -36,6 +36,22 @@ pub(crate) fn tool_json(t: &ToolInfo) -> serde_json::Value {
     serde_json::to_value(clean).unwrap_or_default()
 }
 
+/// One event (`$3` type, `$4` turn, `$5` payload) and the rows it publishes (`$6`..`$10` by
+/// item) appended to session `$1` of tenant `$2`, with its notice on channel `$11`, in one
+/// statement (one wait): the session's sequence bumped (its row locked, so sequences stay
+/// gapless), the event and its rows under it. Returns the sequence, or no row when the
+/// session is not the tenant's.
+pub(crate) const APPEND_SQL: &str = "
+WITH s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
+            WHERE id = $1 AND tenant_id = $2 RETURNING id, last_sequence),
+     e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
+           SELECT s.id, s.last_sequence, $2, $3, $4, $5 FROM s),
+     r AS (INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden)
+           SELECT s.id, s.last_sequence, (v.n - 1)::int, $2, $4, v.kind, v.body, v.thinking, v.tool, v.hidden
+             FROM s, unnest($6::text[], $7::text[], $8::text[], $9::jsonb[], $10::bool[])
+                     WITH ORDINALITY AS v(kind, body, thinking, tool, hidden, n))
+SELECT s.last_sequence, pg_notify($11, s.id || ':' || s.last_sequence) FROM s";
+
 /// Append one event (and the rows it publishes) inside the caller's transaction. The
 /// sequence comes from bumping `sessions.last_sequence`, which also serializes appends per
 /// session; the NOTIFY is delivered when the transaction commits. Only the typed union can
@@ -53,69 +69,74 @@ pub(crate) async fn append_event(
     if let Some(fields) = payload.as_object_mut() {
         fields.remove("type");
     }
-    let seq: i64 = tx
-        .q1(
-            "UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
-              WHERE id = $1 AND tenant_id = $2 RETURNING last_sequence",
-            &[&session_id, &tenant_id],
-        )
-        .await?
-        .get(0);
-    // The event, its rows and the notice go out pipelined: one round trip instead of one
-    // each. The statements are prepared first (cached after the first append on a
-    // connection) so that they are sent, and run, in this order: rows after their event.
-    let (event_sql, row_sql, notify_sql) = tokio::try_join!(
-        tx.prepare_cached(
-            "INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload) VALUES ($1, $2, $3, $4, $5, $6)"
-        ),
-        tx.prepare_cached(
-            "INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-        ),
-        tx.prepare_cached("SELECT pg_notify($1, $2)"),
-    )?;
-    let items: Vec<_> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, row)| {
-            let tool = row.tool.as_ref().map(tool_json);
-            let (body, thinking) = (pg_text(&row.body), row.thinking.as_deref().map(pg_text));
-            (
-                i as i32,
-                row.kind.as_str(),
-                body,
-                thinking,
-                tool,
-                row.hidden.unwrap_or(false),
-            )
-        })
-        .collect();
-    let notice = format!("{session_id}:{seq}");
-    let event_params: [Param; 6] = [&session_id, &seq, &tenant_id, &kind, &turn_id, &payload];
-    let row_params: Vec<[Param; 10]> = items
-        .iter()
-        .map(|(i, kind, body, thinking, tool, hidden)| {
-            [
-                &session_id as Param,
-                &seq,
-                i,
+    let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
+    let bodies: Vec<_> = rows.iter().map(|r| pg_text(&r.body)).collect();
+    let thinking: Vec<_> = rows.iter().map(|r| r.thinking.as_deref().map(pg_text)).collect();
+    let tools: Vec<_> = rows.iter().map(|r| r.tool.as_ref().map(tool_json)).collect();
+    let hidden: Vec<bool> = rows.iter().map(|r| r.hidden.unwrap_or(false)).collect();
+    let written = tx
+        .qo(
+            APPEND_SQL,
+            &[
+                &session_id,
                 &tenant_id,
+                &kind,
                 &turn_id,
-                kind,
-                body,
-                thinking,
-                tool,
-                hidden,
-            ]
-        })
-        .collect();
-    let notify_params: [Param; 2] = [&CHANNEL_EVENTS, &notice];
-    let event = tx.execute(&event_sql, &event_params);
-    let inserts = futures_util::future::try_join_all(row_params.iter().map(|p| tx.execute(&row_sql, p)));
-    let notify = tx.execute(&notify_sql, &notify_params);
-    // `biased`: first polled (and so sent) in this order.
-    tokio::try_join!(biased; event, inserts, notify)?;
+                &payload,
+                &kinds,
+                &bodies,
+                &thinking,
+                &tools,
+                &hidden,
+                &CHANNEL_EVENTS,
+            ],
+        )
+        .await?;
+    let Some(written) = written else { return not_found() };
+    let seq: i64 = written.get(0);
     Ok(seq)
+}
+
+/// Events and their rows from result lines laid out as [`CATCH_UP_SQL`]'s from column `first`
+/// on: the sequence (lines without one are skipped), whether the event fits the read (true:
+/// it is read whole; false: there is more to read, returned), its type, turn, payload and
+/// time, then — when `rows` says the lines have them — one row's [`ROW_COLUMNS`] (null:
+/// none), ordered by event, then row. The append statements that return what they wrote ([`Store::append_step`],
+/// [`Store::end_turn_with_step`]) use the same layout, so a local watcher handed their
+/// events sends exactly what a catch-up would have read.
+pub(crate) fn events_from_lines(
+    lines: &[tokio_postgres::Row],
+    first: usize,
+    rows: bool,
+    out: &mut Vec<Event>,
+) -> Result<bool> {
+    let mut more = false;
+    for line in lines {
+        let Some(sequence) = line.get::<_, Option<i64>>(first) else {
+            continue;
+        };
+        if !line.get::<_, bool>(first + 1) {
+            more = true;
+            continue;
+        }
+        if out.last().is_none_or(|e| e.sequence != sequence) {
+            out.push(Event {
+                sequence,
+                at: fmt_time(line.get(first + 5)),
+                turn_id: line.get(first + 3),
+                rows: Vec::new(),
+                payload: stored_payload(line.get(first + 2), line.get(first + 4))?,
+            });
+        }
+        let rows_at = first + 6;
+        if rows
+            && line.get::<_, Option<i64>>(rows_at).is_some()
+            && let Some(e) = out.last_mut()
+        {
+            e.rows.push(row_at(line, rows_at));
+        }
+    }
+    Ok(more)
 }
 
 /// A stored event's payload read back into the typed union (`type` lives in its own column).
@@ -128,7 +149,14 @@ fn stored_payload(kind: String, payload: serde_json::Value) -> Result<EventPaylo
     serde_json::from_value(fields.into()).map_err(|e| StoreError::Other(anyhow::anyhow!("stored event payload: {e}")))
 }
 
-const ROW_COLUMNS: &str = "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden, attachments";
+/// A row's columns as [`row_at`] reads them (a macro, for the statements built with `concat!`).
+macro_rules! row_columns {
+    () => {
+        "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden, attachments"
+    };
+}
+
+const ROW_COLUMNS: &str = row_columns!();
 
 /// Default and largest page byte budgets for `session.history`.
 pub const HISTORY_BUDGET_DEFAULT: usize = 256 << 10;
@@ -474,30 +502,7 @@ impl Store {
             return Err(StoreError::Code(ErrorCode::HistoryCleared));
         }
         let mut out: Vec<Event> = Vec::new();
-        let mut more = false;
-        for line in &lines {
-            let Some(sequence) = line.get::<_, Option<i64>>(1) else {
-                continue;
-            };
-            if !line.get::<_, bool>(2) {
-                more = true;
-                continue;
-            }
-            if out.last().is_none_or(|e| e.sequence != sequence) {
-                out.push(Event {
-                    sequence,
-                    at: fmt_time(line.get(6)),
-                    turn_id: line.get(4),
-                    rows: Vec::new(),
-                    payload: stored_payload(line.get(3), line.get(5))?,
-                });
-            }
-            if line.get::<_, Option<i64>>(7).is_some()
-                && let Some(e) = out.last_mut()
-            {
-                e.rows.push(row_at(line, 7));
-            }
-        }
+        let more = events_from_lines(&lines, 1, true, &mut out)?;
         let Some(first) = out.first() else {
             return Ok((Vec::new(), false));
         };

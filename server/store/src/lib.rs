@@ -18,6 +18,7 @@ mod context;
 mod coordinator;
 mod delegate;
 mod fork;
+#[macro_use]
 mod history;
 mod identity;
 mod interactions;
@@ -50,7 +51,7 @@ pub use interactions::WatcherKey;
 pub use patches::NewPatch;
 pub use receipts::{Begin, Receipt, ReceiptView};
 pub use routing::WorkerRoute;
-pub use turns::{ClaimedTurn, Partial, ProxyTurn, TitleSource};
+pub use turns::{ClaimedTurn, Ended, Partial, ProxyTurn, TitleSource};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.
 pub const CHANNEL_EVENTS: &str = "berth_events";

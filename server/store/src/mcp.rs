@@ -33,13 +33,12 @@ fn server_from(r: &tokio_postgres::Row) -> Result<McpServer> {
 }
 
 /// The tenant's enabled servers with their values, for a turn being handed out.
+/// The tenant's enabled MCP servers, by name.
+pub(crate) const ENABLED_SERVERS_SQL: &str =
+    "SELECT name, transport FROM mcp_servers WHERE tenant_id = $1 AND enabled ORDER BY name";
+
 pub(crate) async fn enabled_servers(tx: &impl GenericClient, tenant_id: &str) -> Result<Vec<McpServerRun>> {
-    let rows = tx
-        .qa(
-            "SELECT name, transport FROM mcp_servers WHERE tenant_id = $1 AND enabled ORDER BY name",
-            &[&tenant_id],
-        )
-        .await?;
+    let rows = tx.qa(ENABLED_SERVERS_SQL, &[&tenant_id]).await?;
     rows.iter()
         .map(|r| {
             Ok(McpServerRun {

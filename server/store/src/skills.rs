@@ -29,13 +29,12 @@ fn skill_from(r: &tokio_postgres::Row) -> Skill {
 }
 
 /// The tenant's skills by name (no bodies).
+/// The tenant's skills offered to a turn, by name.
+pub(crate) const TENANT_SKILLS_SQL: &str =
+    "SELECT id, name, summary FROM skills WHERE tenant_id = $1 ORDER BY name LIMIT $2";
+
 pub(crate) async fn tenant_skills(tx: &impl GenericClient, tenant_id: &str) -> Result<Vec<SkillInfo>> {
-    let rows = tx
-        .qa(
-            "SELECT id, name, summary FROM skills WHERE tenant_id = $1 ORDER BY name LIMIT $2",
-            &[&tenant_id, &OFFERED_MAX],
-        )
-        .await?;
+    let rows = tx.qa(TENANT_SKILLS_SQL, &[&tenant_id, &OFFERED_MAX]).await?;
     Ok(rows
         .iter()
         .map(|r| SkillInfo {

@@ -13,7 +13,7 @@ use crate::{
     CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, Cached, Principal, Result, Store, StoreError,
     attachments::{check_attachment_ids, turn_attachments},
     fmt_time,
-    history::append_event,
+    history::{EventRecord, append_event},
     not_found,
     receipts::{Receipt, finish},
     sessions::{lock_session, queue_changed},
@@ -90,9 +90,9 @@ impl Store {
         let client = self.pool.get().await?;
         // `BEGIN` and the tenant switch go out with admission's first statements: one wait.
         let tx = crate::Begun::new(&client);
-        let admitted = admit_in(
+        admit_in(
             tx.client(),
-            true,
+            Some(tx),
             tenant_id,
             session_id,
             prompt,
@@ -101,9 +101,7 @@ impl Store {
             op,
             replica,
         )
-        .await?;
-        tx.commit().await?;
-        Ok(admitted)
+        .await
     }
 
     /// Stop exactly this turn: a running one is cancelled (its worker told to stop), a
@@ -299,8 +297,9 @@ impl Store {
         .await?;
         let claimed = results.pop().unwrap_or_default();
         let candidates = results.pop().unwrap_or_default();
-        let mut turns = claimed_turns(tx.client(), tenant_id, claimed).await?;
-        tx.commit().await?;
+        let c = tx.client();
+        // The claimed turns' settings are read with the `COMMIT`: one wait.
+        let mut turns = claimed_turns(c, tenant_id, claimed, Some(tx)).await?;
         // Usually none: a turn started by `session.send` is running already.
         if candidates.is_empty() {
             return Ok(turns);
@@ -374,7 +373,7 @@ impl Store {
                     &[&connection_id, &tenant_id, &workspace_ids, &default_model, &room],
                 )
                 .await?;
-            let claimed = claimed_turns(&tx, tenant_id, claimed).await?;
+            let claimed = claimed_turns(&tx, tenant_id, claimed, None).await?;
             tx.commit().await?;
             turns.extend(claimed);
         }
@@ -431,7 +430,10 @@ impl Store {
     ///
     /// `replica` (the caller's replica id) wakes its own watchers itself once this returns:
     /// the event's `NOTIFY` then goes out only if a watcher held by another replica is
-    /// recorded. None: it always goes out.
+    /// recorded. None: it always goes out. `local`: return the event as written, rows and
+    /// all, for the caller's own watchers ([`crate::history::events_from_lines`]: what a
+    /// catch-up would read); else only its sequence.
+    #[allow(clippy::too_many_arguments)]
     pub async fn append_step(
         &self,
         connection_id: &str,
@@ -440,13 +442,14 @@ impl Store {
         rows: &[NewRow],
         relay: &[String],
         replica: Option<&str>,
-    ) -> Result<i64> {
+        local: bool,
+    ) -> Result<(i64, Vec<EventRecord>)> {
         let client = self.pool.get().await?;
         let step = StepParams::new(rows);
         let conn = Some(connection_id);
         let lock_params: [Param; 2] = [&turn_id, &tenant_id];
         let relay_params: [Param; 6] = [&turn_id, &tenant_id, &conn, &CHANNEL_DELTAS, &relay, &replica];
-        let step_params = step.params(&turn_id, &tenant_id, &conn, &replica, &true);
+        let step_params = step.params(&turn_id, &tenant_id, &conn, &replica, &true, &local);
         let mut statements: Vec<(&str, &[Param])> = vec![(LOCK_SESSION_OF_TURN, &lock_params)];
         if !relay.is_empty() {
             statements.push((RELAY_SQL, &relay_params));
@@ -456,10 +459,15 @@ impl Store {
         if results[0].is_empty() {
             return not_found();
         }
-        let written = results.last().and_then(|rows| rows.first());
-        written
-            .map(|r| r.get(0))
-            .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))
+        let written = results.last().map(Vec::as_slice).unwrap_or_default();
+        let Some(seq) = written.first().map(|r| r.get(0)) else {
+            return Err(StoreError::Code(ErrorCode::TurnNotRunning));
+        };
+        let mut events = Vec::new();
+        if local {
+            crate::history::events_from_lines(written, 0, true, &mut events)?;
+        }
+        Ok((seq, events))
     }
 
     /// Append coalesced live output to the running step and relay it to other replicas in
@@ -532,8 +540,10 @@ impl Store {
         state: TurnState,
         cause: Option<&Cause>,
     ) -> Result<(String, i64)> {
-        self.end_turn_with_step(connection_id, tenant_id, turn_id, None, state, cause, &[], None)
-            .await
+        let ended = self
+            .end_turn_with_step(connection_id, tenant_id, turn_id, None, state, cause, &[], None, false)
+            .await?;
+        Ok((ended.session_id, ended.sequence))
     }
 
     /// [`Store::end_turn`], first appending the turn's last step (`model.completed`, as
@@ -543,6 +553,9 @@ impl Store {
     /// [`CHANNEL_DELTAS`]), notified before the end's events. `replica`: as in
     /// [`Store::append_step`]; an end with a cause always notifies, since its diagnostic
     /// wakes `session.watchDiagnostics` on every replica through the session's notice.
+    /// `local`: return the step's and the end's events as written, for the caller's own
+    /// watchers (as [`Store::append_step`]; none when interactions of the turn had to be
+    /// closed first, whose events the watchers read).
     #[allow(clippy::too_many_arguments)]
     pub async fn end_turn_with_step(
         &self,
@@ -554,7 +567,8 @@ impl Store {
         cause: Option<&Cause>,
         relay: &[String],
         replica: Option<&str>,
-    ) -> Result<(String, i64)> {
+        local: bool,
+    ) -> Result<Ended> {
         if !state.is_settled() {
             return Err(StoreError::Code(ErrorCode::BadParams));
         }
@@ -583,7 +597,7 @@ impl Store {
         // The end's notice (a later sequence) wakes whoever the step's would have.
         let step_params = step
             .as_ref()
-            .map(|s| s.params(&turn_id, &tenant_id, &connection_id, &replica, &false));
+            .map(|s| s.params(&turn_id, &tenant_id, &connection_id, &replica, &false, &local));
         // Everything up to the commit goes out with the tenant switch, in order: the
         // coordinator's lock (if the session is a child), the session's lock and the turn read
         // under it, the relay, the step and the end — each written only if the turn runs (and
@@ -628,8 +642,17 @@ impl Store {
         let results = crate::pipelined(tx.client(), Some((crate::TENANT_SQL, tenant_id)), &statements).await?;
         let session_id = check_running(results[1].first(), results[2].first(), connection_id)?;
         let child = !results[0].is_empty();
+        let mut events = Vec::new();
         let seq = match results.last().and_then(|r| r.first()) {
-            Some(r) => r.get(0),
+            Some(r) => {
+                if local {
+                    if step_params.is_some() {
+                        crate::history::events_from_lines(&results[results.len() - 2], 0, true, &mut events)?;
+                    }
+                    crate::history::events_from_lines(&results[results.len() - 1], 0, false, &mut events)?;
+                }
+                r.get(0)
+            }
             // An interaction of the turn is pending: closed first (its resolution comes
             // before `turn.ended`), then the turn settles as before.
             None => {
@@ -649,7 +672,11 @@ impl Store {
             diagnostic(tx.client(), tenant_id, &session_id, kind, Some(turn_id), Some(seq), c).await?;
         }
         tx.commit().await?;
-        Ok((session_id, seq))
+        Ok(Ended {
+            session_id,
+            sequence: seq,
+            events,
+        })
     }
 
     /// The worker connection is gone: its presence row is deleted and its running turns end
@@ -1000,21 +1027,40 @@ const CLAIM_SQL: &str =
                 s.channel";
 
 /// The turns a [`CLAIM_SQL`] returned, with their attachments, the tenant's skills and MCP
-/// servers (read together: one wait).
+/// servers (read together: one wait), and `commit` committed with those reads.
 async fn claimed_turns(
     tx: &impl GenericClient,
     tenant_id: &str,
     claimed: Vec<tokio_postgres::Row>,
+    commit: Option<crate::Begun<'_>>,
 ) -> Result<Vec<ClaimedTurn>> {
     if claimed.is_empty() {
+        if let Some(commit) = commit {
+            commit.commit().await?;
+        }
         return Ok(Vec::new());
     }
     let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
-    let (mut attachments, skills, mcp_servers) = tokio::try_join!(
+    // Prepared first (cached after the first claim on a connection), so that the reads go
+    // out, and run, before the `COMMIT` sent with them; a failing read fails the call, and
+    // the `COMMIT` then rolls the claim back.
+    tokio::try_join!(
+        tx.prepare_cached(crate::attachments::TURN_ATTACHMENTS_SQL),
+        tx.prepare_cached(crate::skills::TENANT_SKILLS_SQL),
+        tx.prepare_cached(crate::mcp::ENABLED_SERVERS_SQL),
+    )?;
+    let commit = async {
+        match commit {
+            Some(c) => c.commit().await,
+            None => Ok(()),
+        }
+    };
+    let (mut attachments, skills, mcp_servers, ()) = tokio::try_join!(
         biased;
         turn_attachments(tx, tenant_id, &turn_ids),
         crate::skills::tenant_skills(tx, tenant_id),
         crate::mcp::enabled_servers(tx, tenant_id),
+        commit,
     )?;
     // The settings only: the worker reads the conversation with `turn.history`.
     Ok(claimed
@@ -1068,7 +1114,7 @@ pub(crate) async fn admit(
 ) -> Result<SessionSendResult> {
     Ok(admit_in(
         tx,
-        false,
+        None,
         tenant_id,
         session_id,
         prompt,
@@ -1090,14 +1136,17 @@ const ADMIT_ACTIVE_SQL: &str = "SELECT
         coalesce((SELECT queue_position FROM turns WHERE session_id = $1
                    ORDER BY queue_position DESC LIMIT 1), 0) + 1";
 
-/// [`admit`], also returning the session's workspace. `switch_tenant`: the transaction is
-/// fresh and the tenant switch is sent here, ahead of the first statements (one wait for
-/// all of them). `op` is finished with the result in the same transaction. `replica`: see
-/// [`Store::admit`].
+/// [`admit`], also returning the session's workspace. `commit`: the transaction is fresh
+/// (`tx` is its client) and is committed here: the tenant switch is sent ahead of the first
+/// statements (one wait for all of them), and a prompt that starts at once without
+/// attachments or receipt is committed with its writes (one wait less; a receipt is
+/// finished first, since a receipt this attempt no longer owns must roll the work back).
+/// Without it, the caller's transaction is left open. `op` is finished with the result in
+/// the same transaction. `replica`: see [`Store::admit`].
 #[allow(clippy::too_many_arguments)]
 async fn admit_in(
     tx: &impl GenericClient,
-    switch_tenant: bool,
+    commit: Option<crate::Begun<'_>>,
     tenant_id: &str,
     session_id: &str,
     prompt: &str,
@@ -1117,7 +1166,7 @@ async fn admit_in(
     let active_params: [Param; 1] = [&session_id];
     let mut results = crate::pipelined(
         tx,
-        switch_tenant.then_some((crate::TENANT_SQL, tenant_id)),
+        commit.is_some().then_some((crate::TENANT_SQL, tenant_id)),
         &[(&lock_sql, &lock_params), (ADMIT_ACTIVE_SQL, &active_params)],
     )
     .await?;
@@ -1157,7 +1206,23 @@ async fn admit_in(
         let rows = [NewRow::user(prompt)];
         let started = EventPayload::TurnStarted(Nothing {});
         let wake = crate::dispatch_payload(&workspace_id, replica);
-        let (_, seq, _) = tokio::try_join!(
+        // The `COMMIT` goes out with the writes when nothing has to be checked before it;
+        // the append is prepared first (cached after the first use on a connection) so that
+        // it is sent, and runs, before that `COMMIT`.
+        let (commit_now, commit_after) = match commit {
+            Some(c) if attachments.is_empty() && op.is_none() => (Some(c), None),
+            other => (None, other),
+        };
+        if commit_now.is_some() {
+            tx.prepare_cached(crate::history::APPEND_SQL).await?;
+        }
+        let commit_now = async {
+            match commit_now {
+                Some(c) => c.commit().await,
+                None => Ok(()),
+            }
+        };
+        let (_, seq, _, ()) = tokio::try_join!(
             biased;
             async {
                 tx.execute(
@@ -1179,9 +1244,13 @@ async fn admit_in(
             },
             append_event(tx, tenant_id, session_id, Some(&turn_id), &started, &rows),
             finish(tx, op, &result),
+            commit_now,
         )?;
         if !attachments.is_empty() {
             crate::attachments::name_in_prompt_row(tx, tenant_id, session_id, &turn_id, seq).await?;
+        }
+        if let Some(c) = commit_after {
+            c.commit().await?;
         }
         return Ok((result, workspace_id));
     }
@@ -1227,6 +1296,9 @@ async fn admit_in(
         queue_revision: Some(0),
     };
     finish(tx, op, &result).await?;
+    if let Some(c) = commit {
+        c.commit().await?;
+    }
     Ok((result, workspace_id))
 }
 
@@ -1399,11 +1471,14 @@ const PARTIAL_SQL: &str = concat!(
 /// session's sequence is bumped (gapless: the session row is locked), and the
 /// `model.completed` event (`$10`, with that usage), its rows (`$4`..`$8` by item) and the
 /// notice go in. The reply row (`$9`, a step without tool calls) names the turn's files not
-/// named yet. Returns the sequence, or no row when the turn does not run.
+/// named yet. Returns the event as a catch-up reads it (`history::events_from_lines` from
+/// column 0: the sequence first), one line per row when `$14` is set (else one line, without
+/// the rows), or no line when the turn does not run.
 ///
 /// The event's notice (`$11`) goes out only when `$13` is set and someone may need it: any
 /// watcher when `$12` (the appending replica, which wakes its own watchers itself) is null,
-/// else only a watcher another replica recorded (`watched_elsewhere_sql`).
+/// else only a watcher another replica recorded (`watched_elsewhere_sql`). It is computed
+/// once (`n`, materialized), whatever the number of lines.
 const STEP_SQL: &str = concat!(
     "WITH t AS (",
     running_turn_sql!(),
@@ -1419,7 +1494,8 @@ const STEP_SQL: &str = concat!(
                        ELSE jsonb_build_object('usage', jsonb_build_object(
                                 'inputTokens', (u.usage->>'inputTokens')::bigint,
                                 'outputTokens', (u.usage->>'outputTokens')::bigint)) END
-             FROM s, u),
+             FROM s, u
+           RETURNING type, turn_id, payload, at),
      named AS (SELECT jsonb_agg(jsonb_build_object('attachmentId', a.id, 'name', a.name, 'mimeType', a.mime_type,
                                                    'bytes', a.bytes, 'sha256', a.sha256) ORDER BY a.created_at, a.id) AS list
                  FROM attachments a
@@ -1431,10 +1507,13 @@ const STEP_SQL: &str = concat!(
            SELECT s.id, s.last_sequence, (v.n - 1)::int, $2, $1, v.kind, v.body, v.thinking, v.tool, v.hidden,
                   CASE WHEN v.n - 1 = $9::int THEN (SELECT list FROM named) END
              FROM s, unnest($4::text[], $5::text[], $6::text[], $7::jsonb[], $8::bool[])
-                     WITH ORDINALITY AS v(kind, body, thinking, tool, hidden, n))
-     SELECT s.last_sequence, (SELECT pg_notify($11, s.id || ':' || s.last_sequence) WHERE $13::bool AND (",
+                     WITH ORDINALITY AS v(kind, body, thinking, tool, hidden, n)
+           RETURNING ", row_columns!(), "),
+     n AS MATERIALIZED (SELECT (SELECT pg_notify($11, s.id || ':' || s.last_sequence) WHERE $13::bool AND (",
     watched_elsewhere_sql!("$12"),
-    ")) FROM s"
+    ")) FROM s)
+     SELECT s.last_sequence, true, e.type, e.turn_id, e.payload, e.at, r.*
+       FROM s CROSS JOIN e CROSS JOIN n LEFT JOIN r ON $14::bool ORDER BY r.item_index"
 );
 
 /// A running turn ([`running_turn_sql`]) with no pending interaction settles in one
@@ -1443,8 +1522,9 @@ const STEP_SQL: &str = concat!(
 /// when a turn of the session is queued (the next one may start now; the turn's own
 /// connection freeing a slot for another session's turn is its replica's business, see
 /// `workers/steps.rs`), and the event's notice (`$9`) when someone may need it (as in
-/// [`STEP_SQL`], `$10` the appending replica or null). Returns the sequence, or no row when
-/// nothing was written.
+/// [`STEP_SQL`], `$10` the appending replica or null). Returns the event as a catch-up reads
+/// it (the sequence first; as [`STEP_SQL`], without rows), or no row when nothing was
+/// written.
 const END_SQL: &str = concat!(
     "WITH t AS (",
     running_turn_sql!(),
@@ -1463,13 +1543,14 @@ const END_SQL: &str = concat!(
                                              'inputTokens', greatest(u.input_tokens, 0),
                                              'outputTokens', greatest(u.output_tokens, 0)))
                                     ELSE '{}'::jsonb END
-             FROM s, u)
-     SELECT s.last_sequence,
+             FROM s, u
+           RETURNING type, turn_id, payload, at)
+     SELECT s.last_sequence, true, e.type, e.turn_id, e.payload, e.at,
             (SELECT pg_notify($8, s.workspace_id)
               WHERE EXISTS (SELECT 1 FROM turns q WHERE q.session_id = s.id AND q.state = 'queued')),
             (SELECT pg_notify($9, s.id || ':' || s.last_sequence) WHERE ",
     watched_elsewhere_sql!("$10"),
-    ") FROM s"
+    ") FROM s CROSS JOIN e"
 );
 
 /// A step's rows as the columns [`STEP_SQL`] takes.
@@ -1517,7 +1598,8 @@ impl<'a> StepParams<'a> {
         connection_id: &'p Option<&str>,
         replica: &'p Option<&str>,
         notify: &'p bool,
-    ) -> [Param<'p>; 13] {
+        local: &'p bool,
+    ) -> [Param<'p>; 14] {
         [
             turn_id,
             tenant_id,
@@ -1532,8 +1614,18 @@ impl<'a> StepParams<'a> {
             &crate::CHANNEL_EVENTS,
             replica,
             notify,
+            local,
         ]
     }
+}
+
+/// A settled turn: its session, the sequence of `turn.ended`, and — when asked for — the
+/// events the end wrote, as a catch-up would read them (empty otherwise).
+#[derive(Debug)]
+pub struct Ended {
+    pub session_id: String,
+    pub sequence: i64,
+    pub events: Vec<EventRecord>,
 }
 
 /// Lock the session of a running turn and return its id: the session row first (as stop,

@@ -467,21 +467,52 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
     // Whether the database may hold events this watcher has not sent: live items never
     // add any, so only an event wake-up, a lag or the safety tick reads the database.
     let mut catch_up = true;
+    // Whether the wake-up came from an event commit (not a lag, the safety tick or the
+    // join), so that the hub's copies of this replica's appends may serve it; and the pokes
+    // already covered by a read of the database.
+    let mut woken = false;
+    let mut pokes = 0;
+    let (from_append, from_read) = (
+        ctx.state.metrics.watch_events.with_label_values(&["append"]),
+        ctx.state.metrics.watch_events.with_label_values(&["read"]),
+    );
+    let send = async |e: &berth_store::EventRecord, joined: bool, source: &prometheus::IntCounter| {
+        if !ctx.item(e).await {
+            return false;
+        }
+        source.inc();
+        if joined && let Ok(at) = chrono::DateTime::parse_from_rfc3339(&e.at) {
+            let lag = chrono::Utc::now().signed_duration_since(at).num_milliseconds().max(0);
+            ctx.state.metrics.fanout_lag.observe(lag as f64 / 1000.0);
+        }
+        true
+    };
     loop {
         while std::mem::take(&mut catch_up) {
             if cancel.is_cancelled() {
                 return Ok(());
             }
+            let mark = *sub.events.borrow_and_update();
+            // This replica's own appends, right after the cursor and up to the latest
+            // sequence known, are sent as they were written: no read (see `Hub::committed`).
+            if std::mem::take(&mut woken) && mark.pokes == pokes {
+                for e in ctx.state.hub.recent_after(&p.session_id, cursor) {
+                    if !send(&e, joined, &from_append).await {
+                        return Err(gone());
+                    }
+                    cursor = e.sequence;
+                }
+                if cursor >= mark.sequence {
+                    continue;
+                }
+            }
+            pokes = mark.pokes;
             let (events, more) = store
                 .events_after(&me.tenant_id, &p.session_id, cursor, CATCH_UP_BATCH, CATCH_UP_BYTES)
                 .await?;
             for e in &events {
-                if !ctx.item(e).await {
+                if !send(e, joined, &from_read).await {
                     return Err(gone());
-                }
-                if joined && let Ok(at) = chrono::DateTime::parse_from_rfc3339(&e.at) {
-                    let lag = chrono::Utc::now().signed_duration_since(at).num_milliseconds().max(0);
-                    ctx.state.metrics.fanout_lag.observe(lag as f64 / 1000.0);
                 }
             }
             if let Some(last) = events.last() {
@@ -560,6 +591,7 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
                     return Ok(());
                 }
                 catch_up = true;
+                woken = true;
             }
             _ = safety.tick() => catch_up = true,
         }

@@ -17,6 +17,8 @@ impl TurnTask {
         self.flushed().await;
         let relay = self.take_relay().map(|(_, payloads)| payloads).unwrap_or_default();
         let conn = self.conn.clone();
+        // Local watchers get the event as written, without reading it back.
+        let append = conn.state.hub.appending(&self.live.session);
         let r = {
             let _permits = conn.write_permits().await;
             conn.state
@@ -29,6 +31,7 @@ impl TurnTask {
                     &relay,
                     // Local watchers are woken below: the NOTIFY is for other replicas' only.
                     Some(&conn.state.config.replica_id),
+                    append.is_some(),
                 )
                 .await
         };
@@ -36,9 +39,9 @@ impl TurnTask {
         self.live.step += 1;
         self.live.text = 0;
         self.live.thinking = 0;
-        let seq = r?;
+        let (seq, events) = r?;
         // Local watchers wake now, not when this replica hears its own NOTIFY back.
-        conn.state.hub.event(&self.live.session, seq);
+        conn.state.hub.committed(append, &self.live.session, events, seq);
         conn.state.metrics.events_appended.inc();
         Ok(json!({"sequence": seq}))
     }
@@ -56,6 +59,7 @@ impl TurnTask {
         let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
         relay.push(self.relayed(idle.clone()));
         let conn = self.conn.clone();
+        let append = conn.state.hub.appending(&self.live.session);
         let r = {
             let _permits = conn.write_permits().await;
             conn.state
@@ -69,6 +73,7 @@ impl TurnTask {
                     end.cause.as_ref(),
                     &relay,
                     Some(&conn.state.config.replica_id),
+                    append.is_some(),
                 )
                 .await
         };
@@ -89,8 +94,12 @@ impl TurnTask {
             // Not settled here (already stopped or swept): the idle phase goes out alone.
             self.relay_now(idle).await;
         }
-        let (session_id, seq) = r?;
-        conn.state.hub.event(&session_id, seq);
+        let berth_store::Ended {
+            session_id,
+            sequence: seq,
+            events,
+        } = r?;
+        conn.state.hub.committed(append, &session_id, events, seq);
         if end.state == berth_protocol::TurnState::Completed {
             crate::titles::spawn(conn.state.clone(), conn.principal.tenant_id.clone(), session_id);
         }
