@@ -14,6 +14,13 @@ use crate::{CHANNEL_EVENTS, Cached, Result, Store, StoreError, fmt_time, not_fou
 
 type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
 
+/// A row's columns as [`row_at`] reads them (a macro, for the statements built with `concat!`).
+macro_rules! row_columns {
+    () => {
+        "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden, attachments"
+    };
+}
+
 /// A persisted event together with its rows.
 pub type EventRecord = Event;
 
@@ -39,18 +46,27 @@ pub(crate) fn tool_json(t: &ToolInfo) -> serde_json::Value {
 /// One event (`$3` type, `$4` turn, `$5` payload) and the rows it publishes (`$6`..`$10` by
 /// item) appended to session `$1` of tenant `$2`, with its notice on channel `$11`, in one
 /// statement (one wait): the session's sequence bumped (its row locked, so sequences stay
-/// gapless), the event and its rows under it. Returns the sequence, or no row when the
-/// session is not the tenant's.
-pub(crate) const APPEND_SQL: &str = "
+/// gapless), the event and its rows under it. Returns the event as a catch-up reads it
+/// ([`events_from_lines`] from column 0), one line per row when `$12` is set (else one line,
+/// without the rows), or no line when the session is not the tenant's.
+pub(crate) const APPEND_SQL: &str = concat!(
+    "
 WITH s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
             WHERE id = $1 AND tenant_id = $2 RETURNING id, last_sequence),
      e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
-           SELECT s.id, s.last_sequence, $2, $3, $4, $5 FROM s),
+           SELECT s.id, s.last_sequence, $2, $3, $4, $5 FROM s
+           RETURNING type, turn_id, payload, at),
      r AS (INSERT INTO rows (session_id, source_sequence, item_index, tenant_id, turn_id, kind, body, thinking, tool, hidden)
            SELECT s.id, s.last_sequence, (v.n - 1)::int, $2, $4, v.kind, v.body, v.thinking, v.tool, v.hidden
              FROM s, unnest($6::text[], $7::text[], $8::text[], $9::jsonb[], $10::bool[])
-                     WITH ORDINALITY AS v(kind, body, thinking, tool, hidden, n))
-SELECT s.last_sequence, pg_notify($11, s.id || ':' || s.last_sequence) FROM s";
+                     WITH ORDINALITY AS v(kind, body, thinking, tool, hidden, n)
+           RETURNING ",
+    row_columns!(),
+    "),
+     n AS MATERIALIZED (SELECT pg_notify($11, s.id || ':' || s.last_sequence) FROM s)
+SELECT s.last_sequence, true, e.type, e.turn_id, e.payload, e.at, r.*
+  FROM s CROSS JOIN e CROSS JOIN n LEFT JOIN r ON $12::bool ORDER BY r.item_index"
+);
 
 /// Append one event (and the rows it publishes) inside the caller's transaction. The
 /// sequence comes from bumping `sessions.last_sequence`, which also serializes appends per
@@ -64,6 +80,24 @@ pub(crate) async fn append_event(
     event: &EventPayload,
     rows: &[NewRow],
 ) -> Result<i64> {
+    Ok(
+        append_event_as_written(tx, tenant_id, session_id, turn_id, event, rows, false)
+            .await?
+            .0,
+    )
+}
+
+/// [`append_event`], also returning the event as written when `local` (for the appending
+/// replica's own watchers: what a catch-up would read; empty otherwise).
+pub(crate) async fn append_event_as_written(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    session_id: &str,
+    turn_id: Option<&str>,
+    event: &EventPayload,
+    rows: &[NewRow],
+    local: bool,
+) -> Result<(i64, Vec<Event>)> {
     let kind = event.type_name();
     let mut payload = serde_json::to_value(event).map_err(|e| StoreError::Other(e.into()))?;
     if let Some(fields) = payload.as_object_mut() {
@@ -75,7 +109,7 @@ pub(crate) async fn append_event(
     let tools: Vec<_> = rows.iter().map(|r| r.tool.as_ref().map(tool_json)).collect();
     let hidden: Vec<bool> = rows.iter().map(|r| r.hidden.unwrap_or(false)).collect();
     let written = tx
-        .qo(
+        .qa(
             APPEND_SQL,
             &[
                 &session_id,
@@ -89,12 +123,18 @@ pub(crate) async fn append_event(
                 &tools,
                 &hidden,
                 &CHANNEL_EVENTS,
+                &local,
             ],
         )
         .await?;
-    let Some(written) = written else { return not_found() };
-    let seq: i64 = written.get(0);
-    Ok(seq)
+    let Some(seq) = written.first().map(|r| r.get(0)) else {
+        return not_found();
+    };
+    let mut events = Vec::new();
+    if local {
+        events_from_lines(&written, 0, true, &mut events)?;
+    }
+    Ok((seq, events))
 }
 
 /// Events and their rows from result lines laid out as [`CATCH_UP_SQL`]'s from column `first`
@@ -147,13 +187,6 @@ fn stored_payload(kind: String, payload: serde_json::Value) -> Result<EventPaylo
     };
     fields.insert("type".into(), kind.into());
     serde_json::from_value(fields.into()).map_err(|e| StoreError::Other(anyhow::anyhow!("stored event payload: {e}")))
-}
-
-/// A row's columns as [`row_at`] reads them (a macro, for the statements built with `concat!`).
-macro_rules! row_columns {
-    () => {
-        "source_sequence, item_index, turn_id, kind, body, thinking, tool, hidden, attachments"
-    };
 }
 
 const ROW_COLUMNS: &str = row_columns!();

@@ -69,7 +69,7 @@ impl Store {
         prompt: &str,
         op: Option<&Receipt>,
     ) -> Result<SessionSendResult> {
-        Ok(self.admit(tenant_id, session_id, prompt, &[], op, None).await?.0)
+        Ok(self.admit(tenant_id, session_id, prompt, &[], op, None, false).await?.0)
     }
 
     /// [`Store::send`] with attachments (ids of the tenant's uploads, in the order the
@@ -77,7 +77,10 @@ impl Store {
     /// session's workspace (so that a replica holding its worker can hand the started turn
     /// out at once). `replica`: the admitting replica, named in the dispatch notification
     /// when it kicks its own worker connections itself after the commit
-    /// ([`crate::dispatch_payload`]).
+    /// ([`crate::dispatch_payload`]). `local`: also return `turn.started` as written, for the
+    /// admitting replica's own watchers (as [`Store::append_step`]; empty when the prompt
+    /// queues or has attachments, whose names are added to its row after the append).
+    #[allow(clippy::too_many_arguments)]
     pub async fn admit(
         &self,
         tenant_id: &str,
@@ -86,7 +89,8 @@ impl Store {
         attachments: &[String],
         op: Option<&Receipt>,
         replica: Option<&str>,
-    ) -> Result<(SessionSendResult, String)> {
+        local: bool,
+    ) -> Result<(SessionSendResult, String, Vec<EventRecord>)> {
         let client = self.pool.get().await?;
         // `BEGIN` and the tenant switch go out with admission's first statements: one wait.
         let tx = crate::Begun::new(&client);
@@ -100,6 +104,7 @@ impl Store {
             None,
             op,
             replica,
+            local,
         )
         .await
     }
@@ -1122,6 +1127,7 @@ pub(crate) async fn admit(
         parent_turn,
         None,
         None,
+        false,
     )
     .await?
     .0)
@@ -1154,7 +1160,8 @@ async fn admit_in(
     parent_turn: Option<&str>,
     op: Option<&Receipt>,
     replica: Option<&str>,
-) -> Result<(SessionSendResult, String)> {
+    local: bool,
+) -> Result<(SessionSendResult, String, Vec<EventRecord>)> {
     let lock_sql = format!(
         "SELECT workspace_id, paused, {} AS online FROM sessions s
           WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE FOR UPDATE",
@@ -1222,7 +1229,7 @@ async fn admit_in(
                 None => Ok(()),
             }
         };
-        let (_, seq, _, ()) = tokio::try_join!(
+        let (_, (seq, events), _, ()) = tokio::try_join!(
             biased;
             async {
                 tx.execute(
@@ -1242,7 +1249,15 @@ async fn admit_in(
                 .await
                 .map_err(StoreError::from)
             },
-            append_event(tx, tenant_id, session_id, Some(&turn_id), &started, &rows),
+            crate::history::append_event_as_written(
+                tx,
+                tenant_id,
+                session_id,
+                Some(&turn_id),
+                &started,
+                &rows,
+                local && attachments.is_empty(),
+            ),
             finish(tx, op, &result),
             commit_now,
         )?;
@@ -1252,7 +1267,7 @@ async fn admit_in(
         if let Some(c) = commit_after {
             c.commit().await?;
         }
-        return Ok((result, workspace_id));
+        return Ok((result, workspace_id, events));
     }
     tx.ex(
         "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids, parent_turn_id)
@@ -1299,7 +1314,7 @@ async fn admit_in(
     if let Some(c) = commit {
         c.commit().await?;
     }
-    Ok((result, workspace_id))
+    Ok((result, workspace_id, Vec::new()))
 }
 
 /// Wake the replica holding the session's workspace worker: turns may be handed out.

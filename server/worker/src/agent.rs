@@ -84,20 +84,27 @@ async fn steps(
     config: &AgentConfig,
     cancel: &CancellationToken,
 ) -> Result<Finished, Halt> {
-    let skills = match tools {
-        Some(tools) => skills::offered(tools.workspace().clone(), &run.skills).await,
-        None => Vec::new(),
+    // The conversation is asked for first and read while the workspace's skills are listed
+    // and the attachments fetched: one wait for the three.
+    let skills = async {
+        match tools {
+            Some(tools) => skills::offered(tools.workspace().clone(), &run.skills).await,
+            None => Vec::new(),
+        }
     };
+    let attachments = crate::attachments::fetch(&t.link.http, &t.link.proxy_url, &t.link.token, run);
+    let (history, skills, attachments) = tokio::select! {
+        biased;
+        r = async { tokio::join!(t.history(), skills, attachments) } => r,
+        _ = cancel.cancelled() => return Err(Halt::Stopped),
+    };
+    let attachments = attachments.map_err(Halt::Failed)?;
     let schemas = tools.map(|_| offered(run, !skills.is_empty(), mcp));
     let mut system = system_prompt(run, tools.is_some());
     if is_offered(schemas.as_deref(), skills::READ_SKILL) {
         system.push_str(&skills::prompt_section(&skills));
     }
-    let attachments = tokio::select! {
-        a = crate::attachments::fetch(&t.link.http, &t.link.proxy_url, &t.link.token, run) => a.map_err(Halt::Failed)?,
-        _ = cancel.cancelled() => return Err(Halt::Stopped),
-    };
-    let mut conv = load(t, &system, &attachments, cancel).await?;
+    let mut conv = conversation(&system, history?, &attachments);
     // A compaction only ever moves forward: one that did not help is not asked for again.
     let mut compacted_to: Option<Position> = None;
     for _ in 0..config.max_steps {
@@ -162,10 +169,19 @@ async fn load(
     attachments: &[crate::attachments::Received],
     cancel: &CancellationToken,
 ) -> Result<Conversation, Halt> {
-    let (handoff, history) = tokio::select! {
+    let history = tokio::select! {
         h = t.history() => h?,
         _ = cancel.cancelled() => return Err(Halt::Stopped),
     };
+    Ok(conversation(system, history, attachments))
+}
+
+/// The conversation from the session's history (`turn.history`: the hand-off, then the rows).
+fn conversation(
+    system: &str,
+    (handoff, history): (Option<berth_protocol::worker::Handoff>, Vec<berth_protocol::Row>),
+    attachments: &[crate::attachments::Received],
+) -> Conversation {
     let mut conv = Conversation::new(system.to_string());
     if let Some(h) = &handoff {
         conv.push_handoff(&h.summary);
@@ -175,7 +191,7 @@ async fn load(
     }
     conv.close_open();
     conv.attach(attachments);
-    Ok(conv)
+    conv
 }
 
 /// A model request for the conversation so far, written out once: sent as it is, and its

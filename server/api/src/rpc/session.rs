@@ -216,7 +216,9 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
         ));
     }
     check_prompt(&p.prompt)?;
-    let (r, workspace_id) = ctx
+    // Local watchers get `turn.started` as written, without reading it back.
+    let append = ctx.state.hub.appending(&p.session_id);
+    let (r, workspace_id, events) = ctx
         .state
         .store
         .admit(
@@ -226,8 +228,14 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
             &p.attachments,
             ctx.op.as_ref(),
             Some(ctx.state.config.replica_id.as_str()),
+            append.is_some(),
         )
         .await?;
+    // Without events (a queued prompt) the watchers read what was written, woken by its
+    // notice once the guard is gone.
+    if let Some(last) = events.last().map(|e| e.sequence) {
+        ctx.state.hub.committed(append, &p.session_id, events, last);
+    }
     if r.state == TurnState::Running {
         // When this replica holds the workspace's worker, hand the turn out now rather than
         // when this replica hears its own `NOTIFY berth_dispatch` back. The notification
