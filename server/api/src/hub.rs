@@ -26,9 +26,11 @@ use tokio::sync::{broadcast, watch};
 const LIVE_BUFFER: usize = 1024;
 
 /// Events kept per watched session for local watchers ([`Hub::committed`]), and their rows'
-/// text at most: an event larger than that is read from the database.
+/// text at most: an event larger than that is read from the database. Across all sessions
+/// the hub keeps at most [`RECENT_TOTAL_BYTES`]; past that, watchers read.
 const RECENT_EVENTS: usize = 16;
 const RECENT_BYTES: usize = 256 << 10;
+const RECENT_TOTAL_BYTES: usize = 16 << 20;
 
 /// What a session's watchers are woken with: the latest sequence known committed, and a
 /// count of wake-ups that name no sequence (the session changed; notifications may have
@@ -42,6 +44,8 @@ pub struct Mark {
 #[derive(Default)]
 pub struct Hub {
     sessions: Mutex<HashMap<String, Channels>>,
+    /// What every session's `recent` holds, as [`event_bytes`] counts it.
+    recent_total: std::sync::atomic::AtomicUsize,
 }
 
 struct Channels {
@@ -94,12 +98,20 @@ impl Drop for Subscription<'_> {
             && ch.partial.is_none()
             && ch.appending == 0
         {
-            map.remove(&self.session_id);
+            self.hub.remove(&mut map, &self.session_id);
         }
     }
 }
 
 impl Hub {
+    /// Forget a session's channels (nobody uses them any more).
+    fn remove(&self, map: &mut HashMap<String, Channels>, session_id: &str) {
+        if let Some(ch) = map.remove(session_id) {
+            self.recent_total
+                .fetch_sub(ch.recent_bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     pub fn subscribe(&self, session_id: &str) -> Subscription<'_> {
         let mut map = self.sessions.lock().expect("hub lock");
         let ch = map.entry(session_id.to_string()).or_insert_with(Channels::new);
@@ -123,7 +135,7 @@ impl Hub {
         let mut map = self.sessions.lock().expect("hub lock");
         if let Some(ch) = map.get_mut(session_id) {
             if ch.events.receiver_count() == 0 && ch.partial.is_none() && ch.appending == 0 {
-                map.remove(session_id);
+                self.remove(&mut map, session_id);
             } else if sequence == 0 {
                 ch.events.send_modify(|m| m.pokes += 1);
             } else if ch.appending > 0 {
@@ -161,9 +173,13 @@ impl Hub {
             if let Some(ch) = map.get_mut(&append.session_id)
                 && ch.events.receiver_count() > 0
             {
+                let before = ch.recent_bytes;
                 for e in events {
                     let size = event_bytes(&e);
-                    if size > RECENT_BYTES {
+                    let total = self.recent_total.load(std::sync::atomic::Ordering::Relaxed);
+                    if size > RECENT_BYTES
+                        || (total + ch.recent_bytes + size).saturating_sub(before) > RECENT_TOTAL_BYTES
+                    {
                         continue;
                     }
                     if ch.recent.back().is_some_and(|last| last.sequence >= e.sequence) {
@@ -178,6 +194,14 @@ impl Hub {
                         let Some(old) = ch.recent.pop_front() else { break };
                         ch.recent_bytes -= event_bytes(&old);
                     }
+                }
+                // Under the map's lock, as every change of the total.
+                if ch.recent_bytes >= before {
+                    self.recent_total
+                        .fetch_add(ch.recent_bytes - before, std::sync::atomic::Ordering::Relaxed);
+                } else {
+                    self.recent_total
+                        .fetch_sub(before - ch.recent_bytes, std::sync::atomic::Ordering::Relaxed);
                 }
                 ch.deferred = ch.deferred.max(sequence);
             }
@@ -247,7 +271,7 @@ impl Hub {
         if let Some(ch) = map.get_mut(session_id) {
             ch.partial = None;
             if ch.events.receiver_count() == 0 && ch.appending == 0 {
-                map.remove(session_id);
+                self.remove(&mut map, session_id);
             }
         }
     }
@@ -278,7 +302,7 @@ impl Drop for Appending<'_> {
                 let sequence = std::mem::take(&mut ch.deferred);
                 advance(ch, sequence);
                 if ch.events.receiver_count() == 0 && ch.partial.is_none() {
-                    map.remove(&self.session_id);
+                    self.hub.remove(&mut map, &self.session_id);
                 }
             }
         }
@@ -301,4 +325,110 @@ fn event_bytes(e: &EventRecord) -> usize {
         .map(|r| r.body.len() + r.thinking.as_ref().map_or(0, String::len))
         .sum::<usize>()
         + 256
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_protocol::{EventPayload, Nothing, Position, Row, RowKind};
+
+    use super::*;
+
+    fn event(sequence: i64, text_bytes: usize) -> EventRecord {
+        EventRecord {
+            sequence,
+            at: "2026-12-01T00:00:00.000Z".into(),
+            turn_id: Some("trn_1".into()),
+            rows: vec![Row {
+                position: Position {
+                    source_sequence: sequence,
+                    item_index: 0,
+                },
+                turn_id: Some("trn_1".into()),
+                kind: RowKind::User,
+                body: "x".repeat(text_bytes),
+                thinking: None,
+                tool: None,
+                hidden: None,
+                truncated: None,
+                attachments: None,
+            }],
+            payload: EventPayload::TurnStarted(Nothing {}),
+        }
+    }
+
+    fn sequences(events: &[Arc<EventRecord>]) -> Vec<i64> {
+        events.iter().map(|e| e.sequence).collect()
+    }
+
+    #[test]
+    fn appends_are_taken_only_as_a_run_right_after_the_cursor() {
+        let hub = Hub::default();
+        assert!(hub.appending("ses").is_none(), "nobody watches: nothing is kept");
+        let sub = hub.subscribe("ses");
+        let append = hub.appending("ses");
+        assert!(append.is_some());
+        hub.committed(append, "ses", vec![event(3, 10), event(4, 10)], 4);
+        assert_eq!(sub.events.borrow().sequence, 4, "the watchers are woken");
+        assert_eq!(sequences(&hub.recent_after("ses", 2)), [3, 4]);
+        assert_eq!(sequences(&hub.recent_after("ses", 3)), [4]);
+        assert!(hub.recent_after("ses", 4).is_empty());
+        assert!(hub.recent_after("ses", 1).is_empty(), "2 is not kept: no run after 1");
+        // Another append that came second is kept from there on, and not joined to a gap.
+        let append = hub.appending("ses");
+        hub.committed(append, "ses", vec![event(6, 10)], 6);
+        assert_eq!(
+            sequences(&hub.recent_after("ses", 4)),
+            Vec::<i64>::new(),
+            "5 is missing"
+        );
+        assert_eq!(sequences(&hub.recent_after("ses", 5)), [6]);
+        let append = hub.appending("ses");
+        hub.committed(append, "ses", vec![event(5, 10)], 5);
+        assert_eq!(sequences(&hub.recent_after("ses", 4)), [5], "out of order: kept from 5");
+        drop(sub);
+        assert_eq!(hub.recent_total.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn notifications_wait_for_an_append_in_flight_and_pokes_do_not() {
+        let hub = Hub::default();
+        let sub = hub.subscribe("ses");
+        let append = hub.appending("ses");
+        hub.event("ses", 7);
+        assert_eq!(
+            sub.events.borrow().sequence,
+            0,
+            "held back while the append is in flight"
+        );
+        hub.event("ses", 0);
+        assert_eq!(sub.events.borrow().pokes, 1, "a poke is not held back");
+        drop(append);
+        assert_eq!(sub.events.borrow().sequence, 7, "released when the append failed");
+        let append = hub.appending("ses");
+        hub.event("ses", 9);
+        hub.committed(append, "ses", vec![event(8, 10)], 8);
+        assert_eq!(sub.events.borrow().sequence, 9, "the newest of both");
+    }
+
+    #[test]
+    fn the_hub_keeps_a_bounded_amount_of_appended_text() {
+        let hub = Hub::default();
+        let subs: Vec<_> = (0..100).map(|i| hub.subscribe(&format!("ses{i}"))).collect();
+        for i in 0..100 {
+            let id = format!("ses{i}");
+            let append = hub.appending(&id);
+            hub.committed(append, &id, vec![event(1, 200 << 10)], 1);
+            assert!(hub.recent_total.load(std::sync::atomic::Ordering::Relaxed) <= RECENT_TOTAL_BYTES);
+        }
+        assert!(!hub.recent_after("ses0", 0).is_empty(), "the first are kept");
+        assert!(hub.recent_after("ses99", 0).is_empty(), "past the bound, watchers read");
+        let append = hub.appending("ses1");
+        hub.committed(append, "ses1", vec![event(2, RECENT_BYTES)], 2);
+        assert!(
+            hub.recent_after("ses1", 1).is_empty(),
+            "an event over the session's bound is read"
+        );
+        drop(subs);
+        assert_eq!(hub.recent_total.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
 }
