@@ -612,12 +612,9 @@ async fn a_prompt_is_handed_out_at_once_through_either_replica() {
     }
 }
 
-/// Watchers on either replica see the turn's live phase go `running` and, once it ends,
-/// `idle` (relayed to the other replica in the end's own transaction).
-#[tokio::test(flavor = "multi_thread")]
-async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
-    let mock = MockProvider::start().await;
-    let stack = Stack::start(&mock, 2).await;
+/// A session with a client on each of the first two replicas, each watching it from the
+/// start and caught up (its `session.created` read).
+async fn watched_on_both(stack: &Stack) -> (Client, Client, String, [berth_e2e::client::Subscription; 2]) {
     let mut a = stack.client(0).await;
     let sid = stack.session(&mut a).await;
     let mut b = stack.client(1).await;
@@ -625,14 +622,24 @@ async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
         a.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
         b.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
     ];
-    // The phase is live output, not history: each watch must be in place (caught up)
-    // before the turn starts, or its `running` may go out before it listens.
     for watch in &mut watches {
         watch
             .until(10, |e| e["type"] == "session.created")
             .await
             .expect("watch catches up");
     }
+    (a, b, sid, watches)
+}
+
+/// Watchers on either replica see the turn's live phase go `running` and, once it ends,
+/// `idle` (relayed to the other replica in the end's own transaction).
+#[tokio::test(flavor = "multi_thread")]
+async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    // The phase is live output, not history: each watch must be in place (caught up)
+    // before the turn starts, or its `running` may go out before it listens.
+    let (mut a, _b, sid, mut watches) = watched_on_both(&stack).await;
     for round in 0..2 {
         mock.push(Reply::Stream(vec![Part::Text("done".into())]));
         let sent = a.ok("session.send", json!({"sessionId": sid, "prompt": "go"})).await;
@@ -663,19 +670,7 @@ async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
 async fn a_watcher_where_the_worker_is_gets_each_append_as_a_read_returns_it() {
     let mock = MockProvider::start().await;
     let stack = Stack::start(&mock, 2).await;
-    let mut a = stack.client(0).await;
-    let sid = stack.session(&mut a).await;
-    let mut b = stack.client(1).await;
-    let mut watches = [
-        a.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
-        b.subscribe("session.watch", json!({"sessionId": sid, "after": 0})),
-    ];
-    for watch in &mut watches {
-        watch
-            .until(10, |e| e["type"] == "session.created")
-            .await
-            .expect("watch catches up");
-    }
+    let (mut a, mut b, sid, mut watches) = watched_on_both(&stack).await;
     let appended = |metrics: &str| {
         metrics
             .lines()
