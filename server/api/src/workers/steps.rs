@@ -17,11 +17,13 @@ impl TurnTask {
         self.flushed().await;
         let relay = self.take_relay().map(|(_, payloads)| payloads).unwrap_or_default();
         let conn = self.conn.clone();
-        // Local watchers get the event as written, without reading it back.
-        let append = conn.state.hub.appending(&self.live.session);
-        let r = {
+        let (append, r) = {
             let _permits = conn.write_permits().await;
-            conn.state
+            // Local watchers get the event as written, without reading it back (their
+            // wake-ups wait for it from here, so not while waiting for a permit).
+            let append = conn.state.hub.appending(&self.live.session);
+            let r = conn
+                .state
                 .store
                 .append_step(
                     &conn.connection_id,
@@ -33,7 +35,8 @@ impl TurnTask {
                     Some(&conn.state.config.replica_id),
                     append.is_some(),
                 )
-                .await
+                .await;
+            (append, r)
         };
         conn.state.hub.end_step(&self.live.session);
         self.live.step += 1;
@@ -59,10 +62,11 @@ impl TurnTask {
         let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
         relay.push(self.relayed(idle.clone()));
         let conn = self.conn.clone();
-        let append = conn.state.hub.appending(&self.live.session);
-        let r = {
+        let (append, r) = {
             let _permits = conn.write_permits().await;
-            conn.state
+            let append = conn.state.hub.appending(&self.live.session);
+            let r = conn
+                .state
                 .store
                 .end_turn_with_step(
                     Some(&conn.connection_id),
@@ -75,7 +79,8 @@ impl TurnTask {
                     Some(&conn.state.config.replica_id),
                     append.is_some(),
                 )
-                .await
+                .await;
+            (append, r)
         };
         let r = match r {
             // Not settled: the worker retries its `turn.end`, which must still reach this task.
