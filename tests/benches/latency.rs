@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use berth_e2e::{
     Client, MockProvider, Part, Reply, TestServer,
-    harness::{berth_bin, db, fresh_database, scratch_dir, spawn_listening},
+    harness::{berth_bin, db, fresh_database, log_events, scratch_dir, spawn_listening, wall_us},
     mock_provider::epoch,
 };
 use berth_store::cluster::{ClusterOptions, PrivateCluster};
@@ -384,13 +384,6 @@ const WORKER_RECEIPT_TARGET: &str = "berth_worker::model";
 /// was handed to the local watchers.
 const RELAY_TARGET: &str = "berth_api::workers";
 
-fn wall_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_micros() as u64
-}
-
 /// A stamped chunk at the watcher: its stamp, the wall-clock time (µs since the Unix epoch)
 /// it arrived, and the wall-clock time of [`epoch`] read at the same moment (so that a
 /// stamp maps to wall-clock time without drift between the two clocks over the run).
@@ -436,15 +429,8 @@ fn timed(mut items: tokio::sync::mpsc::UnboundedReceiver<Value>) -> Timed {
 /// The worker's receipt of each stamped chunk (stamp → wall-clock µs), from the JSON lines
 /// of `berth dev`'s log.
 fn worker_receipts(log: &std::path::Path) -> std::collections::HashMap<u64, u64> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
     let mut receipts = std::collections::HashMap::new();
-    for line in text.lines().filter(|l| l.contains(WORKER_RECEIPT_TARGET)) {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        if v["target"] != WORKER_RECEIPT_TARGET {
-            continue;
-        }
+    for v in log_events(log, WORKER_RECEIPT_TARGET) {
         let (Some(at), Some(text)) = (v["fields"]["received_us"].as_u64(), v["fields"]["text"].as_str()) else {
             continue;
         };
@@ -458,12 +444,8 @@ fn worker_receipts(log: &std::path::Path) -> std::collections::HashMap<u64, u64>
 /// The API tier's steps of each stamped delta (stamp → (step, wall-clock µs)), from the
 /// JSON lines of `berth dev`'s log.
 fn relay_steps(log: &std::path::Path) -> std::collections::HashMap<u64, Vec<(String, u64)>> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
     let mut steps: std::collections::HashMap<u64, Vec<(String, u64)>> = std::collections::HashMap::new();
-    for line in text.lines().filter(|l| l.contains(RELAY_TARGET)) {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
+    for v in log_events(log, RELAY_TARGET) {
         let f = &v["fields"];
         let (Some(what), Some(at), Some(text)) = (f["message"].as_str(), f["at_us"].as_u64(), f["text"].as_str())
         else {

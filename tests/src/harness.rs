@@ -77,6 +77,26 @@ fn cluster() -> &'static TestCluster {
 }
 
 /// A direct connection to a test database (for checks the API cannot make).
+/// The JSON lines of a log (`BERTH_LOG_FORMAT=json`) whose target is `target`.
+pub fn log_events(log: &Path, target: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(target))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == target)
+        .collect()
+}
+
+/// The wall-clock time in µs since the Unix epoch, as Berth's TRACE events of live output
+/// carry it.
+pub fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64
+}
+
 pub async fn db(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await

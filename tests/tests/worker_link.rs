@@ -3,7 +3,10 @@
 //! connection, transient database errors, claims under the tenant's role, and turns of one
 //! worker that must not wait for each other.
 
-use berth_e2e::{MockProvider, Part, Reply, Stack, harness::eventually};
+use berth_e2e::{
+    MockProvider, Part, Reply, Stack,
+    harness::{eventually, log_events, wall_us},
+};
 use berth_protocol::worker::{MODEL_PROXY_PATH, MODEL_PROXY_TURN_HEADER};
 use serde_json::{Value, json};
 
@@ -330,12 +333,7 @@ async fn a_held_step_write_does_not_delay_another_turn_on_the_same_worker() {
         .await
         .unwrap();
     // Wait until A's step write is blocked on that lock.
-    let db = berth_e2e::harness::db(&stack.database_url).await;
-    let held = eventually(30, || async {
-        let q = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-        (db.query_one(q, &[]).await.ok()?.get::<_, i64>(0) > 0).then_some(())
-    })
-    .await;
+    let held = a_statement_waits_on_a_lock(&stack).await;
     assert!(held.is_some(), "turn A's step write waits on the session lock");
 
     let (_, _, mut wb) = start_turn(&stack, &mut c, &mock, Reply::text(&["quick"]), "fast").await;
@@ -346,6 +344,16 @@ async fn a_held_step_write_does_not_delay_another_turn_on_the_same_worker() {
     lock.rollback().await.unwrap();
     let end = wa.until(30, is_turn_end).await.expect("turn A ends once released");
     assert_eq!(end.last().unwrap()["state"], "completed");
+}
+
+/// Whether a statement of the test's database comes to wait on a lock (within 30 s).
+async fn a_statement_waits_on_a_lock(stack: &Stack) -> Option<()> {
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    eventually(30, || async {
+        let q = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        (db.query_one(q, &[]).await.ok()?.get::<_, i64>(0) > 0).then_some(())
+    })
+    .await
 }
 
 /// Issue 8: live deltas reach the replica's watchers while the write of the turn's relayed
@@ -373,12 +381,7 @@ async fn live_deltas_reach_watchers_while_the_relay_write_is_held() {
         .unwrap();
     w.until(20, delta("two ")).await.expect("the second delta");
     // Its relay write (within 50 ms of it) waits on the lock.
-    let db = berth_e2e::harness::db(&stack.database_url).await;
-    let held = eventually(30, || async {
-        let q = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-        (db.query_one(q, &[]).await.ok()?.get::<_, i64>(0) > 0).then_some(())
-    })
-    .await;
+    let held = a_statement_waits_on_a_lock(&stack).await;
     assert!(held.is_some(), "the relay write waits on the session lock");
     w.until(20, delta("three"))
         .await
@@ -617,23 +620,6 @@ async fn the_last_step_and_the_end_are_stored_together() {
     assert_eq!(items.last().unwrap()["state"], "completed");
     assert_eq!(stack.sql_i64(completed, &sid).await, 1, "stored once");
     assert_eq!(turn_state(&stack, &turn).await, "completed");
-}
-
-/// The JSON lines of a log whose target is `target`.
-fn log_events(log: &std::path::Path, target: &str) -> Vec<Value> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["target"] == target)
-        .collect()
-}
-
-fn wall_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
 }
 
 /// Issue 8: with `berth_worker::model` at TRACE the worker logs each chunk of model output

@@ -258,7 +258,15 @@ async fn route(conn: &Arc<Conn>, text: &str) {
     if let Some(at) = received
         && req.method == wp::TURN_DELTA
     {
-        trace_delta("turn.delta received", &req.params, at);
+        let p = &req.params;
+        let text = |k: &str| p[k].as_str().unwrap_or("");
+        trace_delta(
+            "turn.delta received",
+            text("turnId"),
+            text("text"),
+            text("thinking"),
+            at,
+        );
     }
     let turn_id = req.params.get("turnId").and_then(|t| t.as_str()).map(str::to_string);
     let code = match turn_id {
@@ -287,16 +295,16 @@ async fn route(conn: &Arc<Conn>, text: &str) {
 
 /// TRACE (target `berth_api::workers`): a worker's `turn.delta` at a step of its way, `at_us`
 /// the wall-clock time (µs since the Unix epoch); its turn and live output only.
-pub(super) fn trace_delta(what: &'static str, params: &serde_json::Value, at: std::time::SystemTime) {
+pub(super) fn trace_delta(what: &'static str, turn: &str, text: &str, thinking: &str, at: std::time::SystemTime) {
     let at_us = at
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64);
     tracing::trace!(
         target: "berth_api::workers",
-        turn = params["turnId"].as_str().unwrap_or(""),
+        turn,
         at_us,
-        text = params["text"].as_str().unwrap_or(""),
-        thinking = params["thinking"].as_str().unwrap_or(""),
+        text,
+        thinking,
         "{what}"
     );
 }

@@ -57,8 +57,8 @@ impl TurnTask {
             .hub
             .local_delta(&live.session, &self.turn_id, live.step, &text, &thinking, item);
         if tracing::enabled!(tracing::Level::TRACE) {
-            let params = json!({"turnId": self.turn_id, "text": text, "thinking": thinking});
-            super::connection::trace_delta("turn.delta relayed", &params, std::time::SystemTime::now());
+            let now = std::time::SystemTime::now();
+            super::connection::trace_delta("turn.delta relayed", &self.turn_id, &text, &thinking, now);
         }
     }
 

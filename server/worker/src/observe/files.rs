@@ -166,7 +166,7 @@ fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, content: u128
     h.update(format!("{}:{}:{}:", meta.dev(), meta.ino(), parent).as_bytes());
     h.update(rel.as_os_str().as_bytes());
     let v = h.finalize();
-    v[..16].iter().map(|b| format!("{b:02x}")).collect()
+    crate::attachments::hex(&v[..16])
 }
 
 /// Read the whole file through one handle; retried when a writer changed it meanwhile.
@@ -233,7 +233,7 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
 }
 
 fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+    crate::attachments::hex(&Sha256::digest(data))
 }
 
 /// The image types a client can show, by their magic bytes.
