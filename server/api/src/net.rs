@@ -6,8 +6,46 @@
 
 use std::time::Duration;
 
-use axum::serve::{ListenerExt, TapIo};
+use axum::{
+    extract::ws::Message,
+    serve::{ListenerExt, TapIo},
+};
+use futures_util::{Sink, SinkExt};
 use tokio::net::{TcpListener, TcpStream};
+
+/// The most queued messages a WebSocket writer hands to the socket before it flushes.
+pub const WRITE_BATCH: usize = 32;
+
+/// Hand `first` and whatever `more` has queued now (up to [`WRITE_BATCH`] in all) to a
+/// WebSocket, then flush once: a burst (a file's chunks, many turns' events) goes out in a
+/// few large writes instead of a system call, and a wake-up of the peer, per message.
+/// Nothing waits for more to arrive, so a lone message goes out as soon as it is queued.
+/// True once a `Close` has been sent (nothing after it is taken).
+pub async fn write_batch<S>(
+    sink: &mut S,
+    first: Message,
+    mut more: impl FnMut() -> Option<Message>,
+) -> Result<bool, S::Error>
+where
+    S: Sink<Message> + Unpin,
+{
+    let mut next = Some(first);
+    let mut sent = 0;
+    while let Some(msg) = next.take() {
+        let close = matches!(msg, Message::Close(_));
+        sink.feed(msg).await?;
+        sent += 1;
+        if close {
+            sink.flush().await?;
+            return Ok(true);
+        }
+        if sent < WRITE_BATCH {
+            next = more();
+        }
+    }
+    sink.flush().await?;
+    Ok(false)
+}
 
 /// A listener whose accepted connections have Nagle's algorithm off.
 pub type NodelayListener = TapIo<TcpListener, fn(&mut TcpStream)>;

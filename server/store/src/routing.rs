@@ -36,23 +36,36 @@ impl Store {
         }))
     }
 
-    /// The workspace of a live session of the tenant (`not-found` otherwise), in one round
-    /// trip (it is on the path of every worker call for a session).
-    pub async fn session_workspace(&self, tenant_id: &str, session_id: &str) -> Result<String> {
+    /// The workspace of a live session of the tenant (`not-found` otherwise) and the route
+    /// to the worker holding it (as [`Store::worker_route`]), in one round trip: every worker
+    /// call for a session starts here.
+    pub async fn session_route(&self, tenant_id: &str, session_id: &str) -> Result<(String, Option<WorkerRoute>)> {
         let client = self.pool.get().await?;
         let row = tenant_read_opt(
             &client,
             tenant_id,
-            // `(…) IS TRUE` matches no partial index on live sessions: by primary key whatever
-            // the plan (ARCHITECTURE.md, "Generic plans").
-            "SELECT workspace_id FROM sessions WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE",
+            &format!(
+                // `(…) IS TRUE` matches no partial index on live sessions: by primary key
+                // whatever the plan (ARCHITECTURE.md, "Generic plans").
+                "SELECT s.workspace_id, p.replica_id, r.internal_url FROM sessions s
+                 LEFT JOIN LATERAL (
+                     SELECT p.replica_id FROM worker_presence p
+                     WHERE p.tenant_id = $2 AND s.workspace_id = ANY(p.workspace_ids)
+                       AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'
+                     ORDER BY p.heartbeat_at DESC LIMIT 1
+                 ) p ON true
+                 LEFT JOIN replicas r ON r.replica_id = p.replica_id
+                 WHERE s.id = $1 AND s.tenant_id = $2 AND (s.removed_at IS NULL) IS TRUE"
+            ),
             &[&session_id, &tenant_id],
         )
         .await?;
-        match row {
-            Some(r) => Ok(r.get(0)),
-            None => not_found(),
-        }
+        let Some(r) = row else { return not_found() };
+        let route = r.get::<_, Option<String>>(1).map(|replica_id| WorkerRoute {
+            replica_id,
+            internal_url: r.get(2),
+        });
+        Ok((r.get(0), route))
     }
 
     /// Announce (or refresh) this replica's internal address.

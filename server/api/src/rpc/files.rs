@@ -21,26 +21,44 @@ pub fn is_subscription(name: &str) -> bool {
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn list(ctx: Ctx, p: FilesListParams) -> ApiResult<FilesListResult> {
     let me = ctx.principal()?;
-    let workspace = ctx.state.store.session_workspace(&me.tenant_id, &p.session_id).await?;
     let params = serde_json::to_value(&p).unwrap_or_default();
-    calls::unary(&ctx.state, &me.tenant_id, &workspace, method::FilesList::NAME, params).await
+    calls::unary(
+        &ctx.state,
+        &me.tenant_id,
+        calls::To::Session(&p.session_id),
+        method::FilesList::NAME,
+        params,
+    )
+    .await
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn watch(ctx: Ctx, p: FilesWatchParams) -> ApiResult<Option<FilesWatchEnd>> {
     let me = ctx.principal()?;
-    let workspace = ctx.state.store.session_workspace(&me.tenant_id, &p.session_id).await?;
     let params = serde_json::to_value(&p).unwrap_or_default();
-    let stream = calls::call(&ctx.state, &me.tenant_id, &workspace, method::FilesWatch::NAME, params).await?;
+    let stream = calls::call(
+        &ctx.state,
+        &me.tenant_id,
+        calls::To::Session(&p.session_id),
+        method::FilesWatch::NAME,
+        params,
+    )
+    .await?;
     decode(relay(&ctx, stream).await?)
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn read(ctx: Ctx, p: FilesReadParams) -> ApiResult<()> {
     let me = ctx.principal()?;
-    let workspace = ctx.state.store.session_workspace(&me.tenant_id, &p.session_id).await?;
     let params = serde_json::to_value(&p).unwrap_or_default();
-    let stream = calls::call(&ctx.state, &me.tenant_id, &workspace, method::FilesRead::NAME, params).await?;
+    let stream = calls::call(
+        &ctx.state,
+        &me.tenant_id,
+        calls::To::Session(&p.session_id),
+        method::FilesRead::NAME,
+        params,
+    )
+    .await?;
     relay(&ctx, stream).await?;
     Ok(())
 }

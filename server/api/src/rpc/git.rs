@@ -8,12 +8,11 @@ use crate::{error::ApiResult, workers::calls};
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn status(ctx: Ctx, p: GitStatusParams) -> ApiResult<Option<GitStatus>> {
     let me = ctx.principal()?;
-    let workspace = ctx.state.store.session_workspace(&me.tenant_id, &p.session_id).await?;
     let params = serde_json::to_value(&p).unwrap_or_default();
     calls::unary(
         &ctx.state,
         &me.tenant_id,
-        &workspace,
+        calls::To::Session(&p.session_id),
         method::GitStatusGet::NAME,
         params,
     )
@@ -23,7 +22,13 @@ pub async fn status(ctx: Ctx, p: GitStatusParams) -> ApiResult<Option<GitStatus>
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn diff(ctx: Ctx, p: GitDiffParams) -> ApiResult<GitDiff> {
     let me = ctx.principal()?;
-    let workspace = ctx.state.store.session_workspace(&me.tenant_id, &p.session_id).await?;
     let params = serde_json::to_value(&p).unwrap_or_default();
-    calls::unary(&ctx.state, &me.tenant_id, &workspace, method::GitDiffGet::NAME, params).await
+    calls::unary(
+        &ctx.state,
+        &me.tenant_id,
+        calls::To::Session(&p.session_id),
+        method::GitDiffGet::NAME,
+        params,
+    )
+    .await
 }

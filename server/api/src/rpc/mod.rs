@@ -430,7 +430,7 @@ async fn run(
         state.metrics.connections.with_label_values(&["client"]).dec();
         return;
     }
-    // The writer hands queued messages to the socket, each within the write timeout; a
+    // The writer hands queued messages to the socket, a batch within the write timeout; a
     // client that stops reading is dropped then. Messages stay counted against the byte
     // budget until written.
     let writer_done = CancellationToken::new();
@@ -438,6 +438,7 @@ async fn run(
         let (done, closed, budget) = (writer_done.clone(), conn.closed.clone(), conn.out.budget.clone());
         let write_timeout = limits.write_timeout;
         async move {
+            let mut held = Vec::with_capacity(crate::net::WRITE_BATCH);
             loop {
                 // Once the connection is closing, send what is queued and stop.
                 let next = tokio::select! {
@@ -445,10 +446,17 @@ async fn run(
                     m = rx.recv() => m,
                     _ = closed.cancelled() => rx.try_recv().ok(),
                 };
-                let Some((msg, _permit)) = next else { break };
-                let last = matches!(msg, Message::Close(_));
-                match tokio::time::timeout(write_timeout, sink.send(msg)).await {
-                    Ok(Ok(())) if !last => {}
+                let Some((first, permit)) = next else { break };
+                held.push(permit);
+                // The permits are kept until the batch is flushed.
+                let more = || {
+                    rx.try_recv().ok().map(|(msg, permit)| {
+                        held.push(permit);
+                        msg
+                    })
+                };
+                match tokio::time::timeout(write_timeout, crate::net::write_batch(&mut sink, first, more)).await {
+                    Ok(Ok(false)) => held.clear(),
                     _ => break,
                 }
             }

@@ -40,12 +40,11 @@ pub async fn snapshot(ctx: Ctx, p: PatchSnapshotParams) -> ApiResult<PatchInfo> 
     store
         .patch_ready(&me.tenant_id, &p.session_id, p.turn_id.as_deref())
         .await?;
-    let workspace = store.session_workspace(&me.tenant_id, &p.session_id).await?;
     let params = json!({"sessionId": p.session_id});
     let mut stream = calls::call(
         &ctx.state,
         &me.tenant_id,
-        &workspace,
+        calls::To::Session(&p.session_id),
         method::PatchSnapshot::NAME,
         params,
     )

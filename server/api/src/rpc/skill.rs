@@ -29,8 +29,14 @@ pub async fn list(ctx: Ctx, p: SkillListParams) -> ApiResult<SkillListResult> {
     let mut skills = Vec::new();
     let mut workspace_error = None;
     if let Some(w) = workspace {
-        let asked =
-            calls::unary::<Vec<SkillInfo>>(&ctx.state, &me.tenant_id, &w, method::SkillList::NAME, json!({})).await;
+        let asked = calls::unary::<Vec<SkillInfo>>(
+            &ctx.state,
+            &me.tenant_id,
+            calls::To::Workspace(&w),
+            method::SkillList::NAME,
+            json!({}),
+        )
+        .await;
         match asked {
             Ok(found) => skills = found,
             // The tenant's skills are still worth listing without the worker.

@@ -67,7 +67,7 @@ pub async fn files(ctx: Ctx, p: WorkspaceFilesParams) -> ApiResult<WorkspaceFile
     calls::unary(
         &ctx.state,
         &me.tenant_id,
-        &p.workspace_id,
+        calls::To::Workspace(&p.workspace_id),
         method::WorkspaceFiles::NAME,
         params,
     )

@@ -519,17 +519,34 @@ pub struct Forwarded {
     call: wp::Call,
 }
 
-/// Start `method` on the worker that holds `workspace_id`, wherever it is connected.
-/// `workspace-offline` when no worker holds it.
+/// Whose worker a call goes to.
+#[derive(Debug, Clone, Copy)]
+pub enum To<'a> {
+    /// The worker holding this workspace.
+    Workspace(&'a str),
+    /// The worker holding this live session's workspace (`not-found` for another tenant's
+    /// or a removed session); the session and the route are looked up in one round trip.
+    Session(&'a str),
+}
+
+/// Start `method` on the worker that holds the workspace `to` names, wherever it is
+/// connected. `workspace-offline` when no worker holds it.
 pub async fn call(
     state: &AppState,
     tenant_id: &str,
-    workspace_id: &str,
+    to: To<'_>,
     method_name: &str,
     params: Value,
 ) -> ApiResult<CallStream> {
+    let (workspace_id, route) = match to {
+        To::Workspace(w) => (w.to_string(), None),
+        To::Session(s) => {
+            let (w, route) = state.store.session_route(tenant_id, s).await?;
+            (w, Some(route))
+        }
+    };
     let call = wp::Call {
-        workspace_id: workspace_id.to_string(),
+        workspace_id,
         method: method_name.to_string(),
         params,
     };
@@ -537,11 +554,11 @@ pub async fn call(
         return Ok(stream);
     }
     let offline = || ApiError::code(ErrorCode::WorkspaceOffline);
-    let route = state
-        .store
-        .worker_route(tenant_id, workspace_id)
-        .await?
-        .ok_or_else(offline)?;
+    let route = match route {
+        Some(route) => route,
+        None => state.store.worker_route(tenant_id, &call.workspace_id).await?,
+    }
+    .ok_or_else(offline)?;
     if route.replica_id == state.config.replica_id {
         // Presence not yet cleaned up after our connection ended.
         return Err(offline());
@@ -597,11 +614,11 @@ pub async fn call(
 pub async fn unary<T: serde::de::DeserializeOwned>(
     state: &AppState,
     tenant_id: &str,
-    workspace_id: &str,
+    to: To<'_>,
     method_name: &str,
     params: Value,
 ) -> ApiResult<T> {
-    let stream = call(state, tenant_id, workspace_id, method_name, params).await?;
+    let stream = call(state, tenant_id, to, method_name, params).await?;
     let value = stream.answer().await.map_err(ApiError)?;
     serde_json::from_value(value).map_err(|e| {
         tracing::warn!(method = method_name, error = %e, "worker answered with a malformed result");

@@ -168,9 +168,9 @@ async fn hello(
 /// so everything waiting on it stops instead of growing).
 async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut out: mpsc::Receiver<Message>, timeout: Duration) {
     while let Some(msg) = out.recv().await {
-        let close = matches!(msg, Message::Close(_));
-        match tokio::time::timeout(timeout, sink.send(msg)).await {
-            Ok(Ok(())) if !close => {}
+        let more = || out.try_recv().ok();
+        match tokio::time::timeout(timeout, crate::net::write_batch(&mut sink, msg, more)).await {
+            Ok(Ok(false)) => {}
             _ => return,
         }
     }

@@ -27,9 +27,6 @@ use crate::workspace::{OpenError, Workspace};
 const EXCLUDED: &[&[u8]] = &[b".git", b".berth"];
 /// The largest file `files.read` captures (it holds the whole file in one buffer).
 pub(crate) const READ_MAX: u64 = 64 << 20;
-/// `files.read` reads a file in blocks of this size, each hashed (for its `version`) right
-/// after it is read, while it is still in the cache, instead of in a second pass.
-const READ_BLOCK: u64 = 256 << 10;
 /// How long changes settle before `changed` goes out (coalescing bursts).
 const SETTLE: Duration = Duration::from_millis(50);
 /// The polling fallback rests at least this long between scans…
@@ -197,19 +194,14 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
                 reason: "too-large".into(),
             }));
         }
+        // One pass of large reads (`read_to_end` doubles them into the buffer sized for the
+        // file), then one pass of the hash: faster than hashing block by block, as each
+        // block's read then starts again from small reads.
         let mut data = Vec::with_capacity(opened.meta.len() as usize + 1);
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        while data.len() as u64 <= READ_MAX {
-            let start = data.len();
-            let n = (&opened.handle)
-                .take(READ_BLOCK)
-                .read_to_end(&mut data)
-                .map_err(|e| io_failure(&e))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&data[start..]);
-        }
+        (&opened.handle)
+            .take(READ_MAX + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| io_failure(&e))?;
         let after = cap_std::fs::Metadata::from_file(&opened.handle).map_err(|e| io_failure(&e))?;
         if after.len() != data.len() as u64
             || after.mtime() != opened.meta.mtime()
@@ -221,7 +213,7 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
         let parent_id = ws.lstat(parent).map(|m| identity(&m)).unwrap_or_default();
         // Git's rule for binary (a NUL early on), then UTF-8, decide what is text.
         let text = !data[..data.len().min(8000)].contains(&0) && simdutf8::basic::from_utf8(&data).is_ok();
-        let version = version(rel, &after, &parent_id, hasher.digest128());
+        let version = version(rel, &after, &parent_id, xxhash_rust::xxh3::xxh3_128(&data));
         return Ok(Ok(Capture {
             data: Arc::new(data),
             meta: after,
@@ -230,10 +222,6 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
         }));
     }
     Err(failure(ErrorCode::Unavailable, "reason", "changing"))
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    crate::attachments::hex(&Sha256::digest(data))
 }
 
 /// The image types a client can show, by their magic bytes.
@@ -297,10 +285,6 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
         return Ok(());
     };
     let size = cap.data.len() as u64;
-    // `end`'s SHA-256, hashed on a blocking thread while the chunks go out (every chunk is
-    // cut from `data`, so it is the digest of what is delivered).
-    let data = cap.data.clone();
-    let sha256 = tokio::task::spawn_blocking(move || sha256_hex(&data));
     let begin = FilesReadItem::Begin {
         version: cap.version.clone(),
         size,
@@ -312,17 +296,25 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     }
     let text = kind == FileContentKind::Text;
     let ends = files_read_chunk_ends(&cap.data, text);
+    // `end`'s SHA-256 is of what went out, hashed piece by piece just before each is sent:
+    // the first piece leaves at once, and the hashing shares the cores with the relaying
+    // replicas and the client instead of holding one while the pipeline waits.
+    let mut sha256 = Sha256::new();
     if items.chunk_runs() {
         // Whole chunks in runs of at most `CHUNK_RUN_BYTES`: one message per run.
         for (start, end, chunks) in chunk_runs(&ends, CHUNK_RUN_BYTES) {
-            if !items.send_run(start, text, &cap.data[start..end], chunks).await {
+            let run = &cap.data[start..end];
+            sha256.update(run);
+            if !items.send_run(start, text, run, chunks).await {
                 return Ok(());
             }
         }
     } else {
         let mut offset = 0usize;
         for end in ends {
-            if !items.send_chunk(offset, &cap.data[offset..end]).await {
+            let piece = &cap.data[offset..end];
+            sha256.update(piece);
+            if !items.send_chunk(offset, piece).await {
                 return Ok(());
             }
             offset = end;
@@ -341,11 +333,10 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
                 cap.meta.mtime_nsec(),
             )
     });
-    let sha256 = sha256.await.map_err(|_| RpcError::new(ErrorCode::Internal))?;
     let end = FilesReadItem::End {
         version: cap.version,
         size,
-        sha256,
+        sha256: crate::attachments::hex(&sha256.finalize()),
         replaced,
     };
     items.send(&end).await;
@@ -524,11 +515,12 @@ mod tests {
     }
 
     #[test]
-    fn a_capture_read_in_blocks_holds_the_whole_file_and_its_kind() {
+    fn a_capture_holds_the_whole_file_and_its_kind() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(tmp.path()).unwrap();
-        // Several read blocks, a block boundary inside a multi-byte character.
-        let text = "naïve ✓ café\n".repeat(3 * READ_BLOCK as usize / 10);
+        // Longer than the first of `read_to_end`'s growing reads, multi-byte characters across
+        // their boundaries.
+        let text = "naïve ✓ café\n".repeat(50_000);
         let mut invalid = text.clone().into_bytes();
         invalid.push(0xC3); // a truncated character at the very end: not UTF-8
         let mut nul = b"\0".to_vec();
@@ -551,11 +543,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(tmp.path()).unwrap();
         let version = |name: &str| capture(&ws, Path::new(name)).unwrap().ok().unwrap().version;
-        let text = "naïve ✓ café\n".repeat(3 * READ_BLOCK as usize / 10);
+        let text = "naïve ✓ café\n".repeat(50_000);
         std::fs::write(tmp.path().join("a"), &text).unwrap();
         let first = version("a");
         assert_eq!(version("a"), first, "the same file read twice");
-        // One byte changed in the last block, in place: same file, same size.
+        // The last byte changed, in place: same file, same size.
         let mut changed = text.clone().into_bytes();
         *changed.last_mut().unwrap() = b'!';
         let mut f = std::fs::OpenOptions::new()
