@@ -76,7 +76,25 @@ fn cluster() -> &'static TestCluster {
     })
 }
 
-/// A direct connection to a test database (for checks the API cannot make).
+/// The events of a turn whose first step calls a tool and whose second answers.
+pub const A_TOOL_TURN: [&str; 6] = [
+    "turn.started",
+    "model.completed",
+    "tool.status",
+    "tool.ended",
+    "model.completed",
+    "turn.ended",
+];
+
+/// The types of the stored events (the items with a sequence) among a watch's items, in order.
+pub fn event_types(items: &[serde_json::Value]) -> Vec<&str> {
+    items
+        .iter()
+        .filter(|e| e.get("sequence").is_some())
+        .filter_map(|e| e["type"].as_str())
+        .collect()
+}
+
 /// The JSON lines of a log (`BERTH_LOG_FORMAT=json`) whose target is `target`.
 pub fn log_events(log: &Path, target: &str) -> Vec<serde_json::Value> {
     std::fs::read_to_string(log)
@@ -97,6 +115,7 @@ pub fn wall_us() -> u64 {
         .as_micros() as u64
 }
 
+/// A direct connection to a test database (for checks the API cannot make).
 pub async fn db(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await

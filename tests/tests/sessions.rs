@@ -3,7 +3,11 @@
 
 use std::time::Duration;
 
-use berth_e2e::{Client, MockProvider, Part, Reply, Stack, client::code, harness::eventually};
+use berth_e2e::{
+    Client, MockProvider, Part, Reply, Stack,
+    client::code,
+    harness::{A_TOOL_TURN, event_types, eventually},
+};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
 
@@ -716,18 +720,7 @@ async fn a_watcher_where_the_worker_is_gets_each_append_as_a_read_returns_it() {
     };
     let here = events(watches[0].until(30, is_turn_end).await.expect("the turn ends here"));
     let there = events(watches[1].until(30, is_turn_end).await.expect("the turn ends there"));
-    let types: Vec<&str> = here.iter().filter_map(|e| e["type"].as_str()).collect();
-    assert_eq!(
-        types,
-        [
-            "turn.started",
-            "model.completed",
-            "tool.status",
-            "tool.ended",
-            "model.completed",
-            "turn.ended"
-        ]
-    );
+    assert_eq!(event_types(&here), A_TOOL_TURN);
     assert_eq!(here, there, "the same events on either replica");
     let mut fresh = b.subscribe("session.watch", json!({"sessionId": sid, "after": 1}));
     let read = events(fresh.until(30, is_turn_end).await.expect("read from the start"));

@@ -200,22 +200,7 @@ async fn a_prompt_travels_client_to_model_to_history_and_watch() {
     let live = watch.until(30, is_turn_end).await.expect("second turn ends");
     let live_seqs: Vec<i64> = live.iter().filter_map(|e| e["sequence"].as_i64()).collect();
     assert_eq!(live_seqs, [5, 6, 7, 8, 9, 10]);
-    let types: Vec<&str> = live
-        .iter()
-        .filter(|e| e.get("sequence").is_some())
-        .filter_map(|e| e["type"].as_str())
-        .collect();
-    assert_eq!(
-        types,
-        [
-            "turn.started",
-            "model.completed",
-            "tool.status",
-            "tool.ended",
-            "model.completed",
-            "turn.ended"
-        ]
-    );
+    assert_eq!(harness::event_types(&live), harness::A_TOOL_TURN);
     let result = &live.iter().find(|e| e["type"] == "tool.ended").unwrap()["rows"][0];
     assert_eq!(result["kind"], "toolResult");
     assert_eq!(result["tool"]["status"], "failed");

@@ -15,7 +15,10 @@
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use berth_store::{EventRecord, Partial};
@@ -45,7 +48,7 @@ pub struct Mark {
 pub struct Hub {
     sessions: Mutex<HashMap<String, Channels>>,
     /// What every session's `recent` holds, as [`event_bytes`] counts it.
-    recent_total: std::sync::atomic::AtomicUsize,
+    recent_total: AtomicUsize,
 }
 
 struct Channels {
@@ -77,6 +80,11 @@ impl Channels {
             partial: None,
         }
     }
+
+    /// Nobody watches, holds a turn's partial output or appends here: the channels can go.
+    fn unused(&self) -> bool {
+        self.events.receiver_count() == 0 && self.partial.is_none() && self.appending == 0
+    }
 }
 
 /// A watcher's handle on one session's channels; the last one dropped removes the entry.
@@ -107,8 +115,7 @@ impl Hub {
     /// Forget a session's channels (nobody uses them any more).
     fn remove(&self, map: &mut HashMap<String, Channels>, session_id: &str) {
         if let Some(ch) = map.remove(session_id) {
-            self.recent_total
-                .fetch_sub(ch.recent_bytes, std::sync::atomic::Ordering::Relaxed);
+            self.recent_total.fetch_sub(ch.recent_bytes, Ordering::Relaxed);
         }
     }
 
@@ -134,7 +141,7 @@ impl Hub {
     pub fn event(&self, session_id: &str, sequence: i64) {
         let mut map = self.sessions.lock().expect("hub lock");
         if let Some(ch) = map.get_mut(session_id) {
-            if ch.events.receiver_count() == 0 && ch.partial.is_none() && ch.appending == 0 {
+            if ch.unused() {
                 self.remove(&mut map, session_id);
             } else if sequence == 0 {
                 ch.events.send_modify(|m| m.pokes += 1);
@@ -176,7 +183,7 @@ impl Hub {
                 let before = ch.recent_bytes;
                 for e in events {
                     let size = event_bytes(&e);
-                    let total = self.recent_total.load(std::sync::atomic::Ordering::Relaxed);
+                    let total = self.recent_total.load(Ordering::Relaxed);
                     if size > RECENT_BYTES
                         || (total + ch.recent_bytes + size).saturating_sub(before) > RECENT_TOTAL_BYTES
                     {
@@ -197,11 +204,9 @@ impl Hub {
                 }
                 // Under the map's lock, as every change of the total.
                 if ch.recent_bytes >= before {
-                    self.recent_total
-                        .fetch_add(ch.recent_bytes - before, std::sync::atomic::Ordering::Relaxed);
+                    self.recent_total.fetch_add(ch.recent_bytes - before, Ordering::Relaxed);
                 } else {
-                    self.recent_total
-                        .fetch_sub(before - ch.recent_bytes, std::sync::atomic::Ordering::Relaxed);
+                    self.recent_total.fetch_sub(before - ch.recent_bytes, Ordering::Relaxed);
                 }
                 ch.deferred = ch.deferred.max(sequence);
             }
@@ -270,7 +275,7 @@ impl Hub {
         let mut map = self.sessions.lock().expect("hub lock");
         if let Some(ch) = map.get_mut(session_id) {
             ch.partial = None;
-            if ch.events.receiver_count() == 0 && ch.appending == 0 {
+            if ch.unused() {
                 self.remove(&mut map, session_id);
             }
         }
@@ -301,7 +306,7 @@ impl Drop for Appending<'_> {
             if ch.appending == 0 {
                 let sequence = std::mem::take(&mut ch.deferred);
                 advance(ch, sequence);
-                if ch.events.receiver_count() == 0 && ch.partial.is_none() {
+                if ch.unused() {
                     self.hub.remove(&mut map, &self.session_id);
                 }
             }
@@ -386,7 +391,7 @@ mod tests {
         hub.committed(append, "ses", vec![event(5, 10)], 5);
         assert_eq!(sequences(&hub.recent_after("ses", 4)), [5], "out of order: kept from 5");
         drop(sub);
-        assert_eq!(hub.recent_total.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(hub.recent_total.load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -418,7 +423,7 @@ mod tests {
             let id = format!("ses{i}");
             let append = hub.appending(&id);
             hub.committed(append, &id, vec![event(1, 200 << 10)], 1);
-            assert!(hub.recent_total.load(std::sync::atomic::Ordering::Relaxed) <= RECENT_TOTAL_BYTES);
+            assert!(hub.recent_total.load(Ordering::Relaxed) <= RECENT_TOTAL_BYTES);
         }
         assert!(!hub.recent_after("ses0", 0).is_empty(), "the first are kept");
         assert!(hub.recent_after("ses99", 0).is_empty(), "past the bound, watchers read");
@@ -429,6 +434,6 @@ mod tests {
             "an event over the session's bound is read"
         );
         drop(subs);
-        assert_eq!(hub.recent_total.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(hub.recent_total.load(Ordering::Relaxed), 0);
     }
 }

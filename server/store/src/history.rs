@@ -34,13 +34,35 @@ pub(crate) fn pg_text(s: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A row's tool as stored (without NUL).
-pub(crate) fn tool_json(t: &ToolInfo) -> serde_json::Value {
+fn tool_json(t: &ToolInfo) -> serde_json::Value {
     let clean = ToolInfo {
         name: pg_text(&t.name).into_owned(),
         call_id: pg_text(&t.call_id).into_owned(),
         status: pg_text(&t.status).into_owned(),
     };
     serde_json::to_value(clean).unwrap_or_default()
+}
+
+/// Rows as the parallel arrays the append statements `unnest` (kind, body, thinking, tool,
+/// hidden; [`APPEND_SQL`], `turns.rs`'s step statement).
+pub(crate) struct RowArrays<'a> {
+    pub kinds: Vec<&'static str>,
+    pub bodies: Vec<std::borrow::Cow<'a, str>>,
+    pub thinking: Vec<Option<std::borrow::Cow<'a, str>>>,
+    pub tools: Vec<Option<serde_json::Value>>,
+    pub hidden: Vec<bool>,
+}
+
+impl<'a> RowArrays<'a> {
+    pub fn new(rows: &'a [NewRow]) -> RowArrays<'a> {
+        RowArrays {
+            kinds: rows.iter().map(|r| r.kind.as_str()).collect(),
+            bodies: rows.iter().map(|r| pg_text(&r.body)).collect(),
+            thinking: rows.iter().map(|r| r.thinking.as_deref().map(pg_text)).collect(),
+            tools: rows.iter().map(|r| r.tool.as_ref().map(tool_json)).collect(),
+            hidden: rows.iter().map(|r| r.hidden.unwrap_or(false)).collect(),
+        }
+    }
 }
 
 /// One event (`$3` type, `$4` turn, `$5` payload) and the rows it publishes (`$6`..`$10` by
@@ -103,11 +125,7 @@ pub(crate) async fn append_event_as_written(
     if let Some(fields) = payload.as_object_mut() {
         fields.remove("type");
     }
-    let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
-    let bodies: Vec<_> = rows.iter().map(|r| pg_text(&r.body)).collect();
-    let thinking: Vec<_> = rows.iter().map(|r| r.thinking.as_deref().map(pg_text)).collect();
-    let tools: Vec<_> = rows.iter().map(|r| r.tool.as_ref().map(tool_json)).collect();
-    let hidden: Vec<bool> = rows.iter().map(|r| r.hidden.unwrap_or(false)).collect();
+    let rows = RowArrays::new(rows);
     let written = tx
         .qa(
             APPEND_SQL,
@@ -117,11 +135,11 @@ pub(crate) async fn append_event_as_written(
                 &kind,
                 &turn_id,
                 &payload,
-                &kinds,
-                &bodies,
-                &thinking,
-                &tools,
-                &hidden,
+                &rows.kinds,
+                &rows.bodies,
+                &rows.thinking,
+                &rows.tools,
+                &rows.hidden,
                 &CHANNEL_EVENTS,
                 &local,
             ],

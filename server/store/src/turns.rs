@@ -1570,11 +1570,7 @@ const END_SQL: &str = concat!(
 
 /// A step's rows as the columns [`STEP_SQL`] takes.
 struct StepParams<'a> {
-    kinds: Vec<&'static str>,
-    bodies: Vec<std::borrow::Cow<'a, str>>,
-    thinking: Vec<Option<std::borrow::Cow<'a, str>>>,
-    tools: Vec<Option<serde_json::Value>>,
-    hidden: Vec<bool>,
+    rows: crate::history::RowArrays<'a>,
     /// The reply row, which names the turn's files: the last answer of a step without tool
     /// calls.
     reply: Option<i32>,
@@ -1589,17 +1585,7 @@ impl<'a> StepParams<'a> {
             .filter(|_| !rows.iter().any(|r| r.kind == RowKind::ToolCall))
             .map(|i| i as i32);
         StepParams {
-            kinds: rows.iter().map(|r| r.kind.as_str()).collect(),
-            bodies: rows.iter().map(|r| crate::history::pg_text(&r.body)).collect(),
-            thinking: rows
-                .iter()
-                .map(|r| r.thinking.as_deref().map(crate::history::pg_text))
-                .collect(),
-            tools: rows
-                .iter()
-                .map(|r| r.tool.as_ref().map(crate::history::tool_json))
-                .collect(),
-            hidden: rows.iter().map(|r| r.hidden.unwrap_or(false)).collect(),
+            rows: crate::history::RowArrays::new(rows),
             reply,
             event: EventPayload::ModelCompleted(ModelCompleted { usage: None }).type_name(),
         }
@@ -1619,11 +1605,11 @@ impl<'a> StepParams<'a> {
             turn_id,
             tenant_id,
             connection_id,
-            &self.kinds,
-            &self.bodies,
-            &self.thinking,
-            &self.tools,
-            &self.hidden,
+            &self.rows.kinds,
+            &self.rows.bodies,
+            &self.rows.thinking,
+            &self.rows.tools,
+            &self.rows.hidden,
             &self.reply,
             &self.event,
             &crate::CHANNEL_EVENTS,

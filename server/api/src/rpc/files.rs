@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::Ctx;
 use crate::{
     error::{ApiError, ApiResult},
-    workers::calls::{self, CallEvent, CallStream, Item},
+    workers::calls::{CallEvent, CallStream, Item},
 };
 
 /// Methods that stay open as subscriptions (besides `session.watch`).
@@ -20,45 +20,18 @@ pub fn is_subscription(name: &str) -> bool {
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn list(ctx: Ctx, p: FilesListParams) -> ApiResult<FilesListResult> {
-    let me = ctx.principal()?;
-    let params = serde_json::to_value(&p).unwrap_or_default();
-    calls::unary(
-        &ctx.state,
-        &me.tenant_id,
-        calls::To::Session(&p.session_id),
-        method::FilesList::NAME,
-        params,
-    )
-    .await
+    ctx.session_unary(&p.session_id, method::FilesList::NAME, &p).await
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn watch(ctx: Ctx, p: FilesWatchParams) -> ApiResult<Option<FilesWatchEnd>> {
-    let me = ctx.principal()?;
-    let params = serde_json::to_value(&p).unwrap_or_default();
-    let stream = calls::call(
-        &ctx.state,
-        &me.tenant_id,
-        calls::To::Session(&p.session_id),
-        method::FilesWatch::NAME,
-        params,
-    )
-    .await?;
+    let stream = ctx.session_call(&p.session_id, method::FilesWatch::NAME, &p).await?;
     decode(relay(&ctx, stream).await?)
 }
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn read(ctx: Ctx, p: FilesReadParams) -> ApiResult<()> {
-    let me = ctx.principal()?;
-    let params = serde_json::to_value(&p).unwrap_or_default();
-    let stream = calls::call(
-        &ctx.state,
-        &me.tenant_id,
-        calls::To::Session(&p.session_id),
-        method::FilesRead::NAME,
-        params,
-    )
-    .await?;
+    let stream = ctx.session_call(&p.session_id, method::FilesRead::NAME, &p).await?;
     relay(&ctx, stream).await?;
     Ok(())
 }

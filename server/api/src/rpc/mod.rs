@@ -55,6 +55,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     AppState,
     error::{ApiError, ApiResult},
+    workers::calls::{self, CallStream},
 };
 
 /// What a queued message costs beyond its payload (framing, bookkeeping), so that a flood
@@ -317,6 +318,36 @@ impl Conn {
 }
 
 impl Ctx {
+    /// Start `method` on the worker holding session `session_id`'s workspace, with `params`
+    /// passed on as they came (`workers::calls`).
+    pub async fn session_call(
+        &self,
+        session_id: &str,
+        method: &str,
+        params: &impl serde::Serialize,
+    ) -> ApiResult<CallStream> {
+        let me = self.principal()?;
+        let params = serde_json::to_value(params).unwrap_or_default();
+        calls::call(
+            &self.state,
+            &me.tenant_id,
+            calls::To::Session(session_id),
+            method,
+            params,
+        )
+        .await
+    }
+
+    /// [`Ctx::session_call`] of a unary method: its answer, decoded.
+    pub async fn session_unary<T: serde::de::DeserializeOwned>(
+        &self,
+        session_id: &str,
+        method: &str,
+        params: &impl serde::Serialize,
+    ) -> ApiResult<T> {
+        calls::decoded(self.session_call(session_id, method, params).await?, method).await
+    }
+
     pub fn principal(&self) -> ApiResult<Principal> {
         self.conn
             .principal
@@ -348,13 +379,13 @@ impl Ctx {
     /// Send one `files.read` chunk item from its raw bytes: base64-encoded straight into a
     /// message sized for it (the one place a chunk is encoded).
     pub async fn item_chunk(&self, offset: u64, data: &[u8]) -> bool {
-        let mut text = item_prefix(self.id, crate::workers::calls::chunk_json_len(data.len()));
-        crate::workers::calls::write_chunk_json(&mut text, offset, data);
+        let mut text = item_prefix(self.id, calls::chunk_json_len(data.len()));
+        calls::write_chunk_json(&mut text, offset, data);
         text.push_str("}}");
         self.conn.out.send(Message::Text(text.into())).await
     }
 
-    /// Send a run's chunk items (each ≤ 32 KiB, see [`crate::workers::calls::Item::chunks`]).
+    /// Send a run's chunk items (each ≤ 32 KiB, see [`calls::Item::chunks`]).
     pub async fn item_chunks(&self, chunks: &[(u64, bytes::Bytes)]) -> bool {
         for (offset, data) in chunks {
             if !self.item_chunk(*offset, data).await {

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use super::Ctx;
 use crate::{
     error::{ApiError, ApiResult},
-    workers::calls::{self, CallEvent, Item},
+    workers::calls::{CallEvent, Item},
 };
 
 fn too_large() -> ApiError {
@@ -41,14 +41,9 @@ pub async fn snapshot(ctx: Ctx, p: PatchSnapshotParams) -> ApiResult<PatchInfo> 
         .patch_ready(&me.tenant_id, &p.session_id, p.turn_id.as_deref())
         .await?;
     let params = json!({"sessionId": p.session_id});
-    let mut stream = calls::call(
-        &ctx.state,
-        &me.tenant_id,
-        calls::To::Session(&p.session_id),
-        method::PatchSnapshot::NAME,
-        params,
-    )
-    .await?;
+    let mut stream = ctx
+        .session_call(&p.session_id, method::PatchSnapshot::NAME, &params)
+        .await?;
     let mut text = String::new();
     let answer = loop {
         match stream.next().await {

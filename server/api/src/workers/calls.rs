@@ -618,7 +618,11 @@ pub async fn unary<T: serde::de::DeserializeOwned>(
     method_name: &str,
     params: Value,
 ) -> ApiResult<T> {
-    let stream = call(state, tenant_id, to, method_name, params).await?;
+    decoded(call(state, tenant_id, to, method_name, params).await?, method_name).await
+}
+
+/// A unary call's answer (`method_name`'s), decoded.
+pub async fn decoded<T: serde::de::DeserializeOwned>(stream: CallStream, method_name: &str) -> ApiResult<T> {
     let value = stream.answer().await.map_err(ApiError)?;
     serde_json::from_value(value).map_err(|e| {
         tracing::warn!(method = method_name, error = %e, "worker answered with a malformed result");
