@@ -144,8 +144,8 @@ pub(crate) fn list(ws: &Workspace, p: &FilesListParams) -> Result<FilesListResul
 
 /// What `files.read` captured: one buffer, and the identity it came from.
 struct Capture {
-    /// Shared with the SHA-256 that runs while the chunks go out.
-    data: Arc<Vec<u8>>,
+    /// The whole file: every chunk of the read is cut from it.
+    data: Vec<u8>,
     meta: cap_std::fs::Metadata,
     version: String,
     /// Whether `data` is text: no NUL early on (git's rule for binary) and valid UTF-8.
@@ -215,7 +215,7 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
         let text = !data[..data.len().min(8000)].contains(&0) && simdutf8::basic::from_utf8(&data).is_ok();
         let version = version(rel, &after, &parent_id, xxhash_rust::xxh3::xxh3_128(&data));
         return Ok(Ok(Capture {
-            data: Arc::new(data),
+            data,
             meta: after,
             version,
             text,
@@ -533,7 +533,7 @@ mod tests {
         ] {
             std::fs::write(tmp.path().join(name), &data).unwrap();
             let cap = capture(&ws, Path::new(name)).unwrap().ok().unwrap();
-            assert!(*cap.data == data, "{name}: captured other bytes");
+            assert!(cap.data == data, "{name}: captured other bytes");
             assert_eq!(cap.text, is_text, "{name}");
         }
     }
