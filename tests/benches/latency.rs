@@ -1583,10 +1583,14 @@ async fn postmaster(database_url: &str) -> u32 {
 /// `BERTH_BENCH_DB_SET="name=value …"`: settings for every later connection to the
 /// database (`ALTER DATABASE … SET`), to compare a server setting with the same binary.
 async fn database_settings(database_url: &str) {
+    let c = db(database_url).await;
+    if let Ok(sql) = std::env::var("BERTH_BENCH_DB_SQL") {
+        c.batch_execute(&sql).await.expect("BERTH_BENCH_DB_SQL");
+        println!("database changed: {sql}");
+    }
     let Ok(settings) = std::env::var("BERTH_BENCH_DB_SET") else {
         return;
     };
-    let c = db(database_url).await;
     let name: String = c
         .query_one("SELECT current_database()", &[])
         .await
@@ -1669,7 +1673,7 @@ fn perf_start(pids: &[u32]) -> Option<std::process::Child> {
     let out = std::env::var("BERTH_BENCH_PERF").ok()?;
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     let child = std::process::Command::new("perf")
-        .args(["record", "-F", "999", "--call-graph", "dwarf,16384", "-o", &out, "-p"])
+        .args(["record", "-F", "20000", "-o", &out, "-p"])
         .arg(pids.join(","))
         .stdout(std::process::Stdio::null())
         .spawn()

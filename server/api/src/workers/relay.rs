@@ -22,6 +22,8 @@ const RELAY_TEXT_MAX: usize = 1200;
 
 /// Coalesced output not yet relayed.
 pub(super) struct Pending {
+    /// When it is stored and relayed unless a step or the end takes it first.
+    pub due: tokio::time::Instant,
     step: i32,
     text_offset: u64,
     text: String,
@@ -42,6 +44,7 @@ impl TurnTask {
             "text": text, "textOffset": live.text, "thinking": thinking, "thinkingOffset": live.thinking,
         });
         let pending = self.pending.get_or_insert_with(|| Pending {
+            due: tokio::time::Instant::now() + super::turn::FLUSH_EVERY,
             step: live.step,
             text_offset: live.text,
             text: String::new(),

@@ -17,8 +17,10 @@ use crate::error::ApiError;
 
 /// Messages queued for one turn; when full, the reader waits (backpressure to the worker).
 const TURN_QUEUE: usize = 64;
-/// How often coalesced live output is stored and relayed to other replicas.
-const FLUSH_EVERY: Duration = Duration::from_millis(50);
+/// How long live output is coalesced before it is stored and relayed to other replicas,
+/// counted from the first delta not yet stored: a step shorter than this stores its output
+/// once, with the step (which relays what is pending in its own transaction).
+pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
 /// The reader's handle on a turn's task.
 pub(super) struct TurnHandle {
@@ -102,9 +104,19 @@ impl TurnTask {
     async fn run(mut self, mut rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
         let running = json!({"type": "phase", "phase": "running", "turnId": self.turn_id});
         self.relay_now(running).await;
-        let mut flush = tokio::time::interval(FLUSH_EVERY);
-        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // One timer for the turn, set to the pending output's due time whenever new output
+        // starts pending.
+        let flush = tokio::time::sleep(FLUSH_EVERY);
+        tokio::pin!(flush);
+        let mut armed = None;
         loop {
+            let due = self.pending.as_ref().map(|p| p.due);
+            if let Some(at) = due
+                && armed != due
+            {
+                flush.as_mut().reset(at);
+                armed = due;
+            }
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
@@ -124,7 +136,7 @@ impl TurnTask {
                     // The turn ended: the reader dropped its queue.
                     None => return,
                 },
-                _ = flush.tick(), if self.pending.is_some() && self.flushing.is_none() => self.flush_relay(),
+                _ = &mut flush, if due.is_some() && self.flushing.is_none() => self.flush_relay(),
                 _ = self.flushed(), if self.flushing.is_some() => {}
             }
         }
