@@ -249,7 +249,21 @@ fn owned(v: RowRef<'_>) -> Row {
 /// nothing is sorted again, and no window function (a running sum over the page cost
 /// ~0.1 ms per 200 rows); the fence is a statement of its own ([`FENCE_SQL`]) in the same
 /// snapshot.
-const PAGE_SQL: &str = "
+pub(crate) const PAGE_SQL: &str = page_sql!("");
+
+/// [`PAGE_SQL`] for the first `turn.history` page, read before the turn's compaction is
+/// known: no rows when the session was ever compacted (the pages then start at the
+/// compaction's `keepFrom`, read after). The condition is a one-time filter (one probe of
+/// `events_compacted`); the rows are read as by [`PAGE_SQL`].
+pub(crate) const UNCOMPACTED_PAGE_SQL: &str = page_sql!(
+    "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.type = 'session.compacted')"
+);
+
+/// [`PAGE_SQL`]'s text with `$extra` among its conditions.
+macro_rules! page_sql {
+    ($extra:literal) => {
+        concat!(
+            "
 SELECT octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint,
        source_sequence, item_index, turn_id, kind,
        CASE WHEN octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint <= $7::bigint THEN body END,
@@ -259,8 +273,14 @@ SELECT octet_length(body)::bigint + coalesce(octet_length(thinking), 0)::bigint,
  WHERE session_id = $1 AND tenant_id = $2 AND NOT hidden
    AND source_sequence <= least($3::bigint,
          (SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE))
-   AND (source_sequence, item_index) > ($4::bigint, $5::int)
- ORDER BY source_sequence, item_index LIMIT $6::bigint + 1";
+   AND (source_sequence, item_index) > ($4::bigint, $5::int) ",
+            $extra,
+            "
+ ORDER BY source_sequence, item_index LIMIT $6::bigint + 1"
+        )
+    };
+}
+use page_sql;
 
 /// The text of the page's rows that [`PAGE_SQL`] left out (longer than its per-row share
 /// of the budget), at positions `($3[k], $4[k])`, in that order.
@@ -352,16 +372,22 @@ fn fit(row: &mut Row, budget: usize, first: RowField) {
 /// The session's fence ([`FENCE_SQL`]) and a page ([`PAGE_SQL`]) in one round trip, under
 /// the tenant's row-level security as [`crate::tenant_read`], in one snapshot (repeatable
 /// read): the page is cut at the same last sequence the fence reports.
+///
+/// `before`: statements read first in the same snapshot (their rows come back first);
+/// `page_sql`: [`PAGE_SQL`] or a variant with its parameters.
 async fn page_read(
     client: &deadpool_postgres::Object,
     tenant_id: &str,
+    before: &[(&str, &[Param<'_>])],
+    page_sql: &str,
     params: &[Param<'_>],
-) -> Result<(Option<tokio_postgres::Row>, Vec<tokio_postgres::Row>)> {
-    let mut results =
-        crate::tenant_snapshot_in_order(client, tenant_id, &[(FENCE_SQL, &params[..2]), (PAGE_SQL, params)]).await?;
+) -> Result<(Vec<Vec<tokio_postgres::Row>>, Option<tokio_postgres::Row>, Vec<tokio_postgres::Row>)> {
+    let mut statements = before.to_vec();
+    statements.extend([(FENCE_SQL, &params[..2]), (page_sql, params)]);
+    let mut results = crate::tenant_snapshot_in_order(client, tenant_id, &statements).await?;
     let page = results.pop().unwrap_or_default();
     let fence = results.pop().and_then(|rows| rows.into_iter().next());
-    Ok((fence, page))
+    Ok((results, fence, page))
 }
 
 /// How many of a [`PAGE_SQL`] answer's rows, whose text sizes are `sizes` in page order,
@@ -382,7 +408,7 @@ fn cut(sizes: impl IntoIterator<Item = i64>, limit: usize, budget: usize) -> (us
 
 /// A [`PAGE_SQL`] answer cut to the page, checked: the page's fence, whether more follows,
 /// and the text of the page's rows that the statement left out.
-struct PageLines {
+pub(crate) struct PageLines {
     lines: Vec<tokio_postgres::Row>,
     /// The page's rows: the first `take` lines.
     take: usize,
@@ -743,12 +769,7 @@ impl Store {
         tenant_id: &str,
         p: &SessionHistoryParams,
     ) -> Result<(Box<RawValue>, Option<Position>)> {
-        let page = self.page_lines(tenant_id, p).await?;
-        if page.take < 2 {
-            let typed = page.typed();
-            return Ok((to_json(&typed.rows)?, typed.next_after));
-        }
-        Ok((to_json(&PageRows(&page))?, page.next_after()))
+        page_rows_json(&self.page_lines(tenant_id, p).await?)
     }
 
     /// The page for `p` ([`PAGE_SQL`], cut to the page), with the fence checked.
@@ -766,6 +787,21 @@ impl Store {
     /// [`Store::page_lines`], or None when the page's long rows were deleted after the page
     /// statement read them.
     async fn page_once(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<Option<PageLines>> {
+        let client = self.pool.get().await?;
+        let (_, page) = self.page_with(&client, tenant_id, p, &[], PAGE_SQL).await?;
+        page.finish(&client, tenant_id, p).await
+    }
+
+    /// A page's statements read (after `before`, in the same snapshot, whose rows come back
+    /// first), not yet cut: [`PageRead::finish`] makes the page.
+    pub(crate) async fn page_with(
+        &self,
+        client: &deadpool_postgres::Object,
+        tenant_id: &str,
+        p: &SessionHistoryParams,
+        before: &[(&str, &[Param<'_>])],
+        page_sql: &str,
+    ) -> Result<(Vec<Vec<tokio_postgres::Row>>, PageRead)> {
         let through = match p.through {
             Some(t) if t < 0 => return Err(StoreError::Code(ErrorCode::BadParams)),
             t => t.unwrap_or(i64::MAX),
@@ -782,10 +818,11 @@ impl Store {
         // Each row's share of the budget: the page statement returns no more text than one
         // budget, however long its rows are.
         let share = (budget / (limit + 1)) as i64;
-        let client = self.pool.get().await?;
-        let (fence, lines) = page_read(
-            &client,
+        let (before, fence, lines) = page_read(
+            client,
             tenant_id,
+            before,
+            page_sql,
             &[
                 &p.session_id,
                 &tenant_id,
@@ -797,6 +834,57 @@ impl Store {
             ],
         )
         .await?;
+        Ok((
+            before,
+            PageRead {
+                fence,
+                lines,
+                through,
+                budget,
+                limit,
+                share,
+            },
+        ))
+    }
+}
+
+/// [`Store::page_rows_json`] of a page already read.
+pub(crate) fn page_rows_json(page: &PageLines) -> Result<(Box<RawValue>, Option<Position>)> {
+    if page.take < 2 {
+        let typed = page.typed();
+        return Ok((to_json(&typed.rows)?, typed.next_after));
+    }
+    Ok((to_json(&PageRows(page))?, page.next_after()))
+}
+
+/// A page's statements as read ([`Store::page_with`]), not yet cut to the page.
+pub(crate) struct PageRead {
+    fence: Option<tokio_postgres::Row>,
+    lines: Vec<tokio_postgres::Row>,
+    through: i64,
+    budget: usize,
+    limit: usize,
+    share: i64,
+}
+
+impl PageRead {
+    /// The page: the fence checked, the lines cut, the text of its long rows read. None
+    /// when those rows were deleted after the page statement read them (a clear: read the
+    /// page again).
+    pub(crate) async fn finish(
+        self,
+        client: &deadpool_postgres::Object,
+        tenant_id: &str,
+        p: &SessionHistoryParams,
+    ) -> Result<Option<PageLines>> {
+        let PageRead {
+            fence,
+            lines,
+            through,
+            budget,
+            limit,
+            share,
+        } = self;
         let Some(fence) = fence else { return not_found() };
         let (last, cleared): (i64, i64) = (fence.get(0), fence.get(1));
         if p.through.is_some_and(|t| t < cleared) {
@@ -817,7 +905,7 @@ impl Store {
             let sequences: Vec<i64> = long.iter().map(|&i| lines[i].get(1)).collect();
             let items: Vec<i32> = long.iter().map(|&i| lines[i].get(2)).collect();
             let read = crate::tenant_read(
-                &client,
+                client,
                 tenant_id,
                 TEXT_SQL,
                 &[&p.session_id, &tenant_id, &sequences, &items],
@@ -828,7 +916,6 @@ impl Store {
             }
             texts = long.into_iter().zip(read).collect();
         }
-        drop(client);
         Ok(Some(PageLines {
             lines,
             take,
@@ -839,6 +926,9 @@ impl Store {
         }))
     }
 
+}
+
+impl Store {
     /// Read a row's field onward from byte `offset` (which must be a character boundary).
     pub async fn source(&self, tenant_id: &str, p: &SessionSourceParams) -> Result<SessionSourceResult> {
         let mut client = self.pool.get().await?;

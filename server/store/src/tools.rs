@@ -50,60 +50,77 @@ struct TurnHistoryJson<'a> {
 
 impl Store {
     /// A page of the session's rows (hidden ones left out) for the worker connection that
-    /// runs `turn_id`, after `after`, as the JSON of its [`berth_protocol::worker::TurnHistoryResult`]: the rows,
-    /// where the next page starts and, on the first page of a compacted session, the handoff
-    /// the pages start from. The rows are written straight from PostgreSQL's (as
-    /// `session.history`'s are): the page goes to the worker without a `Row` or a
-    /// `serde_json::Value` built for each row in between.
+    /// runs `turn_id` (of session `session_id`), after `after`, as the JSON of its
+    /// [`berth_protocol::worker::TurnHistoryResult`]: the rows, where the next page starts
+    /// and, on the first page of a compacted session, the handoff the pages start from. The
+    /// rows are written straight from PostgreSQL's (as `session.history`'s are): the page goes
+    /// to the worker without a `Row` or a `serde_json::Value` built for each row in between.
+    ///
+    /// One round trip and one snapshot: the turn check with the session's latest compaction
+    /// ([`TURN_HANDOFF_SQL`]), the fence and the page. The first page is read as if the
+    /// session was never compacted ([`crate::history::UNCOMPACTED_PAGE_SQL`]: no rows
+    /// otherwise); a compacted session's first page, starting at its `keepFrom`, is read
+    /// after.
     pub async fn turn_history_json(
         &self,
         connection_id: &str,
         tenant_id: &str,
         turn_id: &str,
-        mut after: Option<Position>,
+        session_id: &str,
+        after: Option<Position>,
     ) -> Result<Box<RawValue>> {
-        // The turn check and, on the first page, the handoff (the latest compaction's
-        // `keepFrom` and summary) in one statement and one round trip.
-        let (session_id, handoff) = if after.is_some() {
-            (self.turn_session(connection_id, tenant_id, turn_id).await?, None)
-        } else {
-            let client = self.pool.get().await?;
-            let row = crate::tenant_read_opt(
-                &client,
-                tenant_id,
-                TURN_HANDOFF_SQL,
-                &[&turn_id, &tenant_id, &connection_id],
-            )
-            .await?
-            .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))?;
-            let handoff = match row.get::<_, Option<serde_json::Value>>(1) {
-                Some(keep_from) => Some(Handoff {
-                    keep_from: serde_json::from_value(keep_from).map_err(|e| StoreError::Other(e.into()))?,
-                    summary: row.get::<_, Option<String>>(2).unwrap_or_default(),
-                }),
-                None => None,
-            };
-            (row.get(0), handoff)
+        let first = after.is_none();
+        let mut p = SessionHistoryParams {
+            session_id: session_id.to_string(),
+            after,
+            limit: Some(TURN_HISTORY_ROWS),
+            max_bytes: Some(HISTORY_BUDGET_MAX as u32),
+            ..SessionHistoryParams::default()
         };
-        // The pages start at `keepFrom` (`after` is exclusive).
-        if let Some(h) = &handoff {
-            after = Some(Position {
-                source_sequence: h.keep_from.source_sequence,
-                item_index: h.keep_from.item_index - 1,
-            });
-        }
-        let (rows, next) = self
-            .page_rows_json(
-                tenant_id,
-                &SessionHistoryParams {
-                    session_id,
-                    after,
-                    limit: Some(TURN_HISTORY_ROWS),
-                    max_bytes: Some(HISTORY_BUDGET_MAX as u32),
-                    ..SessionHistoryParams::default()
-                },
-            )
+        let page_sql = if first {
+            crate::history::UNCOMPACTED_PAGE_SQL
+        } else {
+            crate::history::PAGE_SQL
+        };
+        let client = self.pool.get().await?;
+        let check: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&turn_id, &tenant_id, &connection_id];
+        let (mut before, read) = self
+            .page_with(&client, tenant_id, &p, &[(TURN_HANDOFF_SQL, &check)], page_sql)
             .await?;
+        let row = before
+            .pop()
+            .and_then(|rows| rows.into_iter().next())
+            .ok_or(StoreError::Code(ErrorCode::TurnNotRunning))?;
+        if row.get::<_, &str>(0) != session_id {
+            // The API tier's own record of the turn's session: never another.
+            return Err(StoreError::Code(ErrorCode::Internal));
+        }
+        let handoff = match row.get::<_, Option<serde_json::Value>>(1).filter(|_| first) {
+            Some(keep_from) => Some(Handoff {
+                keep_from: serde_json::from_value(keep_from).map_err(|e| StoreError::Other(e.into()))?,
+                summary: row.get::<_, Option<String>>(2).unwrap_or_default(),
+            }),
+            None => None,
+        };
+        let page = match handoff {
+            None => read.finish(&client, tenant_id, &p).await?,
+            Some(_) => None,
+        };
+        drop(client);
+        let (rows, next) = match page {
+            Some(page) => crate::history::page_rows_json(&page)?,
+            // Compacted (the pages start at `keepFrom`; `after` is exclusive), or the page's
+            // long rows were cleared after it was read: read on its own.
+            None => {
+                if let Some(h) = &handoff {
+                    p.after = Some(Position {
+                        source_sequence: h.keep_from.source_sequence,
+                        item_index: h.keep_from.item_index - 1,
+                    });
+                }
+                self.page_rows_json(tenant_id, &p).await?
+            }
+        };
         serde_json::value::to_raw_value(&TurnHistoryJson {
             rows: &rows,
             next,

@@ -46,7 +46,13 @@ impl TurnTask {
         Ok(conn
             .state
             .store
-            .turn_history_json(&conn.connection_id, &conn.principal.tenant_id, &self.turn_id, h.after)
+            .turn_history_json(
+                &conn.connection_id,
+                &conn.principal.tenant_id,
+                &self.turn_id,
+                &self.live.session,
+                h.after,
+            )
             .await?)
     }
 
