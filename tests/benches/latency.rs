@@ -1673,7 +1673,7 @@ fn perf_start(pids: &[u32]) -> Option<std::process::Child> {
     let out = std::env::var("BERTH_BENCH_PERF").ok()?;
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     let child = std::process::Command::new("perf")
-        .args(["record", "-F", "20000", "-o", &out, "-p"])
+        .args(["record", "-F", "999", "--call-graph", "dwarf,16384", "-o", &out, "-p"])
         .arg(pids.join(","))
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -1781,10 +1781,16 @@ async fn concurrency(table: &mut Table) {
     let mock = &isolated_mock();
     let database_url = fresh_database().await;
     database_settings(&database_url).await;
-    let a = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+    // Each replica's pool sized to the database's 2 cores (twice as many connections), as
+    // an operator sizes it (docs/deploy.md, "Sizing the pool"); `BERTH_BENCH_POOL=N` to
+    // compare. The default of 16 a replica made 32 backends contend for 2 cores.
+    let pool = std::env::var("BERTH_BENCH_POOL").unwrap_or_else(|_| "4".into());
+    println!("replicas' database pool: {pool} connections each");
+    let env: Vec<(&str, &str)> = ENV.iter().copied().chain([("BERTH_DB_POOL_SIZE", pool.as_str())]).collect();
+    let a = TestServer::start_with(&database_url, &mock.base_url(), &env)
         .await
         .expect("replica A");
-    let b = TestServer::start_with(&database_url, &mock.base_url(), ENV)
+    let b = TestServer::start_with(&database_url, &mock.base_url(), &env)
         .await
         .expect("replica B");
     let token = a.admin_token();
