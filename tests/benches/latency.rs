@@ -1786,7 +1786,11 @@ async fn concurrency(table: &mut Table) {
     // compare. The default of 16 a replica made 32 backends contend for 2 cores.
     let pool = std::env::var("BERTH_BENCH_POOL").unwrap_or_else(|_| "4".into());
     println!("replicas' database pool: {pool} connections each");
-    let env: Vec<(&str, &str)> = ENV.iter().copied().chain([("BERTH_DB_POOL_SIZE", pool.as_str())]).collect();
+    let env: Vec<(&str, &str)> = ENV
+        .iter()
+        .copied()
+        .chain([("BERTH_DB_POOL_SIZE", pool.as_str())])
+        .collect();
     let a = TestServer::start_with(&database_url, &mock.base_url(), &env)
         .await
         .expect("replica A");

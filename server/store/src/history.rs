@@ -381,7 +381,11 @@ async fn page_read(
     before: &[(&str, &[Param<'_>])],
     page_sql: &str,
     params: &[Param<'_>],
-) -> Result<(Vec<Vec<tokio_postgres::Row>>, Option<tokio_postgres::Row>, Vec<tokio_postgres::Row>)> {
+) -> Result<(
+    Vec<Vec<tokio_postgres::Row>>,
+    Option<tokio_postgres::Row>,
+    Vec<tokio_postgres::Row>,
+)> {
     let mut statements = before.to_vec();
     statements.extend([(FENCE_SQL, &params[..2]), (page_sql, params)]);
     let mut results = crate::tenant_snapshot_in_order(client, tenant_id, &statements).await?;
@@ -925,7 +929,6 @@ impl PageRead {
             more,
         }))
     }
-
 }
 
 impl Store {
