@@ -850,6 +850,44 @@ impl Store {
             },
         ))
     }
+
+    /// Read a row's field onward from byte `offset` (which must be a character boundary).
+    pub async fn source(&self, tenant_id: &str, p: &SessionSourceParams) -> Result<SessionSourceResult> {
+        let mut client = self.pool.get().await?;
+        let client = tenant_tx(&mut client, tenant_id).await?;
+        let (_, cleared) = self.fence(&client, tenant_id, &p.session_id).await?;
+        if p.position.source_sequence < cleared {
+            return Err(StoreError::Code(ErrorCode::HistoryCleared));
+        }
+        let column = match p.field {
+            RowField::Body => "body",
+            RowField::Thinking => "thinking",
+        };
+        let row = client
+            .qo(
+                &format!(
+                    "SELECT {column} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4"
+                ),
+                &[&p.session_id, &tenant_id, &p.position.source_sequence, &p.position.item_index],
+            )
+            .await?;
+        let Some(row) = row else { return not_found() };
+        let value: String = row.get::<_, Option<String>>(0).unwrap_or_default();
+        let offset = usize::try_from(p.offset).map_err(|_| StoreError::Code(ErrorCode::BadParams))?;
+        if offset > value.len() || !value.is_char_boundary(offset) {
+            return Err(StoreError::Code(ErrorCode::BadParams));
+        }
+        let limit = p.limit.map_or(SOURCE_DEFAULT, |l| l as usize).clamp(4, SOURCE_MAX);
+        let rest = &value[offset..];
+        let data = berth_protocol::text::prefix(rest, limit);
+        let end = offset + data.len();
+        Ok(SessionSourceResult {
+            data: data.to_string(),
+            offset: p.offset,
+            next_offset: (end < value.len()).then_some(end as u64),
+            bytes: value.len() as u64,
+        })
+    }
 }
 
 /// [`Store::page_rows_json`] of a page already read.
@@ -928,46 +966,6 @@ impl PageRead {
             budget,
             more,
         }))
-    }
-}
-
-impl Store {
-    /// Read a row's field onward from byte `offset` (which must be a character boundary).
-    pub async fn source(&self, tenant_id: &str, p: &SessionSourceParams) -> Result<SessionSourceResult> {
-        let mut client = self.pool.get().await?;
-        let client = tenant_tx(&mut client, tenant_id).await?;
-        let (_, cleared) = self.fence(&client, tenant_id, &p.session_id).await?;
-        if p.position.source_sequence < cleared {
-            return Err(StoreError::Code(ErrorCode::HistoryCleared));
-        }
-        let column = match p.field {
-            RowField::Body => "body",
-            RowField::Thinking => "thinking",
-        };
-        let row = client
-            .qo(
-                &format!(
-                    "SELECT {column} FROM rows WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4"
-                ),
-                &[&p.session_id, &tenant_id, &p.position.source_sequence, &p.position.item_index],
-            )
-            .await?;
-        let Some(row) = row else { return not_found() };
-        let value: String = row.get::<_, Option<String>>(0).unwrap_or_default();
-        let offset = usize::try_from(p.offset).map_err(|_| StoreError::Code(ErrorCode::BadParams))?;
-        if offset > value.len() || !value.is_char_boundary(offset) {
-            return Err(StoreError::Code(ErrorCode::BadParams));
-        }
-        let limit = p.limit.map_or(SOURCE_DEFAULT, |l| l as usize).clamp(4, SOURCE_MAX);
-        let rest = &value[offset..];
-        let data = berth_protocol::text::prefix(rest, limit);
-        let end = offset + data.len();
-        Ok(SessionSourceResult {
-            data: data.to_string(),
-            offset: p.offset,
-            next_offset: (end < value.len()).then_some(end as u64),
-            bytes: value.len() as u64,
-        })
     }
 }
 
