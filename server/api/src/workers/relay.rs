@@ -125,6 +125,22 @@ impl TurnTask {
         Some((p, payloads))
     }
 
+    /// [`TurnTask::relay_now`] without waiting for the database: local watchers get `item` at
+    /// once, and its `NOTIFY` for other replicas is written in the flushing slot
+    /// ([`TurnTask::flushing`], which must be free), so that whatever the turn relays or
+    /// stores next goes after it while the turn's messages keep being handled meanwhile.
+    pub(super) fn relay_soon(&mut self, item: serde_json::Value) {
+        let state = &self.conn.state;
+        state.hub.live(&self.live.session, item.clone());
+        let payload = self.relayed(item);
+        let conn = self.conn.clone();
+        self.flushing = Some(tokio::spawn(async move {
+            if let Err(e) = conn.state.store.notify(CHANNEL_DELTAS, &payload).await {
+                tracing::warn!(error = %e, "relaying live deltas failed");
+            }
+        }));
+    }
+
     pub(super) async fn relay_now(&self, item: serde_json::Value) {
         let state = &self.conn.state;
         state.hub.live(&self.live.session, item.clone());

@@ -71,9 +71,9 @@ pub(super) struct TurnTask {
     pub live: LiveTurn,
     /// Output not yet stored and relayed to other replicas.
     pub pending: Option<Pending>,
-    /// The write of relayed output in flight, if any: its own task, so that deltas keep
-    /// reaching local watchers while it waits for the database; one at a time, in order,
-    /// and finished before a step or the end is stored.
+    /// The write of relayed output (or of the running phase) in flight, if any: its own
+    /// task, so that deltas keep reaching local watchers while it waits for the database;
+    /// one at a time, in order, and finished before a step or the end is stored.
     pub flushing: Option<tokio::task::JoinHandle<()>>,
     /// Cancelled when the turn is stopped or the connection ends.
     pub cancel: CancellationToken,
@@ -102,8 +102,9 @@ pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHan
 
 impl TurnTask {
     async fn run(mut self, mut rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
+        // The turn's first message (`turn.history`) is handled while this is written.
         let running = json!({"type": "phase", "phase": "running", "turnId": self.turn_id});
-        self.relay_now(running).await;
+        self.relay_soon(running);
         // One timer for the turn, set to the pending output's due time whenever new output
         // starts pending.
         let flush = tokio::time::sleep(FLUSH_EVERY);
@@ -123,6 +124,8 @@ impl TurnTask {
                     // Stopped (already settled by the server) or the connection ended.
                     self.pending = None;
                     self.conn.state.hub.end_step(&self.live.session);
+                    // After the relay write in flight (the running phase, say), never before it.
+                    self.flushed().await;
                     let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
                     self.relay_now(idle).await;
                     rx.close();
