@@ -1668,9 +1668,10 @@ async fn statements_print(c: &tokio_postgres::Client, turns: usize) {
 }
 
 /// `BERTH_BENCH_PERF=FILE`: `perf record` of the given processes while the 50-turn rounds
-/// run (the figures of that run are then perturbed by perf itself).
-fn perf_start(pids: &[u32]) -> Option<std::process::Child> {
-    let out = std::env::var("BERTH_BENCH_PERF").ok()?;
+/// run, into FILE, and while `files.read` runs, into FILE`suffix` (the figures of that run
+/// are then perturbed by perf itself).
+fn perf_start(pids: &[u32], suffix: &str) -> Option<std::process::Child> {
+    let out = std::env::var("BERTH_BENCH_PERF").ok()? + suffix;
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     let child = std::process::Command::new("perf")
         .args(["record", "-F", "999", "--call-graph", "dwarf,16384", "-o", &out, "-p"])
@@ -1851,7 +1852,7 @@ async fn concurrency(table: &mut Table) {
     seated = back;
     let mut walls = Vec::new();
     let statements = statements_start(&database_url).await;
-    let perf = perf_start(&[&[pid_a, pid_wa][..], &children_of(postmaster)].concat());
+    let perf = perf_start(&[&[pid_a, pid_wa][..], &children_of(postmaster)].concat(), "");
     let c0 = meters.read();
     for _ in 0..ROUNDS {
         let (w, back) = concurrent_round(seated, mock).await;
@@ -2198,7 +2199,7 @@ async fn files_read(
     let (mut to_begin, mut to_begin_value) = (Vec::new(), Vec::new());
     for i in 0..N + 2 {
         if i == 2 {
-            perf = perf_start(&[&pids[..], &[std::process::id()]].concat());
+            perf = perf_start(&[&pids[..], &[std::process::id()]].concat(), ".read");
         }
         let t0 = Instant::now();
         let data = std::fs::read(&path).expect("read");

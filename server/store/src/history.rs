@@ -919,14 +919,8 @@ impl PageRead {
         tenant_id: &str,
         p: &SessionHistoryParams,
     ) -> Result<Option<PageLines>> {
-        let PageRead {
-            fence,
-            lines,
-            through,
-            budget,
-            limit,
-            share,
-        } = self;
+        let PageRead { fence, lines, .. } = self;
+        let (through, budget, limit, share) = (self.through, self.budget, self.limit, self.share);
         let Some(fence) = fence else { return not_found() };
         let (last, cleared): (i64, i64) = (fence.get(0), fence.get(1));
         if p.through.is_some_and(|t| t < cleared) {
