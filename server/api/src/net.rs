@@ -10,41 +10,20 @@ use axum::{
     extract::ws::Message,
     serve::{ListenerExt, TapIo},
 };
-use futures_util::{Sink, SinkExt};
+use futures_util::Sink;
 use tokio::net::{TcpListener, TcpStream};
 
-/// The most queued messages a WebSocket writer hands to the socket before it flushes.
-pub const WRITE_BATCH: usize = 32;
-
-/// Hand `first` and whatever `more` has queued now (up to [`WRITE_BATCH`] in all) to a
-/// WebSocket, then flush once: a burst (a file's chunks, many turns' events) goes out in a
-/// few large writes instead of a system call, and a wake-up of the peer, per message.
-/// Nothing waits for more to arrive, so a lone message goes out as soon as it is queued.
-/// True once a `Close` has been sent (nothing after it is taken).
+/// [`berth_protocol::batch::write_batch`] of a client's or worker's connection: a `Close`
+/// ends the batch (true once it is sent).
 pub async fn write_batch<S>(
     sink: &mut S,
     first: Message,
-    mut more: impl FnMut() -> Option<Message>,
+    more: impl FnMut() -> Option<Message>,
 ) -> Result<bool, S::Error>
 where
     S: Sink<Message> + Unpin,
 {
-    let mut next = Some(first);
-    let mut sent = 0;
-    while let Some(msg) = next.take() {
-        let close = matches!(msg, Message::Close(_));
-        sink.feed(msg).await?;
-        sent += 1;
-        if close {
-            sink.flush().await?;
-            return Ok(true);
-        }
-        if sent < WRITE_BATCH {
-            next = more();
-        }
-    }
-    sink.flush().await?;
-    Ok(false)
+    berth_protocol::batch::write_batch(sink, first, more, |m| matches!(m, Message::Close(_))).await
 }
 
 /// A listener whose accepted connections have Nagle's algorithm off.
@@ -111,67 +90,5 @@ mod tests {
             "build clients with net::http_client"
         );
         assert!(src.contains("net::http_client()"));
-    }
-
-    /// A sink that records what it is handed and each flush.
-    #[derive(Default)]
-    struct Recorder(Vec<String>);
-
-    impl Sink<Message> for Recorder {
-        type Error = std::convert::Infallible;
-        fn poll_ready(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Result<(), Self::Error>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-        fn start_send(mut self: std::pin::Pin<&mut Self>, item: Message) -> Result<(), Self::Error> {
-            let name = match item {
-                Message::Text(t) => t.to_string(),
-                Message::Close(_) => "close".into(),
-                _ => "other".into(),
-            };
-            self.0.push(name);
-            Ok(())
-        }
-        fn poll_flush(
-            mut self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Result<(), Self::Error>> {
-            self.0.push("flush".into());
-            std::task::Poll::Ready(Ok(()))
-        }
-        fn poll_close(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Result<(), Self::Error>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-    }
-
-    #[tokio::test]
-    async fn a_batch_is_what_is_queued_in_order_then_one_flush() {
-        let text = |i: usize| Message::Text(i.to_string().into());
-        // A lone message: sent and flushed at once.
-        let mut sink = Recorder::default();
-        assert!(!write_batch(&mut sink, text(0), || None).await.unwrap());
-        assert_eq!(sink.0, ["0", "flush"]);
-        // A burst longer than a batch: the first WRITE_BATCH in order, one flush; the rest
-        // stays queued for the next batch.
-        let mut queue: std::collections::VecDeque<Message> = (1..=WRITE_BATCH + 5).map(text).collect();
-        let mut sink = Recorder::default();
-        assert!(!write_batch(&mut sink, text(0), || queue.pop_front()).await.unwrap());
-        let expected: Vec<String> = (0..WRITE_BATCH)
-            .map(|i| i.to_string())
-            .chain(["flush".into()])
-            .collect();
-        assert_eq!(sink.0, expected);
-        assert_eq!(queue.len(), 6);
-        // A close ends the batch, flushed; nothing after it is taken.
-        let mut queue: std::collections::VecDeque<Message> = [text(1), Message::Close(None), text(2)].into();
-        let mut sink = Recorder::default();
-        assert!(write_batch(&mut sink, text(0), || queue.pop_front()).await.unwrap());
-        assert_eq!(sink.0, ["0", "1", "close", "flush"]);
-        assert_eq!(queue.len(), 1);
     }
 }

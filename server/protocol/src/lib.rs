@@ -23,6 +23,7 @@
 //!   `queueId` is its turn's id.
 
 pub mod agents;
+pub mod batch;
 pub mod error;
 pub mod events;
 pub mod jsonrpc;

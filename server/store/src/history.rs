@@ -369,31 +369,6 @@ fn fit(row: &mut Row, budget: usize, first: RowField) {
     }
 }
 
-/// The session's fence ([`FENCE_SQL`]) and a page ([`PAGE_SQL`]) in one round trip, under
-/// the tenant's row-level security as [`crate::tenant_read`], in one snapshot (repeatable
-/// read): the page is cut at the same last sequence the fence reports.
-///
-/// `before`: statements read first in the same snapshot (their rows come back first);
-/// `page_sql`: [`PAGE_SQL`] or a variant with its parameters.
-async fn page_read(
-    client: &deadpool_postgres::Object,
-    tenant_id: &str,
-    before: &[(&str, &[Param<'_>])],
-    page_sql: &str,
-    params: &[Param<'_>],
-) -> Result<(
-    Vec<Vec<tokio_postgres::Row>>,
-    Option<tokio_postgres::Row>,
-    Vec<tokio_postgres::Row>,
-)> {
-    let mut statements = before.to_vec();
-    statements.extend([(FENCE_SQL, &params[..2]), (page_sql, params)]);
-    let mut results = crate::tenant_snapshot_in_order(client, tenant_id, &statements).await?;
-    let page = results.pop().unwrap_or_default();
-    let fence = results.pop().and_then(|rows| rows.into_iter().next());
-    Ok((results, fence, page))
-}
-
 /// How many of a [`PAGE_SQL`] answer's rows, whose text sizes are `sizes` in page order,
 /// make the page: at most `limit`, and no more than `budget` bytes of text in all, but
 /// always the first row (a page of one row is cut to the budget instead). Also whether more
@@ -744,7 +719,7 @@ impl Store {
     }
 
     /// A page without a target: the fence and the page ([`PAGE_SQL`]) in one round trip
-    /// ([`page_read`]); the same answers as the general path.
+    /// ([`Store::page_with`]); the same answers as the general path.
     async fn history_page(&self, tenant_id: &str, p: &SessionHistoryParams) -> Result<SessionHistoryResult> {
         Ok(self.page_lines(tenant_id, p).await?.typed())
     }
@@ -796,8 +771,11 @@ impl Store {
         page.finish(&client, tenant_id, p).await
     }
 
-    /// A page's statements read (after `before`, in the same snapshot, whose rows come back
-    /// first), not yet cut: [`PageRead::finish`] makes the page.
+    /// The session's fence ([`FENCE_SQL`]) and a page (`page_sql`: [`PAGE_SQL`] or a variant
+    /// with its parameters) in one round trip, under the tenant's row-level security as
+    /// [`crate::tenant_read`], in one snapshot (repeatable read), so the page is cut at the
+    /// same last sequence the fence reports; `before` go first in the same snapshot, their
+    /// rows returned first. Not yet cut: [`PageRead::finish`] makes the page.
     pub(crate) async fn page_with(
         &self,
         client: &deadpool_postgres::Object,
@@ -822,24 +800,22 @@ impl Store {
         // Each row's share of the budget: the page statement returns no more text than one
         // budget, however long its rows are.
         let share = (budget / (limit + 1)) as i64;
-        let (before, fence, lines) = page_read(
-            client,
-            tenant_id,
-            before,
-            page_sql,
-            &[
-                &p.session_id,
-                &tenant_id,
-                &through,
-                &lo.source_sequence,
-                &lo.item_index,
-                &(limit as i64),
-                &share,
-            ],
-        )
-        .await?;
+        let params: [Param; 7] = [
+            &p.session_id,
+            &tenant_id,
+            &through,
+            &lo.source_sequence,
+            &lo.item_index,
+            &(limit as i64),
+            &share,
+        ];
+        let mut statements = before.to_vec();
+        statements.extend([(FENCE_SQL, &params[..2]), (page_sql, &params[..])]);
+        let mut results = crate::tenant_snapshot_in_order(client, tenant_id, &statements).await?;
+        let lines = results.pop().unwrap_or_default();
+        let fence = results.pop().and_then(|rows| rows.into_iter().next());
         Ok((
-            before,
+            results,
             PageRead {
                 fence,
                 lines,

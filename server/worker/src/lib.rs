@@ -276,7 +276,11 @@ async fn connect_once(
                     on_message(&link, &ctx, &turns, &running, &observer, &text);
                 }
             }
-            out = out_rx.recv() => if let Some(m) = out && let Err(e) = send_queued(&mut sink, m, &mut out_rx).await { break Err(e.into()) },
+            out = out_rx.recv() => if let Some(m) = out
+                && let Err(e) = berth_protocol::batch::write_batch(&mut sink, m, || out_rx.try_recv().ok(), Message::is_close).await
+            {
+                break Err(e.into())
+            },
             _ = shutdown.cancelled() => {
                 let _ = sink.send(Message::Close(None)).await;
                 break Ok(());
@@ -393,19 +397,4 @@ fn on_message(
         };
         let _ = tx.send(answer);
     }
-}
-
-/// Send `first` and whatever else is queued now (at most 32 messages), then flush once:
-/// many turns' deltas or a file's chunk runs go out in a few writes instead of a system
-/// call, and a wake-up of the API tier, each. Nothing waits for more to be queued.
-async fn send_queued<S>(sink: &mut S, first: Message, queue: &mut mpsc::Receiver<Message>) -> Result<(), S::Error>
-where
-    S: futures_util::Sink<Message> + Unpin,
-{
-    sink.feed(first).await?;
-    for _ in 1..32 {
-        let Ok(next) = queue.try_recv() else { break };
-        sink.feed(next).await?;
-    }
-    sink.flush().await
 }

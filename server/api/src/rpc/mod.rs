@@ -469,7 +469,7 @@ async fn run(
         let (done, closed, budget) = (writer_done.clone(), conn.closed.clone(), conn.out.budget.clone());
         let write_timeout = limits.write_timeout;
         async move {
-            let mut held = Vec::with_capacity(crate::net::WRITE_BATCH);
+            let mut held = Vec::with_capacity(berth_protocol::batch::WRITE_BATCH);
             loop {
                 // Once the connection is closing, send what is queued and stop.
                 let next = tokio::select! {

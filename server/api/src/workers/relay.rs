@@ -125,8 +125,8 @@ impl TurnTask {
         Some((p, payloads))
     }
 
-    /// [`TurnTask::relay_now`] without waiting for the database: local watchers get `item` at
-    /// once, and its `NOTIFY` for other replicas is written in the flushing slot
+    /// Relay `item` to every watcher without waiting for the database: local watchers get it
+    /// at once, and its `NOTIFY` for other replicas is written in the flushing slot
     /// ([`TurnTask::flushing`], which must be free), so that whatever the turn relays or
     /// stores next goes after it while the turn's messages keep being handled meanwhile.
     pub(super) fn relay_soon(&mut self, item: serde_json::Value) {
@@ -141,12 +141,12 @@ impl TurnTask {
         }));
     }
 
-    pub(super) async fn relay_now(&self, item: serde_json::Value) {
-        let state = &self.conn.state;
-        state.hub.live(&self.live.session, item.clone());
-        if let Err(e) = state.store.notify(CHANNEL_DELTAS, &self.relayed(item)).await {
-            tracing::warn!(error = %e, "relaying live deltas failed");
-        }
+    /// [`TurnTask::relay_soon`] after the relay write in flight (never before it), and
+    /// written when this returns.
+    pub(super) async fn relay_now(&mut self, item: serde_json::Value) {
+        self.flushed().await;
+        self.relay_soon(item);
+        self.flushed().await;
     }
 
     /// `item` as a `NOTIFY` payload for the other replicas' watchers.

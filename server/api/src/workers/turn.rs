@@ -124,8 +124,6 @@ impl TurnTask {
                     // Stopped (already settled by the server) or the connection ended.
                     self.pending = None;
                     self.conn.state.hub.end_step(&self.live.session);
-                    // After the relay write in flight (the running phase, say), never before it.
-                    self.flushed().await;
                     let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
                     self.relay_now(idle).await;
                     rx.close();

@@ -64,7 +64,7 @@ pub(crate) async fn run(t: &TurnLink, ws: Arc<Workspace>, max: u64, arguments: &
     let read = tokio::task::spawn_blocking(move || {
         let data = ws.read_bounded(&path, max)?;
         Ok::<_, crate::workspace::PathError>(data.map(|d| {
-            let sha256: String = Sha256::digest(&d).iter().map(|b| format!("{b:02x}")).collect();
+            let sha256 = crate::attachments::hex(&Sha256::digest(&d));
             (d, sha256)
         }))
     })
