@@ -132,6 +132,23 @@ async fn the_model_proxy_serves_only_the_callers_running_turns_within_limits() {
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (7, 3));
     assert_eq!(metered_tokens(&stack, "input").await, 7);
     assert_eq!(metered_tokens(&stack, "output").await, 3);
+    // The call recorded the credential's use.
+    let digest = berth_store::token::digest(&stack.worker_token);
+    let used = "SELECT last_used_at IS NOT NULL FROM credentials WHERE sha256 = $1";
+    assert!(db.query_one(used, &[&digest]).await.unwrap().get::<_, bool>(0));
+
+    // The holder's credential once expired, or its hash unknown: refused as unauthenticated
+    // before the provider is asked, though the turn still runs on its connection.
+    let expire = "UPDATE credentials SET expires_at = now() - interval '1 second' WHERE sha256 = $1";
+    db.execute(expire, &[&digest]).await.unwrap();
+    let (status, _) = proxy_call(&stack, &stack.worker_token, Some(&turn), &body).await;
+    assert_eq!(status, 401, "an expired credential");
+    let restore = "UPDATE credentials SET expires_at = NULL WHERE sha256 = $1";
+    db.execute(restore, &[&digest]).await.unwrap();
+    let unknown = berth_store::token::generate();
+    let (status, _) = proxy_call(&stack, &unknown, Some(&turn), &body).await;
+    assert_eq!(status, 401, "an unknown credential");
+    assert_eq!(mock.requests().len(), 2, "no refused call reached the provider");
 
     // Two calls of the tenant are open (the worker's and this one): a third is refused.
     mock.push(Reply::StreamThenHang(vec![Part::Text("y".into())]));

@@ -56,11 +56,11 @@ impl Store {
 
     /// For the model proxy, before every model request: [`Store::authenticate`] and the
     /// turn's check (the model, provider profile and endpoint `turn_id` was dispatched with)
-    /// in one round trip. `BEGIN`, the look-up and its touch, the
-    /// switch to the credential's tenant (found again by its hash, as the tenant is not
-    /// known before the answer), the turn's check under row-level security and `COMMIT` go
-    /// out together. None: not authenticated; else the principal and the turn, if it runs
-    /// and was handed to a live connection of this worker credential.
+    /// in one round trip. `BEGIN`, the look-up with its touch and the switch to the
+    /// credential's tenant ([`FIND_TOUCH_SWITCH_SQL`]), the turn's check under row-level
+    /// security and `COMMIT` go out together. None: not authenticated; else the principal
+    /// and the turn, if it runs and was handed to a live connection of this worker
+    /// credential.
     pub async fn authenticate_for_turn(
         &self,
         presented: &str,
@@ -83,33 +83,29 @@ impl Store {
         );
         // Prepared first (cached per connection): a statement still to be prepared would go
         // out after the `COMMIT`.
-        let (find, touch, switch, turn) = tokio::try_join!(
-            client.prepare_cached(FIND_SQL),
-            client.prepare_cached(TOUCH_SQL),
-            client.prepare_cached(TENANT_OF_CREDENTIAL_SQL),
+        let (check, turn) = tokio::try_join!(
+            client.prepare_cached(FIND_TOUCH_SWITCH_SQL),
             client.prepare_cached(&turn_sql),
         )?;
         let c: &tokio_postgres::Client = &client;
         // `biased`: polled, so sent, in this order, all on the first poll (a caller dropped
         // mid-way still leaves the connection outside any transaction).
-        let by_digest: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&digest];
-        let switch_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&digest, &APP_ROLE];
+        let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&digest, &APP_ROLE];
         let turn_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&turn_id, &digest];
-        let (begin, row, touched, switched, turn, commit) = tokio::join!(
+        let (begin, row, turn, commit) = tokio::join!(
             biased;
             c.batch_execute("BEGIN"),
-            c.query_opt(&find, &by_digest),
-            c.execute(&touch, &by_digest),
-            c.execute(&switch, &switch_params),
+            c.query_one(&check, &check_params),
             c.query_opt(&turn, &turn_params),
             c.batch_execute("COMMIT"),
         );
         begin?;
-        touched?;
-        switched?;
+        let row = row?;
         let turn = turn?;
         commit?;
-        let Some(principal) = principal(row?, &digest) else {
+        // No valid credential: its columns are null.
+        let row = row.get::<_, Option<String>>(0).map(|_| row);
+        let Some(principal) = principal(row, &digest) else {
             return Ok(None);
         };
         Ok(Some((
@@ -274,12 +270,19 @@ impl Store {
     }
 }
 
-/// A live credential by its SHA-256 (`$1`), with its user's role.
-const FIND_SQL: &str = "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256, c.expires_at
-       FROM credentials c LEFT JOIN users u ON u.id = c.user_id
-      WHERE c.sha256 = $1 AND c.revoked_at IS NULL
-        AND (c.expires_at IS NULL OR c.expires_at > now())
-        AND (u.id IS NULL OR u.disabled_at IS NULL)";
+/// A live credential (not revoked, not expired, its user not disabled) by its SHA-256
+/// (`$1`), with its user's role.
+macro_rules! find_sql {
+    () => {
+        "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256, c.expires_at
+           FROM credentials c LEFT JOIN users u ON u.id = c.user_id
+          WHERE c.sha256 = $1 AND c.revoked_at IS NULL
+            AND (c.expires_at IS NULL OR c.expires_at > now())
+            AND (u.id IS NULL OR u.disabled_at IS NULL)"
+    };
+}
+
+const FIND_SQL: &str = find_sql!();
 
 /// The credential's last use, at most once a minute.
 const TOUCH_SQL: &str = "UPDATE credentials SET last_used_at = now()
@@ -287,12 +290,23 @@ const TOUCH_SQL: &str = "UPDATE credentials SET last_used_at = now()
         AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
         AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = user_id AND u.disabled_at IS NOT NULL)";
 
-/// Scopes the current transaction to the tenant of the credential whose SHA-256 is `$1`
-/// (none: a tenant that matches no row) and then switches to role `$2`, as `TENANT_SQL`
-/// does. The tenant is set first: its look-up runs before the role changes.
-const TENANT_OF_CREDENTIAL_SQL: &str = "SELECT set_config('berth.tenant_id',
-        coalesce((SELECT tenant_id FROM credentials WHERE sha256 = $1 AND revoked_at IS NULL), ''), true),
-        set_config('role', $2, true)";
+/// For the model proxy: [`FIND_SQL`] (`$1`), its touch ([`TOUCH_SQL`]) and the switch of the
+/// current transaction to the found credential's tenant and then to role `$2` (as
+/// `TENANT_SQL` does), in one statement. Always one row: the credential's columns as
+/// [`FIND_SQL`]'s, null when no valid credential has that hash; the switch happens either way
+/// (to no tenant then), so what follows runs under row-level security. The look-up and the
+/// touch run as the statement's own role: a role set by `set_config` applies from the next
+/// statement on.
+const FIND_TOUCH_SWITCH_SQL: &str = concat!(
+    "WITH c AS (",
+    find_sql!(),
+    "),
+     touched AS (UPDATE credentials x SET last_used_at = now() FROM c
+                  WHERE x.id = c.id AND (x.last_used_at IS NULL OR x.last_used_at < now() - interval '1 minute'))
+     SELECT c.id, c.tenant_id, c.kind, c.user_id, c.role, c.sha256, c.expires_at,
+            set_config('berth.tenant_id', coalesce(c.tenant_id, ''), true), set_config('role', $2, true)
+       FROM (SELECT) one LEFT JOIN c ON true"
+);
 
 /// The principal of a [`FIND_SQL`] row, if its stored hash is `digest`.
 fn principal(row: Option<tokio_postgres::Row>, digest: &[u8]) -> Option<Principal> {
