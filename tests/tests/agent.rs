@@ -469,6 +469,43 @@ async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session
     assert_eq!(rows[1]["tool"]["status"], "running");
 }
 
+/// A worker killed outright (SIGKILL: no chance to clean up) mid-command: the command and
+/// what it started in its group go with it, killed by the guard waiting on the worker's
+/// lifeline, not left running on the workspace machine.
+#[tokio::test]
+async fn a_worker_killed_mid_tool_takes_its_command_with_it() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(
+        &[("c1", "shell", json!({"command": "sleep 600 & echo $$ > pid; wait"}))],
+        8,
+    ));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "long job"}))
+        .await;
+    let pidfile = stack.workspace_dir.join("pid");
+    let pgid: i32 = berth_e2e::harness::eventually(30, || {
+        let p = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        async move { p }
+    })
+    .await
+    .expect("pid recorded");
+    assert!(group_members(pgid).len() >= 2, "the command and its child run");
+    stack.kill_worker().await;
+    let end = watch.until(60, is_turn_end).await.expect("turn ends");
+    assert_eq!(end.last().unwrap()["state"], "interrupted");
+    let left = berth_e2e::harness::eventually(30, || {
+        let members = group_members(pgid);
+        async move { members.is_empty().then_some(()) }
+    })
+    .await;
+    assert!(left.is_some(), "left running: {:?}", group_members(pgid));
+}
+
 #[tokio::test]
 async fn a_session_without_tools_sends_no_tools() {
     let mock = MockProvider::start().await;

@@ -143,6 +143,50 @@ async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_
     assert!(gone.is_some(), "the MCP server {pid} outlived its turn");
 }
 
+/// Running, not a zombie waiting for a reaper (a killed worker's children are reaped by
+/// whoever adopts them, if ever).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// A worker killed outright (SIGKILL: no code of it runs) while its turn's stdio server
+/// runs: the server goes with it (its guard, `lifeline.rs`), not left on the machine.
+#[tokio::test]
+async fn a_stdio_server_dies_with_its_worker_even_when_the_worker_is_killed() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let pidfile = stack.workspace_dir.join("mcp-server.pid");
+    write_config(
+        &stack.workspace_dir.join(".berth/mcp.json"),
+        // A server that would stay after its input closes: only the guard ends it.
+        json!({"tester": {"command": SERVER, "env": {"PIDFILE": pidfile.display().to_string(), "LINGER": "1"}}}),
+    );
+    stack.kill_worker().await;
+    stack
+        .start_worker_with_env(0, &[], &[("BERTH_WORKER_MCP_WORKSPACE", "true")])
+        .await;
+    let mut c = stack.client(0).await;
+    let (sid, mut watch) = session(&stack, &mut c).await;
+    mock.push(Reply::tools(
+        &[("call_m", "mcp__tester__echo", json!({"text": "ahoy"}))],
+        5,
+    ));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "Use the echo tool"}))
+        .await;
+    watch
+        .until(60, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("the call waits for approval, its server running");
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(running(pid), "the server runs");
+    stack.kill_worker().await;
+    let gone = eventually(30, || async move { (!running(pid)).then_some(()) }).await;
+    assert!(gone.is_some(), "the MCP server {pid} outlived its killed worker");
+}
+
 #[tokio::test]
 async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes() {
     let mock = MockProvider::start().await;

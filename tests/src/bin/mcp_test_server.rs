@@ -4,7 +4,8 @@
 //! clean environment.
 //!
 //! By default it speaks stdio (newline-delimited JSON-RPC 2.0, written by hand); with `PIDFILE`
-//! set it writes its process id there first. With `--http` it serves streamable HTTP instead
+//! set it writes its process id there first; with `LINGER` set it stays after its input ends
+//! (until killed). With `--http` it serves streamable HTTP instead
 //! (rmcp's server side) on a free local port, printing its URL as the first line of stdout;
 //! with `REQUIRE_HEADER=name:value` every request without that header is refused (401).
 
@@ -72,6 +73,12 @@ fn stdio() {
         };
         if writeln!(out, "{reply}").and_then(|()| out.flush()).is_err() {
             break;
+        }
+    }
+    // A server that outlives its client's end (its input closed), as some do.
+    if std::env::var_os("LINGER").is_some() {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
         }
     }
 }

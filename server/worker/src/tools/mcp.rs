@@ -464,7 +464,14 @@ type Started = (RunningService<RoleClient, ()>, Vec<Tool>);
 /// Start or reach one server, do the handshake and list its tools.
 async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'static str> {
     let service = if let Some(command) = &spec.command {
-        let mut cmd = CommandWrap::with_new(command, |c| {
+        // Under a guard that kills the server's group when the worker is gone, however it
+        // went (`lifeline.rs`): the lifeline takes the place of the discarded stderr.
+        let lifeline = super::lifeline::reader();
+        let program = if lifeline.is_some() { "sh" } else { command.as_str() };
+        let mut cmd = CommandWrap::with_new(program, |c| {
+            if lifeline.is_some() {
+                c.args(["-c", super::lifeline::GUARD_ON_STDERR, "sh", command]);
+            }
             c.args(&spec.args).current_dir(root).env_clear();
             for key in ["PATH", "HOME", "LANG"] {
                 if let Some(v) = std::env::var_os(key) {
@@ -478,7 +485,7 @@ async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'
         });
         cmd.wrap(ProcessGroup::leader());
         let (transport, _) = TokioChildProcess::builder(cmd)
-            .stderr(Stdio::null())
+            .stderr(lifeline.map_or_else(Stdio::null, Stdio::from))
             .spawn()
             .map_err(|e| {
                 tracing::warn!(mcp.server = %name, error = %e, "cannot start the MCP server");

@@ -4,6 +4,7 @@
 
 pub(crate) mod attach;
 mod fs;
+mod lifeline;
 pub(crate) mod mcp;
 mod search;
 pub(crate) mod shell;

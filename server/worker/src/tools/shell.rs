@@ -1,9 +1,16 @@
 //! `shell`: `sh -c COMMAND` in the workspace root, in its own process group, with Berth's
 //! secrets stripped from its environment. On stop or timeout the whole group is killed
 //! (SIGTERM, then SIGKILL after a short grace, so children that ignore SIGTERM die too);
-//! when the command exits, whatever it left running in its group is killed as well.
+//! when the command exits, whatever it left running in its group is killed as well. And when
+//! the worker itself is gone, however it went (SIGKILL included), a guard in the group
+//! kills it (`lifeline.rs`).
 
-use std::{io::Read, path::Path, process::Stdio, time::Duration};
+use std::{
+    io::{PipeReader, Read},
+    path::Path,
+    process::Stdio,
+    time::Duration,
+};
 
 use rustix::process::{Pid, Signal, kill_process_group};
 use serde::Deserialize;
@@ -55,6 +62,17 @@ impl Drop for Group {
 }
 
 pub(crate) async fn run(root: &Path, a: Args, limits: &ToolLimits, cancel: &CancellationToken) -> Outcome {
+    run_guarded(root, a, limits, cancel, super::lifeline::reader()).await
+}
+
+/// [`run`], the command's guard reading `lifeline` (None: no guard).
+async fn run_guarded(
+    root: &Path,
+    a: Args,
+    limits: &ToolLimits,
+    cancel: &CancellationToken,
+    lifeline: Option<PipeReader>,
+) -> Outcome {
     let timeout = a
         .timeout_secs
         .map(Duration::from_secs)
@@ -70,10 +88,13 @@ pub(crate) async fn run(root: &Path, a: Args, limits: &ToolLimits, cancel: &Canc
         Err(e) => return Outcome::error(format!("could not start the command: {e}")),
     };
     let mut cmd = tokio::process::Command::new("sh");
-    cmd.arg("-c")
-        .arg(&a.command)
-        .current_dir(root)
-        .stdin(Stdio::null())
+    match lifeline {
+        Some(guarded) => cmd
+            .args(["-c", super::lifeline::GUARD_ON_STDIN, "sh", &a.command])
+            .stdin(guarded),
+        None => cmd.arg("-c").arg(&a.command).stdin(Stdio::null()),
+    };
+    cmd.current_dir(root)
         .stdout(writer)
         .stderr(writer2)
         .process_group(0)
@@ -199,6 +220,71 @@ mod tests {
         assert!(r.output.ends_with("[exit code 3]"));
         assert!(is_secret_env("BERTH_WORKER_TOKEN") && is_secret_env("DATABASE_URL"));
         assert!(!is_secret_env("PATH"));
+    }
+
+    /// The worker gone (its lifeline's write end closed, as when it is SIGKILLed), its guard
+    /// kills the command's whole group, children included, though the command would run on;
+    /// while the worker lives, the command reads no input and the guard stays out of the way.
+    #[tokio::test]
+    async fn a_command_dies_with_its_worker() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().to_path_buf();
+        let (reader, writer) = std::io::pipe().unwrap();
+        let limits = ToolLimits::default();
+        let cancel = CancellationToken::new();
+        let r = run_guarded(
+            &root,
+            args("cat; echo read-to-the-end", None),
+            &limits,
+            &cancel,
+            reader.try_clone().ok(),
+        )
+        .await;
+        assert!(r.ok && r.output.starts_with("read-to-the-end\n"), "{}", r.output);
+
+        let pids = root.join("pids");
+        let script = format!("sleep 600 & echo $! > {p}; echo $$ >> {p}; wait", p = pids.display());
+        let (dir, guard) = (root.clone(), reader.try_clone().ok());
+        let running = tokio::spawn(async move {
+            run_guarded(
+                &dir,
+                args(&script, None),
+                &ToolLimits::default(),
+                &CancellationToken::new(),
+                guard,
+            )
+            .await
+        });
+        let read_pids = || -> Vec<i32> {
+            std::fs::read_to_string(&pids)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect()
+        };
+        let mut started = Vec::new();
+        for _ in 0..500 {
+            started = read_pids();
+            if started.len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(started.len(), 2, "the command started its child");
+        assert!(started.iter().all(|&p| alive(p)), "both run while the worker lives");
+        drop(writer);
+        let r = tokio::time::timeout(Duration::from_secs(30), running)
+            .await
+            .expect("the command ended with its worker")
+            .unwrap();
+        assert!(r.output.contains("[killed by a signal]"), "{}", r.output);
+        for _ in 0..500 {
+            if !started.iter().any(|&p| alive(p)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!started.iter().any(|&p| alive(p)), "the command and its child are gone");
     }
 
     #[tokio::test]
