@@ -493,6 +493,15 @@ pub async fn terminate(child: &mut Child) -> std::process::ExitStatus {
     }
 }
 
+/// The process id a command wrote to `path`, once it has (waiting up to 30 s).
+pub async fn pid_written(path: &Path) -> Option<i32> {
+    eventually(30, || {
+        let p = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok());
+        async move { p }
+    })
+    .await
+}
+
 /// Wait until `f` returns Some, polling every 50 ms, for at most `secs` seconds.
 pub async fn eventually<T, F, Fut>(secs: u64, mut f: F) -> Option<T>
 where

@@ -420,32 +420,31 @@ async fn the_step_limit_fails_the_turn() {
     );
 }
 
-#[tokio::test]
-async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session_continues() {
-    let mock = MockProvider::start().await;
-    let mut stack = Stack::start(&mock, 1).await;
+/// A stack whose session's turn runs `command` (which writes its shell's pid, its process
+/// group's id, to `pid` in the workspace) through the shell tool, once it runs: the stack, the
+/// client, the session, its watch and the group.
+async fn running_shell(mock: &MockProvider, command: &str) -> (Stack, Client, String, Subscription, i32) {
+    let stack = Stack::start(mock, 1).await;
     let mut c = stack.client(0).await;
     let sid = auto_session(&stack, &mut c).await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    mock.push(Reply::tools(
-        &[("c1", "shell", json!({"command": "echo $$ > pid; sleep 600"}))],
-        8,
-    ));
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": command}))], 8));
     c.ok("session.send", json!({"sessionId": sid, "prompt": "long job"}))
         .await;
     watch
         .until(30, |e| e["type"] == "tool.status" && e["status"] == "running")
         .await
         .expect("the command runs");
-    let pidfile = stack.workspace_dir.join("pid");
-    let pgid: i32 = berth_e2e::harness::eventually(30, || {
-        let p = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        async move { p }
-    })
-    .await
-    .expect("pid recorded");
+    let pgid = berth_e2e::harness::pid_written(&stack.workspace_dir.join("pid"))
+        .await
+        .expect("pid recorded");
+    (stack, c, sid, watch, pgid)
+}
+
+#[tokio::test]
+async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session_continues() {
+    let mock = MockProvider::start().await;
+    let (mut stack, mut c, sid, mut watch, pgid) = running_shell(&mock, "echo $$ > pid; sleep 600").await;
     // A graceful worker restart: its running command goes with it.
     let mut worker = stack.worker.take().unwrap();
     berth_e2e::harness::terminate(&mut worker.child).await;
@@ -475,25 +474,7 @@ async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session
 #[tokio::test]
 async fn a_worker_killed_mid_tool_takes_its_command_with_it() {
     let mock = MockProvider::start().await;
-    let mut stack = Stack::start(&mock, 1).await;
-    let mut c = stack.client(0).await;
-    let sid = auto_session(&stack, &mut c).await;
-    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    mock.push(Reply::tools(
-        &[("c1", "shell", json!({"command": "sleep 600 & echo $$ > pid; wait"}))],
-        8,
-    ));
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "long job"}))
-        .await;
-    let pidfile = stack.workspace_dir.join("pid");
-    let pgid: i32 = berth_e2e::harness::eventually(30, || {
-        let p = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        async move { p }
-    })
-    .await
-    .expect("pid recorded");
+    let (mut stack, _c, _sid, mut watch, pgid) = running_shell(&mock, "sleep 600 & echo $$ > pid; wait").await;
     assert!(group_members(pgid).len() >= 2, "the command and its child run");
     stack.kill_worker().await;
     let end = watch.until(60, is_turn_end).await.expect("turn ends");
@@ -679,14 +660,9 @@ async fn stopping_the_parent_stops_the_sub_agent() {
         .ok("session.send", json!({"sessionId": sid, "prompt": "delegate"}))
         .await;
     let pidfile = stack.workspace_dir.join("child.pid");
-    let pgid: i32 = berth_e2e::harness::eventually(30, || {
-        let p = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        async move { p }
-    })
-    .await
-    .expect("the child runs its command");
+    let pgid: i32 = berth_e2e::harness::pid_written(&pidfile)
+        .await
+        .expect("the child runs its command");
     let kid = children(&mut c, &sid).await.remove(0);
     let mut child_watch = c.subscribe("session.watch", json!({"sessionId": kid, "after": 0}));
     c.ok("session.stop", json!({"sessionId": sid, "turnId": sent["turnId"]}))

@@ -281,14 +281,9 @@ async fn stopping_the_coordinators_turn_stops_the_child_it_started() {
         .ok("session.send", json!({"sessionId": sid, "prompt": "Run the long job"}))
         .await;
     let pidfile = dir_b.join("child.pid");
-    let pgid: i32 = berth_e2e::harness::eventually(30, || {
-        let p = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        async move { p }
-    })
-    .await
-    .expect("the child runs its command");
+    let pgid: i32 = berth_e2e::harness::pid_written(&pidfile)
+        .await
+        .expect("the child runs its command");
     let kid = children(&mut c, &sid).await.remove(0);
     let kid = kid["sessionId"].as_str().unwrap().to_string();
     let mut child_watch = c.subscribe("session.watch", json!({"sessionId": kid, "after": 0}));
@@ -344,14 +339,9 @@ async fn stopping_the_coordinators_turn_stops_the_child_it_started() {
     let sent = c
         .ok("session.send", json!({"sessionId": sid, "prompt": "Once more"}))
         .await;
-    let pgid: i32 = berth_e2e::harness::eventually(30, || {
-        let p = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        async move { p }
-    })
-    .await
-    .expect("the child runs its command again");
+    let pgid: i32 = berth_e2e::harness::pid_written(&pidfile)
+        .await
+        .expect("the child runs its command again");
     // The coordinator's two steps and the child's one.
     berth_e2e::harness::eventually(30, || {
         let waiting = mock.requests().len() >= before + 3;
