@@ -37,6 +37,29 @@ fn write_config(path: &Path, servers: Value) {
 }
 
 /// A session that asks for approvals (no `autoApprove`), watched from the start.
+/// A stack whose worker (given `worker_env` too) serves the workspace's `.berth/mcp.json`,
+/// which names the test server `tester` with `env` and its pid written to the returned file.
+async fn with_workspace_tester(
+    mock: &MockProvider,
+    mut env: Value,
+    worker_env: &[(&str, &str)],
+) -> (Stack, std::path::PathBuf) {
+    let mut stack = Stack::start(mock, 1).await;
+    let pidfile = stack.workspace_dir.join("mcp-server.pid");
+    env["PIDFILE"] = pidfile.display().to_string().into();
+    write_config(
+        &stack.workspace_dir.join(".berth/mcp.json"),
+        json!({"tester": {"command": SERVER, "env": env}}),
+    );
+    stack.kill_worker().await;
+    let worker_env: Vec<(&str, &str)> = [("BERTH_WORKER_MCP_WORKSPACE", "true")]
+        .into_iter()
+        .chain(worker_env.iter().copied())
+        .collect();
+    stack.start_worker_with_env(0, &[], &worker_env).await;
+    (stack, pidfile)
+}
+
 async fn session(stack: &Stack, c: &mut Client) -> (String, Subscription) {
     let s = c.ok("session.create", json!({"workspaceId": stack.workspace_id})).await;
     let sid = s["sessionId"].as_str().unwrap().to_string();
@@ -47,23 +70,12 @@ async fn session(stack: &Stack, c: &mut Client) -> (String, Subscription) {
 #[tokio::test]
 async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_result_lands_in_history() {
     let mock = MockProvider::start().await;
-    let mut stack = Stack::start(&mock, 1).await;
-    let pidfile = stack.workspace_dir.join("mcp-server.pid");
-    write_config(
-        &stack.workspace_dir.join(".berth/mcp.json"),
-        json!({"tester": {"command": SERVER, "env": {"PIDFILE": pidfile.display().to_string(), "GREETING": "hi"}}}),
-    );
-    stack.kill_worker().await;
-    stack
-        .start_worker_with_env(
-            0,
-            &[],
-            &[
-                ("BERTH_WORKER_MCP_WORKSPACE", "true"),
-                ("BERTH_MODEL_API_KEY", "sk-must-not-reach-mcp"),
-            ],
-        )
-        .await;
+    let (stack, pidfile) = with_workspace_tester(
+        &mock,
+        json!({"GREETING": "hi"}),
+        &[("BERTH_MODEL_API_KEY", "sk-must-not-reach-mcp")],
+    )
+    .await;
     let mut c = stack.client(0).await;
     let (sid, mut watch) = session(&stack, &mut c).await;
 
@@ -157,17 +169,8 @@ fn running(pid: i32) -> bool {
 #[tokio::test]
 async fn a_stdio_server_dies_with_its_worker_even_when_the_worker_is_killed() {
     let mock = MockProvider::start().await;
-    let mut stack = Stack::start(&mock, 1).await;
-    let pidfile = stack.workspace_dir.join("mcp-server.pid");
-    write_config(
-        &stack.workspace_dir.join(".berth/mcp.json"),
-        // A server that would stay after its input closes: only the guard ends it.
-        json!({"tester": {"command": SERVER, "env": {"PIDFILE": pidfile.display().to_string(), "LINGER": "1"}}}),
-    );
-    stack.kill_worker().await;
-    stack
-        .start_worker_with_env(0, &[], &[("BERTH_WORKER_MCP_WORKSPACE", "true")])
-        .await;
+    // A server that would stay after its input closes: only the guard ends it.
+    let (mut stack, pidfile) = with_workspace_tester(&mock, json!({"LINGER": "1"}), &[]).await;
     let mut c = stack.client(0).await;
     let (sid, mut watch) = session(&stack, &mut c).await;
     mock.push(Reply::tools(

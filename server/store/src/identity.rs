@@ -45,13 +45,10 @@ impl Store {
         }
         let digest = token::digest(presented);
         let client = self.pool.get().await?;
-        let (find, touch) = tokio::try_join!(client.prepare_cached(FIND_SQL), client.prepare_cached(TOUCH_SQL))?;
-        // last-used is advisory: written at most once a minute, in the same round trip as
-        // the look-up (pipelined; it runs on every model request).
-        let (row, touched) =
-            futures_util::future::join(client.query_opt(&find, &[&digest]), client.execute(&touch, &[&digest])).await;
-        touched?;
-        Ok(principal(row?, &digest))
+        // last-used is advisory: written at most once a minute, by the look-up itself.
+        let find = client.prepare_cached(FIND_TOUCH_SQL).await?;
+        let row = client.query_opt(&find, &[&digest]).await?;
+        Ok(principal(row, &digest))
     }
 
     /// For the model proxy, before every model request: [`Store::authenticate`] and the
@@ -271,44 +268,36 @@ impl Store {
 }
 
 /// A live credential (not revoked, not expired, its user not disabled) by its SHA-256
-/// (`$1`), with its user's role.
-macro_rules! find_sql {
+/// (`$1`), with its user's role, as `c`; and its last use recorded, at most once a minute.
+macro_rules! find_touch_sql {
     () => {
-        "SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256, c.expires_at
-           FROM credentials c LEFT JOIN users u ON u.id = c.user_id
-          WHERE c.sha256 = $1 AND c.revoked_at IS NULL
-            AND (c.expires_at IS NULL OR c.expires_at > now())
-            AND (u.id IS NULL OR u.disabled_at IS NULL)"
+        "WITH c AS (SELECT c.id, c.tenant_id, c.kind, c.user_id, u.role, c.sha256, c.expires_at
+                      FROM credentials c LEFT JOIN users u ON u.id = c.user_id
+                     WHERE c.sha256 = $1 AND c.revoked_at IS NULL
+                       AND (c.expires_at IS NULL OR c.expires_at > now())
+                       AND (u.id IS NULL OR u.disabled_at IS NULL)),
+              touched AS (UPDATE credentials x SET last_used_at = now() FROM c
+                           WHERE x.id = c.id AND (x.last_used_at IS NULL OR x.last_used_at < now() - interval '1 minute'))"
     };
 }
 
-const FIND_SQL: &str = find_sql!();
+/// [`find_touch_sql`]'s credential, if any.
+const FIND_TOUCH_SQL: &str = concat!(find_touch_sql!(), " SELECT * FROM c");
 
-/// The credential's last use, at most once a minute.
-const TOUCH_SQL: &str = "UPDATE credentials SET last_used_at = now()
-      WHERE sha256 = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
-        AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
-        AND NOT EXISTS (SELECT 1 FROM users u WHERE u.id = user_id AND u.disabled_at IS NOT NULL)";
-
-/// For the model proxy: [`FIND_SQL`] (`$1`), its touch ([`TOUCH_SQL`]) and the switch of the
-/// current transaction to the found credential's tenant and then to role `$2` (as
-/// `TENANT_SQL` does), in one statement. Always one row: the credential's columns as
-/// [`FIND_SQL`]'s, null when no valid credential has that hash; the switch happens either way
-/// (to no tenant then), so what follows runs under row-level security. The look-up and the
-/// touch run as the statement's own role: a role set by `set_config` applies from the next
-/// statement on.
+/// For the model proxy: [`FIND_TOUCH_SQL`] (`$1`) and the switch of the current transaction
+/// to the found credential's tenant and then to role `$2` (as `TENANT_SQL` does), in one
+/// statement. Always one row: the credential's columns as [`FIND_TOUCH_SQL`]'s, null when no
+/// valid credential has that hash; the switch happens either way (to no tenant then), so what
+/// follows runs under row-level security. The look-up and the touch run as the statement's
+/// own role: a role set by `set_config` applies from the next statement on.
 const FIND_TOUCH_SWITCH_SQL: &str = concat!(
-    "WITH c AS (",
-    find_sql!(),
-    "),
-     touched AS (UPDATE credentials x SET last_used_at = now() FROM c
-                  WHERE x.id = c.id AND (x.last_used_at IS NULL OR x.last_used_at < now() - interval '1 minute'))
-     SELECT c.id, c.tenant_id, c.kind, c.user_id, c.role, c.sha256, c.expires_at,
-            set_config('berth.tenant_id', coalesce(c.tenant_id, ''), true), set_config('role', $2, true)
-       FROM (SELECT) one LEFT JOIN c ON true"
+    find_touch_sql!(),
+    " SELECT c.id, c.tenant_id, c.kind, c.user_id, c.role, c.sha256, c.expires_at,
+             set_config('berth.tenant_id', coalesce(c.tenant_id, ''), true), set_config('role', $2, true)
+        FROM (SELECT) one LEFT JOIN c ON true"
 );
 
-/// The principal of a [`FIND_SQL`] row, if its stored hash is `digest`.
+/// The principal of a [`FIND_TOUCH_SQL`] row, if its stored hash is `digest`.
 fn principal(row: Option<tokio_postgres::Row>, digest: &[u8]) -> Option<Principal> {
     let row = row?;
     // The index found it by hash; compare the stored hash in constant time anyway.
