@@ -347,6 +347,18 @@ async fn removing_a_session_or_workspace_releases_its_blobs() {
 
     let second = stack.session(&mut c).await;
     let third = stack.session(&mut c).await;
+    // A turn, so that the workspace has history (events and their rows) to remove.
+    mock.push(Reply::text(&["done"]));
+    let mut sub = c.subscribe("session.watch", json!({"sessionId": second, "after": 0}));
+    c.ok("session.send", json!({"sessionId": second, "prompt": "go"})).await;
+    sub.until(60, is_turn_end).await.expect("turn ended");
+    drop(sub);
+    assert!(
+        stack
+            .sql_i64("SELECT count(*) FROM rows WHERE session_id = $1", &second)
+            .await
+            > 0
+    );
     c.ok("patch.snapshot", json!({"sessionId": second, "operationId": "s-2"}))
         .await;
     c.ok("patch.snapshot", json!({"sessionId": third, "operationId": "s-3"}))
@@ -368,7 +380,17 @@ async fn removing_a_session_or_workspace_releases_its_blobs() {
     assert_eq!(removed["removed"], true);
     assert_eq!(count_files(&objects), 0, "every blob of the workspace is gone");
     let db = berth_e2e::harness::db(&stack.database_url).await;
-    for table in ["patches", "attachments"] {
+    // Its sessions' history too: events and rows (deleted with the workspace, not by a key's
+    // cascade), turns, context records and the sessions.
+    for table in [
+        "patches",
+        "attachments",
+        "events",
+        "rows",
+        "turns",
+        "context_records",
+        "sessions",
+    ] {
         let n: i64 = db
             .query_one(&format!("SELECT count(*) FROM {table}"), &[])
             .await

@@ -859,9 +859,23 @@ async fn clear_forgets_history_and_old_cursors_say_so() {
         .unwrap()
         .unwrap();
     assert_eq!(done.error.unwrap().data_code(), Some("history-cleared"));
-    // Fresh reads: nothing before the clear.
+    // Fresh reads: nothing before the clear, which is gone from the database too (the rows
+    // with their events: no key cascades from one to the other).
     let after = c.ok("session.history", json!({"sessionId": sid})).await;
     assert_eq!(after["rows"], json!([]));
+    assert_eq!(
+        stack
+            .sql_i64("SELECT count(*) FROM rows WHERE session_id = $1", &sid)
+            .await,
+        0
+    );
+    assert_eq!(
+        stack
+            .sql_i64("SELECT count(*) FROM events WHERE session_id = $1", &sid)
+            .await,
+        1,
+        "only session.cleared"
+    );
     let mut fresh = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     assert_eq!(fresh.next(10).await.unwrap()["type"], "session.cleared");
     // The session works on: the next turn does not see the forgotten history.

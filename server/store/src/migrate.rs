@@ -29,6 +29,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0020_turns_dispatched_handed_out.sql",
         include_str!("../../../migrations/0020_turns_dispatched_handed_out.sql"),
     ),
+    ("0021_hot_path_foreign_keys.sql", include_str!("../../../migrations/0021_hot_path_foreign_keys.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

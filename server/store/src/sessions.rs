@@ -403,6 +403,8 @@ impl Store {
             .q1("SELECT last_sequence FROM sessions WHERE id = $1", &[&session_id])
             .await?
             .get(0);
+        // The rows with their events (no key cascades from one to the other: migration 0021).
+        tx.ex("DELETE FROM rows WHERE session_id = $1", &[&session_id]).await?;
         tx.ex("DELETE FROM events WHERE session_id = $1", &[&session_id])
             .await?;
         let queue_was_cancelled = cancel_active(&tx, tenant_id, session_id).await?;

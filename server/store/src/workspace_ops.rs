@@ -73,6 +73,16 @@ impl Store {
         }
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        // The workspace first (no session can be created in it meanwhile: its insert's key
+        // check waits), then its sessions (an append to one, which bumps the session's
+        // sequence, either commits before or finds the session gone): nothing is written
+        // into the workspace between the deletes below.
+        for sql in [
+            "SELECT 1 FROM workspaces WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
+            "SELECT 1 FROM sessions WHERE workspace_id = $1 AND tenant_id = $2 ORDER BY id FOR UPDATE",
+        ] {
+            tx.qa(sql, &[&workspace_id, &tenant_id]).await?;
+        }
         let mut keys = Vec::new();
         for sql in [
             "DELETE FROM attachments a USING sessions s
@@ -85,7 +95,16 @@ impl Store {
             let rows = tx.qa(sql, &[&workspace_id, &tenant_id]).await?;
             keys.extend(rows.iter().map(|r| r.get::<_, String>(0)));
         }
-        // Sessions, their events, rows and turns go with the workspace (ON DELETE CASCADE).
+        // The sessions' rows and events first (no key cascades to them: migration 0021);
+        // the sessions, their turns and the rest go with the workspace (ON DELETE CASCADE).
+        for sql in [
+            "DELETE FROM rows r USING sessions s
+              WHERE s.id = r.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND r.tenant_id = $2",
+            "DELETE FROM events e USING sessions s
+              WHERE s.id = e.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND e.tenant_id = $2",
+        ] {
+            tx.ex(sql, &[&workspace_id, &tenant_id]).await?;
+        }
         let n = tx
             .ex(
                 "DELETE FROM workspaces WHERE id = $1 AND tenant_id = $2",
