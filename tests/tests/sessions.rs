@@ -664,6 +664,51 @@ async fn watchers_on_either_replica_see_the_phase_go_idle_at_the_end() {
     }
 }
 
+/// A turn whose worker, client and watcher are all on one replica wakes no other replica:
+/// the dispatch notice and the running phase go out only when another replica holds the
+/// workspace's worker or a watcher of the session (`berth_db_notices_total`). Sent from the
+/// other replica and watched there, the worker's replica is woken and the watcher there gets
+/// the running phase.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_wakes_another_replica_only_when_it_holds_the_worker_or_a_watcher() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let notices = |metrics: &str, channel: &str| {
+        let key = format!("berth_db_notices_total{{channel=\"{channel}\"}}");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    let mut a = stack.client(0).await;
+    let sid = stack.session(&mut a).await;
+    mock.push(Reply::text(&["one"]));
+    let mut wa = a.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    a.ok("session.send", json!({"sessionId": sid, "prompt": "first"})).await;
+    wa.until(20, is_turn_end).await.expect("first turn ends");
+    let other = stack.servers[1].metrics().await;
+    assert_eq!(notices(&other, "berth_dispatch"), 0, "no dispatch notice: {other}");
+    assert_eq!(notices(&other, "berth_deltas"), 0, "no live relay: {other}");
+
+    let woken = notices(&stack.servers[0].metrics().await, "berth_dispatch");
+    let mut b = stack.client(1).await;
+    let mut wb = b.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    wb.until(10, is_turn_end).await.expect("the watch catches up");
+    mock.push(Reply::text(&["two"]));
+    let sent = b
+        .ok("session.send", json!({"sessionId": sid, "prompt": "second"}))
+        .await;
+    let items = wb.until(20, is_turn_end).await.expect("second turn ends");
+    assert!(
+        items
+            .iter()
+            .any(|i| i["type"] == "phase" && i["phase"] == "running" && i["turnId"] == sent["turnId"]),
+        "the running phase reached the other replica's watcher: {items:?}"
+    );
+    assert!(notices(&stack.servers[0].metrics().await, "berth_dispatch") > woken);
+    assert!(notices(&stack.servers[1].metrics().await, "berth_deltas") > 0);
+}
+
 /// A watcher on the replica that holds the worker is sent the turn's steps and end as the
 /// append statements wrote them, without reading them back
 /// (`berth_watch_events_total{source="append"}`), and they are exactly the events a read

@@ -77,6 +77,7 @@ pub fn spawn(state: AppState) {
 }
 
 fn handle(state: &AppState, channel: &str, payload: &str) {
+    state.metrics.notices.with_label_values(&[channel]).inc();
     match channel {
         CHANNEL_EVENTS => {
             if let Some((session, seq)) = payload.rsplit_once(':')

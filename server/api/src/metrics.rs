@@ -41,6 +41,9 @@ pub struct Metrics {
     pub listen_reconnects: IntCounter,
     /// 1 while the LISTEN connection is set up and listening on every channel.
     pub listen_up: IntGauge,
+    /// Notifications the LISTEN connection delivered, by channel (each one woke this
+    /// replica).
+    pub notices: IntCounterVec,
 }
 
 impl Metrics {
@@ -95,6 +98,11 @@ impl Metrics {
             listen_reconnects: IntCounter::new("berth_db_listen_reconnects_total", "LISTEN connections lost")
                 .expect("metric"),
             listen_up: IntGauge::new("berth_db_listen_up", "1 while the LISTEN connection listens").expect("metric"),
+            notices: IntCounterVec::new(
+                Opts::new("berth_db_notices_total", "notifications received, by channel"),
+                &["channel"],
+            )
+            .expect("metric"),
             registry,
         };
         for c in m.collectors() {
@@ -122,6 +130,7 @@ impl Metrics {
             Box::new(self.object_store_bytes.clone()),
             Box::new(self.listen_reconnects.clone()),
             Box::new(self.listen_up.clone()),
+            Box::new(self.notices.clone()),
         ]
     }
 

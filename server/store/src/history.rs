@@ -21,6 +21,30 @@ macro_rules! row_columns {
     };
 }
 
+/// Whether a watcher of session `s.id` (or of the session the expression `$s` names) that
+/// replica `$r` does not hold is recorded (`session_watchers`), or `$r` is null: only then
+/// must an append's notice go out, since the appending replica `$r` wakes its own watchers
+/// directly. Stale rows count (a notice too many is harmless). Registering a watcher takes a
+/// share lock on the session row, which conflicts with the appender's `FOR UPDATE` (live
+/// output's `FOR NO KEY UPDATE`): so an append either sees the new row (its statement's
+/// snapshot is taken after its lock) or commits before the watcher's first read
+/// (`Store::watcher_add`).
+macro_rules! watched_elsewhere_sql {
+    ($r:literal) => {
+        watched_elsewhere_sql!($r, "s.id")
+    };
+    ($r:literal, $s:literal) => {
+        concat!(
+            $r,
+            "::text IS NULL OR EXISTS (SELECT 1 FROM session_watchers w WHERE w.session_id = ",
+            $s,
+            " AND w.replica_id <> ",
+            $r,
+            ")"
+        )
+    };
+}
+
 /// A persisted event together with its rows.
 pub type EventRecord = Event;
 

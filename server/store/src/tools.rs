@@ -27,7 +27,16 @@ const TURN_HISTORY_ROWS: u32 = 500;
 /// lateral (only for a compaction found): joined outside it, a session never compacted had
 /// every row 0 of its history scanned and filtered out on each turn. The turn by primary key
 /// (`(…) IS TRUE` matches no partial index on running turns; see `turns::running_turn_sql`).
-const TURN_HANDOFF_SQL: &str = "SELECT t.session_id, c.payload->'keepFrom', c.body
+///
+/// With it, when the turn runs, the live payload `$5` (the running phase, or null) is
+/// notified on channel `$4` if a watcher of the session that replica `$6` does not hold is
+/// recorded (`watched_elsewhere_sql`): the notice goes out with this read's commit, before
+/// anything the turn relays later, and costs nothing when nobody elsewhere watches.
+const TURN_HANDOFF_SQL: &str = concat!(
+    "SELECT t.session_id, c.payload->'keepFrom', c.body,
+            (SELECT pg_notify($4, $5) WHERE $5::text IS NOT NULL AND (",
+    watched_elsewhere_sql!("$6", "t.session_id"),
+    "))
        FROM turns t
        LEFT JOIN LATERAL (SELECT e.payload,
                                  (SELECT r.body FROM rows r
@@ -36,7 +45,8 @@ const TURN_HANDOFF_SQL: &str = "SELECT t.session_id, c.payload->'keepFrom', c.bo
                             FROM events e
                            WHERE e.session_id = t.session_id AND e.tenant_id = $2 AND e.type = 'session.compacted'
                            ORDER BY e.sequence DESC LIMIT 1) c ON true
-      WHERE t.id = $1 AND t.tenant_id = $2 AND (t.state = 'running') IS TRUE AND t.dispatched_to = $3";
+      WHERE t.id = $1 AND t.tenant_id = $2 AND (t.state = 'running') IS TRUE AND t.dispatched_to = $3"
+);
 
 /// Serializes as [`berth_protocol::worker::TurnHistoryResult`] (same fields, same order, same omissions), its rows
 /// already written.
@@ -60,7 +70,8 @@ impl Store {
     /// ([`TURN_HANDOFF_SQL`]), the fence and the page. The first page is read as if the
     /// session was never compacted ([`crate::history::UNCOMPACTED_PAGE_SQL`]: no rows
     /// otherwise); a compacted session's first page, starting at its `keepFrom`, is read
-    /// after.
+    /// after. `running`: the running phase's live payload for other replicas' watchers and
+    /// this replica's id, notified with the first page (see [`TURN_HANDOFF_SQL`]).
     pub async fn turn_history_json(
         &self,
         connection_id: &str,
@@ -68,6 +79,7 @@ impl Store {
         turn_id: &str,
         session_id: &str,
         after: Option<Position>,
+        running: Option<(&str, &str)>,
     ) -> Result<Box<RawValue>> {
         let first = after.is_none();
         let mut p = SessionHistoryParams {
@@ -83,7 +95,18 @@ impl Store {
             crate::history::PAGE_SQL
         };
         let client = self.pool.get().await?;
-        let check: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&turn_id, &tenant_id, &connection_id];
+        let (payload, replica) = match running.filter(|_| first) {
+            Some((payload, replica)) => (Some(payload), Some(replica)),
+            None => (None, None),
+        };
+        let check: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+            &turn_id,
+            &tenant_id,
+            &connection_id,
+            &crate::CHANNEL_DELTAS,
+            &payload,
+            &replica,
+        ];
         let (mut before, read) = self
             .page_with(&client, tenant_id, &p, &[(TURN_HANDOFF_SQL, &check)], page_sql)
             .await?;

@@ -1202,12 +1202,19 @@ async fn admit_in(
         // The turn goes in running (as `start_turn` leaves it), with the wake-up of the
         // replica holding the worker (delivered on commit) in the same statement; then
         // `turn.started` and the receipt, sent together. The insert is prepared first so
-        // that it goes out, and runs, before the event that names the turn.
+        // that it goes out, and runs, before the event that names the turn. The wake-up
+        // goes out only when a worker connection serving the workspace is recorded on
+        // another replica than `replica` (which kicks its own once this returns), or
+        // `replica` is null: every replica's listener would be woken by it.
         let insert = tx
             .prepare_cached(
                 "INSERT INTO turns (id, tenant_id, session_id, state, started_at, prompt, queue_position,
                                     attachment_ids, parent_turn_id)
-                 SELECT $1, $2, $3, 'running', now(), $4, $5, $6, $7 FROM (SELECT pg_notify($8, $9)) wake",
+                 SELECT $1, $2, $3, 'running', now(), $4, $5, $6, $7
+                   FROM (SELECT (SELECT pg_notify($8, $9)
+                                  WHERE $10::text IS NULL
+                                     OR EXISTS (SELECT 1 FROM worker_presence p
+                                                 WHERE $11::text = ANY(p.workspace_ids) AND p.replica_id <> $10))) wake",
             )
             .await?;
         let rows = [NewRow::user(prompt)];
@@ -1244,6 +1251,8 @@ async fn admit_in(
                         &parent_turn,
                         &CHANNEL_DISPATCH,
                         &wake,
+                        &replica,
+                        &workspace_id,
                     ],
                 )
                 .await
@@ -1425,24 +1434,6 @@ macro_rules! running_turn_sql {
            FROM (SELECT session_id, state, dispatched_to FROM turns WHERE id = $1 AND tenant_id = $2 OFFSET 0) t
            JOIN LATERAL (SELECT id, removed_at FROM sessions WHERE id = t.session_id OFFSET 0) s ON true
           WHERE t.state = 'running' AND s.removed_at IS NULL AND ($3::text IS NULL OR t.dispatched_to = $3)"
-    };
-}
-
-/// Whether a watcher of session `s.id` that replica `$r` does not hold is recorded
-/// (`session_watchers`), or `$r` is null: only then must an append's notice go out, since
-/// the appending replica `$r` wakes its own watchers directly. Stale rows count (a notice
-/// too many is harmless). Registering a watcher takes a share lock on the session row, which
-/// conflicts with the appender's `FOR UPDATE` (live output's `FOR NO KEY UPDATE`): so an
-/// append either sees the new row (its statement's snapshot is taken after its lock) or
-/// commits before the watcher's first read (`Store::watcher_add`).
-macro_rules! watched_elsewhere_sql {
-    ($r:literal) => {
-        concat!(
-            $r,
-            "::text IS NULL OR EXISTS (SELECT 1 FROM session_watchers w WHERE w.session_id = s.id AND w.replica_id <> ",
-            $r,
-            ")"
-        )
     };
 }
 

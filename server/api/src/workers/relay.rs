@@ -130,9 +130,14 @@ impl TurnTask {
     /// ([`TurnTask::flushing`], which must be free), so that whatever the turn relays or
     /// stores next goes after it while the turn's messages keep being handled meanwhile.
     pub(super) fn relay_soon(&mut self, item: serde_json::Value) {
-        let state = &self.conn.state;
-        state.hub.live(&self.live.session, item.clone());
+        self.conn.state.hub.live(&self.live.session, item.clone());
         let payload = self.relayed(item);
+        self.notify_soon(payload);
+    }
+
+    /// A `NOTIFY` of `payload` ([`TurnTask::relayed`]) for other replicas, written in the
+    /// flushing slot (which must be free), as [`TurnTask::relay_soon`] writes it.
+    pub(super) fn notify_soon(&mut self, payload: String) {
         let conn = self.conn.clone();
         self.flushing = Some(tokio::spawn(async move {
             if let Err(e) = conn.state.store.notify(CHANNEL_DELTAS, &payload).await {

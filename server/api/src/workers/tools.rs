@@ -40,10 +40,13 @@ fn params<T: DeserializeOwned>(v: Value) -> Result<T, ApiError> {
 impl TurnTask {
     /// `turn.history`: a page of the session's rows, answered with the JSON the store wrote
     /// straight from PostgreSQL's rows.
-    pub(super) async fn history(&self, p: Value) -> Result<Box<RawValue>, ApiError> {
+    /// The first page also relays the turn's running phase to other replicas' watchers
+    /// ([`TurnTask::running`]).
+    pub(super) async fn history(&mut self, p: Value) -> Result<Box<RawValue>, ApiError> {
         let h: TurnHistory = params(p)?;
         let conn = &self.conn;
-        Ok(conn
+        let replica = conn.state.config.replica_id.as_str();
+        let page = conn
             .state
             .store
             .turn_history_json(
@@ -52,8 +55,13 @@ impl TurnTask {
                 &self.turn_id,
                 &self.live.session,
                 h.after,
+                self.running.as_deref().map(|r| (r, replica)),
             )
-            .await?)
+            .await?;
+        if h.after.is_none() {
+            self.running = None;
+        }
+        Ok(page)
     }
 
     /// `turn.source`, `turn.toolStatus`, `turn.toolEnded`, `turn.delegate`, …

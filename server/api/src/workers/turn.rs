@@ -71,6 +71,11 @@ pub(super) struct TurnTask {
     pub live: LiveTurn,
     /// Output not yet stored and relayed to other replicas.
     pub pending: Option<Pending>,
+    /// The running phase's `NOTIFY` payload for other replicas' watchers, not yet written:
+    /// it goes with the first `turn.history` read, in that transaction and only if another
+    /// replica records a watcher of the session; a turn whose worker sends anything else
+    /// first has it relayed before that message is handled.
+    pub running: Option<String>,
     /// The write of relayed output (or of the running phase) in flight, if any: its own
     /// task, so that deltas keep reaching local watchers while it waits for the database;
     /// one at a time, in order, and finished before a step or the end is stored.
@@ -93,6 +98,7 @@ pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHan
             thinking: 0,
         },
         pending: None,
+        running: None,
         flushing: None,
         cancel: cancel.clone(),
     };
@@ -102,9 +108,11 @@ pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHan
 
 impl TurnTask {
     async fn run(mut self, mut rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
-        // The turn's first message (`turn.history`) is handled while this is written.
+        // Local watchers get the running phase now; other replicas' with the turn's first
+        // message (`turn.history`).
         let running = json!({"type": "phase", "phase": "running", "turnId": self.turn_id});
-        self.relay_soon(running);
+        self.conn.state.hub.live(&self.live.session, running.clone());
+        self.running = Some(self.relayed(running));
         // One timer for the turn, set to the pending output's due time whenever new output
         // starts pending.
         let flush = tokio::time::sleep(FLUSH_EVERY);
@@ -121,8 +129,10 @@ impl TurnTask {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
-                    // Stopped (already settled by the server) or the connection ended.
+                    // Stopped (already settled by the server) or the connection ended: the
+                    // idle phase follows whatever was relayed.
                     self.pending = None;
+                    self.running = None;
                     self.conn.state.hub.end_step(&self.live.session);
                     let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
                     self.relay_now(idle).await;
@@ -144,6 +154,12 @@ impl TurnTask {
     }
 
     async fn handle(&mut self, req: Request) {
+        if req.method != wp::TURN_HISTORY
+            && let Some(running) = self.running.take()
+        {
+            self.flushed().await;
+            self.notify_soon(running);
+        }
         let result = match req.method.as_str() {
             wp::TURN_DELTA => {
                 if let Ok(d) = serde_json::from_value::<TurnDelta>(req.params) {
