@@ -106,6 +106,16 @@ pub fn log_events(log: &Path, target: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A sample's value in a Prometheus text exposition (`/metrics`): `name` is the sample's
+/// whole name, labels included as written (`berth_db_notices_total{channel="berth_deltas"}`).
+pub fn metric(metrics: &str, name: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
 /// The wall-clock time in µs since the Unix epoch, as Berth's TRACE events of live output
 /// carry it.
 pub fn wall_us() -> u64 {

@@ -4,7 +4,12 @@
 
 use std::time::Duration;
 
-use berth_e2e::{Client, MockProvider, Reply, Stack, TestServer, client::code, fresh_database, harness::eventually};
+use berth_e2e::{
+    Client, MockProvider, Reply, Stack, TestServer,
+    client::code,
+    fresh_database,
+    harness::{eventually, metric},
+};
 use serde_json::{Value, json};
 
 fn is_turn_end(v: &Value) -> bool {
@@ -645,15 +650,6 @@ impl SilencingProxy {
 
 fn listen_reconnects(metrics: &str) -> u64 {
     metric(metrics, "berth_db_listen_reconnects_total").unwrap_or(0)
-}
-
-/// An unlabelled metric's value.
-fn metric(metrics: &str, name: &str) -> Option<u64> {
-    metrics
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
 }
 
 /// A LISTEN connection that goes silent without closing (half-open) is noticed by its

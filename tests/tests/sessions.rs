@@ -6,7 +6,7 @@ use std::time::Duration;
 use berth_e2e::{
     Client, MockProvider, Part, Reply, Stack,
     client::code,
-    harness::{A_TOOL_TURN, event_types, eventually},
+    harness::{A_TOOL_TURN, event_types, eventually, metric},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
@@ -674,11 +674,7 @@ async fn a_turn_wakes_another_replica_only_when_it_holds_the_worker_or_a_watcher
     let mock = MockProvider::start().await;
     let stack = Stack::start(&mock, 2).await;
     let notices = |metrics: &str, channel: &str| {
-        let key = format!("berth_db_notices_total{{channel=\"{channel}\"}}");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(key.as_str()))
-            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+        metric(metrics, &format!("berth_db_notices_total{{channel=\"{channel}\"}}")).unwrap_or(0)
     };
     let mut a = stack.client(0).await;
     let sid = stack.session(&mut a).await;

@@ -70,8 +70,8 @@ impl Store {
     /// ([`TURN_HANDOFF_SQL`]), the fence and the page. The first page is read as if the
     /// session was never compacted ([`crate::history::UNCOMPACTED_PAGE_SQL`]: no rows
     /// otherwise); a compacted session's first page, starting at its `keepFrom`, is read
-    /// after. `running`: the running phase's live payload for other replicas' watchers and
-    /// this replica's id, notified with the first page (see [`TURN_HANDOFF_SQL`]).
+    /// after. `running`: a live payload for other replicas' watchers and this replica's id,
+    /// notified with this page (see [`TURN_HANDOFF_SQL`]).
     pub async fn turn_history_json(
         &self,
         connection_id: &str,
@@ -95,10 +95,7 @@ impl Store {
             crate::history::PAGE_SQL
         };
         let client = self.pool.get().await?;
-        let (payload, replica) = match running.filter(|_| first) {
-            Some((payload, replica)) => (Some(payload), Some(replica)),
-            None => (None, None),
-        };
+        let (payload, replica) = running.unzip();
         let check: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
             &turn_id,
             &tenant_id,

@@ -1162,14 +1162,20 @@ async fn admit_in(
     replica: Option<&str>,
     local: bool,
 ) -> Result<(SessionSendResult, String, Vec<EventRecord>)> {
+    // Also whether the dispatch notice is needed: a worker connection serving the
+    // workspace is recorded on another replica than `replica` (`$3`; which kicks its own
+    // once this returns), stale rows included, or `replica` is null.
     let lock_sql = format!(
-        "SELECT workspace_id, paused, {} AS online FROM sessions s
+        "SELECT workspace_id, paused, {} AS online,
+                $3::text IS NULL OR EXISTS (SELECT 1 FROM worker_presence p
+                                             WHERE s.workspace_id = ANY(p.workspace_ids) AND p.replica_id <> $3)
+           FROM sessions s
           WHERE id = $1 AND tenant_id = $2 AND (removed_at IS NULL) IS TRUE FOR UPDATE",
         online_sql("s.workspace_id")
     );
     // The tenant switch (on a fresh transaction), the session lock and the turns read again
     // under it (the read's snapshot is taken once the lock is held) go out together.
-    let lock_params: [Param; 2] = [&session_id, &tenant_id];
+    let lock_params: [Param; 3] = [&session_id, &tenant_id, &replica];
     let active_params: [Param; 1] = [&session_id];
     let mut results = crate::pipelined(
         tx,
@@ -1185,6 +1191,7 @@ async fn admit_in(
     let workspace_id: String = session.get(0);
     let paused: bool = session.get(1);
     let online: bool = session.get(2);
+    let wake_elsewhere: bool = session.get(3);
     let (queued, running, position): (i64, i64, i64) = (active.get(0), active.get(1), active.get(2));
     let busy = queued + running > 0;
     if queued >= MAX_QUEUE_LENGTH as i64 {
@@ -1203,18 +1210,14 @@ async fn admit_in(
         // replica holding the worker (delivered on commit) in the same statement; then
         // `turn.started` and the receipt, sent together. The insert is prepared first so
         // that it goes out, and runs, before the event that names the turn. The wake-up
-        // goes out only when a worker connection serving the workspace is recorded on
-        // another replica than `replica` (which kicks its own once this returns), or
-        // `replica` is null: every replica's listener would be woken by it.
+        // goes out only when another replica may hold the worker (`wake_elsewhere`): it
+        // wakes every replica's listener.
         let insert = tx
             .prepare_cached(
                 "INSERT INTO turns (id, tenant_id, session_id, state, started_at, prompt, queue_position,
                                     attachment_ids, parent_turn_id)
                  SELECT $1, $2, $3, 'running', now(), $4, $5, $6, $7
-                   FROM (SELECT (SELECT pg_notify($8, $9)
-                                  WHERE $10::text IS NULL
-                                     OR EXISTS (SELECT 1 FROM worker_presence p
-                                                 WHERE $11::text = ANY(p.workspace_ids) AND p.replica_id <> $10))) wake",
+                   FROM (SELECT (SELECT pg_notify($8, $9) WHERE $10)) wake",
             )
             .await?;
         let rows = [NewRow::user(prompt)];
@@ -1251,8 +1254,7 @@ async fn admit_in(
                         &parent_turn,
                         &CHANNEL_DISPATCH,
                         &wake,
-                        &replica,
-                        &workspace_id,
+                        &wake_elsewhere,
                     ],
                 )
                 .await

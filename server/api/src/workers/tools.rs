@@ -44,8 +44,10 @@ impl TurnTask {
     /// ([`TurnTask::running`]).
     pub(super) async fn history(&mut self, p: Value) -> Result<Box<RawValue>, ApiError> {
         let h: TurnHistory = params(p)?;
+        let first = h.after.is_none();
         let conn = &self.conn;
         let replica = conn.state.config.replica_id.as_str();
+        let running = self.running.as_deref().filter(|_| first).map(|r| (r, replica));
         let page = conn
             .state
             .store
@@ -55,10 +57,10 @@ impl TurnTask {
                 &self.turn_id,
                 &self.live.session,
                 h.after,
-                self.running.as_deref().map(|r| (r, replica)),
+                running,
             )
             .await?;
-        if h.after.is_none() {
+        if first {
             self.running = None;
         }
         Ok(page)
