@@ -1731,6 +1731,17 @@ async fn seats(replicas: &[&TestServer], token: &str, workspaces: &[&str], n: us
 /// All seats send at once; each turn's wall time is its `session.send` until `turn.ended`
 /// at its watcher (ms).
 async fn concurrent_round(seats: Vec<Seat>, mock: &MockProvider) -> (Vec<f64>, Vec<Seat>) {
+    let (walls, seats, _) = concurrent_round_timed(seats, mock).await;
+    (walls, seats)
+}
+
+/// When a turn's milestones reached its client (ms after `session.send`): the answer,
+/// `turn.started`, the first and last `model.delta`, `turn.ended`.
+#[derive(Default, Clone, Copy)]
+struct Milestones([f64; 5]);
+
+/// [`concurrent_round`], with each turn's milestones.
+async fn concurrent_round_timed(seats: Vec<Seat>, mock: &MockProvider) -> (Vec<f64>, Vec<Seat>, Vec<Milestones>) {
     for _ in 0..seats.len() {
         mock.push(script());
     }
@@ -1743,35 +1754,68 @@ async fn concurrent_round(seats: Vec<Seat>, mock: &MockProvider) -> (Vec<f64>, V
                 while seat.sub.items.try_recv().is_ok() {}
                 gate.wait().await;
                 let t0 = Instant::now();
-                let sent = seat
-                    .client
-                    .call("session.send", json!({"sessionId": seat.session, "prompt": "hi"}));
+                let sent = async {
+                    let r = seat
+                        .client
+                        .call("session.send", json!({"sessionId": seat.session, "prompt": "hi"}))
+                        .await;
+                    (r, ms(t0.elapsed()))
+                };
+                let mut marks = Milestones::default();
                 let ended = async {
                     loop {
                         let item = tokio::time::timeout(Duration::from_secs(120), seat.sub.items.recv())
                             .await
                             .expect("turn within 120 s")
                             .expect("subscription open");
-                        if item["type"] == "turn.ended" {
-                            assert_eq!(item["state"], "completed", "turn failed: {item}");
-                            return Instant::now();
+                        let at = ms(t0.elapsed());
+                        match item["type"].as_str() {
+                            Some("turn.started") => marks.0[1] = at,
+                            Some("model.delta") => {
+                                if marks.0[2] == 0.0 {
+                                    marks.0[2] = at;
+                                }
+                                marks.0[3] = at;
+                            }
+                            Some("turn.ended") => {
+                                assert_eq!(item["state"], "completed", "turn failed: {item}");
+                                marks.0[4] = at;
+                                return;
+                            }
+                            _ => {}
                         }
                     }
                 };
-                let (r, at) = tokio::join!(sent, ended);
+                let ((r, answered), ()) = tokio::join!(sent, ended);
                 r.expect("session.send");
-                (ms(at - t0), seat)
+                marks.0[0] = answered;
+                (marks.0[4], seat, marks)
             })
         })
         .collect();
     let mut walls = Vec::new();
     let mut back = Vec::new();
+    let mut marks = Vec::new();
     for t in tasks {
-        let (wall, seat) = t.await.expect("turn task");
+        let (wall, seat, m) = t.await.expect("turn task");
         walls.push(wall);
         back.push(seat);
+        marks.push(m);
     }
-    (walls, back)
+    (walls, back, marks)
+}
+
+/// The median of each milestone over `marks`, as a line of the bench's output.
+fn milestones_line(marks: &[Milestones]) -> String {
+    let names = ["answered", "turn.started", "first delta", "last delta", "turn.ended"];
+    let parts: Vec<String> = (0..5)
+        .map(|i| {
+            let mut v: Vec<f64> = marks.iter().map(|m| m.0[i]).collect();
+            let (p10, p90) = (quantile(&mut v, 0.1), quantile(&mut v, 0.9));
+            format!("{} {p10:.1}/{:.1}/{p90:.1}", names[i], median(&mut v))
+        })
+        .collect();
+    parts.join(", ")
 }
 
 async fn concurrency(table: &mut Table) {
@@ -1826,17 +1870,23 @@ async fn concurrency(table: &mut Table) {
     // The single turn alone, in this run: one session on worker A, client on replica A.
     let mut alone = seats(&[&a], &token, &[&ws_a], 1).await;
     let mut single = Vec::new();
+    let mut single_marks = Vec::new();
     let mut single_cpu = Cpu::default();
     for i in 0..13 {
         let c0 = meters.read();
-        let (w, back) = concurrent_round(alone, mock).await;
+        let (w, back, m) = concurrent_round_timed(alone, mock).await;
         alone = back;
         if i >= 3 {
             single.extend(w);
+            single_marks.extend(m);
             single_cpu = single_cpu.plus(&meters.read().minus(&c0));
         }
     }
     let single_median = median(&mut single);
+    println!(
+        "median milestones of one turn alone (ms after `session.send`, at its client): {}",
+        milestones_line(&single_marks)
+    );
     table.add(
         "CPU per turn, one turn alone (10 turns; user + system)",
         single_cpu.per_turn(10),
@@ -1854,10 +1904,12 @@ async fn concurrency(table: &mut Table) {
     let statements = statements_start(&database_url).await;
     let perf = perf_start(&[&[pid_a, pid_wa][..], &children_of(postmaster)].concat(), "");
     let c0 = meters.read();
+    let mut marks = Vec::new();
     for _ in 0..ROUNDS {
-        let (w, back) = concurrent_round(seated, mock).await;
+        let (w, back, m) = concurrent_round_timed(seated, mock).await;
         seated = back;
         walls.extend(w);
+        marks.extend(m);
     }
     let cpu = meters.read().minus(&c0);
     perf_stop(perf);
@@ -1886,6 +1938,10 @@ async fn concurrency(table: &mut Table) {
         ),
         "report",
         None,
+    );
+    println!(
+        "median milestones at {ONE_WORKER} at once (ms after `session.send`, at its client): {}",
+        milestones_line(&marks)
     );
     println!("load average after the {ONE_WORKER}-turn rounds: {}", load());
 
