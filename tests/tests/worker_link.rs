@@ -123,13 +123,9 @@ async fn the_model_proxy_serves_only_the_callers_running_turns_within_limits() {
     assert_eq!(sent["model"], "mock-model", "the turn's model, not the caller's");
     assert_eq!(sent["max_tokens"], 100);
     assert!(sent.get("n").is_none());
-    // Metered from the stream by the API tier, though no worker reported any step.
+    // Metered from the stream by the API tier, though no worker reported any step (stored
+    // with the turn's next step, or when it ends: see below).
     let db = berth_e2e::harness::db(&stack.database_url).await;
-    let row = db
-        .query_one("SELECT input_tokens, output_tokens FROM turns WHERE id = $1", &[&turn])
-        .await
-        .unwrap();
-    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (7, 3));
     assert_eq!(metered_tokens(&stack, "input").await, 7);
     assert_eq!(metered_tokens(&stack, "output").await, 3);
     // The call recorded the credential's use.
@@ -172,6 +168,22 @@ async fn the_model_proxy_serves_only_the_callers_running_turns_within_limits() {
     })
     .await;
     assert!(freed.is_some(), "a closed call gives its slot back");
+
+    // The turn stopped without a step: what was metered for it is stored all the same (the
+    // first call's 7 + 3 and the last one's 10 + 5).
+    let sid = db
+        .query_one("SELECT session_id FROM turns WHERE id = $1", &[&turn])
+        .await
+        .unwrap()
+        .get::<_, String>(0);
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": turn})).await;
+    let totals = "SELECT input_tokens, output_tokens FROM turns WHERE id = $1";
+    let stored = eventually(20, || async {
+        let row = db.query_one(totals, &[&turn]).await.ok()?;
+        ((row.get::<_, i64>(0), row.get::<_, i64>(1)) == (17, 8)).then_some(())
+    })
+    .await;
+    assert!(stored.is_some(), "the turn's metered usage is stored when it ends");
 }
 
 /// Issue 7 item 2 (the proxy's part): the request-body limit follows the model's context
@@ -514,9 +526,21 @@ async fn raw_worker(
     String,
     bool,
 ) {
+    raw_worker_with(stack, host, &stack.servers[0].worker_token().await).await
+}
+
+/// [`raw_worker`] with the worker credential `token`.
+async fn raw_worker_with(
+    stack: &Stack,
+    host: &str,
+    token: &str,
+) -> (
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    String,
+    bool,
+) {
     use futures_util::SinkExt;
     use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
-    let token = stack.servers[0].worker_token().await;
     let mut req = format!("ws://{}/v1/worker", stack.servers[0].addr)
         .into_client_request()
         .unwrap();
@@ -736,4 +760,104 @@ async fn the_worker_traces_each_chunk_of_model_output_with_its_arrival() {
     let log = std::fs::read_to_string(server_log).unwrap();
     assert!(!log.contains(&stack.worker_token) && !log.contains(&stack.token));
     assert!(!log.contains("sk-test-provider-key"));
+}
+
+/// Issue 20: the usage the model proxy meters for a turn whose worker connection the same
+/// replica holds is stored with the turn's next step, without a database write of its own
+/// (the call ends while the turn's row is locked by the test); a call through another
+/// replica is metered in the database (it waits for that lock). Either way the step's
+/// `model.completed`, `turn.ended`, the turn's totals and `session.context` count the same
+/// usage; and usage metered without a step to carry it still reaches `turn.ended`.
+#[tokio::test(flavor = "multi_thread")]
+async fn metered_usage_is_stored_with_the_step_or_by_the_database() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let worker_token = stack.servers[0].worker_token().await;
+    let (mut ws, workspace, _) = raw_worker_with(&stack, "meter-host", &worker_token).await;
+    let mut c = stack.client(0).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let mut id = 100;
+    // (replica the call goes through, whether the end carries the step)
+    for (n, (replica, with_step)) in [(0, true), (1, true), (0, false)].into_iter().enumerate() {
+        let prompt = 40 + n as u64;
+        let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+        c.ok("session.send", json!({"sessionId": sid, "prompt": "count me"}))
+            .await;
+        let turn = loop {
+            let v = next_json(&mut ws).await;
+            if v["method"] == "turn.run" {
+                break v["params"]["turnId"].as_str().unwrap().to_string();
+            }
+        };
+        mock.push(Reply::Stream(vec![
+            Part::Text("counted".into()),
+            Part::Usage { prompt, completion: 7 },
+        ]));
+        // The turn's row locked: a meter written by the database waits for it.
+        let mut lock = berth_e2e::harness::db(&stack.database_url).await;
+        let tx = lock.transaction().await.unwrap();
+        tx.execute("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", &[&turn])
+            .await
+            .unwrap();
+        let call = reqwest::Client::new()
+            .post(format!("http://{}{MODEL_PROXY_PATH}", stack.servers[replica].addr))
+            .bearer_auth(&worker_token)
+            .header(MODEL_PROXY_TURN_HEADER, &turn)
+            .json(&json!({"model": "x", "stream": true, "messages": [{"role": "user", "content": "count me"}]}))
+            .send();
+        let body = async { call.await.expect("proxy reachable").text().await.expect("stream") };
+        let body = if replica == 0 {
+            // Held by this replica's connection: nothing waits for the lock.
+            let body = tokio::time::timeout(std::time::Duration::from_secs(25), body)
+                .await
+                .expect("the stream ends without a database write of its meter");
+            tx.rollback().await.unwrap();
+            body
+        } else {
+            let body = tokio::spawn(body);
+            assert!(
+                a_statement_waits_on_a_lock(&stack).await.is_some(),
+                "another replica meters in the database"
+            );
+            tx.rollback().await.unwrap();
+            body.await.unwrap()
+        };
+        assert!(body.contains("[DONE]"), "{body}");
+        id += 1;
+        let mut end = json!({"turnId": turn, "state": "completed"});
+        if with_step {
+            end["step"] = json!([{"kind": "assistant", "body": "counted"}]);
+        }
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": "turn.end", "params": end});
+        ws.send(Message::Text(msg.to_string().into())).await.unwrap();
+        let done = answer(&mut ws, id).await;
+        assert!(done.get("result").is_some(), "turn.end: {done}");
+        let items = watch.until(30, is_turn_end).await.expect("turn.ended");
+        let usage = json!({"inputTokens": prompt, "outputTokens": 7});
+        let ended = items.last().unwrap();
+        assert_eq!(ended["usage"], usage, "call {n}: {ended}");
+        let completed = items.iter().find(|i| i["type"] == "model.completed");
+        if with_step {
+            assert_eq!(completed.expect("model.completed")["usage"], usage, "call {n}");
+        } else {
+            assert!(completed.is_none());
+        }
+        let totals = db
+            .query_one("SELECT input_tokens, output_tokens FROM turns WHERE id = $1", &[&turn])
+            .await
+            .unwrap();
+        assert_eq!((totals.get::<_, i64>(0), totals.get::<_, i64>(1)), (prompt as i64, 7));
+        let report = c.ok("session.context", json!({"sessionId": sid})).await["request"].clone();
+        assert_eq!(report["turnId"], turn.as_str());
+        assert_eq!(
+            report["inputTokens"], prompt,
+            "call {n}: the context record's input usage"
+        );
+    }
 }

@@ -424,7 +424,8 @@ pub(crate) async fn pump(
 }
 
 /// Meters one call's usage from the provider's stream; holds the tenant's slot until the
-/// stream ends or the worker goes away.
+/// stream ends or the worker goes away. The usage of a turn whose worker connection this
+/// replica holds goes to the turn's task, stored with its next step; else to the database.
 pub(crate) struct Meter {
     pub(crate) state: AppState,
     pub(crate) tenant: String,
@@ -454,6 +455,20 @@ impl Meter {
         if self.turn.is_none() && self.context.is_none() {
             return;
         }
+        // A turn this replica's worker connection runs stores the usage with its next step.
+        let usage = match &self.turn {
+            Some(turn) => {
+                let m = berth_store::Metered {
+                    context: self.context.clone(),
+                    usage,
+                };
+                match self.state.workers.meter(turn, m) {
+                    Ok(()) => return,
+                    Err(m) => m.usage,
+                }
+            }
+            None => usage,
+        };
         let (turn, context) = (self.turn.as_deref(), self.context.as_deref());
         if let Err(e) = self.state.store.meter_usage(&self.tenant, turn, context, usage).await {
             tracing::warn!(turn.id = ?turn, error = %e, "recording metered usage failed");

@@ -50,6 +50,16 @@ pub struct ProxyTurn {
     pub session_id: String,
 }
 
+/// Usage the model proxy metered for one call of a turn, handed to the replica that holds
+/// the turn's worker connection and stored with the turn's next step (see
+/// [`Store::append_step`]) instead of in a transaction of its own ([`Store::meter_usage`]).
+#[derive(Debug, Clone)]
+pub struct Metered {
+    /// The call's `session.context` record, which gets the input usage.
+    pub context: Option<String>,
+    pub usage: Usage,
+}
+
 /// The live output of a session's running step (for watchers joining mid-turn).
 #[derive(Debug, Clone, Default)]
 pub struct Partial {
@@ -386,11 +396,13 @@ impl Store {
     }
 
     /// Record the usage the model proxy metered from the provider's stream: added to the
-    /// turn's totals, and kept as the running step's usage for its `model.completed`.
+    /// turn's totals, and kept as the running step's usage for its `model.completed`. (A
+    /// replica that holds the turn's worker connection stores it with the step instead,
+    /// see [`Metered`]; this is for the others, and for usage no step carried.)
     ///
     /// Also sets the input usage of the request's `session.context` record (`context`), in
     /// the same transaction. The commit does not wait for the disk (`synchronous_commit =
-    /// off`): this runs before the proxy passes `[DONE]` on, so on every turn's critical
+    /// off`): this runs before the proxy passes `[DONE]` on, so on the turn's critical
     /// path. Losing it is bounded and harmless to history: the step's own `model.completed`
     /// comes later on the same turn and commits durably, which flushes the log past this
     /// commit; so a meter is lost only with a step that was never acknowledged, in a
@@ -437,7 +449,9 @@ impl Store {
     /// the event's `NOTIFY` then goes out only if a watcher held by another replica is
     /// recorded. None: it always goes out. `local`: return the event as written, rows and
     /// all, for the caller's own watchers ([`crate::history::events_from_lines`]: what a
-    /// catch-up would read); else only its sequence.
+    /// catch-up would read); else only its sequence. `metered`: the step's model calls'
+    /// usage metered on the caller's replica, added to the turn's totals, the step's
+    /// `model.completed` and the calls' context records by the step's statement.
     #[allow(clippy::too_many_arguments)]
     pub async fn append_step(
         &self,
@@ -445,12 +459,13 @@ impl Store {
         tenant_id: &str,
         turn_id: &str,
         rows: &[NewRow],
+        metered: &[Metered],
         relay: &[String],
         replica: Option<&str>,
         local: bool,
     ) -> Result<(i64, Vec<EventRecord>)> {
         let client = self.pool.get().await?;
-        let step = StepParams::new(rows);
+        let step = StepParams::new(rows, metered);
         let conn = Some(connection_id);
         let lock_params: [Param; 2] = [&turn_id, &tenant_id];
         let relay_params: [Param; 6] = [&turn_id, &tenant_id, &conn, &CHANNEL_DELTAS, &relay, &replica];
@@ -560,14 +575,15 @@ impl Store {
     /// wakes `session.watchDiagnostics` on every replica through the session's notice.
     /// `local`: return the step's and the end's events as written, for the caller's own
     /// watchers (as [`Store::append_step`]; none when interactions of the turn had to be
-    /// closed first, whose events the watchers read).
+    /// closed first, whose events the watchers read). The step comes with its metered
+    /// usage, as [`Store::append_step`]'s.
     #[allow(clippy::too_many_arguments)]
     pub async fn end_turn_with_step(
         &self,
         connection_id: Option<&str>,
         tenant_id: &str,
         turn_id: &str,
-        step: Option<&[NewRow]>,
+        step: Option<(&[NewRow], &[Metered])>,
         state: TurnState,
         cause: Option<&Cause>,
         relay: &[String],
@@ -595,7 +611,7 @@ impl Store {
             usage: None,
         })
         .type_name();
-        let step = step.map(StepParams::new);
+        let step = step.map(|(rows, metered)| StepParams::new(rows, metered));
         // Live output concerns watches only, which record themselves (`relay_params`).
         let relay_replica = replica;
         let replica = replica.filter(|_| cause.is_none());
@@ -1478,7 +1494,9 @@ const PARTIAL_SQL: &str = concat!(
 /// in one statement: the turn's step moves on and its metered usage is read and reset, the
 /// session's sequence is bumped (gapless: the session row is locked), and the
 /// `model.completed` event (`$10`, with that usage), its rows (`$4`..`$8` by item) and the
-/// notice go in. The reply row (`$9`, a step without tool calls) names the turn's files not
+/// notice go in. Usage metered on the appending replica comes as parameters: `$15` input
+/// and `$16` output tokens (null: none) are added to the turn's totals and the step's, and
+/// each context record `$17` gets its call's input tokens `$18`. The reply row (`$9`, a step without tool calls) names the turn's files not
 /// named yet. Returns the event as a catch-up reads it (`history::events_from_lines` from
 /// column 0: the sequence first), one line per row when `$14` is set (else one line, without
 /// the rows), or no line when the turn does not run.
@@ -1491,9 +1509,18 @@ const STEP_SQL: &str = concat!(
     "WITH t AS (",
     running_turn_sql!(),
     "),
-     u AS (UPDATE turns x SET step = x.step + 1, partial_text = '', partial_thinking = '', step_usage = NULL
+     u AS (UPDATE turns x SET step = x.step + 1, partial_text = '', partial_thinking = '', step_usage = NULL,
+                              input_tokens = x.input_tokens + coalesce($15::bigint, 0),
+                              output_tokens = x.output_tokens + coalesce($16::bigint, 0)
              FROM (SELECT step_usage FROM turns WHERE id = $1) old
-            WHERE x.id = $1 AND EXISTS (SELECT 1 FROM t) RETURNING old.step_usage AS usage),
+            WHERE x.id = $1 AND EXISTS (SELECT 1 FROM t)
+           RETURNING CASE WHEN $15::bigint IS NULL THEN old.step_usage
+                          ELSE jsonb_build_object(
+                                   'inputTokens', coalesce((old.step_usage->>'inputTokens')::bigint, 0) + $15,
+                                   'outputTokens', coalesce((old.step_usage->>'outputTokens')::bigint, 0) + $16) END
+                     AS usage),
+     c AS (UPDATE context_records x SET input_tokens = ($18::bigint[])[array_position($17::text[], x.id)]
+            WHERE x.id = ANY($17::text[]) AND x.tenant_id = $2 AND EXISTS (SELECT 1 FROM t)),
      s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
             WHERE id = (SELECT session_id FROM t) AND tenant_id = $2 RETURNING id, last_sequence),
      e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
@@ -1561,26 +1588,44 @@ const END_SQL: &str = concat!(
     ") FROM s CROSS JOIN e"
 );
 
-/// A step's rows as the columns [`STEP_SQL`] takes.
+/// A step's rows and metered usage as the columns [`STEP_SQL`] takes.
 struct StepParams<'a> {
     rows: crate::history::RowArrays<'a>,
     /// The reply row, which names the turn's files: the last answer of a step without tool
     /// calls.
     reply: Option<i32>,
     event: &'static str,
+    /// The usage metered on this replica, summed (None: none).
+    input: Option<i64>,
+    output: Option<i64>,
+    /// The context records of the metered calls, and their input tokens.
+    contexts: Vec<&'a str>,
+    context_inputs: Vec<i64>,
 }
 
 impl<'a> StepParams<'a> {
-    fn new(rows: &'a [NewRow]) -> StepParams<'a> {
+    fn new(rows: &'a [NewRow], metered: &'a [Metered]) -> StepParams<'a> {
         let reply = rows
             .iter()
             .rposition(|r| r.kind == RowKind::Assistant)
             .filter(|_| !rows.iter().any(|r| r.kind == RowKind::ToolCall))
             .map(|i| i as i32);
+        let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let sum = |f: fn(&Usage) -> u64| {
+            (!metered.is_empty()).then(|| metered.iter().fold(0i64, |a, m| a.saturating_add(tokens(f(&m.usage)))))
+        };
+        let (contexts, context_inputs) = metered
+            .iter()
+            .filter_map(|m| Some((m.context.as_deref()?, tokens(m.usage.input_tokens))))
+            .unzip();
         StepParams {
             rows: crate::history::RowArrays::new(rows),
             reply,
             event: EventPayload::ModelCompleted(ModelCompleted { usage: None }).type_name(),
+            input: sum(|u| u.input_tokens),
+            output: sum(|u| u.output_tokens),
+            contexts,
+            context_inputs,
         }
     }
 
@@ -1593,7 +1638,7 @@ impl<'a> StepParams<'a> {
         replica: &'p Option<&str>,
         notify: &'p bool,
         local: &'p bool,
-    ) -> [Param<'p>; 14] {
+    ) -> [Param<'p>; 18] {
         [
             turn_id,
             tenant_id,
@@ -1609,6 +1654,10 @@ impl<'a> StepParams<'a> {
             replica,
             notify,
             local,
+            &self.input,
+            &self.output,
+            &self.contexts,
+            &self.context_inputs,
         ]
     }
 }

@@ -29,6 +29,7 @@ mod relay;
 mod steps;
 mod tools;
 mod turn;
+mod usage;
 
 use std::{
     collections::HashMap,
@@ -55,6 +56,8 @@ pub struct Registry {
     writes: Arc<Semaphore>,
     /// Ids of worker calls started here.
     next_call: std::sync::atomic::AtomicU32,
+    /// Usage metered for the turns this replica's connections run, not stored yet.
+    metered: usage::Slots,
 }
 
 /// A worker connection held by this replica.
@@ -75,7 +78,15 @@ impl Registry {
             conns: Mutex::default(),
             writes: Arc::new(Semaphore::new(limits.replica_max_turn_writes.max(1))),
             next_call: Default::default(),
+            metered: Default::default(),
         }
+    }
+
+    /// Hand the usage the model proxy metered for `turn_id` to the turn's task, which stores
+    /// it with the turn's next step, if a connection of this replica runs the turn; else it
+    /// is given back, to be metered in the database.
+    pub fn meter(&self, turn_id: &str, m: berth_store::Metered) -> Result<(), berth_store::Metered> {
+        self.metered.offer(turn_id, m)
     }
 
     /// Wake the connections serving `workspace_id` to claim turns.

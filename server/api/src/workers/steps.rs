@@ -10,12 +10,14 @@ use crate::error::ApiError;
 
 impl TurnTask {
     /// `turn.step`: append the completed step as one `model.completed` event (its usage is
-    /// what the model proxy metered, not the worker's report).
+    /// what the model proxy metered, not the worker's report: handed over by this replica's
+    /// proxy, or stored by another's).
     pub(super) async fn step(&mut self, step: TurnStep) -> Result<serde_json::Value, ApiError> {
         // The output not yet relayed goes to other replicas in the step's transaction, before
         // its event (the stored partial text is cleared there anyway): one transaction less.
         self.flushed().await;
         let relay = self.take_relay().map(|(_, payloads)| payloads).unwrap_or_default();
+        let metered = self.usage.take();
         let conn = self.conn.clone();
         let (append, r) = {
             let _permits = conn.write_permits().await;
@@ -30,6 +32,7 @@ impl TurnTask {
                     &conn.principal.tenant_id,
                     &self.turn_id,
                     &step.rows,
+                    &metered,
                     &relay,
                     // Local watchers are woken below: the NOTIFY is for other replicas' only.
                     Some(&conn.state.config.replica_id),
@@ -42,7 +45,7 @@ impl TurnTask {
         self.live.step += 1;
         self.live.text = 0;
         self.live.thinking = 0;
-        let (seq, events) = r?;
+        let (seq, events) = r.inspect_err(|_| self.usage.restore(metered))?;
         // Local watchers wake now, not when this replica hears its own NOTIFY back.
         conn.state.hub.committed(append, &self.live.session, events, seq);
         conn.state.metrics.events_appended.inc();
@@ -62,6 +65,22 @@ impl TurnTask {
         let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
         relay.push(self.relayed(idle.clone()));
         let conn = self.conn.clone();
+        let metered = self.usage.take();
+        // Usage metered without a step to carry it (a call whose answer is not stored) goes in
+        // first, so that `turn.ended` counts it.
+        if end.step.is_none() {
+            for (i, m) in metered.iter().enumerate() {
+                let (turn, context) = (Some(self.turn_id.as_str()), m.context.as_deref());
+                let store = &conn.state.store;
+                if let Err(e) = store
+                    .meter_usage(&conn.principal.tenant_id, turn, context, m.usage)
+                    .await
+                {
+                    self.usage.restore(metered[i..].to_vec());
+                    return Err(e.into());
+                }
+            }
+        }
         let (append, r) = {
             let _permits = conn.write_permits().await;
             let append = conn.state.hub.appending(&self.live.session);
@@ -72,7 +91,7 @@ impl TurnTask {
                     Some(&conn.connection_id),
                     &conn.principal.tenant_id,
                     &self.turn_id,
-                    end.step.as_deref(),
+                    end.step.as_deref().map(|rows| (rows, metered.as_slice())),
                     end.state,
                     end.cause.as_ref(),
                     &relay,
@@ -82,6 +101,10 @@ impl TurnTask {
                 .await;
             (append, r)
         };
+        // Not stored with the step: kept for a retried end, or metered when the task ends.
+        if r.is_err() && end.step.is_some() {
+            self.usage.restore(metered);
+        }
         let r = match r {
             // Not settled: the worker retries its `turn.end`, which must still reach this task.
             Err(e @ (StoreError::Db(_) | StoreError::Unavailable(_) | StoreError::Other(_))) => return Err(e.into()),

@@ -12,7 +12,7 @@ use serde_json::{json, value::RawValue};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Conn, relay::Pending, text_msg};
+use super::{Conn, relay::Pending, text_msg, usage::UsageSlot};
 use crate::error::ApiError;
 
 /// Messages queued for one turn; when full, the reader waits (backpressure to the worker).
@@ -82,11 +82,14 @@ pub(super) struct TurnTask {
     pub flushing: Option<tokio::task::JoinHandle<()>>,
     /// Cancelled when the turn is stopped or the connection ends.
     pub cancel: CancellationToken,
+    /// Usage the model proxy metered for the turn on this replica, for its next step.
+    pub usage: Arc<UsageSlot>,
 }
 
 pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHandle {
     let (queue, rx) = mpsc::channel(TURN_QUEUE);
     let cancel = conn.closing.child_token();
+    let usage = conn.state.workers.metered.open(turn_id);
     let task = TurnTask {
         conn,
         turn_id: turn_id.to_string(),
@@ -101,13 +104,28 @@ pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHan
         running: None,
         flushing: None,
         cancel: cancel.clone(),
+        usage,
     };
     tokio::spawn(task.run(rx, cancel.clone()));
     TurnHandle { queue, cancel }
 }
 
 impl TurnTask {
-    async fn run(mut self, mut rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
+    async fn run(mut self, rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
+        self.serve(rx, cancel).await;
+        // Usage metered for the turn but never stored with a step (the turn was stopped, or
+        // ended without one) is metered in the database; later calls of the turn are too.
+        let state = &self.conn.state;
+        for m in state.workers.metered.close(&self.turn_id, &self.usage) {
+            let tenant = &self.conn.principal.tenant_id;
+            let (turn, context) = (Some(self.turn_id.as_str()), m.context.as_deref());
+            if let Err(e) = state.store.meter_usage(tenant, turn, context, m.usage).await {
+                tracing::warn!(turn.id = %self.turn_id, error = %e, "recording metered usage failed");
+            }
+        }
+    }
+
+    async fn serve(&mut self, mut rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
         // Local watchers get the running phase now; other replicas' with the turn's first
         // message (`turn.history`).
         let running = json!({"type": "phase", "phase": "running", "turnId": self.turn_id});
