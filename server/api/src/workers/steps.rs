@@ -65,21 +65,14 @@ impl TurnTask {
         let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
         relay.push(self.relayed(idle.clone()));
         let conn = self.conn.clone();
-        let metered = self.usage.take();
+        let mut metered = self.usage.take();
         // Usage metered without a step to carry it (a call whose answer is not stored) goes in
         // first, so that `turn.ended` counts it.
-        if end.step.is_none() {
-            for (i, m) in metered.iter().enumerate() {
-                let (turn, context) = (Some(self.turn_id.as_str()), m.context.as_deref());
-                let store = &conn.state.store;
-                if let Err(e) = store
-                    .meter_usage(&conn.principal.tenant_id, turn, context, m.usage)
-                    .await
-                {
-                    self.usage.restore(metered[i..].to_vec());
-                    return Err(e.into());
-                }
-            }
+        if end.step.is_none()
+            && let Err((left, e)) = self.meter_in_database(std::mem::take(&mut metered)).await
+        {
+            self.usage.restore(left);
+            return Err(e.into());
         }
         let (append, r) = {
             let _permits = conn.write_permits().await;

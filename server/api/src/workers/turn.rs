@@ -115,14 +115,26 @@ impl TurnTask {
         self.serve(rx, cancel).await;
         // Usage metered for the turn but never stored with a step (the turn was stopped, or
         // ended without one) is metered in the database; later calls of the turn are too.
-        let state = &self.conn.state;
-        for m in state.workers.metered.close(&self.turn_id, &self.usage) {
-            let tenant = &self.conn.principal.tenant_id;
+        let left = self.conn.state.workers.metered.close(&self.turn_id, &self.usage);
+        if let Err((lost, e)) = self.meter_in_database(left).await {
+            tracing::warn!(turn.id = %self.turn_id, calls = lost.len(), error = %e, "recording metered usage failed");
+        }
+    }
+
+    /// Meter `calls` of this turn in the database, in order; on a failure, the calls not
+    /// metered come back with the error.
+    pub(super) async fn meter_in_database(
+        &self,
+        calls: Vec<berth_store::Metered>,
+    ) -> Result<(), (Vec<berth_store::Metered>, berth_store::StoreError)> {
+        let (store, tenant) = (&self.conn.state.store, &self.conn.principal.tenant_id);
+        for (i, m) in calls.iter().enumerate() {
             let (turn, context) = (Some(self.turn_id.as_str()), m.context.as_deref());
-            if let Err(e) = state.store.meter_usage(tenant, turn, context, m.usage).await {
-                tracing::warn!(turn.id = %self.turn_id, error = %e, "recording metered usage failed");
+            if let Err(e) = store.meter_usage(tenant, turn, context, m.usage).await {
+                return Err((calls[i..].to_vec(), e));
             }
         }
+        Ok(())
     }
 
     async fn serve(&mut self, mut rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
