@@ -716,12 +716,8 @@ async fn a_watcher_where_the_worker_is_gets_each_append_as_a_read_returns_it() {
     let mock = MockProvider::start().await;
     let stack = Stack::start(&mock, 2).await;
     let (mut a, mut b, sid, mut watches) = watched_on_both(&stack).await;
-    let appended = |metrics: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("berth_watch_events_total{source=\"append\"} "))
-            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
-    };
+    let appended =
+        |metrics: &str| berth_e2e::harness::metric(metrics, "berth_watch_events_total{source=\"append\"}").unwrap_or(0);
     // A step of its own (a tool call), with thinking and usage; then the answer, whose step
     // goes with the end. Each reply waits a little first, so that the watches have read what
     // came before (an append is sent from memory only right after the watcher's cursor).
