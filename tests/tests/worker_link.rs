@@ -38,14 +38,19 @@ async fn turn_state(stack: &Stack, turn: &str) -> String {
         .get(0)
 }
 
-fn proxy_url(stack: &Stack) -> String {
-    format!("http://{}{MODEL_PROXY_PATH}", stack.servers[0].addr)
+fn proxy_url(stack: &Stack, replica: usize) -> String {
+    format!("http://{}{MODEL_PROXY_PATH}", stack.servers[replica].addr)
 }
 
 /// A proxy call as a worker would make it (or a rogue one), returning status and body.
 async fn proxy_call(stack: &Stack, token: &str, turn: Option<&str>, body: &Value) -> (u16, Value) {
+    proxy_call_at(stack, 0, token, turn, body).await
+}
+
+/// [`proxy_call`] through replica `replica`.
+async fn proxy_call_at(stack: &Stack, replica: usize, token: &str, turn: Option<&str>, body: &Value) -> (u16, Value) {
     let mut req = reqwest::Client::new()
-        .post(proxy_url(stack))
+        .post(proxy_url(stack, replica))
         .bearer_auth(token)
         .json(body);
     if let Some(t) = turn {
@@ -149,7 +154,7 @@ async fn the_model_proxy_serves_only_the_callers_running_turns_within_limits() {
     // Two calls of the tenant are open (the worker's and this one): a third is refused.
     mock.push(Reply::StreamThenHang(vec![Part::Text("y".into())]));
     let open = reqwest::Client::new()
-        .post(proxy_url(&stack))
+        .post(proxy_url(&stack, 0))
         .bearer_auth(&stack.worker_token)
         .header(MODEL_PROXY_TURN_HEADER, &turn)
         .json(&body)
@@ -805,30 +810,26 @@ async fn metered_usage_is_stored_with_the_step_or_by_the_database() {
         tx.execute("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", &[&turn])
             .await
             .unwrap();
-        let call = reqwest::Client::new()
-            .post(format!("http://{}{MODEL_PROXY_PATH}", stack.servers[replica].addr))
-            .bearer_auth(&worker_token)
-            .header(MODEL_PROXY_TURN_HEADER, &turn)
-            .json(&json!({"model": "x", "stream": true, "messages": [{"role": "user", "content": "count me"}]}))
-            .send();
-        let body = async { call.await.expect("proxy reachable").text().await.expect("stream") };
-        let body = if replica == 0 {
+        let request = json!({"model": "x", "messages": [{"role": "user", "content": "count me"}]});
+        let call = proxy_call_at(&stack, replica, &worker_token, Some(&turn), &request);
+        let (_, streamed) = if replica == 0 {
             // Held by this replica's connection: nothing waits for the lock.
-            let body = tokio::time::timeout(std::time::Duration::from_secs(25), body)
+            let answer = tokio::time::timeout(std::time::Duration::from_secs(25), call)
                 .await
                 .expect("the stream ends without a database write of its meter");
             tx.rollback().await.unwrap();
-            body
+            answer
         } else {
-            let body = tokio::spawn(body);
-            assert!(
-                a_statement_waits_on_a_lock(&stack).await.is_some(),
-                "another replica meters in the database"
-            );
-            tx.rollback().await.unwrap();
-            body.await.unwrap()
+            let release = async {
+                assert!(
+                    a_statement_waits_on_a_lock(&stack).await.is_some(),
+                    "another replica meters in the database"
+                );
+                tx.rollback().await.unwrap();
+            };
+            tokio::join!(call, release).0
         };
-        assert!(body.contains("[DONE]"), "{body}");
+        assert!(streamed.as_str().unwrap_or("").contains("[DONE]"), "{streamed}");
         id += 1;
         let mut end = json!({"turnId": turn, "state": "completed"});
         if with_step {

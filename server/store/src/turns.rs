@@ -21,6 +21,24 @@ use crate::{
     workspaces::{PRESENCE_TTL, online_sql},
 };
 
+/// A step's usage (`$u`, the `{inputTokens, outputTokens}` object of `turns.step_usage`, or
+/// null) with `$input` and `$output` tokens added.
+macro_rules! usage_plus_sql {
+    ($u:literal, $input:literal, $output:literal) => {
+        concat!(
+            "jsonb_build_object('inputTokens', coalesce((",
+            $u,
+            "->>'inputTokens')::bigint, 0) + ",
+            $input,
+            ", 'outputTokens', coalesce((",
+            $u,
+            "->>'outputTokens')::bigint, 0) + ",
+            $output,
+            ")"
+        )
+    };
+}
+
 /// A turn handed to a worker connection, with the session's tenant.
 #[derive(Debug, Clone)]
 pub struct ClaimedTurn {
@@ -414,22 +432,20 @@ impl Store {
         context: Option<&str>,
         usage: Usage,
     ) -> Result<()> {
-        let (input, output) = (
-            i64::try_from(usage.input_tokens).unwrap_or(i64::MAX),
-            i64::try_from(usage.output_tokens).unwrap_or(i64::MAX),
-        );
+        let (input, output) = (tokens(usage.input_tokens), tokens(usage.output_tokens));
         let client = self.pool.get().await?;
         // Both updates in one statement, sent with `BEGIN`, the tenant switch and `COMMIT`:
         // one wait in all. A missing context record or turn updates nothing, as before.
         crate::tenant_write_unflushed(
             &client,
             tenant_id,
-            "WITH c AS (UPDATE context_records SET input_tokens = $3 WHERE id = $5 AND tenant_id = $2)
-             UPDATE turns SET input_tokens = input_tokens + $3, output_tokens = output_tokens + $4,
-                    step_usage = jsonb_build_object(
-                        'inputTokens', coalesce((step_usage->>'inputTokens')::bigint, 0) + $3,
-                        'outputTokens', coalesce((step_usage->>'outputTokens')::bigint, 0) + $4)
-              WHERE id = $1 AND tenant_id = $2",
+            concat!(
+                "WITH c AS (UPDATE context_records SET input_tokens = $3 WHERE id = $5 AND tenant_id = $2)
+                 UPDATE turns SET input_tokens = input_tokens + $3, output_tokens = output_tokens + $4,
+                        step_usage = ",
+                usage_plus_sql!("step_usage", "$3", "$4"),
+                " WHERE id = $1 AND tenant_id = $2"
+            ),
             &[&turn_id, &tenant_id, &input, &output, &context],
         )
         .await?;
@@ -1455,6 +1471,11 @@ macro_rules! running_turn_sql {
     };
 }
 
+/// Token counts as PostgreSQL's `bigint` (saturating).
+fn tokens(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Live output relayed to other replicas (payloads `$5` on channel `$4`, in order) if the
 /// turn runs ([`running_turn_sql`]) and a watcher that replica `$6` does not hold is
 /// recorded (or `$6` is null): the appending replica relays to its own watchers itself.
@@ -1515,10 +1536,9 @@ const STEP_SQL: &str = concat!(
              FROM (SELECT step_usage FROM turns WHERE id = $1) old
             WHERE x.id = $1 AND EXISTS (SELECT 1 FROM t)
            RETURNING CASE WHEN $15::bigint IS NULL THEN old.step_usage
-                          ELSE jsonb_build_object(
-                                   'inputTokens', coalesce((old.step_usage->>'inputTokens')::bigint, 0) + $15,
-                                   'outputTokens', coalesce((old.step_usage->>'outputTokens')::bigint, 0) + $16) END
-                     AS usage),
+                          ELSE ",
+    usage_plus_sql!("old.step_usage", "$15", "$16"),
+    " END AS usage),
      c AS (UPDATE context_records x SET input_tokens = ($18::bigint[])[array_position($17::text[], x.id)]
             WHERE x.id = ANY($17::text[]) AND x.tenant_id = $2 AND EXISTS (SELECT 1 FROM t)),
      s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
@@ -1610,7 +1630,6 @@ impl<'a> StepParams<'a> {
             .rposition(|r| r.kind == RowKind::Assistant)
             .filter(|_| !rows.iter().any(|r| r.kind == RowKind::ToolCall))
             .map(|i| i as i32);
-        let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         let sum = |f: fn(&Usage) -> u64| {
             (!metered.is_empty()).then(|| metered.iter().fold(0i64, |a, m| a.saturating_add(tokens(f(&m.usage)))))
         };
