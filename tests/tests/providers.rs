@@ -2,7 +2,7 @@
 //! the per-session choice of provider and endpoint, and reload — against the scripted
 //! provider speaking Chat Completions, the Responses API and Anthropic Messages.
 
-use berth_e2e::{Client, Format, MockProvider, Part, Reply, Stack, client::code};
+use berth_e2e::{Client, Format, MockProvider, Part, Reply, Stack, client::code, harness::metric};
 use serde_json::{Value, json};
 
 fn is_turn_end(v: &Value) -> bool {
@@ -509,6 +509,16 @@ async fn the_first_turn_names_the_session_once_and_never_over_a_human_title() {
         6,
         "no title request for the human-titled session"
     );
+    // Only a completed turn of a session still untitled claims the title (a transaction of
+    // its own): the named session's second turn and the human-titled one's skip it.
+    let mut outcomes = [0; 3];
+    for server in &stack.servers {
+        let m = server.metrics().await;
+        for (n, outcome) in outcomes.iter_mut().zip(["named", "failed", "taken"]) {
+            *n += metric(&m, &format!("berth_auto_titles_total{{outcome=\"{outcome}\"}}")).unwrap_or(0);
+        }
+    }
+    assert_eq!(outcomes, [2, 0, 0], "titles named, failed, claimed for nothing");
 }
 
 /// A session without a model of its own is named by its agent's model, the one its turns use.

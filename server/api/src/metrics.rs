@@ -17,6 +17,9 @@ pub struct Metrics {
     pub events_appended: IntCounter,
     /// Turns settled, by state.
     pub turns: IntCounterVec,
+    /// Automatic titles claimed, by outcome: `named`, `failed`, or `taken` (the claim found
+    /// the session titled or its attempt made meanwhile: a transaction for nothing).
+    pub auto_titles: IntCounterVec,
     /// How long turns ran on this replica's workers, from hand-out to settling.
     pub turn_duration: prometheus::Histogram,
     /// From an event's commit to its delivery to a live watcher.
@@ -61,6 +64,11 @@ impl Metrics {
                 .expect("metric"),
             events_appended: IntCounter::new("berth_events_appended_total", "events appended").expect("metric"),
             turns: IntCounterVec::new(Opts::new("berth_turns_total", "turns settled"), &["state"]).expect("metric"),
+            auto_titles: IntCounterVec::new(
+                Opts::new("berth_auto_titles_total", "automatic titles claimed, by outcome"),
+                &["outcome"],
+            )
+            .expect("metric"),
             turn_duration: prometheus::Histogram::with_opts(
                 HistogramOpts::new("berth_turn_duration_seconds", "turn duration")
                     .buckets(vec![0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0]),
@@ -118,6 +126,7 @@ impl Metrics {
             Box::new(self.connections.clone()),
             Box::new(self.events_appended.clone()),
             Box::new(self.turns.clone()),
+            Box::new(self.auto_titles.clone()),
             Box::new(self.turn_duration.clone()),
             Box::new(self.fanout_lag.clone()),
             Box::new(self.watch_events.clone()),

@@ -26,9 +26,13 @@ pub(crate) fn spawn(state: AppState, tenant: String, session: String) {
         return;
     }
     tokio::spawn(async move {
+        let outcomes = &state.metrics.auto_titles;
         let source = match state.store.claim_title(&tenant, &session, SOURCE_MAX).await {
             Ok(Some(s)) => s,
-            Ok(None) => return,
+            Ok(None) => {
+                outcomes.with_label_values(&["taken"]).inc();
+                return;
+            }
             Err(e) => {
                 tracing::warn!(session.id = %session, error = %e, "automatic title not claimed");
                 return;
@@ -38,6 +42,9 @@ pub(crate) fn spawn(state: AppState, tenant: String, session: String) {
             Ok(r) => r,
             Err(_) => Err(providers::cause("provider-timeout")),
         };
+        outcomes
+            .with_label_values(&[if outcome.is_ok() { "named" } else { "failed" }])
+            .inc();
         let written = match outcome {
             Ok(title) => state.store.set_auto_title(&tenant, &session, &title).await.map(|_| ()),
             Err(cause) => {

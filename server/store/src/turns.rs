@@ -680,8 +680,11 @@ impl Store {
         let session_id = check_running(results[1].first(), results[2].first(), connection_id)?;
         let child = !results[0].is_empty();
         let mut events = Vec::new();
+        // Unknown when interactions had to be closed first: the title's claim decides then.
+        let mut untitled = true;
         let seq = match results.last().and_then(|r| r.first()) {
             Some(r) => {
+                untitled = r.get(8);
                 if local {
                     if step_params.is_some() {
                         crate::history::events_from_lines(&results[results.len() - 2], 0, true, &mut events)?;
@@ -713,6 +716,7 @@ impl Store {
             session_id,
             sequence: seq,
             events,
+            untitled,
         })
     }
 
@@ -1590,7 +1594,7 @@ const END_SQL: &str = concat!(
            RETURNING x.input_tokens, x.output_tokens),
      s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
             WHERE id = (SELECT session_id FROM t) AND tenant_id = $2 AND EXISTS (SELECT 1 FROM u)
-           RETURNING id, last_sequence, workspace_id),
+           RETURNING id, last_sequence, workspace_id, title = '' AND NOT title_attempted AS untitled),
      e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
            SELECT s.id, s.last_sequence, $2, $7, $1,
                   $6::jsonb || CASE WHEN u.input_tokens > 0 OR u.output_tokens > 0
@@ -1605,7 +1609,7 @@ const END_SQL: &str = concat!(
               WHERE EXISTS (SELECT 1 FROM turns q WHERE q.session_id = s.id AND q.state = 'queued')),
             (SELECT pg_notify($9, s.id || ':' || s.last_sequence) WHERE ",
     watched_elsewhere_sql!("$10"),
-    ") FROM s CROSS JOIN e"
+    "), s.untitled FROM s CROSS JOIN e"
 );
 
 /// A step's rows and metered usage as the columns [`STEP_SQL`] takes.
@@ -1688,6 +1692,9 @@ pub struct Ended {
     pub session_id: String,
     pub sequence: i64,
     pub events: Vec<EventRecord>,
+    /// The session may still get its automatic title (untitled, never attempted): only
+    /// then is the attempt worth a transaction of its own.
+    pub untitled: bool,
 }
 
 /// Lock the session of a running turn and return its id: the session row first (as stop,

@@ -119,9 +119,11 @@ impl TurnTask {
             session_id,
             sequence: seq,
             events,
+            untitled,
         } = r?;
         conn.state.hub.committed(append, &session_id, events, seq);
-        if end.state == berth_protocol::TurnState::Completed {
+        // A titled session's turns skip the title's claim (a transaction each).
+        if end.state == berth_protocol::TurnState::Completed && untitled {
             crate::titles::spawn(conn.state.clone(), conn.principal.tenant_id.clone(), session_id);
         }
         metrics.events_appended.inc_by(if end.step.is_some() { 2 } else { 1 });
