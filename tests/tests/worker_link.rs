@@ -382,10 +382,15 @@ async fn a_held_step_write_does_not_delay_another_turn_on_the_same_worker() {
 
 /// Whether a statement of the test's database comes to wait on a lock (within 30 s).
 async fn a_statement_waits_on_a_lock(stack: &Stack) -> Option<()> {
+    statements_wait_on_locks(stack, 1).await
+}
+
+/// At least `n` statements of the stack's database wait on a lock (within 30 s).
+async fn statements_wait_on_locks(stack: &Stack, n: i64) -> Option<()> {
     let db = berth_e2e::harness::db(&stack.database_url).await;
     eventually(30, || async {
         let q = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-        (db.query_one(q, &[]).await.ok()?.get::<_, i64>(0) > 0).then_some(())
+        (db.query_one(q, &[]).await.ok()?.get::<_, i64>(0) >= n).then_some(())
     })
     .await
 }
@@ -861,4 +866,85 @@ async fn metered_usage_is_stored_with_the_step_or_by_the_database() {
             "call {n}: the context record's input usage"
         );
     }
+}
+
+/// A call of the turn metered by another replica while the turn's step waits for the turn's
+/// row: the step's `model.completed` counts it, and the next step does not count it again
+/// (the usage the step takes and resets is read under the row's lock, not from before).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_meter_committed_while_the_step_waits_goes_with_the_step() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let worker_token = stack.servers[0].worker_token().await;
+    let (mut ws, workspace, _) = raw_worker_with(&stack, "race-host", &worker_token).await;
+    let mut c = stack.client(0).await;
+    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "race me"}))
+        .await;
+    let turn = loop {
+        let v = next_json(&mut ws).await;
+        if v["method"] == "turn.run" {
+            break v["params"]["turnId"].as_str().unwrap().to_string();
+        }
+    };
+    mock.push(Reply::Stream(vec![
+        Part::Text("raced".into()),
+        Part::Usage {
+            prompt: 50,
+            completion: 7,
+        },
+    ]));
+    let mut lock = berth_e2e::harness::db(&stack.database_url).await;
+    let tx = lock.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", &[&turn])
+        .await
+        .unwrap();
+    let request = json!({"model": "x", "messages": [{"role": "user", "content": "race me"}]});
+    // Through the replica not holding the worker: metered by the database, which waits.
+    let call = proxy_call_at(&stack, 1, &worker_token, Some(&turn), &request);
+    let step = |id: u32| {
+        let p = json!({"turnId": turn, "rows": [{"kind": "assistant", "body": "raced"}]});
+        Message::Text(
+            json!({"jsonrpc": "2.0", "id": id, "method": "turn.step", "params": p})
+                .to_string()
+                .into(),
+        )
+    };
+    let release = async {
+        assert!(statements_wait_on_locks(&stack, 1).await.is_some(), "the meter waits");
+        // The step starts after the meter and waits behind it.
+        ws.send(step(1)).await.unwrap();
+        assert!(
+            statements_wait_on_locks(&stack, 2).await.is_some(),
+            "the step waits too"
+        );
+        tx.rollback().await.unwrap();
+    };
+    let ((_, streamed), ()) = tokio::join!(call, release);
+    assert!(streamed.as_str().unwrap_or("").contains("[DONE]"), "{streamed}");
+    let stored = answer(&mut ws, 1).await;
+    assert!(stored.get("result").is_some(), "turn.step: {stored}");
+    ws.send(step(2)).await.unwrap();
+    assert!(answer(&mut ws, 2).await.get("result").is_some());
+    let end = json!({"turnId": turn, "state": "completed"});
+    let msg = json!({"jsonrpc": "2.0", "id": 3, "method": "turn.end", "params": end});
+    ws.send(Message::Text(msg.to_string().into())).await.unwrap();
+    assert!(answer(&mut ws, 3).await.get("result").is_some());
+    let items = watch.until(30, is_turn_end).await.expect("turn.ended");
+    let steps: Vec<&Value> = items.iter().filter(|i| i["type"] == "model.completed").collect();
+    assert_eq!(steps.len(), 2);
+    let usage = json!({"inputTokens": 50, "outputTokens": 7});
+    assert_eq!(steps[0]["usage"], usage, "the step taken after the meter counts it");
+    assert!(
+        steps[1].get("usage").is_none(),
+        "and the next one does not: {}",
+        steps[1]
+    );
+    assert_eq!(items.last().unwrap()["usage"], usage, "the turn's total");
 }

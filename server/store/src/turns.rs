@@ -1516,8 +1516,9 @@ const PARTIAL_SQL: &str = concat!(
 );
 
 /// A completed step of a running turn ([`running_turn_sql`]; nothing is written otherwise)
-/// in one statement: the turn's step moves on and its metered usage is read and reset, the
-/// session's sequence is bumped (gapless: the session row is locked), and the
+/// in one statement: the turn's step moves on and its metered usage is read and reset (read
+/// under the turn row's lock, `FOR UPDATE`: a meter of another replica committed while the
+/// step waited for the row is the step's, not lost to the reset), the session's sequence is bumped (gapless: the session row is locked), and the
 /// `model.completed` event (`$10`, with that usage), its rows (`$4`..`$8` by item) and the
 /// notice go in. Usage metered on the appending replica comes as parameters: `$15` input
 /// and `$16` output tokens (null: none) are added to the turn's totals and the step's, and
@@ -1537,7 +1538,7 @@ const STEP_SQL: &str = concat!(
      u AS (UPDATE turns x SET step = x.step + 1, partial_text = '', partial_thinking = '', step_usage = NULL,
                               input_tokens = x.input_tokens + coalesce($15::bigint, 0),
                               output_tokens = x.output_tokens + coalesce($16::bigint, 0)
-             FROM (SELECT step_usage FROM turns WHERE id = $1) old
+             FROM (SELECT step_usage FROM turns WHERE id = $1 FOR UPDATE) old
             WHERE x.id = $1 AND EXISTS (SELECT 1 FROM t)
            RETURNING CASE WHEN $15::bigint IS NULL THEN old.step_usage
                           ELSE ",
