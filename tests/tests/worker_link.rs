@@ -385,6 +385,17 @@ async fn a_statement_waits_on_a_lock(stack: &Stack) -> Option<()> {
     statements_wait_on_locks(stack, 1).await
 }
 
+/// A connection holding turn `turn`'s row lock, in a transaction left open (`ROLLBACK` frees
+/// it).
+async fn hold_turn_row(stack: &Stack, turn: &str) -> tokio_postgres::Client {
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    db.batch_execute("BEGIN").await.unwrap();
+    db.execute("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", &[&turn])
+        .await
+        .unwrap();
+    db
+}
+
 /// At least `n` statements of the stack's database wait on a lock (within 30 s).
 async fn statements_wait_on_locks(stack: &Stack, n: i64) -> Option<()> {
     let db = berth_e2e::harness::db(&stack.database_url).await;
@@ -590,6 +601,28 @@ async fn next_json(
     }
 }
 
+/// A new session of the raw worker's `workspace`, watched from its start, whose turn runs
+/// `prompt`: the session, the watch, and the turn once handed to the worker (`ws`).
+async fn raw_turn(
+    c: &mut berth_e2e::Client,
+    ws: &mut tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    workspace: &str,
+    prompt: &str,
+) -> (String, berth_e2e::client::Subscription, String) {
+    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": prompt})).await;
+    loop {
+        let v = next_json(ws).await;
+        if v["method"] == "turn.run" {
+            return (sid, watch, v["params"]["turnId"].as_str().unwrap().to_string());
+        }
+    }
+}
+
 /// The answer to request `id` (skipping notifications such as `turn.run`).
 async fn answer(
     ws: &mut tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
@@ -615,18 +648,7 @@ async fn the_last_step_and_the_end_are_stored_together() {
     let (mut ws, workspace, carries) = raw_worker(&stack, "atomic-host").await;
     assert!(carries, "the server takes the last step in turn.end");
     let mut c = stack.client(0).await;
-    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "hello"})).await;
-    let turn = loop {
-        let v = next_json(&mut ws).await;
-        if v["method"] == "turn.run" {
-            break v["params"]["turnId"].as_str().unwrap().to_string();
-        }
-    };
+    let (sid, mut watch, turn) = raw_turn(&mut c, &mut ws, &workspace, "hello").await;
     // Make storing `turn.ended` fail once, inside the end's transaction.
     let db = berth_e2e::harness::db(&stack.database_url).await;
     db.batch_execute(
@@ -792,29 +814,13 @@ async fn metered_usage_is_stored_with_the_step_or_by_the_database() {
     // (replica the call goes through, whether the end carries the step)
     for (n, (replica, with_step)) in [(0, true), (1, true), (0, false)].into_iter().enumerate() {
         let prompt = 40 + n as u64;
-        let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-        c.ok("session.send", json!({"sessionId": sid, "prompt": "count me"}))
-            .await;
-        let turn = loop {
-            let v = next_json(&mut ws).await;
-            if v["method"] == "turn.run" {
-                break v["params"]["turnId"].as_str().unwrap().to_string();
-            }
-        };
+        let (sid, mut watch, turn) = raw_turn(&mut c, &mut ws, &workspace, "count me").await;
         mock.push(Reply::Stream(vec![
             Part::Text("counted".into()),
             Part::Usage { prompt, completion: 7 },
         ]));
         // The turn's row locked: a meter written by the database waits for it.
-        let mut lock = berth_e2e::harness::db(&stack.database_url).await;
-        let tx = lock.transaction().await.unwrap();
-        tx.execute("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", &[&turn])
-            .await
-            .unwrap();
+        let lock = hold_turn_row(&stack, &turn).await;
         let request = json!({"model": "x", "messages": [{"role": "user", "content": "count me"}]});
         let call = proxy_call_at(&stack, replica, &worker_token, Some(&turn), &request);
         let (_, streamed) = if replica == 0 {
@@ -822,7 +828,7 @@ async fn metered_usage_is_stored_with_the_step_or_by_the_database() {
             let answer = tokio::time::timeout(std::time::Duration::from_secs(25), call)
                 .await
                 .expect("the stream ends without a database write of its meter");
-            tx.rollback().await.unwrap();
+            lock.batch_execute("ROLLBACK").await.unwrap();
             answer
         } else {
             let release = async {
@@ -830,7 +836,7 @@ async fn metered_usage_is_stored_with_the_step_or_by_the_database() {
                     a_statement_waits_on_a_lock(&stack).await.is_some(),
                     "another replica meters in the database"
                 );
-                tx.rollback().await.unwrap();
+                lock.batch_execute("ROLLBACK").await.unwrap();
             };
             tokio::join!(call, release).0
         };
@@ -880,19 +886,7 @@ async fn a_meter_committed_while_the_step_waits_goes_with_the_step() {
     let worker_token = stack.servers[0].worker_token().await;
     let (mut ws, workspace, _) = raw_worker_with(&stack, "race-host", &worker_token).await;
     let mut c = stack.client(0).await;
-    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "race me"}))
-        .await;
-    let turn = loop {
-        let v = next_json(&mut ws).await;
-        if v["method"] == "turn.run" {
-            break v["params"]["turnId"].as_str().unwrap().to_string();
-        }
-    };
+    let (_, mut watch, turn) = raw_turn(&mut c, &mut ws, &workspace, "race me").await;
     mock.push(Reply::Stream(vec![
         Part::Text("raced".into()),
         Part::Usage {
@@ -900,11 +894,7 @@ async fn a_meter_committed_while_the_step_waits_goes_with_the_step() {
             completion: 7,
         },
     ]));
-    let mut lock = berth_e2e::harness::db(&stack.database_url).await;
-    let tx = lock.transaction().await.unwrap();
-    tx.execute("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", &[&turn])
-        .await
-        .unwrap();
+    let lock = hold_turn_row(&stack, &turn).await;
     let request = json!({"model": "x", "messages": [{"role": "user", "content": "race me"}]});
     // Through the replica not holding the worker: metered by the database, which waits.
     let call = proxy_call_at(&stack, 1, &worker_token, Some(&turn), &request);
@@ -924,7 +914,7 @@ async fn a_meter_committed_while_the_step_waits_goes_with_the_step() {
             statements_wait_on_locks(&stack, 2).await.is_some(),
             "the step waits too"
         );
-        tx.rollback().await.unwrap();
+        lock.batch_execute("ROLLBACK").await.unwrap();
     };
     let ((_, streamed), ()) = tokio::join!(call, release);
     assert!(streamed.as_str().unwrap_or("").contains("[DONE]"), "{streamed}");
