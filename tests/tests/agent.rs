@@ -675,6 +675,43 @@ async fn stopping_the_parent_stops_the_sub_agent() {
     assert_eq!(group_members(pgid), Vec::<i32>::new(), "the child's command remains");
 }
 
+/// The child of a delegate call and its first turn go in together, in the transaction that
+/// holds the parent session's lock (so that a stop of the parent, which waits for that lock,
+/// always finds the child's turn): when the turn cannot be admitted, no child is left
+/// behind, and the parent's call fails.
+#[tokio::test]
+async fn a_sub_agent_whose_turn_cannot_start_leaves_no_child() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    db.batch_execute(
+        "CREATE FUNCTION refuse_child() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN IF NEW.prompt = 'refused child' THEN RAISE EXCEPTION 'held by the test'; END IF; RETURN NEW; END $$;
+         CREATE TRIGGER refuse_child BEFORE INSERT ON turns FOR EACH ROW EXECUTE FUNCTION refuse_child();",
+    )
+    .await
+    .unwrap();
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(
+        &[("d1", "delegate", json!({"prompt": "refused child"}))],
+        9,
+    ));
+    mock.push(Reply::text(&["no sub-agent then"]));
+    let events = turn(&mut c, &mut watch, &sid, "delegate").await;
+    assert_eq!(events.last().unwrap()["state"], "completed", "{:?}", events.last());
+    let ended = events.iter().find(|e| e["type"] == "tool.ended").unwrap();
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert!(children(&mut c, &sid).await.is_empty(), "a child without its turn");
+    let orphans = db
+        .query_one("SELECT count(*) FROM sessions WHERE parent_id = $1", &[&sid])
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(orphans, 0);
+}
+
 #[tokio::test]
 async fn a_shell_command_sees_none_of_berths_secrets() {
     let mock = MockProvider::start().await;

@@ -84,8 +84,12 @@ impl Store {
                 child
             }
         };
+        // The child's first turn goes in with the child, under the parent session's lock and
+        // naming the parent's turn: a stop of the parent, which waits for that lock, finds
+        // the child's turn and stops it too (admitted after the commit, it could start after
+        // the stop had looked for it), and a failed admission leaves no child behind.
+        let sent = crate::turns::admit(&tx, tenant_id, &child, prompt, &[], Some(turn_id)).await?;
         tx.commit().await?;
-        let sent = self.send(tenant_id, &child, prompt, None).await?;
         Ok((child, sent.turn_id))
     }
 }
