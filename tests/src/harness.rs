@@ -528,6 +528,17 @@ where
     None
 }
 
+/// At least `n` statements of the database at `database_url` wait on a lock (within 30 s):
+/// a write the test holds back has reached the database.
+pub async fn statements_wait_on_locks(database_url: &str, n: i64) -> Option<()> {
+    let db = db(database_url).await;
+    eventually(30, || async {
+        let q = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        (db.query_one(q, &[]).await.ok()?.get::<_, i64>(0) >= n).then_some(())
+    })
+    .await
+}
+
 /// How a child process is stopped: its stop signal, and how long it may take to exit before
 /// it (and, with `group`, its whole process group) gets SIGKILL.
 #[derive(Debug, Clone, Copy)]

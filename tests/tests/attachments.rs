@@ -4,7 +4,11 @@
 
 use base64::Engine;
 use berth_api::blobs::{Blobs, bytes_counter};
-use berth_e2e::{Client, MockProvider, Reply, Stack, TestServer, client::code, harness::eventually};
+use berth_e2e::{
+    Client, MockProvider, Reply, Stack, TestServer,
+    client::code,
+    harness::{db, eventually, statements_wait_on_locks},
+};
 use bytes::Bytes;
 use futures_util::TryStreamExt;
 use rand::RngCore;
@@ -564,4 +568,46 @@ async fn images_reach_only_the_models_that_take_them() {
         "a note stands in for the image: {blind:?}"
     );
     assert!(!Value::Array(blind).to_string().contains(&image_b64), "no image bytes");
+}
+
+/// An upload racing its session's removal: the row goes in under the session's key lock, so
+/// an upload that reaches the database while the removal holds the session waits for it and
+/// then finds the session gone (`not-found`, its bytes deleted) instead of leaving a row,
+/// and a blob, that the removal's clean-up had already passed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_racing_its_sessions_removal_leaves_no_row() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    // A removal as `session.remove` makes it (the session locked, then marked), held open.
+    let removal = db(&stack.database_url).await;
+    removal.batch_execute("BEGIN").await.unwrap();
+    for sql in [
+        "SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE",
+        "UPDATE sessions SET removed_at = now() WHERE id = $1",
+    ] {
+        removal.execute(sql, &[&sid]).await.unwrap();
+    }
+    let upload = c.upload(
+        json!({"sessionId": sid, "mime": "text/plain", "filename": "late.txt"}),
+        b"too late",
+        None,
+    );
+    let commit = async {
+        assert!(
+            statements_wait_on_locks(&stack.database_url, 1).await.is_some(),
+            "the upload's row waits for the removal"
+        );
+        removal.batch_execute("COMMIT").await.unwrap();
+    };
+    let (uploaded, ()) = tokio::join!(upload, commit);
+    let e = uploaded.expect_err("an upload into a removed session");
+    assert_eq!(code(&e), "not-found", "{e:?}");
+    let rows: i64 = removal
+        .query_one("SELECT count(*) FROM attachments WHERE session_id = $1", &[&sid])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "no attachment row for the removed session");
 }

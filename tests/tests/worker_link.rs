@@ -5,7 +5,7 @@
 
 use berth_e2e::{
     MockProvider, Part, Reply, Stack,
-    harness::{eventually, log_events, wall_us},
+    harness::{eventually, log_events, statements_wait_on_locks, wall_us},
 };
 use berth_protocol::worker::{MODEL_PROXY_PATH, MODEL_PROXY_TURN_HEADER};
 use serde_json::{Value, json};
@@ -382,7 +382,7 @@ async fn a_held_step_write_does_not_delay_another_turn_on_the_same_worker() {
 
 /// Whether a statement of the test's database comes to wait on a lock (within 30 s).
 async fn a_statement_waits_on_a_lock(stack: &Stack) -> Option<()> {
-    statements_wait_on_locks(stack, 1).await
+    statements_wait_on_locks(&stack.database_url, 1).await
 }
 
 /// A connection holding turn `turn`'s row lock, in a transaction left open (`ROLLBACK` frees
@@ -394,16 +394,6 @@ async fn hold_turn_row(stack: &Stack, turn: &str) -> tokio_postgres::Client {
         .await
         .unwrap();
     db
-}
-
-/// At least `n` statements of the stack's database wait on a lock (within 30 s).
-async fn statements_wait_on_locks(stack: &Stack, n: i64) -> Option<()> {
-    let db = berth_e2e::harness::db(&stack.database_url).await;
-    eventually(30, || async {
-        let q = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-        (db.query_one(q, &[]).await.ok()?.get::<_, i64>(0) >= n).then_some(())
-    })
-    .await
 }
 
 /// Issue 8: live deltas reach the replica's watchers while the write of the turn's relayed
@@ -907,11 +897,14 @@ async fn a_meter_committed_while_the_step_waits_goes_with_the_step() {
         )
     };
     let release = async {
-        assert!(statements_wait_on_locks(&stack, 1).await.is_some(), "the meter waits");
+        assert!(
+            statements_wait_on_locks(&stack.database_url, 1).await.is_some(),
+            "the meter waits"
+        );
         // The step starts after the meter and waits behind it.
         ws.send(step(1)).await.unwrap();
         assert!(
-            statements_wait_on_locks(&stack, 2).await.is_some(),
+            statements_wait_on_locks(&stack.database_url, 2).await.is_some(),
             "the step waits too"
         );
         lock.batch_execute("ROLLBACK").await.unwrap();

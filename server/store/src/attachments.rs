@@ -55,7 +55,7 @@ impl Store {
             .ex(
                 "INSERT INTO attachments (id, tenant_id, session_id, name, mime_type, bytes, sha256, object_key)
                  SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM sessions
-                  WHERE id = $3 AND tenant_id = $2 AND removed_at IS NULL",
+                  WHERE id = $3 AND tenant_id = $2 AND removed_at IS NULL FOR KEY SHARE",
                 &[
                     &a.id,
                     &tenant_id,
@@ -192,7 +192,7 @@ impl Store {
                     "INSERT INTO attachments (id, tenant_id, session_id, name, mime_type, bytes, sha256, object_key, turn_id)
                      SELECT $4, $2, r.session_id, $5, $6, $7, $8, $9, $1
                        FROM ({}) r JOIN sessions s ON s.id = r.session_id
-                      WHERE s.channel IS NOT NULL AND s.removed_at IS NULL",
+                      WHERE s.channel IS NOT NULL AND s.removed_at IS NULL FOR KEY SHARE OF s",
                     running_for_worker()
                 ),
                 &[

@@ -93,7 +93,7 @@ impl Store {
             .qo(
                 "INSERT INTO patches (id, tenant_id, session_id, turn_id, base, files, bytes, sha256, object_key)
                  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM sessions
-                  WHERE id = $3 AND tenant_id = $2 AND removed_at IS NULL
+                  WHERE id = $3 AND tenant_id = $2 AND removed_at IS NULL FOR KEY SHARE
                  RETURNING id, session_id, turn_id, base, files, bytes, sha256, created_at, object_key",
                 &[
                     &p.id,
