@@ -712,6 +712,49 @@ async fn a_sub_agent_whose_turn_cannot_start_leaves_no_child() {
     assert_eq!(orphans, 0);
 }
 
+/// A session created while its workspace is being removed (after the removal listed the
+/// workspace's sessions, before it locked the workspace) is removed like the others: its
+/// running turn is stopped (the worker kills its command), not deleted unseen with the
+/// workspace while the worker runs on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_created_during_its_workspaces_removal_has_its_turn_stopped() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut a = stack.client(0).await;
+    let mut b = stack.client(0).await;
+    let first = auto_session(&stack, &mut a).await;
+    // The first session's removal is held: the workspace's removal waits there.
+    let lock = berth_e2e::harness::db(&stack.database_url).await;
+    lock.batch_execute("BEGIN").await.unwrap();
+    lock.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&first])
+        .await
+        .unwrap();
+    let remove = b.ok("workspace.remove", json!({"workspaceId": stack.workspace_id}));
+    let meanwhile = async {
+        assert!(
+            berth_e2e::harness::statements_wait_on_locks(&stack.database_url, 1)
+                .await
+                .is_some(),
+            "the removal waits for the first session"
+        );
+        let late = auto_session(&stack, &mut a).await;
+        mock.push(Reply::tools(
+            &[("s1", "shell", json!({"command": "echo $$ > late.pid; sleep 600"}))],
+            9,
+        ));
+        a.ok("session.send", json!({"sessionId": late, "prompt": "run"})).await;
+        let pgid = berth_e2e::harness::pid_written(&stack.workspace_dir.join("late.pid"))
+            .await
+            .expect("the late session's command runs");
+        lock.batch_execute("ROLLBACK").await.unwrap();
+        pgid
+    };
+    let (removed, pgid) = tokio::join!(remove, meanwhile);
+    assert_eq!(removed, json!({"removed": true}));
+    let stopped = berth_e2e::harness::eventually(30, || async { group_members(pgid).is_empty().then_some(()) }).await;
+    assert!(stopped.is_some(), "the late session's command still runs");
+}
+
 #[tokio::test]
 async fn a_shell_command_sees_none_of_berths_secrets() {
     let mock = MockProvider::start().await;

@@ -1,9 +1,10 @@
 //! Renaming and removing workspaces.
 
-use berth_protocol::{Removed, Workspace};
+use berth_protocol::{ErrorCode, Removed, Workspace};
+use deadpool_postgres::GenericClient;
 
 use crate::{
-    Cached, Receipt, Result, Store, not_found,
+    Cached, Receipt, Result, Store, StoreError, not_found,
     receipts::finish,
     tenant_tx,
     workspaces::{WORKSPACE_SELECT, workspace_from_row},
@@ -54,66 +55,89 @@ impl Store {
         workspace_id: &str,
         op: Option<&Receipt>,
     ) -> Result<(Removed, Vec<String>)> {
-        let sessions: Vec<String> = {
+        const LIVE: &str = "SELECT id FROM sessions WHERE workspace_id = $1 AND tenant_id = $2 AND removed_at IS NULL";
+        let mut sessions: Vec<String> = {
             let mut client = self.pool.get().await?;
             let tx = tenant_tx(&mut client, tenant_id).await?;
-            let rows = tx
-                .qa(
-                    "SELECT id FROM sessions WHERE workspace_id = $1 AND tenant_id = $2 AND removed_at IS NULL",
-                    &[&workspace_id, &tenant_id],
-                )
-                .await?;
+            let rows = tx.qa(LIVE, &[&workspace_id, &tenant_id]).await?;
             tx.commit().await?;
             rows.iter().map(|r| r.get(0)).collect()
         };
-        // Each session the way `session.remove` does it (turns stopped, watchers told);
-        // a retry after a failure part-way finds the rest.
-        for session in &sessions {
-            self.remove_session(tenant_id, session, None).await?;
-        }
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        // The workspace first (no session can be created in it meanwhile: its insert's key
-        // check waits), then its sessions (an append to one, which bumps the session's
-        // sequence, either commits before or finds the session gone): nothing is written
-        // into the workspace between the deletes below.
-        for sql in [
-            "SELECT 1 FROM workspaces WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
-            "SELECT 1 FROM sessions WHERE workspace_id = $1 AND tenant_id = $2 ORDER BY id FOR UPDATE",
-        ] {
-            tx.qa(sql, &[&workspace_id, &tenant_id]).await?;
-        }
-        let mut keys = Vec::new();
-        for sql in [
-            "DELETE FROM attachments a USING sessions s
-              WHERE s.id = a.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND a.tenant_id = $2
-              RETURNING a.object_key",
-            "DELETE FROM patches p USING sessions s
-              WHERE s.id = p.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND p.tenant_id = $2
-              RETURNING p.object_key",
-        ] {
-            let rows = tx.qa(sql, &[&workspace_id, &tenant_id]).await?;
-            keys.extend(rows.iter().map(|r| r.get::<_, String>(0)));
-        }
-        // The sessions' rows and events first (no key cascades to them: migration 0021);
-        // the sessions, their turns and the rest go with the workspace (ON DELETE CASCADE).
-        for sql in [
-            "DELETE FROM rows r USING sessions s
-              WHERE s.id = r.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND r.tenant_id = $2",
-            "DELETE FROM events e USING sessions s
-              WHERE s.id = e.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND e.tenant_id = $2",
-        ] {
-            tx.ex(sql, &[&workspace_id, &tenant_id]).await?;
-        }
-        let n = tx
-            .ex(
-                "DELETE FROM workspaces WHERE id = $1 AND tenant_id = $2",
+        for _ in 0..5 {
+            // Each session the way `session.remove` does it (turns stopped, watchers told);
+            // a retry after a failure part-way finds the rest.
+            for session in &sessions {
+                self.remove_session(tenant_id, session, None).await?;
+            }
+            let mut client = self.pool.get().await?;
+            let tx = tenant_tx(&mut client, tenant_id).await?;
+            // The workspace first: no session can be created in it from here on (its insert's
+            // key check waits).
+            tx.qa(
+                "SELECT 1 FROM workspaces WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
                 &[&workspace_id, &tenant_id],
             )
             .await?;
-        let result = Removed { removed: n > 0 };
-        finish(&tx, op, &result).await?;
-        tx.commit().await?;
-        Ok((result, keys))
+            // One created since the list (before that lock) is removed like the others first,
+            // not deleted unseen with the workspace (its turns stopped, its watchers told).
+            let late = tx.qa(LIVE, &[&workspace_id, &tenant_id]).await?;
+            if !late.is_empty() {
+                sessions = late.iter().map(|r| r.get(0)).collect();
+                continue;
+            }
+            let (result, keys) = delete_workspace(&tx, tenant_id, workspace_id).await?;
+            finish(&tx, op, &result).await?;
+            tx.commit().await?;
+            return Ok((result, keys));
+        }
+        // Sessions keep being created in it: the caller may try again.
+        Err(StoreError::Code(ErrorCode::Unavailable))
     }
+}
+
+/// Delete workspace `workspace_id`, locked by the caller's transaction `tx` with no live
+/// session left in it, with everything its sessions owned; returns whether it existed and
+/// the object keys of its attachments and patches.
+async fn delete_workspace(
+    tx: &impl GenericClient,
+    tenant_id: &str,
+    workspace_id: &str,
+) -> Result<(Removed, Vec<String>)> {
+    // Its (removed) sessions locked: an append to one, which bumps the session's sequence,
+    // either committed before or finds the session gone, so nothing is written into the
+    // workspace between the deletes below.
+    tx.qa(
+        "SELECT 1 FROM sessions WHERE workspace_id = $1 AND tenant_id = $2 ORDER BY id FOR UPDATE",
+        &[&workspace_id, &tenant_id],
+    )
+    .await?;
+    let mut keys = Vec::new();
+    for sql in [
+        "DELETE FROM attachments a USING sessions s
+          WHERE s.id = a.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND a.tenant_id = $2
+          RETURNING a.object_key",
+        "DELETE FROM patches p USING sessions s
+          WHERE s.id = p.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND p.tenant_id = $2
+          RETURNING p.object_key",
+    ] {
+        let rows = tx.qa(sql, &[&workspace_id, &tenant_id]).await?;
+        keys.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+    }
+    // The sessions' rows and events first (no key cascades to them: migration 0021); the
+    // sessions, their turns and the rest go with the workspace (ON DELETE CASCADE).
+    for sql in [
+        "DELETE FROM rows r USING sessions s
+          WHERE s.id = r.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND r.tenant_id = $2",
+        "DELETE FROM events e USING sessions s
+          WHERE s.id = e.session_id AND s.workspace_id = $1 AND s.tenant_id = $2 AND e.tenant_id = $2",
+    ] {
+        tx.ex(sql, &[&workspace_id, &tenant_id]).await?;
+    }
+    let n = tx
+        .ex(
+            "DELETE FROM workspaces WHERE id = $1 AND tenant_id = $2",
+            &[&workspace_id, &tenant_id],
+        )
+        .await?;
+    Ok((Removed { removed: n > 0 }, keys))
 }
