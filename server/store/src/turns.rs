@@ -1518,14 +1518,15 @@ const PARTIAL_SQL: &str = concat!(
 /// A completed step of a running turn ([`running_turn_sql`]; nothing is written otherwise)
 /// in one statement: the turn's step moves on and its metered usage is read and reset (read
 /// under the turn row's lock, `FOR UPDATE`: a meter of another replica committed while the
-/// step waited for the row is the step's, not lost to the reset), the session's sequence is bumped (gapless: the session row is locked), and the
-/// `model.completed` event (`$10`, with that usage), its rows (`$4`..`$8` by item) and the
-/// notice go in. Usage metered on the appending replica comes as parameters: `$15` input
-/// and `$16` output tokens (null: none) are added to the turn's totals and the step's, and
-/// each context record `$17` gets its call's input tokens `$18`. The reply row (`$9`, a step without tool calls) names the turn's files not
-/// named yet. Returns the event as a catch-up reads it (`history::events_from_lines` from
-/// column 0: the sequence first), one line per row when `$14` is set (else one line, without
-/// the rows), or no line when the turn does not run.
+/// step waited for the row is the step's, not lost to the reset), the session's sequence is
+/// bumped (gapless: the session row is locked), and the `model.completed` event (`$10`, with
+/// that usage), its rows (`$4`..`$8` by item) and the notice go in. Usage metered on the
+/// appending replica comes as parameters: `$15` input and `$16` output tokens (null: none)
+/// are added to the turn's totals and the step's, and each context record `$17` gets its
+/// call's input tokens `$18`. The reply row (`$9`, a step without tool calls) names the
+/// turn's files not named yet. Returns the event as a catch-up reads it
+/// (`history::events_from_lines` from column 0: the sequence first), one line per row when
+/// `$14` is set (else one line, without the rows), or no line when the turn does not run.
 ///
 /// The event's notice (`$11`) goes out only when `$13` is set and someone may need it: any
 /// watcher when `$12` (the appending replica, which wakes its own watchers itself) is null,
