@@ -539,6 +539,19 @@ pub async fn statements_wait_on_locks(database_url: &str, n: i64) -> Option<()> 
     .await
 }
 
+/// Make every insert into `table` whose new row matches `when` (an SQL condition on `NEW`)
+/// fail inside its transaction, by a trigger named `name` (`DROP TRIGGER <name> ON <table>`
+/// lets them through again).
+pub async fn refuse_inserts(db: &tokio_postgres::Client, name: &str, table: &str, when: &str) {
+    db.batch_execute(&format!(
+        "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN IF {when} THEN RAISE EXCEPTION 'held by the test'; END IF; RETURN NEW; END $$;
+         CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {name}();"
+    ))
+    .await
+    .expect("refusing trigger");
+}
+
 /// How a child process is stopped: its stop signal, and how long it may take to exit before
 /// it (and, with `group`, its whole process group) gets SIGKILL.
 #[derive(Debug, Clone, Copy)]

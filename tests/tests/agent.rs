@@ -684,13 +684,7 @@ async fn a_sub_agent_whose_turn_cannot_start_leaves_no_child() {
     let mock = MockProvider::start().await;
     let stack = Stack::start(&mock, 1).await;
     let db = berth_e2e::harness::db(&stack.database_url).await;
-    db.batch_execute(
-        "CREATE FUNCTION refuse_child() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN IF NEW.prompt = 'refused child' THEN RAISE EXCEPTION 'held by the test'; END IF; RETURN NEW; END $$;
-         CREATE TRIGGER refuse_child BEFORE INSERT ON turns FOR EACH ROW EXECUTE FUNCTION refuse_child();",
-    )
-    .await
-    .unwrap();
+    berth_e2e::harness::refuse_inserts(&db, "refuse_child", "turns", "NEW.prompt = 'refused child'").await;
     let mut c = stack.client(0).await;
     let sid = auto_session(&stack, &mut c).await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));

@@ -641,13 +641,7 @@ async fn the_last_step_and_the_end_are_stored_together() {
     let (sid, mut watch, turn) = raw_turn(&mut c, &mut ws, &workspace, "hello").await;
     // Make storing `turn.ended` fail once, inside the end's transaction.
     let db = berth_e2e::harness::db(&stack.database_url).await;
-    db.batch_execute(
-        "CREATE FUNCTION refuse_end() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN IF NEW.type = 'turn.ended' THEN RAISE EXCEPTION 'held by the test'; END IF; RETURN NEW; END $$;
-         CREATE TRIGGER refuse_end BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_end();",
-    )
-    .await
-    .unwrap();
+    berth_e2e::harness::refuse_inserts(&db, "refuse_end", "events", "NEW.type = 'turn.ended'").await;
     let end = json!({"jsonrpc": "2.0", "id": 7, "method": "turn.end", "params": {
         "turnId": turn, "state": "completed",
         "step": [{"kind": "assistant", "body": "the answer"}]}});

@@ -680,11 +680,12 @@ impl Store {
         let session_id = check_running(results[1].first(), results[2].first(), connection_id)?;
         let child = !results[0].is_empty();
         let mut events = Vec::new();
-        // Unknown when interactions had to be closed first: the title's claim decides then.
-        let mut untitled = true;
-        let seq = match results.last().and_then(|r| r.first()) {
+        let ended = results.last().and_then(|r| r.first());
+        // END_SQL's last column; unknown when interactions had to be closed first (no line):
+        // the title's claim decides then.
+        let untitled = ended.is_none_or(|r| r.get(8));
+        let seq = match ended {
             Some(r) => {
-                untitled = r.get(8);
                 if local {
                     if step_params.is_some() {
                         crate::history::events_from_lines(&results[results.len() - 2], 0, true, &mut events)?;

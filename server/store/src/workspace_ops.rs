@@ -55,14 +55,9 @@ impl Store {
         workspace_id: &str,
         op: Option<&Receipt>,
     ) -> Result<(Removed, Vec<String>)> {
-        const LIVE: &str = "SELECT id FROM sessions WHERE workspace_id = $1 AND tenant_id = $2 AND removed_at IS NULL";
-        let mut sessions: Vec<String> = {
-            let mut client = self.pool.get().await?;
-            let tx = tenant_tx(&mut client, tenant_id).await?;
-            let rows = tx.qa(LIVE, &[&workspace_id, &tenant_id]).await?;
-            tx.commit().await?;
-            rows.iter().map(|r| r.get(0)).collect()
-        };
+        // The sessions still live, read with the workspace locked (see below): the first
+        // time, all of them.
+        let mut sessions: Vec<String> = Vec::new();
         for _ in 0..5 {
             // Each session the way `session.remove` does it (turns stopped, watchers told);
             // a retry after a failure part-way finds the rest.
@@ -78,11 +73,17 @@ impl Store {
                 &[&workspace_id, &tenant_id],
             )
             .await?;
-            // One created since the list (before that lock) is removed like the others first,
-            // not deleted unseen with the workspace (its turns stopped, its watchers told).
-            let late = tx.qa(LIVE, &[&workspace_id, &tenant_id]).await?;
-            if !late.is_empty() {
-                sessions = late.iter().map(|r| r.get(0)).collect();
+            // Any session still live (one created since the last look, before that lock) is
+            // removed like the others first, not deleted unseen with the workspace: the lock
+            // is given up meanwhile, as `session.remove` locks a coordinator first.
+            let live = tx
+                .qa(
+                    "SELECT id FROM sessions WHERE workspace_id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+                    &[&workspace_id, &tenant_id],
+                )
+                .await?;
+            if !live.is_empty() {
+                sessions = live.iter().map(|r| r.get(0)).collect();
                 continue;
             }
             let (result, keys) = delete_workspace(&tx, tenant_id, workspace_id).await?;
