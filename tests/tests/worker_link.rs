@@ -5,7 +5,7 @@
 
 use berth_e2e::{
     MockProvider, Part, Reply, Stack,
-    harness::{eventually, log_events, statements_wait_on_locks, wall_us},
+    harness::{eventually, log_events, metric, statements_wait_on_locks, wall_us},
 };
 use berth_protocol::worker::{MODEL_PROXY_PATH, MODEL_PROXY_TURN_HEADER};
 use serde_json::{Value, json};
@@ -254,7 +254,8 @@ async fn the_sweep_interrupts_running_turns_whose_connection_is_gone() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transient_database_error_does_not_disconnect_a_healthy_worker() {
     let mock = MockProvider::start().await;
-    let stack = Stack::start(&mock, 1).await;
+    // Two replicas: a turn admitted on the one without the worker is claimed.
+    let stack = Stack::start(&mock, 2).await;
     let mut c = stack.client(0).await;
     let (_, running, mut w) = start_turn(
         &stack,
@@ -285,8 +286,10 @@ async fn a_transient_database_error_does_not_disconnect_a_healthy_worker() {
     )
     .await
     .unwrap();
-    // A turn to hand out while claims fail.
-    let (_, _, mut w2) = start_turn(&stack, &mut c, &mock, Reply::text(&["later"]), "next").await;
+    // A turn to hand out while claims fail (admitted on the other replica: one admitted on
+    // the worker's would be handed out by its admission, not claimed).
+    let mut other = stack.client(1).await;
+    let (_, _, mut w2) = start_turn(&stack, &mut other, &mock, Reply::text(&["later"]), "next").await;
     let hit = eventually(30, || async {
         let q = "SELECT (SELECT is_called FROM beat_faults) AND (SELECT is_called FROM claim_faults)";
         db.query_one(q, &[]).await.ok()?.get::<_, bool>(0).then_some(())
@@ -317,35 +320,73 @@ async fn a_transient_database_error_does_not_disconnect_a_healthy_worker() {
     );
 }
 
-/// Issue 7 item 14: claiming turns reads and writes tenant rows as the tenant's role (under
-/// row-level security), not as the owner.
+/// Issue 7 item 14: handing turns out reads and writes tenant rows as the tenant's role
+/// (under row-level security), not as the owner: by a claim, and by an admission on the
+/// worker's replica.
 #[tokio::test(flavor = "multi_thread")]
 async fn claims_run_under_the_tenants_role() {
     let mock = MockProvider::start().await;
-    let stack = Stack::start(&mock, 1).await;
+    let stack = Stack::start(&mock, 2).await;
     let db = berth_e2e::harness::db(&stack.database_url).await;
     db.batch_execute(
-        "CREATE TABLE claim_roles (role text);
+        "CREATE TABLE claim_roles (role text, how text);
          GRANT INSERT ON claim_roles TO berth_app;
          CREATE FUNCTION record_claim_role() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN INSERT INTO claim_roles VALUES (current_user); RETURN NEW; END $$;
+           $$ BEGIN INSERT INTO claim_roles VALUES (current_user, TG_OP); RETURN NEW; END $$;
          CREATE TRIGGER record_claim_role BEFORE UPDATE OF dispatched_to ON turns FOR EACH ROW
-           WHEN (OLD.dispatched_to IS NULL AND NEW.dispatched_to IS NOT NULL) EXECUTE FUNCTION record_claim_role();",
+           WHEN (OLD.dispatched_to IS NULL AND NEW.dispatched_to IS NOT NULL) EXECUTE FUNCTION record_claim_role();
+         CREATE TRIGGER record_handed_role BEFORE INSERT ON turns FOR EACH ROW
+           WHEN (NEW.dispatched_to IS NOT NULL) EXECUTE FUNCTION record_claim_role();",
     )
     .await
     .unwrap();
-    let mut c = stack.client(0).await;
-    let (_, _, mut w) = start_turn(&stack, &mut c, &mock, Reply::text(&["hi"]), "go").await;
-    let end = w.until(30, is_turn_end).await.expect("turn ends");
-    assert_eq!(end.last().unwrap()["state"], "completed", "{end:?}");
-    let roles: Vec<String> = db
-        .query("SELECT role FROM claim_roles", &[])
+    // Replica 0 holds the worker: its admission hands the turn out; replica 1's is claimed.
+    for replica in [0, 1] {
+        let mut c = stack.client(replica).await;
+        let (_, _, mut w) = start_turn(&stack, &mut c, &mock, Reply::text(&["hi"]), "go").await;
+        let end = w.until(30, is_turn_end).await.expect("turn ends");
+        assert_eq!(end.last().unwrap()["state"], "completed", "{end:?}");
+    }
+    let roles: Vec<(String, String)> = db
+        .query("SELECT role, how FROM claim_roles", &[])
         .await
         .unwrap()
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(roles, ["berth_app"]);
+    let expected = [("berth_app", "INSERT"), ("berth_app", "UPDATE")].map(|(r, h)| (r.to_string(), h.to_string()));
+    assert_eq!(roles, expected);
+}
+
+/// Issue 20: a turn admitted on the replica that holds its workspace's worker is handed out
+/// by the admission's own transaction (no claim); one admitted on another replica is
+/// claimed by the worker's. Both run to the end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_admitted_on_its_workers_replica_is_handed_out_without_a_claim() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let handed = |m: &str, via: &str| metric(m, &format!("berth_turns_handed_total{{via=\"{via}\"}}")).unwrap_or(0);
+    for (replica, via) in [(0, [1, 0]), (1, [1, 1]), (0, [2, 1])] {
+        let mut c = stack.client(replica).await;
+        let (_, turn, mut w) = start_turn(&stack, &mut c, &mock, Reply::text(&["hi"]), "go").await;
+        let end = w.until(30, is_turn_end).await.expect("turn ends");
+        assert_eq!(end.last().unwrap()["state"], "completed", "{end:?}");
+        let m = stack.servers[0].metrics().await;
+        assert_eq!(
+            [handed(&m, "admission"), handed(&m, "claim")],
+            via,
+            "turns handed out by admission and by claim after a turn admitted on replica {replica}"
+        );
+        let db = berth_e2e::harness::db(&stack.database_url).await;
+        let dispatched: Option<String> = db
+            .query_one("SELECT dispatched_to FROM turns WHERE id = $1", &[&turn])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(dispatched.is_some_and(|d| d.starts_with("wcn_")));
+    }
+    let other = stack.servers[1].metrics().await;
+    assert_eq!([handed(&other, "admission"), handed(&other, "claim")], [0, 0]);
 }
 
 /// Issue 20: a turn whose step write is held (its session row locked by the test) does not

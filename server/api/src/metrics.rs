@@ -20,6 +20,9 @@ pub struct Metrics {
     /// Automatic titles claimed, by outcome: `named`, `failed`, or `taken` (the claim found
     /// the session titled or its attempt made meanwhile: a transaction for nothing).
     pub auto_titles: IntCounterVec,
+    /// Turns handed to this replica's worker connections, by how: `admission` (the turn was
+    /// admitted here and handed out in the same transaction) or `claim`.
+    pub turns_handed: IntCounterVec,
     /// How long turns ran on this replica's workers, from hand-out to settling.
     pub turn_duration: prometheus::Histogram,
     /// From an event's commit to its delivery to a live watcher.
@@ -67,6 +70,11 @@ impl Metrics {
             auto_titles: IntCounterVec::new(
                 Opts::new("berth_auto_titles_total", "automatic titles claimed, by outcome"),
                 &["outcome"],
+            )
+            .expect("metric"),
+            turns_handed: IntCounterVec::new(
+                Opts::new("berth_turns_handed_total", "turns handed to worker connections, by how"),
+                &["via"],
             )
             .expect("metric"),
             turn_duration: prometheus::Histogram::with_opts(
@@ -127,6 +135,7 @@ impl Metrics {
             Box::new(self.events_appended.clone()),
             Box::new(self.turns.clone()),
             Box::new(self.auto_titles.clone()),
+            Box::new(self.turns_handed.clone()),
             Box::new(self.turn_duration.clone()),
             Box::new(self.fanout_lag.clone()),
             Box::new(self.watch_events.clone()),

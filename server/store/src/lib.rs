@@ -51,7 +51,7 @@ pub use interactions::WatcherKey;
 pub use patches::NewPatch;
 pub use receipts::{Begin, Receipt, ReceiptView};
 pub use routing::WorkerRoute;
-pub use turns::{ClaimedTurn, Ended, Metered, Partial, ProxyTurn, TitleSource};
+pub use turns::{Admission, Admitted, ClaimedTurn, Ended, Metered, Partial, ProxyTurn, TitleSource};
 
 /// Channel carrying `<session_id>:<sequence>` after each committed append.
 pub const CHANNEL_EVENTS: &str = "berth_events";

@@ -48,6 +48,37 @@ pub struct ClaimedTurn {
     pub run: TurnRun,
 }
 
+/// Where a `session.send` is admitted ([`Store::admit`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Admission<'a> {
+    /// The admitting replica, named in the dispatch notification when it kicks its own
+    /// worker connections itself after the commit ([`crate::dispatch_payload`]).
+    pub replica: &'a str,
+    /// Also return `turn.started` as written, for the admitting replica's own watchers (as
+    /// [`Store::append_step`]; empty when the prompt queues or has attachments, whose names
+    /// are added to its row after the append).
+    pub watched: bool,
+    /// Worker connections this replica holds with room for one more turn: `(connection id,
+    /// its workspace ids)`. A turn that starts at once in one of those workspaces is handed
+    /// to that connection by the admission's own transaction, without a claim.
+    pub workers: &'a [(&'a str, &'a [String])],
+    /// The model a turn is dispatched with when neither its session nor its agent names one.
+    pub default_model: Option<&'a str>,
+}
+
+/// A prompt admitted by [`Store::admit`].
+#[derive(Debug)]
+pub struct Admitted {
+    pub result: SessionSendResult,
+    /// The session's workspace.
+    pub workspace_id: String,
+    /// `turn.started` as written, when [`Admission::watched`] asked for it.
+    pub events: Vec<EventRecord>,
+    /// The turn, when the admission handed it to one of [`Admission::workers`]: that
+    /// connection's id and what goes out in its `turn.run`.
+    pub handed: Option<(String, ClaimedTurn)>,
+}
+
 /// What an automatic title is made from.
 #[derive(Debug, Clone)]
 pub struct TitleSource {
@@ -97,18 +128,13 @@ impl Store {
         prompt: &str,
         op: Option<&Receipt>,
     ) -> Result<SessionSendResult> {
-        Ok(self.admit(tenant_id, session_id, prompt, &[], op, None, false).await?.0)
+        Ok(self.admit(tenant_id, session_id, prompt, &[], op, None).await?.result)
     }
 
     /// [`Store::send`] with attachments (ids of the tenant's uploads, in the order the
     /// worker receives them; another tenant's id is `not-found`), also returning the
     /// session's workspace (so that a replica holding its worker can hand the started turn
-    /// out at once). `replica`: the admitting replica, named in the dispatch notification
-    /// when it kicks its own worker connections itself after the commit
-    /// ([`crate::dispatch_payload`]). `local`: also return `turn.started` as written, for the
-    /// admitting replica's own watchers (as [`Store::append_step`]; empty when the prompt
-    /// queues or has attachments, whose names are added to its row after the append).
-    #[allow(clippy::too_many_arguments)]
+    /// out at once). `from`: the admitting replica and what it holds ([`Admission`]).
     pub async fn admit(
         &self,
         tenant_id: &str,
@@ -116,9 +142,8 @@ impl Store {
         prompt: &str,
         attachments: &[String],
         op: Option<&Receipt>,
-        replica: Option<&str>,
-        local: bool,
-    ) -> Result<(SessionSendResult, String, Vec<EventRecord>)> {
+        from: Option<&Admission<'_>>,
+    ) -> Result<Admitted> {
         let client = self.pool.get().await?;
         // `BEGIN` and the tenant switch go out with admission's first statements: one wait.
         let tx = crate::Begun::new(&client);
@@ -131,8 +156,7 @@ impl Store {
             attachments,
             None,
             op,
-            replica,
-            local,
+            from,
         )
         .await
     }
@@ -1047,26 +1071,49 @@ async fn diagnostic(
     Ok(())
 }
 
+/// What a turn handed out is run with ([`claimed`] reads them by position), from the turn
+/// `t`, its session `s` and the session's agent `a`.
+macro_rules! claimed_columns {
+    () => {
+        "t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
+         s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
+         s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params,
+         s.channel"
+    };
+}
+
+/// The model, provider and endpoint a turn of session `s` (with its agent `a`) is dispatched
+/// with, the default model being `$default`. The model resolves session > agent > tenant
+/// default; the agent's model comes with its provider (and without the session's endpoint).
+macro_rules! dispatch_values {
+    ($default:literal) => {
+        concat!(
+            "coalesce(s.model, a.model, ",
+            $default,
+            "),
+             CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN a.provider ELSE s.provider END,
+             CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN NULL ELSE s.base_url END"
+        )
+    };
+}
+
 /// Claim up to `$5` running turns not yet handed out in workspaces `$3` of tenant `$2` for
 /// connection `$1`, recording the model each is dispatched with (the session's, else `$4`,
 /// the default).
-const CLAIM_SQL: &str =
-    // The model resolves session > agent > tenant default; the agent's model comes with its
-    // provider (and without the session's endpoint). A fork never takes its agent's
-    // auto-approval (forks start narrowed).
-    "UPDATE turns t SET dispatched_to = $1, model = coalesce(s.model, a.model, $4),
-            provider = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN a.provider ELSE s.provider END,
-            base_url = CASE WHEN s.model IS NULL AND a.model IS NOT NULL THEN NULL ELSE s.base_url END
+const CLAIM_SQL: &str = concat!(
+    // A fork never takes its agent's auto-approval (forks start narrowed).
+    "UPDATE turns t SET (dispatched_to, model, provider, base_url) = ($1, ",
+    dispatch_values!("$4"),
+    ")
        FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id
       WHERE s.id = t.session_id AND t.dispatched_to IS NULL AND t.state = 'running'
         AND t.id IN (SELECT u.id FROM turns u JOIN sessions v ON v.id = u.session_id
                       WHERE v.tenant_id = $2 AND v.workspace_id = ANY($3) AND v.removed_at IS NULL
                         AND u.state = 'running' AND u.dispatched_to IS NULL
                       ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
-      RETURNING t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
-                s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
-                s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params,
-                s.channel";
+      RETURNING ",
+    claimed_columns!()
+);
 
 /// The turns a [`CLAIM_SQL`] returned, with their attachments, the tenant's skills and MCP
 /// servers (read together: one wait), and `commit` committed with those reads.
@@ -1083,30 +1130,56 @@ async fn claimed_turns(
         return Ok(Vec::new());
     }
     let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
-    // Prepared first (cached after the first claim on a connection), so that the reads go
-    // out, and run, before the `COMMIT` sent with them; a failing read fails the call, and
-    // the `COMMIT` then rolls the claim back.
-    tokio::try_join!(
-        tx.prepare_cached(crate::attachments::TURN_ATTACHMENTS_SQL),
-        tx.prepare_cached(crate::skills::TENANT_SKILLS_SQL),
-        tx.prepare_cached(crate::mcp::ENABLED_SERVERS_SQL),
-    )?;
+    // A failing read fails the call, and the `COMMIT` then rolls the claim back.
+    prepare_claim_reads(tx).await?;
     let commit = async {
         match commit {
             Some(c) => c.commit().await,
             None => Ok(()),
         }
     };
-    let (mut attachments, skills, mcp_servers, ()) = tokio::try_join!(
+    let (reads, ()) = tokio::try_join!(biased; claim_reads(tx, tenant_id, &turn_ids), commit)?;
+    Ok(claimed_from(tenant_id, &claimed, reads))
+}
+
+/// What every turn handed out is sent with besides its own settings.
+struct ClaimReads {
+    attachments: std::collections::HashMap<String, Vec<crate::attachments::StoredAttachment>>,
+    skills: Vec<berth_protocol::SkillInfo>,
+    mcp_servers: Vec<berth_protocol::McpServerRun>,
+}
+
+/// Prepares [`claim_reads`]'s statements (cached after the first use on a connection), so
+/// that they go out, and run, in order with what is sent beside them (a `COMMIT`).
+async fn prepare_claim_reads(tx: &impl GenericClient) -> Result<()> {
+    tokio::try_join!(
+        tx.prepare_cached(crate::attachments::TURN_ATTACHMENTS_SQL),
+        tx.prepare_cached(crate::skills::TENANT_SKILLS_SQL),
+        tx.prepare_cached(crate::mcp::ENABLED_SERVERS_SQL),
+    )?;
+    Ok(())
+}
+
+/// The attachments of `turn_ids`, the tenant's skills and MCP servers: three reads, all sent
+/// on the first poll ([`prepare_claim_reads`] first).
+async fn claim_reads(tx: &impl GenericClient, tenant_id: &str, turn_ids: &[String]) -> Result<ClaimReads> {
+    let (attachments, skills, mcp_servers) = tokio::try_join!(
         biased;
-        turn_attachments(tx, tenant_id, &turn_ids),
+        turn_attachments(tx, tenant_id, turn_ids),
         crate::skills::tenant_skills(tx, tenant_id),
         crate::mcp::enabled_servers(tx, tenant_id),
-        commit,
     )?;
-    // The settings only: the worker reads the conversation with `turn.history`.
-    Ok(claimed
-        .iter()
+    Ok(ClaimReads {
+        attachments,
+        skills,
+        mcp_servers,
+    })
+}
+
+/// The turns of `rows` ([`claimed_columns`]) as they go out in `turn.run`: the settings
+/// only, the worker reads the conversation with `turn.history`.
+fn claimed_from(tenant_id: &str, rows: &[tokio_postgres::Row], mut reads: ClaimReads) -> Vec<ClaimedTurn> {
+    rows.iter()
         .map(|c| ClaimedTurn {
             tenant_id: tenant_id.to_string(),
             provider: c.get(8),
@@ -1120,19 +1193,20 @@ async fn claimed_turns(
                 delegation_depth: c.get::<_, i32>(6).max(0) as u32,
                 coordinator: c.get(7),
                 agent: turn_agent(c),
-                skills: skills.clone(),
+                skills: reads.skills.clone(),
                 // Only a turn with tools uses them (and gets their secrets).
                 mcp_servers: if c.get::<_, bool>(4) {
                     Vec::new()
                 } else {
-                    mcp_servers.clone()
+                    reads.mcp_servers.clone()
                 },
                 // The API tier fills it from the turn's provider profile.
                 context_tokens: None,
                 channel: c.get(13),
                 // The API tier fills it from its configuration.
                 max_attachment_bytes: None,
-                attachments: attachments
+                attachments: reads
+                    .attachments
                     .remove(&c.get::<_, String>(0))
                     .unwrap_or_default()
                     .into_iter()
@@ -1140,7 +1214,7 @@ async fn claimed_turns(
                     .collect(),
             },
         })
-        .collect())
+        .collect()
 }
 
 /// Admit a prompt to a session (locked here): it starts at once when nothing runs, the
@@ -1164,11 +1238,38 @@ pub(crate) async fn admit(
         parent_turn,
         None,
         None,
-        false,
     )
     .await?
-    .0)
+    .result)
 }
+
+/// A turn admitted running: `$1` id, `$2` tenant, `$3` session, `$4` prompt, `$5` queue
+/// position, `$6` attachment ids, `$7` parent turn; the dispatch notice `$9` goes out on
+/// channel `$8` when `$10`.
+const ADMIT_RUNNING_SQL: &str =
+    "INSERT INTO turns (id, tenant_id, session_id, state, started_at, prompt, queue_position,
+                                    attachment_ids, parent_turn_id)
+                 SELECT $1, $2, $3, 'running', now(), $4, $5, $6, $7
+                   FROM (SELECT (SELECT pg_notify($8, $9) WHERE $10)) wake";
+
+/// [`ADMIT_RUNNING_SQL`] handed to worker connection `$11` at once (as [`CLAIM_SQL`] does,
+/// `$12` the default model) if its presence row is there (locked, see [`admit_in`]);
+/// returns [`claimed_columns`] and whether it was handed out.
+const ADMIT_HANDED_SQL: &str = concat!(
+    "WITH t AS (
+       INSERT INTO turns (id, tenant_id, session_id, state, started_at, prompt, queue_position,
+                          attachment_ids, parent_turn_id, dispatched_to, model, provider, base_url)
+       SELECT $1, $2, $3, 'running', now(), $4, $5, $6, $7,
+              (SELECT connection_id FROM worker_presence WHERE connection_id = $11 FOR KEY SHARE), ",
+    dispatch_values!("$12"),
+    "  FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id, (SELECT (SELECT pg_notify($8, $9) WHERE $10)) wake
+        WHERE s.id = $3
+       RETURNING *)
+     SELECT ",
+    claimed_columns!(),
+    ", t.dispatched_to IS NOT NULL
+       FROM t JOIN sessions s ON s.id = t.session_id LEFT JOIN agents a ON a.id = s.agent_id"
+);
 
 /// The session's live turns and the next queue position, read under its lock. The
 /// position is the last entry of `turns_session` (`ORDER BY … LIMIT 1`): the planner ran
@@ -1185,7 +1286,7 @@ const ADMIT_ACTIVE_SQL: &str = "SELECT
 /// attachments or receipt is committed with its writes (one wait less; a receipt is
 /// finished first, since a receipt this attempt no longer owns must roll the work back).
 /// Without it, the caller's transaction is left open. `op` is finished with the result in
-/// the same transaction. `replica`: see [`Store::admit`].
+/// the same transaction. `from`: see [`Store::admit`].
 #[allow(clippy::too_many_arguments)]
 async fn admit_in(
     tx: &impl GenericClient,
@@ -1196,9 +1297,9 @@ async fn admit_in(
     attachments: &[String],
     parent_turn: Option<&str>,
     op: Option<&Receipt>,
-    replica: Option<&str>,
-    local: bool,
-) -> Result<(SessionSendResult, String, Vec<EventRecord>)> {
+    from: Option<&Admission<'_>>,
+) -> Result<Admitted> {
+    let replica = from.map(|a| a.replica);
     // Also whether the dispatch notice is needed: a worker connection serving the
     // workspace is recorded on another replica than `replica` (`$3`; which kicks its own
     // once this returns), stale rows included, or `replica` is null.
@@ -1249,13 +1350,25 @@ async fn admit_in(
         // that it goes out, and runs, before the event that names the turn. The wake-up
         // goes out only when another replica may hold the worker (`wake_elsewhere`): it
         // wakes every replica's listener.
+        //
+        // When the admitting replica holds a connection serving the workspace, the insert
+        // also hands the turn to it (as a claim would), and what its `turn.run` needs is
+        // read with the writes: no claim transaction. The connection's presence row is
+        // locked (`FOR KEY SHARE`) so that a connection ending meanwhile either sees the turn
+        // when it interrupts its turns or has no row left, and then the turn goes in
+        // unassigned, for a claim.
+        let handout = from.and_then(|a| {
+            a.workers
+                .iter()
+                .find(|(_, workspaces)| workspaces.contains(&workspace_id))
+                .map(|(connection, _)| (*connection, a.default_model))
+        });
         let insert = tx
-            .prepare_cached(
-                "INSERT INTO turns (id, tenant_id, session_id, state, started_at, prompt, queue_position,
-                                    attachment_ids, parent_turn_id)
-                 SELECT $1, $2, $3, 'running', now(), $4, $5, $6, $7
-                   FROM (SELECT (SELECT pg_notify($8, $9) WHERE $10)) wake",
-            )
+            .prepare_cached(if handout.is_some() {
+                ADMIT_HANDED_SQL
+            } else {
+                ADMIT_RUNNING_SQL
+            })
             .await?;
         let rows = [NewRow::user(prompt)];
         let started = EventPayload::TurnStarted(Nothing {});
@@ -1270,32 +1383,57 @@ async fn admit_in(
         if commit_now.is_some() {
             tx.prepare_cached(crate::history::APPEND_SQL).await?;
         }
+        if handout.is_some() {
+            prepare_claim_reads(tx).await?;
+        }
         let commit_now = async {
             match commit_now {
                 Some(c) => c.commit().await,
                 None => Ok(()),
             }
         };
-        let (_, (seq, events), _, ()) = tokio::try_join!(
+        let (connection, default_model) = handout.unzip();
+        let default_model = default_model.flatten();
+        let common: [Param; 10] = [
+            &turn_id,
+            &tenant_id,
+            &session_id,
+            &prompt,
+            &position,
+            &attachments,
+            &parent_turn,
+            &CHANNEL_DISPATCH,
+            &wake,
+            &wake_elsewhere,
+        ];
+        let handed: [Param; 12] = [
+            common[0],
+            common[1],
+            common[2],
+            common[3],
+            common[4],
+            common[5],
+            common[6],
+            common[7],
+            common[8],
+            common[9],
+            &connection,
+            &default_model,
+        ];
+        // Attachments are read only for a prompt that has some.
+        let turn_ids = if attachments.is_empty() {
+            Vec::new()
+        } else {
+            vec![turn_id.clone()]
+        };
+        let (handed, (seq, events), _, reads, ()) = tokio::try_join!(
             biased;
             async {
-                tx.execute(
-                    &insert,
-                    &[
-                        &turn_id,
-                        &tenant_id,
-                        &session_id,
-                        &prompt,
-                        &position,
-                        &attachments,
-                        &parent_turn,
-                        &CHANNEL_DISPATCH,
-                        &wake,
-                        &wake_elsewhere,
-                    ],
-                )
-                .await
-                .map_err(StoreError::from)
+                if handout.is_some() {
+                    tx.query_opt(&insert, &handed).await.map_err(StoreError::from)
+                } else {
+                    tx.execute(&insert, &common).await.map(|_| None).map_err(StoreError::from)
+                }
             },
             crate::history::append_event_as_written(
                 tx,
@@ -1304,9 +1442,15 @@ async fn admit_in(
                 Some(&turn_id),
                 &started,
                 &rows,
-                local && attachments.is_empty(),
+                from.is_some_and(|a| a.watched) && attachments.is_empty(),
             ),
             finish(tx, op, &result),
+            async {
+                match handout {
+                    Some(_) => claim_reads(tx, tenant_id, &turn_ids).await.map(Some),
+                    None => Ok(None),
+                }
+            },
             commit_now,
         )?;
         if !attachments.is_empty() {
@@ -1315,7 +1459,22 @@ async fn admit_in(
         if let Some(c) = commit_after {
             c.commit().await?;
         }
-        return Ok((result, workspace_id, events));
+        // Handed out unless the connection's presence was gone (`claimed_columns` and
+        // whether it was assigned).
+        let handed = match (handed, reads, connection) {
+            (Some(row), Some(reads), Some(connection)) if row.get::<_, bool>(14) => {
+                claimed_from(tenant_id, &[row], reads)
+                    .pop()
+                    .map(|turn| (connection.to_string(), turn))
+            }
+            _ => None,
+        };
+        return Ok(Admitted {
+            result,
+            workspace_id,
+            events,
+            handed,
+        });
     }
     tx.ex(
         "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids, parent_turn_id)
@@ -1362,7 +1521,12 @@ async fn admit_in(
     if let Some(c) = commit {
         c.commit().await?;
     }
-    Ok((result, workspace_id, Vec::new()))
+    Ok(Admitted {
+        result,
+        workspace_id,
+        events: Vec::new(),
+        handed: None,
+    })
 }
 
 /// Wake the replica holding the session's workspace worker: turns may be handed out.

@@ -10,7 +10,7 @@ use berth_protocol::{
     SessionSendResult, SessionSetModelParams, SessionSnapshot, SessionSourceParams, SessionSourceResult,
     SessionStopParams, SessionWatchParams, TurnRef, TurnState, WatchState,
 };
-use berth_store::Partial;
+use berth_store::{Admission, Partial};
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -218,7 +218,17 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
     check_prompt(&p.prompt)?;
     // Local watchers get `turn.started` as written, without reading it back.
     let append = ctx.state.hub.appending(&p.session_id);
-    let (r, workspace_id, events) = ctx
+    // A turn that starts at once goes to a worker connection of this replica with the
+    // admission's own transaction, when one serves the session's workspace.
+    let reserved = ctx.state.workers.reserve(&me.tenant_id);
+    let workers: Vec<(&str, &[String])> = reserved.iter().map(|r| (r.connection_id(), r.workspaces())).collect();
+    let from = Admission {
+        replica: &ctx.state.config.replica_id,
+        watched: append.is_some(),
+        workers: &workers,
+        default_model: ctx.state.config.model.model.as_deref(),
+    };
+    let admitted = ctx
         .state
         .store
         .admit(
@@ -227,21 +237,26 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
             &p.prompt,
             &p.attachments,
             ctx.op.as_ref(),
-            Some(ctx.state.config.replica_id.as_str()),
-            append.is_some(),
+            Some(&from),
         )
         .await?;
+    let r = admitted.result;
     // Without events (a queued prompt) the watchers read what was written, woken by its
     // notice once the guard is gone.
-    if let Some(last) = events.last().map(|e| e.sequence) {
-        ctx.state.hub.committed(append, &p.session_id, events, last);
+    if let Some(last) = admitted.events.last().map(|e| e.sequence) {
+        ctx.state.hub.committed(append, &p.session_id, admitted.events, last);
     }
-    if r.state == TurnState::Running {
+    match admitted.handed {
+        Some((connection, turn)) => ctx.state.workers.hand_out(reserved, &connection, turn).await,
         // When this replica holds the workspace's worker, hand the turn out now rather than
         // when this replica hears its own `NOTIFY berth_dispatch` back. The notification
         // names this replica, which skips it (a second, empty claim); other replicas still
         // kick on it.
-        ctx.state.workers.kick(&workspace_id);
+        None if r.state == TurnState::Running => {
+            drop(reserved);
+            ctx.state.workers.kick(&admitted.workspace_id);
+        }
+        None => {}
     }
     tracing::info!(turn.id = %r.turn_id, state = r.state.as_str(), "turn admitted");
     Ok(r)

@@ -9,6 +9,7 @@ use std::{
 };
 
 use berth_protocol::{jsonrpc::Request, worker as wp};
+use berth_store::ClaimedTurn;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -85,7 +86,6 @@ async fn beat(conn: &Conn, last: &mut Instant, lost: &CancellationToken) -> bool
 /// each. False: the claim failed (it is retried).
 async fn claim(conn: &Arc<Conn>) -> bool {
     let state = &conn.state;
-    let room = state.config.limits.worker_max_turns.saturating_sub(conn.turn_count());
     let claimed = match state
         .store
         .claim_turns(
@@ -93,7 +93,7 @@ async fn claim(conn: &Arc<Conn>) -> bool {
             &conn.principal.tenant_id,
             &conn.workspaces,
             state.config.model.model.as_deref(),
-            room,
+            conn.room(),
         )
         .await
     {
@@ -103,26 +103,34 @@ async fn claim(conn: &Arc<Conn>) -> bool {
             return false;
         }
     };
-    for mut c in claimed {
-        c.run.context_tokens = crate::compaction::context_window(state, c.provider.as_deref(), c.run.model.as_deref());
-        if c.run.channel.is_some() {
-            c.run.max_attachment_bytes = Some(state.config.max_attachment_bytes as u64);
-        }
-        tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, "turn handed to worker");
-        // Registered before `turn.run` goes out, so the worker's first message finds it.
-        let handle = turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id);
-        conn.turns
-            .lock()
-            .expect("turns lock")
-            .insert(c.run.turn_id.clone(), handle);
-        let run = match serde_json::to_value(&c.run) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::error!(error = %e, "encoding turn.run failed");
-                continue;
-            }
-        };
-        conn.send(text_msg(&Request::notification(wp::TURN_RUN, run))).await;
+    for c in claimed {
+        hand_out(conn, c, "claim").await;
     }
     true
+}
+
+/// Send `turn.run` for a turn handed to this connection (`via`: the claim or the
+/// admission, for the metric), its turn task registered first.
+pub(super) async fn hand_out(conn: &Arc<Conn>, mut c: ClaimedTurn, via: &str) {
+    let state = &conn.state;
+    c.run.context_tokens = crate::compaction::context_window(state, c.provider.as_deref(), c.run.model.as_deref());
+    if c.run.channel.is_some() {
+        c.run.max_attachment_bytes = Some(state.config.max_attachment_bytes as u64);
+    }
+    state.metrics.turns_handed.with_label_values(&[via]).inc();
+    tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, via, "turn handed to worker");
+    // Registered before `turn.run` goes out, so the worker's first message finds it.
+    let handle = turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id);
+    conn.turns
+        .lock()
+        .expect("turns lock")
+        .insert(c.run.turn_id.clone(), handle);
+    let run = match serde_json::to_value(&c.run) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(error = %e, "encoding turn.run failed");
+            return;
+        }
+    };
+    conn.send(text_msg(&Request::notification(wp::TURN_RUN, run))).await;
 }

@@ -52,6 +52,7 @@ pub(super) async fn serve(
         out: out.clone(),
         turns: Mutex::new(HashMap::new()),
         writes: Arc::new(Semaphore::new(state.config.limits.worker_max_writes.max(1))),
+        reserved: Default::default(),
         closing: CancellationToken::new(),
         calls: super::calls::CallTable::new(out.clone()),
     });
@@ -65,6 +66,7 @@ pub(super) async fn serve(
             calls: conn.calls.clone(),
             kick: kick.clone(),
             stop: stop_tx,
+            conn: Arc::downgrade(&conn),
         },
     );
     kick.notify_one();

@@ -10,7 +10,11 @@
 //! (turns left unclaimed for lack of room are this connection's business). `session.send`
 //! kicks this replica's connections itself and names itself in the payload
 //! ([`berth_store::dispatch_payload`]), so that it does not claim again when its own
-//! notification comes back.
+//! notification comes back. When this replica holds a connection serving the session's
+//! workspace with room, and no other admission is handing a turn to it, the admission's
+//! own transaction hands the turn out ([`Registry::reserve`], [`berth_store::Admission`]):
+//! a turn sent alone skips the claim's transaction, while a burst of admissions is still
+//! handed out by claims of many turns each.
 //!
 //! One connection carries many turns, and they must not wait for each other: the reader
 //! routes each message to its turn's own task (an ordered queue, so a turn's messages keep
@@ -33,7 +37,10 @@ mod usage;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex, Weak,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use axum::{
@@ -70,6 +77,32 @@ struct LocalWorker {
     kick: Arc<Notify>,
     /// Turns to stop (cancelled by a client on any replica).
     stop: mpsc::UnboundedSender<String>,
+    /// The connection, for turns handed to it at admission.
+    conn: Weak<Conn>,
+}
+
+/// A slot held on a worker connection of this replica for a turn being admitted here
+/// ([`Registry::reserve`]); freed when dropped.
+pub struct Reservation {
+    conn: Arc<Conn>,
+    used: bool,
+}
+
+impl Reservation {
+    pub fn connection_id(&self) -> &str {
+        &self.conn.connection_id
+    }
+
+    /// The workspaces the connection serves.
+    pub fn workspaces(&self) -> &[String] {
+        &self.conn.workspaces
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.conn.unreserve(!self.used);
+    }
 }
 
 impl Registry {
@@ -87,6 +120,32 @@ impl Registry {
     /// is given back, to be metered in the database.
     pub fn meter(&self, turn_id: &str, m: berth_store::Metered) -> Result<(), berth_store::Metered> {
         self.metered.offer(turn_id, m)
+    }
+
+    /// A slot on each connection of `tenant_id` this replica holds that has room for one
+    /// more turn: `session.send` passes them to the admission, which hands a turn that
+    /// starts at once to the one serving its workspace ([`berth_store::Admission`]).
+    pub fn reserve(&self, tenant_id: &str) -> Vec<Reservation> {
+        let conns = self.conns.lock().expect("registry lock");
+        conns
+            .values()
+            .filter(|w| w.tenant_id == tenant_id)
+            .filter_map(|w| w.conn.upgrade())
+            .filter(|conn| conn.reserve())
+            .map(|conn| Reservation { conn, used: false })
+            .collect()
+    }
+
+    /// Send out `turn`, handed at admission to the connection `connection_id` of
+    /// `reserved`, in that connection's slot; the other slots are freed.
+    pub async fn hand_out(&self, reserved: Vec<Reservation>, connection_id: &str, turn: berth_store::ClaimedTurn) {
+        let Some(mut slot) = reserved.into_iter().find(|r| r.connection_id() == connection_id) else {
+            // Not reserved here: the admission only hands out to connections passed to it.
+            tracing::error!(worker.connection = %connection_id, "turn handed to a connection not reserved");
+            return;
+        };
+        slot.used = true;
+        claim::hand_out(&slot.conn, turn, "admission").await;
     }
 
     /// Wake the connections serving `workspace_id` to claim turns.
@@ -160,6 +219,9 @@ struct Conn {
     turns: Mutex<HashMap<String, turn::TurnHandle>>,
     /// Database writes in flight for this connection's turns.
     writes: Arc<Semaphore>,
+    /// Slots held for turns being admitted on this replica ([`Reservation`]), counted
+    /// against the bound with `turns` (and changed under its lock).
+    reserved: AtomicUsize,
     /// Cancelled when the connection ends: turn tasks and the claimer stop.
     closing: tokio_util::sync::CancellationToken,
     /// Worker calls (git, files) in progress.
@@ -179,8 +241,41 @@ impl Conn {
         (own, replica)
     }
 
-    fn turn_count(&self) -> usize {
-        self.turns.lock().expect("turns lock").len()
+    /// How many more turns may be handed to this connection.
+    fn room(&self) -> usize {
+        let turns = self.turns.lock().expect("turns lock");
+        let max = self.state.config.limits.worker_max_turns;
+        max.saturating_sub(turns.len() + self.reserved.load(Ordering::Relaxed))
+    }
+
+    /// Hold a slot for a turn being admitted. False: the connection is full or closing, or
+    /// another admission holds one: in a burst the claim hands the turns out together (one
+    /// transaction for many), while a turn admitted alone goes out with its admission.
+    fn reserve(&self) -> bool {
+        let turns = self.turns.lock().expect("turns lock");
+        let max = self.state.config.limits.worker_max_turns;
+        let reserved = self.reserved.load(Ordering::Relaxed);
+        if self.closing.is_cancelled() || reserved > 0 || turns.len() >= max {
+            return false;
+        }
+        self.reserved.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Free a slot held by [`Conn::reserve`]. One left `unused` on a full connection may
+    /// have kept a claim from handing out a waiting turn: the claimer runs again.
+    fn unreserve(&self, unused: bool) {
+        let full = {
+            let turns = self.turns.lock().expect("turns lock");
+            let full = turns.len() + self.reserved.load(Ordering::Relaxed) >= self.state.config.limits.worker_max_turns;
+            self.reserved.fetch_sub(1, Ordering::Relaxed);
+            full
+        };
+        if unused && full {
+            for workspace in &self.workspaces {
+                self.state.workers.kick(workspace);
+            }
+        }
     }
 
     /// The turn leaves this connection (ended or stopped). If that frees a slot of a full
