@@ -667,6 +667,43 @@ async fn answer(
     }
 }
 
+/// A patch whose capture a turn of its session started during (its worker may have changed
+/// the workspace meanwhile) is refused `turn-busy` and not recorded: storing the patch
+/// checks again, under the session's lock, that no turn started since the capture was let
+/// begin.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_patch_captured_while_a_turn_started_is_not_recorded() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let (mut ws, workspace, _) = raw_worker(&stack, "patch-host").await;
+    let mut c = stack.client(0).await;
+    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut snapper = stack.client(0).await;
+    let params = json!({"sessionId": sid, "operationId": "snap-race"});
+    let snapshot = tokio::spawn(async move { snapper.call("patch.snapshot", params).await });
+    let call = loop {
+        let v = next_json(&mut ws).await;
+        if v["method"] == "call" && v["params"]["method"] == "patch.snapshot" {
+            break v;
+        }
+    };
+    // While the worker captures, a turn of the session starts and is handed to it.
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "change things"}))
+        .await;
+    while next_json(&mut ws).await["method"] != "turn.run" {}
+    let captured = json!({"jsonrpc": "2.0", "id": call["id"], "result": {"files": 0}});
+    ws.send(Message::Text(captured.to_string().into())).await.unwrap();
+    let refused = snapshot.await.unwrap().expect_err("the patch is refused");
+    assert_eq!(berth_e2e::client::code(&refused), "turn-busy");
+    let patches = "SELECT count(*) FROM patches WHERE session_id = $1";
+    assert_eq!(stack.sql_i64(patches, &sid).await, 0, "no patch recorded");
+}
+
 /// Issue 8: the last step travels in `turn.end` and is stored with `turn.ended` in one
 /// transaction. When the end cannot be stored, neither is the step (no answer without its
 /// end); the retried end stores both, the step's event right before the end.

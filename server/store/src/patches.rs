@@ -16,6 +16,8 @@ pub struct NewPatch {
     /// Lowercase hex SHA-256.
     pub sha256: String,
     pub object_key: String,
+    /// The session's last sequence when the capture was allowed ([`Store::patch_ready`]).
+    pub ready_at: i64,
 }
 
 const PATCH_SELECT: &str =
@@ -40,19 +42,18 @@ fn patch_from_row(r: &tokio_postgres::Row) -> (PatchInfo, String) {
 impl Store {
     /// Whether a patch of `session_id` may be captured now: the session is live, and the
     /// named turn is one of its turns and settled (`turn-busy` while queued or running);
-    /// without a turn, no turn of the session runs (its writers have settled).
-    pub async fn patch_ready(&self, tenant_id: &str, session_id: &str, turn_id: Option<&str>) -> Result<()> {
+    /// without a turn, no turn of the session runs (its writers have settled). Returns the
+    /// session's last sequence, for [`NewPatch::ready_at`].
+    pub async fn patch_ready(&self, tenant_id: &str, session_id: &str, turn_id: Option<&str>) -> Result<i64> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let live = tx
             .qo(
-                "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+                "SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
                 &[&session_id, &tenant_id],
             )
             .await?;
-        if live.is_none() {
-            return not_found();
-        }
+        let Some(live) = live else { return not_found() };
         let busy = match turn_id {
             Some(turn) => {
                 let state: Option<String> = tx
@@ -79,21 +80,43 @@ impl Store {
         if busy {
             return Err(StoreError::Code(ErrorCode::TurnBusy));
         }
-        Ok(())
+        Ok(live.get(0))
     }
 
     /// Record a captured patch of a live session; marks the operation's receipt done in the
-    /// same transaction, so the patch exists exactly when its receipt does.
+    /// same transaction, so the patch exists exactly when its receipt does. `turn-busy` when
+    /// a turn of the session started after [`NewPatch::ready_at`] (during the capture).
     pub async fn insert_patch(&self, tenant_id: &str, p: &NewPatch, op: Option<&Receipt>) -> Result<PatchInfo> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let files = i32::try_from(p.files).unwrap_or(i32::MAX);
         let bytes = i64::try_from(p.bytes).unwrap_or(i64::MAX);
-        let row = tx
+        // The session is locked first (`FOR KEY SHARE`: a turn's admission waits for it, a
+        // step does not), so that the next statement's snapshot holds every turn started
+        // before: one that started since `patch_ready` may have changed the workspace while
+        // it was captured, and the patch would mix its changes in.
+        let live = tx
             .qo(
+                "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR KEY SHARE",
+                &[&p.session_id, &tenant_id],
+            )
+            .await?;
+        if live.is_none() {
+            return not_found();
+        }
+        let started = tx
+            .qo(
+                "SELECT 1 FROM events WHERE session_id = $1 AND sequence > $2 AND type = 'turn.started' LIMIT 1",
+                &[&p.session_id, &p.ready_at],
+            )
+            .await?;
+        if started.is_some() {
+            return Err(StoreError::Code(ErrorCode::TurnBusy));
+        }
+        let row = tx
+            .q1(
                 "INSERT INTO patches (id, tenant_id, session_id, turn_id, base, files, bytes, sha256, object_key)
-                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 FROM sessions
-                  WHERE id = $3 AND tenant_id = $2 AND removed_at IS NULL FOR KEY SHARE
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
                  RETURNING id, session_id, turn_id, base, files, bytes, sha256, created_at, object_key",
                 &[
                     &p.id,
@@ -108,7 +131,6 @@ impl Store {
                 ],
             )
             .await?;
-        let Some(row) = row else { return not_found() };
         let (info, _) = patch_from_row(&row);
         finish(&tx, op, &info).await?;
         tx.commit().await?;

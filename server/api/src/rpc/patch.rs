@@ -37,7 +37,7 @@ fn malformed(what: &str) -> ApiError {
 pub async fn snapshot(ctx: Ctx, p: PatchSnapshotParams) -> ApiResult<PatchInfo> {
     let me = ctx.principal()?;
     let store = &ctx.state.store;
-    store
+    let ready_at = store
         .patch_ready(&me.tenant_id, &p.session_id, p.turn_id.as_deref())
         .await?;
     let params = json!({"sessionId": p.session_id});
@@ -78,6 +78,7 @@ pub async fn snapshot(ctx: Ctx, p: PatchSnapshotParams) -> ApiResult<PatchInfo> 
         files: captured.files,
         bytes: data.len() as u64,
         sha256,
+        ready_at,
     };
     let blobs = &ctx.state.blobs;
     if let Err(e) = blobs.put(&patch.object_key, data).await {
