@@ -523,3 +523,33 @@ async fn tenant_stdio_servers_run_in_the_workspace_and_the_workers_own_file_wins
     let worker_log = std::fs::read_to_string(&stack.worker.as_ref().unwrap().log).unwrap();
     assert!(!worker_log.contains("env-s3cret"));
 }
+
+/// A tenant MCP server whose stored definition cannot be read is left out of the turn (and
+/// logged) rather than failing its hand-out: the turn's settings are read with the commit
+/// that hands it to the worker, so an error there would leave a turn running that no worker
+/// was told about (and `session.send` answered with an error).
+#[tokio::test]
+async fn an_unreadable_stored_mcp_server_is_left_out_and_the_turn_runs() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let stdio = json!({"kind": "stdio", "command": SERVER, "env": {}});
+    c.ok("mcp.save", json!({"name": "broken", "transport": stdio})).await;
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    db.execute("UPDATE mcp_servers SET transport = '\"not a transport\"'::jsonb", &[])
+        .await
+        .unwrap();
+    for round in 0..2 {
+        let (sid, mut watch) = session(&stack, &mut c).await;
+        mock.push(Reply::text(&["Still here."]));
+        c.ok("session.send", json!({"sessionId": sid, "prompt": "Hello"})).await;
+        let events = watch.until(30, is_turn_end).await.expect("the turn ends");
+        assert_eq!(
+            events.last().unwrap()["state"],
+            "completed",
+            "round {round}: {events:?}"
+        );
+        let tools = offered(&mock, round);
+        assert!(!tools.iter().any(|t| t.starts_with("mcp__broken__")), "{tools:?}");
+    }
+}

@@ -32,21 +32,29 @@ fn server_from(r: &tokio_postgres::Row) -> Result<McpServer> {
     })
 }
 
-/// The tenant's enabled servers with their values, for a turn being handed out.
 /// The tenant's enabled MCP servers, by name.
 pub(crate) const ENABLED_SERVERS_SQL: &str =
     "SELECT name, transport FROM mcp_servers WHERE tenant_id = $1 AND enabled ORDER BY name";
 
+/// The tenant's enabled servers with their values, for a turn being handed out. A server
+/// whose stored transport cannot be read is left out (and logged), not an error:
+/// this runs with the `COMMIT` of the turn's hand-out, which must not fail after the
+/// commit went through.
 pub(crate) async fn enabled_servers(tx: &impl GenericClient, tenant_id: &str) -> Result<Vec<McpServerRun>> {
     let rows = tx.qa(ENABLED_SERVERS_SQL, &[&tenant_id]).await?;
-    rows.iter()
-        .map(|r| {
-            Ok(McpServerRun {
+    Ok(rows
+        .iter()
+        .filter_map(|r| match transport(r, 1) {
+            Ok(transport) => Some(McpServerRun {
                 name: r.get(0),
-                transport: transport(r, 1)?,
-            })
+                transport,
+            }),
+            Err(e) => {
+                tracing::warn!(mcp.server = %r.get::<_, String>(0), error = %e, "MCP server left out of the turn");
+                None
+            }
         })
-        .collect()
+        .collect())
 }
 
 impl Store {

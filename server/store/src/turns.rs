@@ -1260,7 +1260,7 @@ const ADMIT_HANDED_SQL: &str = concat!(
        INSERT INTO turns (id, tenant_id, session_id, state, started_at, prompt, queue_position,
                           attachment_ids, parent_turn_id, dispatched_to, model, provider, base_url)
        SELECT $1, $2, $3, 'running', now(), $4, $5, $6, $7,
-              (SELECT connection_id FROM worker_presence WHERE connection_id = $11 FOR KEY SHARE), ",
+              (SELECT connection_id FROM worker_presence WHERE connection_id = $11 AND tenant_id = $2 FOR KEY SHARE), ",
     dispatch_values!("$12"),
     "  FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id, (SELECT (SELECT pg_notify($8, $9) WHERE $10)) wake
         WHERE s.id = $3

@@ -13,7 +13,7 @@ use berth_store::ClaimedTurn;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{Conn, text_msg, turn};
+use super::{Conn, Reservation, text_msg, turn};
 
 /// How often claims are retried without a wake-up (a missed NOTIFY, a failed claim).
 const SAFETY: Duration = Duration::from_secs(5);
@@ -86,32 +86,35 @@ async fn beat(conn: &Conn, last: &mut Instant, lost: &CancellationToken) -> bool
 /// each. False: the claim failed (it is retried).
 async fn claim(conn: &Arc<Conn>) -> bool {
     let state = &conn.state;
-    let claimed = match state
+    let claimed = state
         .store
         .claim_turns(
             &conn.connection_id,
             &conn.principal.tenant_id,
             &conn.workspaces,
             state.config.model.model.as_deref(),
-            conn.room(),
+            conn.begin_claim(),
         )
-        .await
-    {
+        .await;
+    let claimed = match claimed {
         Ok(c) => c,
         Err(e) => {
+            conn.end_claim();
             tracing::warn!(worker.connection = %conn.connection_id, error = ?e, "claiming turns failed; retrying");
             return false;
         }
     };
     for c in claimed {
-        hand_out(conn, c, "claim").await;
+        hand_out(conn, c, None).await;
     }
+    conn.end_claim();
     true
 }
 
-/// Send `turn.run` for a turn handed to this connection (`via`: the claim or the
-/// admission, for the metric), its turn task registered first.
-pub(super) async fn hand_out(conn: &Arc<Conn>, mut c: ClaimedTurn, via: &str) {
+/// Send `turn.run` for a turn handed to this connection, by a claim or (in its reserved
+/// `slot`) by its admission, its turn task registered first.
+pub(super) async fn hand_out(conn: &Arc<Conn>, mut c: ClaimedTurn, slot: Option<Reservation>) {
+    let via = if slot.is_some() { "admission" } else { "claim" };
     let state = &conn.state;
     c.run.context_tokens = crate::compaction::context_window(state, c.provider.as_deref(), c.run.model.as_deref());
     if c.run.channel.is_some() {
@@ -119,12 +122,8 @@ pub(super) async fn hand_out(conn: &Arc<Conn>, mut c: ClaimedTurn, via: &str) {
     }
     state.metrics.turns_handed.with_label_values(&[via]).inc();
     tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, via, "turn handed to worker");
-    // Registered before `turn.run` goes out, so the worker's first message finds it.
     let handle = turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id);
-    conn.turns
-        .lock()
-        .expect("turns lock")
-        .insert(c.run.turn_id.clone(), handle);
+    conn.register(&c.run.turn_id, handle, slot);
     let run = match serde_json::to_value(&c.run) {
         Ok(v) => v,
         Err(e) => {

@@ -1,11 +1,7 @@
 //! The per-connection loop: `worker.hello`, then the reader routes each message to its
 //! turn's task while pings, stops, shutdown and revocation are watched; cleanup afterwards.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use axum::extract::ws::{Message, WebSocket};
 use berth_protocol::{
@@ -50,9 +46,8 @@ pub(super) async fn serve(
         connection_id: connection_id.clone(),
         workspaces: ids,
         out: out.clone(),
-        turns: Mutex::new(HashMap::new()),
+        turns: Default::default(),
         writes: Arc::new(Semaphore::new(state.config.limits.worker_max_writes.max(1))),
-        reserved: Default::default(),
         closing: CancellationToken::new(),
         calls: super::calls::CallTable::new(out.clone()),
     });
@@ -273,12 +268,7 @@ async fn route(conn: &Arc<Conn>, text: &str) {
     let turn_id = req.params.get("turnId").and_then(|t| t.as_str()).map(str::to_string);
     let code = match turn_id {
         Some(turn_id) => {
-            let queue = conn
-                .turns
-                .lock()
-                .expect("turns lock")
-                .get(&turn_id)
-                .map(|h| h.queue.clone());
+            let queue = conn.turn_queue(&turn_id);
             let Some(queue) = queue else {
                 // Settled or stopped already (or never handed here): nothing to write.
                 return reply_err(conn, req, ErrorCode::TurnNotRunning).await;

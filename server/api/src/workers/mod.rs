@@ -37,10 +37,7 @@ mod usage;
 
 use std::{
     collections::HashMap,
-    sync::{
-        Arc, Mutex, Weak,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::{Arc, Mutex, Weak},
 };
 
 use axum::{
@@ -82,10 +79,10 @@ struct LocalWorker {
 }
 
 /// A slot held on a worker connection of this replica for a turn being admitted here
-/// ([`Registry::reserve`]); freed when dropped.
+/// ([`Registry::reserve`]); freed when dropped unless a turn took it ([`Conn::register`]).
 pub struct Reservation {
     conn: Arc<Conn>,
-    used: bool,
+    filled: bool,
 }
 
 impl Reservation {
@@ -101,7 +98,28 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.conn.unreserve(!self.used);
+        if !self.filled {
+            self.conn.unreserve();
+        }
+    }
+}
+
+/// The turns handed to a connection and the slots held for more: under one lock, so that
+/// the bound (`BERTH_WORKER_MAX_TURNS`) counts them together.
+#[derive(Default)]
+struct Handed {
+    /// Each turn's queue.
+    turns: HashMap<String, turn::TurnHandle>,
+    /// Slots held for turns being admitted on this replica ([`Reservation`]).
+    reserved: usize,
+    /// A claim is in flight: it may fill all the room it saw, so no slot is reserved
+    /// meanwhile.
+    claiming: bool,
+}
+
+impl Handed {
+    fn used(&self) -> usize {
+        self.turns.len() + self.reserved
     }
 }
 
@@ -132,20 +150,20 @@ impl Registry {
             .filter(|w| w.tenant_id == tenant_id)
             .filter_map(|w| w.conn.upgrade())
             .filter(|conn| conn.reserve())
-            .map(|conn| Reservation { conn, used: false })
+            .map(|conn| Reservation { conn, filled: false })
             .collect()
     }
 
     /// Send out `turn`, handed at admission to the connection `connection_id` of
     /// `reserved`, in that connection's slot; the other slots are freed.
     pub async fn hand_out(&self, reserved: Vec<Reservation>, connection_id: &str, turn: berth_store::ClaimedTurn) {
-        let Some(mut slot) = reserved.into_iter().find(|r| r.connection_id() == connection_id) else {
+        let Some(slot) = reserved.into_iter().find(|r| r.connection_id() == connection_id) else {
             // Not reserved here: the admission only hands out to connections passed to it.
             tracing::error!(worker.connection = %connection_id, "turn handed to a connection not reserved");
             return;
         };
-        slot.used = true;
-        claim::hand_out(&slot.conn, turn, "admission").await;
+        let conn = slot.conn.clone();
+        claim::hand_out(&conn, turn, Some(slot)).await;
     }
 
     /// Wake the connections serving `workspace_id` to claim turns.
@@ -215,13 +233,10 @@ struct Conn {
     workspaces: Vec<String>,
     /// Messages to the worker (the writer task owns the socket).
     out: mpsc::Sender<Message>,
-    /// Turns handed to this connection: the queue of each one's task.
-    turns: Mutex<HashMap<String, turn::TurnHandle>>,
+    /// Turns handed to this connection (the queue of each one's task), and slots held.
+    turns: Mutex<Handed>,
     /// Database writes in flight for this connection's turns.
     writes: Arc<Semaphore>,
-    /// Slots held for turns being admitted on this replica ([`Reservation`]), counted
-    /// against the bound with `turns` (and changed under its lock).
-    reserved: AtomicUsize,
     /// Cancelled when the connection ends: turn tasks and the claimer stop.
     closing: tokio_util::sync::CancellationToken,
     /// Worker calls (git, files) in progress.
@@ -241,41 +256,67 @@ impl Conn {
         (own, replica)
     }
 
-    /// How many more turns may be handed to this connection.
-    fn room(&self) -> usize {
-        let turns = self.turns.lock().expect("turns lock");
-        let max = self.state.config.limits.worker_max_turns;
-        max.saturating_sub(turns.len() + self.reserved.load(Ordering::Relaxed))
+    fn handed(&self) -> std::sync::MutexGuard<'_, Handed> {
+        self.turns.lock().expect("turns lock")
     }
 
-    /// Hold a slot for a turn being admitted. False: the connection is full or closing, or
-    /// another admission holds one: in a burst the claim hands the turns out together (one
-    /// transaction for many), while a turn admitted alone goes out with its admission.
+    fn max_turns(&self) -> usize {
+        self.state.config.limits.worker_max_turns
+    }
+
+    /// A claim begins: how many more turns it may hand to this connection. Until
+    /// [`Conn::end_claim`], no slot is reserved (the claim may fill all the room).
+    fn begin_claim(&self) -> usize {
+        let mut handed = self.handed();
+        handed.claiming = true;
+        self.max_turns().saturating_sub(handed.used())
+    }
+
+    fn end_claim(&self) {
+        self.handed().claiming = false;
+    }
+
+    /// Hold a slot for a turn being admitted. False: the connection is full or closing, a
+    /// claim is in flight, or another admission holds a slot: in a burst the claim hands the
+    /// turns out together (one transaction for many), while a turn admitted alone goes out
+    /// with its admission.
     fn reserve(&self) -> bool {
-        let turns = self.turns.lock().expect("turns lock");
-        let max = self.state.config.limits.worker_max_turns;
-        let reserved = self.reserved.load(Ordering::Relaxed);
-        if self.closing.is_cancelled() || reserved > 0 || turns.len() >= max {
+        let mut handed = self.handed();
+        if self.closing.is_cancelled() || handed.claiming || handed.reserved > 0 || handed.used() >= self.max_turns() {
             return false;
         }
-        self.reserved.fetch_add(1, Ordering::Relaxed);
+        handed.reserved += 1;
         true
     }
 
-    /// Free a slot held by [`Conn::reserve`]. One left `unused` on a full connection may
-    /// have kept a claim from handing out a waiting turn: the claimer runs again.
-    fn unreserve(&self, unused: bool) {
+    /// Free a slot no turn took. On a full connection it may have kept a claim from
+    /// handing out a waiting turn: the claimer runs again.
+    fn unreserve(&self) {
         let full = {
-            let turns = self.turns.lock().expect("turns lock");
-            let full = turns.len() + self.reserved.load(Ordering::Relaxed) >= self.state.config.limits.worker_max_turns;
-            self.reserved.fetch_sub(1, Ordering::Relaxed);
+            let mut handed = self.handed();
+            let full = handed.used() >= self.max_turns();
+            handed.reserved -= 1;
             full
         };
-        if unused && full {
-            for workspace in &self.workspaces {
-                self.state.workers.kick(workspace);
-            }
+        if full {
+            self.kick_claims();
         }
+    }
+
+    /// Register a turn handed to this connection (before its `turn.run` goes out, so that
+    /// the worker's first message finds it), in the reserved `slot` if it has one.
+    fn register(&self, turn_id: &str, handle: turn::TurnHandle, slot: Option<Reservation>) {
+        let mut handed = self.handed();
+        handed.turns.insert(turn_id.to_string(), handle);
+        if let Some(mut slot) = slot {
+            handed.reserved -= 1;
+            slot.filled = true;
+        }
+    }
+
+    /// The queue of a turn handed to this connection.
+    fn turn_queue(&self, turn_id: &str) -> Option<mpsc::Sender<berth_protocol::jsonrpc::Request>> {
+        self.handed().turns.get(turn_id).map(|h| h.queue.clone())
     }
 
     /// The turn leaves this connection (ended or stopped). If that frees a slot of a full
@@ -283,16 +324,20 @@ impl Conn {
     /// full may be handed out now, and the NOTIFY that woke a claim may have come first.
     fn release_turn(&self, turn_id: &str) -> Option<turn::TurnHandle> {
         let (handle, full) = {
-            let mut turns = self.turns.lock().expect("turns lock");
-            let full = turns.len() >= self.state.config.limits.worker_max_turns;
-            (turns.remove(turn_id), full)
+            let mut handed = self.handed();
+            let full = handed.used() >= self.max_turns();
+            (handed.turns.remove(turn_id), full)
         };
         if full && handle.is_some() {
-            for workspace in &self.workspaces {
-                self.state.workers.kick(workspace);
-            }
+            self.kick_claims();
         }
         handle
+    }
+
+    fn kick_claims(&self) {
+        for workspace in &self.workspaces {
+            self.state.workers.kick(workspace);
+        }
     }
 }
 
