@@ -748,6 +748,12 @@ impl Store {
     /// The worker connection is gone: its presence row is deleted and its running turns end
     /// `interrupted` (never retried). A turn that cannot be settled now is left to the sweep,
     /// which interrupts every running turn whose connection has no live presence.
+    ///
+    /// The delete and the read of the turns stay two statements (each autocommit): an
+    /// admission handing a turn to this connection holds its presence row (`FOR KEY
+    /// SHARE`), so the delete waits for that admission's commit, and the read's snapshot,
+    /// taken after the delete, then holds the turn. One statement or one snapshot for both
+    /// would miss it (the same holds for the sweep and [`Store::abandon_connection`]).
     pub async fn interrupt_connection(&self, connection_id: &str) -> Result<Vec<String>> {
         let client = self.pool.get().await?;
         client
@@ -1406,20 +1412,11 @@ async fn admit_in(
             &wake,
             &wake_elsewhere,
         ];
-        let handed: [Param; 12] = [
-            common[0],
-            common[1],
-            common[2],
-            common[3],
-            common[4],
-            common[5],
-            common[6],
-            common[7],
-            common[8],
-            common[9],
-            &connection,
-            &default_model,
-        ];
+        let handed: Vec<Param> = common
+            .iter()
+            .copied()
+            .chain([&connection as Param, &default_model as Param])
+            .collect();
         // Attachments are read only for a prompt that has some.
         let turn_ids = if attachments.is_empty() {
             Vec::new()
