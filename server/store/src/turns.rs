@@ -1077,7 +1077,7 @@ async fn diagnostic(
     Ok(())
 }
 
-/// What a turn handed out is run with ([`claimed`] reads them by position), from the turn
+/// What a turn handed out is run with ([`claimed_from`] reads them by position), from the turn
 /// `t`, its session `s` and the session's agent `a`.
 macro_rules! claimed_columns {
     () => {
@@ -1343,6 +1343,16 @@ async fn admit_in(
     }
     check_attachment_ids(tx, tenant_id, attachments).await?;
     let turn_id = token::new_id("trn");
+    // The new turn's row, running or queued.
+    let turn_values: [Param; 7] = [
+        &turn_id,
+        &tenant_id,
+        &session_id,
+        &prompt,
+        &position,
+        &attachments,
+        &parent_turn,
+    ];
     if !busy && !paused && online {
         let result = SessionSendResult {
             turn_id: turn_id.clone(),
@@ -1363,14 +1373,15 @@ async fn admit_in(
         // locked (`FOR KEY SHARE`) so that a connection ending meanwhile either sees the turn
         // when it interrupts its turns or has no row left, and then the turn goes in
         // unassigned, for a claim.
-        let handout = from.and_then(|a| {
+        let connection = from.and_then(|a| {
             a.workers
                 .iter()
                 .find(|(_, workspaces)| workspaces.contains(&workspace_id))
-                .map(|(connection, _)| (*connection, a.default_model))
+                .map(|(connection, _)| *connection)
         });
+        let default_model = from.and_then(|a| a.default_model);
         let insert = tx
-            .prepare_cached(if handout.is_some() {
+            .prepare_cached(if connection.is_some() {
                 ADMIT_HANDED_SQL
             } else {
                 ADMIT_RUNNING_SQL
@@ -1389,7 +1400,7 @@ async fn admit_in(
         if commit_now.is_some() {
             tx.prepare_cached(crate::history::APPEND_SQL).await?;
         }
-        if handout.is_some() {
+        if connection.is_some() {
             prepare_claim_reads(tx).await?;
         }
         let commit_now = async {
@@ -1398,24 +1409,15 @@ async fn admit_in(
                 None => Ok(()),
             }
         };
-        let (connection, default_model) = handout.unzip();
-        let default_model = default_model.flatten();
-        let common: [Param; 10] = [
-            &turn_id,
-            &tenant_id,
-            &session_id,
-            &prompt,
-            &position,
-            &attachments,
-            &parent_turn,
-            &CHANNEL_DISPATCH,
-            &wake,
-            &wake_elsewhere,
-        ];
-        let handed: Vec<Param> = common
+        let running: Vec<Param> = turn_values
             .iter()
             .copied()
-            .chain([&connection as Param, &default_model as Param])
+            .chain([&CHANNEL_DISPATCH as Param, &wake, &wake_elsewhere])
+            .collect();
+        let handed: Vec<Param> = running
+            .iter()
+            .copied()
+            .chain([&connection as Param, &default_model])
             .collect();
         // Attachments are read only for a prompt that has some.
         let turn_ids = if attachments.is_empty() {
@@ -1426,10 +1428,10 @@ async fn admit_in(
         let (handed, (seq, events), _, reads, ()) = tokio::try_join!(
             biased;
             async {
-                if handout.is_some() {
+                if connection.is_some() {
                     tx.query_opt(&insert, &handed).await.map_err(StoreError::from)
                 } else {
-                    tx.execute(&insert, &common).await.map(|_| None).map_err(StoreError::from)
+                    tx.execute(&insert, &running).await.map(|_| None).map_err(StoreError::from)
                 }
             },
             crate::history::append_event_as_written(
@@ -1443,7 +1445,7 @@ async fn admit_in(
             ),
             finish(tx, op, &result),
             async {
-                match handout {
+                match connection {
                     Some(_) => claim_reads(tx, tenant_id, &turn_ids).await.map(Some),
                     None => Ok(None),
                 }
@@ -1476,15 +1478,7 @@ async fn admit_in(
     tx.ex(
         "INSERT INTO turns (id, tenant_id, session_id, state, prompt, queue_position, attachment_ids, parent_turn_id)
          VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7)",
-        &[
-            &turn_id,
-            &tenant_id,
-            &session_id,
-            &prompt,
-            &position,
-            &attachments,
-            &parent_turn,
-        ],
+        &turn_values,
     )
     .await?;
     let entry = QueueEntry {

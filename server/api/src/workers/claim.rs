@@ -96,19 +96,21 @@ async fn claim(conn: &Arc<Conn>) -> bool {
             conn.begin_claim(),
         )
         .await;
-    let claimed = match claimed {
-        Ok(c) => c,
+    let ok = match claimed {
+        Ok(claimed) => {
+            for c in claimed {
+                hand_out(conn, c, None).await;
+            }
+            true
+        }
         Err(e) => {
-            conn.end_claim();
             tracing::warn!(worker.connection = %conn.connection_id, error = ?e, "claiming turns failed; retrying");
-            return false;
+            false
         }
     };
-    for c in claimed {
-        hand_out(conn, c, None).await;
-    }
+    // After the hand-outs: the claimed turns now count against the bound themselves.
     conn.end_claim();
-    true
+    ok
 }
 
 /// Send `turn.run` for a turn handed to this connection, by a claim or (in its reserved
