@@ -44,6 +44,9 @@ async fn main() {
     if std::env::var_os("BERTH_BENCH_ECHO").is_some() {
         return echo_server().await;
     }
+    if let Ok(upstream) = std::env::var("BERTH_BENCH_RELAY") {
+        return relay_server(upstream).await;
+    }
     let turns: usize = std::env::var("BERTH_BENCH_TURNS")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -74,6 +77,10 @@ async fn main() {
     // `BERTH_BENCH_ONLY=turns,history,…`: only these sections (turns, append, fanout, history,
     // websocket, sessions, concurrency); all of them by default.
     let want = |section: &str| only.is_empty() || only.split(',').any(|o| o == section);
+
+    if want("turns") {
+        host_floor(&mut table).await;
+    }
 
     // 1. `berth dev` exactly as a user runs it: its own cluster, every commit on disk.
     let mut scratch = None;
@@ -309,6 +316,64 @@ fn median(v: &mut [f64]) -> f64 {
     quantile(v, 0.5)
 }
 
+/// What this machine lets any process promise, measured before Berth starts: how late a
+/// thread sleeping 1 ms is woken, and how long a thread that never sleeps is kept off the
+/// CPU (by the host under this virtual machine, or by anything else running). A bound such
+/// as "each live delta within 2 ms" is out of reach of any program when these exceed it.
+async fn host_floor(table: &mut Table) {
+    let (mut late, gaps) = tokio::task::spawn_blocking(|| {
+        let mut late = Vec::new();
+        for _ in 0..2000 {
+            let t = Instant::now();
+            std::thread::sleep(Duration::from_millis(1));
+            late.push(ms(t.elapsed()) - 1.0);
+        }
+        let (end, mut last, mut gaps) = (Instant::now() + Duration::from_secs(3), Instant::now(), Vec::new());
+        while last < end {
+            let now = Instant::now();
+            let gap = ms(now - last);
+            if gap > 0.1 {
+                gaps.push(gap);
+            }
+            last = now;
+        }
+        (late, gaps)
+    })
+    .await
+    .expect("host probe");
+    table.add(
+        "host: a thread sleeping 1 ms, woken late by (p50 / p99 / max of 2000; over 2 ms)",
+        "—".into(),
+        format!(
+            "{:.2} / {:.2} / {:.2} ms; {}",
+            median(&mut late),
+            quantile(&mut late, 0.99),
+            quantile(&mut late, 1.0),
+            over(&late, 2.0)
+        ),
+        "—".into(),
+        "— (the machine's floor)",
+        None,
+    );
+    table.add(
+        "host: a thread that never sleeps, longest time off the CPU in 3 s (times over 2 ms)",
+        "—".into(),
+        format!(
+            "{:.2} ms ({})",
+            gaps.iter().copied().fold(0.0, f64::max),
+            over(&gaps, 2.0)
+        ),
+        "—".into(),
+        "— (the machine's floor)",
+        None,
+    );
+}
+
+/// How many of `v` exceed `limit`.
+fn over(v: &[f64], limit: f64) -> usize {
+    v.iter().filter(|&&x| x > limit).count()
+}
+
 struct Line {
     figure: String,
     berth: String,
@@ -467,13 +532,14 @@ fn stamp_lags(text: &str, now: Instant) -> Vec<f64> {
         .collect()
 }
 
-/// The provider alone: one streamed completion read straight from it (wall time, and each
-/// chunk's delay from provider to reader).
-async fn raw_provider(http: &reqwest::Client, mock: &MockProvider) -> (Duration, Vec<f64>) {
+/// The provider alone: one streamed completion read from `base_url` (the provider's, or a
+/// relay chain's in front of it), its wall time and each chunk's delay from provider to
+/// reader.
+async fn raw_provider(http: &reqwest::Client, mock: &MockProvider, base_url: &str) -> (Duration, Vec<f64>) {
     mock.push(script());
     let t0 = Instant::now();
     let resp = http
-        .post(format!("{}/chat/completions", mock.base_url()))
+        .post(format!("{base_url}/chat/completions"))
         .json(&json!({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
         .send()
         .await
@@ -653,6 +719,8 @@ struct Turns {
     berth: Vec<f64>,
     overhead: Vec<f64>,
     raw_lags: Vec<f64>,
+    /// Each chunk's delay from the provider through two relay processes ([`relay_server`]).
+    relayed_lags: Vec<f64>,
     berth_lags: Vec<f64>,
     arrivals: Vec<Arrival>,
     answered: Vec<f64>,
@@ -663,10 +731,11 @@ struct Turns {
 }
 
 impl Turns {
-    fn push(&mut self, raw: (Duration, Vec<f64>), t: TurnTimes) {
+    fn push(&mut self, raw: (Duration, Vec<f64>), relayed: Vec<f64>, t: TurnTimes) {
         let raw_ms = ms(raw.0);
         self.raw.push(raw_ms);
         self.raw_lags.extend(raw.1);
+        self.relayed_lags.extend(relayed);
         self.berth.push(t.total);
         self.overhead.push(t.total - raw_ms);
         self.berth_lags.extend(t.lags);
@@ -690,6 +759,15 @@ async fn turn_overhead(
     turns: usize,
 ) {
     let http = reqwest::Client::builder().tcp_nodelay(true).build().expect("http");
+    let direct = mock.base_url();
+    // Two relay processes in front of the provider: as many hops as a delta takes.
+    let provider_addr = direct
+        .strip_prefix("http://")
+        .and_then(|a| a.strip_suffix("/v1"))
+        .expect("http://ADDR/v1");
+    let (_r1, r1) = start_helper("BERTH_BENCH_RELAY", provider_addr, "relay ").await;
+    let (_r2, r2) = start_helper("BERTH_BENCH_RELAY", &r1, "relay ").await;
+    let relayed = format!("http://{r2}/v1");
     let mut sender = Client::authed(&dev.ws_url(), token).await.expect("client");
     let mut watcher = Client::authed(&dev.ws_url(), token).await.expect("client");
     // Warm up both paths (connections, statement caches).
@@ -700,21 +778,24 @@ async fn turn_overhead(
             .items,
     );
     for _ in 0..3 {
-        raw_provider(&http, mock).await;
+        raw_provider(&http, mock, &direct).await;
+        raw_provider(&http, mock, &relayed).await;
         berth_turn(&mut sender, &mut items, mock, &sid).await;
     }
     let (mut one, mut fresh) = (Turns::default(), Turns::default());
     for _ in 0..turns {
-        let raw = raw_provider(&http, mock).await;
-        one.push(raw, berth_turn(&mut sender, &mut items, mock, &sid).await);
+        let raw = raw_provider(&http, mock, &direct).await;
+        let (_, hops) = raw_provider(&http, mock, &relayed).await;
+        one.push(raw, hops, berth_turn(&mut sender, &mut items, mock, &sid).await);
 
-        let raw = raw_provider(&http, mock).await;
+        let raw = raw_provider(&http, mock, &direct).await;
+        let (_, hops) = raw_provider(&http, mock, &relayed).await;
         let t0 = Instant::now();
         let new_sid = session(&mut sender, workspace_id).await;
         let new_sub = watcher.subscribe("session.watch", json!({"sessionId": new_sid, "after": 0}));
         let (new_id, mut new_items) = (new_sub.id, timed(new_sub.items));
         fresh.creates.push(ms(t0.elapsed()));
-        fresh.push(raw, berth_turn(&mut sender, &mut new_items, mock, &new_sid).await);
+        fresh.push(raw, hops, berth_turn(&mut sender, &mut new_items, mock, &new_sid).await);
         let _ = watcher.call("subscription.close", json!({"id": new_id})).await;
     }
     for (what, t) in [("one session", &mut one), ("a new session per turn", &mut fresh)] {
@@ -756,13 +837,21 @@ async fn turn_overhead(
         quantile(&mut berth_lags, 1.0),
     );
     let (rp50, rp99) = (median(&mut raw_lags), quantile(&mut raw_lags, 0.99));
+    let mut hops = one.relayed_lags;
+    hops.extend(fresh.relayed_lags);
     table.add(
         &format!(
-            "{setup}: live delta, provider → watcher (p50 / p99 / max of {})",
+            "{setup}: live delta, provider → watcher (p50 / p99 / max of {}; over 2 ms)",
             berth_lags.len()
         ),
-        format!("{bp50:.2} / {bp99:.2} / {bmax:.2} ms"),
-        format!("{rp50:.2} / {rp99:.2} ms provider → direct reader"),
+        format!("{bp50:.2} / {bp99:.2} / {bmax:.2} ms; {}", over(&berth_lags, 2.0)),
+        format!(
+            "{rp50:.2} / {rp99:.2} ms provider → direct reader; {:.2} / {:.2} / {:.2} ms, {} through two relay processes",
+            median(&mut hops),
+            quantile(&mut hops, 0.99),
+            quantile(&mut hops, 1.0),
+            over(&hops, 2.0)
+        ),
         format!("+{:.2} / +{:.2} ms", bp50 - rp50, bp99 - rp99),
         "p99 ≤ raw + 2 ms",
         Some(bp99 - rp99 <= 2.0),
@@ -801,6 +890,17 @@ async fn turn_overhead(
             since(a.wall)
         );
     }
+    // Where in its turn each delta over 2 ms came (the turn's chunks in order).
+    let mut by_position = [0usize; CHUNKS];
+    for (i, a) in one.arrivals.iter().chain(&fresh.arrivals).enumerate() {
+        if receipts
+            .get(&a.stamp)
+            .is_some_and(|&at| a.wall.saturating_sub(at) > 2000)
+        {
+            by_position[i % CHUNKS] += 1;
+        }
+    }
+    println!("  deltas over 2 ms from the worker's receipt, by chunk of the turn ({setup}): {by_position:?}");
     let missing = berth_lags.len() - to_watcher.len();
     let wmax = quantile(&mut to_watcher, 1.0);
     table.add(
@@ -814,9 +914,10 @@ async fn turn_overhead(
             }
         ),
         format!(
-            "{:.2} / {:.2} / {wmax:.2} ms",
+            "{:.2} / {:.2} / {wmax:.2} ms; {} over 2 ms",
             median(&mut to_watcher),
-            quantile(&mut to_watcher, 0.99)
+            quantile(&mut to_watcher, 0.99),
+            over(&to_watcher, 2.0)
         ),
         format!(
             "{:.2} / {:.2} / {:.2} ms provider → worker",
@@ -1244,17 +1345,46 @@ async fn echo_server() {
 }
 
 async fn start_echo() -> (tokio::process::Child, String) {
+    start_helper("BERTH_BENCH_ECHO", "1", "echo ").await
+}
+
+/// This bench run again as a helper process (`env` set to `value`), which prints
+/// `{prefix}ADDR` once it listens.
+async fn start_helper(env: &str, value: &str, prefix: &str) -> (tokio::process::Child, String) {
     let mut child = Command::new(std::env::current_exe().expect("exe"))
-        .env("BERTH_BENCH_ECHO", "1")
+        .env(env, value)
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("echo server");
+        .expect("helper process");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
-    let line = lines.next_line().await.expect("read").expect("echo line");
-    let addr = line.strip_prefix("echo ").expect("echo ADDR").to_string();
+    let line = lines.next_line().await.expect("read").expect("helper's line");
+    let addr = line.strip_prefix(prefix).expect("helper's ADDR").to_string();
     (child, addr)
+}
+
+/// `BERTH_BENCH_RELAY=ADDR`: forwards each TCP connection to `ADDR`, each read written on
+/// at once (no delay on either socket). A hop that does none of Berth's work: two of them
+/// between the provider and a reader are the live delta's raw baseline (a delta crosses two
+/// processes, the worker and the API tier, between the provider and a watcher).
+async fn relay_server(upstream: String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    println!("relay {}", listener.local_addr().expect("addr"));
+    loop {
+        let Ok((mut down, _)) = listener.accept().await else {
+            continue;
+        };
+        let upstream = upstream.clone();
+        tokio::spawn(async move {
+            let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else {
+                return;
+            };
+            let _ = down.set_nodelay(true);
+            let _ = up.set_nodelay(true);
+            let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+        });
+    }
 }
 
 /// Requests per second over `conns` connections, each sending `ping` and awaiting the
