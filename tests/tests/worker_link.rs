@@ -704,6 +704,64 @@ async fn a_patch_captured_while_a_turn_started_is_not_recorded() {
     assert_eq!(stack.sql_i64(patches, &sid).await, 0, "no patch recorded");
 }
 
+/// A turn recorded as handed to a worker connection whose `turn.run` never went out (the
+/// database's answer to the hand-out lost after its `COMMIT`; here the row is written
+/// directly) is found by the connection's claimer and sent out, once, and runs to its end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_handed_out_without_its_run_is_sent_later() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let (mut ws, workspace, _) = raw_worker(&stack, "lost-host").await;
+    let mut c = stack.client(0).await;
+    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let conn: String = db
+        .query_one(
+            "SELECT connection_id FROM worker_presence WHERE $1 = ANY(workspace_ids)",
+            &[&workspace],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    db.execute(
+        "INSERT INTO turns (id, tenant_id, session_id, state, started_at, prompt, queue_position, dispatched_to, model)
+         SELECT 'trn_lost', tenant_id, id, 'running', now(), 'lost', 1, $2, 'mock-model' FROM sessions WHERE id = $1",
+        &[&sid, &conn],
+    )
+    .await
+    .unwrap();
+    // Within two of the claimer's 5 s safety ticks.
+    let run = tokio::time::timeout(std::time::Duration::from_secs(12), async {
+        loop {
+            let v = next_json(&mut ws).await;
+            if v["method"] == "turn.run" {
+                return v;
+            }
+        }
+    })
+    .await
+    .expect("turn.run within 12 s");
+    assert_eq!(run["params"]["turnId"], "trn_lost");
+    assert_eq!(run["params"]["sessionId"], sid.as_str());
+    assert_eq!(run["params"]["model"], "mock-model");
+    let recovered = |m: &str| metric(m, "berth_turns_handed_total{via=\"recovery\"}");
+    assert_eq!(recovered(&stack.servers[0].metrics().await), Some(1));
+    // Its task is registered: the end is stored, and the turn is not sent again.
+    let end = json!({"jsonrpc": "2.0", "id": 7, "method": "turn.end", "params": {
+        "turnId": "trn_lost", "state": "completed", "step": [{"kind": "assistant", "body": "found"}]}});
+    ws.send(Message::Text(end.to_string().into())).await.unwrap();
+    let done = answer(&mut ws, 7).await;
+    assert!(done["result"]["sequence"].is_i64(), "turn.end: {done}");
+    assert_eq!(turn_state(&stack, "trn_lost").await, "completed");
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert_eq!(recovered(&stack.servers[0].metrics().await), Some(1), "sent once");
+}
+
 /// Issue 8: the last step travels in `turn.end` and is stored with `turn.ended` in one
 /// transaction. When the end cannot be stored, neither is the step (no answer without its
 /// end); the retried end stores both, the step's event right before the end.

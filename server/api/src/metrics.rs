@@ -21,7 +21,8 @@ pub struct Metrics {
     /// the session titled or its attempt made meanwhile: a transaction for nothing).
     pub auto_titles: IntCounterVec,
     /// Turns handed to this replica's worker connections, by how: `admission` (the turn was
-    /// admitted here and handed out in the same transaction) or `claim`.
+    /// admitted here and handed out in the same transaction), `claim`, or `recovery` (found
+    /// handed out without its `turn.run`, the database's answer lost after the `COMMIT`).
     pub turns_handed: IntCounterVec,
     /// How long turns ran on this replica's workers, from hand-out to settling.
     pub turn_duration: prometheus::Histogram,

@@ -386,6 +386,30 @@ impl Store {
         }
     }
 
+    /// The running turns recorded as handed to connection `connection_id` that are not
+    /// among `held` (the turns the connection's replica holds for it), as a claim returns
+    /// them: hand-outs whose `COMMIT` went through while the replica saw an error (its
+    /// answer lost with the database connection), so that no `turn.run` went out. Read
+    /// under the tenant's transaction, with the claim's reads.
+    pub async fn unannounced_turns(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        held: &[String],
+    ) -> Result<Vec<ClaimedTurn>> {
+        let client = self.pool.get().await?;
+        let tx = crate::Begun::new(&client);
+        let params: [Param; 3] = [&connection_id, &tenant_id, &held];
+        let mut rows = crate::pipelined(
+            tx.client(),
+            Some((crate::TENANT_SQL, tenant_id)),
+            &[(UNANNOUNCED_SQL, &params)],
+        )
+        .await?;
+        let rows = rows.pop().unwrap_or_default();
+        claimed_turns(tx.client(), tenant_id, rows, Some(tx)).await
+    }
+
     /// Start the next queued turn of each candidate session, then claim what was started,
     /// within what is left of `limit` after `turns`.
     #[allow(clippy::too_many_arguments)]
@@ -1119,6 +1143,15 @@ const CLAIM_SQL: &str = concat!(
                       ORDER BY u.started_at LIMIT $5 FOR UPDATE OF u SKIP LOCKED)
       RETURNING ",
     claimed_columns!()
+);
+
+/// The running turns handed to connection `$1` of tenant `$2` other than `$3`, as
+/// [`CLAIM_SQL`] returns them.
+const UNANNOUNCED_SQL: &str = concat!(
+    "SELECT ",
+    claimed_columns!(),
+    " FROM turns t JOIN sessions s ON s.id = t.session_id LEFT JOIN agents a ON a.id = s.agent_id
+     WHERE t.dispatched_to = $1 AND t.tenant_id = $2 AND t.state = 'running' AND t.id <> ALL($3)"
 );
 
 /// The turns a [`CLAIM_SQL`] returned, with their attachments, the tenant's skills and MCP

@@ -35,7 +35,10 @@ pub(super) async fn claimer(conn: Arc<Conn>, kick: Arc<Notify>, lost: Cancellati
         tokio::select! {
             _ = conn.closing.cancelled() => return,
             _ = kick.notified() => claim_failed = !claim(&conn).await,
-            _ = safety.tick() => claim_failed = !claim(&conn).await,
+            _ = safety.tick() => {
+                claim_failed = !claim(&conn).await;
+                resend_unannounced(&conn).await;
+            }
             _ = heartbeat.tick() => beat_failed = !beat(&conn, &mut last_beat, &lost).await,
             _ = tokio::time::sleep(RETRY), if retrying => {
                 if claim_failed {
@@ -99,7 +102,7 @@ async fn claim(conn: &Arc<Conn>) -> bool {
     let ok = match claimed {
         Ok(claimed) => {
             for c in claimed {
-                hand_out(conn, c, None).await;
+                hand_out(conn, c, Via::Claim).await;
             }
             true
         }
@@ -113,10 +116,49 @@ async fn claim(conn: &Arc<Conn>) -> bool {
     ok
 }
 
-/// Send `turn.run` for a turn handed to this connection, by a claim or (in its reserved
-/// `slot`) by its admission, its turn task registered first.
-pub(super) async fn hand_out(conn: &Arc<Conn>, mut c: ClaimedTurn, slot: Option<Reservation>) {
-    let via = if slot.is_some() { "admission" } else { "claim" };
+/// Send `turn.run` again for the turns recorded as handed to this connection that it does
+/// not hold ([`berth_store::Store::unannounced_turns`]): none, unless the database's answer
+/// to a hand-out was lost after its `COMMIT` (the turn would otherwise run on no worker
+/// until the connection ends). On the safety tick, between claims, and only while no
+/// admission is handing a turn out, since one may be between its `COMMIT` and its
+/// registration; a failure is logged and tried again on the next tick.
+async fn resend_unannounced(conn: &Arc<Conn>) {
+    let Some((held, mark)) = conn.held_turns() else { return };
+    let store = &conn.state.store;
+    match store
+        .unannounced_turns(&conn.connection_id, &conn.principal.tenant_id, &held)
+        .await
+    {
+        Ok(turns) if conn.no_admission_since(mark) => {
+            for c in turns {
+                tracing::warn!(turn.id = %c.run.turn_id, worker.connection = %conn.connection_id,
+                    "turn handed to the connection without its turn.run; sending it");
+                hand_out(conn, c, Via::Recovery).await;
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(worker.connection = %conn.connection_id, error = ?e, "looking for turns handed out unannounced failed");
+        }
+    }
+}
+
+/// How a turn came to be handed to a connection.
+pub(super) enum Via {
+    /// By its admission, in the slot it reserved.
+    Admission(Reservation),
+    Claim,
+    /// Found handed out without its `turn.run` ([`resend_unannounced`]).
+    Recovery,
+}
+
+/// Send `turn.run` for a turn handed to this connection, its turn task registered first.
+pub(super) async fn hand_out(conn: &Arc<Conn>, mut c: ClaimedTurn, via: Via) {
+    let (via, slot) = match via {
+        Via::Admission(slot) => ("admission", Some(slot)),
+        Via::Claim => ("claim", None),
+        Via::Recovery => ("recovery", None),
+    };
     let state = &conn.state;
     c.run.context_tokens = crate::compaction::context_window(state, c.provider.as_deref(), c.run.model.as_deref());
     if c.run.channel.is_some() {

@@ -115,6 +115,8 @@ struct Handed {
     /// A claim is in flight: it may fill all the room it saw, so no slot is reserved
     /// meanwhile.
     claiming: bool,
+    /// Slots ever reserved: tells whether an admission began handing a turn out since.
+    reservations: u64,
 }
 
 impl Handed {
@@ -163,7 +165,7 @@ impl Registry {
             return;
         };
         let conn = slot.conn.clone();
-        claim::hand_out(&conn, turn, Some(slot)).await;
+        claim::hand_out(&conn, turn, claim::Via::Admission(slot)).await;
     }
 
     /// Wake the connections serving `workspace_id` to claim turns.
@@ -286,7 +288,21 @@ impl Conn {
             return false;
         }
         handed.reserved += 1;
+        handed.reservations += 1;
         true
+    }
+
+    /// The turns this connection holds, and a mark of its reservations, when no admission
+    /// holds a slot (none is between its `COMMIT` and [`Conn::register`]); else `None`.
+    fn held_turns(&self) -> Option<(Vec<String>, u64)> {
+        let handed = self.handed();
+        (handed.reserved == 0).then(|| (handed.turns.keys().cloned().collect(), handed.reservations))
+    }
+
+    /// No admission has held a slot since `mark` ([`Conn::held_turns`]).
+    fn no_admission_since(&self, mark: u64) -> bool {
+        let handed = self.handed();
+        handed.reserved == 0 && handed.reservations == mark
     }
 
     /// Free a slot no turn took. On a full connection it may have kept a claim from
