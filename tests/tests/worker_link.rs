@@ -751,15 +751,21 @@ async fn a_turn_handed_out_without_its_run_is_sent_later() {
     assert_eq!(run["params"]["model"], "mock-model");
     let recovered = |m: &str| metric(m, "berth_turns_handed_total{via=\"recovery\"}");
     assert_eq!(recovered(&stack.servers[0].metrics().await), Some(1));
-    // Its task is registered: the end is stored, and the turn is not sent again.
+    // Its task is registered: a malformed end is refused and leaves it running here, not
+    // sent again on the claimer's next tick; then the end is stored.
+    let malformed = json!({"jsonrpc": "2.0", "id": 6, "method": "turn.end", "params": {
+        "turnId": "trn_lost", "state": "running"}});
+    ws.send(Message::Text(malformed.to_string().into())).await.unwrap();
+    let refused = answer(&mut ws, 6).await;
+    assert!(refused.get("error").is_some(), "a running end is refused: {refused}");
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert_eq!(recovered(&stack.servers[0].metrics().await), Some(1), "sent once");
     let end = json!({"jsonrpc": "2.0", "id": 7, "method": "turn.end", "params": {
         "turnId": "trn_lost", "state": "completed", "step": [{"kind": "assistant", "body": "found"}]}});
     ws.send(Message::Text(end.to_string().into())).await.unwrap();
     let done = answer(&mut ws, 7).await;
     assert!(done["result"]["sequence"].is_i64(), "turn.end: {done}");
     assert_eq!(turn_state(&stack, "trn_lost").await, "completed");
-    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
-    assert_eq!(recovered(&stack.servers[0].metrics().await), Some(1), "sent once");
 }
 
 /// Issue 8: the last step travels in `turn.end` and is stored with `turn.ended` in one

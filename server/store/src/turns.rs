@@ -1151,7 +1151,8 @@ const UNANNOUNCED_SQL: &str = concat!(
     "SELECT ",
     claimed_columns!(),
     " FROM turns t JOIN sessions s ON s.id = t.session_id LEFT JOIN agents a ON a.id = s.agent_id
-     WHERE t.dispatched_to = $1 AND t.tenant_id = $2 AND t.state = 'running' AND t.id <> ALL($3)"
+     WHERE t.dispatched_to = $1 AND t.tenant_id = $2 AND t.state = 'running' AND t.id <> ALL($3)
+       AND s.removed_at IS NULL"
 );
 
 /// The turns a [`CLAIM_SQL`] returned, with their attachments, the tenant's skills and MCP

@@ -136,6 +136,10 @@ async fn resend_unannounced(conn: &Arc<Conn>) {
                 hand_out(conn, c, Via::Recovery).await;
             }
         }
+        Ok(turns) if !turns.is_empty() => {
+            tracing::info!(worker.connection = %conn.connection_id, turns = turns.len(),
+                "turns handed out unannounced, or being handed out by an admission: looking again on the next tick");
+        }
         Ok(_) => {}
         Err(e) => {
             tracing::warn!(worker.connection = %conn.connection_id, error = ?e, "looking for turns handed out unannounced failed");

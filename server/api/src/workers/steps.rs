@@ -1,7 +1,10 @@
 //! Persisting what a worker streams back: completed steps (`turn.step`) and ends
 //! (`turn.end`).
 
-use berth_protocol::worker::{TurnEnd, TurnStep};
+use berth_protocol::{
+    ErrorCode,
+    worker::{TurnEnd, TurnStep},
+};
 use berth_store::StoreError;
 use serde_json::json;
 
@@ -99,9 +102,13 @@ impl TurnTask {
             self.usage.restore(metered);
         }
         let r = match r {
-            // Not settled: the worker retries its `turn.end`, which must still reach this task.
-            Err(e @ (StoreError::Db(_) | StoreError::Unavailable(_) | StoreError::Other(_))) => return Err(e.into()),
-            r => r,
+            Ok(ended) => Ok(ended),
+            // Already stopped, swept or handed elsewhere: the turn leaves this connection.
+            Err(e @ StoreError::Code(ErrorCode::TurnNotRunning | ErrorCode::NotFound)) => Err(e),
+            // Not settled (a database error, or an end refused as malformed): the turn still
+            // runs here, and the worker's next `turn.end` must still reach this task (nor may
+            // the connection's claimer take it for a turn never sent out).
+            Err(e) => return Err(e.into()),
         };
         // The end's own NOTIFY wakes a claim only for the session's next queued turn; a slot
         // freed on a full connection is this replica's to hand out.
