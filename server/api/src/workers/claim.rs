@@ -168,10 +168,13 @@ pub(super) async fn hand_out(conn: &Arc<Conn>, mut c: ClaimedTurn, via: Via) {
     if c.run.channel.is_some() {
         c.run.max_attachment_bytes = Some(state.config.max_attachment_bytes as u64);
     }
+    let handle = turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id);
+    if !conn.register(&c.run.turn_id, handle, slot) {
+        tracing::info!(turn.id = %c.run.turn_id, via, "turn stopped before it was handed to the worker");
+        return;
+    }
     state.metrics.turns_handed.with_label_values(&[via]).inc();
     tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, via, "turn handed to worker");
-    let handle = turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id);
-    conn.register(&c.run.turn_id, handle, slot);
     let run = match serde_json::to_value(&c.run) {
         Ok(v) => v,
         Err(e) => {

@@ -201,7 +201,7 @@ async fn read_loop(
                 }
             }
             Some(turn) = stop_rx.recv() => {
-                if let Some(h) = conn.release_turn(&turn) {
+                if let Some(h) = conn.stop_turn(&turn) {
                     h.cancel.cancel();
                 }
                 let stop = Request::notification(wp::TURN_STOP, json!({"turnId": turn}));

@@ -117,11 +117,42 @@ struct Handed {
     claiming: bool,
     /// Slots ever reserved: tells whether an admission began handing a turn out since.
     reservations: u64,
+    /// Turns stopped while not held here, latest last: a stop that reaches the connection
+    /// between a hand-out's `COMMIT` and its registration (the turn is then not handed out).
+    stopped: std::collections::VecDeque<String>,
 }
+
+/// How many stops of turns not held a connection remembers: a hand-out registers within
+/// moments of its `COMMIT`; older entries are stops of turns that had already ended here.
+const STOPPED_KEPT: usize = 64;
 
 impl Handed {
     fn used(&self) -> usize {
         self.turns.len() + self.reserved
+    }
+
+    /// Take a turn handed to the connection, unless it was stopped before (then it is
+    /// given back: the stop went out to the worker already, `turn.run` must not follow).
+    fn take(&mut self, turn_id: &str, handle: turn::TurnHandle) -> Result<(), turn::TurnHandle> {
+        if let Some(i) = self.stopped.iter().position(|t| t == turn_id) {
+            self.stopped.remove(i);
+            return Err(handle);
+        }
+        self.turns.insert(turn_id.to_string(), handle);
+        Ok(())
+    }
+
+    /// A stop of `turn_id`: its handle if it is held, else the stop is remembered for
+    /// [`Handed::take`].
+    fn stop(&mut self, turn_id: &str) -> Option<turn::TurnHandle> {
+        let handle = self.turns.remove(turn_id);
+        if handle.is_none() {
+            if self.stopped.len() == STOPPED_KEPT {
+                self.stopped.pop_front();
+            }
+            self.stopped.push_back(turn_id.to_string());
+        }
+        handle
     }
 }
 
@@ -320,13 +351,24 @@ impl Conn {
     }
 
     /// Register a turn handed to this connection (before its `turn.run` goes out, so that
-    /// the worker's first message finds it), in the reserved `slot` if it has one.
-    fn register(&self, turn_id: &str, handle: turn::TurnHandle, slot: Option<Reservation>) {
+    /// the worker's first message finds it), in the reserved `slot` if it has one. False:
+    /// the turn was stopped before ([`Handed::take`]) and is not to be sent out.
+    fn register(&self, turn_id: &str, handle: turn::TurnHandle, slot: Option<Reservation>) -> bool {
         let mut handed = self.handed();
-        handed.turns.insert(turn_id.to_string(), handle);
+        let taken = handed.take(turn_id, handle);
         if let Some(mut slot) = slot {
             handed.reserved -= 1;
             slot.filled = true;
+        }
+        drop(handed);
+        match taken {
+            Ok(()) => true,
+            Err(handle) => {
+                handle.cancel.cancel();
+                // The slot it would have taken is free: as when a turn leaves.
+                self.kick_claims();
+                false
+            }
         }
     }
 
@@ -335,14 +377,24 @@ impl Conn {
         self.handed().turns.get(turn_id).map(|h| h.queue.clone())
     }
 
-    /// The turn leaves this connection (ended or stopped). If that frees a slot of a full
-    /// connection, the claimer runs again: a turn left unclaimed while the connection was
-    /// full may be handed out now, and the NOTIFY that woke a claim may have come first.
+    /// The turn leaves this connection (ended). If that frees a slot of a full connection,
+    /// the claimer runs again: a turn left unclaimed while the connection was full may be
+    /// handed out now, and the NOTIFY that woke a claim may have come first.
     fn release_turn(&self, turn_id: &str) -> Option<turn::TurnHandle> {
+        self.leave(|handed| handed.turns.remove(turn_id))
+    }
+
+    /// The turn was stopped: [`Conn::release_turn`], or if it is not held (yet), the stop
+    /// is remembered so that a hand-out in flight does not send it out after the stop.
+    fn stop_turn(&self, turn_id: &str) -> Option<turn::TurnHandle> {
+        self.leave(|handed| handed.stop(turn_id))
+    }
+
+    fn leave(&self, remove: impl FnOnce(&mut Handed) -> Option<turn::TurnHandle>) -> Option<turn::TurnHandle> {
         let (handle, full) = {
             let mut handed = self.handed();
             let full = handed.used() >= self.max_turns();
-            (handed.turns.remove(turn_id), full)
+            (remove(&mut handed), full)
         };
         if full && handle.is_some() {
             self.kick_claims();
@@ -359,4 +411,41 @@ impl Conn {
 
 fn text_msg<T: Serialize>(v: &T) -> Message {
     Message::Text(serde_json::to_string(v).unwrap_or_default().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle() -> turn::TurnHandle {
+        let (queue, _) = mpsc::channel(1);
+        turn::TurnHandle {
+            queue,
+            cancel: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_turn_stopped_before_it_is_registered_is_not_taken() {
+        let mut h = Handed::default();
+        // The stop reaches the connection between the hand-out's commit and its registration.
+        assert!(h.stop("t1").is_none());
+        assert!(h.take("t1", handle()).is_err(), "stopped first: not handed out");
+        assert!(h.turns.is_empty() && h.stopped.is_empty());
+        // Registered first, then stopped: released.
+        assert!(h.take("t2", handle()).is_ok());
+        assert!(h.stop("t2").is_some());
+        assert!(h.turns.is_empty() && h.stopped.is_empty());
+    }
+
+    #[test]
+    fn stops_of_turns_not_held_are_remembered_within_a_bound() {
+        let mut h = Handed::default();
+        for i in 0..STOPPED_KEPT + 10 {
+            assert!(h.stop(&format!("t{i}")).is_none());
+        }
+        assert_eq!(h.stopped.len(), STOPPED_KEPT);
+        assert!(h.take("t0", handle()).is_ok(), "the oldest stops are forgotten");
+        assert!(h.take(&format!("t{}", STOPPED_KEPT + 9), handle()).is_err());
+    }
 }
