@@ -344,13 +344,7 @@ async fn host_floor(table: &mut Table) {
     table.add(
         "host: a thread sleeping 1 ms, woken late by (p50 / p99 / max of 2000; over 2 ms)",
         "—".into(),
-        format!(
-            "{:.2} / {:.2} / {:.2} ms; {}",
-            median(&mut late),
-            quantile(&mut late, 0.99),
-            quantile(&mut late, 1.0),
-            over(&late, 2.0)
-        ),
+        format!("{}; {}", spread(&mut late), over(&late, 2.0)),
         "—".into(),
         "— (the machine's floor)",
         None,
@@ -367,6 +361,16 @@ async fn host_floor(table: &mut Table) {
         "— (the machine's floor)",
         None,
     );
+}
+
+/// `v`'s p50 / p99 / max (sorted in place), in ms.
+fn spread(v: &mut [f64]) -> String {
+    format!(
+        "{:.2} / {:.2} / {:.2} ms",
+        median(v),
+        quantile(v, 0.99),
+        quantile(v, 1.0)
+    )
 }
 
 /// How many of `v` exceed `limit`.
@@ -846,10 +850,8 @@ async fn turn_overhead(
         ),
         format!("{bp50:.2} / {bp99:.2} / {bmax:.2} ms; {}", over(&berth_lags, 2.0)),
         format!(
-            "{rp50:.2} / {rp99:.2} ms provider → direct reader; {:.2} / {:.2} / {:.2} ms, {} through two relay processes",
-            median(&mut hops),
-            quantile(&mut hops, 0.99),
-            quantile(&mut hops, 1.0),
+            "{rp50:.2} / {rp99:.2} ms provider → direct reader; {}, {} through two relay processes",
+            spread(&mut hops),
             over(&hops, 2.0)
         ),
         format!("+{:.2} / +{:.2} ms", bp50 - rp50, bp99 - rp99),

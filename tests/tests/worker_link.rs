@@ -632,6 +632,14 @@ async fn next_json(
     }
 }
 
+/// A new session of `workspace`.
+async fn new_session(c: &mut berth_e2e::Client, workspace: &str) -> String {
+    c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 /// A new session of the raw worker's `workspace`, watched from its start, whose turn runs
 /// `prompt`: the session, the watch, and the turn once handed to the worker (`ws`).
 async fn raw_turn(
@@ -640,10 +648,7 @@ async fn raw_turn(
     workspace: &str,
     prompt: &str,
 ) -> (String, berth_e2e::client::Subscription, String) {
-    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let sid = new_session(c, workspace).await;
     let watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     c.ok("session.send", json!({"sessionId": sid, "prompt": prompt})).await;
     loop {
@@ -679,10 +684,7 @@ async fn a_patch_captured_while_a_turn_started_is_not_recorded() {
     let stack = Stack::start(&mock, 1).await;
     let (mut ws, workspace, _) = raw_worker(&stack, "patch-host").await;
     let mut c = stack.client(0).await;
-    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let sid = new_session(&mut c, &workspace).await;
     let mut snapper = stack.client(0).await;
     let params = json!({"sessionId": sid, "operationId": "snap-race"});
     let snapshot = tokio::spawn(async move { snapper.call("patch.snapshot", params).await });
@@ -715,10 +717,7 @@ async fn a_turn_handed_out_without_its_run_is_sent_later() {
     let stack = Stack::start(&mock, 1).await;
     let (mut ws, workspace, _) = raw_worker(&stack, "lost-host").await;
     let mut c = stack.client(0).await;
-    let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let sid = new_session(&mut c, &workspace).await;
     let db = berth_e2e::harness::db(&stack.database_url).await;
     let conn: String = db
         .query_one(

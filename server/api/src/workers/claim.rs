@@ -132,7 +132,7 @@ async fn resend_unannounced(conn: &Arc<Conn>) {
         Ok(turns) if conn.no_admission_since(mark) => {
             for c in turns {
                 tracing::warn!(turn.id = %c.run.turn_id, worker.connection = %conn.connection_id,
-                    "turn handed to the connection without its turn.run; sending it");
+                    "turn handed to the connection without its turn.run");
                 hand_out(conn, c, Via::Recovery).await;
             }
         }
@@ -168,19 +168,21 @@ pub(super) async fn hand_out(conn: &Arc<Conn>, mut c: ClaimedTurn, via: Via) {
     if c.run.channel.is_some() {
         c.run.max_attachment_bytes = Some(state.config.max_attachment_bytes as u64);
     }
-    let handle = turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id);
+    // Encoded first: a turn registered here is one its worker was told about.
+    let run = match serde_json::to_value(&c.run) {
+        Ok(v) => text_msg(&Request::notification(wp::TURN_RUN, v)),
+        Err(e) => {
+            tracing::error!(turn.id = %c.run.turn_id, error = %e, "encoding turn.run failed");
+            return;
+        }
+    };
+    let (handle, inbox) = turn::handle(conn);
     if !conn.register(&c.run.turn_id, handle, slot) {
         tracing::info!(turn.id = %c.run.turn_id, via, "turn stopped before it was handed to the worker");
         return;
     }
+    turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id, inbox);
     state.metrics.turns_handed.with_label_values(&[via]).inc();
     tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, via, "turn handed to worker");
-    let run = match serde_json::to_value(&c.run) {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::error!(error = %e, "encoding turn.run failed");
-            return;
-        }
-    };
-    conn.send(text_msg(&Request::notification(wp::TURN_RUN, run))).await;
+    conn.send(run).await;
 }

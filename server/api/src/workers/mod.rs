@@ -131,9 +131,13 @@ impl Handed {
         self.turns.len() + self.reserved
     }
 
-    /// Take a turn handed to the connection, unless it was stopped before (then it is
-    /// given back: the stop went out to the worker already, `turn.run` must not follow).
-    fn take(&mut self, turn_id: &str, handle: turn::TurnHandle) -> Result<(), turn::TurnHandle> {
+    /// Hold a turn handed to the connection, in a reserved slot if `reserved` (the slot is
+    /// used up either way), unless the turn was stopped before: then its handle is given
+    /// back, since the stop went out to the worker already and `turn.run` must not follow.
+    fn hold(&mut self, turn_id: &str, handle: turn::TurnHandle, reserved: bool) -> Result<(), turn::TurnHandle> {
+        if reserved {
+            self.reserved -= 1;
+        }
         if let Some(i) = self.stopped.iter().position(|t| t == turn_id) {
             self.stopped.remove(i);
             return Err(handle);
@@ -143,7 +147,7 @@ impl Handed {
     }
 
     /// A stop of `turn_id`: its handle if it is held, else the stop is remembered for
-    /// [`Handed::take`].
+    /// [`Handed::hold`].
     fn stop(&mut self, turn_id: &str) -> Option<turn::TurnHandle> {
         let handle = self.turns.remove(turn_id);
         if handle.is_none() {
@@ -352,24 +356,20 @@ impl Conn {
 
     /// Register a turn handed to this connection (before its `turn.run` goes out, so that
     /// the worker's first message finds it), in the reserved `slot` if it has one. False:
-    /// the turn was stopped before ([`Handed::take`]) and is not to be sent out.
+    /// the turn was stopped before ([`Handed::hold`]) and is not to be sent out.
     fn register(&self, turn_id: &str, handle: turn::TurnHandle, slot: Option<Reservation>) -> bool {
         let mut handed = self.handed();
-        let taken = handed.take(turn_id, handle);
+        let full = handed.used() >= self.max_turns();
+        let held = handed.hold(turn_id, handle, slot.is_some());
         if let Some(mut slot) = slot {
-            handed.reserved -= 1;
             slot.filled = true;
         }
         drop(handed);
-        match taken {
-            Ok(()) => true,
-            Err(handle) => {
-                handle.cancel.cancel();
-                // The slot it would have taken is free: as when a turn leaves.
-                self.kick_claims();
-                false
-            }
+        // Not held: the slot it would have taken is free, as when a turn leaves.
+        if held.is_err() && full {
+            self.kick_claims();
         }
+        held.is_ok()
     }
 
     /// The queue of a turn handed to this connection.
@@ -426,16 +426,22 @@ mod tests {
     }
 
     #[test]
-    fn a_turn_stopped_before_it_is_registered_is_not_taken() {
-        let mut h = Handed::default();
+    fn a_turn_stopped_before_it_is_registered_is_not_held() {
         // The stop reaches the connection between the hand-out's commit and its registration.
+        let mut h = Handed {
+            reserved: 1,
+            ..Default::default()
+        };
         assert!(h.stop("t1").is_none());
-        assert!(h.take("t1", handle()).is_err(), "stopped first: not handed out");
+        assert!(h.hold("t1", handle(), true).is_err(), "stopped first: not handed out");
         assert!(h.turns.is_empty() && h.stopped.is_empty());
+        assert_eq!(h.used(), 0, "its reserved slot is freed");
         // Registered first, then stopped: released.
-        assert!(h.take("t2", handle()).is_ok());
+        assert!(h.hold("t2", handle(), false).is_ok());
+        assert_eq!(h.used(), 1);
         assert!(h.stop("t2").is_some());
         assert!(h.turns.is_empty() && h.stopped.is_empty());
+        assert_eq!(h.used(), 0);
     }
 
     #[test]
@@ -445,7 +451,7 @@ mod tests {
             assert!(h.stop(&format!("t{i}")).is_none());
         }
         assert_eq!(h.stopped.len(), STOPPED_KEPT);
-        assert!(h.take("t0", handle()).is_ok(), "the oldest stops are forgotten");
-        assert!(h.take(&format!("t{}", STOPPED_KEPT + 9), handle()).is_err());
+        assert!(h.hold("t0", handle(), false).is_ok(), "the oldest stops are forgotten");
+        assert!(h.hold(&format!("t{}", STOPPED_KEPT + 9), handle(), false).is_err());
     }
 }

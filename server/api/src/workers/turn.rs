@@ -86,9 +86,29 @@ pub(super) struct TurnTask {
     pub usage: Arc<UsageSlot>,
 }
 
-pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHandle {
+/// What a turn's task reads: its queue's receiving end, and its cancellation.
+pub(super) struct Inbox {
+    rx: mpsc::Receiver<Request>,
+    cancel: CancellationToken,
+}
+
+/// A turn's queue and cancellation on `conn`: the reader's handle, and the inbox its task
+/// reads once started ([`spawn`], when the connection has registered the handle).
+pub(super) fn handle(conn: &Conn) -> (TurnHandle, Inbox) {
     let (queue, rx) = mpsc::channel(TURN_QUEUE);
     let cancel = conn.closing.child_token();
+    (
+        TurnHandle {
+            queue,
+            cancel: cancel.clone(),
+        },
+        Inbox { rx, cancel },
+    )
+}
+
+/// Start the task of a turn registered on `conn` with the handle of `inbox`.
+pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str, inbox: Inbox) {
+    let Inbox { rx, cancel } = inbox;
     let usage = conn.state.workers.metered.open(turn_id);
     let task = TurnTask {
         conn,
@@ -106,8 +126,7 @@ pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str) -> TurnHan
         cancel: cancel.clone(),
         usage,
     };
-    tokio::spawn(task.run(rx, cancel.clone()));
-    TurnHandle { queue, cancel }
+    tokio::spawn(task.run(rx, cancel));
 }
 
 impl TurnTask {
