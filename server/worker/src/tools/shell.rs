@@ -1,9 +1,11 @@
 //! `shell`: `sh -c COMMAND` in the workspace root, in its own process group, with Berth's
 //! secrets stripped from its environment. On stop or timeout the whole group is killed
 //! (SIGTERM, then SIGKILL after a short grace, so children that ignore SIGTERM die too);
-//! when the command exits, whatever it left running in its group is killed as well. And when
-//! the worker itself is gone, however it went (SIGKILL included), a guard in the group
-//! kills it (`lifeline.rs`).
+//! when the command exits, whatever it left running in its group is killed as well. A
+//! process that left the group (`setsid`, a daemon's double fork) is found by a mark in its
+//! environment, which every process the command starts inherits, and killed with the group.
+//! And when the worker itself is gone, however it went (SIGKILL included), a guard in the
+//! group kills it (`lifeline.rs`).
 
 use std::{
     io::{PipeReader, Read},
@@ -12,14 +14,18 @@ use std::{
     time::Duration,
 };
 
-use rustix::process::{Pid, Signal, kill_process_group};
+use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{Outcome, ToolLimits};
 
-/// Between SIGTERM and SIGKILL.
+/// Between SIGTERM and SIGKILL, at most.
 const GRACE: Duration = Duration::from_millis(500);
+/// How often the group is looked at during the grace.
+const GRACE_POLL: Duration = Duration::from_millis(10);
+/// The variable whose value marks every process a command starts ([`kill_marked`]).
+const MARK_ENV: &str = "AGENT_HOST_COMMAND_MARK";
 
 #[derive(Deserialize)]
 pub(crate) struct Args {
@@ -35,30 +41,83 @@ pub(crate) fn is_secret_env(key: &str) -> bool {
     k.starts_with("BERTH_") || k == "DATABASE_URL" || k.starts_with("PGPASS")
 }
 
-/// Kills the process group when dropped (a turn task dropped mid-command leaves nothing).
-struct Group(Option<Pid>);
+/// The command's process group, and the mark of every process it started: killed when
+/// dropped (a turn task dropped mid-command leaves nothing).
+struct Group {
+    pid: Option<Pid>,
+    mark: String,
+}
 
 impl Group {
     fn signal(&self, sig: Signal) {
-        if let Some(pid) = self.0 {
+        if let Some(pid) = self.pid {
             // ESRCH (the group is already gone) is the expected end.
             let _ = kill_process_group(pid, sig);
         }
     }
 
-    /// SIGTERM, a grace period, then SIGKILL to everything left in the group.
+    /// SIGTERM to the group and to the marked processes that left it, a grace period (over
+    /// as soon as none of them runs), then SIGKILL to everything left of them.
     async fn terminate(&mut self) {
         self.signal(Signal::TERM);
-        tokio::time::sleep(GRACE).await;
+        let mark = self.mark.clone();
+        let marked = tokio::task::spawn_blocking(move || signal_marked(&mark, Signal::TERM))
+            .await
+            .unwrap_or_default();
+        let end = tokio::time::Instant::now() + GRACE;
+        while marked.iter().any(|&pid| running(pid)) && tokio::time::Instant::now() < end {
+            tokio::time::sleep(GRACE_POLL).await;
+        }
         self.signal(Signal::KILL);
-        self.0 = None;
+        self.pid = None;
+        // Those started during the grace too.
+        let mark = self.mark.clone();
+        let _ = tokio::task::spawn_blocking(move || signal_marked(&mark, Signal::KILL)).await;
     }
 }
 
 impl Drop for Group {
     fn drop(&mut self) {
-        self.signal(Signal::KILL);
+        if self.pid.is_some() {
+            self.signal(Signal::KILL);
+            signal_marked(&self.mark, Signal::KILL);
+        }
     }
+}
+
+/// `sig` to every process whose environment carries `mark` ([`MARK_ENV`]): everything a
+/// command started, in its process group or not; returns them. A process that replaced its
+/// whole environment before its last `exec` is not found.
+fn signal_marked(mark: &str, sig: Signal) -> Vec<Pid> {
+    let entry = format!("{MARK_ENV}={mark}");
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        // Unreadable (another user's, or gone meanwhile): not ours.
+        let Ok(env) = std::fs::read(p.path().join("environ")) else {
+            continue;
+        };
+        if env.split(|b| *b == 0).any(|v| v == entry.as_bytes())
+            && let Some(pid) = Pid::from_raw(pid)
+        {
+            let _ = kill_process(pid, sig);
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Whether `pid` still runs (a zombie waiting for its reaper does not).
+fn running(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
 }
 
 pub(crate) async fn run(root: &Path, a: Args, limits: &ToolLimits, cancel: &CancellationToken) -> Outcome {
@@ -104,6 +163,8 @@ async fn run_guarded(
             cmd.env_remove(&key);
         }
     }
+    let mark = format!("{:032x}", rand::random::<u128>());
+    cmd.env(MARK_ENV, &mark);
     let child = cmd.spawn();
     // Our copies of the pipe's write end must close, or the reader never sees the end.
     drop(cmd);
@@ -111,7 +172,10 @@ async fn run_guarded(
         Ok(c) => c,
         Err(e) => return Outcome::error(format!("could not start the command: {e}")),
     };
-    let mut group = Group(child.id().and_then(|id| Pid::from_raw(id as i32)));
+    let mut group = Group {
+        pid: child.id().and_then(|id| Pid::from_raw(id as i32)),
+        mark,
+    };
     let max = limits.shell_output_max;
     let output = tokio::task::spawn_blocking(move || collect(reader, max));
 
@@ -307,6 +371,41 @@ mod tests {
             "{}",
             r.output
         );
+    }
+
+    /// A process that left the command's group (`setsid`: a session and group of its own)
+    /// is killed with it, found by the mark in its environment.
+    #[tokio::test]
+    async fn a_process_that_left_the_group_is_killed_with_the_command() {
+        let t = tempfile::tempdir().unwrap();
+        let pid_file = t.path().join("pid");
+        let script = format!("setsid sleep 600 & echo $! > {}", pid_file.display());
+        let r = run(
+            t.path(),
+            args(&script, None),
+            &ToolLimits::default(),
+            &CancellationToken::new(),
+        )
+        .await;
+        assert!(r.ok, "{}", r.output);
+        let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+        // Killed; a zombie until its new parent reaps it.
+        let gone = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(true)
+        };
+        for _ in 0..100 {
+            if gone(pid) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{pid} (setsid sleep) outlived the command");
     }
 
     #[tokio::test]
