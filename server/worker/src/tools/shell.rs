@@ -1,11 +1,13 @@
 //! `shell`: `sh -c COMMAND` in the workspace root, in its own process group, with Berth's
 //! secrets stripped from its environment. On stop or timeout the whole group is killed
 //! (SIGTERM, then SIGKILL after a short grace, so children that ignore SIGTERM die too);
-//! when the command exits, whatever it left running in its group is killed as well. A
-//! process that left the group (`setsid`, a daemon's double fork) is found by a mark in its
-//! environment, which every process the command starts inherits, and killed with the group.
-//! And when the worker itself is gone, however it went (SIGKILL included), a guard in the
-//! group kills it (`lifeline.rs`).
+//! when the command exits, whatever it left running in its group is killed as well; the
+//! grace ends early once nothing of it runs. A process that left the group (`setsid`, a
+//! daemon's double fork) is found by a mark in its environment, which everything the
+//! command starts inherits, and killed with the group (unless it dropped the variable or its
+//! environment cannot be read: another user's, a non-dumpable one). And when the worker
+//! itself is gone, however it went (SIGKILL included), a guard in the group kills the group
+//! (`lifeline.rs`; not what left it).
 
 use std::{
     io::{PipeReader, Read},
@@ -48,6 +50,10 @@ struct Group {
     mark: String,
 }
 
+/// How long a look through `/proc` may take before it is given up (a process stuck in the
+/// kernel can hold a read of its files).
+const SCAN_LIMIT: Duration = Duration::from_secs(2);
+
 impl Group {
     fn signal(&self, sig: Signal) {
         if let Some(pid) = self.pid {
@@ -57,22 +63,38 @@ impl Group {
     }
 
     /// SIGTERM to the group and to the marked processes that left it, a grace period (over
-    /// as soon as none of them runs), then SIGKILL to everything left of them.
+    /// as soon as nothing in the group and none of those runs), then SIGKILL to the group and
+    /// to every marked process left.
     async fn terminate(&mut self) {
         self.signal(Signal::TERM);
-        let mark = self.mark.clone();
-        let marked = tokio::task::spawn_blocking(move || signal_marked(&mark, Signal::TERM))
-            .await
-            .unwrap_or_default();
+        let pgid = self.pid.map_or(0, |p| p.as_raw_nonzero().get());
+        let escaped = scan(&self.mark, move |p| {
+            let away: Vec<Pid> = p.into_iter().filter(|m| m.pgrp != pgid).map(|m| m.pid).collect();
+            for &pid in &away {
+                let _ = kill_process(pid, Signal::TERM);
+            }
+            away
+        })
+        .await
+        .unwrap_or_default();
         let end = tokio::time::Instant::now() + GRACE;
-        while marked.iter().any(|&pid| running(pid)) && tokio::time::Instant::now() < end {
+        while tokio::time::Instant::now() < end {
+            let escaped = escaped.clone();
+            let runs = tokio::task::spawn_blocking(move || {
+                escaped
+                    .iter()
+                    .any(|&pid| stat(pid.as_raw_nonzero().get()).is_some_and(|s| s.state != 'Z'))
+                    || (pgid != 0 && group_runs(pgid))
+            });
+            if !matches!(tokio::time::timeout(SCAN_LIMIT, runs).await, Ok(Ok(true))) {
+                break;
+            }
             tokio::time::sleep(GRACE_POLL).await;
         }
         self.signal(Signal::KILL);
         self.pid = None;
         // Those started during the grace too.
-        let mark = self.mark.clone();
-        let _ = tokio::task::spawn_blocking(move || signal_marked(&mark, Signal::KILL)).await;
+        let _ = scan(&self.mark, |p| kill_all(&p)).await;
     }
 }
 
@@ -80,15 +102,38 @@ impl Drop for Group {
     fn drop(&mut self) {
         if self.pid.is_some() {
             self.signal(Signal::KILL);
-            signal_marked(&self.mark, Signal::KILL);
+            // Off this thread: a look through `/proc` can block.
+            let mark = std::mem::take(&mut self.mark);
+            std::thread::spawn(move || kill_all(&marked(&mark)));
         }
     }
 }
 
-/// `sig` to every process whose environment carries `mark` ([`MARK_ENV`]): everything a
-/// command started, in its process group or not; returns them. A process that replaced its
-/// whole environment before its last `exec` is not found.
-fn signal_marked(mark: &str, sig: Signal) -> Vec<Pid> {
+/// A process carrying a command's mark.
+#[derive(Clone, Copy)]
+struct Marked {
+    pid: Pid,
+    pgrp: i32,
+}
+
+/// `then` of the processes carrying `mark` ([`marked`]), off the runtime's threads and
+/// given up after [`SCAN_LIMIT`] (None).
+async fn scan<T: Send + 'static>(mark: &str, then: impl FnOnce(Vec<Marked>) -> T + Send + 'static) -> Option<T> {
+    let mark = mark.to_string();
+    let look = tokio::task::spawn_blocking(move || then(marked(&mark)));
+    tokio::time::timeout(SCAN_LIMIT, look).await.ok()?.ok()
+}
+
+fn kill_all(processes: &[Marked]) {
+    for m in processes {
+        let _ = kill_process(m.pid, Signal::KILL);
+    }
+}
+
+/// The processes whose environment carries `mark` ([`MARK_ENV`]): what a command started,
+/// in its process group or not, unless it dropped the variable before its last `exec` or
+/// its environment cannot be read (another user's, a non-dumpable process).
+fn marked(mark: &str) -> Vec<Marked> {
     let entry = format!("{MARK_ENV}={mark}");
     let mut found = Vec::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -98,25 +143,44 @@ fn signal_marked(mark: &str, sig: Signal) -> Vec<Pid> {
         let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
             continue;
         };
-        // Unreadable (another user's, or gone meanwhile): not ours.
         let Ok(env) = std::fs::read(p.path().join("environ")) else {
             continue;
         };
         if env.split(|b| *b == 0).any(|v| v == entry.as_bytes())
-            && let Some(pid) = Pid::from_raw(pid)
+            && let (Some(pid), Some(st)) = (Pid::from_raw(pid), stat(pid))
         {
-            let _ = kill_process(pid, sig);
-            found.push(pid);
+            found.push(Marked { pid, pgrp: st.pgrp });
         }
     }
     found
 }
 
-/// Whether `pid` still runs (a zombie waiting for its reaper does not).
-fn running(pid: Pid) -> bool {
-    std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+/// What `/proc/<pid>/stat` says of a process: its state and its process group.
+struct Stat {
+    state: char,
+    pgrp: i32,
+}
+
+fn stat(pid: i32) -> Option<Stat> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (in parentheses, which it may itself contain): state, ppid, pgrp.
+    let mut fields = s.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let pgrp = fields.nth(1)?.parse().ok()?;
+    Some(Stat { state, pgrp })
+}
+
+/// Whether a process of group `pgid` still runs (zombies waiting for their reaper do not).
+fn group_runs(pgid: i32) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|p| {
+        p.file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+            .and_then(stat)
+            .is_some_and(|s| s.pgrp == pgid && s.state != 'Z')
     })
 }
 
@@ -379,7 +443,13 @@ mod tests {
     async fn a_process_that_left_the_group_is_killed_with_the_command() {
         let t = tempfile::tempdir().unwrap();
         let pid_file = t.path().join("pid");
-        let script = format!("setsid sleep 600 & echo $! > {}", pid_file.display());
+        // The command ends once the process has left its group (the pid is written after
+        // `setsid`). Its output goes elsewhere: a process left running with the command's pipe
+        // would keep the output's reader (and this test's runtime) waiting for it.
+        let script = format!(
+            "setsid sh -c 'echo $$ > {p}; exec sleep 600' >/dev/null 2>&1 & while [ ! -s {p} ]; do sleep 0.01; done",
+            p = pid_file.display()
+        );
         let r = run(
             t.path(),
             args(&script, None),
@@ -405,6 +475,7 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let _ = kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
         panic!("{pid} (setsid sleep) outlived the command");
     }
 
