@@ -10,9 +10,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
 use tokio_postgres::types::Json;
 
-use crate::{CHANNEL_EVENTS, Cached, Result, Store, StoreError, fmt_time, not_found, tenant_tx};
-
-type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+use crate::{CHANNEL_EVENTS, Cached, Param, Result, Store, StoreError, fmt_time, not_found, tenant_tx};
 
 /// A row's columns as [`row_at`] reads them (a macro, for the statements built with `concat!`).
 macro_rules! row_columns {

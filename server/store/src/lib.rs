@@ -345,7 +345,9 @@ impl Store {
     }
 }
 
-type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
+/// One statement parameter.
+pub(crate) type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+type Params<'a> = &'a [Param<'a>];
 
 /// Queries through the connection's statement cache: after the first use of a statement on
 /// a connection, each query is one round trip instead of two (parse, then bind/execute).

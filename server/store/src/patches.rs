@@ -2,7 +2,7 @@
 
 use berth_protocol::{ErrorCode, PatchInfo};
 
-use crate::{Cached, Receipt, Result, Store, StoreError, fmt_time, not_found, receipts::finish, tenant_tx};
+use crate::{Cached, Param, Receipt, Result, Store, StoreError, fmt_time, not_found, receipts::finish, tenant_tx};
 
 /// A patch to record (its text already stored under `object_key`).
 #[derive(Debug, Clone)]
@@ -92,46 +92,50 @@ impl Store {
         let files = i32::try_from(p.files).unwrap_or(i32::MAX);
         let bytes = i64::try_from(p.bytes).unwrap_or(i64::MAX);
         // The session is locked first (`FOR KEY SHARE`: a turn's admission waits for it, a
-        // step does not), so that the next statement's snapshot holds every turn started
-        // before: one that started since `patch_ready` may have changed the workspace while
-        // it was captured, and the patch would mix its changes in.
-        let live = tx
-            .qo(
-                "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR KEY SHARE",
-                &[&p.session_id, &tenant_id],
-            )
-            .await?;
-        if live.is_none() {
+        // step does not), so that the insert's snapshot, taken after it, holds every turn
+        // started before: one that started since `patch_ready` may have changed the workspace
+        // while it was captured, and the patch would mix its changes in. Both go out together.
+        let key: [Param; 2] = [&p.session_id, &tenant_id];
+        let params: [Param; 10] = [
+            &p.id,
+            &tenant_id,
+            &p.session_id,
+            &p.turn_id,
+            &p.base,
+            &files,
+            &bytes,
+            &p.sha256,
+            &p.object_key,
+            &p.ready_at,
+        ];
+        let mut results = crate::pipelined(
+            &tx,
+            None,
+            &[
+                (
+                    "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL FOR KEY SHARE",
+                    &key,
+                ),
+                (
+                    "INSERT INTO patches (id, tenant_id, session_id, turn_id, base, files, bytes, sha256, object_key)
+                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+                      WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $3 AND tenant_id = $2 AND removed_at IS NULL)
+                        AND NOT EXISTS (SELECT 1 FROM events
+                                         WHERE session_id = $3 AND sequence > $10 AND type = 'turn.started')
+                     RETURNING id, session_id, turn_id, base, files, bytes, sha256, created_at, object_key",
+                    &params,
+                ),
+            ],
+        )
+        .await?;
+        let inserted = results.pop().unwrap_or_default();
+        if results.pop().unwrap_or_default().is_empty() {
             return not_found();
         }
-        let started = tx
-            .qo(
-                "SELECT 1 FROM events WHERE session_id = $1 AND sequence > $2 AND type = 'turn.started' LIMIT 1",
-                &[&p.session_id, &p.ready_at],
-            )
-            .await?;
-        if started.is_some() {
+        let Some(row) = inserted.first() else {
             return Err(StoreError::Code(ErrorCode::TurnBusy));
-        }
-        let row = tx
-            .q1(
-                "INSERT INTO patches (id, tenant_id, session_id, turn_id, base, files, bytes, sha256, object_key)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-                 RETURNING id, session_id, turn_id, base, files, bytes, sha256, created_at, object_key",
-                &[
-                    &p.id,
-                    &tenant_id,
-                    &p.session_id,
-                    &p.turn_id,
-                    &p.base,
-                    &files,
-                    &bytes,
-                    &p.sha256,
-                    &p.object_key,
-                ],
-            )
-            .await?;
-        let (info, _) = patch_from_row(&row);
+        };
+        let (info, _) = patch_from_row(row);
         finish(&tx, op, &info).await?;
         tx.commit().await?;
         Ok(info)

@@ -10,7 +10,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::json;
 
 use crate::{
-    CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, Cached, Principal, Result, Store, StoreError,
+    CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, Cached, Param, Principal, Result, Store, StoreError,
     attachments::{check_attachment_ids, turn_attachments},
     fmt_time,
     history::{EventRecord, append_event},
@@ -1632,8 +1632,6 @@ async fn check_queued(tx: &impl GenericClient, session_id: &str, queue_id: &str,
     }
     Ok(())
 }
-
-type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
 
 /// The session row of turn `$1` of tenant `$2`, by key (no row: no such turn), for the
 /// locks below.

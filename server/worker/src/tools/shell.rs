@@ -324,7 +324,7 @@ mod tests {
 
     /// Running (a zombie waiting for its reaper counts as gone).
     fn alive(pid: i32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+        stat(pid).is_some_and(|s| s.state != 'Z')
     }
 
     #[tokio::test]
@@ -460,17 +460,8 @@ mod tests {
         assert!(r.ok, "{}", r.output);
         let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
         // Killed; a zombie until its new parent reaps it.
-        let gone = |pid: i32| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| {
-                    s.rsplit(')')
-                        .next()
-                        .is_some_and(|rest| rest.trim_start().starts_with('Z'))
-                })
-                .unwrap_or(true)
-        };
         for _ in 0..100 {
-            if gone(pid) {
+            if !alive(pid) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
