@@ -651,6 +651,14 @@ impl<'a> Begun<'a> {
     }
 }
 
+/// Commit `begun`, if given (without it, the caller's transaction is left open).
+pub(crate) async fn commit_if(begun: Option<Begun<'_>>) -> Result<()> {
+    match begun {
+        Some(b) => b.commit().await,
+        None => Ok(()),
+    }
+}
+
 impl Drop for Begun<'_> {
     fn drop(&mut self) {
         if !self.done {

@@ -1164,20 +1164,13 @@ async fn claimed_turns(
     commit: Option<crate::Begun<'_>>,
 ) -> Result<Vec<ClaimedTurn>> {
     if claimed.is_empty() {
-        if let Some(commit) = commit {
-            commit.commit().await?;
-        }
+        crate::commit_if(commit).await?;
         return Ok(Vec::new());
     }
     let turn_ids: Vec<String> = claimed.iter().map(|c| c.get(0)).collect();
     // A failing read fails the call, and the `COMMIT` then rolls the claim back.
     prepare_claim_reads(tx).await?;
-    let commit = async {
-        match commit {
-            Some(c) => c.commit().await,
-            None => Ok(()),
-        }
-    };
+    let commit = crate::commit_if(commit);
     let (reads, ()) = tokio::try_join!(biased; claim_reads(tx, tenant_id, &turn_ids), commit)?;
     Ok(claimed_from(tenant_id, &claimed, reads))
 }
@@ -1437,12 +1430,7 @@ async fn admit_in(
         if connection.is_some() {
             prepare_claim_reads(tx).await?;
         }
-        let commit_now = async {
-            match commit_now {
-                Some(c) => c.commit().await,
-                None => Ok(()),
-            }
-        };
+        let commit_now = crate::commit_if(commit_now);
         let running: Vec<Param> = turn_values
             .iter()
             .copied()
@@ -1489,9 +1477,7 @@ async fn admit_in(
         if !attachments.is_empty() {
             crate::attachments::name_in_prompt_row(tx, tenant_id, session_id, &turn_id, seq).await?;
         }
-        if let Some(c) = commit_after {
-            c.commit().await?;
-        }
+        crate::commit_if(commit_after).await?;
         // Handed out unless the connection's presence was gone (`claimed_columns` and
         // whether it was assigned).
         let handed = match (handed, reads, connection) {
@@ -1543,9 +1529,7 @@ async fn admit_in(
         queue_revision: Some(0),
     };
     finish(tx, op, &result).await?;
-    if let Some(c) = commit {
-        c.commit().await?;
-    }
+    crate::commit_if(commit).await?;
     Ok(Admitted {
         result,
         workspace_id,
