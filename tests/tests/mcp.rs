@@ -70,9 +70,10 @@ async fn session(stack: &Stack, c: &mut Client) -> (String, Subscription) {
 #[tokio::test]
 async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_result_lands_in_history() {
     let mock = MockProvider::start().await;
+    let escapee_file = std::env::temp_dir().join(format!("berth-mcp-escapee-{}", std::process::id()));
     let (stack, pidfile) = with_workspace_tester(
         &mock,
-        json!({"GREETING": "hi"}),
+        json!({"GREETING": "hi", "ESCAPEE": escapee_file.display().to_string()}),
         &[("BERTH_MODEL_API_KEY", "sk-must-not-reach-mcp")],
     )
     .await;
@@ -153,6 +154,20 @@ async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_
     })
     .await;
     assert!(gone.is_some(), "the MCP server {pid} outlived its turn");
+    // And so is what it started outside its process group.
+    let escapee: i32 = std::fs::read_to_string(&escapee_file).unwrap().trim().parse().unwrap();
+    let _ = std::fs::remove_file(&escapee_file);
+    let gone = eventually(20, || async move { (!running(escapee)).then_some(()) }).await;
+    if gone.is_none() {
+        // Not left on the machine by a failing test.
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &escapee.to_string()])
+            .status();
+    }
+    assert!(
+        gone.is_some(),
+        "the MCP server's escaped child {escapee} outlived its turn"
+    );
 }
 
 /// Running, not a zombie waiting for a reaper (a killed worker's children are reaped by

@@ -5,7 +5,8 @@
 //!
 //! By default it speaks stdio (newline-delimited JSON-RPC 2.0, written by hand); with `PIDFILE`
 //! set it writes its process id there first; with `LINGER` set it stays after its input ends
-//! (until killed). With `--http` it serves streamable HTTP instead
+//! (until killed); with `ESCAPEE` set it starts `sleep` in a process group of its own (as a
+//! daemon would) and writes that process's id there. With `--http` it serves streamable HTTP instead
 //! (rmcp's server side) on a free local port, printing its URL as the first line of stdout;
 //! with `REQUIRE_HEADER=name:value` every request without that header is refused (401).
 
@@ -33,6 +34,17 @@ fn echo(text: &str) -> String {
 fn main() {
     if let Ok(path) = std::env::var("PIDFILE") {
         std::fs::write(path, std::process::id().to_string()).expect("pid file");
+    }
+    if let Ok(path) = std::env::var("ESCAPEE") {
+        use std::os::unix::process::CommandExt;
+        // Left running on purpose, never waited for: the worker must kill it.
+        #[allow(clippy::zombie_processes)]
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .process_group(0)
+            .spawn()
+            .expect("escapee");
+        std::fs::write(path, child.id().to_string()).expect("escapee pid file");
     }
     if std::env::args().any(|a| a == "--http") {
         http::serve();

@@ -34,7 +34,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::Outcome;
+use super::{
+    Outcome,
+    marks::{self, KillOnDrop},
+};
 use crate::workspace::Workspace;
 
 /// Prefix of every MCP tool's name as the model sees it.
@@ -203,6 +206,9 @@ impl Problem {
 struct Server {
     name: String,
     service: RunningService<RoleClient, ()>,
+    /// A stdio server's mark: what it started is killed when the server is let go, the
+    /// processes that left its group too (dropped after `service`).
+    _marked: Option<KillOnDrop>,
 }
 
 /// One offered tool: the name the model uses, its server and its own name there.
@@ -296,7 +302,7 @@ impl Mcp {
             output_max: config.output_max,
         };
         for (name, started) in futures_util::future::join_all(starts).await {
-            let (service, tools) = match started {
+            let (service, tools, marked) = match started {
                 Ok(s) => s,
                 Err(reason) => {
                     problems.push(Problem {
@@ -335,7 +341,11 @@ impl Mcp {
                     reason: "too-many-tools",
                 });
             }
-            mcp.servers.push(Server { name, service });
+            mcp.servers.push(Server {
+                name,
+                service,
+                _marked: marked,
+            });
         }
         (mcp, problems)
     }
@@ -437,7 +447,8 @@ impl Mcp {
         }
     }
 
-    /// Disconnect: each stdio server's process group is killed.
+    /// Disconnect: each stdio server's process group is killed, and what it started outside
+    /// the group (its mark).
     pub(crate) async fn shutdown(self) {
         for s in self.servers {
             let _ = s.service.cancel().await;
@@ -459,14 +470,17 @@ async fn read_workspace_file(ws: &Arc<Workspace>) -> Result<BTreeMap<String, Ser
     }
 }
 
-type Started = (RunningService<RoleClient, ()>, Vec<Tool>);
+type Started = (RunningService<RoleClient, ()>, Vec<Tool>, Option<KillOnDrop>);
 
 /// Start or reach one server, do the handshake and list its tools.
 async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'static str> {
+    let mut marked = None;
     let service = if let Some(command) = &spec.command {
         // Under a guard that kills the server's group when the worker is gone, however it
         // went (`lifeline.rs`): the lifeline takes the place of the discarded stderr.
         let lifeline = super::lifeline::reader();
+        // Its mark, so that what it starts outside its group goes with it.
+        let mark = marks::new_mark();
         let program = if lifeline.is_some() { "sh" } else { command.as_str() };
         let mut cmd = CommandWrap::with_new(program, |c| {
             if lifeline.is_some() {
@@ -482,6 +496,7 @@ async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'
                 c.env("PATH", "/usr/local/bin:/usr/bin:/bin");
             }
             c.envs(&spec.env);
+            c.env(marks::MARK_ENV, &mark);
         });
         cmd.wrap(ProcessGroup::leader());
         let (transport, _) = TokioChildProcess::builder(cmd)
@@ -491,6 +506,7 @@ async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'
                 tracing::warn!(mcp.server = %name, error = %e, "cannot start the MCP server");
                 "start-failed"
             })?;
+        marked = Some(KillOnDrop(mark));
         ().serve(transport).await.map_err(|e| {
             tracing::warn!(mcp.server = %name, error = %e, "the MCP server's handshake failed");
             "start-failed"
@@ -507,7 +523,7 @@ async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'
         })?
     };
     match service.peer().list_all_tools().await {
-        Ok(tools) => Ok((service, tools)),
+        Ok(tools) => Ok((service, tools, marked)),
         Err(e) => {
             tracing::warn!(mcp.server = %name, error = %e, "the MCP server did not list its tools");
             let _ = service.cancel().await;

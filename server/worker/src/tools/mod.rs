@@ -5,6 +5,7 @@
 pub(crate) mod attach;
 mod fs;
 mod lifeline;
+mod marks;
 pub(crate) mod mcp;
 mod search;
 pub(crate) mod shell;

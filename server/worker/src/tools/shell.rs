@@ -7,7 +7,8 @@
 //! command starts inherits, and killed with the group (unless it dropped the variable or its
 //! environment cannot be read: another user's, a non-dumpable one). And when the worker
 //! itself is gone, however it went (SIGKILL included), a guard in the group kills the group
-//! (`lifeline.rs`; not what left it).
+//! (`lifeline.rs`; not what left it). The mark and the look-ups through `/proc` are in
+//! `marks.rs`.
 
 use std::{
     io::{PipeReader, Read},
@@ -20,14 +21,15 @@ use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{Outcome, ToolLimits};
+use super::{
+    Outcome, ToolLimits,
+    marks::{self, SCAN_LIMIT, group_runs, kill_all, marked, scan, stat},
+};
 
 /// Between SIGTERM and SIGKILL, at most.
 const GRACE: Duration = Duration::from_millis(500);
 /// How often the group is looked at during the grace.
 const GRACE_POLL: Duration = Duration::from_millis(10);
-/// The variable whose value marks every process a command starts ([`kill_marked`]).
-const MARK_ENV: &str = "AGENT_HOST_COMMAND_MARK";
 
 #[derive(Deserialize)]
 pub(crate) struct Args {
@@ -49,10 +51,6 @@ struct Group {
     pid: Option<Pid>,
     mark: String,
 }
-
-/// How long a look through `/proc` may take before it is given up (a process stuck in the
-/// kernel can hold a read of its files).
-const SCAN_LIMIT: Duration = Duration::from_secs(2);
 
 impl Group {
     fn signal(&self, sig: Signal) {
@@ -109,81 +107,6 @@ impl Drop for Group {
     }
 }
 
-/// A process carrying a command's mark.
-#[derive(Clone, Copy)]
-struct Marked {
-    pid: Pid,
-    pgrp: i32,
-}
-
-/// `then` of the processes carrying `mark` ([`marked`]), off the runtime's threads and
-/// given up after [`SCAN_LIMIT`] (None).
-async fn scan<T: Send + 'static>(mark: &str, then: impl FnOnce(Vec<Marked>) -> T + Send + 'static) -> Option<T> {
-    let mark = mark.to_string();
-    let look = tokio::task::spawn_blocking(move || then(marked(&mark)));
-    tokio::time::timeout(SCAN_LIMIT, look).await.ok()?.ok()
-}
-
-fn kill_all(processes: &[Marked]) {
-    for m in processes {
-        let _ = kill_process(m.pid, Signal::KILL);
-    }
-}
-
-/// The processes whose environment carries `mark` ([`MARK_ENV`]): what a command started,
-/// in its process group or not, unless it dropped the variable before its last `exec` or
-/// its environment cannot be read (another user's, a non-dumpable process).
-fn marked(mark: &str) -> Vec<Marked> {
-    let entry = format!("{MARK_ENV}={mark}");
-    let mut found = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(p.path().join("environ")) else {
-            continue;
-        };
-        if env.split(|b| *b == 0).any(|v| v == entry.as_bytes())
-            && let (Some(pid), Some(st)) = (Pid::from_raw(pid), stat(pid))
-        {
-            found.push(Marked { pid, pgrp: st.pgrp });
-        }
-    }
-    found
-}
-
-/// What `/proc/<pid>/stat` says of a process: its state and its process group.
-struct Stat {
-    state: char,
-    pgrp: i32,
-}
-
-fn stat(pid: i32) -> Option<Stat> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name (in parentheses, which it may itself contain): state, ppid, pgrp.
-    let mut fields = s.rsplit_once(')')?.1.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let pgrp = fields.nth(1)?.parse().ok()?;
-    Some(Stat { state, pgrp })
-}
-
-/// Whether a process of group `pgid` still runs (zombies waiting for their reaper do not).
-fn group_runs(pgid: i32) -> bool {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    procs.flatten().any(|p| {
-        p.file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-            .and_then(stat)
-            .is_some_and(|s| s.pgrp == pgid && s.state != 'Z')
-    })
-}
-
 pub(crate) async fn run(root: &Path, a: Args, limits: &ToolLimits, cancel: &CancellationToken) -> Outcome {
     run_guarded(root, a, limits, cancel, super::lifeline::reader()).await
 }
@@ -227,8 +150,8 @@ async fn run_guarded(
             cmd.env_remove(&key);
         }
     }
-    let mark = format!("{:032x}", rand::random::<u128>());
-    cmd.env(MARK_ENV, &mark);
+    let mark = marks::new_mark();
+    cmd.env(marks::MARK_ENV, &mark);
     let child = cmd.spawn();
     // Our copies of the pipe's write end must close, or the reader never sees the end.
     drop(cmd);
