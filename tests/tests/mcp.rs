@@ -38,7 +38,8 @@ fn write_config(path: &Path, servers: Value) {
 
 /// A session that asks for approvals (no `autoApprove`), watched from the start.
 /// A stack whose worker (given `worker_env` too) serves the workspace's `.berth/mcp.json`,
-/// which names the test server `tester` with `env` and its pid written to the returned file.
+/// which names the test server `tester` with `env` and its pid written to the returned file
+/// (and, when `env` has `ESCAPEE`, its escaped child's pid to `mcp-escapee.pid` beside it).
 async fn with_workspace_tester(
     mock: &MockProvider,
     mut env: Value,
@@ -47,6 +48,9 @@ async fn with_workspace_tester(
     let mut stack = Stack::start(mock, 1).await;
     let pidfile = stack.workspace_dir.join("mcp-server.pid");
     env["PIDFILE"] = pidfile.display().to_string().into();
+    if env.get("ESCAPEE").is_some() {
+        env["ESCAPEE"] = stack.workspace_dir.join("mcp-escapee.pid").display().to_string().into();
+    }
     write_config(
         &stack.workspace_dir.join(".berth/mcp.json"),
         json!({"tester": {"command": SERVER, "env": env}}),
@@ -70,10 +74,9 @@ async fn session(stack: &Stack, c: &mut Client) -> (String, Subscription) {
 #[tokio::test]
 async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_result_lands_in_history() {
     let mock = MockProvider::start().await;
-    let escapee_file = std::env::temp_dir().join(format!("berth-mcp-escapee-{}", std::process::id()));
     let (stack, pidfile) = with_workspace_tester(
         &mock,
-        json!({"GREETING": "hi", "ESCAPEE": escapee_file.display().to_string()}),
+        json!({"GREETING": "hi", "ESCAPEE": true}),
         &[("BERTH_MODEL_API_KEY", "sk-must-not-reach-mcp")],
     )
     .await;
@@ -155,10 +158,11 @@ async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_
     .await;
     assert!(gone.is_some(), "the MCP server {pid} outlived its turn");
     // And so is what it started outside its process group.
+    let escapee_file = stack.workspace_dir.join("mcp-escapee.pid");
     let escapee: i32 = std::fs::read_to_string(&escapee_file).unwrap().trim().parse().unwrap();
-    let _ = std::fs::remove_file(&escapee_file);
     let gone = eventually(20, || async move { (!running(escapee)).then_some(()) }).await;
-    if gone.is_none() {
+    let still_sleep = std::fs::read(format!("/proc/{escapee}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"));
+    if gone.is_none() && still_sleep {
         // Not left on the machine by a failing test.
         let _ = std::process::Command::new("kill")
             .args(["-KILL", &escapee.to_string()])

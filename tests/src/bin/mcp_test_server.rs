@@ -42,6 +42,9 @@ fn main() {
         let child = std::process::Command::new("sleep")
             .arg("600")
             .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .spawn()
             .expect("escapee");
         std::fs::write(path, child.id().to_string()).expect("escapee pid file");

@@ -21,13 +21,28 @@ pub(super) fn new_mark() -> String {
 }
 
 /// Kills every process carrying its mark when dropped, on a thread of its own (a look
-/// through `/proc` can block): for a process tree whose end is not awaited (an MCP server's).
+/// through `/proc` can block): for a process tree whose end is not awaited (an MCP server's,
+/// a dropped shell command's). It looks again while it finds some, so that what a dying
+/// process started meanwhile goes too (a few passes at most).
 pub(super) struct KillOnDrop(pub(super) String);
+
+/// Looks through `/proc` a [`KillOnDrop`] makes at most.
+const KILL_PASSES: usize = 5;
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let mark = std::mem::take(&mut self.0);
-        std::thread::spawn(move || kill_all(&marked(&mark)));
+        // A thread that cannot be made leaves the processes (never a panic in `drop`).
+        let _ = std::thread::Builder::new().spawn(move || {
+            for _ in 0..KILL_PASSES {
+                let found = marked(&mark);
+                if found.is_empty() {
+                    break;
+                }
+                kill_all(&found);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
     }
 }
 

@@ -12,7 +12,8 @@
 //! A turn with tools connects to every configured server at its start and disconnects at
 //! its end: stdio servers run with the workspace root as working directory, a clean
 //! environment (`PATH`, `HOME`, `LANG` and the server's own `env`; none of Berth's secrets)
-//! and their own process group, which is killed when the turn is done. Their tools reach the
+//! and their own process group, which is killed when the turn is done; what a server started
+//! outside its group is found by its mark (`marks.rs`) and killed then too. Their tools reach the
 //! model as `mcp__<server>__<tool>` with their input schemas. A server that cannot be used is
 //! a [`Problem`] the turn reports as a notice and goes on without. Bounded: servers, tools,
 //! start time, call time, output size.
@@ -447,8 +448,8 @@ impl Mcp {
         }
     }
 
-    /// Disconnect: each stdio server's process group is killed, and what it started outside
-    /// the group (its mark).
+    /// Disconnect: each stdio server is ended (its process group killed if it does not exit),
+    /// then everything carrying its mark, inside its group or not.
     pub(crate) async fn shutdown(self) {
         for s in self.servers {
             let _ = s.service.cancel().await;

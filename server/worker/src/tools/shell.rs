@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Outcome, ToolLimits,
-    marks::{self, SCAN_LIMIT, group_runs, kill_all, marked, scan, stat},
+    marks::{self, KillOnDrop, SCAN_LIMIT, group_runs, kill_all, scan, stat},
 };
 
 /// Between SIGTERM and SIGKILL, at most.
@@ -100,9 +100,7 @@ impl Drop for Group {
     fn drop(&mut self) {
         if self.pid.is_some() {
             self.signal(Signal::KILL);
-            // Off this thread: a look through `/proc` can block.
-            let mark = std::mem::take(&mut self.mark);
-            std::thread::spawn(move || kill_all(&marked(&mark)));
+            drop(KillOnDrop(std::mem::take(&mut self.mark)));
         }
     }
 }
