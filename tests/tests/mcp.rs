@@ -160,17 +160,22 @@ async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_
     // And so is what it started outside its process group.
     let escapee_file = stack.workspace_dir.join("mcp-escapee.pid");
     let escapee: i32 = std::fs::read_to_string(&escapee_file).unwrap().trim().parse().unwrap();
-    let gone = eventually(20, || async move { (!running(escapee)).then_some(()) }).await;
-    let still_sleep = std::fs::read(format!("/proc/{escapee}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"));
+    assert_escapee_gone(escapee).await;
+}
+
+/// The test server's escaped child (`ESCAPEE`, `pid`) ends soon; if not, the test kills it
+/// (not left on the machine) and fails.
+async fn assert_escapee_gone(pid: i32) {
+    let gone = eventually(20, || async move { (!running(pid)).then_some(()) }).await;
+    let still_sleep = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"));
     if gone.is_none() && still_sleep {
-        // Not left on the machine by a failing test.
         let _ = std::process::Command::new("kill")
-            .args(["-KILL", &escapee.to_string()])
+            .args(["-KILL", &pid.to_string()])
             .status();
     }
     assert!(
         gone.is_some(),
-        "the MCP server's escaped child {escapee} outlived its turn"
+        "the MCP server's escaped child {pid} outlived its server"
     );
 }
 
@@ -214,10 +219,14 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
     let mock = MockProvider::start().await;
     let mut stack = Stack::start(&mock, 1).await;
     let config = stack.workspace_dir.with_extension("worker-mcp.json");
+    // One that starts a process outside its group and quits before its handshake: what it
+    // started goes with it.
+    let escapee_file = stack.workspace_dir.with_extension("escapee.pid");
     write_config(
         &config,
         json!({
             "missing": {"command": "/nonexistent/berth-no-such-mcp-server"},
+            "quits": {"command": SERVER, "env": {"ESCAPEE": escapee_file.display().to_string(), "QUIT": "1"}},
             "works": {"command": SERVER}
         }),
     );
@@ -257,10 +266,16 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
         "{params:?}"
     );
     assert!(
+        params.contains(&json!({"server": "quits", "reason": "start-failed"})),
+        "{params:?}"
+    );
+    assert!(
         params.contains(&json!({"server": null, "reason": "invalid-config"})),
         "{params:?}"
     );
-    assert_eq!(params.len(), 2, "{params:?}");
+    assert_eq!(params.len(), 3, "{params:?}");
+    let escapee: i32 = std::fs::read_to_string(&escapee_file).unwrap().trim().parse().unwrap();
+    assert_escapee_gone(escapee).await;
 
     // The working server's tool is offered; the broken one's are not.
     let tools = offered(&mock, 0);
@@ -275,7 +290,7 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
         .filter(|d| d["kind"] == "tool")
         .map(|d| &d["cause"]["code"])
         .collect();
-    assert_eq!(causes, [&json!("mcp-server-unavailable"); 2], "{d}");
+    assert_eq!(causes, [&json!("mcp-server-unavailable"); 3], "{d}");
     assert_eq!(c.history(&sid).await.last().unwrap()["body"], "Still here.");
 }
 

@@ -6,7 +6,8 @@
 //! By default it speaks stdio (newline-delimited JSON-RPC 2.0, written by hand); with `PIDFILE`
 //! set it writes its process id there first; with `LINGER` set it stays after its input ends
 //! (until killed); with `ESCAPEE` set it starts `sleep` in a process group of its own (as a
-//! daemon would) and writes that process's id there. With `--http` it serves streamable HTTP instead
+//! daemon would) and writes that process's id there; with `QUIT` set it then exits before
+//! any handshake (a server that fails to start). With `--http` it serves streamable HTTP instead
 //! (rmcp's server side) on a free local port, printing its URL as the first line of stdout;
 //! with `REQUIRE_HEADER=name:value` every request without that header is refused (401).
 
@@ -48,6 +49,9 @@ fn main() {
             .spawn()
             .expect("escapee");
         std::fs::write(path, child.id().to_string()).expect("escapee pid file");
+    }
+    if std::env::var_os("QUIT").is_some() {
+        std::process::exit(1);
     }
     if std::env::args().any(|a| a == "--http") {
         http::serve();
