@@ -87,8 +87,8 @@ impl Store {
         let c: &tokio_postgres::Client = &client;
         // `biased`: polled, so sent, in this order, all on the first poll (a caller dropped
         // mid-way still leaves the connection outside any transaction).
-        let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&digest, &APP_ROLE];
-        let turn_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&turn_id, &digest];
+        let check_params: [crate::Param; 2] = [&digest, &APP_ROLE];
+        let turn_params: [crate::Param; 2] = [&turn_id, &digest];
         let (begin, row, turn, commit) = tokio::join!(
             biased;
             c.batch_execute("BEGIN"),

@@ -583,7 +583,7 @@ pub(crate) async fn pipelined(
     };
     let prepared = futures_util::future::try_join_all(statements.iter().map(|(sql, _)| tx.prepare_cached(sql))).await?;
     let tenant_id = tenant.map(|(_, id)| id);
-    let tenant_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&APP_ROLE, &tenant_id];
+    let tenant_params: [Param; 2] = [&APP_ROLE, &tenant_id];
     let switch = async {
         match &switch {
             Some(s) => tx.execute(s, &tenant_params).await.map(drop),

@@ -34,7 +34,7 @@ fn effective(
 /// A change to a session's own columns: `SET` clause (parameters from `$2`) and its values.
 struct Change<'a> {
     set: &'static str,
-    values: &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)],
+    values: crate::Params<'a>,
 }
 
 /// Lock a live session of the tenant for the rest of the transaction; not-found otherwise.
@@ -323,7 +323,7 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
-        let mut values: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&session_id];
+        let mut values: Vec<crate::Param> = vec![&session_id];
         values.extend_from_slice(change.values);
         tx.ex(&format!("UPDATE sessions SET {} WHERE id = $1", change.set), &values)
             .await?;

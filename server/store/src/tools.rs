@@ -96,7 +96,7 @@ impl Store {
         };
         let client = self.pool.get().await?;
         let (payload, replica) = running.unzip();
-        let check: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+        let check: [crate::Param; 6] = [
             &turn_id,
             &tenant_id,
             &connection_id,

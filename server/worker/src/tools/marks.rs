@@ -96,18 +96,23 @@ pub(super) fn marked(mark: &str) -> Vec<Marked> {
 }
 
 /// What `/proc/<pid>/stat` says of a process: its state and its process group.
-pub(super) struct Stat {
-    pub(super) state: char,
-    pub(super) pgrp: i32,
+struct Stat {
+    state: char,
+    pgrp: i32,
 }
 
-pub(super) fn stat(pid: i32) -> Option<Stat> {
+fn stat(pid: i32) -> Option<Stat> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // After the command name (in parentheses, which it may itself contain): state, ppid, pgrp.
     let mut fields = s.rsplit_once(')')?.1.split_whitespace();
     let state = fields.next()?.chars().next()?;
     let pgrp = fields.nth(1)?.parse().ok()?;
     Some(Stat { state, pgrp })
+}
+
+/// Whether process `pid` runs (a zombie waiting for its reaper does not).
+pub(super) fn runs(pid: i32) -> bool {
+    stat(pid).is_some_and(|s| s.state != 'Z')
 }
 
 /// Whether a process of group `pgid` still runs (zombies waiting for their reaper do not).

@@ -475,8 +475,7 @@ type Started = (RunningService<RoleClient, ()>, Vec<Tool>, Option<KillOnDrop>);
 
 /// Start or reach one server, do the handshake and list its tools.
 async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'static str> {
-    let mut marked = None;
-    let service = if let Some(command) = &spec.command {
+    let (service, marked) = if let Some(command) = &spec.command {
         // Under a guard that kills the server's group when the worker is gone, however it
         // went (`lifeline.rs`): the lifeline takes the place of the discarded stderr.
         let lifeline = super::lifeline::reader();
@@ -507,21 +506,24 @@ async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'
                 tracing::warn!(mcp.server = %name, error = %e, "cannot start the MCP server");
                 "start-failed"
             })?;
-        marked = Some(KillOnDrop(mark));
-        ().serve(transport).await.map_err(|e| {
+        // From here on, a failure (or this future dropped) kills what it started.
+        let marked = KillOnDrop(mark);
+        let service = ().serve(transport).await.map_err(|e| {
             tracing::warn!(mcp.server = %name, error = %e, "the MCP server's handshake failed");
             "start-failed"
-        })?
+        })?;
+        (service, Some(marked))
     } else {
         let url = spec.url.as_deref().unwrap_or_default();
         let client = crate::net::mcp_http_client(&spec.headers).map_err(|_| "invalid-config")?;
         let transport =
             StreamableHttpClientTransport::with_client(client, StreamableHttpClientTransportConfig::with_uri(url));
         // The URL and headers may hold secrets: the error text is not logged.
-        ().serve(transport).await.map_err(|_| {
+        let service = ().serve(transport).await.map_err(|_| {
             tracing::warn!(mcp.server = %name, "the MCP server's handshake failed");
             "start-failed"
-        })?
+        })?;
+        (service, None)
     };
     match service.peer().list_all_tools().await {
         Ok(tools) => Ok((service, tools, marked)),

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Outcome, ToolLimits,
-    marks::{self, KillOnDrop, SCAN_LIMIT, group_runs, kill_all, scan, stat},
+    marks::{self, KillOnDrop, SCAN_LIMIT, group_runs, kill_all, runs, scan},
 };
 
 /// Between SIGTERM and SIGKILL, at most.
@@ -79,10 +79,7 @@ impl Group {
         while tokio::time::Instant::now() < end {
             let escaped = escaped.clone();
             let runs = tokio::task::spawn_blocking(move || {
-                escaped
-                    .iter()
-                    .any(|&pid| stat(pid.as_raw_nonzero().get()).is_some_and(|s| s.state != 'Z'))
-                    || (pgid != 0 && group_runs(pgid))
+                escaped.iter().any(|&pid| runs(pid.as_raw_nonzero().get())) || (pgid != 0 && group_runs(pgid))
             });
             if !matches!(tokio::time::timeout(SCAN_LIMIT, runs).await, Ok(Ok(true))) {
                 break;
@@ -243,11 +240,6 @@ mod tests {
         }
     }
 
-    /// Running (a zombie waiting for its reaper counts as gone).
-    fn alive(pid: i32) -> bool {
-        stat(pid).is_some_and(|s| s.state != 'Z')
-    }
-
     #[tokio::test]
     async fn runs_in_the_workspace_with_secrets_stripped() {
         let t = tempfile::tempdir().unwrap();
@@ -320,7 +312,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(started.len(), 2, "the command started its child");
-        assert!(started.iter().all(|&p| alive(p)), "both run while the worker lives");
+        assert!(started.iter().all(|&p| runs(p)), "both run while the worker lives");
         drop(writer);
         let r = tokio::time::timeout(Duration::from_secs(30), running)
             .await
@@ -328,12 +320,12 @@ mod tests {
             .unwrap();
         assert!(r.output.contains("[killed by a signal]"), "{}", r.output);
         for _ in 0..500 {
-            if !started.iter().any(|&p| alive(p)) {
+            if !started.iter().any(|&p| runs(p)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(!started.iter().any(|&p| alive(p)), "the command and its child are gone");
+        assert!(!started.iter().any(|&p| runs(p)), "the command and its child are gone");
     }
 
     #[tokio::test]
@@ -382,7 +374,7 @@ mod tests {
         let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
         // Killed; a zombie until its new parent reaps it.
         for _ in 0..100 {
-            if !alive(pid) {
+            if !runs(pid) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -413,7 +405,7 @@ mod tests {
         let before = read_pids();
         assert_eq!(before.len(), 2);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(before.iter().all(|p| !alive(*p)), "{before:?} still running");
+        assert!(before.iter().all(|p| !runs(*p)), "{before:?} still running");
 
         std::fs::remove_file(&pids).unwrap();
         let cancel = CancellationToken::new();
@@ -429,6 +421,6 @@ mod tests {
         assert_eq!(r.output, "stopped");
         tokio::time::sleep(Duration::from_millis(200)).await;
         let after = read_pids();
-        assert!(after.iter().all(|p| !alive(*p)), "{after:?} still running");
+        assert!(after.iter().all(|p| !runs(*p)), "{after:?} still running");
     }
 }
