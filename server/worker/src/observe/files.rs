@@ -166,6 +166,60 @@ fn version(rel: &Path, meta: &cap_std::fs::Metadata, parent: &str, content: u128
     crate::attachments::hex(&v[..16])
 }
 
+/// How much of a file `files.read` reads at a time: small enough that a block is still in
+/// the cache when its UTF-8 check and its hash run right after its read.
+const CAPTURE_BLOCK: usize = 128 << 10;
+
+/// Read all of `file` (`len` bytes by its metadata) into one buffer, block by block, each
+/// block checked for UTF-8 and hashed (XXH3-128) while it is in the cache: one pass over
+/// memory instead of three. The bytes, whether they are text (no NUL in the first 8000
+/// bytes, git's rule for binary, and valid UTF-8) and their hash; None when the file turned
+/// out longer than `len` or [`READ_MAX`] (a writer is at work, or it is too large).
+fn read_scanned(mut file: &std::fs::File, len: u64) -> Result<Option<(Vec<u8>, bool, u128)>, RpcError> {
+    let len = len.min(READ_MAX) as usize;
+    let mut data = Vec::with_capacity(len + 1);
+    let mut hash = xxhash_rust::xxh3::Xxh3Default::new();
+    let mut utf8 = true;
+    // Where the part not yet known to be UTF-8 starts: a character cut by a block's end
+    // is checked again with the next block.
+    let mut unchecked = 0;
+    loop {
+        let start = data.len();
+        // One byte past the length the metadata gave, to see a file that grew.
+        let want = CAPTURE_BLOCK.min(len + 1 - start.min(len)).max(1);
+        // Zeroed just before the read overwrites it: the block is in the cache then.
+        data.resize(start + want, 0);
+        let read = loop {
+            match file.read(&mut data[start..]) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r,
+            }
+        };
+        let n = match read {
+            Ok(n) => n,
+            Err(e) => return Err(io_failure(&e)),
+        };
+        data.truncate(start + n);
+        if n == 0 {
+            break;
+        }
+        if data.len() > len {
+            return Ok(None);
+        }
+        hash.update(&data[start..]);
+        if utf8 {
+            match simdutf8::compat::from_utf8(&data[unchecked..]) {
+                Ok(_) => unchecked = data.len(),
+                // Only a character cut at the end: checked whole with the next block.
+                Err(e) if e.error_len().is_none() => unchecked += e.valid_up_to(),
+                Err(_) => utf8 = false,
+            }
+        }
+    }
+    let text = utf8 && unchecked == data.len() && !data[..data.len().min(8000)].contains(&0);
+    Ok(Some((data, text, hash.digest128())))
+}
+
 /// Read the whole file through one handle; retried when a writer changed it meanwhile.
 fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>, RpcError> {
     let parent = rel
@@ -194,14 +248,10 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
                 reason: "too-large".into(),
             }));
         }
-        // One pass of large reads (`read_to_end` doubles them into the buffer sized for the
-        // file), then one pass of the hash: faster than hashing block by block, as each
-        // block's read then starts again from small reads.
-        let mut data = Vec::with_capacity(opened.meta.len() as usize + 1);
-        (&opened.handle)
-            .take(READ_MAX + 1)
-            .read_to_end(&mut data)
-            .map_err(|e| io_failure(&e))?;
+        let Some((data, text, content)) = read_scanned(&opened.handle, opened.meta.len())? else {
+            // Longer than it said, or than a read may be: read again (and refuse then).
+            continue;
+        };
         let after = cap_std::fs::Metadata::from_file(&opened.handle).map_err(|e| io_failure(&e))?;
         if after.len() != data.len() as u64
             || after.mtime() != opened.meta.mtime()
@@ -211,9 +261,7 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
             continue;
         }
         let parent_id = ws.lstat(parent).map(|m| identity(&m)).unwrap_or_default();
-        // Git's rule for binary (a NUL early on), then UTF-8, decide what is text.
-        let text = !data[..data.len().min(8000)].contains(&0) && simdutf8::basic::from_utf8(&data).is_ok();
-        let version = version(rel, &after, &parent_id, xxhash_rust::xxh3::xxh3_128(&data));
+        let version = version(rel, &after, &parent_id, content);
         return Ok(Ok(Capture {
             data,
             meta: after,
@@ -525,17 +573,38 @@ mod tests {
         invalid.push(0xC3); // a truncated character at the very end: not UTF-8
         let mut nul = b"\0".to_vec();
         nul.extend_from_slice(text.as_bytes());
+        // A character cut by the end of the first block the capture reads, one cut by the
+        // second's, and a byte that is never UTF-8 in the third block.
+        let mut straddling = vec![b'a'; CAPTURE_BLOCK - 1];
+        straddling.extend_from_slice("✓".as_bytes());
+        straddling.resize(2 * CAPTURE_BLOCK - 2, b'b');
+        straddling.extend_from_slice("😀".as_bytes());
+        straddling.extend_from_slice(b"tail");
+        let mut invalid_later = straddling.clone();
+        invalid_later.resize(2 * CAPTURE_BLOCK + 1000, b'c');
+        invalid_later.push(0xFF);
+        invalid_later.extend_from_slice(b"more");
         for (name, data, is_text) in [
             ("text", text.as_bytes().to_vec(), true),
             ("invalid", invalid, false),
             ("nul", nul, false),
             ("empty", Vec::new(), true),
+            ("straddling", straddling, true),
+            ("invalid-later", invalid_later, false),
         ] {
             std::fs::write(tmp.path().join(name), &data).unwrap();
             let cap = capture(&ws, Path::new(name)).unwrap().ok().unwrap();
             assert!(cap.data == data, "{name}: captured other bytes");
             assert_eq!(cap.text, is_text, "{name}");
+            // The block-wise hash is the hash of the whole file.
+            let file = std::fs::File::open(tmp.path().join(name)).unwrap();
+            let (_, _, hash) = read_scanned(&file, data.len() as u64).unwrap().unwrap();
+            assert_eq!(hash, xxhash_rust::xxh3::xxh3_128(&data), "{name}");
         }
+        // A file longer than its metadata said (a writer at work) is not taken.
+        std::fs::write(tmp.path().join("grown"), "0123456789").unwrap();
+        let file = std::fs::File::open(tmp.path().join("grown")).unwrap();
+        assert!(read_scanned(&file, 4).unwrap().is_none());
     }
 
     #[test]
