@@ -175,7 +175,7 @@ const CAPTURE_BLOCK: usize = 128 << 10;
 /// memory instead of three. The bytes, whether they are text (no NUL in the first 8000
 /// bytes, git's rule for binary, and valid UTF-8) and their hash; None when the file turned
 /// out longer than `len` or [`READ_MAX`] (a writer is at work, or it is too large).
-fn read_scanned(mut file: &std::fs::File, len: u64) -> Result<Option<(Vec<u8>, bool, u128)>, RpcError> {
+fn read_scanned(file: &std::fs::File, len: u64) -> Result<Option<(Vec<u8>, bool, u128)>, RpcError> {
     let len = len.min(READ_MAX) as usize;
     let mut data = Vec::with_capacity(len + 1);
     let mut hash = xxhash_rust::xxh3::Xxh3Default::new();
@@ -185,21 +185,14 @@ fn read_scanned(mut file: &std::fs::File, len: u64) -> Result<Option<(Vec<u8>, b
     let mut unchecked = 0;
     loop {
         let start = data.len();
-        // One byte past the length the metadata gave, to see a file that grew.
-        let want = CAPTURE_BLOCK.min(len + 1 - start.min(len)).max(1);
-        // Zeroed just before the read overwrites it: the block is in the cache then.
-        data.resize(start + want, 0);
-        let read = loop {
-            match file.read(&mut data[start..]) {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                r => break r,
-            }
-        };
-        let n = match read {
-            Ok(n) => n,
-            Err(e) => return Err(io_failure(&e)),
-        };
-        data.truncate(start + n);
+        // One byte past the length the metadata gave, to see a file that grew. Read into
+        // the buffer's spare capacity (reserved once, never zeroed): the read's copy is the
+        // first touch of the block's memory.
+        let want = CAPTURE_BLOCK.min(len + 1 - start);
+        let n = file
+            .take(want as u64)
+            .read_to_end(&mut data)
+            .map_err(|e| io_failure(&e))?;
         if n == 0 {
             break;
         }
