@@ -186,16 +186,14 @@ fn read_scanned(file: &std::fs::File, len: u64) -> Result<Option<(Vec<u8>, bool,
     loop {
         let start = data.len();
         // One byte past the length the metadata gave, to see a file that grew. Read into
-        // the buffer's spare capacity (reserved once, never zeroed): the read's copy is the
-        // first touch of the block's memory.
+        // the buffer's spare capacity (reserved once, never zeroed: the read's copy is the
+        // first touch of the block's memory), in a few growing reads a block (`read_to_end`
+        // starts each at 8 KiB): a zeroed block read at once cost more (docs/performance.md).
         let want = CAPTURE_BLOCK.min(len + 1 - start);
         let n = file
             .take(want as u64)
             .read_to_end(&mut data)
             .map_err(|e| io_failure(&e))?;
-        if n == 0 {
-            break;
-        }
         if data.len() > len {
             return Ok(None);
         }
@@ -207,6 +205,10 @@ fn read_scanned(file: &std::fs::File, len: u64) -> Result<Option<(Vec<u8>, bool,
                 Err(e) if e.error_len().is_none() => unchecked += e.valid_up_to(),
                 Err(_) => utf8 = false,
             }
+        }
+        // A short read is the end (a writer appending meanwhile is seen by the metadata).
+        if n < want {
+            break;
         }
     }
     let text = utf8 && unchecked == data.len() && !data[..data.len().min(8000)].contains(&0);
@@ -242,7 +244,7 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
             }));
         }
         let Some((data, text, content)) = read_scanned(&opened.handle, opened.meta.len())? else {
-            // Longer than it said, or than a read may be: read again (and refuse then).
+            // Longer than its metadata said: read again (refused as too large if it now is).
             continue;
         };
         let after = cap_std::fs::Metadata::from_file(&opened.handle).map_err(|e| io_failure(&e))?;
@@ -559,8 +561,7 @@ mod tests {
     fn a_capture_holds_the_whole_file_and_its_kind() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(tmp.path()).unwrap();
-        // Longer than the first of `read_to_end`'s growing reads, multi-byte characters across
-        // their boundaries.
+        // Several blocks of `CAPTURE_BLOCK`, multi-byte characters across their ends.
         let text = "naïve ✓ café\n".repeat(50_000);
         let mut invalid = text.clone().into_bytes();
         invalid.push(0xC3); // a truncated character at the very end: not UTF-8
@@ -577,6 +578,17 @@ mod tests {
         invalid_later.resize(2 * CAPTURE_BLOCK + 1000, b'c');
         invalid_later.push(0xFF);
         invalid_later.extend_from_slice(b"more");
+        // A 2-byte character cut after its first byte, a 4-byte one after its third.
+        let mut two_and_four = vec![b'a'; CAPTURE_BLOCK - 1];
+        two_and_four.extend_from_slice("é".as_bytes());
+        two_and_four.resize(2 * CAPTURE_BLOCK - 3, b'b');
+        two_and_four.extend_from_slice("😀".as_bytes());
+        // A block that ends in the first byte of a character the next block does not go on.
+        let mut cut_off = vec![b'a'; CAPTURE_BLOCK - 1];
+        cut_off.push(0xE2);
+        cut_off.extend_from_slice(b"ascii");
+        // Exactly two blocks.
+        let whole_blocks = vec![b'w'; 2 * CAPTURE_BLOCK];
         for (name, data, is_text) in [
             ("text", text.as_bytes().to_vec(), true),
             ("invalid", invalid, false),
@@ -584,6 +596,9 @@ mod tests {
             ("empty", Vec::new(), true),
             ("straddling", straddling, true),
             ("invalid-later", invalid_later, false),
+            ("two-and-four", two_and_four, true),
+            ("cut-off", cut_off, false),
+            ("whole-blocks", whole_blocks, true),
         ] {
             std::fs::write(tmp.path().join(name), &data).unwrap();
             let cap = capture(&ws, Path::new(name)).unwrap().ok().unwrap();
@@ -594,10 +609,18 @@ mod tests {
             let (_, _, hash) = read_scanned(&file, data.len() as u64).unwrap().unwrap();
             assert_eq!(hash, xxhash_rust::xxh3::xxh3_128(&data), "{name}");
         }
-        // A file longer than its metadata said (a writer at work) is not taken.
+        // A file longer than its metadata said (a writer at work) is not taken, also by one
+        // byte past whole blocks; a shorter one is read to its end (the metadata check
+        // after the read sees it).
         std::fs::write(tmp.path().join("grown"), "0123456789").unwrap();
         let file = std::fs::File::open(tmp.path().join("grown")).unwrap();
         assert!(read_scanned(&file, 4).unwrap().is_none());
+        std::fs::write(tmp.path().join("grown"), vec![b'g'; 2 * CAPTURE_BLOCK + 1]).unwrap();
+        let file = std::fs::File::open(tmp.path().join("grown")).unwrap();
+        assert!(read_scanned(&file, 2 * CAPTURE_BLOCK as u64).unwrap().is_none());
+        let file = std::fs::File::open(tmp.path().join("grown")).unwrap();
+        let (shorter, _, _) = read_scanned(&file, 3 * CAPTURE_BLOCK as u64).unwrap().unwrap();
+        assert_eq!(shorter.len(), 2 * CAPTURE_BLOCK + 1);
     }
 
     #[test]
