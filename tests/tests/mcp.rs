@@ -294,6 +294,60 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
     assert_eq!(c.history(&sid).await.last().unwrap()["body"], "Still here.");
 }
 
+#[tokio::test]
+async fn an_mcp_server_that_never_answers_is_a_start_timeout_and_what_it_started_goes_with_it() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let config = stack.workspace_dir.with_extension("worker-mcp.json");
+    let (pidfile, escapee_file) = (
+        stack.workspace_dir.with_extension("hangs.pid"),
+        stack.workspace_dir.with_extension("hangs-escapee.pid"),
+    );
+    write_config(
+        &config,
+        json!({"hangs": {"command": SERVER, "env": {
+            "PIDFILE": pidfile.display().to_string(),
+            "ESCAPEE": escapee_file.display().to_string(),
+            "HANG": "1",
+        }}}),
+    );
+    stack.kill_worker().await;
+    let config_path = config.display().to_string();
+    stack
+        .start_worker_with_env(
+            0,
+            &[],
+            &[
+                ("BERTH_WORKER_MCP_CONFIG", config_path.as_str()),
+                ("BERTH_WORKER_MCP_START_TIMEOUT_SECS", "1"),
+            ],
+        )
+        .await;
+    let mut c = stack.client(0).await;
+    let (sid, mut watch) = session(&stack, &mut c).await;
+    mock.push(Reply::text(&["Without it."]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "Hello"})).await;
+    let events = watch.until(60, is_turn_end).await.expect("the turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    let params: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "session.notice")
+        .map(|n| &n["params"])
+        .collect();
+    assert_eq!(
+        params,
+        [&json!({"server": "hangs", "reason": "start-timeout"})],
+        "{events:?}"
+    );
+    assert!(offered(&mock, 0).iter().all(|t| !t.starts_with("mcp__hangs__")));
+    // The server given up on is gone, and so is what it started outside its group.
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let gone = eventually(20, || async move { (!running(pid)).then_some(()) }).await;
+    assert!(gone.is_some(), "the MCP server {pid} outlived its start timeout");
+    let escapee: i32 = std::fs::read_to_string(&escapee_file).unwrap().trim().parse().unwrap();
+    assert_escapee_gone(escapee).await;
+}
+
 /// The test server in streamable-HTTP mode, refusing requests without `header`; returns the
 /// process (killed when dropped) and its URL.
 async fn http_server(header: &str) -> (tokio::process::Child, String) {

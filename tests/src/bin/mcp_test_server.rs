@@ -7,7 +7,8 @@
 //! set it writes its process id there first; with `LINGER` set it stays after its input ends
 //! (until killed); with `ESCAPEE` set it starts `sleep` in a process group of its own (as a
 //! daemon would) and writes that process's id there; with `QUIT` set it then exits before
-//! any handshake (a server that fails to start). With `--http` it serves streamable HTTP instead
+//! any handshake (a server that fails to start), with `HANG` set it never answers one (a
+//! server that never starts). With `--http` it serves streamable HTTP instead
 //! (rmcp's server side) on a free local port, printing its URL as the first line of stdout;
 //! with `REQUIRE_HEADER=name:value` every request without that header is refused (401).
 
@@ -52,6 +53,11 @@ fn main() {
     }
     if std::env::var_os("QUIT").is_some() {
         std::process::exit(1);
+    }
+    if std::env::var_os("HANG").is_some() {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
     }
     if std::env::args().any(|a| a == "--http") {
         http::serve();
