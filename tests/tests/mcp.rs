@@ -233,24 +233,14 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
     // A workspace file that is not JSON at all.
     std::fs::create_dir_all(stack.workspace_dir.join(".berth")).unwrap();
     std::fs::write(stack.workspace_dir.join(".berth/mcp.json"), "{not json").unwrap();
-    stack.kill_worker().await;
-    let config_path = config.display().to_string();
-    stack
-        .start_worker_with_env(
-            0,
-            &[],
-            &[
-                ("BERTH_WORKER_MCP_CONFIG", config_path.as_str()),
-                ("BERTH_WORKER_MCP_WORKSPACE", "true"),
-            ],
-        )
-        .await;
-    let mut c = stack.client(0).await;
-    let (sid, mut watch) = session(&stack, &mut c).await;
-    mock.push(Reply::text(&["Still here."]));
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "Hello"})).await;
-    let events = watch.until(60, is_turn_end).await.expect("the turn ends");
-    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    let (mut c, sid, events) = one_turn_with(
+        &mut stack,
+        &mock,
+        &config,
+        ("BERTH_WORKER_MCP_WORKSPACE", "true"),
+        "Still here.",
+    )
+    .await;
 
     let notices: Vec<&Value> = events.iter().filter(|e| e["type"] == "session.notice").collect();
     let params: Vec<Value> = notices
@@ -311,24 +301,8 @@ async fn an_mcp_server_that_never_answers_is_a_start_timeout_and_what_it_started
             "HANG": "1",
         }}}),
     );
-    stack.kill_worker().await;
-    let config_path = config.display().to_string();
-    stack
-        .start_worker_with_env(
-            0,
-            &[],
-            &[
-                ("BERTH_WORKER_MCP_CONFIG", config_path.as_str()),
-                ("BERTH_WORKER_MCP_START_TIMEOUT_SECS", "1"),
-            ],
-        )
-        .await;
-    let mut c = stack.client(0).await;
-    let (sid, mut watch) = session(&stack, &mut c).await;
-    mock.push(Reply::text(&["Without it."]));
-    c.ok("session.send", json!({"sessionId": sid, "prompt": "Hello"})).await;
-    let events = watch.until(60, is_turn_end).await.expect("the turn ends");
-    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    let setting = ("BERTH_WORKER_MCP_START_TIMEOUT_SECS", "1");
+    let (_, _, events) = one_turn_with(&mut stack, &mock, &config, setting, "Without it.").await;
     let params: Vec<&Value> = events
         .iter()
         .filter(|e| e["type"] == "session.notice")
@@ -346,6 +320,29 @@ async fn an_mcp_server_that_never_answers_is_a_start_timeout_and_what_it_started
     assert!(gone.is_some(), "the MCP server {pid} outlived its start timeout");
     let escapee: i32 = std::fs::read_to_string(&escapee_file).unwrap().trim().parse().unwrap();
     assert_escapee_gone(escapee).await;
+}
+
+/// The worker restarted with the MCP servers of `config` and one more `setting`, then one
+/// turn of a new session answered `reply`, completed: the client, the session and its
+/// events.
+async fn one_turn_with(
+    stack: &mut Stack,
+    mock: &MockProvider,
+    config: &Path,
+    setting: (&str, &str),
+    reply: &str,
+) -> (Client, String, Vec<Value>) {
+    stack.kill_worker().await;
+    let config_path = config.display().to_string();
+    let env = [("BERTH_WORKER_MCP_CONFIG", config_path.as_str()), setting];
+    stack.start_worker_with_env(0, &[], &env).await;
+    let mut c = stack.client(0).await;
+    let (sid, mut watch) = session(stack, &mut c).await;
+    mock.push(Reply::text(&[reply]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "Hello"})).await;
+    let events = watch.until(60, is_turn_end).await.expect("the turn ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    (c, sid, events)
 }
 
 /// The test server in streamable-HTTP mode, refusing requests without `header`; returns the
