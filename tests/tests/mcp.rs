@@ -151,21 +151,25 @@ async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_
     assert_eq!(rows.last().unwrap()["body"], "The server said ahoy.");
 
     // The server ran for the turn and is gone once it ended.
-    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let pid = pid_in(&pidfile);
     let gone = eventually(20, || async move {
         (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
     })
     .await;
     assert!(gone.is_some(), "the MCP server {pid} outlived its turn");
     // And so is what it started outside its process group.
-    let escapee_file = stack.workspace_dir.join("mcp-escapee.pid");
-    let escapee: i32 = std::fs::read_to_string(&escapee_file).unwrap().trim().parse().unwrap();
-    assert_escapee_gone(escapee).await;
+    assert_escapee_gone(&stack.workspace_dir.join("mcp-escapee.pid")).await;
 }
 
-/// The test server's escaped child (`ESCAPEE`, `pid`) ends soon; if not, the test kills it
-/// (not left on the machine) and fails.
-async fn assert_escapee_gone(pid: i32) {
+/// The process id a test server wrote to `file`.
+fn pid_in(file: &Path) -> i32 {
+    std::fs::read_to_string(file).unwrap().trim().parse().unwrap()
+}
+
+/// The test server's escaped child (`ESCAPEE`, its pid in `file`) ends soon; if not, the test
+/// kills it (not left on the machine) and fails.
+async fn assert_escapee_gone(file: &Path) {
+    let pid = pid_in(file);
     let gone = eventually(20, || async move { (!running(pid)).then_some(()) }).await;
     let still_sleep = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"));
     if gone.is_none() && still_sleep {
@@ -207,7 +211,7 @@ async fn a_stdio_server_dies_with_its_worker_even_when_the_worker_is_killed() {
         .until(60, |e| e["type"] == "interaction.requested")
         .await
         .expect("the call waits for approval, its server running");
-    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let pid = pid_in(&pidfile);
     assert!(running(pid), "the server runs");
     stack.kill_worker().await;
     let gone = eventually(30, || async move { (!running(pid)).then_some(()) }).await;
@@ -264,8 +268,7 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
         "{params:?}"
     );
     assert_eq!(params.len(), 3, "{params:?}");
-    let escapee: i32 = std::fs::read_to_string(&escapee_file).unwrap().trim().parse().unwrap();
-    assert_escapee_gone(escapee).await;
+    assert_escapee_gone(&escapee_file).await;
 
     // The working server's tool is offered; the broken one's are not.
     let tools = offered(&mock, 0);
@@ -315,11 +318,10 @@ async fn an_mcp_server_that_never_answers_is_a_start_timeout_and_what_it_started
     );
     assert!(offered(&mock, 0).iter().all(|t| !t.starts_with("mcp__hangs__")));
     // The server given up on is gone, and so is what it started outside its group.
-    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let pid = pid_in(&pidfile);
     let gone = eventually(20, || async move { (!running(pid)).then_some(()) }).await;
     assert!(gone.is_some(), "the MCP server {pid} outlived its start timeout");
-    let escapee: i32 = std::fs::read_to_string(&escapee_file).unwrap().trim().parse().unwrap();
-    assert_escapee_gone(escapee).await;
+    assert_escapee_gone(&escapee_file).await;
 }
 
 /// The worker restarted with the MCP servers of `config` and one more `setting`, then one

@@ -31,19 +31,24 @@ const KILL_PASSES: usize = 5;
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let mark = std::mem::take(&mut self.0);
-        // A thread that cannot be made leaves the processes (never a panic in `drop`).
-        let _ = std::thread::Builder::new().spawn(move || {
-            for _ in 0..KILL_PASSES {
-                let found = marked(&mark);
-                if found.is_empty() {
-                    break;
-                }
-                kill_all(&found);
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        });
+        kill_marked_soon(std::mem::take(&mut self.0));
     }
+}
+
+/// Kill every process carrying `mark`, on a thread of its own (a look through `/proc` can
+/// block), looking again while it finds some ([`KillOnDrop`]).
+pub(super) fn kill_marked_soon(mark: String) {
+    // A thread that cannot be made leaves the processes (never a panic in `drop`).
+    let _ = std::thread::Builder::new().spawn(move || {
+        for _ in 0..KILL_PASSES {
+            let found = marked(&mark);
+            if found.is_empty() {
+                break;
+            }
+            kill_all(&found);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
 }
 
 /// A process carrying a command's mark.

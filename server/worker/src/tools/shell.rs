@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Outcome, ToolLimits,
-    marks::{self, KillOnDrop, SCAN_LIMIT, group_runs, kill_all, runs, scan},
+    marks::{self, SCAN_LIMIT, group_runs, kill_all, runs, scan},
 };
 
 /// Between SIGTERM and SIGKILL, at most.
@@ -97,7 +97,7 @@ impl Drop for Group {
     fn drop(&mut self) {
         if self.pid.is_some() {
             self.signal(Signal::KILL);
-            drop(KillOnDrop(std::mem::take(&mut self.mark)));
+            marks::kill_marked_soon(std::mem::take(&mut self.mark));
         }
     }
 }
