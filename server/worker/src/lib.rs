@@ -294,8 +294,51 @@ async fn connect_once(
     result
 }
 
-/// Running turns' cancellation tokens, by turn id.
-type Running = Arc<Mutex<HashMap<String, CancellationToken>>>;
+/// A connection's turns ([`Turns`]).
+type Running = Arc<Mutex<Turns>>;
+
+/// Stops of turns not running here kept at most (see [`Turns::stop`]).
+const STOPPED_KEPT: usize = 64;
+
+/// A connection's running turns (their cancellation tokens, by turn id), and the turns the
+/// server stopped that were not running here: the server can send a turn's `turn.stop`
+/// just before its `turn.run` (a stop that overtakes a hand-out in flight), and such a
+/// turn must not run.
+#[derive(Default)]
+struct Turns {
+    running: HashMap<String, CancellationToken>,
+    stopped: std::collections::VecDeque<String>,
+}
+
+impl Turns {
+    /// Register a turn about to run; false when it was stopped before its `turn.run` came.
+    fn start(&mut self, turn_id: &str, cancel: CancellationToken) -> bool {
+        if let Some(i) = self.stopped.iter().position(|t| t == turn_id) {
+            self.stopped.remove(i);
+            return false;
+        }
+        self.running.insert(turn_id.to_string(), cancel);
+        true
+    }
+
+    /// The server stopped `turn_id`: its token if it runs here, else the stop is kept for
+    /// [`Turns::start`] (the most recent [`STOPPED_KEPT`]).
+    fn stop(&mut self, turn_id: &str) -> Option<CancellationToken> {
+        let cancel = self.running.remove(turn_id);
+        if cancel.is_none() {
+            if self.stopped.len() == STOPPED_KEPT {
+                self.stopped.pop_front();
+            }
+            self.stopped.push_back(turn_id.to_string());
+        }
+        cancel
+    }
+
+    /// The turn's task is done.
+    fn finish(&mut self, turn_id: &str) {
+        self.running.remove(turn_id);
+    }
+}
 
 /// What a connection's turns run with.
 struct TurnContext {
@@ -352,6 +395,15 @@ fn on_message(
             }
             wp::TURN_RUN => match serde_json::from_str::<TurnRun>(params) {
                 Ok(run) => {
+                    let cancel = turns.child_token();
+                    if !running
+                        .lock()
+                        .expect("running lock")
+                        .start(&run.turn_id, cancel.clone())
+                    {
+                        tracing::info!(turn.id = %run.turn_id, "turn stopped by the server before it ran");
+                        return;
+                    }
                     let link = link.clone();
                     let tools = match ctx.workspaces.get(&run.workspace_id) {
                         _ if run.no_tools => None,
@@ -364,23 +416,18 @@ fn on_message(
                         }
                     };
                     let agent = ctx.agent.clone();
-                    let cancel = turns.child_token();
-                    running
-                        .lock()
-                        .expect("running lock")
-                        .insert(run.turn_id.clone(), cancel.clone());
                     let running = running.clone();
                     tokio::spawn(async move {
                         let turn_id = run.turn_id.clone();
                         turn::run(link, run, tools, agent, cancel).await;
-                        running.lock().expect("running lock").remove(&turn_id);
+                        running.lock().expect("running lock").finish(&turn_id);
                     });
                 }
                 Err(e) => tracing::warn!(error = %e, "malformed turn.run"),
             },
             wp::TURN_STOP => {
                 if let Ok(stop) = serde_json::from_str::<TurnStop>(params)
-                    && let Some(cancel) = running.lock().expect("running lock").remove(&stop.turn_id)
+                    && let Some(cancel) = running.lock().expect("running lock").stop(&stop.turn_id)
                 {
                     tracing::info!(turn.id = %stop.turn_id, "turn stopped by the server");
                     cancel.cancel();
@@ -396,5 +443,37 @@ fn on_message(
             None => Ok(msg.result.map(RawValue::to_owned)),
         };
         let _ = tx.send(answer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_stopped_before_its_run_came_does_not_run() {
+        let mut turns = Turns::default();
+        // A stop that overtook its turn's `turn.run`.
+        assert!(turns.stop("t1").is_none());
+        assert!(!turns.start("t1", CancellationToken::new()), "a stopped turn started");
+        // Kept once: the same id again (never sent by the server) would run.
+        assert!(turns.start("t1", CancellationToken::new()));
+        // A running turn is stopped through its token.
+        let cancel = CancellationToken::new();
+        assert!(turns.start("t2", cancel.clone()));
+        turns.stop("t2").expect("running turn's token").cancel();
+        assert!(cancel.is_cancelled());
+        // A stop after its turn ended is kept, but within a bound.
+        turns.finish("t1");
+        for i in 0..STOPPED_KEPT + 10 {
+            turns.stop(&format!("late-{i}"));
+        }
+        assert_eq!(turns.stopped.len(), STOPPED_KEPT);
+        assert!(turns.running.is_empty());
+        assert!(!turns.start(&format!("late-{}", STOPPED_KEPT + 9), CancellationToken::new()));
+        assert!(
+            turns.start("late-0", CancellationToken::new()),
+            "the oldest stop is forgotten first"
+        );
     }
 }
