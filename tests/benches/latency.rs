@@ -2342,7 +2342,11 @@ async fn files_read(
 ) {
     use base64::Engine;
     use sha2::Digest;
-    const N: usize = 8;
+    // `BERTH_BENCH_READS=N`: more reads than the default 8, for comparing two builds.
+    let n_reads: usize = std::env::var("BERTH_BENCH_READS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
     const SIZE: usize = 8 << 20;
     let line = "files.read bench — naïve café ✓ 0123456789 abcdefghijklmnopqrstuvwxyz\n";
     let content = line.repeat(SIZE / line.len() + 1);
@@ -2385,7 +2389,7 @@ async fn files_read(
     let mut perf = None;
     let (mut cpu_checked, mut cpu_value) = (Vec::new(), Vec::new());
     let (mut to_begin, mut to_begin_value) = (Vec::new(), Vec::new());
-    for i in 0..N + 2 {
+    for i in 0..n_reads + 2 {
         if i == 2 {
             perf = perf_start(&[&pids[..], &[std::process::id()]].concat(), ".read");
         }
@@ -2439,7 +2443,7 @@ async fn files_read(
     let per_read = |sum: &[Duration]| {
         sum.iter()
             .zip(["worker", "replica A", "replica B", "bench client"])
-            .map(|(c, name)| format!("{name} {:.1} ms", ms(*c) / N as f64))
+            .map(|(c, name)| format!("{name} {:.1} ms", ms(*c) / n_reads as f64))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -2456,7 +2460,7 @@ async fn files_read(
     let (b, v, r) = (median(&mut berth), median(&mut through_value), median(&mut raw));
     table.add(
         &format!(
-            "`files.read` of an {} MiB file through the other replica (median of {N}; a client that checks offsets, decodes and verifies the SHA-256)",
+            "`files.read` of an {} MiB file through the other replica (median of {n_reads}; a client that checks offsets, decodes and verifies the SHA-256)",
             SIZE >> 20
         ),
         format!("{b:.0} MB/s"),
@@ -2467,7 +2471,7 @@ async fn files_read(
     );
     table.add(
         &format!(
-            "`files.read`, the same, through the tests' `Value`-tree client (median of {N}; no decoding, no digest check)"
+            "`files.read`, the same, through the tests' `Value`-tree client (median of {n_reads}; no decoding, no digest check)"
         ),
         format!("{v:.0} MB/s"),
         format!("{r:.0} MB/s read + SHA-256 + base64 in process"),
