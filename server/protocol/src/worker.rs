@@ -676,6 +676,43 @@ pub struct TurnInteractionResult {
 /// running turn handed to a connection of the calling worker credential.
 pub const MODEL_PROXY_TURN_HEADER: &str = "berth-turn";
 
+/// How many stops of turns it does not hold an end of the link remembers ([`EarlyStops`]).
+pub const EARLY_STOPS_KEPT: usize = 64;
+
+/// Stops of turns not (yet) held, the latest [`EARLY_STOPS_KEPT`]: a stop can come before
+/// what it stops. The server's connection sees a stop between a hand-out's `COMMIT` and its
+/// registration; the worker sees a `turn.stop` that overtook its `turn.run`. Either way that
+/// turn must not run. Older entries are stops of turns that had already ended.
+#[derive(Debug, Default)]
+pub struct EarlyStops(std::collections::VecDeque<String>);
+
+impl EarlyStops {
+    /// Remember a stop of `turn_id`, which is not held.
+    pub fn remember(&mut self, turn_id: &str) {
+        if self.0.len() == EARLY_STOPS_KEPT {
+            self.0.pop_front();
+        }
+        self.0.push_back(turn_id.to_string());
+    }
+
+    /// Whether `turn_id` was stopped before it came (forgotten once asked).
+    pub fn take(&mut self, turn_id: &str) -> bool {
+        let Some(i) = self.0.iter().position(|t| t == turn_id) else {
+            return false;
+        };
+        self.0.remove(i);
+        true
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

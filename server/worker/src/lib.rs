@@ -297,24 +297,20 @@ async fn connect_once(
 /// A connection's turns ([`Turns`]).
 type Running = Arc<Mutex<Turns>>;
 
-/// Stops of turns not running here kept at most (see [`Turns::stop`]).
-const STOPPED_KEPT: usize = 64;
-
 /// A connection's running turns (their cancellation tokens, by turn id), and the turns the
-/// server stopped that were not running here: the server can send a turn's `turn.stop`
-/// just before its `turn.run` (a stop that overtakes a hand-out in flight), and such a
-/// turn must not run.
+/// server stopped that were not running here: a `turn.stop` can overtake its turn's
+/// `turn.run` (a stop that reaches the server's connection while the hand-out is in
+/// flight), and such a turn must not run.
 #[derive(Default)]
 struct Turns {
     running: HashMap<String, CancellationToken>,
-    stopped: std::collections::VecDeque<String>,
+    stopped: wp::EarlyStops,
 }
 
 impl Turns {
     /// Register a turn about to run; false when it was stopped before its `turn.run` came.
     fn start(&mut self, turn_id: &str, cancel: CancellationToken) -> bool {
-        if let Some(i) = self.stopped.iter().position(|t| t == turn_id) {
-            self.stopped.remove(i);
+        if self.stopped.take(turn_id) {
             return false;
         }
         self.running.insert(turn_id.to_string(), cancel);
@@ -322,14 +318,11 @@ impl Turns {
     }
 
     /// The server stopped `turn_id`: its token if it runs here, else the stop is kept for
-    /// [`Turns::start`] (the most recent [`STOPPED_KEPT`]).
+    /// [`Turns::start`].
     fn stop(&mut self, turn_id: &str) -> Option<CancellationToken> {
         let cancel = self.running.remove(turn_id);
         if cancel.is_none() {
-            if self.stopped.len() == STOPPED_KEPT {
-                self.stopped.pop_front();
-            }
-            self.stopped.push_back(turn_id.to_string());
+            self.stopped.remember(turn_id);
         }
         cancel
     }
@@ -465,12 +458,12 @@ mod tests {
         assert!(cancel.is_cancelled());
         // A stop after its turn ended is kept, but within a bound.
         turns.finish("t1");
-        for i in 0..STOPPED_KEPT + 10 {
+        for i in 0..wp::EARLY_STOPS_KEPT + 10 {
             turns.stop(&format!("late-{i}"));
         }
-        assert_eq!(turns.stopped.len(), STOPPED_KEPT);
+        assert_eq!(turns.stopped.len(), wp::EARLY_STOPS_KEPT);
         assert!(turns.running.is_empty());
-        assert!(!turns.start(&format!("late-{}", STOPPED_KEPT + 9), CancellationToken::new()));
+        assert!(!turns.start(&format!("late-{}", wp::EARLY_STOPS_KEPT + 9), CancellationToken::new()));
         assert!(
             turns.start("late-0", CancellationToken::new()),
             "the oldest stop is forgotten first"

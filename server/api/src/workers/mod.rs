@@ -45,6 +45,7 @@ use axum::{
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
+use berth_protocol::worker as wp;
 use berth_store::{CredentialKind, Principal, token};
 use serde::Serialize;
 use tokio::sync::{Notify, Semaphore, mpsc};
@@ -117,14 +118,10 @@ struct Handed {
     claiming: bool,
     /// Slots ever reserved: tells whether an admission began handing a turn out since.
     reservations: u64,
-    /// Turns stopped while not held here, latest last: a stop that reaches the connection
-    /// between a hand-out's `COMMIT` and its registration (the turn is then not handed out).
-    stopped: std::collections::VecDeque<String>,
+    /// Turns stopped while not held here: a stop that reaches the connection between a
+    /// hand-out's `COMMIT` and its registration (the turn is then not handed out).
+    stopped: wp::EarlyStops,
 }
-
-/// How many stops of turns not held a connection remembers: a hand-out registers within
-/// moments of its `COMMIT`; older entries are stops of turns that had already ended here.
-const STOPPED_KEPT: usize = 64;
 
 impl Handed {
     fn used(&self) -> usize {
@@ -138,8 +135,7 @@ impl Handed {
         if reserved {
             self.reserved -= 1;
         }
-        if let Some(i) = self.stopped.iter().position(|t| t == turn_id) {
-            self.stopped.remove(i);
+        if self.stopped.take(turn_id) {
             return Err(handle);
         }
         self.turns.insert(turn_id.to_string(), handle);
@@ -151,10 +147,7 @@ impl Handed {
     fn stop(&mut self, turn_id: &str) -> Option<turn::TurnHandle> {
         let handle = self.turns.remove(turn_id);
         if handle.is_none() {
-            if self.stopped.len() == STOPPED_KEPT {
-                self.stopped.pop_front();
-            }
-            self.stopped.push_back(turn_id.to_string());
+            self.stopped.remember(turn_id);
         }
         handle
     }
@@ -447,11 +440,14 @@ mod tests {
     #[test]
     fn stops_of_turns_not_held_are_remembered_within_a_bound() {
         let mut h = Handed::default();
-        for i in 0..STOPPED_KEPT + 10 {
+        for i in 0..wp::EARLY_STOPS_KEPT + 10 {
             assert!(h.stop(&format!("t{i}")).is_none());
         }
-        assert_eq!(h.stopped.len(), STOPPED_KEPT);
+        assert_eq!(h.stopped.len(), wp::EARLY_STOPS_KEPT);
         assert!(h.hold("t0", handle(), false).is_ok(), "the oldest stops are forgotten");
-        assert!(h.hold(&format!("t{}", STOPPED_KEPT + 9), handle(), false).is_err());
+        assert!(
+            h.hold(&format!("t{}", wp::EARLY_STOPS_KEPT + 9), handle(), false)
+                .is_err()
+        );
     }
 }
