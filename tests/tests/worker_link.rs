@@ -1,7 +1,8 @@
 //! The turn path between the API tier and its workers under pressure (issue 7 items 2, 6,
 //! 7, 8, 14 and issue 20): the model proxy's scope and limits, turns left running by a lost
-//! connection, transient database errors, claims under the tenant's role, and turns of one
-//! worker that must not wait for each other.
+//! connection, transient database errors, claims under the tenant's role, turns of one
+//! worker that must not wait for each other, and a stop that reaches the worker before its
+//! turn's run.
 
 use berth_e2e::{
     MockProvider, Part, Reply, Stack,
@@ -1065,4 +1066,81 @@ async fn a_meter_committed_while_the_step_waits_goes_with_the_step() {
         steps[1]
     );
     assert_eq!(items.last().unwrap()["usage"], usage, "the turn's total");
+}
+
+/// The next JSON message a worker sends (the test plays the API tier).
+async fn from_worker(ws: &mut tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>) -> Value {
+    use futures_util::StreamExt;
+    loop {
+        let msg = tokio::time::timeout(std::time::Duration::from_secs(30), ws.next())
+            .await
+            .expect("a message from the worker within 30 s")
+            .expect("the worker's connection open")
+            .expect("a frame");
+        if let tokio_tungstenite::tungstenite::Message::Text(t) = msg {
+            return serde_json::from_str(&t).expect("JSON from the worker");
+        }
+    }
+}
+
+/// A `turn.stop` can reach the worker before its turn's `turn.run` (the stop reached the
+/// server's connection while the hand-out was between its registration and its send):
+/// that turn must not run. The test plays the API tier for a real worker process.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_whose_stop_came_before_its_run_does_not_run_on_the_worker() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address").to_string();
+    let dir = berth_e2e::harness::scratch_dir("stop-first");
+    let worker = berth_e2e::TestWorker::start_at(&addr, "brt_test", "test-host", "proj", &dir, &[], &[])
+        .await
+        .expect("worker");
+    let (tcp, _) = tokio::time::timeout(std::time::Duration::from_secs(30), listener.accept())
+        .await
+        .expect("the worker connects")
+        .expect("accept");
+    let mut ws = tokio_tungstenite::accept_async(tcp).await.expect("websocket");
+    let hello = from_worker(&mut ws).await;
+    assert_eq!(hello["method"], "worker.hello", "{hello}");
+    let send = |v: Value| Message::text(v.to_string());
+    ws.send(send(json!({"jsonrpc": "2.0", "id": hello["id"],
+        "result": {"workspaces": [{"name": "proj", "workspaceId": "w1"}]}})))
+        .await
+        .expect("hello answered");
+    let note = |method: &str, params: Value| send(json!({"jsonrpc": "2.0", "method": method, "params": params}));
+    let run = |turn: &str| {
+        note(
+            "turn.run",
+            json!({"turnId": turn, "sessionId": "s1", "workspaceId": "w1", "noTools": true}),
+        )
+    };
+    // The stop first, then its turn's run; then another turn, which runs.
+    ws.send(note("turn.stop", json!({"turnId": "t1"}))).await.expect("stop");
+    ws.send(run("t1")).await.expect("run t1");
+    ws.send(run("t2")).await.expect("run t2");
+    // t2 asks for its history (refused here), then settles; t1 never says a word.
+    loop {
+        let msg = from_worker(&mut ws).await;
+        assert_ne!(msg["params"]["turnId"], "t1", "the stopped turn ran: {msg}");
+        if msg["method"] == "turn.end" {
+            assert_eq!(msg["params"]["turnId"], "t2", "{msg}");
+            ws.send(send(json!({"jsonrpc": "2.0", "id": msg["id"], "result": null})))
+                .await
+                .expect("end answered");
+            break;
+        }
+        if !msg["id"].is_null() {
+            ws.send(send(json!({"jsonrpc": "2.0", "id": msg["id"],
+                "error": {"code": -32000, "message": "unavailable", "data": {"code": "unavailable"}}})))
+                .await
+                .expect("refused");
+        }
+    }
+    let said = eventually(10, || async {
+        let log = std::fs::read_to_string(&worker.log).unwrap_or_default();
+        log.contains("turn stopped by the server before it ran").then_some(())
+    })
+    .await;
+    assert!(said.is_some(), "the worker did not say why t1 did not run");
 }
