@@ -617,7 +617,11 @@ async fn raw_worker_with(
 }
 
 async fn next_json(
-    ws: &mut tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    ws: &mut (
+             impl futures_util::Stream<
+        Item = Result<tokio_tungstenite::tungstenite::Message, tokio_tungstenite::tungstenite::Error>,
+    > + Unpin
+         ),
 ) -> Value {
     use futures_util::StreamExt;
     use tokio_tungstenite::tungstenite::Message;
@@ -1068,21 +1072,6 @@ async fn a_meter_committed_while_the_step_waits_goes_with_the_step() {
     assert_eq!(items.last().unwrap()["usage"], usage, "the turn's total");
 }
 
-/// The next JSON message a worker sends (the test plays the API tier).
-async fn from_worker(ws: &mut tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>) -> Value {
-    use futures_util::StreamExt;
-    loop {
-        let msg = tokio::time::timeout(std::time::Duration::from_secs(30), ws.next())
-            .await
-            .expect("a message from the worker within 30 s")
-            .expect("the worker's connection open")
-            .expect("a frame");
-        if let tokio_tungstenite::tungstenite::Message::Text(t) = msg {
-            return serde_json::from_str(&t).expect("JSON from the worker");
-        }
-    }
-}
-
 /// A `turn.stop` can reach the worker before its turn's `turn.run` (the stop reached the
 /// server's connection while the hand-out was between its registration and its send):
 /// that turn must not run. The test plays the API tier for a real worker process.
@@ -1101,7 +1090,7 @@ async fn a_turn_whose_stop_came_before_its_run_does_not_run_on_the_worker() {
         .expect("the worker connects")
         .expect("accept");
     let mut ws = tokio_tungstenite::accept_async(tcp).await.expect("websocket");
-    let hello = from_worker(&mut ws).await;
+    let hello = next_json(&mut ws).await;
     assert_eq!(hello["method"], "worker.hello", "{hello}");
     let send = |v: Value| Message::text(v.to_string());
     ws.send(send(json!({"jsonrpc": "2.0", "id": hello["id"],
@@ -1121,7 +1110,7 @@ async fn a_turn_whose_stop_came_before_its_run_does_not_run_on_the_worker() {
     ws.send(run("t2")).await.expect("run t2");
     // t2 asks for its history (refused here), then settles; t1 never says a word.
     loop {
-        let msg = from_worker(&mut ws).await;
+        let msg = next_json(&mut ws).await;
         assert_ne!(msg["params"]["turnId"], "t1", "the stopped turn ran: {msg}");
         if msg["method"] == "turn.end" {
             assert_eq!(msg["params"]["turnId"], "t2", "{msg}");
