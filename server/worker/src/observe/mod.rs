@@ -4,6 +4,7 @@
 //! (`call.ack`), and `call.cancel` stops a call. One module per observation.
 
 mod complete;
+mod digest;
 mod files;
 mod git;
 mod watcher;
