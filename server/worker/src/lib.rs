@@ -395,6 +395,7 @@ fn on_message(
                         .start(&run.turn_id, cancel.clone())
                     {
                         tracing::info!(turn.id = %run.turn_id, "turn stopped by the server before it ran");
+                        turn::record_settled(link, &run.turn_id);
                         return;
                     }
                     let link = link.clone();

@@ -235,9 +235,7 @@ pub(crate) async fn run(
         ),
         Err(Halt::Stopped) | Err(Halt::Settled) => {
             tracing::info!(turn.id = %run.turn_id, "turn was settled by the server (stopped)");
-            t.link
-                .endings
-                .record(&run.turn_id, ended(TurnState::Cancelled, None, String::new()));
+            record_settled(&t.link, &run.turn_id);
             return;
         }
         Err(Halt::Link(e)) => {
@@ -275,6 +273,13 @@ pub(crate) async fn run(
         String::new()
     };
     t.link.endings.record(&run.turn_id, ended(state, code, answer));
+}
+
+/// A turn the server settled (stopped) ends here as cancelled, for whoever waits for its
+/// end (a turn that delegated to it).
+pub(crate) fn record_settled(link: &Link, turn_id: &str) {
+    link.endings
+        .record(turn_id, ended(TurnState::Cancelled, None, String::new()));
 }
 
 fn ended(state: TurnState, cause: Option<String>, answer: String) -> Ended {
