@@ -20,11 +20,7 @@ use berth_protocol::{
 use cap_std::fs::MetadataExt;
 use sha2::{Digest, Sha256};
 
-use super::{
-    Items, decode_path,
-    digest::{Feeder, RunDigest},
-    encode_path, failure,
-};
+use super::{Items, decode_path, encode_path, failure};
 use crate::workspace::{OpenError, Workspace};
 
 /// Entries never listed or read: git's directory and Berth's own state.
@@ -154,8 +150,6 @@ struct Capture {
     version: String,
     /// Whether `data` is text: no NUL early on (git's rule for binary) and valid UTF-8.
     text: bool,
-    /// `data`'s SHA-256, begun beside the capture.
-    sha256: RunDigest,
 }
 
 /// A read's `version`: its bytes (by XXH3-128, which hashes 8 MiB in well under a
@@ -178,14 +172,12 @@ const CAPTURE_BLOCK: usize = 128 << 10;
 
 /// Read all of `file` (`len` bytes by its metadata) into one buffer, block by block, each
 /// block checked for UTF-8 and hashed (XXH3-128) while it is in the cache: one pass over
-/// memory instead of three, and offered to the SHA-256's thread ([`Feeder`]). The bytes,
-/// whether they are text (no NUL in the first 8000 bytes, git's rule for binary, and valid
-/// UTF-8), their hash and their SHA-256 begun; None when the file turned out longer than
-/// `len` or [`READ_MAX`] (a writer is at work, or it is too large).
-fn read_scanned(file: &std::fs::File, len: u64) -> Result<Option<Scanned>, RpcError> {
+/// memory instead of three. The bytes, whether they are text (no NUL in the first 8000
+/// bytes, git's rule for binary, and valid UTF-8) and their hash; None when the file turned
+/// out longer than `len` or [`READ_MAX`] (a writer is at work, or it is too large).
+fn read_scanned(file: &std::fs::File, len: u64) -> Result<Option<(Vec<u8>, bool, u128)>, RpcError> {
     let len = len.min(READ_MAX) as usize;
     let mut data = Vec::with_capacity(len + 1);
-    let mut sha256 = Feeder::start(len);
     let mut hash = xxhash_rust::xxh3::Xxh3Default::new();
     let mut utf8 = true;
     // Where the part not yet known to be UTF-8 starts: a character cut by a block's end
@@ -205,7 +197,6 @@ fn read_scanned(file: &std::fs::File, len: u64) -> Result<Option<Scanned>, RpcEr
         if data.len() > len {
             return Ok(None);
         }
-        sha256.feed(start, &data[start..]);
         hash.update(&data[start..]);
         if utf8 {
             match simdutf8::compat::from_utf8(&data[unchecked..]) {
@@ -221,21 +212,7 @@ fn read_scanned(file: &std::fs::File, len: u64) -> Result<Option<Scanned>, RpcEr
         }
     }
     let text = utf8 && unchecked == data.len() && !data[..data.len().min(8000)].contains(&0);
-    Ok(Some(Scanned {
-        data,
-        text,
-        content: hash.digest128(),
-        sha256: sha256.finish(),
-    }))
-}
-
-/// A file read by [`read_scanned`].
-struct Scanned {
-    data: Vec<u8>,
-    text: bool,
-    /// XXH3-128 of `data`.
-    content: u128,
-    sha256: RunDigest,
+    Ok(Some((data, text, hash.digest128())))
 }
 
 /// Read the whole file through one handle; retried when a writer changed it meanwhile.
@@ -266,13 +243,7 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
                 reason: "too-large".into(),
             }));
         }
-        let Some(Scanned {
-            data,
-            text,
-            content,
-            sha256,
-        }) = read_scanned(&opened.handle, opened.meta.len())?
-        else {
+        let Some((data, text, content)) = read_scanned(&opened.handle, opened.meta.len())? else {
             // Longer than its metadata said: read again (refused as too large if it now is).
             continue;
         };
@@ -291,7 +262,6 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
             meta: after,
             version,
             text,
-            sha256,
         }));
     }
     Err(failure(ErrorCode::Unavailable, "reason", "changing"))
@@ -369,14 +339,15 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     }
     let text = kind == FileContentKind::Text;
     let ends = files_read_chunk_ends(&cap.data, text);
-    // `end`'s SHA-256 is of what went out: what the hashing thread beside the capture did
-    // not get to is hashed piece by piece just before each is sent.
-    let mut sha256 = cap.sha256;
+    // `end`'s SHA-256 is of what went out, hashed piece by piece just before each is sent:
+    // the first piece leaves at once, and the hashing shares the cores with the relaying
+    // replicas and the client instead of holding one while the pipeline waits.
+    let mut sha256 = Sha256::new();
     if items.chunk_runs() {
         // Whole chunks in runs of at most `CHUNK_RUN_BYTES`: one message per run.
         for (start, end, chunks) in chunk_runs(&ends, CHUNK_RUN_BYTES) {
             let run = &cap.data[start..end];
-            sha256.upto(&cap.data, end).await;
+            sha256.update(run);
             if !items.send_run(start, text, run, chunks).await {
                 return Ok(());
             }
@@ -385,7 +356,7 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
         let mut offset = 0usize;
         for end in ends {
             let piece = &cap.data[offset..end];
-            sha256.upto(&cap.data, end).await;
+            sha256.update(piece);
             if !items.send_chunk(offset, piece).await {
                 return Ok(());
             }
@@ -408,7 +379,7 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     let end = FilesReadItem::End {
         version: cap.version,
         size,
-        sha256: crate::attachments::hex(&sha256.finish(&cap.data).await),
+        sha256: crate::attachments::hex(&sha256.finalize()),
         replaced,
     };
     items.send(&end).await;
@@ -635,8 +606,8 @@ mod tests {
             assert_eq!(cap.text, is_text, "{name}");
             // The block-wise hash is the hash of the whole file.
             let file = std::fs::File::open(tmp.path().join(name)).unwrap();
-            let scanned = read_scanned(&file, data.len() as u64).unwrap().unwrap();
-            assert_eq!(scanned.content, xxhash_rust::xxh3::xxh3_128(&data), "{name}");
+            let (_, _, hash) = read_scanned(&file, data.len() as u64).unwrap().unwrap();
+            assert_eq!(hash, xxhash_rust::xxh3::xxh3_128(&data), "{name}");
         }
         // A file longer than its metadata said (a writer at work) is not taken, also by one
         // byte past whole blocks; a shorter one is read to its end (the metadata check
@@ -648,8 +619,8 @@ mod tests {
         let file = std::fs::File::open(tmp.path().join("grown")).unwrap();
         assert!(read_scanned(&file, 2 * CAPTURE_BLOCK as u64).unwrap().is_none());
         let file = std::fs::File::open(tmp.path().join("grown")).unwrap();
-        let shorter = read_scanned(&file, 3 * CAPTURE_BLOCK as u64).unwrap().unwrap();
-        assert_eq!(shorter.data.len(), 2 * CAPTURE_BLOCK + 1);
+        let (shorter, _, _) = read_scanned(&file, 3 * CAPTURE_BLOCK as u64).unwrap().unwrap();
+        assert_eq!(shorter.len(), 2 * CAPTURE_BLOCK + 1);
     }
 
     #[test]

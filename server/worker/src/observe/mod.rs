@@ -4,7 +4,6 @@
 //! (`call.ack`), and `call.cancel` stops a call. One module per observation.
 
 mod complete;
-mod digest;
 mod files;
 mod git;
 mod watcher;
