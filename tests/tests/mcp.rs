@@ -170,17 +170,21 @@ fn pid_in(file: &Path) -> i32 {
 /// kills it (not left on the machine) and fails.
 async fn assert_escapee_gone(file: &Path) {
     let pid = pid_in(file);
-    let gone = eventually(20, || async move { (!running(pid)).then_some(()) }).await;
+    let gone = ends_within(20, pid).await;
     let still_sleep = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"));
-    if gone.is_none() && still_sleep {
+    if !gone && still_sleep {
         let _ = std::process::Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .status();
     }
-    assert!(
-        gone.is_some(),
-        "the MCP server's escaped child {pid} outlived its server"
-    );
+    assert!(gone, "the MCP server's escaped child {pid} outlived its server");
+}
+
+/// Whether process `pid` stops running (see [`running`]) within `secs`.
+async fn ends_within(secs: u64, pid: i32) -> bool {
+    eventually(secs, || async move { (!running(pid)).then_some(()) })
+        .await
+        .is_some()
 }
 
 /// Running, not a zombie waiting for a reaper (a killed worker's children are reaped by
@@ -214,8 +218,10 @@ async fn a_stdio_server_dies_with_its_worker_even_when_the_worker_is_killed() {
     let pid = pid_in(&pidfile);
     assert!(running(pid), "the server runs");
     stack.kill_worker().await;
-    let gone = eventually(30, || async move { (!running(pid)).then_some(()) }).await;
-    assert!(gone.is_some(), "the MCP server {pid} outlived its killed worker");
+    assert!(
+        ends_within(30, pid).await,
+        "the MCP server {pid} outlived its killed worker"
+    );
 }
 
 #[tokio::test]
@@ -319,8 +325,10 @@ async fn an_mcp_server_that_never_answers_is_a_start_timeout_and_what_it_started
     assert!(offered(&mock, 0).iter().all(|t| !t.starts_with("mcp__hangs__")));
     // The server given up on is gone, and so is what it started outside its group.
     let pid = pid_in(&pidfile);
-    let gone = eventually(20, || async move { (!running(pid)).then_some(()) }).await;
-    assert!(gone.is_some(), "the MCP server {pid} outlived its start timeout");
+    assert!(
+        ends_within(20, pid).await,
+        "the MCP server {pid} outlived its start timeout"
+    );
     assert_escapee_gone(&escapee_file).await;
 }
 
