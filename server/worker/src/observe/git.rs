@@ -9,16 +9,25 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
-    ffi::OsStr,
-    os::unix::{ffi::OsStrExt, fs::PermissionsExt},
+    ffi::{CStr, CString, OsStr},
+    ops::Range,
+    os::{
+        fd::OwnedFd,
+        unix::{ffi::OsStrExt, fs::PermissionsExt},
+    },
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    rc::Rc,
 };
 
 use berth_protocol::{
     ErrorCode, GitArea, GitChange, GitDiff, GitEntry, GitHead, GitStatus, RpcError, worker::PatchCaptured,
 };
 use gix::{ObjectId, bstr::ByteSlice, index::entry::Mode, objs::tree::EntryKind};
+use ignore::{
+    Match,
+    gitignore::{Gitignore, GitignoreBuilder},
+};
+use rustix::fs::{AtFlags, FileType, OFlags};
 
 use super::{encode_path, failure};
 
@@ -109,13 +118,6 @@ impl Index {
         entries
             .get(at)
             .filter(|e| e.path(&self.file).as_bytes() == path && e.stage() == gix::index::entry::Stage::Unconflicted)
-    }
-
-    /// Whether the index has `path` at any stage.
-    fn tracks(&self, path: &[u8]) -> bool {
-        let entries = self.file.entries();
-        let at = entries.partition_point(|e| e.path(&self.file).as_bytes() < path);
-        entries.get(at).is_some_and(|e| e.path(&self.file).as_bytes() == path)
     }
 
     /// Stage-0 entries with their paths, in path order.
@@ -356,15 +358,39 @@ fn index_stat(st: &rustix::fs::Stat) -> gix::index::entry::Stat {
 /// The stage-0 entries (indices into `entries`) whose stat data does not vouch for their
 /// content: changed, racily clean (the index was written in the same second as the file
 /// last changed) or gone. Unchanged stat information means unchanged content, as git decides it.
-fn stat_suspects(root: &rustix::fd::OwnedFd, index: &Index, entries: &[(&[u8], usize)]) -> Vec<usize> {
+fn stat_suspects(root: &OwnedFd, index: &Index, entries: &[(&[u8], usize)]) -> Vec<usize> {
     let timestamp = index.file.timestamp();
     let options = gix::index::entry::stat::Options::default();
     let all = index.file.entries();
     let mut out = Vec::new();
+    // The entries are in path order, so a directory's files come together: each is looked
+    // up by its name in the directory's descriptor, not walked to from the root.
+    let mut dir: Option<(&[u8], Option<OwnedFd>)> = None;
     for &(path, i) in entries {
         let e = &all[i];
-        let clean = rustix::fs::statat(root, path, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| e.stat.matches(&index_stat(&st), options) && !e.stat.is_racy(timestamp, options));
+        let (parent, name) = match path.iter().rposition(|b| *b == b'/') {
+            Some(at) => (&path[..at], &path[at + 1..]),
+            None => (&path[..0], path),
+        };
+        if dir.as_ref().is_none_or(|(p, _)| *p != parent) {
+            let fd = if parent.is_empty() {
+                None
+            } else {
+                rustix::fs::openat(
+                    root,
+                    parent,
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .ok()
+            };
+            dir = Some((parent, fd));
+        }
+        let st = match &dir {
+            Some((p, Some(fd))) if !p.is_empty() => rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW),
+            _ => rustix::fs::statat(root, path, AtFlags::SYMLINK_NOFOLLOW),
+        };
+        let clean = st.is_ok_and(|st| e.stat.matches(&index_stat(&st), options) && !e.stat.is_racy(timestamp, options));
         if !clean {
             out.push(i);
         }
@@ -385,7 +411,7 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
 
     let dir = rustix::fs::open(
         root,
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )
     .map_err(|e| broken(std::io::Error::from(e)))?;
@@ -398,8 +424,9 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
         .map(|(i, e)| (e.path(&index.file).as_bytes(), i))
         .collect();
     let (first, second) = tracked.split_at(tracked.len() / 2);
+    let exclude_file = repo.common_dir().join("info/exclude");
     let (walked, mut suspects) = std::thread::scope(|s| {
-        let walk = s.spawn(|| untracked(root, &index));
+        let walk = s.spawn(|| untracked(root, &exclude_file, &index));
         let half = s.spawn(|| stat_suspects(&dir, &index, second));
         let mut suspects = stat_suspects(&dir, &index, first);
         suspects.extend(half.join().unwrap_or_default());
@@ -444,61 +471,186 @@ fn git_entry(path: &[u8], change: GitChange) -> GitEntry {
     }
 }
 
+/// The `.gitignore` rules in force in one directory: its own file's, then its parents'.
+struct Rules {
+    own: Gitignore,
+    parent: Option<Rc<Rules>>,
+}
+
+/// The walk for untracked files: what it has found so far, and what it consults.
+struct Untracked<'a> {
+    root: &'a Path,
+    index: &'a Index,
+    /// `info/exclude`, then the user's global excludes: consulted after every `.gitignore`.
+    excludes: [Gitignore; 2],
+    found: Vec<Vec<u8>>,
+    attributes: Vec<PathBuf>,
+}
+
+/// A directory being walked: its child directories not yet entered.
+struct Level {
+    dir: rustix::fs::Dir,
+    /// Its path relative to the root, with a trailing `/` (empty for the root).
+    rel: Vec<u8>,
+    /// The index entries beneath it (a contiguous run: the index is sorted by path).
+    beneath: Range<usize>,
+    rules: Option<Rc<Rules>>,
+    subdirs: Vec<CString>,
+}
+
+impl Untracked<'_> {
+    /// Whether `rel` is ignored by the rules in force, as git decides: the deepest
+    /// `.gitignore` with an opinion, then `info/exclude`, then the global excludes.
+    fn ignored(&self, rules: Option<&Rc<Rules>>, rel: &[u8], is_dir: bool) -> bool {
+        let path = self.root.join(OsStr::from_bytes(rel));
+        let chain = std::iter::successors(rules, |r| r.parent.as_ref()).map(|r| &r.own);
+        for rules in chain.chain(&self.excludes) {
+            match rules.matched(&path, is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
+            }
+        }
+        false
+    }
+
+    /// The index entries in `within` beneath directory `prefix` (which ends with `/`).
+    fn beneath(&self, within: &Range<usize>, prefix: &[u8]) -> Range<usize> {
+        let file = &self.index.file;
+        let entries = &file.entries()[within.clone()];
+        let lo = entries.partition_point(|e| e.path(file).as_bytes() < prefix);
+        let len = entries[lo..].partition_point(|e| e.path(file).as_bytes().starts_with(prefix));
+        within.start + lo..within.start + lo + len
+    }
+
+    fn tracked(&self, within: &Range<usize>, path: &[u8]) -> bool {
+        let file = &self.index.file;
+        file.entries()[within.clone()]
+            .binary_search_by(|e| e.path(file).as_bytes().cmp(path))
+            .is_ok()
+    }
+
+    /// Read one directory: its untracked files are recorded, its subdirectories that are
+    /// not ignored are returned to be entered. A directory holding `.git` (other than the
+    /// root) is a nested repository: one entry, `rel`, never entered.
+    fn read(
+        &mut self,
+        fd: OwnedFd,
+        rel: Vec<u8>,
+        beneath: Range<usize>,
+        rules: Option<Rc<Rules>>,
+    ) -> Result<Level, RpcError> {
+        let mut dir = rustix::fs::Dir::new(fd).map_err(walk_error)?;
+        let mut names = Vec::new();
+        while let Some(entry) = dir.read() {
+            let entry = entry.map_err(walk_error)?;
+            let name = entry.file_name();
+            if name != c"." && name != c".." {
+                names.push((name.to_owned(), entry.file_type()));
+            }
+        }
+        let mut level = Level {
+            dir,
+            rel,
+            beneath,
+            rules,
+            subdirs: Vec::new(),
+        };
+        let has = |n: &CStr| names.iter().any(|(name, _)| name.as_c_str() == n);
+        if !level.rel.is_empty() && has(c".git") {
+            self.found.push(std::mem::take(&mut level.rel));
+            return Ok(level);
+        }
+        if has(c".gitignore") {
+            let file = self.root.join(OsStr::from_bytes(&level.rel)).join(".gitignore");
+            level.rules = Some(Rc::new(Rules {
+                own: Gitignore::new(file).0,
+                parent: level.rules.take(),
+            }));
+        }
+        let mut path = level.rel.clone();
+        for (name, kind) in names {
+            if name.as_c_str() == c".git" {
+                continue;
+            }
+            path.truncate(level.rel.len());
+            path.extend_from_slice(name.to_bytes());
+            let kind = match kind {
+                FileType::Unknown => {
+                    rustix::fs::statat(level.dir.fd().map_err(walk_error)?, &*name, AtFlags::SYMLINK_NOFOLLOW)
+                        .map(|st| FileType::from_raw_mode(st.st_mode))
+                        .map_err(walk_error)?
+                }
+                kind => kind,
+            };
+            if kind == FileType::Directory {
+                if !self.ignored(level.rules.as_ref(), &path, true) {
+                    level.subdirs.push(name);
+                }
+                continue;
+            }
+            if name.as_c_str() == c".gitattributes" {
+                self.attributes.push(self.root.join(OsStr::from_bytes(&path)));
+            }
+            // Only untracked files are matched against the ignore rules, as in git.
+            if !self.tracked(&level.beneath, &path) && !self.ignored(level.rules.as_ref(), &path, false) {
+                self.found.push(path.clone());
+            }
+        }
+        Ok(level)
+    }
+}
+
+fn walk_error(e: rustix::io::Errno) -> RpcError {
+    broken(std::io::Error::from(e))
+}
+
 /// Files that are neither tracked nor ignored (sorted), as `git status -uall` lists them,
 /// and the `.gitattributes` files seen on the way. A nested repository is one entry
 /// (`dir/`), never entered.
-fn untracked(root: &Path, index: &Index) -> Result<(Vec<Vec<u8>>, Vec<PathBuf>), RpcError> {
-    let nested: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
-    let root_owned = root.to_path_buf();
-    let nested_seen = nested.clone();
-    let walk = ignore::WalkBuilder::new(root)
-        .hidden(false)
-        .ignore(false)
-        .parents(false)
-        .git_ignore(true)
-        .git_exclude(true)
-        .git_global(true)
-        .require_git(false)
-        .follow_links(false)
-        .filter_entry(move |e| {
-            if e.file_name() == ".git" {
-                return false;
-            }
-            let is_dir = e.file_type().is_some_and(|t| t.is_dir());
-            if is_dir && e.path() != root_owned && e.path().join(".git").symlink_metadata().is_ok() {
-                nested_seen.lock().expect("nested lock").push(e.path().to_path_buf());
-                return false;
-            }
-            true
-        })
-        .build();
-    let mut out = Vec::new();
-    let mut attributes = Vec::new();
-    for entry in walk {
-        let entry = entry.map_err(broken)?;
-        if entry.file_type().is_none_or(|t| t.is_dir()) {
-            continue;
-        }
-        let Ok(rel) = entry.path().strip_prefix(root) else {
+///
+/// Each directory is read once through a descriptor opened beneath its parent's without
+/// following symlinks; a file is looked up only among the index entries of its own
+/// directory, and only untracked files are matched against the ignore rules.
+fn untracked(root: &Path, exclude_file: &Path, index: &Index) -> Result<(Vec<Vec<u8>>, Vec<PathBuf>), RpcError> {
+    let mut exclude = GitignoreBuilder::new(root);
+    // A missing `info/exclude` excludes nothing.
+    let _ = exclude.add(exclude_file);
+    let mut walk = Untracked {
+        root,
+        index,
+        excludes: [
+            exclude.build().unwrap_or_else(|_| Gitignore::empty()),
+            GitignoreBuilder::new(root).build_global().0,
+        ],
+        found: Vec::new(),
+        attributes: Vec::new(),
+    };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let fd = rustix::fs::open(root, flags, rustix::fs::Mode::empty()).map_err(walk_error)?;
+    let mut stack = vec![walk.read(fd, Vec::new(), 0..index.file.entries().len(), None)?];
+    while let Some(top) = stack.last_mut() {
+        let Some(name) = top.subdirs.pop() else {
+            stack.pop();
             continue;
         };
-        let rel = rel.as_os_str().as_bytes();
-        if entry.file_name() == ".gitattributes" {
-            attributes.push(entry.path().to_path_buf());
-        }
-        if !index.tracks(rel) {
-            out.push(rel.to_vec());
-        }
+        let fd = rustix::fs::openat(
+            top.dir.fd().map_err(walk_error)?,
+            &*name,
+            flags | OFlags::NOFOLLOW,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(walk_error)?;
+        let mut rel = top.rel.clone();
+        rel.extend_from_slice(name.to_bytes());
+        rel.push(b'/');
+        let beneath = walk.beneath(&top.beneath, &rel);
+        let rules = top.rules.clone();
+        let level = walk.read(fd, rel, beneath, rules)?;
+        stack.push(level);
     }
-    for dir in nested.lock().expect("nested lock").iter() {
-        if let Ok(rel) = dir.strip_prefix(root) {
-            let mut p = rel.as_os_str().as_bytes().to_vec();
-            p.push(b'/');
-            out.push(p);
-        }
-    }
-    out.sort();
-    Ok((out, attributes))
+    walk.found.sort();
+    Ok((walk.found, walk.attributes))
 }
 
 /// `git.diff` of one path in one area.
@@ -835,6 +987,77 @@ mod tests {
         let e = status(root).unwrap_err();
         assert_eq!(e.data_code(), Some("unsupported"));
         e.data["feature"].as_str().unwrap().to_string()
+    }
+
+    /// What `git status -uall` lists as untracked, as raw path bytes.
+    fn cli_untracked(dir: &Path) -> Vec<Vec<u8>> {
+        let out = Command::new("git")
+            .args(["status", "--porcelain=v1", "-z", "-uall"])
+            .current_dir(dir)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .output()
+            .expect("git runs");
+        assert!(out.status.success());
+        let mut paths: Vec<Vec<u8>> = out
+            .stdout
+            .split(|b| *b == 0)
+            .filter_map(|line| line.strip_prefix(b"?? "))
+            .map(<[u8]>::to_vec)
+            .collect();
+        paths.sort();
+        paths
+    }
+
+    #[test]
+    fn untracked_files_are_the_ones_git_lists() {
+        use std::os::unix::{ffi::OsStrExt, fs::symlink};
+        let r = repo();
+        let root = r.path();
+        let write = |rel: &str, text: &str| {
+            let path = root.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write(".gitignore", "*.log\nbuild/\n/top-only\n");
+        write("keep/.gitignore", "!wanted.log\nlocal.tmp\n");
+        write("tracked.log", "tracked although ignored\n");
+        git(root, &["add", "-f", "tracked.log", ".gitignore", "keep/.gitignore"]);
+        git(root, &["commit", "-q", "-m", "rules"]);
+        write("tracked.log", "changed\n");
+        write("debug.log", "ignored\n");
+        write("keep/wanted.log", "re-included by a deeper rule\n");
+        write("keep/local.tmp", "ignored by the deeper rule\n");
+        write("other/local.tmp", "not ignored here\n");
+        write("build/out.o", "ignored directory\n");
+        write("deep/build/out.o", "ignored directory, deeper\n");
+        write("top-only", "anchored rule\n");
+        write("deep/top-only", "the anchored rule is for the top only\n");
+        write("excluded.txt", "info/exclude\n");
+        write(".git/info/exclude", "excluded.txt\n");
+        write("new/a/b/c.txt", "deep untracked\n");
+        write("dir/sibling", "untracked beside a tracked file\n");
+        write("dir/sub/.gitattributes", "*.txt text\n");
+        std::fs::write(root.join(std::ffi::OsStr::from_bytes(b"raw-\xff")), "non-UTF-8\n").unwrap();
+        symlink("dir", root.join("dir-link")).unwrap();
+        let nested = root.join("vendored");
+        std::fs::create_dir(&nested).unwrap();
+        git(&nested, &["init", "-q"]);
+        write("vendored/inside.txt", "in the nested repository\n");
+
+        let index = super::load_index(&gix::open(root).unwrap()).unwrap();
+        let (found, attributes) = super::untracked(root, &root.join(".git/info/exclude"), &index).unwrap();
+        assert_eq!(
+            found.iter().map(|p| String::from_utf8_lossy(p)).collect::<Vec<_>>(),
+            cli_untracked(root)
+                .iter()
+                .map(|p| String::from_utf8_lossy(p))
+                .collect::<Vec<_>>(),
+        );
+        assert!(found.contains(&b"vendored/".to_vec()) && found.contains(&b"keep/wanted.log".to_vec()));
+        assert_eq!(attributes, vec![root.join("dir/sub/.gitattributes")]);
+        let st = status(root).unwrap().unwrap();
+        assert_eq!(st.untracked.len(), found.len());
     }
 
     #[test]
