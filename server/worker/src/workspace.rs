@@ -233,6 +233,11 @@ impl Workspace {
         self.dir.symlink_metadata(rel).map_err(OpenError::from_io)
     }
 
+    /// The target of the symlink `rel` (never followed).
+    pub(crate) fn read_link(&self, rel: &Path) -> Result<PathBuf, OpenError> {
+        self.dir.read_link_contents(rel).map_err(OpenError::from_io)
+    }
+
     /// Open the regular file `rel` for reading.
     pub(crate) fn open_regular(&self, rel: &Path) -> Result<Opened<std::fs::File>, OpenError> {
         use cap_std::fs::MetadataExt;

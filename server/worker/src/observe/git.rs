@@ -13,7 +13,7 @@ use std::{
     ops::Range,
     os::{
         fd::OwnedFd,
-        unix::{ffi::OsStrExt, fs::PermissionsExt},
+        unix::ffi::{OsStrExt, OsStringExt},
     },
     path::{Path, PathBuf},
     rc::Rc,
@@ -30,6 +30,7 @@ use ignore::{
 use rustix::fs::{AtFlags, FileType, OFlags};
 
 use super::{encode_path, failure};
+use crate::workspace::{OpenError, Workspace};
 
 /// Git's rule: a NUL in the first 8000 bytes makes content binary.
 const BINARY_PROBE: usize = 8000;
@@ -178,33 +179,49 @@ fn check_filters(repo: &gix::Repository, root: &Path, attribute_files: &[PathBuf
     Ok(())
 }
 
-fn fs_path(root: &Path, rel: &[u8]) -> PathBuf {
-    root.join(OsStr::from_bytes(rel))
-}
-
-/// The blob git would store for the file at `path` (no filters), with its kind; None when
-/// there is nothing there that git tracks (absent, or a directory).
-fn worktree_blob(path: &Path) -> std::io::Result<Side> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Ok(None),
-        Err(e) => return Err(e),
+/// The blob git would store for the file at `rel` (no filters), with its kind; None when
+/// there is nothing there that git tracks (absent, a directory, or a path that only a
+/// symlink out of the workspace leads to, which git too sees as absent). Read through the
+/// workspace's confinement, the last component never followed.
+fn worktree_blob(ws: &Workspace, rel: &[u8]) -> std::io::Result<Side> {
+    use cap_std::fs::MetadataExt;
+    use std::io::Read;
+    let rel = Path::new(OsStr::from_bytes(rel));
+    let unreadable = |e: OpenError| match e {
+        OpenError::Io(e) => Err(e),
+        OpenError::Raced => Err(std::io::Error::other("the file was replaced while it was read")),
+        OpenError::Absent | OpenError::Outside | OpenError::Symlink | OpenError::WrongKind => Ok(None),
     };
-    let ft = meta.file_type();
-    if ft.is_symlink() {
-        let target = std::fs::read_link(path)?;
-        return Ok(Some((target.as_os_str().as_bytes().to_vec(), EntryKind::Link)));
+    let meta = match ws.lstat(rel) {
+        Ok(meta) => meta,
+        Err(e) => return unreadable(e),
+    };
+    if meta.file_type().is_symlink() {
+        return match ws.read_link(rel) {
+            Ok(target) => Ok(Some((target.into_os_string().into_vec(), EntryKind::Link))),
+            Err(e) => unreadable(e),
+        };
     }
-    if !ft.is_file() {
+    if !meta.is_file() {
         return Ok(None);
     }
-    let kind = if meta.permissions().mode() & 0o111 != 0 {
+    let kind = if meta.mode() & 0o111 != 0 {
         EntryKind::BlobExecutable
     } else {
         EntryKind::Blob
     };
-    Ok(Some((std::fs::read(path)?, kind)))
+    let mut opened = match ws.open_regular(rel) {
+        Ok(opened) => opened,
+        Err(e) => return unreadable(e),
+    };
+    let mut data = Vec::with_capacity(usize::try_from(opened.meta.len()).unwrap_or(0));
+    opened.handle.read_to_end(&mut data)?;
+    Ok(Some((data, kind)))
+}
+
+/// The workspace at `root`, for reading worktree files through its confinement.
+fn workspace(root: &Path) -> Result<Workspace, RpcError> {
+    Workspace::open(root).map_err(broken)
 }
 
 fn blob_id(repo: &gix::Repository, data: &[u8]) -> Result<ObjectId, RpcError> {
@@ -355,6 +372,18 @@ fn index_stat(st: &rustix::fs::Stat) -> gix::index::entry::Stat {
     }
 }
 
+/// The directory `parent` beneath `root`, reached without any symlink (None when a
+/// symlink or nothing is on the way). Kernels without `openat2` resolve it as `openat` does.
+fn open_parent(root: &OwnedFd, parent: &[u8]) -> Option<OwnedFd> {
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mode = rustix::fs::Mode::empty();
+    let resolve = rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS;
+    match rustix::fs::openat2(root, parent, flags, mode, resolve) {
+        Err(rustix::io::Errno::NOSYS) => rustix::fs::openat(root, parent, flags, mode).ok(),
+        opened => opened.ok(),
+    }
+}
+
 /// The stage-0 entries (indices into `entries`) whose stat data does not vouch for their
 /// content: changed, racily clean (the index was written in the same second as the file
 /// last changed) or gone. Unchanged stat information means unchanged content, as git decides it.
@@ -376,19 +405,16 @@ fn stat_suspects(root: &OwnedFd, index: &Index, entries: &[(&[u8], usize)]) -> V
             let fd = if parent.is_empty() {
                 None
             } else {
-                rustix::fs::openat(
-                    root,
-                    parent,
-                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    rustix::fs::Mode::empty(),
-                )
-                .ok()
+                open_parent(root, parent)
             };
             dir = Some((parent, fd));
         }
         let st = match &dir {
-            Some((p, Some(fd))) if !p.is_empty() => rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW),
-            _ => rustix::fs::statat(root, path, AtFlags::SYMLINK_NOFOLLOW),
+            _ if parent.is_empty() => rustix::fs::statat(root, name, AtFlags::SYMLINK_NOFOLLOW),
+            Some((_, Some(fd))) => rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW),
+            // Not reached without a symlink on the way: the file is read through the
+            // workspace's confinement instead.
+            _ => Err(rustix::io::Errno::NOENT),
         };
         let clean = st.is_ok_and(|st| e.stat.matches(&index_stat(&st), options) && !e.stat.is_racy(timestamp, options));
         if !clean {
@@ -436,11 +462,12 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
     check_filters(&repo, root, &attribute_files)?;
 
     suspects.sort_unstable();
+    let ws = workspace(root)?;
     let mut worktree = Vec::new();
     for i in suspects {
         let e = &index.file.entries()[i];
         let path = e.path(&index.file).as_bytes();
-        let change = match worktree_blob(&fs_path(root, path)).map_err(broken)? {
+        let change = match worktree_blob(&ws, path).map_err(broken)? {
             None => GitChange::Deleted,
             Some((data, kind)) => {
                 let indexed = index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
@@ -662,13 +689,13 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     };
     let index = load_index(&repo)?;
     check_filters(&repo, root, &[])?;
+    let ws = workspace(root)?;
     let blob = |id: ObjectId| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
     let indexed = match index.stage0(path) {
         Some(e) => Some((e.id, index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?)),
         None => None,
     };
-    let read_file =
-        || -> Result<Option<(Vec<u8>, EntryKind)>, RpcError> { worktree_blob(&fs_path(root, path)).map_err(broken) };
+    let read_file = || -> Result<Option<(Vec<u8>, EntryKind)>, RpcError> { worktree_blob(&ws, path).map_err(broken) };
     let (old, new): (Side, Side) = match area {
         GitArea::Staged => {
             let (_, tree) = head_tree(&repo)?;
@@ -749,6 +776,7 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
             paths.insert(path);
         }
     }
+    let ws = workspace(root)?;
     let mut out = String::new();
     let mut files = 0u32;
     for path in paths {
@@ -757,7 +785,7 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
             Some(item) => Some((repo.find_blob(item.id).map_err(broken)?.data.clone(), item.kind)),
             None => None,
         };
-        let new = worktree_blob(&fs_path(root, &path)).map_err(broken)?;
+        let new = worktree_blob(&ws, &path).map_err(broken)?;
         if old == new {
             continue;
         }
@@ -1058,6 +1086,47 @@ mod tests {
         assert_eq!(attributes, vec![root.join("dir/sub/.gitattributes")]);
         let st = status(root).unwrap().unwrap();
         assert_eq!(st.untracked.len(), found.len());
+    }
+
+    #[test]
+    fn nothing_is_read_through_a_symlink_out_of_the_workspace() {
+        use berth_protocol::{GitArea, GitChange, GitDiff};
+        use std::os::unix::fs::symlink;
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "SECRET\n").unwrap();
+        std::fs::write(outside.path().join("a"), "SECRET a\n").unwrap();
+        let r = repo();
+        let root = r.path();
+        symlink(outside.path(), root.join("out")).unwrap();
+        // A tracked directory replaced by a symlink that leads out: its files are gone, as
+        // git sees them, and their diff is a deletion.
+        std::fs::remove_dir_all(root.join("dir")).unwrap();
+        symlink(outside.path(), root.join("dir")).unwrap();
+
+        let st = status(root).unwrap().unwrap();
+        let worktree: Vec<_> = st
+            .worktree
+            .iter()
+            .map(|e| (super::super::decode_raw(&e.path).unwrap(), e.change))
+            .collect();
+        assert_eq!(worktree, vec![(b"dir/a".to_vec(), GitChange::Deleted)]);
+        let untracked: Vec<_> = st
+            .untracked
+            .iter()
+            .map(|e| super::super::decode_raw(&e.path).unwrap())
+            .collect();
+        assert_eq!(untracked, cli_untracked(root));
+        let worktree_diff = super::diff(root, b"dir/a", GitArea::Worktree).unwrap();
+        let GitDiff::Text { patch: text } = &worktree_diff else {
+            panic!("{worktree_diff:?}")
+        };
+        assert!(text.contains("+++ /dev/null") && !text.contains("SECRET"), "{text}");
+        for path in [&b"out/secret"[..], b"dir/secret"] {
+            let d = super::diff(root, path, GitArea::Untracked).unwrap();
+            assert!(matches!(d, GitDiff::Unchanged), "{d:?}");
+        }
+        let (text, _) = patch(root, usize::MAX).unwrap();
+        assert!(!text.contains("SECRET"), "{text}");
     }
 
     #[test]
