@@ -158,11 +158,28 @@ fn load_index(repo: &gix::Repository) -> Result<Index, RpcError> {
 /// Refuse repositories whose attributes select a filter driver with a configured command:
 /// comparing without running it would be wrong, and running it is never allowed.
 fn check_filters(repo: &gix::Repository, root: &Path, attribute_files: &[PathBuf]) -> Result<(), RpcError> {
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
     let config = repo.config_snapshot();
-    let mut files = vec![root.join(".gitattributes"), repo.git_dir().join("info/attributes")];
-    files.extend_from_slice(attribute_files);
-    for file in files {
-        let Ok(text) = std::fs::read(&file) else { continue };
+    // Files in the worktree are read only if they are files, never through a symlink (as
+    // git reads them); `info/attributes` is the repository's own.
+    let in_tree = |path: &Path| -> Option<Vec<u8>> {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .ok()?;
+        let mut text = Vec::new();
+        file.read_to_end(&mut text).ok()?;
+        Some(text)
+    };
+    let mut texts = vec![std::fs::read(repo.git_dir().join("info/attributes")).ok()];
+    texts.extend(
+        std::iter::once(root.join(".gitattributes"))
+            .chain(attribute_files.iter().cloned())
+            .map(|p| in_tree(&p)),
+    );
+    for text in texts {
+        let Some(text) = text else { continue };
         for token in text.split(|b| b.is_ascii_whitespace()) {
             let Some(name) = token.strip_prefix(b"filter=") else {
                 continue;
@@ -572,9 +589,16 @@ impl Untracked<'_> {
         while let Some(entry) = dir.read() {
             let entry = entry.map_err(walk_error)?;
             let name = entry.file_name();
-            if name != c"." && name != c".." {
-                names.push((name.to_owned(), entry.file_type()));
+            if name == c"." || name == c".." {
+                continue;
             }
+            let kind = match entry.file_type() {
+                FileType::Unknown => rustix::fs::statat(dir.fd().map_err(walk_error)?, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .map(|st| FileType::from_raw_mode(st.st_mode))
+                    .map_err(walk_error)?,
+                kind => kind,
+            };
+            names.push((name.to_owned(), kind));
         }
         let mut level = Level {
             dir,
@@ -583,12 +607,17 @@ impl Untracked<'_> {
             rules,
             subdirs: Vec::new(),
         };
-        let has = |n: &CStr| names.iter().any(|(name, _)| name.as_c_str() == n);
-        if !level.rel.is_empty() && has(c".git") {
+        let has = |n: &CStr, file: bool| {
+            names
+                .iter()
+                .any(|(name, kind)| name.as_c_str() == n && (!file || *kind == FileType::RegularFile))
+        };
+        if !level.rel.is_empty() && has(c".git", false) {
             self.found.push(std::mem::take(&mut level.rel));
             return Ok(level);
         }
-        if has(c".gitignore") {
+        // A `.gitignore` that is a symlink is not read, as git does not read it.
+        if has(c".gitignore", true) {
             let file = self.root.join(OsStr::from_bytes(&level.rel)).join(".gitignore");
             level.rules = Some(Rc::new(Rules {
                 own: Gitignore::new(file).0,
@@ -602,21 +631,13 @@ impl Untracked<'_> {
             }
             path.truncate(level.rel.len());
             path.extend_from_slice(name.to_bytes());
-            let kind = match kind {
-                FileType::Unknown => {
-                    rustix::fs::statat(level.dir.fd().map_err(walk_error)?, &*name, AtFlags::SYMLINK_NOFOLLOW)
-                        .map(|st| FileType::from_raw_mode(st.st_mode))
-                        .map_err(walk_error)?
-                }
-                kind => kind,
-            };
             if kind == FileType::Directory {
                 if !self.ignored(level.rules.as_ref(), &path, true) {
                     level.subdirs.push(name);
                 }
                 continue;
             }
-            if name.as_c_str() == c".gitattributes" {
+            if name.as_c_str() == c".gitattributes" && kind == FileType::RegularFile {
                 self.attributes.push(self.root.join(OsStr::from_bytes(&path)));
             }
             // Only untracked files are matched against the ignore rules, as in git.
@@ -1068,6 +1089,11 @@ mod tests {
         write("dir/sub/.gitattributes", "*.txt text\n");
         std::fs::write(root.join(std::ffi::OsStr::from_bytes(b"raw-\xff")), "non-UTF-8\n").unwrap();
         symlink("dir", root.join("dir-link")).unwrap();
+        // Symlinked rule files are not read, by git or by the walk.
+        write("rules-elsewhere", "*\nfilter=x\n");
+        write("linked/kept.txt", "listed: the linked rules are not read\n");
+        symlink("../rules-elsewhere", root.join("linked/.gitignore")).unwrap();
+        symlink("../rules-elsewhere", root.join("linked/.gitattributes")).unwrap();
         let nested = root.join("vendored");
         std::fs::create_dir(&nested).unwrap();
         git(&nested, &["init", "-q"]);
@@ -1082,7 +1108,9 @@ mod tests {
                 .map(|p| String::from_utf8_lossy(p))
                 .collect::<Vec<_>>(),
         );
-        assert!(found.contains(&b"vendored/".to_vec()) && found.contains(&b"keep/wanted.log".to_vec()));
+        for listed in [&b"vendored/"[..], b"keep/wanted.log", b"linked/kept.txt"] {
+            assert!(found.contains(&listed.to_vec()), "{}", String::from_utf8_lossy(listed));
+        }
         assert_eq!(attributes, vec![root.join("dir/sub/.gitattributes")]);
         let st = status(root).unwrap().unwrap();
         assert_eq!(st.untracked.len(), found.len());
