@@ -15,7 +15,7 @@ use std::{
         fd::OwnedFd,
         unix::ffi::{OsStrExt, OsStringExt},
     },
-    path::{Path, PathBuf},
+    path::Path,
     rc::Rc,
 };
 
@@ -30,7 +30,7 @@ use ignore::{
 use rustix::fs::{AtFlags, FileType, OFlags};
 
 use super::{encode_path, failure};
-use crate::workspace::{OpenError, Workspace};
+use crate::workspace::{OpenError, Opened, Workspace};
 
 /// Git's rule: a NUL in the first 8000 bytes makes content binary.
 const BINARY_PROBE: usize = 8000;
@@ -157,29 +157,18 @@ fn load_index(repo: &gix::Repository) -> Result<Index, RpcError> {
 
 /// Refuse repositories whose attributes select a filter driver with a configured command:
 /// comparing without running it would be wrong, and running it is never allowed.
-fn check_filters(repo: &gix::Repository, root: &Path, attribute_files: &[PathBuf]) -> Result<(), RpcError> {
-    use std::{io::Read, os::unix::fs::OpenOptionsExt};
+/// `attribute_files` are the worktree's (relative paths), read as files through the
+/// workspace, never through a symlink (as git reads them); `info/attributes` is the
+/// repository's own.
+fn check_filters(repo: &gix::Repository, ws: &Workspace, attribute_files: &[Vec<u8>]) -> Result<(), RpcError> {
     let config = repo.config_snapshot();
-    // Files in the worktree are read only if they are files, never through a symlink (as
-    // git reads them); `info/attributes` is the repository's own.
-    let in_tree = |path: &Path| -> Option<Vec<u8>> {
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .ok()?;
-        let mut text = Vec::new();
-        file.read_to_end(&mut text).ok()?;
-        Some(text)
-    };
-    let mut texts = vec![std::fs::read(repo.git_dir().join("info/attributes")).ok()];
-    texts.extend(
-        std::iter::once(root.join(".gitattributes"))
-            .chain(attribute_files.iter().cloned())
-            .map(|p| in_tree(&p)),
-    );
-    for text in texts {
-        let Some(text) = text else { continue };
+    let in_tree = attribute_files.iter().map(|rel| {
+        ws.open_regular(Path::new(OsStr::from_bytes(rel)))
+            .ok()
+            .and_then(|f| contents(f).ok())
+    });
+    let texts = std::iter::once(std::fs::read(repo.git_dir().join("info/attributes")).ok()).chain(in_tree);
+    for text in texts.flatten() {
         for token in text.split(|b| b.is_ascii_whitespace()) {
             let Some(name) = token.strip_prefix(b"filter=") else {
                 continue;
@@ -202,38 +191,35 @@ fn check_filters(repo: &gix::Repository, root: &Path, attribute_files: &[PathBuf
 /// workspace's confinement, the last component never followed.
 fn worktree_blob(ws: &Workspace, rel: &[u8]) -> std::io::Result<Side> {
     use cap_std::fs::MetadataExt;
-    use std::io::Read;
     let rel = Path::new(OsStr::from_bytes(rel));
     let unreadable = |e: OpenError| match e {
         OpenError::Io(e) => Err(e),
         OpenError::Raced => Err(std::io::Error::other("the file was replaced while it was read")),
         OpenError::Absent | OpenError::Outside | OpenError::Symlink | OpenError::WrongKind => Ok(None),
     };
-    let meta = match ws.lstat(rel) {
-        Ok(meta) => meta,
-        Err(e) => return unreadable(e),
-    };
-    if meta.file_type().is_symlink() {
-        return match ws.read_link(rel) {
+    match ws.open_regular(rel) {
+        Ok(file) => {
+            let kind = if file.meta.mode() & 0o111 != 0 {
+                EntryKind::BlobExecutable
+            } else {
+                EntryKind::Blob
+            };
+            Ok(Some((contents(file)?, kind)))
+        }
+        Err(OpenError::Symlink) => match ws.read_link(rel) {
             Ok(target) => Ok(Some((target.into_os_string().into_vec(), EntryKind::Link))),
             Err(e) => unreadable(e),
-        };
+        },
+        Err(e) => unreadable(e),
     }
-    if !meta.is_file() {
-        return Ok(None);
-    }
-    let kind = if meta.mode() & 0o111 != 0 {
-        EntryKind::BlobExecutable
-    } else {
-        EntryKind::Blob
-    };
-    let mut opened = match ws.open_regular(rel) {
-        Ok(opened) => opened,
-        Err(e) => return unreadable(e),
-    };
-    let mut data = Vec::with_capacity(usize::try_from(opened.meta.len()).unwrap_or(0));
-    opened.handle.read_to_end(&mut data)?;
-    Ok(Some((data, kind)))
+}
+
+/// All of an opened file.
+fn contents(mut file: Opened<std::fs::File>) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut data = Vec::with_capacity(usize::try_from(file.meta.len()).unwrap_or(0));
+    file.handle.read_to_end(&mut data)?;
+    Ok(data)
 }
 
 /// The workspace at `root`, for reading worktree files through its confinement.
@@ -410,28 +396,25 @@ fn stat_suspects(root: &OwnedFd, index: &Index, entries: &[(&[u8], usize)]) -> V
     let all = index.file.entries();
     let mut out = Vec::new();
     // The entries are in path order, so a directory's files come together: each is looked
-    // up by its name in the directory's descriptor, not walked to from the root.
-    let mut dir: Option<(&[u8], Option<OwnedFd>)> = None;
+    // up by its name in the directory's descriptor (the one last opened), not walked to
+    // from the root.
+    let mut dir: (&[u8], Option<OwnedFd>) = (&[], None);
     for &(path, i) in entries {
         let e = &all[i];
-        let (parent, name) = match path.iter().rposition(|b| *b == b'/') {
-            Some(at) => (&path[..at], &path[at + 1..]),
-            None => (&path[..0], path),
-        };
-        if dir.as_ref().is_none_or(|(p, _)| *p != parent) {
-            let fd = if parent.is_empty() {
-                None
-            } else {
-                open_parent(root, parent)
-            };
-            dir = Some((parent, fd));
-        }
-        let st = match &dir {
-            _ if parent.is_empty() => rustix::fs::statat(root, name, AtFlags::SYMLINK_NOFOLLOW),
-            Some((_, Some(fd))) => rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW),
-            // Not reached without a symlink on the way: the file is read through the
-            // workspace's confinement instead.
-            _ => Err(rustix::io::Errno::NOENT),
+        let st = match path.iter().rposition(|b| *b == b'/') {
+            None => rustix::fs::statat(root, path, AtFlags::SYMLINK_NOFOLLOW),
+            Some(at) => {
+                let (parent, name) = (&path[..at], &path[at + 1..]);
+                if dir.0 != parent {
+                    dir = (parent, open_parent(root, parent));
+                }
+                match &dir.1 {
+                    Some(fd) => rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW),
+                    // Not reached without a symlink on the way: the file is read through
+                    // the workspace's confinement instead.
+                    None => Err(rustix::io::Errno::NOENT),
+                }
+            }
         };
         let clean = st.is_ok_and(|st| e.stat.matches(&index_stat(&st), options) && !e.stat.is_racy(timestamp, options));
         if !clean {
@@ -476,10 +459,10 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
         (walk.join(), suspects)
     });
     let (untracked_paths, attribute_files) = walked.map_err(|_| RpcError::new(ErrorCode::Internal))??;
-    check_filters(&repo, root, &attribute_files)?;
+    let ws = workspace(root)?;
+    check_filters(&repo, &ws, &attribute_files)?;
 
     suspects.sort_unstable();
-    let ws = workspace(root)?;
     let mut worktree = Vec::new();
     for i in suspects {
         let e = &index.file.entries()[i];
@@ -515,6 +498,9 @@ fn git_entry(path: &[u8], change: GitChange) -> GitEntry {
     }
 }
 
+/// Paths relative to the workspace root, as bytes.
+type RelPaths = Vec<Vec<u8>>;
+
 /// The `.gitignore` rules in force in one directory: its own file's, then its parents'.
 struct Rules {
     own: Gitignore,
@@ -528,7 +514,7 @@ struct Untracked<'a> {
     /// `info/exclude`, then the user's global excludes: consulted after every `.gitignore`.
     excludes: [Gitignore; 2],
     found: Vec<Vec<u8>>,
-    attributes: Vec<PathBuf>,
+    attributes: Vec<Vec<u8>>,
 }
 
 /// A directory being walked: its child directories not yet entered.
@@ -607,17 +593,18 @@ impl Untracked<'_> {
             rules,
             subdirs: Vec::new(),
         };
-        let has = |n: &CStr, file: bool| {
+        let kind_of = |n: &CStr| {
             names
                 .iter()
-                .any(|(name, kind)| name.as_c_str() == n && (!file || *kind == FileType::RegularFile))
+                .find(|(name, _)| name.as_c_str() == n)
+                .map(|(_, kind)| *kind)
         };
-        if !level.rel.is_empty() && has(c".git", false) {
+        if !level.rel.is_empty() && kind_of(c".git").is_some() {
             self.found.push(std::mem::take(&mut level.rel));
             return Ok(level);
         }
         // A `.gitignore` that is a symlink is not read, as git does not read it.
-        if has(c".gitignore", true) {
+        if kind_of(c".gitignore") == Some(FileType::RegularFile) {
             let file = self.root.join(OsStr::from_bytes(&level.rel)).join(".gitignore");
             level.rules = Some(Rc::new(Rules {
                 own: Gitignore::new(file).0,
@@ -638,7 +625,7 @@ impl Untracked<'_> {
                 continue;
             }
             if name.as_c_str() == c".gitattributes" && kind == FileType::RegularFile {
-                self.attributes.push(self.root.join(OsStr::from_bytes(&path)));
+                self.attributes.push(path.clone());
             }
             // Only untracked files are matched against the ignore rules, as in git.
             if !self.tracked(&level.beneath, &path) && !self.ignored(level.rules.as_ref(), &path, false) {
@@ -660,7 +647,7 @@ fn walk_error(e: rustix::io::Errno) -> RpcError {
 /// Each directory is read once through a descriptor opened beneath its parent's without
 /// following symlinks; a file is looked up only among the index entries of its own
 /// directory, and only untracked files are matched against the ignore rules.
-fn untracked(root: &Path, exclude_file: &Path, index: &Index) -> Result<(Vec<Vec<u8>>, Vec<PathBuf>), RpcError> {
+fn untracked(root: &Path, exclude_file: &Path, index: &Index) -> Result<(RelPaths, RelPaths), RpcError> {
     let mut exclude = GitignoreBuilder::new(root);
     // A missing `info/exclude` excludes nothing.
     let _ = exclude.add(exclude_file);
@@ -709,8 +696,8 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
         });
     };
     let index = load_index(&repo)?;
-    check_filters(&repo, root, &[])?;
     let ws = workspace(root)?;
+    check_filters(&repo, &ws, &[b".gitattributes".to_vec()])?;
     let blob = |id: ObjectId| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
     let indexed = match index.stage0(path) {
         Some(e) => Some((e.id, index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?)),
@@ -1111,7 +1098,7 @@ mod tests {
         for listed in [&b"vendored/"[..], b"keep/wanted.log", b"linked/kept.txt"] {
             assert!(found.contains(&listed.to_vec()), "{}", String::from_utf8_lossy(listed));
         }
-        assert_eq!(attributes, vec![root.join("dir/sub/.gitattributes")]);
+        assert_eq!(attributes, vec![b"dir/sub/.gitattributes".to_vec()]);
         let st = status(root).unwrap().unwrap();
         assert_eq!(st.untracked.len(), found.len());
     }
