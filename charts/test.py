@@ -257,7 +257,8 @@ def _():
     docs = manifests(rendered["edge"])
     (sts,) = find(docs, "StatefulSet", "worker")
     w = sts["spec"]["template"]["spec"]["containers"][0]
-    assert "/etc/berth/worker-tokens/$(POD_NAME)" in w["args"]
+    i = w["args"].index("--token-file")
+    assert w["args"][i + 1] == "/etc/berth/worker-token", w["args"]
     assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["ws-main", "ws-scratch"]
     assert "main=/workspaces/main" in w["args"] and "scratch=/workspaces/scratch" in w["args"]
     assert env(w)["BERTH_WORKER_HEALTH_LISTEN"] == "0.0.0.0:9465"
@@ -288,6 +289,205 @@ def _():
         if REGENERATE:
             (ROOT / copy_).write_text((ROOT / src).read_text())
         assert (ROOT / copy_).read_text() == (ROOT / src).read_text(), f"{copy_} differs from {src}"
+
+
+def pod_spec(docs: list[dict], kind: str, component: str) -> dict:
+    (w,) = find(docs, kind, component)
+    return w["spec"]["template"]["spec"]
+
+
+def with_workers(**worker) -> dict:
+    """The default values plus in-cluster workers sharing one credential."""
+    vals = values("default")
+    vals["worker"] = {"enabled": True, "token": {"existingSecret": "berth-worker"}, **worker}
+    return vals
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return selector["matchLabels"].items() <= labels.items()
+
+
+@test("workers run under their own ServiceAccount, without a token, never the API's")
+def _():
+    for docs in (manifests(rendered["edge"]), manifests(render(with_workers()))):
+        api = pod_spec(docs, "Deployment", "api")
+        worker = pod_spec(docs, "StatefulSet", "worker")
+        (sa,) = find(docs, "ServiceAccount", "worker")
+        assert sa["automountServiceAccountToken"] is False
+        assert not sa["metadata"].get("annotations"), "the workers' account carries annotations"
+        assert worker["serviceAccountName"] == sa["metadata"]["name"]
+        assert worker["automountServiceAccountToken"] is False
+        assert worker["serviceAccountName"] != api.get("serviceAccountName")
+    # The operator's account (IRSA…) stays the API pods' and the Job's.
+    docs = manifests(rendered["edge"])
+    assert pod_spec(docs, "Deployment", "api")["serviceAccountName"] == "berth-s3-access"
+    assert find(docs, "ServiceAccount") == find(docs, "ServiceAccount", "worker")
+    assert not find(manifests(rendered["default"]), "ServiceAccount"), "a ServiceAccount without workers"
+
+
+@test("workers: default-deny egress, open only to the API pods' public port and DNS")
+def _():
+    docs = manifests(render(with_workers()))
+    (pol,) = find(docs, "NetworkPolicy", "worker")
+    spec = pol["spec"]
+    assert selects(spec["podSelector"], find(docs, "StatefulSet", "worker")[0]["spec"]["template"]["metadata"]["labels"])
+    assert spec["policyTypes"] == ["Egress"], spec["policyTypes"]
+    api_rule, dns_rule = spec["egress"]  # nothing else
+    (peer,) = api_rule["to"]
+    assert set(peer) == {"podSelector"}, peer
+    assert selects(peer["podSelector"], find(docs, "Deployment", "api")[0]["spec"]["template"]["metadata"]["labels"])
+    assert api_rule["ports"] == [{"port": 8790, "protocol": "TCP"}], api_rule["ports"]
+    (peer,) = dns_rule["to"]
+    assert peer["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}, peer
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}, peer
+    assert sorted((p["port"], p["protocol"]) for p in dns_rule["ports"]) == [(53, "TCP"), (53, "UDP")]
+    # The operator's rules come after, and only when given; disabled means no policy.
+    docs = manifests(rendered["edge"])
+    (pol,) = find(docs, "NetworkPolicy", "worker")
+    assert len(pol["spec"]["egress"]) == 4
+    assert pol["spec"]["egress"][2]["ports"] == [{"port": 443, "protocol": "TCP"}]
+    docs = manifests(render(with_workers(networkPolicy={"enabled": False})))
+    assert not find(docs, "NetworkPolicy", "worker")
+
+
+@test("workers get worker.extraEnv, never the API's extraEnv")
+def _():
+    vals = with_workers(extraEnv=[{"name": "WORKER_ONLY", "value": "1"}])
+    vals["extraEnv"] = [{"name": "API_ONLY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    docs = manifests(render(vals))
+    api, worker = env(container(docs, "Deployment", "api")), env(container(docs, "StatefulSet", "worker"))
+    assert "API_ONLY" in api and "WORKER_ONLY" not in api
+    assert "WORKER_ONLY" in worker and "API_ONLY" not in worker, worker
+    for name in ("DATABASE_URL", "BERTH_MODEL_API_KEY", "BERTH_JWT_SECRET_FILE", "AWS_SECRET_ACCESS_KEY"):
+        assert name not in worker, name
+    assert "envFrom" not in container(docs, "StatefulSet", "worker")
+    # edge sets RUST_LOG for both: each gets its own.
+    docs = manifests(rendered["edge"])
+    assert env(container(docs, "Deployment", "api"))["RUST_LOG"] == "info,berth_api=debug"
+    assert env(container(docs, "StatefulSet", "worker"))["RUST_LOG"] == "info,berth_worker=debug"
+
+
+@test("workers: the token volume holds the pod's own key only")
+def _():
+    docs = manifests(render(with_workers(token={"existingSecret": "berth-worker", "existingSecretKey": "tok"})))
+    spec = pod_spec(docs, "StatefulSet", "worker")
+    assert "initContainers" not in spec
+    secrets = [v for v in spec["volumes"] if "secret" in v]
+    assert secrets == [
+        {
+            "name": "worker-token",
+            "secret": {
+                "secretName": "berth-worker",
+                "defaultMode": 0o400,
+                "items": [{"key": "tok", "path": "worker-token"}],
+            },
+        }
+    ], secrets
+    w = spec["containers"][0]
+    assert {"name": "worker-token", "mountPath": "/etc/berth", "readOnly": True} in w["volumeMounts"]
+    # perPod: the Secret (every pod's key) is mounted in the init container only, which copies
+    # this pod's key into a memory-backed emptyDir that the worker container mounts.
+    spec = pod_spec(manifests(rendered["edge"]), "StatefulSet", "worker")
+    (init,) = spec["initContainers"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    secret_volumes = {n for n, v in volumes.items() if "secret" in v}
+    assert secret_volumes == {"worker-tokens"}, secret_volumes
+    assert volumes["worker-token"]["emptyDir"]["medium"] == "Memory"
+    assert not secret_volumes & {m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    assert {m["name"] for m in init["volumeMounts"]} == {"worker-tokens", "worker-token"}
+    script = init["command"][-1]
+    assert '"/run/berth/worker-tokens/$POD_NAME"' in script and "/etc/berth/worker-token" in script
+    assert env(init).keys() == {"POD_NAME"}
+
+
+@test("the internal port: declared on the API pods, in no Service and not in the Ingress")
+def _():
+    for v in VALUES:
+        docs = manifests(rendered[v])
+        internal = values(v).get("api", {}).get("internalPort", 8791)
+        api = container(docs, "Deployment", "api")
+        assert {"name": "internal", "containerPort": internal, "protocol": "TCP"} in api["ports"]
+        for s in find(docs, "Service"):
+            for p in s["spec"].get("ports", []):
+                assert p["targetPort"] not in ("internal", internal), f"{v}: Service {s['metadata']['name']}: {p}"
+                assert p["port"] != internal, f"{v}: Service {s['metadata']['name']}: {p}"
+        for ing in find(docs, "Ingress"):
+            for rule in ing["spec"]["rules"]:
+                for p in rule["http"]["paths"]:
+                    assert p["backend"]["service"]["port"] == {"name": "http"}, p
+
+
+@test("BERTH_INTERNAL_LISTEN and BERTH_INTERNAL_URL name the same internal port")
+def _():
+    for v in VALUES:
+        docs = manifests(rendered[v])
+        internal = values(v).get("api", {}).get("internalPort", 8791)
+        api = container(docs, "Deployment", "api")
+        e = env(api)
+        assert e["BERTH_INTERNAL_LISTEN"] == f"0.0.0.0:{internal}", e["BERTH_INTERNAL_LISTEN"]
+        assert e["BERTH_INTERNAL_URL"] == f"http://$(POD_IP):{internal}", e["BERTH_INTERNAL_URL"]
+        assert e["BERTH_LISTEN"] != e["BERTH_INTERNAL_LISTEN"] != e["BERTH_METRICS_LISTEN"]
+        names = [x["name"] for x in api["env"]]
+        assert names.index("POD_IP") < names.index("BERTH_INTERNAL_URL"), "$(POD_IP) defined after its use"
+        for job in find(docs, "Job", "migrate"):
+            assert "BERTH_INTERNAL_LISTEN" not in env(job["spec"]["template"]["spec"]["containers"][0])
+
+
+@test("API pods' NetworkPolicy: the internal port admits the API pods only")
+def _():
+    docs = manifests(rendered["default"])
+    (pol,) = find(docs, "NetworkPolicy", "api")
+    labels = find(docs, "Deployment", "api")[0]["spec"]["template"]["metadata"]["labels"]
+    assert selects(pol["spec"]["podSelector"], labels)
+    assert pol["spec"]["policyTypes"] == ["Ingress"]
+    by_port = {r["ports"][0]["port"]: r for r in pol["spec"]["ingress"]}
+    assert all(len(r["ports"]) == 1 for r in pol["spec"]["ingress"])
+    assert set(by_port) == {8790, 8791, 9464}, by_port
+    assert "from" not in by_port[8790], "the public port is restricted"
+    (peer,) = by_port[8791]["from"]
+    assert set(peer) == {"podSelector"} and selects(peer["podSelector"], labels), peer
+    assert "from" not in by_port[9464]
+    (pol,) = find(manifests(rendered["edge"]), "NetworkPolicy", "api")
+    (metrics,) = [r for r in pol["spec"]["ingress"] if r["ports"][0]["port"] == 9090]
+    assert metrics["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    vals = values("default")
+    vals["api"] = {"networkPolicy": {"enabled": False}}
+    assert not find(manifests(render(vals)), "NetworkPolicy")
+
+
+@test("BERTH_DB_SSLMODE=require by default, for the API pods and the migration Job")
+def _():
+    docs = manifests(rendered["default"])
+    (job,) = find(docs, "Job", "migrate")
+    for c in (container(docs, "Deployment", "api"), job["spec"]["template"]["spec"]["containers"][0]):
+        assert env(c)["BERTH_DB_SSLMODE"] == "require", env(c).get("BERTH_DB_SSLMODE")
+        assert env(c)["BERTH_DB_CA_FILE"] == "/etc/berth/db-ca/ca.crt"
+    assert env(container(manifests(rendered["edge"]), "Deployment", "api"))["BERTH_DB_SSLMODE"] == "prefer"
+
+
+@test("refused: a database without a CA, unless allowUnverifiedTls says so")
+def _():
+    vals = values("default")
+    del vals["database"]["caSecret"]
+    refused(vals, "database.caSecret is empty")
+    vals["database"]["allowUnverifiedTls"] = False
+    refused(vals, "database.allowUnverifiedTls=true")
+    vals["database"]["allowUnverifiedTls"] = True
+    api = container(manifests(render(vals)), "Deployment", "api")
+    assert "BERTH_DB_CA_FILE" not in env(api) and env(api)["BERTH_DB_SSLMODE"] == "require"
+    vals["database"]["sslmode"] = "verify-full"  # libpq's name; Berth's floor has three values
+    refused(vals, "at '/database/sslmode'")
+
+
+@test("refused: the internal port shared with the public or the metrics port")
+def _():
+    for port in (8790, 9464):
+        vals = values("default")
+        vals["api"] = {"internalPort": port}
+        refused(vals, "must be three different ports")
+    vals = values("default")
+    vals["api"] = {"metricsPort": 8790}
+    refused(vals, "must be three different ports")
 
 
 def without_jwt(base: dict) -> dict:

@@ -427,10 +427,13 @@ impl TestWorker {
         let token_file = dir.join("token");
         std::fs::write(&token_file, token)?;
         let log = dir.join("worker.log");
-        let child = Command::new(berth_bin())
-            .args(["worker", "--server", &format!("http://{addr}/"), "--host", host])
-            .arg("--token-file")
-            .arg(&token_file)
+        let mut cmd = Command::new(berth_bin());
+        cmd.args(["worker", "--server", &format!("http://{addr}/"), "--host", host]);
+        // A token given in the environment is the worker's credential; else the file.
+        if !env.iter().any(|(k, _)| *k == "BERTH_WORKER_TOKEN") {
+            cmd.arg("--token-file").arg(&token_file);
+        }
+        let child = cmd
             .arg("--workspace")
             .arg(format!("{name}={}", path.display()))
             .args(extra)

@@ -822,3 +822,39 @@ async fn a_row_larger_than_a_history_page_reaches_a_later_turn_whole() {
     );
     assert!(later["content"].as_str().unwrap().ends_with("[exit code 0]"));
 }
+
+/// Issue 47: a command the model runs cannot read the worker's secrets through the
+/// worker's own process: its `/proc/$PPID/environ` (the environment the worker was started
+/// with) holds neither the worker token given as `BERTH_WORKER_TOKEN` nor any other Berth
+/// secret, and what Berth reads there still works (the worker is online and runs the turn).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_cannot_read_the_workers_secrets_from_its_process() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    stack.kill_worker().await;
+    let token = stack.worker_token.clone();
+    let env = [
+        ("BERTH_WORKER_TOKEN", token.as_str()),
+        ("BERTH_MODEL_API_KEY", "sk-worker-env-secret"),
+    ];
+    stack.start_worker_with_env(0, &[], &env).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let read = "tr '\\0' '\\n' < /proc/$PPID/environ; echo; env";
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": read}))], 9));
+    mock.push(Reply::text(&["read it"]));
+    let events = turn(&mut c, &mut watch, &sid, "Read your parent's environment").await;
+    assert_eq!(events.last().unwrap()["state"], "completed", "{:?}", events.last());
+    // What the model was given back: the command's output.
+    let m = messages(&mock, 1);
+    let output = m.last().unwrap()["content"].as_str().unwrap().to_string();
+    // Read (as root, whom non-dumpable does not stop) or refused (anyone else); either way
+    // without the secrets, which left the environment when the worker started.
+    assert!(
+        output.contains("BERTH_SEALED_ENV=1") || output.contains("Permission denied"),
+        "the command tried its parent's environment: {output}"
+    );
+    assert!(!output.contains(&token), "the worker token leaked: {output}");
+    assert!(!output.contains("sk-worker-env-secret"), "a key leaked: {output}");
+}

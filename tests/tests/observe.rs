@@ -144,6 +144,20 @@ struct Setup {
     dir: PathBuf,
 }
 
+/// Where other replicas reach replica `i` of `stack` (its internal listener, as it announced
+/// it), read with `db`.
+async fn internal_url(stack: &Stack, i: usize, db: &tokio_postgres::Client) -> String {
+    let mut c = stack.client(i).await;
+    let replica = c.ok("status", json!({})).await["replicaId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    db.query_one("SELECT internal_url FROM replicas WHERE replica_id = $1", &[&replica])
+        .await
+        .expect("the replica announced its internal address")
+        .get(0)
+}
+
 async fn setup() -> Setup {
     let mock = MockProvider::start().await;
     let stack = Stack::start(&mock, 2).await;
@@ -600,9 +614,10 @@ async fn a_forwarded_read_is_framed_for_new_replicas_and_json_lines_for_old_ones
         "params": {"sessionId": "s", "path": {"bytesBase64": b64(b"mid.txt")}},
     }});
     // The worker is on replica 0: the call runs there, as if replica 1 had forwarded it.
+    let internal = internal_url(&stack, 0, &db).await;
     let forward = |accept: Option<&str>, runs: bool| {
         let mut req = reqwest::Client::new()
-            .post(format!("http://{}/v1/internal/call", stack.servers[0].addr))
+            .post(format!("{internal}/v1/internal/call"))
             .header("x-berth-cluster-secret", &secret)
             .json(&body);
         if let Some(a) = accept {
@@ -818,17 +833,38 @@ async fn workspaces_are_renamed_completed_and_removed() {
         ..
     } = setup().await;
     let wid = stack.workspace_id.clone();
-    // The replica-to-replica endpoint wants the cluster secret.
+    // The replica-to-replica endpoint is on its own listener and wants the cluster secret;
+    // the public listener does not serve it at all, whatever it is given.
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let secret: String = db
+        .query_one("SELECT secret FROM cluster_secret", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let internal = internal_url(&stack, 0, &db).await;
+    assert_ne!(internal, format!("http://{}", stack.servers[0].addr));
     let call = json!({"tenantId": "x", "call": {"workspaceId": wid, "method": "git.status"}});
     for secret in [None, Some("wrong")] {
         let mut req = reqwest::Client::new()
-            .post(format!("http://{}/v1/internal/call", stack.servers[0].addr))
+            .post(format!("{internal}/v1/internal/call"))
             .json(&call);
         if let Some(s) = secret {
             req = req.header("x-berth-cluster-secret", s);
         }
         assert_eq!(req.send().await.unwrap().status(), 403);
     }
+    let public = reqwest::Client::new()
+        .post(format!("http://{}/v1/internal/call", stack.servers[0].addr))
+        .header("x-berth-cluster-secret", &secret)
+        .json(&call)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        public.status(),
+        404,
+        "the public listener serves no replica-to-replica call"
+    );
     let renamed = client
         .ok(
             "workspace.rename",

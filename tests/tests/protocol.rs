@@ -330,6 +330,29 @@ async fn before_hello_everything_is_unauthorized() {
         json!({"protocol": 1, "token": token, "capabilities": {"x": 1}}),
     )
     .await;
+    // Signed in, a message far past a hello's size is served (as with the header).
+    let pad = "x".repeat(100_000);
+    assert_eq!(anon.ok("ping", json!({"pad": pad})).await["pong"], true);
+
+    // Before hello, the same message closes the connection (1009), and so does any binary
+    // message (1008); the server keeps serving.
+    for binary in [false, true] {
+        let nobody = Client::connect(&server.ws_url()).await.unwrap();
+        if binary {
+            nobody.send_binary(vec![0, 0, 0, 1, 42]);
+        } else {
+            nobody.send_raw(&format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hello\",\"params\":{{\"pad\":\"{pad}\"}}}}"
+            ));
+        }
+        let closed = berth_e2e::harness::eventually(5, || {
+            let c = *nobody.closed.lock().unwrap();
+            async move { c }
+        })
+        .await;
+        assert_eq!(closed, Some(Some(if binary { 1008 } else { 1009 })));
+    }
+    assert_eq!(anon.ok("ping", json!({})).await["pong"], true);
 }
 
 /// Unknown params fields are ignored; a known field with the wrong type stays `bad-params`.

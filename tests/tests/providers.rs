@@ -344,15 +344,38 @@ async fn a_client_chosen_endpoint_is_refused_unless_allowed_and_never_gets_a_key
     let stack = stack_with(
         &mock,
         &[
-            ("BERTH_PROVIDERS", "resp,anth,open"),
+            ("BERTH_PROVIDERS", "resp,anth,open,pub"),
             ("BERTH_PROVIDER_OPEN_BASE_URL", &url),
             ("BERTH_PROVIDER_OPEN_API_KEY", "sk-open-key"),
             ("BERTH_PROVIDER_OPEN_ALLOW_BASE_URL", "true"),
+            ("BERTH_PROVIDER_OPEN_ALLOW_PRIVATE_BASE_URL", "true"),
+            ("BERTH_PROVIDER_PUB_BASE_URL", &url),
+            ("BERTH_PROVIDER_PUB_ALLOW_BASE_URL", "true"),
         ],
     )
     .await;
     let mut c = stack.client(0).await;
     let ws = stack.workspace_id.clone();
+    // A profile that allows an endpoint of the session's own, but not a private one: the
+    // API tier itself, loopback, link-local metadata and private networks are refused.
+    for private in [
+        elsewhere.base_url(),
+        format!("http://{}/v1", stack.servers[0].addr),
+        "http://localhost:9464/v1".to_string(),
+        "http://169.254.169.254/latest".to_string(),
+        "http://10.0.0.7:8791/v1".to_string(),
+        "http://[::1]:8790/v1".to_string(),
+    ] {
+        let e = c
+            .call(
+                "session.create",
+                json!({"workspaceId": ws, "provider": "pub", "baseUrl": private}),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), "base-url-not-allowed", "{private}");
+        assert_eq!(e.data["reason"], "private-address", "{private}");
+    }
     for create in [
         json!({"workspaceId": ws, "baseUrl": elsewhere.base_url()}),
         json!({"workspaceId": ws, "provider": "anth", "baseUrl": elsewhere.base_url()}),

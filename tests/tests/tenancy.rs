@@ -867,6 +867,23 @@ async fn passwords_jwts_and_their_rejections() {
     assert_eq!(status, 429);
     assert_eq!(body["error"]["code"], "rate-limited");
 
+    // The account's sign-ins, both kinds, are in the tenant's audit log, with nothing
+    // presented in them; an unknown account's attempt has no tenant to be logged in.
+    let audit = admin.ok("admin.audit.list", json!({"limit": 100})).await;
+    let of_user = |action: &str| {
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["action"] == action && e["target"] == user["userId"])
+            .count()
+    };
+    assert_eq!(of_user("login"), 1, "{audit}");
+    let refused = statuses.iter().filter(|s| **s == 401).count();
+    assert_eq!(of_user("login.failed"), refused, "{audit}");
+    assert!(!audit.to_string().contains("pw-secret") && !audit.to_string().contains("wrong-password"));
+    assert!(!audit.to_string().contains("nobody@example.com"));
+
     // Nothing secret reached the log.
     let log = std::fs::read_to_string(&server.log).unwrap();
     for secret_text in [

@@ -98,6 +98,7 @@ async fn the_model_proxy_serves_only_the_callers_running_turns_within_limits() {
         .expect("the turn streams");
     let body = json!({
         "model": "some-expensive-model", "n": 4, "max_tokens": 100000,
+        "store": true, "service_tier": "priority", "web_search_options": {}, "temperature": 0.5,
         "messages": [{"role": "user", "content": "hi"}],
     });
 
@@ -128,7 +129,10 @@ async fn the_model_proxy_serves_only_the_callers_running_turns_within_limits() {
     let sent = mock.requests().last().cloned().expect("the provider was called");
     assert_eq!(sent["model"], "mock-model", "the turn's model, not the caller's");
     assert_eq!(sent["max_tokens"], 100);
-    assert!(sent.get("n").is_none());
+    assert_eq!(sent["temperature"], 0.5);
+    for dropped in ["n", "store", "service_tier", "web_search_options"] {
+        assert!(sent.get(dropped).is_none(), "{dropped} reached the provider: {sent}");
+    }
     // Metered from the stream by the API tier, though no worker reported any step (stored
     // with the turn's next step, or when it ends: see below).
     let db = berth_e2e::harness::db(&stack.database_url).await;

@@ -46,18 +46,35 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-worker" (include "berth.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Pod-level settings shared by every Berth pod. */}}
-{{- define "berth.podCommon" -}}
+{{- define "berth.imagePullSecrets" -}}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
 {{- range . }}
   - name: {{ . }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* Pod-level settings of the API and migration pods: the operator's ServiceAccount (IRSA,
+     workload identity), never the workers' (worker-serviceaccount.yaml). */}}
+{{- define "berth.podCommon" -}}
+{{- include "berth.imagePullSecrets" . }}
 {{- if .Values.serviceAccountName }}
 serviceAccountName: {{ .Values.serviceAccountName }}
 {{- end }}
 automountServiceAccountToken: false
+{{- end -}}
+
+{{/* Labels selecting the API pods (Services, NetworkPolicies). */}}
+{{- define "berth.apiSelectorLabels" -}}
+{{ include "berth.selectorLabels" . }}
+app.kubernetes.io/component: api
+{{- end -}}
+
+{{/* Labels selecting the worker pods. */}}
+{{- define "berth.workerSelectorLabels" -}}
+{{ include "berth.selectorLabels" . }}
+app.kubernetes.io/component: worker
 {{- end -}}
 
 {{/* DATABASE_URL from the referenced Secret (required). */}}
@@ -76,6 +93,9 @@ automountServiceAccountToken: false
   value: /var/lib/berth
 - name: BERTH_DB_POOL_SIZE
   value: {{ .Values.database.poolSize | quote }}
+# A floor under the URL's own sslmode: the stricter of the two applies.
+- name: BERTH_DB_SSLMODE
+  value: {{ .Values.database.sslmode | quote }}
 {{- if .Values.database.caSecret }}
 - name: BERTH_DB_CA_FILE
   value: /etc/berth/db-ca/{{ .Values.database.caSecretKey }}
@@ -187,6 +207,14 @@ true
 {{- $needed := add 1 (mul (add1 $pods) (add1 (int .Values.database.poolSize))) -}}
 {{- if gt (int $needed) (int .Values.database.connectionLimit) -}}
 {{- fail (printf "the API tier may open %d database connections ((%d pods + 1 surge) × (database.poolSize %d + 1 LISTEN) + 1 migration Job), more than database.connectionLimit %d: lower database.poolSize or the replica count, or raise PostgreSQL's max_connections and database.connectionLimit with it" (int $needed) $pods (int .Values.database.poolSize) (int .Values.database.connectionLimit)) -}}
+{{- end -}}
+{{- $_ := required "database.existingSecret is required (name of a Secret holding DATABASE_URL)" .Values.database.existingSecret -}}
+{{- if and (not .Values.database.caSecret) (not .Values.database.allowUnverifiedTls) -}}
+{{- fail "database.caSecret is empty: Berth would not verify the PostgreSQL server's certificate, and sslmode=require without a CA encrypts but does not authenticate the server (an active attacker in the path can impersonate it). Put the CA that signed the server's certificate in a Secret and name it: kubectl create secret generic berth-db-ca --from-file=ca.crt=./db-ca.pem; database.caSecret=berth-db-ca. To connect without verifying anyway, set database.allowUnverifiedTls=true" -}}
+{{- end -}}
+{{- $ports := list (int .Values.api.port) (int .Values.api.metricsPort) (int .Values.api.internalPort) -}}
+{{- if ne (len (uniq $ports)) 3 -}}
+{{- fail (printf "api.port (%d), api.metricsPort (%d) and api.internalPort (%d) must be three different ports: the internal and metrics listeners must not share the public one" (int .Values.api.port) (int .Values.api.metricsPort) (int .Values.api.internalPort)) -}}
 {{- end -}}
 {{- if and .Values.worker.enabled (gt (int .Values.worker.replicas) 1) (not .Values.worker.token.perPod) -}}
 {{- fail "worker.replicas > 1 needs worker.token.perPod=true: a worker credential serves one workspace host, so each pod needs its own" -}}

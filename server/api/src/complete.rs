@@ -45,7 +45,7 @@ pub(crate) async fn complete(
     };
     // No reasoning asked for: a title or a summary needs none.
     let outgoing = providers::request(profile.api, chat, None).encode();
-    let build = outgoing.builder(&state.provider_http, profile, base, with_key);
+    let build = outgoing.builder(proxy::client_for(state, profile, with_key), profile, base, with_key);
     let resp = proxy::send_with_retries(build, &state.config.model.resilience).await?;
     let meter = proxy::Meter {
         state: state.clone(),

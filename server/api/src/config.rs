@@ -189,6 +189,10 @@ pub struct ProviderProfile {
     pub models: Vec<ProfileModel>,
     /// A session may name its own endpoint (`baseUrl`); calls there never carry the key.
     pub allow_base_url: bool,
+    /// Such an endpoint may be on a private network, loopback or link-local
+    /// (`…_ALLOW_PRIVATE_BASE_URL`; off: public addresses only, so a session cannot aim the
+    /// proxy at the API tier's own listeners, a metadata service or the internal network).
+    pub allow_private_base_url: bool,
     /// Which of its models take image input.
     pub image_input: ImageInput,
 }
@@ -271,6 +275,10 @@ impl ProviderSet {
                 api_key: secret("BERTH_MODEL_API_KEY")?.map(Secret),
                 models: Vec::new(),
                 allow_base_url: parse_bool("BERTH_MODEL_ALLOW_BASE_URL", get("BERTH_MODEL_ALLOW_BASE_URL"))?,
+                allow_private_base_url: parse_bool(
+                    "BERTH_MODEL_ALLOW_PRIVATE_BASE_URL",
+                    get("BERTH_MODEL_ALLOW_PRIVATE_BASE_URL"),
+                )?,
                 image_input: ImageInput::parse(get("BERTH_MODEL_IMAGE_INPUT")),
             });
         }
@@ -299,6 +307,10 @@ impl ProviderSet {
                 api_key: secret(&key("API_KEY"))?.map(Secret),
                 models,
                 allow_base_url: parse_bool(&key("ALLOW_BASE_URL"), get(&key("ALLOW_BASE_URL")))?,
+                allow_private_base_url: parse_bool(
+                    &key("ALLOW_PRIVATE_BASE_URL"),
+                    get(&key("ALLOW_PRIVATE_BASE_URL")),
+                )?,
                 image_input: ImageInput::parse(get(&key("IMAGE_INPUT"))),
             };
             profiles.retain(|p: &ProviderProfile| p.name != profile.name);
@@ -424,8 +436,12 @@ pub struct Config {
     /// (default 16).
     pub coordinator_max_children: u32,
     /// `BERTH_INTERNAL_URL`: where other replicas reach this one to forward worker calls
-    /// (default: `http://<listen address>` unless that is a wildcard address).
+    /// (default: `http://<internal listen address>` unless that is a wildcard address).
     pub internal_url: Option<String>,
+    /// `BERTH_INTERNAL_LISTEN`: the listener that serves other replicas only
+    /// (`/v1/internal/call`), never the public one (default: the public listener's address
+    /// with a port of the system's choosing).
+    pub internal_listen: Option<std::net::SocketAddr>,
     /// `BERTH_TRUSTED_PROXIES`: networks (CIDRs) of reverse proxies whose
     /// `X-Forwarded-For` names the client address; from anyone else it is ignored.
     pub trusted_proxies: Vec<ipnet::IpNet>,
@@ -550,6 +566,7 @@ impl Config {
             interaction_timeout: std::time::Duration::from_secs(15 * 60),
             coordinator_max_children: 16,
             internal_url: None,
+            internal_listen: None,
             trusted_proxies: Vec::new(),
             listen_probe_interval: std::time::Duration::from_secs(15),
             listen_probe_timeout: std::time::Duration::from_secs(10),
@@ -593,6 +610,7 @@ mod tests {
             api_key: None,
             models: vec![ProfileModel::parse("small:1000:high")],
             allow_base_url: false,
+            allow_private_base_url: false,
             image_input: ImageInput::All,
         };
         let small = cfg.spec(&profile, "small");

@@ -26,6 +26,7 @@ mod workers;
 
 use std::{sync::Arc, time::Duration};
 
+use anyhow::Context as _;
 use axum::{
     Router,
     extract::State,
@@ -69,6 +70,8 @@ pub struct App {
     pub http: reqwest::Client,
     /// HTTP client for model providers (their connect timeout).
     pub provider_http: reqwest::Client,
+    /// HTTP client for endpoints sessions choose (`baseUrl`): public addresses only.
+    pub public_http: reqwest::Client,
     /// Cancelled when the replica shuts down; long-lived tasks end with it.
     pub shutdown: CancellationToken,
     /// Live connections by principal (for revocation and per-credential limits).
@@ -120,6 +123,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let http = net::http_client()?;
     let provider_http = net::provider_client(config.model.resilience.connect_timeout)?;
+    let public_http = net::public_only_client(config.model.resilience.connect_timeout)?;
     let token = CancellationToken::new();
     let (config_rate, config_burst) = (config.limits.requests_per_sec, config.limits.request_burst);
     let password_checks = Arc::new(tokio::sync::Semaphore::new(config.limits.max_password_checks.max(1)));
@@ -133,7 +137,19 @@ pub async fn serve(
         metrics.object_store_bytes.clone(),
     )?;
     tracing::info!(object_store = %blobs.url, "object storage");
-    let cluster = workers::calls::Cluster::load(&store, config.internal_url.as_deref(), listener.local_addr()?).await?;
+    // Replica-to-replica forwarding has a listener of its own, kept off the public one (and
+    // so out of the reverse proxy's reach).
+    let internal_addr = config.internal_listen.unwrap_or_else(|| {
+        std::net::SocketAddr::new(
+            listener.local_addr().map(|a| a.ip()).unwrap_or([127, 0, 0, 1].into()),
+            0,
+        )
+    });
+    let internal_listener = TcpListener::bind(internal_addr)
+        .await
+        .with_context(|| format!("binding BERTH_INTERNAL_LISTEN {internal_addr}"))?;
+    let cluster =
+        workers::calls::Cluster::load(&store, config.internal_url.as_deref(), internal_listener.local_addr()?).await?;
     let state = AppState(Arc::new(App {
         store,
         config,
@@ -144,6 +160,7 @@ pub async fn serve(
         watchers: Default::default(),
         http,
         provider_http,
+        public_http,
         shutdown: token.clone(),
         connections: connections::Connections::default(),
         login_limiter: auth::LoginLimiter::default(),
@@ -164,7 +181,6 @@ pub async fn serve(
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))
         .route("/v1/worker", get(workers::upgrade))
-        .route(workers::calls::INTERNAL_CALL_PATH, post(workers::calls::internal_call))
         .route(berth_protocol::worker::MODEL_PROXY_PATH, post(proxy::chat_completions))
         .route(
             berth_protocol::worker::ATTACHMENTS_PATH,
@@ -176,6 +192,9 @@ pub async fn serve(
         .route("/console/{file}", get(console::asset))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .with_state(state.clone());
+    let internal_app = Router::new()
+        .route(workers::calls::INTERNAL_CALL_PATH, post(workers::calls::internal_call))
         .with_state(state.clone());
     let metrics_app = Router::new()
         .route("/metrics", get(metrics_handler))
@@ -193,6 +212,12 @@ pub async fn serve(
             .await
     });
     let t = token.clone();
+    let internal_server = tokio::spawn(async move {
+        axum::serve(net::nodelay(internal_listener), internal_app)
+            .with_graceful_shutdown(async move { t.cancelled().await })
+            .await
+    });
+    let t = token.clone();
     axum::serve(
         net::nodelay(listener),
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
@@ -205,6 +230,7 @@ pub async fn serve(
         tracing::warn!("connections still open after the shutdown grace period");
     }
     metrics_server.await??;
+    internal_server.await??;
     Ok(())
 }
 

@@ -117,6 +117,7 @@ pub async fn login(
         return resp;
     };
     let password = req.password;
+    let account_found = found.as_ref().map(|(tenant, user, ..)| (tenant.clone(), user.clone()));
     // Hashing is CPU-heavy: keep it off the async workers.
     let verdict = tokio::task::spawn_blocking(move || {
         let _permit = permit;
@@ -135,8 +136,18 @@ pub async fn login(
     .flatten();
     let Some((tenant_id, user_id, role)) = verdict else {
         state.metrics.auth_failures.with_label_values(&["login"]).inc();
+        // An existing account's failed attempt is the tenant's to see; one for an account
+        // that does not exist has no tenant to record it in (the metric counts it).
+        if let Some((tenant, user)) = account_found
+            && let Err(e) = state.store.audit_login(&tenant, &user, false).await
+        {
+            tracing::warn!(error = %e, "recording a failed sign-in failed");
+        }
         return error(StatusCode::UNAUTHORIZED, "unauthorized");
     };
+    if let Err(e) = state.store.audit_login(&tenant_id, &user_id, true).await {
+        tracing::warn!(error = %e, "recording a sign-in failed");
+    }
     state.login_limiter.reset_account(&account);
     let (token, claims) = keys.issue(&user_id, &tenant_id, &role, state.config.jwt_ttl);
     tracing::info!(user.id = %user_id, "signed in");

@@ -54,6 +54,89 @@ pub fn provider_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Cl
         .build()
 }
 
+/// The same for endpoints a session chose (`baseUrl`), where the profile does not allow
+/// private ones: names resolve to public addresses only, so a session cannot point the
+/// proxy at the API tier itself, its metrics, the cloud's metadata service or anything else
+/// on the private network ([`is_public`]; an address given literally is checked by
+/// [`public_url`]).
+pub fn public_only_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .connect_timeout(connect_timeout)
+        .dns_resolver(std::sync::Arc::new(PublicOnly))
+        .build()
+}
+
+/// Whether `ip` is on the public internet: not loopback, private, shared (CGNAT),
+/// link-local, unique-local, unspecified, multicast, broadcast or documentation space (and
+/// an IPv4-mapped IPv6 address as its IPv4 address).
+pub fn is_public(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 192 && b == 0)
+                || a >= 240)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+                || first == 0x2001 && v6.segments()[1] == 0x0db8)
+        }
+    }
+}
+
+/// Whether `url`'s host is not an address literal outside the public internet (names are
+/// checked when they resolve, by [`public_only_client`]).
+pub fn public_url(url: &str) -> bool {
+    let Some(host) = reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+    else {
+        return false;
+    };
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    match literal.parse::<std::net::IpAddr>() {
+        Ok(ip) => is_public(ip),
+        Err(_) => {
+            let name = host.trim_end_matches('.').to_ascii_lowercase();
+            name != "localhost" && !name.ends_with(".localhost")
+        }
+    }
+}
+
+/// A resolver whose answers keep only public addresses (none left: the name does not resolve).
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        Box::pin(async move {
+            let found = tokio::net::lookup_host((name.as_str(), 0)).await?;
+            let public: Vec<std::net::SocketAddr> = found.filter(|a| is_public(a.ip())).collect();
+            if public.is_empty() {
+                return Err(format!("{}: no public address", name.as_str()).into());
+            }
+            Ok(Box::new(public.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use axum::serve::Listener;
@@ -68,6 +151,44 @@ mod tests {
         let _client = TcpStream::connect(addr).await.unwrap();
         let (accepted, _) = listener.accept().await;
         assert!(accepted.nodelay().unwrap(), "accepted socket without TCP_NODELAY");
+    }
+
+    #[test]
+    fn only_public_addresses_are_public() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "::",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private}");
+        }
+        for public in ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8"] {
+            assert!(is_public(public.parse().unwrap()), "{public}");
+        }
+        assert!(!public_url("http://127.0.0.1:8790/v1"));
+        assert!(!public_url("http://[::1]/v1"));
+        assert!(!public_url("http://169.254.169.254/latest"));
+        assert!(!public_url("http://localhost:9464/"));
+        assert!(!public_url("http://metrics.localhost./"));
+        assert!(public_url("https://api.example.com/v1"));
+        assert!(public_url("https://8.8.8.8/v1"));
+    }
+
+    #[tokio::test]
+    async fn the_public_only_resolver_drops_private_answers() {
+        use reqwest::dns::Resolve;
+        let name: reqwest::dns::Name = "localhost".parse().unwrap();
+        assert!(PublicOnly.resolve(name).await.is_err());
     }
 
     /// Every server `serve` starts is on a listener wrapped by [`nodelay`], and the provider

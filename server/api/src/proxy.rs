@@ -136,22 +136,9 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         Err(_) => return fail(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge.as_str(), None),
     };
     // The turn's model, one choice, streamed with usage, output capped: whatever was asked.
+    let (context_cap, max_output) = (spec.context_tokens, model_cfg.max_output_tokens);
     let rewrite = |obj: &mut serde_json::Map<String, serde_json::Value>| {
-        obj.insert("model".into(), model.clone().into());
-        obj.remove("n");
-        if let Some(cap) = model_cfg.max_output_tokens {
-            for key in ["max_tokens", "max_completion_tokens"] {
-                if let Some(v) = obj.get_mut(key) {
-                    *v = v.as_u64().map_or(cap, |n| n.min(cap)).into();
-                }
-            }
-            if !obj.contains_key("max_completion_tokens") {
-                obj.insert(
-                    "max_tokens".into(),
-                    obj.get("max_tokens").cloned().unwrap_or(cap.into()),
-                );
-            }
-        }
+        server_terms(obj, &model, context_cap, max_output);
     };
     let images = profile.takes_images(&model);
     // A chat-completions provider gets the worker's messages as they came when none needs
@@ -194,7 +181,7 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
             }
         }
     };
-    let build = outgoing.builder(&state.provider_http, profile, base, with_key);
+    let build = outgoing.builder(client_for(&state, profile, with_key), profile, base, with_key);
     let send = async {
         let started = Instant::now();
         let resp = send_with_retries(build, &model_cfg.resilience).await;
@@ -243,6 +230,48 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// The server's terms on the top-level fields of a worker's request: only the fields a turn
+/// needs go on (a worker on a compromised machine must not switch on paid extras, storage
+/// or web access with the tenant's key: `n`, `store`, `service_tier`, … are dropped), the
+/// turn's `model`, and an output never asked for beyond one context window
+/// (`context_cap`) or the configured `max_output` (then always set).
+fn server_terms(
+    obj: &mut serde_json::Map<String, serde_json::Value>,
+    model: &str,
+    context_cap: u64,
+    max_output: Option<u64>,
+) {
+    obj.retain(|k, _| FORWARDED_FIELDS.contains(&k.as_str()));
+    obj.insert("model".into(), model.into());
+    let cap = max_output.map_or(context_cap, |m| m.min(context_cap));
+    for key in ["max_tokens", "max_completion_tokens"] {
+        if let Some(v) = obj.get_mut(key) {
+            *v = v.as_u64().map_or(cap, |n| n.min(cap)).into();
+        }
+    }
+    if max_output.is_some() && !obj.contains_key("max_completion_tokens") {
+        obj.entry("max_tokens").or_insert(cap.into());
+    }
+}
+
+/// The top-level fields of a worker's request the proxy passes on (the rest are dropped):
+/// what a turn's request is made of, and sampling parameters an agent definition sets.
+const FORWARDED_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "reasoning_effort",
+];
+
 /// Metric labels stay bounded: a configured model, or "other".
 pub(crate) fn model_label(cfg: &ModelConfig, profile: &ProviderProfile, model: &str) -> String {
     if cfg.model.as_deref() == Some(model) || profile.models.iter().any(|m| m.id == model) {
@@ -253,12 +282,25 @@ pub(crate) fn model_label(cfg: &ModelConfig, profile: &ProviderProfile, model: &
 }
 
 /// Where a call of `profile` goes and whether it carries the key: a client-chosen endpoint
-/// only where the profile allows one, and then never with the key (None: not allowed).
+/// only where the profile allows one, and then never with the key, and on the public
+/// internet unless the profile allows private ones (None: not allowed).
 pub(crate) fn endpoint<'a>(profile: &'a ProviderProfile, chosen: Option<&'a str>) -> Option<(&'a str, bool)> {
     match chosen {
-        Some(url) if profile.allow_base_url => Some((url, false)),
+        Some(url) if profile.allow_base_url && (profile.allow_private_base_url || crate::net::public_url(url)) => {
+            Some((url, false))
+        }
         Some(_) => None,
         None => Some((profile.base_url.as_str(), true)),
+    }
+}
+
+/// The client a call of `profile` to an endpoint goes through: a session's own endpoint
+/// resolves to public addresses only, unless the profile allows private ones.
+pub(crate) fn client_for<'a>(state: &'a crate::App, profile: &ProviderProfile, with_key: bool) -> &'a reqwest::Client {
+    if with_key || profile.allow_private_base_url {
+        &state.provider_http
+    } else {
+        &state.public_http
     }
 }
 
@@ -562,6 +604,52 @@ fn without_url(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_turns_fields_go_on_with_the_output_capped() {
+        let mut obj = serde_json::json!({
+            "model": "expensive", "n": 4, "store": true, "service_tier": "priority",
+            "web_search_options": {}, "metadata": {"a": "b"}, "user": "x",
+            "messages": [], "tools": [], "temperature": 0.2, "top_p": 0.9, "stream": false,
+            "max_tokens": 10_000_000u64, "max_completion_tokens": "lots",
+        });
+        let map = obj.as_object_mut().unwrap();
+        super::server_terms(map, "turn-model", 8000, None);
+        let mut keys: Vec<&str> = map.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "max_completion_tokens",
+                "max_tokens",
+                "messages",
+                "model",
+                "stream",
+                "temperature",
+                "tools",
+                "top_p"
+            ]
+        );
+        assert_eq!(map["model"], "turn-model");
+        assert_eq!(map["max_tokens"], 8000);
+        assert_eq!(map["max_completion_tokens"], 8000);
+
+        let mut obj = serde_json::json!({"messages": [], "max_tokens": 50});
+        let map = obj.as_object_mut().unwrap();
+        super::server_terms(map, "m", 8000, Some(100));
+        assert_eq!(map["max_tokens"], 50);
+        let mut obj = serde_json::json!({"messages": []});
+        let map = obj.as_object_mut().unwrap();
+        super::server_terms(map, "m", 8000, Some(100));
+        assert_eq!(map["max_tokens"], 100);
+        let mut obj = serde_json::json!({"messages": []});
+        let map = obj.as_object_mut().unwrap();
+        super::server_terms(map, "m", 8000, None);
+        assert!(
+            map.get("max_tokens").is_none(),
+            "left to the provider when nothing is configured"
+        );
+    }
 
     #[test]
     fn retry_after_takes_seconds_and_http_dates() {

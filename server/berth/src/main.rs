@@ -3,11 +3,12 @@
 mod acp;
 mod client_cmds;
 mod pieces;
+mod seal;
 mod settings;
 
 use std::{
     io::Write,
-    os::unix::fs::OpenOptionsExt,
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
     path::{Path, PathBuf},
 };
 
@@ -28,7 +29,8 @@ struct Cli {
     /// Config file of KEY=VALUE lines (keys as the environment variables).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// Data directory (BERTH_DATA_DIR; default ./.berth).
+    /// Data directory (BERTH_DATA_DIR; default: the user's own for the current directory,
+    /// outside it: $XDG_DATA_HOME/berth/dev/<dir>-<hash>, else ~/.local/share/…).
     #[arg(long, global = true)]
     data_dir: Option<String>,
     #[command(subcommand)]
@@ -203,7 +205,13 @@ enum UserCmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let settings = Settings::load(cli.config.as_deref())?;
+    // Before any thread: this may run the process again without secrets in its environment.
+    let sealed = match &cli.command {
+        Command::Dev(_) | Command::Worker(_) => seal::seal(true)?,
+        Command::Serve(_) => seal::seal(false)?,
+        _ => Default::default(),
+    };
+    let settings = Settings::load(cli.config.as_deref(), sealed)?;
     init_tracing(&settings);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = runtime.block_on(run(cli, settings));
@@ -228,7 +236,7 @@ fn providers(settings: &Settings) -> anyhow::Result<berth_api::config::ProviderS
 /// SIGHUP re-reads the config file (and environment) for the provider profiles; calls in
 /// flight keep the profiles they started with, connections stay up. A file that does not
 /// parse keeps the current profiles.
-fn spawn_reload(current: berth_api::config::Providers, path: Option<PathBuf>) {
+fn spawn_reload(current: berth_api::config::Providers, settings: Settings) {
     #[cfg(unix)]
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
@@ -236,7 +244,7 @@ fn spawn_reload(current: berth_api::config::Providers, path: Option<PathBuf>) {
             return;
         };
         while hup.recv().await.is_some() {
-            match Settings::load(path.as_deref()).and_then(|s| providers(&s)) {
+            match settings.reloaded().and_then(|s| providers(&s)) {
                 Ok(set) => {
                     tracing::info!(profiles = set.profiles.len(), "provider profiles reloaded");
                     current.replace(set);
@@ -246,7 +254,7 @@ fn spawn_reload(current: berth_api::config::Providers, path: Option<PathBuf>) {
         }
     });
     #[cfg(not(unix))]
-    let _ = (current, path);
+    let _ = (current, settings);
 }
 
 fn init_tracing(settings: &Settings) {
@@ -268,11 +276,10 @@ fn init_tracing(settings: &Settings) {
 }
 
 async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
-    let data_dir = PathBuf::from(
-        settings
-            .get(cli.data_dir.as_deref(), "BERTH_DATA_DIR")
-            .unwrap_or_else(|| ".berth".into()),
-    );
+    let data_dir = match settings.get(cli.data_dir.as_deref(), "BERTH_DATA_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => default_data_dir()?,
+    };
     match cli.command {
         Command::Serve(args) => serve(&settings, &data_dir, &args, false).await,
         Command::Dev(args) => serve(&settings, &data_dir, &args, true).await,
@@ -286,6 +293,42 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
         Command::Admin(cmd) => admin(&settings, &data_dir, cmd).await,
         Command::Client(cmd) => client_cmds::run(cmd).await,
     }
+}
+
+/// The data directory when none is configured: the user's own for the current directory, never
+/// inside it. A data directory holds the admin credential, the login signing key and the dev
+/// worker's credential: inside a workspace, a tool could read them and `git add -A` commit
+/// them. Keyed by the directory's canonical path, so `berth dev` and `berth admin` run from
+/// one directory find the same private cluster.
+fn default_data_dir() -> anyhow::Result<PathBuf> {
+    use sha2::Digest as _;
+    let cwd = std::env::current_dir()
+        .and_then(|d| d.canonicalize())
+        .context("the current directory")?;
+    let base = match (std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME")) {
+        (Some(x), _) if Path::new(&x).is_absolute() => PathBuf::from(x),
+        (_, Some(h)) if Path::new(&h).is_absolute() => Path::new(&h).join(".local/share"),
+        _ => PathBuf::from(format!("/var/tmp/berth-{}", rustix::process::getuid().as_raw())),
+    };
+    let digest = sha2::Sha256::digest(cwd.as_os_str().as_encoded_bytes());
+    let key: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    let name = cwd.file_name().and_then(|n| n.to_str()).unwrap_or("root");
+    let dir = base.join("berth/dev").join(format!("{name}-{key}"));
+    if cwd.join(".berth/run/token").exists() {
+        eprintln!(
+            "berth: {} holds an older data directory, no longer used by default (it keeps credentials inside the workspace); \
+             this directory's data now lives in {} — move it there, or set BERTH_DATA_DIR, and remove it from the workspace",
+            cwd.join(".berth").display(),
+            dir.display()
+        );
+    }
+    // Private to the user: it will hold credentials.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("creating data dir {}", dir.display()))?;
+    Ok(dir)
 }
 
 /// The store: `DATABASE_URL`, or the private cluster under the data dir (returned so that
@@ -305,8 +348,18 @@ async fn database(settings: &Settings, data_dir: &Path) -> anyhow::Result<(Store
         connect_timeout: secs("BERTH_DB_CONNECT_TIMEOUT_SECS", defaults.connect_timeout)?,
         tcp_user_timeout: secs("BERTH_DB_TCP_USER_TIMEOUT_SECS", defaults.tcp_user_timeout)?,
         statement_timeout: secs("BERTH_DB_STATEMENT_TIMEOUT_SECS", defaults.statement_timeout)?,
+        ssl_mode_floor: None,
     };
     if let Some(url) = settings.secret("DATABASE_URL")? {
+        // A floor for a server elsewhere (the private cluster is reached over a local socket).
+        let floor = match settings.get(None, "BERTH_DB_SSLMODE") {
+            Some(v) => Some(v.parse().with_context(|| format!("BERTH_DB_SSLMODE={v:?}"))?),
+            None => None,
+        };
+        let options = berth_store::DbOptions {
+            ssl_mode_floor: floor,
+            ..options
+        };
         return Ok((Store::connect_with(&url, &options)?, None));
     }
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
@@ -441,6 +494,17 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     config.interaction_timeout = std::time::Duration::from_secs(interaction_timeout);
     config.coordinator_max_children = settings.parse(None, "BERTH_COORDINATOR_MAX_CHILDREN", "16")?;
     config.internal_url = settings.get(None, "BERTH_INTERNAL_URL");
+    config.internal_listen = match settings.get(None, "BERTH_INTERNAL_LISTEN") {
+        Some(v) => Some(
+            v.parse()
+                .with_context(|| format!("BERTH_INTERNAL_LISTEN={v:?}: expected host:port"))?,
+        ),
+        None => None,
+    };
+    anyhow::ensure!(
+        config.internal_url.is_none() || config.internal_listen.is_some(),
+        "BERTH_INTERNAL_URL needs BERTH_INTERNAL_LISTEN: other replicas forward worker calls to a listener of its own, not the public one"
+    );
     if let Some(id) = settings.get(None, "BERTH_REPLICA_ID") {
         config.replica_id = id;
     }
@@ -488,7 +552,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         let s = shutdown.clone();
         worker_task = Some(tokio::spawn(async move { berth_worker::run(cfg, s).await }));
     }
-    spawn_reload(config.providers.clone(), settings.path.clone());
+    spawn_reload(config.providers.clone(), settings.clone());
     let s = shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;

@@ -8,14 +8,17 @@ use std::{collections::HashMap, path::Path};
 
 use anyhow::Context;
 
+#[derive(Clone)]
 pub struct Settings {
     file: HashMap<String, String>,
+    /// Variables taken out of the environment at start (`seal`): read as the environment.
+    sealed: crate::seal::Sealed,
     /// The config file read (re-read on reload).
     pub path: Option<std::path::PathBuf>,
 }
 
 impl Settings {
-    pub fn load(path: Option<&Path>) -> anyhow::Result<Settings> {
+    pub fn load(path: Option<&Path>, sealed: crate::seal::Sealed) -> anyhow::Result<Settings> {
         let path = path
             .map(Path::to_path_buf)
             .or_else(|| std::env::var_os("BERTH_CONFIG").map(Into::into));
@@ -34,13 +37,19 @@ impl Settings {
                 file.insert(k.trim().to_string(), v.trim().trim_matches('"').to_string());
             }
         }
-        Ok(Settings { file, path })
+        Ok(Settings { file, sealed, path })
+    }
+
+    /// The same settings with the config file read again.
+    pub fn reloaded(&self) -> anyhow::Result<Settings> {
+        Settings::load(self.path.as_deref(), self.sealed.clone())
     }
 
     /// The value of `key`: the flag if given, else the environment, else the file.
     pub fn get(&self, flag: Option<&str>, key: &str) -> Option<String> {
         flag.map(str::to_string)
             .or_else(|| std::env::var(key).ok().filter(|v| !v.is_empty()))
+            .or_else(|| self.sealed.get(key).cloned().filter(|v| !v.is_empty()))
             .or_else(|| self.file.get(key).cloned().filter(|v| !v.is_empty()))
     }
 
@@ -52,7 +61,12 @@ impl Settings {
             .filter(|(k, v)| k.starts_with(prefix) && !v.is_empty())
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        out.extend(std::env::vars().filter(|(k, v)| k.starts_with(prefix) && !v.is_empty()));
+        let sealed = self.sealed.iter().map(|(k, v)| (k.clone(), v.clone()));
+        out.extend(
+            sealed
+                .chain(std::env::vars())
+                .filter(|(k, v)| k.starts_with(prefix) && !v.is_empty()),
+        );
         out.into_iter().collect()
     }
 

@@ -25,6 +25,39 @@ struct Target<'a> {
 /// Who did it, for the audit log.
 pub struct Actor<'a>(pub &'a str);
 
+/// Who changes a shared definition (an agent, a tenant skill): its owner or a tenant admin
+/// may; anyone else is `forbidden`.
+pub struct Editor<'a> {
+    /// The user (or credential) acting, recorded as a new definition's owner and in the audit log.
+    pub actor: &'a str,
+    pub admin: bool,
+}
+
+/// Lock the definition `id` of `table` (`agents` or `skills`) for a change by `editor`:
+/// `Ok(false)` when the tenant has no such definition, `forbidden` when `editor` may not
+/// change it.
+pub(crate) async fn lock_owned(
+    tx: &impl GenericClient,
+    table: &'static str,
+    tenant_id: &str,
+    id: &str,
+    editor: &Editor<'_>,
+) -> Result<bool> {
+    let row = tx
+        .qo(
+            &format!("SELECT owner FROM {table} WHERE id = $1 AND tenant_id = $2 FOR UPDATE"),
+            &[&id, &tenant_id],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(false) };
+    let owner: Option<String> = row.get(0);
+    if editor.admin || owner.as_deref() == Some(editor.actor) {
+        Ok(true)
+    } else {
+        Err(StoreError::Code(ErrorCode::Forbidden))
+    }
+}
+
 pub(crate) async fn audit(
     client: &impl GenericClient,
     tenant: &str,
@@ -310,6 +343,17 @@ impl Store {
         finish(&tx, op, &view).await?;
         tx.commit().await?;
         Ok(view)
+    }
+
+    /// Record a sign-in attempt on a user of the tenant (`login` or `login.failed`; the user
+    /// is both actor and target, and nothing presented is recorded).
+    pub async fn audit_login(&self, tenant_id: &str, user_id: &str, succeeded: bool) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let action = if succeeded { "login" } else { "login.failed" };
+        audit(&tx, tenant_id, user_id, action, user_id).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// The tenant's audit log, newest first: at most `limit` entries older than `before`.

@@ -8,7 +8,9 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::error::SqlState;
 
 use crate::{
-    Cached, Result, Store, StoreError, fmt_time,
+    Cached, Result, Store, StoreError,
+    admin::{Editor, audit, lock_owned},
+    fmt_time,
     history::append_event,
     not_found,
     receipts::{Receipt, finish},
@@ -84,9 +86,15 @@ impl Store {
         }
     }
 
-    /// Create an agent, or replace one's definition whole. A name another agent of the
-    /// tenant has is `conflict`.
-    pub async fn save_agent(&self, tenant_id: &str, p: &AgentSaveParams, op: Option<&Receipt>) -> Result<Agent> {
+    /// Create an agent (owned by `editor`), or replace one's definition whole (its owner or
+    /// an admin only), audited. A name another agent of the tenant has is `conflict`.
+    pub async fn save_agent(
+        &self,
+        tenant_id: &str,
+        p: &AgentSaveParams,
+        editor: &Editor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<Agent> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let tools = p.tools.as_ref().map(|t| serde_json::json!(t));
@@ -101,8 +109,8 @@ impl Store {
             None => {
                 tx.qo(
                     &format!(
-                        "INSERT INTO agents (id, tenant_id, name, description, system_prompt, tools, provider, model, params, approval)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                        "INSERT INTO agents (id, tenant_id, name, description, system_prompt, tools, provider, model, params, approval, owner)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
                          ON CONFLICT (tenant_id, name) DO NOTHING RETURNING {AGENT_COLUMNS}"
                     ),
                     &[
@@ -116,19 +124,13 @@ impl Store {
                         &p.model,
                         &params,
                         &approval,
+                        &editor.actor,
                     ],
                 )
                 .await?
             }
             Some(id) => {
-                if tx
-                    .qo(
-                        "SELECT 1 FROM agents WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
-                        &[id, &tenant_id],
-                    )
-                    .await?
-                    .is_none()
-                {
+                if !lock_owned(&tx, "agents", tenant_id, id, editor).await? {
                     return not_found();
                 }
                 let taken = tx
@@ -172,22 +174,33 @@ impl Store {
             return Err(StoreError::Code(ErrorCode::Conflict));
         };
         let agent = agent_from(&row)?;
+        audit(&tx, tenant_id, editor.actor, "agent.save", &agent.agent_id).await?;
         finish(&tx, op, &agent).await?;
         tx.commit().await?;
         Ok(agent)
     }
 
-    /// Remove an agent (idempotent); sessions that used it go on without one.
-    pub async fn remove_agent(&self, tenant_id: &str, agent_id: &str, op: Option<&Receipt>) -> Result<Removed> {
+    /// Remove an agent (idempotent; its owner or an admin only), audited; sessions that used
+    /// it go on without one.
+    pub async fn remove_agent(
+        &self,
+        tenant_id: &str,
+        agent_id: &str,
+        editor: &Editor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<Removed> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let n = tx
-            .ex(
+        let removed = lock_owned(&tx, "agents", tenant_id, agent_id, editor).await?;
+        if removed {
+            tx.ex(
                 "DELETE FROM agents WHERE id = $1 AND tenant_id = $2",
                 &[&agent_id, &tenant_id],
             )
             .await?;
-        let result = Removed { removed: n > 0 };
+            audit(&tx, tenant_id, editor.actor, "agent.remove", agent_id).await?;
+        }
+        let result = Removed { removed };
         finish(&tx, op, &result).await?;
         tx.commit().await?;
         Ok(result)

@@ -207,9 +207,12 @@ impl Store {
         }
         let s = tx
             .q1(
-                "SELECT model, provider, base_url, auto_approve, delegation_depth,
-                        (SELECT count(*) FROM sessions c WHERE c.tenant_id = $2 AND c.parent_turn_id = $3)
-                   FROM sessions WHERE id = $1",
+                concat!(
+                    "SELECT s.model, s.provider, s.base_url, s.auto_approve, s.delegation_depth,
+                            (SELECT count(*) FROM sessions c WHERE c.tenant_id = $2 AND c.parent_turn_id = $3), ",
+                    effective_auto_approve!(),
+                    " FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id WHERE s.id = $1"
+                ),
                 &[&coordinator, &tenant_id, &turn_id],
             )
             .await?;
@@ -248,8 +251,9 @@ impl Store {
         let child = token::new_id("ses");
         tx.ex(
             "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, provider, base_url, auto_approve,
-                                   parent_id, parent_turn_id, parent_call_id, delegation_depth, agent_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                                   parent_id, parent_turn_id, parent_call_id, delegation_depth, agent_id,
+                                   may_auto_approve)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
             &[
                 &child,
                 &tenant_id,
@@ -264,6 +268,8 @@ impl Store {
                 &new.call_id,
                 &(depth - 1),
                 &agent,
+                // The child's agent may not approve more than the coordinator does.
+                &s.get::<_, bool>(6),
             ],
         )
         .await?;

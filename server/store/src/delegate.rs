@@ -48,7 +48,11 @@ impl Store {
             None => {
                 let s = tx
                     .q1(
-                        "SELECT workspace_id, model, no_tools, auto_approve, delegation_depth FROM sessions WHERE id = $1",
+                        concat!(
+                            "SELECT s.workspace_id, s.model, s.no_tools, s.auto_approve, s.delegation_depth, ",
+                            effective_auto_approve!(),
+                            " FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id WHERE s.id = $1"
+                        ),
                         &[&parent],
                     )
                     .await?;
@@ -60,8 +64,9 @@ impl Store {
                 let workspace_id: String = s.get(0);
                 tx.ex(
                     "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve,
-                                           parent_id, parent_turn_id, parent_call_id, delegation_depth)
-                     VALUES ($1, $2, $3, '', $4, $5, $6, $7, $8, $9, $10)",
+                                           parent_id, parent_turn_id, parent_call_id, delegation_depth,
+                                           may_auto_approve)
+                     VALUES ($1, $2, $3, '', $4, $5, $6, $7, $8, $9, $10, $11)",
                     &[
                         &child,
                         &tenant_id,
@@ -73,6 +78,8 @@ impl Store {
                         &turn_id,
                         &call_id,
                         &(depth - 1),
+                        // A child's agent (set later) may not approve more than its parent.
+                        &s.get::<_, bool>(5),
                     ],
                 )
                 .await?;

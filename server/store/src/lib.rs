@@ -6,6 +6,16 @@
 //! assign the gapless per-session sequence inside the appending transaction and send one
 //! `NOTIFY berth_events, '<session>:<sequence>'` that is delivered on commit.
 
+/// Whether session `s` (with its agent `a`) runs its tool calls without asking: its own
+/// `autoApprove`, or an agent whose approval is `auto` — unless the session is a fork (forks
+/// start narrowed) or a child whose parent asked (`may_auto_approve`: a child is never more
+/// permissive than what started it).
+macro_rules! effective_auto_approve {
+    () => {
+        "(s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL AND s.may_auto_approve, false))"
+    };
+}
+
 pub mod cluster;
 pub mod migrate;
 pub mod token;
@@ -182,6 +192,30 @@ pub struct DbOptions {
     /// `BERTH_DB_STATEMENT_TIMEOUT_SECS`: the server cancels a statement running longer
     /// (zero: no limit). Migrations run without it.
     pub statement_timeout: Duration,
+    /// `BERTH_DB_SSLMODE`: the least TLS the connection may use, whatever the URL says (the
+    /// stricter of the two wins). `prefer`, the URL's default, falls back to plain text when
+    /// the server (or an attacker in the way) does not offer TLS; `require` never does.
+    pub ssl_mode_floor: Option<SslFloor>,
+}
+
+/// A floor for the URL's `sslmode` ([`DbOptions::ssl_mode_floor`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SslFloor {
+    Disable,
+    Prefer,
+    Require,
+}
+
+impl std::str::FromStr for SslFloor {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<SslFloor> {
+        match s {
+            "disable" => Ok(SslFloor::Disable),
+            "prefer" => Ok(SslFloor::Prefer),
+            "require" => Ok(SslFloor::Require),
+            other => anyhow::bail!("{other:?}: expected disable, prefer or require"),
+        }
+    }
 }
 
 impl Default for DbOptions {
@@ -192,6 +226,7 @@ impl Default for DbOptions {
             connect_timeout: Duration::from_secs(10),
             tcp_user_timeout: Duration::from_secs(30),
             statement_timeout: Duration::from_secs(30),
+            ssl_mode_floor: None,
         }
     }
 }
@@ -199,6 +234,19 @@ impl Default for DbOptions {
 /// The driver configuration for `url` with `options` applied where the URL is silent.
 fn db_config(url: &str, options: &DbOptions) -> anyhow::Result<tokio_postgres::Config> {
     let mut config: tokio_postgres::Config = url.parse().map_err(|e| anyhow::anyhow!("invalid DATABASE_URL: {e}"))?;
+    if let Some(floor) = options.ssl_mode_floor {
+        use tokio_postgres::config::SslMode;
+        let url = match config.get_ssl_mode() {
+            SslMode::Disable => SslFloor::Disable,
+            SslMode::Prefer => SslFloor::Prefer,
+            _ => SslFloor::Require,
+        };
+        match floor.max(url) {
+            SslFloor::Disable => config.ssl_mode(SslMode::Disable),
+            SslFloor::Prefer => config.ssl_mode(SslMode::Prefer),
+            SslFloor::Require => config.ssl_mode(SslMode::Require),
+        };
+    }
     if config.get_connect_timeout().is_none() && !options.connect_timeout.is_zero() {
         config.connect_timeout(options.connect_timeout);
     }
@@ -746,5 +794,35 @@ mod tests {
             Some("-c plan_cache_mode=force_generic_plan")
         );
         assert!(db_config("host=db sslmode=verify-full", &options).is_err());
+    }
+
+    /// `BERTH_DB_SSLMODE` raises the URL's `sslmode`, never lowers it.
+    #[test]
+    fn the_ssl_floor_raises_the_urls_mode() {
+        use tokio_postgres::config::SslMode;
+        let floor = |f: SslFloor| DbOptions {
+            ssl_mode_floor: Some(f),
+            ..DbOptions::default()
+        };
+        let mode = |url: &str, o: &DbOptions| db_config(url, o).unwrap().get_ssl_mode();
+        assert_eq!(mode("host=db", &DbOptions::default()), SslMode::Prefer);
+        assert_eq!(mode("host=db", &floor(SslFloor::Require)), SslMode::Require);
+        assert_eq!(
+            mode("host=db sslmode=prefer", &floor(SslFloor::Require)),
+            SslMode::Require
+        );
+        assert_eq!(
+            mode("host=db sslmode=disable", &floor(SslFloor::Require)),
+            SslMode::Require
+        );
+        assert_eq!(
+            mode("host=db sslmode=require", &floor(SslFloor::Disable)),
+            SslMode::Require
+        );
+        assert_eq!(
+            mode("host=db sslmode=disable", &floor(SslFloor::Prefer)),
+            SslMode::Prefer
+        );
+        assert!("verify-full".parse::<SslFloor>().is_err());
     }
 }

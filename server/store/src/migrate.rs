@@ -30,6 +30,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../../migrations/0020_turns_dispatched_handed_out.sql"),
     ),
     ("0021_hot_path_foreign_keys.sql", include_str!("../../../migrations/0021_hot_path_foreign_keys.sql")),
+    (
+        "0022_approval_ceiling_and_owners.sql",
+        include_str!("../../../migrations/0022_approval_ceiling_and_owners.sql"),
+    ),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -8,7 +8,9 @@ use berth_protocol::{
 use deadpool_postgres::GenericClient;
 
 use crate::{
-    Cached, Result, Store, StoreError, fmt_time,
+    Cached, Result, Store, StoreError,
+    admin::{Actor, audit},
+    fmt_time,
     history::append_event,
     not_found,
     receipts::{Receipt, finish},
@@ -358,7 +360,14 @@ impl Store {
 
     /// Remove a session (idempotent). A running turn is cancelled and its worker told to
     /// stop; anything it sends afterwards is refused, so nothing reappears.
-    pub async fn remove_session(&self, tenant_id: &str, session_id: &str, op: Option<&Receipt>) -> Result<Removed> {
+    /// Audited as `actor`'s.
+    pub async fn remove_session(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        actor: &Actor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<Removed> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
@@ -384,6 +393,7 @@ impl Store {
                 &[&crate::CHANNEL_EVENTS, &format!("{session_id}:0")],
             )
             .await?;
+            audit(&tx, tenant_id, actor.0, "session.remove", session_id).await?;
         }
         finish(&tx, op, &result).await?;
         tx.commit().await?;
@@ -391,8 +401,14 @@ impl Store {
     }
 
     /// Forget history and queue (a running turn is stopped); `session.cleared` is the first
-    /// event of what remains.
-    pub async fn clear_session(&self, tenant_id: &str, session_id: &str, op: Option<&Receipt>) -> Result<Cleared> {
+    /// event of what remains. Audited as `actor`'s.
+    pub async fn clear_session(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        actor: &Actor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<Cleared> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
@@ -419,6 +435,7 @@ impl Store {
             &[&session_id, &(before + 1)],
         )
         .await?;
+        audit(&tx, tenant_id, actor.0, "session.clear", session_id).await?;
         let result = Cleared { sequence: seq };
         finish(&tx, op, &result).await?;
         tx.commit().await?;

@@ -6,7 +6,9 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::error::SqlState;
 
 use crate::{
-    Cached, Result, Store, StoreError, fmt_time, not_found,
+    Cached, Result, Store, StoreError,
+    admin::{Editor, audit, lock_owned},
+    fmt_time, not_found,
     receipts::{Receipt, finish},
     tenant_tx, token,
     turns::lock_running_turn,
@@ -65,29 +67,37 @@ impl Store {
         row.map(|r| skill_from(&r)).map_or_else(not_found, Ok)
     }
 
-    /// Create a tenant skill, or replace one; a name another skill has is `conflict`.
-    pub async fn save_skill(&self, tenant_id: &str, p: &SkillSaveParams, op: Option<&Receipt>) -> Result<Skill> {
+    /// Create a tenant skill (owned by `editor`), or replace one (its owner or an admin
+    /// only), audited; a name another skill has is `conflict`.
+    pub async fn save_skill(
+        &self,
+        tenant_id: &str,
+        p: &SkillSaveParams,
+        editor: &Editor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<Skill> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let written = match &p.skill_id {
             None => tx
                 .qo(
                     &format!(
-                        "INSERT INTO skills (id, tenant_id, name, summary, body) VALUES ($1, $2, $3, $4, $5)
+                        "INSERT INTO skills (id, tenant_id, name, summary, body, owner) VALUES ($1, $2, $3, $4, $5, $6)
                          ON CONFLICT (tenant_id, name) DO NOTHING RETURNING {SKILL_COLUMNS}"
                     ),
-                    &[&token::new_id("skl"), &tenant_id, &p.name, &p.summary, &p.body],
+                    &[
+                        &token::new_id("skl"),
+                        &tenant_id,
+                        &p.name,
+                        &p.summary,
+                        &p.body,
+                        &editor.actor,
+                    ],
                 )
                 .await
                 .map_err(StoreError::from),
             Some(id) => {
-                let exists = tx
-                    .qo(
-                        "SELECT 1 FROM skills WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
-                        &[id, &tenant_id],
-                    )
-                    .await?;
-                if exists.is_none() {
+                if !lock_owned(&tx, "skills", tenant_id, id, editor).await? {
                     return not_found();
                 }
                 let r = tx
@@ -109,21 +119,32 @@ impl Store {
             return Err(StoreError::Code(ErrorCode::Conflict));
         };
         let skill = skill_from(&row);
+        audit(&tx, tenant_id, editor.actor, "skill.save", &skill.skill_id).await?;
         finish(&tx, op, &skill).await?;
         tx.commit().await?;
         Ok(skill)
     }
 
-    pub async fn remove_skill(&self, tenant_id: &str, skill_id: &str, op: Option<&Receipt>) -> Result<Removed> {
+    /// Remove a tenant skill (idempotent; its owner or an admin only), audited.
+    pub async fn remove_skill(
+        &self,
+        tenant_id: &str,
+        skill_id: &str,
+        editor: &Editor<'_>,
+        op: Option<&Receipt>,
+    ) -> Result<Removed> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let n = tx
-            .ex(
+        let removed = lock_owned(&tx, "skills", tenant_id, skill_id, editor).await?;
+        if removed {
+            tx.ex(
                 "DELETE FROM skills WHERE id = $1 AND tenant_id = $2",
                 &[&skill_id, &tenant_id],
             )
             .await?;
-        let result = Removed { removed: n > 0 };
+            audit(&tx, tenant_id, editor.actor, "skill.remove", skill_id).await?;
+        }
+        let result = Removed { removed };
         finish(&tx, op, &result).await?;
         tx.commit().await?;
         Ok(result)

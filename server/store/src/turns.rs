@@ -1105,10 +1105,13 @@ async fn diagnostic(
 /// `t`, its session `s` and the session's agent `a`.
 macro_rules! claimed_columns {
     () => {
-        "t.id, t.session_id, s.workspace_id, t.model, s.no_tools,
-         s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL, false), s.delegation_depth,
+        concat!(
+            "t.id, t.session_id, s.workspace_id, t.model, s.no_tools, ",
+            effective_auto_approve!(),
+            ", s.delegation_depth,
          s.kind IS NOT DISTINCT FROM 'coordinator', t.provider, a.id, a.system_prompt, a.tools, a.params,
          s.channel"
+        )
     };
 }
 

@@ -4,7 +4,9 @@ use berth_protocol::{ErrorCode, Removed, Workspace};
 use deadpool_postgres::GenericClient;
 
 use crate::{
-    Cached, Receipt, Result, Store, StoreError, not_found,
+    Cached, Receipt, Result, Store, StoreError,
+    admin::{Actor, audit},
+    not_found,
     receipts::finish,
     tenant_tx,
     workspaces::{WORKSPACE_SELECT, workspace_from_row},
@@ -53,6 +55,7 @@ impl Store {
         &self,
         tenant_id: &str,
         workspace_id: &str,
+        actor: &Actor<'_>,
         op: Option<&Receipt>,
     ) -> Result<(Removed, Vec<String>)> {
         // The sessions still live, read with the workspace locked (see below): the first
@@ -62,7 +65,7 @@ impl Store {
             // Each session the way `session.remove` does it (turns stopped, watchers told);
             // a retry after a failure part-way finds the rest.
             for session in &sessions {
-                self.remove_session(tenant_id, session, None).await?;
+                self.remove_session(tenant_id, session, actor, None).await?;
             }
             let mut client = self.pool.get().await?;
             let tx = tenant_tx(&mut client, tenant_id).await?;
@@ -87,6 +90,9 @@ impl Store {
                 continue;
             }
             let (result, keys) = delete_workspace(&tx, tenant_id, workspace_id).await?;
+            if result.removed {
+                audit(&tx, tenant_id, actor.0, "workspace.remove", workspace_id).await?;
+            }
             finish(&tx, op, &result).await?;
             tx.commit().await?;
             return Ok((result, keys));

@@ -17,7 +17,7 @@ mod turn;
 mod workspace;
 
 pub use agent::AgentConfig;
-pub use tools::{McpConfig, ServerSpec, ToolLimits};
+pub use tools::{McpConfig, ServerSpec, ToolLimits, shell::is_secret_env};
 
 use std::{
     collections::HashMap,

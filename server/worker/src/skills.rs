@@ -73,13 +73,13 @@ fn parse(dir: &str, text: &str) -> Option<(String, String, String)> {
 
 /// The workspace's skills with their directories, by directory name.
 fn scan(ws: &Workspace) -> Vec<(SkillInfo, String)> {
-    let Ok(entries) = ws.list(SKILLS_DIR) else {
+    let Ok(entries) = ws.list_private(SKILLS_DIR) else {
         return Vec::new();
     };
     let mut out: Vec<(SkillInfo, String)> = Vec::new();
     for e in entries.iter().filter(|e| e.kind == "dir").take(WORKSPACE_MAX) {
         let path = format!("{SKILLS_DIR}/{}/SKILL.md", e.name);
-        let Ok(Some(bytes)) = ws.read_bounded(&path, MAX_SKILL_BYTES as u64) else {
+        let Ok(Some(bytes)) = ws.read_private(&path, MAX_SKILL_BYTES as u64) else {
             continue;
         };
         let Ok(text) = String::from_utf8(bytes) else { continue };
@@ -109,7 +109,7 @@ pub(crate) fn list(ws: &Workspace) -> Vec<SkillInfo> {
 fn read_workspace(ws: &Workspace, name: &str) -> Option<String> {
     let (_, dir) = scan(ws).into_iter().find(|(s, _)| s.name == name)?;
     let bytes = ws
-        .read_bounded(&format!("{SKILLS_DIR}/{dir}/SKILL.md"), MAX_SKILL_BYTES as u64)
+        .read_private(&format!("{SKILLS_DIR}/{dir}/SKILL.md"), MAX_SKILL_BYTES as u64)
         .ok()??;
     let text = String::from_utf8(bytes).ok()?;
     parse(&dir, &text).map(|(_, _, body)| body)

@@ -6,9 +6,21 @@
 //! component-by-component walk with `O_NOFOLLOW`). So `..`, absolute paths elsewhere and
 //! symlinks that lead out are refused at the moment of use: there is no separate check a
 //! swapped-in symlink could slip past.
+//!
+//! The model's tools go through the methods here that take its `&str` paths, and those keep
+//! it away from two places inside the workspace (a prompt-injected model must not read or
+//! plant what it should not): Berth's own state (`.berth/`: a data directory with
+//! credentials, the workspace's skills and MCP configuration) is neither read nor written,
+//! and repository internals (any `.git`: hooks and configuration run code later) are not
+//! written. The check is made on the path as given and again, after the open, on the path
+//! the kernel actually opened (`/proc/self/fd`), so a symlink inside the workspace that
+//! points there does not get round it. Berth reads its own files under `.berth/` with
+//! [`Workspace::read_private`] and [`Workspace::list_private`].
 
 use std::{
+    ffi::OsStr,
     io::{self, Read},
+    os::fd::{AsFd, AsRawFd},
     path::{Component, Path, PathBuf},
 };
 
@@ -39,7 +51,73 @@ pub(crate) struct Entry {
     pub size: u64,
 }
 
+/// Berth's private directory in a workspace.
+pub(crate) const PRIVATE_DIR: &str = ".berth";
+
+/// What a tool does to a path, for [`Workspace`]'s guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+}
+
+/// Why the model may not do `access` to the relative path `rel` (lexically normalized), if
+/// it may not.
+fn refused(rel: &Path, access: Access) -> Option<&'static str> {
+    let is = |c: &OsStr, name: &str| c.as_encoded_bytes().eq_ignore_ascii_case(name.as_bytes());
+    for c in rel.components() {
+        let Component::Normal(c) = c else { continue };
+        if is(c, PRIVATE_DIR) {
+            return Some("Berth's private state (.berth/) is not open to tools");
+        }
+        if access == Access::Write && is(c, ".git") {
+            return Some("repository internals (.git) are not written by tools");
+        }
+    }
+    None
+}
+
+/// `rel` with `.` and `..` resolved lexically (the caller has refused climbs above the root).
+fn normalized(rel: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(c) => out.push(c),
+            Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 impl Workspace {
+    /// Refuse `access` to the model's `path` (relative `rel`) by its name.
+    fn guard(&self, path: &str, rel: &Path, access: Access) -> Result<(), PathError> {
+        match refused(&normalized(rel), access) {
+            Some(why) => Err(PathError(format!("{path}: {why}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuse `access` to what `fd` (just opened for the model's `path`) really is: the
+    /// kernel's name for it, so a symlink inside the workspace that leads to a guarded place
+    /// is refused too. Where `/proc` cannot say, the check by name stands alone.
+    fn guard_opened(&self, path: &str, fd: impl AsFd, access: Access) -> Result<(), PathError> {
+        let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())) else {
+            return Ok(());
+        };
+        match real.strip_prefix(&self.root) {
+            Ok(rel) => match refused(rel, access) {
+                Some(why) => Err(PathError(format!("{path}: {why}"))),
+                None => Ok(()),
+            },
+            // Opened beneath the root, so always under it; anything else is not the model's.
+            Err(_) => Err(outside(path)),
+        }
+    }
+
     /// Open the workspace rooted at `root` (canonicalized, so absolute paths under it are
     /// recognised).
     pub(crate) fn open(root: &Path) -> io::Result<Workspace> {
@@ -83,11 +161,13 @@ impl Workspace {
         Ok(rel)
     }
 
-    /// Open a file for reading, confined to the workspace.
+    /// Open a file for the model to read, confined to the workspace (and not Berth's).
     pub(crate) fn open_file(&self, path: &str) -> Result<std::fs::File, PathError> {
         let rel = self.relative(path)?;
+        self.guard(path, &rel, Access::Read)?;
         let file = self.dir.open(&rel).map_err(|e| fs_error(path, &e))?;
         let file = file.into_std();
+        self.guard_opened(path, &file, Access::Read)?;
         let meta = file.metadata().map_err(|e| fs_error(path, &e))?;
         if meta.is_dir() {
             return Err(PathError(format!("{path}: is a directory")));
@@ -95,23 +175,44 @@ impl Workspace {
         Ok(file)
     }
 
-    /// Read at most `max` bytes of a file (`None` if it is longer).
+    /// Read at most `max` bytes of a file for the model (`None` if it is longer).
     pub(crate) fn read_bounded(&self, path: &str, max: u64) -> Result<Option<Vec<u8>>, PathError> {
-        let file = self.open_file(path)?;
-        let mut buf = Vec::new();
-        file.take(max + 1)
-            .read_to_end(&mut buf)
-            .map_err(|e| fs_error(path, &e))?;
-        Ok((buf.len() as u64 <= max).then_some(buf))
+        read_at_most(path, self.open_file(path)?, max)
     }
 
-    /// Write a whole file (creating missing parent directories), confined to the workspace.
+    /// Berth's own read of its file `path` under `.berth/` (a skill, the MCP configuration):
+    /// at most `max` bytes (`None` if it is longer).
+    pub(crate) fn read_private(&self, path: &str, max: u64) -> Result<Option<Vec<u8>>, PathError> {
+        let rel = self.private_relative(path)?;
+        let file = self.dir.open(&rel).map_err(|e| fs_error(path, &e))?.into_std();
+        read_at_most(path, file, max)
+    }
+
+    /// Berth's own listing of its directory `path` under `.berth/`.
+    pub(crate) fn list_private(&self, path: &str) -> Result<Vec<Entry>, PathError> {
+        let rel = self.private_relative(path)?;
+        let dir = self.dir.open_dir(&rel).map_err(|e| fs_error(path, &e))?;
+        entries(path, &dir)
+    }
+
+    fn private_relative(&self, path: &str) -> Result<PathBuf, PathError> {
+        let rel = self.relative(path)?;
+        if !normalized(&rel).starts_with(PRIVATE_DIR) {
+            return Err(PathError(format!("{path}: not under {PRIVATE_DIR}/")));
+        }
+        Ok(rel)
+    }
+
+    /// Write a whole file for the model (creating missing parent directories), confined to
+    /// the workspace, never into Berth's state or a repository's internals.
     pub(crate) fn write(&self, path: &str, contents: &[u8]) -> Result<(), PathError> {
         let rel = self.relative(path)?;
         if rel == Path::new(".") {
             return Err(PathError(format!("{path}: is a directory")));
         }
-        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty())
+        self.guard(path, &rel, Access::Write)?;
+        let parent = rel.parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(parent) = parent
             && let Err(e) = self.dir.create_dir_all(parent)
         {
             // A parent that is a symlink out says "exists": report why it is unusable.
@@ -120,46 +221,77 @@ impl Workspace {
                 Ok(_) => fs_error(path, &e),
             });
         }
-        self.dir.write(&rel, contents).map_err(|e| fs_error(path, &e))
+        let dir = match parent {
+            Some(parent) => self.dir.open_dir(parent).map_err(|e| fs_error(path, &e))?,
+            None => self.dir.try_clone().map_err(|e| fs_error(path, &e))?,
+        };
+        self.guard_opened(path, &dir, Access::Write)?;
+        let name = rel
+            .file_name()
+            .ok_or_else(|| PathError(format!("{path}: is a directory")))?;
+        // What is there already (a symlink, say) is checked as what it really is.
+        if let Ok(existing) = dir.open(name) {
+            self.guard_opened(path, &existing, Access::Write)?;
+        }
+        dir.write(name, contents).map_err(|e| fs_error(path, &e))
     }
 
-    /// A directory's entries, sorted by name (symlinks are entries, never followed).
+    /// A directory's entries for the model, sorted by name (symlinks are entries, never
+    /// followed).
     pub(crate) fn list(&self, path: &str) -> Result<Vec<Entry>, PathError> {
         let rel = self.relative(path)?;
-        let entries = self.dir.read_dir(&rel).map_err(|e| fs_error(path, &e))?;
-        let mut out = Vec::new();
-        for e in entries {
-            let e = e.map_err(|e| fs_error(path, &e))?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            let (kind, size) = match e.metadata() {
-                Ok(m) => {
-                    let ft = m.file_type();
-                    let kind = if ft.is_symlink() {
-                        "symlink"
-                    } else if ft.is_dir() {
-                        "dir"
-                    } else if ft.is_file() {
-                        "file"
-                    } else {
-                        "other"
-                    };
-                    (kind, if ft.is_file() { m.len() } else { 0 })
-                }
-                Err(_) => ("other", 0),
-            };
-            out.push(Entry { name, kind, size });
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        self.guard(path, &rel, Access::Read)?;
+        let dir = self.dir.open_dir(&rel).map_err(|e| fs_error(path, &e))?;
+        self.guard_opened(path, &dir, Access::Read)?;
+        entries(path, &dir)
     }
 
-    /// Check that `path` names a directory inside the workspace; returns its absolute path
-    /// (for walkers, whose every file is then opened again through [`Workspace::open_file`]).
+    /// Check that `path` names a directory inside the workspace the model may read; returns
+    /// its absolute path (for walkers, whose every file is then opened again through
+    /// [`Workspace::open_file`]).
     pub(crate) fn dir_path(&self, path: &str) -> Result<PathBuf, PathError> {
         let rel = self.relative(path)?;
-        self.dir.open_dir(&rel).map_err(|e| fs_error(path, &e))?;
+        self.guard(path, &rel, Access::Read)?;
+        let dir = self.dir.open_dir(&rel).map_err(|e| fs_error(path, &e))?;
+        self.guard_opened(path, &dir, Access::Read)?;
         Ok(self.root.join(rel))
     }
+}
+
+fn read_at_most(path: &str, file: std::fs::File, max: u64) -> Result<Option<Vec<u8>>, PathError> {
+    let mut buf = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| fs_error(path, &e))?;
+    Ok((buf.len() as u64 <= max).then_some(buf))
+}
+
+/// The entries of `dir` (the model's `path`), sorted by name.
+fn entries(path: &str, dir: &Dir) -> Result<Vec<Entry>, PathError> {
+    let mut out = Vec::new();
+    for e in dir.entries().map_err(|e| fs_error(path, &e))? {
+        let e = e.map_err(|e| fs_error(path, &e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let (kind, size) = match e.metadata() {
+            Ok(m) => {
+                let ft = m.file_type();
+                let kind = if ft.is_symlink() {
+                    "symlink"
+                } else if ft.is_dir() {
+                    "dir"
+                } else if ft.is_file() {
+                    "file"
+                } else {
+                    "other"
+                };
+                (kind, if ft.is_file() { m.len() } else { 0 })
+            }
+            Err(_) => ("other", 0),
+        };
+        out.push(Entry { name, kind, size });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
 }
 
 fn outside(path: &str) -> PathError {
@@ -398,6 +530,73 @@ mod tests {
         let names: Vec<_> = entries.iter().map(|e| (e.name.as_str(), e.kind, e.size)).collect();
         assert_eq!(names, [("a.txt", "file", 5), ("b", "symlink", 0), ("sub", "dir", 0)]);
         assert!(w.list("a.txt").is_err());
+    }
+
+    #[test]
+    fn berths_state_is_closed_to_tools_and_git_internals_to_their_writes() {
+        let (_t, w, _) = setup();
+        let root = w.root().to_path_buf();
+        std::fs::create_dir_all(root.join(".berth/run")).unwrap();
+        std::fs::write(root.join(".berth/run/token"), "berth_secret").unwrap();
+        std::fs::create_dir_all(root.join(".berth/skills/s")).unwrap();
+        std::fs::write(root.join(".berth/skills/s/SKILL.md"), "skill").unwrap();
+        std::fs::create_dir_all(root.join(".git/hooks")).unwrap();
+        std::fs::write(root.join(".git/config"), "[core]").unwrap();
+        std::fs::create_dir_all(root.join("vendor/lib/.git")).unwrap();
+        // Aliases inside the workspace: a directory symlink and a file symlink.
+        symlink(".berth", root.join("state")).unwrap();
+        symlink(".berth/run/token", root.join("token-link")).unwrap();
+        symlink(".git", root.join("gitdir")).unwrap();
+        symlink(".git/config", root.join("config-link")).unwrap();
+
+        for p in [
+            ".berth/run/token",
+            "./.berth/run/token",
+            "sub/../.berth/run/token",
+            ".BERTH/run/token",
+            "state/run/token",
+            "token-link",
+        ] {
+            let e = read(&w, p).unwrap_err();
+            assert!(e.0.contains("private state"), "{p}: {e}");
+            assert!(w.read_bounded(p, 100).is_err(), "{p}");
+        }
+        for p in [".berth", ".berth/run", "state", "state/run"] {
+            assert!(w.list(p).is_err(), "{p}");
+            assert!(w.dir_path(p).is_err(), "{p}");
+        }
+        for p in [
+            ".berth/run/token",
+            "state/new",
+            "token-link",
+            ".git/hooks/pre-commit",
+            ".git/config",
+            "gitdir/hooks/post-checkout",
+            "config-link",
+            "vendor/lib/.git/config",
+            ".git",
+        ] {
+            assert!(w.write(p, b"#!/bin/sh\nevil").is_err(), "{p}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(root.join(".berth/run/token")).unwrap(),
+            "berth_secret"
+        );
+        assert_eq!(std::fs::read_to_string(root.join(".git/config")).unwrap(), "[core]");
+        assert!(!root.join(".git/hooks/pre-commit").exists());
+        assert!(!root.join(".git/hooks/post-checkout").exists());
+        // Git's files are still readable, and ordinary files writable.
+        assert_eq!(read(&w, ".git/config").unwrap(), "[core]");
+        w.write("sub/new.txt", b"ok").unwrap();
+        w.write("top.txt", b"ok").unwrap();
+        assert_eq!(read(&w, "sub/new.txt").unwrap(), "ok");
+        // Berth itself reads its own files there.
+        assert_eq!(
+            w.read_private(".berth/skills/s/SKILL.md", 100).unwrap().unwrap(),
+            b"skill"
+        );
+        assert_eq!(w.list_private(".berth/skills").unwrap()[0].name, "s");
+        assert!(w.read_private("sub/inside.txt", 100).is_err());
     }
 }
 

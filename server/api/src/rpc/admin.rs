@@ -5,11 +5,22 @@ use berth_protocol::{
     AdminUserDisableParams, AdminUserSetRoleParams, AuditPage, CredentialView, Disabled, Empty, ErrorCode, Revoked,
     UserView, WorkerView,
 };
-use berth_store::{Principal, admin::Actor};
+use berth_store::{
+    Principal,
+    admin::{Actor, Editor},
+};
 use serde_json::json;
 
 use super::Ctx;
 use crate::error::{ApiError, ApiResult};
+
+/// Who may change the shared definition `me` is saving or removing: the owner, or an admin.
+pub(super) fn editor(me: &Principal) -> Editor<'_> {
+    Editor {
+        actor: actor(me),
+        admin: me.role == "admin",
+    }
+}
 
 pub(super) fn admin(ctx: &Ctx) -> ApiResult<Principal> {
     let me = ctx.principal()?;
@@ -19,7 +30,8 @@ pub(super) fn admin(ctx: &Ctx) -> ApiResult<Principal> {
     Ok(me)
 }
 
-fn actor(me: &Principal) -> &str {
+/// Who `me` is in the audit log: the user, else the credential.
+pub(super) fn actor(me: &Principal) -> &str {
     me.user_id.as_deref().unwrap_or(&me.credential_id)
 }
 

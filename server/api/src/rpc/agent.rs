@@ -6,7 +6,7 @@ use berth_protocol::{
 };
 use serde_json::json;
 
-use super::{Ctx, session::choose_model};
+use super::{Ctx, admin::editor, session::choose_model};
 use crate::error::{ApiError, ApiResult};
 
 /// The longest agent name, in bytes.
@@ -81,7 +81,7 @@ pub async fn save(ctx: Ctx, mut p: AgentSaveParams) -> ApiResult<Agent> {
     let agent = ctx
         .state
         .store
-        .save_agent(&me.tenant_id, &p, ctx.op.as_ref())
+        .save_agent(&me.tenant_id, &p, &editor(&me), ctx.op.as_ref())
         .await
         .map_err(|e| match e.code() {
             ErrorCode::Conflict => ApiError::with(ErrorCode::Conflict, json!({"field": "name"})),
@@ -97,7 +97,7 @@ pub async fn remove(ctx: Ctx, p: AgentRemoveParams) -> ApiResult<Removed> {
     Ok(ctx
         .state
         .store
-        .remove_agent(&me.tenant_id, &p.agent_id, ctx.op.as_ref())
+        .remove_agent(&me.tenant_id, &p.agent_id, &editor(&me), ctx.op.as_ref())
         .await?)
 }
 

@@ -433,6 +433,10 @@ fn close(code: u16, reason: &'static str) -> Message {
     }))
 }
 
+/// The largest message a connection may send before `hello` succeeds (a `hello` with a
+/// login token is well under 4 KiB).
+const PRE_HELLO_MAX: usize = 64 << 10;
+
 async fn run(
     state: AppState,
     principal: Option<Principal>,
@@ -547,9 +551,21 @@ async fn run(
             }
             None => break,
         };
+        // As of now (a `hello` may have succeeded while this message was awaited).
+        let unauthenticated = conn.principal.lock().expect("conn lock").is_none();
         match msg {
             Message::Text(t) if t.len() > state.config.max_text_message => {
                 let _ = conn.out.send(close(1009, "message too big")).await;
+                break;
+            }
+            // Before `hello` a peer is nobody: it gets a hello's worth of room, not a
+            // prompt's, and no upload.
+            Message::Text(t) if unauthenticated && t.len() > PRE_HELLO_MAX => {
+                let _ = conn.out.send(close(1009, "message too big before hello")).await;
+                break;
+            }
+            Message::Binary(_) if unauthenticated => {
+                let _ = conn.out.send(close(1008, "not authenticated")).await;
                 break;
             }
             Message::Text(t) => match admit_frame(&state, &conn, t.as_str()) {

@@ -10,11 +10,11 @@ use berth_protocol::{
     SessionSendResult, SessionSetModelParams, SessionSnapshot, SessionSourceParams, SessionSourceResult,
     SessionStopParams, SessionWatchParams, TurnRef, TurnState, WatchState,
 };
-use berth_store::{Admission, Partial};
+use berth_store::{Admission, Partial, admin::Actor};
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::Ctx;
+use super::{Ctx, admin::actor};
 use crate::error::{ApiError, ApiResult};
 
 /// Events read per catch-up query, and the byte budget of one batch (payloads and row
@@ -71,8 +71,8 @@ pub async fn create(ctx: Ctx, mut p: SessionCreateParams) -> ApiResult<SessionSn
     p.model = choose_model(&ctx, p.provider.as_deref(), p.model.take())?;
     if let Some(url) = &p.base_url {
         let providers = ctx.state.config.providers.current();
-        let allowed = providers.get(p.provider.as_deref()).is_some_and(|pr| pr.allow_base_url);
-        if !allowed {
+        let profile = providers.get(p.provider.as_deref());
+        if !profile.is_some_and(|pr| pr.allow_base_url) {
             return Err(ApiError::with(
                 ErrorCode::BaseUrlNotAllowed,
                 json!({"field": "baseUrl"}),
@@ -81,6 +81,12 @@ pub async fn create(ctx: Ctx, mut p: SessionCreateParams) -> ApiResult<SessionSn
         let ok = reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
         if !ok || url.len() > 2000 {
             return Err(ApiError::with(ErrorCode::BadParams, json!({"field": "baseUrl"})));
+        }
+        if !profile.is_some_and(|pr| pr.allow_private_base_url) && !crate::net::public_url(url) {
+            return Err(ApiError::with(
+                ErrorCode::BaseUrlNotAllowed,
+                json!({"field": "baseUrl", "reason": "private-address"}),
+            ));
         }
     }
     let snap = ctx
@@ -165,7 +171,7 @@ pub async fn remove(ctx: Ctx, p: SessionOpParams) -> ApiResult<Removed> {
     let r = ctx
         .state
         .store
-        .remove_session(&me.tenant_id, &p.session_id, ctx.op.as_ref())
+        .remove_session(&me.tenant_id, &p.session_id, &Actor(actor(&me)), ctx.op.as_ref())
         .await?;
     if r.removed {
         tracing::info!("session removed");
@@ -180,7 +186,7 @@ pub async fn clear(ctx: Ctx, p: SessionOpParams) -> ApiResult<Cleared> {
     Ok(ctx
         .state
         .store
-        .clear_session(&me.tenant_id, &p.session_id, ctx.op.as_ref())
+        .clear_session(&me.tenant_id, &p.session_id, &Actor(actor(&me)), ctx.op.as_ref())
         .await?)
 }
 

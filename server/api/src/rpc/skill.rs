@@ -6,7 +6,7 @@ use berth_protocol::{
 };
 use serde_json::json;
 
-use super::Ctx;
+use super::{Ctx, admin::editor};
 use crate::{
     error::{ApiError, ApiResult},
     workers::calls,
@@ -80,7 +80,7 @@ pub async fn save(ctx: Ctx, mut p: SkillSaveParams) -> ApiResult<Skill> {
     }
     ctx.state
         .store
-        .save_skill(&me.tenant_id, &p, ctx.op.as_ref())
+        .save_skill(&me.tenant_id, &p, &editor(&me), ctx.op.as_ref())
         .await
         .map_err(|e| match e.code() {
             ErrorCode::Conflict => ApiError::with(ErrorCode::Conflict, json!({"field": "name"})),
@@ -94,6 +94,6 @@ pub async fn remove(ctx: Ctx, p: SkillRemoveParams) -> ApiResult<Removed> {
     Ok(ctx
         .state
         .store
-        .remove_skill(&me.tenant_id, &p.skill_id, ctx.op.as_ref())
+        .remove_skill(&me.tenant_id, &p.skill_id, &editor(&me), ctx.op.as_ref())
         .await?)
 }

@@ -6,7 +6,12 @@ use berth_protocol::{
 };
 use serde_json::json;
 
-use super::Ctx;
+use berth_store::admin::Actor;
+
+use super::{
+    Ctx,
+    admin::{actor, admin},
+};
 use crate::{
     error::{ApiError, ApiResult},
     workers::calls,
@@ -46,11 +51,12 @@ pub async fn rename(ctx: Ctx, p: WorkspaceRenameParams) -> ApiResult<Workspace> 
 
 #[tracing::instrument(skip_all, fields(workspace.id = %p.workspace_id))]
 pub async fn remove(ctx: Ctx, p: WorkspaceRemoveParams) -> ApiResult<Removed> {
-    let me = ctx.principal()?;
+    // Removing a workspace removes every member's sessions in it: admins only.
+    let me = admin(&ctx)?;
     let (removed, keys) = ctx
         .state
         .store
-        .remove_workspace(&me.tenant_id, &p.workspace_id, ctx.op.as_ref())
+        .remove_workspace(&me.tenant_id, &p.workspace_id, &Actor(actor(&me)), ctx.op.as_ref())
         .await?;
     // The rows are gone; now the bytes (a failure leaves an orphan for the sweep).
     crate::rpc::upload::delete_blobs(&ctx.state, keys).await;

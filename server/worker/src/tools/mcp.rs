@@ -459,7 +459,7 @@ impl Mcp {
 
 async fn read_workspace_file(ws: &Arc<Workspace>) -> Result<BTreeMap<String, ServerSpec>, &'static str> {
     let ws = ws.clone();
-    let bytes = tokio::task::spawn_blocking(move || ws.read_bounded(WORKSPACE_FILE, FILE_MAX))
+    let bytes = tokio::task::spawn_blocking(move || ws.read_private(WORKSPACE_FILE, FILE_MAX))
         .await
         .map_err(|_| "invalid-config")?;
     match bytes {

@@ -39,10 +39,15 @@ pub(crate) struct Args {
 }
 
 /// Environment variables a command never sees: the worker's credential and anything else
-/// Berth reads from its environment.
-pub(crate) fn is_secret_env(key: &str) -> bool {
+/// Berth reads from its environment (`berth dev`'s provider key, database URL and object
+/// store keys among them). `berth` takes the same ones out of its own environment too.
+pub fn is_secret_env(key: &str) -> bool {
     let k = key.to_ascii_uppercase();
-    k.starts_with("BERTH_") || k == "DATABASE_URL" || k.starts_with("PGPASS")
+    k.starts_with("BERTH_")
+        || k == "DATABASE_URL"
+        || k.starts_with("PGPASS")
+        || k == "AWS_SECRET_ACCESS_KEY"
+        || k == "AWS_SESSION_TOKEN"
 }
 
 /// The command's process group, and the mark of every process it started: killed when
