@@ -427,6 +427,8 @@ export type Event = {
   "type": "session.agentChanged";
 } | Notice & {
   "type": "session.notice";
+} | PlanUpdated & {
+  "type": "plan.updated";
 } | Nothing & {
   "type": "session.cleared";
 } | TurnQueued & {
@@ -468,6 +470,8 @@ export type EventPayload = (SessionCreated & {
   "type": "session.agentChanged";
 } | Notice & {
   "type": "session.notice";
+} | PlanUpdated & {
+  "type": "plan.updated";
 } | Nothing & {
   "type": "session.cleared";
 } | TurnQueued & {
@@ -1025,6 +1029,36 @@ export type PhaseItem = {
 
 export type PingResult = {
   "pong": boolean;
+};
+
+/**
+ * One step of a plan.
+ */
+export type PlanStep = {
+  "status": PlanStepStatus;
+  /**
+   * The step, a short sentence (at most [`PLAN_STEP_BYTES_MAX`] bytes).
+   */
+  "step": string;
+};
+
+/**
+ * Where a plan step stands; at most one step is `inProgress`.
+ */
+export type PlanStepStatus = "pending" | "inProgress" | "completed";
+
+/**
+ * A turn's plan as its model last set it (`plan.updated`).
+ */
+export type PlanUpdated = {
+  /**
+   * Why the plan is what it is now, in the model's words.
+   */
+  "explanation"?: string | null;
+  /**
+   * Every step, in order (at most [`PLAN_STEPS_MAX`]).
+   */
+  "plan": Array<PlanStep>;
 };
 
 /**

@@ -203,7 +203,9 @@ async fn an_editor_prompts_approves_cancels_and_loads_through_berth_acp() {
     assert_eq!(asked.len(), 1, "{asked:?}");
     assert_eq!(asked[0]["method"], "session/request_permission");
     let call = &asked[0]["params"]["toolCall"];
-    assert_eq!(call["toolCallId"], "call_1");
+    // Unique in the session: the provider's call id within its turn.
+    let call_id = call["toolCallId"].as_str().unwrap().to_string();
+    assert!(call_id.starts_with("trn_") && call_id.ends_with("/call_1"), "{call_id}");
     assert_eq!(call["kind"], "execute");
     assert_eq!(call["rawInput"]["command"], "echo approved-run");
     let order = kinds(&updates);
@@ -221,7 +223,7 @@ async fn an_editor_prompts_approves_cancels_and_loads_through_berth_acp() {
         .collect();
     let statuses: Vec<&str> = call_updates.iter().map(|u| u["status"].as_str().unwrap()).collect();
     assert_eq!(statuses, ["in_progress", "completed"]);
-    assert_eq!(call_updates[1]["toolCallId"], "call_1");
+    assert_eq!(call_updates[1]["toolCallId"], call_id.as_str());
     let output = call_updates[1]["content"][0]["content"]["text"].as_str().unwrap();
     assert!(output.contains("approved-run"), "{output}");
     assert_eq!(chunks(&updates, "agent_message_chunk"), "ran it");
@@ -353,9 +355,12 @@ async fn the_official_acp_client_drives_berth_acp() {
     let seen: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
     assert_eq!(seen["first"], "end_turn", "{seen}");
     assert_eq!(seen["second"], "cancelled", "{seen}");
-    assert_eq!(
-        seen["permissions"],
-        json!([{"toolCallId": "call_7", "kind": "execute"}])
+    let permissions = seen["permissions"].as_array().unwrap();
+    assert_eq!(permissions.len(), 1, "{seen}");
+    assert_eq!(permissions[0]["kind"], "execute");
+    assert!(
+        permissions[0]["toolCallId"].as_str().unwrap().ends_with("/call_7"),
+        "{seen}"
     );
     assert!(seen["output"].as_str().unwrap().contains("from-the-sdk"), "{seen}");
     assert_eq!(seen["text"], "ran itpondering");
@@ -369,4 +374,62 @@ async fn the_official_acp_client_drives_berth_acp() {
     let session = seen["sessionId"].as_str().unwrap();
     let snapshot = admin.ok("session.get", json!({"sessionId": session})).await;
     assert_eq!(snapshot["phase"], "idle", "the cancel stopped the turn: {snapshot}");
+}
+
+/// Issue 48: a file change reaches the editor as a reviewable diff — in the call's
+/// announcement and in the approval request — with absolute paths and locations.
+#[tokio::test]
+async fn an_edit_is_announced_and_approved_as_a_diff() {
+    let mock = MockProvider::start().await;
+    mock.push(Reply::tools(
+        &[(
+            "call_0",
+            "write_file",
+            json!({"path": "acp-note.txt", "content": "hi\n"}),
+        )],
+        6,
+    ));
+    mock.push(Reply::text(&["written"]));
+    let stack = Stack::start(&mock, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &stack.token).unwrap();
+    let server = format!("http://{}", stack.servers[0].addr);
+    let mut admin = stack.client(0).await;
+    let list = admin.ok("workspace.list", json!({})).await;
+    let workspace_path = list[0]["path"].as_str().unwrap().to_string();
+    let mut editor = Editor::start(&server, &token_file).await;
+    editor.initialize().await;
+    let (answer, _) = editor
+        .call("session/new", json!({"cwd": workspace_path, "mcpServers": []}))
+        .await;
+    let session = answer["result"]["sessionId"].as_str().expect("a session").to_string();
+    let id = editor
+        .request(
+            "session/prompt",
+            json!({"sessionId": session, "prompt": [{"type": "text", "text": "write it"}]}),
+        )
+        .await;
+    let mut asked = Vec::new();
+    let (answer, updates) = editor
+        .until_answer(id, |m| {
+            asked.push(m.clone());
+            json!({"outcome": {"outcome": "selected", "optionId": "allow"}})
+        })
+        .await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let path = format!("{workspace_path}/acp-note.txt");
+    let diff = json!([{"type": "diff", "path": path, "newText": "hi\n"}]);
+    let announced = updates
+        .iter()
+        .map(|u| &u["params"]["update"])
+        .find(|u| u["sessionUpdate"] == "tool_call")
+        .expect("the call is announced");
+    assert_eq!(announced["content"], diff, "{announced}");
+    assert_eq!(announced["locations"], json!([{"path": path}]));
+    assert_eq!(announced["kind"], "edit");
+    let call = &asked[0]["params"]["toolCall"];
+    assert_eq!(call["content"], diff, "{call}");
+    assert_eq!(call["toolCallId"], announced["toolCallId"]);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "hi\n");
 }

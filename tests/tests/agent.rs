@@ -124,8 +124,11 @@ async fn a_turn_writes_a_file_runs_a_command_that_reads_it_and_answers() {
             "read_file",
             "write_file",
             "edit_file",
+            "apply_patch",
             "list_directory",
+            "glob",
             "search_files",
+            "update_plan",
             "delegate"
         ]
     );
@@ -140,7 +143,7 @@ async fn a_turn_writes_a_file_runs_a_command_that_reads_it_and_answers() {
     );
     assert_eq!(
         m1[3],
-        json!({"role": "tool", "tool_call_id": "call_w", "content": "wrote 21 bytes to notes/hello.txt"})
+        json!({"role": "tool", "tool_call_id": "call_w", "content": "wrote notes/hello.txt (21 bytes, 1 lines)"})
     );
     assert_eq!(m1.len(), 4);
     let m2 = messages(&mock, 2);
@@ -207,7 +210,7 @@ async fn two_calls_in_one_step_with_arguments_in_many_chunks_run_in_order() {
         .collect();
     assert_eq!(calls, ["c1", "c2"]);
     assert_eq!(m[3]["tool_call_id"], "c1");
-    assert_eq!(m[3]["content"], "wrote 25 bytes to order.txt");
+    assert_eq!(m[3]["content"], "wrote order.txt (25 bytes, 1 lines)");
     assert_eq!(m[4]["tool_call_id"], "c2");
     assert_eq!(
         m[4]["content"],
@@ -383,14 +386,17 @@ async fn paths_outside_the_workspace_are_tool_errors_and_nothing_outside_is_touc
     assert_eq!(bodies.len(), 40);
     for b in bodies {
         assert!(
-            b == "inside" || b.contains("outside the workspace") || b.contains("no such file"),
+            b == "     1\tinside\n" || b.contains("outside the workspace") || b.contains("no such file"),
             "{b}"
         );
     }
 }
 
+/// Issue 48: at the step limit the model gets one last step to summarise — tools declared
+/// but none to be called, and told why — whose calls, if it makes any, do not run; the turn
+/// completes with a `step-limit` notice instead of failing.
 #[tokio::test]
-async fn the_step_limit_fails_the_turn() {
+async fn the_step_limit_ends_with_a_summary_step_and_a_notice() {
     let mock = MockProvider::start().await;
     let mut stack = Stack::start(&mock, 1).await;
     stack.kill_worker().await;
@@ -403,10 +409,25 @@ async fn the_step_limit_fails_the_turn() {
     }
     let events = turn(&mut c, &mut watch, &sid, "Loop forever").await;
     let end = events.last().unwrap();
-    assert_eq!(end["state"], "failed");
-    assert_eq!(end["cause"]["code"], "step-limit");
-    assert_eq!(mock.requests().len(), 2);
-    // Both steps' calls ran to the end before the limit stopped the loop.
+    assert_eq!(end["state"], "completed", "{end}");
+    let notice = events
+        .iter()
+        .find(|e| e["type"] == "session.notice")
+        .expect("a step-limit notice");
+    assert_eq!(notice["code"], "step-limit", "{notice}");
+    assert_eq!(notice["params"]["maxSteps"], 2);
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 3);
+    let last = &requests[2];
+    assert_eq!(last["tool_choice"], "none", "no tool is to be called");
+    assert!(last["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    let note = last["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(note["role"], "user");
+    assert!(
+        note["content"].as_str().unwrap().contains("used all 2 of its steps"),
+        "{note}"
+    );
+    // Both steps' calls ran; the last step's call did not.
     let rows = c.history(&sid).await;
     assert_eq!(
         kinds(&rows),
@@ -415,7 +436,8 @@ async fn the_step_limit_fails_the_turn() {
             "toolCall:list_directory:completed",
             "toolResult:list_directory:completed",
             "toolCall:list_directory:completed",
-            "toolResult:list_directory:completed"
+            "toolResult:list_directory:completed",
+            "assistant"
         ]
     );
 }
@@ -524,7 +546,8 @@ async fn a_large_output_is_cut_for_the_model_and_whole_in_history() {
     // The model saw a marked cut, with the head and the tail.
     let shown = messages(&mock, 1)[3]["content"].as_str().unwrap().to_string();
     assert!(shown.len() < 40_000, "{}", shown.len());
-    assert!(shown.contains("bytes cut here"));
+    assert_eq!(shown.matches("left out here").count(), 1, "one note");
+    assert!(shown.contains("bytes in all"));
     assert!(shown.starts_with("aaaa") && shown.ends_with("END\n[exit code 0]"));
 
     // History keeps all of it: a small page cuts and marks the field, source reads it whole.
@@ -803,7 +826,7 @@ async fn a_row_larger_than_a_history_page_reaches_a_later_turn_whole() {
         .to_string();
     assert!(stored.len() > 1 << 20, "{}", stored.len());
     assert!(
-        stored.ends_with("not kept]\n[exit code 0]"),
+        stored.contains("bytes of output left out here; 1100001 bytes in all") && stored.ends_with("b\n[exit code 0]"),
         "{}",
         &stored[stored.len() - 80..]
     );
@@ -857,4 +880,266 @@ async fn a_command_cannot_read_the_workers_secrets_from_its_process() {
     );
     assert!(!output.contains(&token), "the worker token leaked: {output}");
     assert!(!output.contains("sk-worker-env-secret"), "a key leaked: {output}");
+}
+
+/// The tool results of provider request `i`, by call id.
+fn results(mock: &MockProvider, i: usize) -> std::collections::HashMap<String, String> {
+    messages(mock, i)
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap().to_string(),
+                m["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 48: what the model is given by each tool, as the next request carries it — numbered
+/// reads that say where to go on (a minified one-line file included), edits that show what
+/// changed or the nearest text, a multi-file patch, a shell that keeps a long output's end
+/// and runs bash in a workdir, glob, a tree, a search of hidden files and of one file,
+/// stale-file warnings, nested AGENTS.md, unknown arguments refused — and a system prompt
+/// that tells the model where it is.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tools_give_the_model_what_it_needs() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let dir = stack.workspace_dir.clone();
+    let big: String = (1..=5000).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(dir.join("big.txt"), &big).unwrap();
+    std::fs::write(dir.join("min.js"), "x".repeat(100_000)).unwrap();
+    std::fs::write(dir.join("a.py"), "def f():\n    return 1\n\ndef g():\n    return 1\n").unwrap();
+    std::fs::write(dir.join("AGENTS.md"), "ROOT-RULE: run the tests before you finish.\n").unwrap();
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/AGENTS.md"), "NESTED-RULE: no tabs here.\n").unwrap();
+    std::fs::write(dir.join("sub/x.txt"), "inside sub\n").unwrap();
+    std::fs::create_dir_all(dir.join(".github/workflows")).unwrap();
+    std::fs::write(
+        dir.join(".github/workflows/ci.yml"),
+        "run: cargo test # HIDDEN-NEEDLE\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("src/deep")).unwrap();
+    std::fs::write(dir.join("src/deep/m.rs"), "fn m() {}\n").unwrap();
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let patch = "*** Begin Patch\n*** Add File: notes/new.md\n+# New\n*** Update File: a.py\n@@ def g():\n-    return 1\n+    return 2\n*** End Patch\n";
+    let long = "echo FIRST; for i in $(seq 1 20000); do echo line $i; done; echo 'test result: SUMMARY'";
+    mock.push(Reply::tools(
+        &[
+            ("r1", "read_file", json!({"path": "big.txt"})),
+            ("r2", "read_file", json!({"path": "min.js"})),
+            ("r3", "read_file", json!({"path": "min.js", "offset": 2})),
+            ("r4", "read_file", json!({"path": "sub/x.txt"})),
+            (
+                "e1",
+                "edit_file",
+                json!({"path": "a.py", "old_string": "def f():\n  return 1", "new_string": "x"}),
+            ),
+            (
+                "e2",
+                "edit_file",
+                json!({"path": "a.py", "old_string": "same", "new_string": "same"}),
+            ),
+            (
+                "e3",
+                "edit_file",
+                json!({"path": "a.py", "old_string": "return 1", "new_string": "return 0", "replaceAll": true}),
+            ),
+            ("p1", "apply_patch", json!({"input": patch})),
+            ("s1", "shell", json!({"command": long})),
+            (
+                "s2",
+                "shell",
+                json!({"command": "[[ -d deep ]] && echo in-{a,b}", "workdir": "src"}),
+            ),
+            ("g1", "glob", json!({"pattern": "**/*.rs"})),
+            ("l1", "list_directory", json!({"path": "src", "depth": 3})),
+            ("f1", "search_files", json!({"pattern": "HIDDEN-NEEDLE"})),
+            ("f2", "search_files", json!({"pattern": "return", "path": "a.py"})),
+        ],
+        64,
+    ));
+    // Then: a read, a change behind the model's back, an edit of every occurrence.
+    mock.push(Reply::tools(
+        &[
+            ("r5", "read_file", json!({"path": "a.py"})),
+            ("s3", "shell", json!({"command": "echo '# touched' >> a.py"})),
+            (
+                "e4",
+                "edit_file",
+                json!({"path": "a.py", "old_string": "return", "new_string": "yield", "replace_all": true}),
+            ),
+        ],
+        64,
+    ));
+    mock.push(Reply::text(&["done"]));
+    let events = turn(&mut c, &mut watch, &sid, "Work on the files").await;
+    assert_eq!(events.last().unwrap()["state"], "completed", "{:?}", events.last());
+
+    // The system prompt: where, what, when, git, how, and the workspace's AGENTS.md.
+    let system = messages(&mock, 0)[0]["content"].as_str().unwrap().to_string();
+    for part in [
+        "Working directory: ",
+        "OS: linux",
+        "shell: ",
+        "Today: ",
+        "Git: ",
+        "<tool_guidance>",
+        "ROOT-RULE",
+    ] {
+        assert!(
+            system.contains(part),
+            "{part} missing from the system prompt:\n{system}"
+        );
+    }
+    assert!(
+        !system.contains("NESTED-RULE"),
+        "nested AGENTS.md files come with the files under them"
+    );
+    let offered = offered(&mock, 0);
+    for tool in ["apply_patch", "glob", "edit_file", "shell"] {
+        assert!(offered.contains(&tool.to_string()), "{offered:?}");
+    }
+
+    let r = results(&mock, 1);
+    let read = &r["r1"];
+    assert!(read.starts_with("     1\tline 1\n     2\tline 2\n"), "{}", &read[..60]);
+    assert!(
+        read.contains("more follow: read on with offset="),
+        "{}",
+        &read[read.len() - 200..]
+    );
+    assert!(
+        read.len() <= 32 << 10 && !read.contains("left out"),
+        "a read fits what the model is shown"
+    );
+    let next: usize = read
+        .rsplit("offset=")
+        .next()
+        .unwrap()
+        .trim_end_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap();
+    assert!(
+        read.contains(&format!("{}\tline {}\n", next - 1, next - 1)),
+        "continues right after the last line shown"
+    );
+    assert!(
+        r["r2"].starts_with("     1\txxxx") && r["r2"].contains("[… line cut: 100000 bytes in all]"),
+        "{}",
+        &r["r2"][r["r2"].len() - 100..]
+    );
+    assert!(r["r3"].contains("offset 2 is past the end"), "{}", r["r3"]);
+    assert!(
+        r["r4"].contains("inside sub") && r["r4"].contains("NESTED-RULE"),
+        "{}",
+        r["r4"]
+    );
+    assert!(
+        r["e1"].contains("not found") && r["e1"].contains("apart from whitespace") && r["e1"].contains("at line 1"),
+        "{}",
+        r["e1"]
+    );
+    assert!(r["e2"].contains("the same"), "{}", r["e2"]);
+    assert!(
+        r["e3"].contains("invalid arguments") && r["e3"].contains("replaceAll"),
+        "{}",
+        r["e3"]
+    );
+    assert!(
+        r["p1"].starts_with("Success.") && r["p1"].contains("A notes/new.md") && r["p1"].contains("M a.py"),
+        "{}",
+        r["p1"]
+    );
+    let s1 = &r["s1"];
+    assert!(
+        s1.starts_with("FIRST\n") && s1.ends_with("test result: SUMMARY\n[exit code 0]"),
+        "{}",
+        &s1[s1.len() - 200..]
+    );
+    assert_eq!(s1.matches("left out").count(), 1, "one truncation note");
+    assert!(s1.len() < (32 << 10) + 200);
+    assert_eq!(r["s2"], "in-a in-b\n[exit code 0]");
+    assert_eq!(r["g1"], "src/deep/m.rs\n");
+    assert!(r["l1"].starts_with("deep/\n  m.rs\t"), "{}", r["l1"]);
+    assert_eq!(r["f1"], ".github/workflows/ci.yml:1:run: cargo test # HIDDEN-NEEDLE\n");
+    assert_eq!(r["f2"], "a.py:2:    return 1\na.py:5:    return 2\n");
+
+    let r = results(&mock, 2);
+    assert!(r["r5"].starts_with("     1\tdef f():\n"), "{}", r["r5"]);
+    let e4 = &r["e4"];
+    assert!(e4.contains("changed on disk since you last read it"), "{e4}");
+    assert!(e4.contains("2 replacements") && e4.contains("\tdef f():"), "{e4}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.py")).unwrap(),
+        "def f():\n    yield 1\n\ndef g():\n    yield 2\n# touched\n"
+    );
+    assert_eq!(std::fs::read_to_string(dir.join("notes/new.md")).unwrap(), "# New\n");
+}
+
+/// Issue 48: a call denied because nobody was there to ask says so, not "the user denied".
+#[tokio::test]
+async fn a_call_nobody_could_approve_says_so() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    mock.push(Reply::tools(&[("s1", "shell", json!({"command": "echo hi"}))], 9));
+    mock.push(Reply::text(&["ok"]));
+    // Nobody watches: the fallback answers at once.
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "Run it"}))
+        .await;
+    berth_e2e::harness::eventually(30, || async { (mock.requests().len() == 2).then_some(()) })
+        .await
+        .expect("the model is asked again");
+    let r = results(&mock, 1);
+    assert!(r["s1"].contains("Nobody was watching this session"), "{}", r["s1"]);
+    assert!(!r["s1"].contains("The user denied"), "{}", r["s1"]);
+}
+
+/// Issue 48: the model's plan is a typed event clients draw (`plan.updated`, whole each
+/// time), and the model reads back what it set; a plan with two steps in progress is an
+/// error it reads, and records nothing.
+#[tokio::test]
+async fn the_plan_is_a_typed_event_and_the_model_reads_it_back() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let plan = json!({"explanation": "Small fix", "plan": [
+        {"step": "Reproduce", "status": "completed"},
+        {"step": "Fix the parser", "status": "in_progress"},
+        {"step": "Run the tests", "status": "pending"},
+    ]});
+    let bad = json!({"plan": [
+        {"step": "One", "status": "in_progress"},
+        {"step": "Two", "status": "in_progress"},
+    ]});
+    mock.push(Reply::tools(
+        &[("p1", "update_plan", plan), ("p2", "update_plan", bad)],
+        16,
+    ));
+    mock.push(Reply::text(&["planned"]));
+    let events = turn(&mut c, &mut watch, &sid, "Plan the fix").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    assert!(offered(&mock, 0).contains(&"update_plan".to_string()));
+    let plans: Vec<&Value> = events.iter().filter(|e| e["type"] == "plan.updated").collect();
+    assert_eq!(plans.len(), 1, "the refused plan recorded nothing");
+    assert_eq!(
+        plans[0]["plan"],
+        json!([
+            {"step": "Reproduce", "status": "completed"},
+            {"step": "Fix the parser", "status": "inProgress"},
+            {"step": "Run the tests", "status": "pending"},
+        ])
+    );
+    assert_eq!(plans[0]["explanation"], "Small fix");
+    let r = results(&mock, 1);
+    assert_eq!(r["p1"], "Plan updated: 3 steps, 1 completed, 1 in progress, 1 pending.");
+    assert!(r["p2"].contains("at most one step can be in_progress"), "{}", r["p2"]);
 }

@@ -18,11 +18,13 @@ async fn turn(c: &mut Client, sid: &str, prompt: &str) -> Value {
     events.last().unwrap().clone()
 }
 
-/// The system prompt of provider request `i`.
+/// The system prompt of provider request `i`: its instructions, without the environment
+/// section Berth adds after them.
 fn system_of(mock: &MockProvider, i: usize) -> String {
     let req = &mock.requests()[i];
     assert_eq!(req["messages"][0]["role"], "system", "{req}");
-    req["messages"][0]["content"].as_str().unwrap().to_string()
+    let all = req["messages"][0]["content"].as_str().unwrap();
+    all.split("\n\n<environment>").next().unwrap().to_string()
 }
 
 fn tool_names(req: &Value) -> Vec<String> {

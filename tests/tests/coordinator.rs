@@ -397,20 +397,8 @@ async fn an_approval_inside_a_child_is_answered_from_the_coordinators_tree() {
     // Another client, on the other replica, knows only the coordinator: it finds the child
     // through `session.list {parent}` and answers its approval.
     let mut other = stack.client(1).await;
-    let (kid, interaction) = berth_e2e::harness::eventually(30, || {
-        let url = stack.servers[1].ws_url();
-        let token = stack.token.clone();
-        let sid = sid.clone();
-        async move {
-            let mut o = Client::authed(&url, &token).await.ok()?;
-            let kid = children(&mut o, &sid).await.first()?["sessionId"].as_str()?.to_string();
-            let pending = o.ok("session.pendingInteractions", json!({"sessionId": kid})).await;
-            let id = pending.as_array()?.first()?["interactionId"].as_str()?.to_string();
-            Some((kid, id))
-        }
-    })
-    .await
-    .expect("the child's approval is pending (the coordinator's watcher counts for its tree)");
+    // (The coordinator's watcher counts for its tree.)
+    let (kid, interaction) = pending_in_child(&stack, 1, &sid).await;
     let asked = other
         .ok("session.interaction", json!({"interactionId": interaction}))
         .await;
@@ -724,7 +712,7 @@ async fn a_child_is_never_more_permissive_than_what_started_it() {
 
     // The child's shell call waits for a person (the coordinator's watcher counts for its
     // tree) instead of running under its agent's `auto`.
-    let (kid, interaction) = pending_in_child(&stack, &sid).await;
+    let (kid, interaction) = pending_in_child(&stack, 0, &sid).await;
     let asked = c.ok("session.interaction", json!({"interactionId": interaction})).await;
     assert_eq!(asked["tool"]["name"], "shell");
     assert_eq!(asked["sessionId"], kid.as_str());
@@ -795,10 +783,11 @@ async fn a_child_is_never_more_permissive_than_what_started_it() {
     assert!(!stack.workspace_dir.join("delegated.txt").exists());
 }
 
-/// The first child of coordinator `sid` with a pending interaction, and that interaction.
-async fn pending_in_child(stack: &Stack, sid: &str) -> (String, String) {
+/// The first child of coordinator `sid` with a pending interaction, and that interaction,
+/// as a client of replica `replica` finds them.
+async fn pending_in_child(stack: &Stack, replica: usize, sid: &str) -> (String, String) {
     berth_e2e::harness::eventually(30, || {
-        let url = stack.servers[0].ws_url();
+        let url = stack.servers[replica].ws_url();
         let token = stack.token.clone();
         let sid = sid.to_string();
         async move {

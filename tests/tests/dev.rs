@@ -117,6 +117,37 @@ async fn ctrl_c_stops_dev_cleanly_with_its_cluster_and_plain_logs() {
     );
 }
 
+/// `berth dev` run from `dir` with no data directory configured (the user's data directory
+/// is `xdg`), on ports of the system's choosing, with `mock` as its model.
+fn dev_without_data_dir(dir: &Path, xdg: &Path, mock: &MockProvider) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(berth_bin());
+    cmd.arg("dev")
+        .current_dir(dir)
+        .env_remove("BERTH_DATA_DIR")
+        .env_remove("DATABASE_URL")
+        .env("XDG_DATA_HOME", xdg)
+        .env("BERTH_LISTEN", "127.0.0.1:0")
+        .env("BERTH_METRICS_LISTEN", "127.0.0.1:0")
+        .env("BERTH_MODEL_BASE_URL", mock.base_url())
+        .env("BERTH_MODEL", "mock-model");
+    cmd
+}
+
+/// The workspace `berth dev` at `url` serves, once its worker is online.
+async fn online_workspace(url: &str, token: &str) -> String {
+    eventually(30, || {
+        let (url, token) = (url.to_string(), token.to_string());
+        async move {
+            let mut c = Client::authed(&url, &token).await.ok()?;
+            let list = c.ok("workspace.list", json!({})).await;
+            let w = list.as_array()?.iter().find(|w| w["online"] == true)?.clone();
+            Some(w["workspaceId"].as_str()?.to_string())
+        }
+    })
+    .await
+    .expect("the dev worker comes online")
+}
+
 /// The data directory `berth dev` chose under `xdg` (`XDG_DATA_HOME`): the one there.
 fn dev_data_dir(xdg: &Path) -> Option<std::path::PathBuf> {
     let mut dirs: Vec<_> = std::fs::read_dir(xdg.join("berth/dev"))
@@ -171,16 +202,7 @@ async fn dev_as_root_in_a_private_directory_under_root_answers_a_prompt() {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
     }
     let log = scratch_dir("devroot").join("berth-dev.log");
-    let mut cmd = tokio::process::Command::new(berth_bin());
-    cmd.arg("dev")
-        .current_dir(&project)
-        .env_remove("BERTH_DATA_DIR")
-        .env_remove("DATABASE_URL")
-        .env("XDG_DATA_HOME", &xdg)
-        .env("BERTH_LISTEN", "127.0.0.1:0")
-        .env("BERTH_METRICS_LISTEN", "127.0.0.1:0")
-        .env("BERTH_MODEL_BASE_URL", mock.base_url())
-        .env("BERTH_MODEL", "mock-model");
+    let cmd = dev_without_data_dir(&project, &xdg, &mock);
     let (mut child, addr, _) = spawn_listening(cmd, &log).await.expect("berth dev starts as root");
     let data = dev_data_dir(&xdg).expect("the data directory");
     assert!(
@@ -190,17 +212,7 @@ async fn dev_as_root_in_a_private_directory_under_root_answers_a_prompt() {
 
     let token = std::fs::read_to_string(data.join("run/token")).expect("token file");
     let url = format!("ws://{addr}/v1/rpc");
-    let workspace = eventually(30, || {
-        let (url, token) = (url.clone(), token.trim().to_string());
-        async move {
-            let mut c = Client::authed(&url, &token).await.ok()?;
-            let list = c.ok("workspace.list", json!({})).await;
-            let w = list.as_array()?.iter().find(|w| w["online"] == true)?.clone();
-            Some(w["workspaceId"].as_str()?.to_string())
-        }
-    })
-    .await
-    .expect("the dev worker comes online");
+    let workspace = online_workspace(&url, token.trim()).await;
     mock.push(berth_e2e::Reply::text(&["hello ", "root"]));
     let mut c = Client::authed(&url, token.trim()).await.unwrap();
     let sid = c.ok("session.create", json!({"workspaceId": workspace})).await["sessionId"]
@@ -232,17 +244,8 @@ async fn dev_keeps_its_secrets_out_of_the_workspace_and_out_of_reach_of_tools() 
     let home = scratch_dir("devsecrets-home");
     let xdg = home.join("share");
     let log = home.join("berth-dev.log");
-    let mut cmd = tokio::process::Command::new(berth_bin());
-    cmd.arg("dev")
-        .current_dir(&workspace)
-        .env_remove("BERTH_DATA_DIR")
-        .env_remove("DATABASE_URL")
-        .env("XDG_DATA_HOME", &xdg)
-        .env("BERTH_LISTEN", "127.0.0.1:0")
-        .env("BERTH_METRICS_LISTEN", "127.0.0.1:0")
-        .env("BERTH_MODEL_BASE_URL", mock.base_url())
-        .env("BERTH_MODEL", "mock-model")
-        .env("BERTH_MODEL_API_KEY", "sk-dev-provider-secret");
+    let mut cmd = dev_without_data_dir(&workspace, &xdg, &mock);
+    cmd.env("BERTH_MODEL_API_KEY", "sk-dev-provider-secret");
     let (mut child, addr, _) = spawn_listening(cmd, &log).await.expect("berth dev starts");
 
     let data = dev_data_dir(&xdg).expect("a data directory under the user's");
@@ -261,17 +264,7 @@ async fn dev_keeps_its_secrets_out_of_the_workspace_and_out_of_reach_of_tools() 
     std::fs::create_dir_all(workspace.join(".berth/run")).unwrap();
     std::fs::write(workspace.join(".berth/run/token"), "berth_old_credential_in_workspace").unwrap();
     let url = format!("ws://{addr}/v1/rpc");
-    let wid = eventually(30, || {
-        let (url, token) = (url.clone(), token.clone());
-        async move {
-            let mut c = Client::authed(&url, &token).await.ok()?;
-            let list = c.ok("workspace.list", json!({})).await;
-            let w = list.as_array()?.iter().find(|w| w["online"] == true)?.clone();
-            Some(w["workspaceId"].as_str()?.to_string())
-        }
-    })
-    .await
-    .expect("the dev worker comes online");
+    let wid = online_workspace(&url, &token).await;
     let mut c = Client::authed(&url, &token).await.unwrap();
     let sid = c
         .ok("session.create", json!({"workspaceId": wid, "autoApprove": true}))

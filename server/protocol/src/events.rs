@@ -48,6 +48,10 @@ pub enum EventPayload {
     /// A fact for the client to word (`workspace-offline`, …).
     #[serde(rename = "session.notice")]
     SessionNotice(Notice),
+    /// The turn's model set out or updated its plan (`update_plan`): the whole list, each
+    /// step with its status, for a client to draw as a checklist.
+    #[serde(rename = "plan.updated")]
+    PlanUpdated(PlanUpdated),
     /// The first event after `session.clear`: everything before it is gone.
     #[serde(rename = "session.cleared")]
     SessionCleared(Nothing),
@@ -199,6 +203,43 @@ pub struct InteractionRequested {
     pub interaction: Box<Interaction>,
 }
 
+/// A turn's plan as its model last set it (`plan.updated`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PlanUpdated {
+    /// Why the plan is what it is now, in the model's words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<String>,
+    /// Every step, in order (at most [`PLAN_STEPS_MAX`]).
+    pub plan: Vec<PlanStep>,
+}
+
+/// One step of a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PlanStep {
+    /// The step, a short sentence (at most [`PLAN_STEP_BYTES_MAX`] bytes).
+    pub step: String,
+    pub status: PlanStepStatus,
+}
+
+/// Where a plan step stands; at most one step is `inProgress`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub enum PlanStepStatus {
+    Pending,
+    InProgress,
+    Completed,
+}
+
+/// The most steps a plan has.
+pub const PLAN_STEPS_MAX: usize = 50;
+/// The longest plan step, and the longest explanation, in bytes.
+pub const PLAN_STEP_BYTES_MAX: usize = 1000;
+
 impl EventPayload {
     /// The wire `type`.
     pub fn type_name(&self) -> &'static str {
@@ -209,6 +250,7 @@ impl EventPayload {
             EventPayload::SessionAgentChanged(_) => "session.agentChanged",
             EventPayload::SessionCompacted(_) => "session.compacted",
             EventPayload::SessionNotice(_) => "session.notice",
+            EventPayload::PlanUpdated(_) => "plan.updated",
             EventPayload::SessionCleared(_) => "session.cleared",
             EventPayload::TurnQueued(_) => "turn.queued",
             EventPayload::TurnStarted(_) => "turn.started",
@@ -269,6 +311,23 @@ impl EventPayload {
                 level: "warning".into(),
                 code: "workspace-offline".into(),
                 params: serde_json::json!({"workspaceId": "wsp_1"}),
+            }),
+            EventPayload::PlanUpdated(PlanUpdated {
+                explanation: Some("Fix the parser first".into()),
+                plan: vec![
+                    PlanStep {
+                        step: "Reproduce the failure".into(),
+                        status: PlanStepStatus::Completed,
+                    },
+                    PlanStep {
+                        step: "Fix the parser".into(),
+                        status: PlanStepStatus::InProgress,
+                    },
+                    PlanStep {
+                        step: "Run the tests".into(),
+                        status: PlanStepStatus::Pending,
+                    },
+                ],
             }),
             EventPayload::SessionCleared(Nothing {}),
             EventPayload::TurnQueued(TurnQueued { entry: entry.clone() }),

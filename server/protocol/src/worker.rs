@@ -45,6 +45,8 @@ pub const TURN_CHILD_STOP: &str = "turn.childStop";
 pub const TURN_COMPACT: &str = "turn.compact";
 pub const TURN_SKILL: &str = "turn.skill";
 pub const TURN_NOTICE: &str = "turn.notice";
+/// Worker → server: the turn's plan as its model set it ([`TurnPlan`]).
+pub const TURN_PLAN: &str = "turn.plan";
 pub const CALL: &str = "call";
 pub const CALL_ITEM: &str = "call.item";
 pub const CALL_ACK: &str = "call.ack";
@@ -543,6 +545,16 @@ pub struct TurnNotice {
     pub code: String,
     #[serde(default)]
     pub params: serde_json::Value,
+}
+
+/// Worker → server: the turn's model set its plan (`update_plan`); appended as
+/// `plan.updated`. Answered `{sequence}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnPlan {
+    pub turn_id: String,
+    #[serde(flatten)]
+    pub plan: crate::PlanUpdated,
 }
 
 /// Longest `turn.notice` code.

@@ -215,6 +215,23 @@ impl Store {
         Ok(seq)
     }
 
+    /// A running turn's model set its plan: append `plan.updated`. Returns its sequence.
+    pub async fn turn_plan(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        turn_id: &str,
+        plan: berth_protocol::PlanUpdated,
+    ) -> Result<i64> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
+        let event = EventPayload::PlanUpdated(plan);
+        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[]).await?;
+        tx.commit().await?;
+        Ok(seq)
+    }
+
     /// A running turn's tool call ended with a final `status`: append `tool.ended`, which
     /// publishes the `toolResult` row holding the whole `output`. Returns its sequence.
     #[allow(clippy::too_many_arguments)]

@@ -1,6 +1,7 @@
 //! The agent loop: model step → tool calls → results → next step, until the model answers
-//! without calling a tool (the turn completes) or the step limit is reached (it fails with
-//! `step-limit`). Tool calls of one step run in the order given; their results go back to
+//! without calling a tool (the turn completes). At the step limit the model gets one last
+//! step to summarise, without running tools (the turn completes, with a `step-limit`
+//! notice). Tool calls of one step run in the order given; their results go back to
 //! the model in that order.
 //!
 //! Every status change of a call is an event: the step publishes it `requested`, running
@@ -26,6 +27,7 @@ use crate::{
     tools::{
         Tools, attach,
         mcp::{Mcp, Problem},
+        plan,
     },
     turn::{Halt, TurnLink, cause},
 };
@@ -93,22 +95,39 @@ async fn steps(
         }
     };
     let attachments = crate::attachments::fetch(&t.link.http, &t.link.proxy_url, &t.link.token, run);
-    let (history, skills, attachments) = tokio::select! {
+    // Where the model works (the working directory, git, AGENTS.md), read meanwhile too.
+    let environment = async {
+        let Some(tools) = tools else { return String::new() };
+        let ws = tools.workspace().clone();
+        tokio::task::spawn_blocking(move || crate::prompt::environment(&ws))
+            .await
+            .unwrap_or_default()
+    };
+    let (history, skills, attachments, environment) = tokio::select! {
         biased;
-        r = async { tokio::join!(t.history(), skills, attachments) } => r,
+        r = async { tokio::join!(t.history(), skills, attachments, environment) } => r,
         _ = cancel.cancelled() => return Err(Halt::Stopped),
     };
     let attachments = attachments.map_err(Halt::Failed)?;
-    let schemas = tools.map(|_| offered(run, !skills.is_empty(), mcp));
+    let schemas = tools.map(|tools| offered(tools, run, !skills.is_empty(), mcp));
     let mut system = system_prompt(run, tools.is_some());
     if is_offered(schemas.as_deref(), skills::READ_SKILL) {
         system.push_str(&skills::prompt_section(&skills));
     }
+    // Where the model works, last (after its instructions and skills).
+    system.push_str(&environment);
     let mut conv = conversation(&system, history?, &attachments);
     // A compaction only ever moves forward: one that did not help is not asked for again.
     let mut compacted_to: Option<Position> = None;
-    for _ in 0..config.max_steps {
-        let mut body = request(run, &conv, schemas.as_deref());
+    for step in 0..=config.max_steps {
+        // Past the limit: one last step to summarise, its tool calls not run.
+        let last = step == config.max_steps;
+        if last {
+            t.notice(STEP_LIMIT, serde_json::json!({"maxSteps": config.max_steps}))
+                .await?;
+            conv.push_note(&step_limit_note(config.max_steps));
+        }
+        let mut body = request(run, &conv, schemas.as_deref(), last);
         if let Some(window) = run.context_tokens
             && estimated_tokens(&body) > window * COMPACT_AT_PERCENT / 100
             && let Some(keep_from) = conv.cut(window * KEEP_PERCENT / 100)
@@ -117,13 +136,19 @@ async fn steps(
             compacted_to = Some(keep_from);
             if compact(t, keep_from, cancel).await? {
                 conv = load(t, &system, &attachments, cancel).await?;
-                body = request(run, &conv, schemas.as_deref());
+                if last {
+                    conv.push_note(&step_limit_note(config.max_steps));
+                }
+                body = request(run, &conv, schemas.as_deref(), last);
             }
         }
-        let completion = tokio::select! {
+        let mut completion = tokio::select! {
             c = model::stream(&t.link, t.turn_id(), body, |text, thinking| delta(t, text, thinking)) => c?,
             _ = cancel.cancelled() => return Err(Halt::Stopped),
         };
+        if last {
+            completion.tool_calls.clear();
+        }
         let (rows, first_call) = step_rows(&completion);
         if completion.tool_calls.is_empty() && t.link.end_carries_step {
             // The last step: stored with `turn.ended`, in one commit.
@@ -153,7 +178,18 @@ async fn steps(
             conv.push_result(&call.id, &output);
         }
     }
-    Err(Halt::Failed(cause("step-limit")))
+    Err(Halt::Failed(cause(STEP_LIMIT)))
+}
+
+/// The notice of a turn that reached its step limit (and its cause, were it to fail there).
+const STEP_LIMIT: &str = "step-limit";
+
+/// What the model is told when its steps are used up.
+fn step_limit_note(max_steps: u32) -> String {
+    format!(
+        "[Berth: this turn has used all {max_steps} of its steps, so tools no longer run. Answer now without \
+calling a tool: summarise what you did, what is left to do, and anything the user should check.]"
+    )
 }
 
 /// A turn nearing its model's declared context window compacts once the request's
@@ -197,13 +233,15 @@ fn conversation(
 /// A model request for the conversation so far, written out once: sent as it is, and its
 /// length is the compaction's estimate (the conversation is borrowed, not copied into a
 /// request tree).
-fn request(run: &TurnRun, conv: &Conversation, schemas: Option<&[Value]>) -> Vec<u8> {
+fn request(run: &TurnRun, conv: &Conversation, schemas: Option<&[Value]>, no_tool_calls: bool) -> Vec<u8> {
     let params = run.agent.as_ref().and_then(|a| a.params.as_ref());
     let body = ModelRequest {
         model: run.model.as_deref(),
         messages: conv.messages(),
         stream: true,
         tools: schemas,
+        // The tools stay declared (the history has calls to them), but none is to be called.
+        tool_choice: (no_tool_calls && schemas.is_some()).then_some("none"),
         // The agent's sampling parameters (the proxy still caps the output).
         temperature: params.and_then(|p| p.temperature),
         top_p: params.and_then(|p| p.top_p),
@@ -220,6 +258,8 @@ struct ModelRequest<'a> {
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     tools: Option<&'a [Value]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -274,8 +314,9 @@ fn system_prompt(run: &TurnRun, tools: bool) -> String {
 /// The tool schemas the model is offered: the built-in tools (`delegate` while the session
 /// may still delegate, `read_skill` when there are skills) and the turn's MCP tools
 /// (`mcp__<server>__<tool>`), narrowed to the agent's tool set when it names one.
-fn offered(run: &TurnRun, with_skills: bool, mcp: &Mcp) -> Vec<Value> {
-    let mut schemas = Tools::schemas();
+fn offered(tools: &Tools, run: &TurnRun, with_skills: bool, mcp: &Mcp) -> Vec<Value> {
+    let mut schemas = tools.schemas();
+    schemas.push(plan::schema());
     if run.delegation_depth > 0 {
         schemas.push(delegate::schema());
     }
@@ -398,6 +439,8 @@ async fn call_tool(
         }
     } else if run.coordinator && coordinator::is_tool(&call.name) {
         coordinator::run(t, call, cancel).await?
+    } else if call.name == plan::UPDATE_PLAN {
+        plan::run(t, &call.arguments).await?
     } else if call.name == attach::ATTACH_FILE {
         let max = run.max_attachment_bytes.unwrap_or(0);
         tokio::select! {

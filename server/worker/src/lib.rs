@@ -11,6 +11,7 @@ mod model;
 mod net;
 mod observe;
 mod policy;
+mod prompt;
 mod skills;
 mod tools;
 mod turn;

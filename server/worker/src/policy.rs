@@ -1,7 +1,7 @@
 //! Which tool calls need a person's approval, and asking for it.
 //!
 //! Without `autoApprove`, calls that change the workspace or run commands (shell, write,
-//! edit) and MCP servers' tools are held until answered; reading, listing and searching never
+//! edit, apply_patch) and MCP servers' tools are held until answered; reading, listing and searching never
 //! are. The worker asks
 //! the server with `turn.interaction`; the server persists the interaction, shows it to the
 //! session's clients and answers when someone responds (or its fallback does).
@@ -22,7 +22,10 @@ const ASK_RETRIES: u32 = 5;
 pub(crate) fn needs_approval(tool: &str, auto_approve: bool) -> bool {
     // An MCP tool can do anything its server can: held like a command.
     !auto_approve
-        && (matches!(tool, tools::SHELL | tools::WRITE_FILE | tools::EDIT_FILE) || tool.starts_with(tools::mcp::PREFIX))
+        && (matches!(
+            tool,
+            tools::SHELL | tools::WRITE_FILE | tools::EDIT_FILE | tools::APPLY_PATCH
+        ) || tool.starts_with(tools::mcp::PREFIX))
 }
 
 /// The answer to an approval request.
@@ -71,13 +74,27 @@ pub(crate) async fn ask(t: &TurnLink, call: &ToolCall, cancel: &CancellationToke
             Ok(if approved {
                 Answer::Approved
             } else {
-                Answer::Denied("The user denied this call; it did not run.".into())
+                Answer::Denied(denied(v.get("state").and_then(Value::as_str)).into())
             })
         }
         Err(Halt::Refused(code)) => Ok(Answer::Unavailable(format!(
             "Approval could not be asked ({code}); the call did not run."
         ))),
         Err(h) => Err(h),
+    }
+}
+
+/// What the model reads for a call that was not approved, by how the question ended: a
+/// person said no, nobody was there to ask (the session's fallback answered), or nobody
+/// answered in time.
+fn denied(state: Option<&str>) -> &'static str {
+    match state {
+        Some("unwatched") => {
+            "Nobody was watching this session to approve this call, so it did not run (the session's fallback \
+answered for them). Go on without it if you can, or finish and say what needs approval."
+        }
+        Some("expired") => "Nobody answered the approval request in time, so this call did not run.",
+        _ => "The user denied this call; it did not run.",
     }
 }
 

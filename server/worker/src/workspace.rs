@@ -161,6 +161,29 @@ impl Workspace {
         Ok(rel)
     }
 
+    /// The model's path as a normalized relative path (`.` and `..` resolved), the key a
+    /// tool remembers a file by.
+    pub(crate) fn normalized(&self, path: &str) -> Result<PathBuf, PathError> {
+        Ok(normalized(&self.relative(path)?))
+    }
+
+    /// Remove the model's file `path` (never a directory; never Berth's state or a
+    /// repository's internals).
+    pub(crate) fn remove_file(&self, path: &str) -> Result<(), PathError> {
+        let rel = self.relative(path)?;
+        self.guard(path, &rel, Access::Write)?;
+        let parent = rel.parent().filter(|p| !p.as_os_str().is_empty());
+        let dir = match parent {
+            Some(parent) => self.dir.open_dir(parent).map_err(|e| fs_error(path, &e))?,
+            None => self.dir.try_clone().map_err(|e| fs_error(path, &e))?,
+        };
+        self.guard_opened(path, &dir, Access::Write)?;
+        let name = rel
+            .file_name()
+            .ok_or_else(|| PathError(format!("{path}: is a directory")))?;
+        dir.remove_file(name).map_err(|e| fs_error(path, &e))
+    }
+
     /// Open a file for the model to read, confined to the workspace (and not Berth's).
     pub(crate) fn open_file(&self, path: &str) -> Result<std::fs::File, PathError> {
         let rel = self.relative(path)?;

@@ -105,6 +105,29 @@ impl TurnTask {
                 conn.state.metrics.events_appended.inc();
                 Ok(json!({"sequence": seq}))
             }
+            wp::TURN_PLAN => {
+                let p: wp::TurnPlan = params(p)?;
+                let plan = p.plan;
+                let too_long = |s: &str| s.len() > berth_protocol::PLAN_STEP_BYTES_MAX || s.contains('\0');
+                let in_progress = plan
+                    .plan
+                    .iter()
+                    .filter(|s| s.status == berth_protocol::PlanStepStatus::InProgress)
+                    .count();
+                if plan.plan.len() > berth_protocol::PLAN_STEPS_MAX
+                    || plan.plan.iter().any(|s| s.step.trim().is_empty() || too_long(&s.step))
+                    || plan.explanation.as_deref().is_some_and(too_long)
+                    || in_progress > 1
+                {
+                    return Err(ApiError::code(ErrorCode::BadParams));
+                }
+                let seq = {
+                    let _permits = conn.write_permits().await;
+                    store.turn_plan(id, tenant, turn, plan).await?
+                };
+                conn.state.metrics.events_appended.inc();
+                Ok(json!({"sequence": seq}))
+            }
             wp::TURN_NOTICE => {
                 let n: TurnNotice = params(p)?;
                 let kebab = |c: &str| {

@@ -50,6 +50,7 @@ pub(super) fn is_turn_method(method: &str) -> bool {
             | wp::TURN_COMPACT
             | wp::TURN_SKILL
             | wp::TURN_NOTICE
+            | wp::TURN_PLAN
     )
 }
 
@@ -243,7 +244,8 @@ impl TurnTask {
             | wp::TURN_CHILD_SEND
             | wp::TURN_CHILD_STOP
             | wp::TURN_SKILL
-            | wp::TURN_NOTICE => self.agent_request(&req.method, req.params).await,
+            | wp::TURN_NOTICE
+            | wp::TURN_PLAN => self.agent_request(&req.method, req.params).await,
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         self.reply(req.id, result).await;

@@ -25,10 +25,13 @@ use std::{
 
 use berth_client::{
     Client,
-    method::{SessionCreate, SessionGet, SessionHistory, SessionRespond, SessionSend, SessionStop, WorkspaceList},
+    method::{
+        SessionCreate, SessionGet, SessionHistory, SessionRespond, SessionSend, SessionStop, WorkspaceGet,
+        WorkspaceList,
+    },
     protocol::{
         EventPayload, INTERACTION_APPROVAL, Interaction, LiveItem, SessionCreateParams, SessionHistoryParams,
-        SessionRef, SessionRespondParams, SessionSendParams, SessionStopParams, WatchItem, Workspace,
+        SessionRef, SessionRespondParams, SessionSendParams, SessionStopParams, WatchItem, Workspace, WorkspaceRef,
     },
 };
 use serde_json::{Value, json};
@@ -290,11 +293,37 @@ impl Bridge {
             .notify(wire::SESSION_UPDATE, json!({"sessionId": session_id, "update": update}));
     }
 
+    /// The directory of workspace `workspace_id` (absolute paths for the editor's diffs;
+    /// None when it cannot be read, and the diffs are left out).
+    async fn workspace_root(&self, workspace_id: &str) -> Option<PathBuf> {
+        let w = self
+            .client
+            .call::<WorkspaceGet>(WorkspaceRef {
+                workspace_id: workspace_id.to_string(),
+            })
+            .await
+            .ok()?;
+        (!w.path.is_empty()).then(|| PathBuf::from(w.path))
+    }
+
+    /// The directory of session `session_id`'s workspace.
+    async fn session_root(&self, session_id: &str) -> Option<PathBuf> {
+        let s = self
+            .client
+            .call::<SessionGet>(SessionRef {
+                session_id: session_id.to_string(),
+            })
+            .await
+            .ok()?;
+        self.workspace_root(&s.workspace_id).await
+    }
+
     /// Replay the session's history as updates, then answer.
     async fn load_session(&self, p: wire::LoadSessionRequest) -> Result<Value, AcpError> {
         if !p.mcp_servers.is_empty() {
             tracing::warn!("the client's MCP servers are not used");
         }
+        let root = self.session_root(&p.session_id).await;
         let mut params = SessionHistoryParams {
             session_id: p.session_id.clone(),
             ..Default::default()
@@ -306,7 +335,7 @@ impl Bridge {
                 .await
                 .map_err(remote)?;
             for row in &page.rows {
-                for u in view::replay(row) {
+                for u in view::replay(row, root.as_deref()) {
                     self.update(&p.session_id, &u);
                 }
             }
@@ -368,7 +397,8 @@ impl Bridge {
         if cancel_first {
             self.stop(sid, &turn_id).await;
         }
-        let mut turn = view::TurnView::new(&turn_id);
+        let root = self.workspace_root(&snapshot.workspace_id).await;
+        let mut turn = view::TurnView::new(&turn_id, root);
         loop {
             let item = match watch.next_item().await {
                 Some(Ok(item)) => item,
@@ -382,7 +412,8 @@ impl Bridge {
                         EventPayload::InteractionRequested(r) if r.interaction.turn_id == turn_id => {
                             let bridge = self.clone();
                             let interaction = (*r.interaction).clone();
-                            tokio::spawn(async move { bridge.ask(interaction).await });
+                            let root = turn.root().map(Path::to_path_buf);
+                            tokio::spawn(async move { bridge.ask(interaction, root).await });
                         }
                         EventPayload::TurnEnded(end) if ev.turn_id.as_deref() == Some(turn_id.as_str()) => {
                             let cancel_asked = self.lock().get(sid).is_some_and(|p| p.cancel_asked);
@@ -413,19 +444,26 @@ impl Bridge {
 
     /// Ask the client about an interaction and answer it with the choice. Approvals offer
     /// allow/reject; questions offer their options (and skipping, which answers null).
-    async fn ask(&self, interaction: Interaction) {
+    async fn ask(&self, interaction: Interaction, root: Option<PathBuf>) {
         let approval = interaction.kind == INTERACTION_APPROVAL;
         let (tool_call, options) = if approval {
             let name = interaction.tool.as_ref().map_or("tool", |t| t.name.as_str());
             let call = ToolCall {
-                tool_call_id: interaction
-                    .tool
-                    .as_ref()
-                    .map_or_else(|| interaction.interaction_id.clone(), |t| t.call_id.clone()),
+                tool_call_id: interaction.tool.as_ref().map_or_else(
+                    || interaction.interaction_id.clone(),
+                    |t| view::call_id(Some(&interaction.turn_id), &t.call_id),
+                ),
                 title: Some(view::tool_title(name, &interaction.input)),
                 kind: Some(view::tool_kind(name)),
                 raw_input: Some(interaction.input.clone()),
                 ..Default::default()
+            };
+            // A change to approve is shown as its diff.
+            let (content, locations) = view::file_changes(name, &interaction.input, root.as_deref()).unzip();
+            let call = ToolCall {
+                content,
+                locations,
+                ..call
             };
             let options = vec![
                 PermissionOption {

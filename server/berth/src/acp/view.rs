@@ -1,11 +1,16 @@
 //! Berth's history and live items as ACP session updates: pure translation, no I/O.
 
 use berth_client::protocol::{
-    Cause, Event, EventPayload, ModelDelta, Row, RowKind, TurnEnded, TurnState, worker::ToolStatus,
+    Cause, Event, EventPayload, ModelDelta, PlanStepStatus, Row, RowKind, TurnEnded, TurnState, worker::ToolStatus,
 };
+use std::path::Path;
+
 use serde_json::Value;
 
-use super::wire::{ContentBlock, SessionUpdate, StopReason, ToolCall, ToolCallContent, ToolCallStatus, ToolKind};
+use super::wire::{
+    ContentBlock, PlanEntry, PlanPriority, PlanStatus, SessionUpdate, StopReason, ToolCall, ToolCallContent,
+    ToolCallLocation, ToolCallStatus, ToolKind,
+};
 use crate::pieces::Pieces;
 
 /// How ACP names the kind of one of Berth's tools.
@@ -13,8 +18,8 @@ pub fn tool_kind(name: &str) -> ToolKind {
     match name {
         "shell" => ToolKind::Execute,
         "read_file" | "list_directory" => ToolKind::Read,
-        "write_file" | "edit_file" => ToolKind::Edit,
-        "search_files" => ToolKind::Search,
+        "write_file" | "edit_file" | "apply_patch" => ToolKind::Edit,
+        "search_files" | "glob" => ToolKind::Search,
         _ => ToolKind::Other,
     }
 }
@@ -44,16 +49,111 @@ pub fn tool_input(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()))
 }
 
-/// The announcement of a call row (`tool_call`).
-fn call_announced(row: &Row) -> Option<SessionUpdate> {
+/// A call's ACP id: the model's call id within its turn (a provider's `call_0` comes back
+/// every turn), so unique in the session.
+pub fn call_id(turn_id: Option<&str>, call_id: &str) -> String {
+    match turn_id {
+        Some(turn) => format!("{turn}/{call_id}"),
+        None => call_id.to_string(),
+    }
+}
+
+/// What a file-changing call (`write_file`, `edit_file`, `apply_patch`) will do, as diffs an
+/// editor can review, and the files it touches; paths made absolute under `root`, the
+/// workspace's directory (None, or another tool: nothing).
+pub fn file_changes(
+    name: &str,
+    input: &Value,
+    root: Option<&Path>,
+) -> Option<(Vec<ToolCallContent>, Vec<ToolCallLocation>)> {
+    let root = root?;
+    let text = |k: &str| input.get(k).and_then(Value::as_str);
+    let abs = |p: &str| root.join(p).display().to_string();
+    let diffs: Vec<(String, Option<String>, String)> = match name {
+        "write_file" => vec![(abs(text("path")?), None, text("content")?.to_string())],
+        "edit_file" => vec![(
+            abs(text("path")?),
+            Some(text("old_string")?.to_string()),
+            text("new_string")?.to_string(),
+        )],
+        "apply_patch" => patch_diffs(text("input")?)
+            .into_iter()
+            .map(|(p, old, new)| (abs(&p), old, new))
+            .collect(),
+        _ => return None,
+    };
+    if diffs.is_empty() {
+        return None;
+    }
+    let locations = diffs
+        .iter()
+        .map(|(path, ..)| ToolCallLocation { path: path.clone() })
+        .collect();
+    let content = diffs
+        .into_iter()
+        .map(|(path, old_text, new_text)| ToolCallContent::Diff {
+            path,
+            old_text,
+            new_text,
+        })
+        .collect();
+    Some((content, locations))
+}
+
+/// The files of an `apply_patch` input with their old and new text as far as the patch
+/// shows them (an added file's whole content; a changed file's changed lines with their
+/// context; a deleted file's nothing), read leniently: a malformed patch shows less.
+fn patch_diffs(patch: &str) -> Vec<(String, Option<String>, String)> {
+    let mut out: Vec<(String, Option<String>, String)> = Vec::new();
+    for line in patch.lines() {
+        if let Some(p) = line.strip_prefix("*** Add File: ") {
+            out.push((p.trim().to_string(), None, String::new()));
+        } else if let Some(p) = line.strip_prefix("*** Update File: ") {
+            out.push((p.trim().to_string(), Some(String::new()), String::new()));
+        } else if let Some(p) = line.strip_prefix("*** Delete File: ") {
+            out.push((p.trim().to_string(), None, String::new()));
+        } else if let Some(p) = line.strip_prefix("*** Move to: ") {
+            if let Some(last) = out.last_mut() {
+                last.0 = p.trim().to_string();
+            }
+        } else if line.starts_with("***") || line.starts_with("@@") {
+        } else if let Some((_, old, new)) = out.last_mut() {
+            let (kind, rest) = line.split_at(line.len().min(1));
+            let push = |s: &mut String| {
+                s.push_str(rest);
+                s.push('\n');
+            };
+            match kind {
+                "+" => push(new),
+                "-" => {
+                    if let Some(old) = old {
+                        push(old);
+                    }
+                }
+                _ => {
+                    if let Some(old) = old {
+                        push(old);
+                    }
+                    push(new);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The announcement of a call row (`tool_call`): a file-changing call with its diffs.
+fn call_announced(row: &Row, root: Option<&Path>) -> Option<SessionUpdate> {
     let tool = row.tool.as_ref()?;
     let input = tool_input(&row.body);
+    let (content, locations) = file_changes(&tool.name, &input, root).unzip();
     Some(SessionUpdate::ToolCall(ToolCall {
-        tool_call_id: tool.call_id.clone(),
+        tool_call_id: call_id(row.turn_id.as_deref(), &tool.call_id),
         title: Some(tool_title(&tool.name, &input)),
         kind: Some(tool_kind(&tool.name)),
         status: Some(tool_status(&tool.status)),
-        content: None,
+        content,
+        locations,
         raw_input: Some(input),
     }))
 }
@@ -62,7 +162,7 @@ fn call_announced(row: &Row) -> Option<SessionUpdate> {
 fn call_ended(row: &Row, status: ToolCallStatus) -> Option<SessionUpdate> {
     let tool = row.tool.as_ref()?;
     Some(SessionUpdate::ToolCallUpdate(ToolCall {
-        tool_call_id: tool.call_id.clone(),
+        tool_call_id: call_id(row.turn_id.as_deref(), &tool.call_id),
         status: Some(status),
         content: Some(vec![ToolCallContent::Content {
             content: ContentBlock::text(row.body.clone()),
@@ -71,8 +171,8 @@ fn call_ended(row: &Row, status: ToolCallStatus) -> Option<SessionUpdate> {
     }))
 }
 
-/// A history row replayed (`session/load`).
-pub fn replay(row: &Row) -> Vec<SessionUpdate> {
+/// A history row replayed (`session/load`); `root` is the workspace's directory.
+pub fn replay(row: &Row, root: Option<&Path>) -> Vec<SessionUpdate> {
     if row.hidden == Some(true) {
         return Vec::new();
     }
@@ -93,7 +193,7 @@ pub fn replay(row: &Row) -> Vec<SessionUpdate> {
                 });
             }
         }
-        RowKind::ToolCall => out.extend(call_announced(row)),
+        RowKind::ToolCall => out.extend(call_announced(row, root)),
         RowKind::ToolResult => {
             let status = row
                 .tool
@@ -141,6 +241,8 @@ pub fn ending(end: &TurnEnded, cancel_asked: bool) -> Ending {
 /// their changes.
 pub struct TurnView {
     turn_id: String,
+    /// The workspace's directory (absolute paths in diffs).
+    root: Option<std::path::PathBuf>,
     text: Pieces,
     thinking: Pieces,
     /// Steps completed (the next `model.completed` is this step).
@@ -148,13 +250,19 @@ pub struct TurnView {
 }
 
 impl TurnView {
-    pub fn new(turn_id: &str) -> TurnView {
+    pub fn new(turn_id: &str, root: Option<std::path::PathBuf>) -> TurnView {
         TurnView {
             turn_id: turn_id.to_string(),
+            root,
             text: Pieces::default(),
             thinking: Pieces::default(),
             steps: 0,
         }
+    }
+
+    /// The workspace's directory, if known.
+    pub fn root(&self) -> Option<&Path> {
+        self.root.as_deref()
     }
 
     pub fn delta(&mut self, d: &ModelDelta) -> Vec<SessionUpdate> {
@@ -210,13 +318,13 @@ impl TurnView {
                                 });
                             }
                         }
-                        RowKind::ToolCall => out.extend(call_announced(row)),
+                        RowKind::ToolCall => out.extend(call_announced(row, self.root.as_deref())),
                         _ => {}
                     }
                 }
             }
             EventPayload::ToolStatus(s) => out.push(SessionUpdate::ToolCallUpdate(ToolCall {
-                tool_call_id: s.call_id.clone(),
+                tool_call_id: call_id(Some(&self.turn_id), &s.call_id),
                 status: Some(tool_status(s.status.as_str())),
                 ..Default::default()
             })),
@@ -225,12 +333,27 @@ impl TurnView {
                 match ev.rows.iter().find(|r| r.kind == RowKind::ToolResult) {
                     Some(row) => out.extend(call_ended(row, status)),
                     None => out.push(SessionUpdate::ToolCallUpdate(ToolCall {
-                        tool_call_id: s.call_id.clone(),
+                        tool_call_id: call_id(Some(&self.turn_id), &s.call_id),
                         status: Some(status),
                         ..Default::default()
                     })),
                 }
             }
+            EventPayload::PlanUpdated(plan) => out.push(SessionUpdate::Plan {
+                entries: plan
+                    .plan
+                    .iter()
+                    .map(|s| PlanEntry {
+                        content: s.step.clone(),
+                        priority: PlanPriority::Medium,
+                        status: match s.status {
+                            PlanStepStatus::Pending => PlanStatus::Pending,
+                            PlanStepStatus::InProgress => PlanStatus::InProgress,
+                            PlanStepStatus::Completed => PlanStatus::Completed,
+                        },
+                    })
+                    .collect(),
+            }),
             _ => {}
         }
         out
@@ -300,7 +423,7 @@ mod tests {
 
     #[test]
     fn streamed_text_is_sent_once_and_the_completed_step_sends_only_the_rest() {
-        let mut view = TurnView::new("trn_1");
+        let mut view = TurnView::new("trn_1", None);
         assert_eq!(texts(&view.delta(&delta("Hel", 0))), ["Hel"]);
         // A repeat after a reconnect sends nothing twice.
         assert_eq!(texts(&view.delta(&delta("Hello", 0))), ["lo"]);
@@ -322,11 +445,12 @@ mod tests {
         assert_eq!(
             updates[1],
             SessionUpdate::ToolCall(ToolCall {
-                tool_call_id: "call_1".into(),
+                tool_call_id: "trn_1/call_1".into(),
                 title: Some("shell: make".into()),
                 kind: Some(ToolKind::Execute),
                 status: Some(ToolCallStatus::Pending),
                 content: None,
+                locations: None,
                 raw_input: Some(json!({"command": "make"})),
             })
         );
@@ -338,7 +462,7 @@ mod tests {
 
     #[test]
     fn tool_status_changes_and_results_update_the_call() {
-        let mut view = TurnView::new("trn_1");
+        let mut view = TurnView::new("trn_1", None);
         let status = |status| BerthToolStatus {
             position: Position {
                 source_sequence: 3,
@@ -416,7 +540,7 @@ mod tests {
             row(RowKind::ToolResult, "ok", Some(("shell", "completed"))),
         ]
         .iter()
-        .flat_map(replay)
+        .flat_map(|r| replay(r, None))
         .collect();
         let names: Vec<Value> = updates
             .iter()
@@ -431,5 +555,59 @@ mod tests {
                 "tool_call_update"
             ]
         );
+    }
+
+    /// Issue 48: a call's id is unique in the session (the provider's `call_1` of another
+    /// turn is another call), and a file-changing call carries diffs and locations an editor
+    /// shows for review, with absolute paths.
+    #[test]
+    fn calls_have_session_unique_ids_and_edits_carry_diffs() {
+        assert_eq!(call_id(Some("trn_9"), "call_1"), "trn_9/call_1");
+        let root = Path::new("/work/app");
+        let edit = json!({"path": "src/a.rs", "old_string": "one()", "new_string": "two()"});
+        let (content, locations) = file_changes("edit_file", &edit, Some(root)).unwrap();
+        assert_eq!(
+            content,
+            [ToolCallContent::Diff {
+                path: "/work/app/src/a.rs".into(),
+                old_text: Some("one()".into()),
+                new_text: "two()".into(),
+            }]
+        );
+        assert_eq!(locations[0].path, "/work/app/src/a.rs");
+        let write = json!({"path": "new.md", "content": "# New\n"});
+        let (content, _) = file_changes("write_file", &write, Some(root)).unwrap();
+        assert_eq!(
+            serde_json::to_value(&content[0]).unwrap(),
+            json!({"type": "diff", "path": "/work/app/new.md", "newText": "# New\n"})
+        );
+        let patch = json!({"input": "*** Begin Patch\n*** Add File: b.txt\n+hi\n*** Update File: a.txt\n@@\n keep\n-old\n+new\n*** End Patch\n"});
+        let (content, locations) = file_changes("apply_patch", &patch, Some(root)).unwrap();
+        assert_eq!(
+            content,
+            [
+                ToolCallContent::Diff {
+                    path: "/work/app/b.txt".into(),
+                    old_text: None,
+                    new_text: "hi\n".into(),
+                },
+                ToolCallContent::Diff {
+                    path: "/work/app/a.txt".into(),
+                    old_text: Some("keep\nold\n".into()),
+                    new_text: "keep\nnew\n".into(),
+                },
+            ]
+        );
+        assert_eq!(locations.len(), 2);
+        assert!(file_changes("shell", &json!({"command": "ls"}), Some(root)).is_none());
+        assert!(file_changes("edit_file", &edit, None).is_none());
+        // The announcement carries them.
+        let mut r = row(RowKind::ToolCall, &edit.to_string(), Some(("edit_file", "requested")));
+        r.turn_id = Some("trn_2".into());
+        let [SessionUpdate::ToolCall(c)] = &replay(&r, Some(root))[..] else {
+            panic!()
+        };
+        assert_eq!(c.tool_call_id, "trn_2/call_1");
+        assert!(c.content.is_some() && c.locations.is_some());
     }
 }

@@ -110,11 +110,52 @@ pub struct EmbeddedResource {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "sessionUpdate", rename_all = "snake_case")]
 pub enum SessionUpdate {
-    UserMessageChunk { content: ContentBlock },
-    AgentMessageChunk { content: ContentBlock },
-    AgentThoughtChunk { content: ContentBlock },
+    UserMessageChunk {
+        content: ContentBlock,
+    },
+    AgentMessageChunk {
+        content: ContentBlock,
+    },
+    AgentThoughtChunk {
+        content: ContentBlock,
+    },
     ToolCall(ToolCall),
     ToolCallUpdate(ToolCall),
+    /// The agent's plan, whole each time.
+    Plan {
+        entries: Vec<PlanEntry>,
+    },
+}
+
+/// One entry of a `plan` update.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanEntry {
+    pub content: String,
+    pub priority: PlanPriority,
+    pub status: PlanStatus,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanPriority {
+    Medium,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanStatus {
+    Pending,
+    InProgress,
+    Completed,
+}
+
+/// A file a tool call works on (an editor can follow it).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCallLocation {
+    /// Absolute.
+    pub path: String,
 }
 
 /// A tool call as `tool_call` announces it, and as `tool_call_update` (and a permission
@@ -131,6 +172,8 @@ pub struct ToolCall {
     pub status: Option<ToolCallStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<Vec<ToolCallContent>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locations: Option<Vec<ToolCallLocation>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raw_input: Option<Value>,
 }
@@ -157,7 +200,18 @@ pub enum ToolCallStatus {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToolCallContent {
-    Content { content: ContentBlock },
+    Content {
+        content: ContentBlock,
+    },
+    /// A change of one file, for the editor to show as a diff (`old_text` absent: a new file).
+    #[serde(rename_all = "camelCase")]
+    Diff {
+        /// Absolute.
+        path: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old_text: Option<String>,
+        new_text: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -35,19 +35,21 @@ tool calls or their results."
 /// Bytes of one tool result the model sees; the whole result stays in history.
 pub(crate) const TOOL_OUTPUT_SHOWN: usize = 32 << 10;
 
-/// `s` cut to `TOOL_OUTPUT_SHOWN` bytes (its head and its tail) with a marked cut.
+/// `s` cut to `TOOL_OUTPUT_SHOWN` bytes with one marked cut: its first quarter and its last
+/// three quarters (a command's summary, a test run's failures, are at the end).
 pub(crate) fn cap_output(s: &str) -> String {
     if s.len() <= TOOL_OUTPUT_SHOWN {
         return s.to_string();
     }
-    let head = berth_protocol::text::prefix(s, TOOL_OUTPUT_SHOWN / 2);
-    let mut tail_start = s.len() - TOOL_OUTPUT_SHOWN / 2;
+    let head = berth_protocol::text::prefix(s, TOOL_OUTPUT_SHOWN / 4);
+    let mut tail_start = s.len() - TOOL_OUTPUT_SHOWN * 3 / 4;
     while !s.is_char_boundary(tail_start) {
         tail_start += 1;
     }
     let cut = tail_start - head.len();
     format!(
-        "{head}\n[… {cut} bytes cut here; the whole output is kept in the session history …]\n{}",
+        "{head}\n[… {cut} bytes of this result left out here; {} bytes in all …]\n{}",
+        s.len(),
         &s[tail_start..]
     )
 }
@@ -80,6 +82,12 @@ impl Conversation {
             fixed: 1,
             ..Conversation::default()
         }
+    }
+
+    /// A note from Berth to the model for this request only (never history).
+    pub(crate) fn push_note(&mut self, note: &str) {
+        self.messages.push(json!({"role": "user", "content": note}));
+        self.joinable = None;
     }
 
     /// Start from a compaction's summary, which stands for the history before its rows.
@@ -322,7 +330,8 @@ mod tests {
         let big = format!("{}{}", "a".repeat(TOOL_OUTPUT_SHOWN), "é".repeat(TOOL_OUTPUT_SHOWN));
         let shown = cap_output(&big);
         assert!(shown.len() < TOOL_OUTPUT_SHOWN + 200);
-        assert!(shown.contains("bytes cut here"));
+        assert!(shown.contains("bytes of this result left out here;"));
+        assert!(shown.contains(&format!("{} bytes in all", big.len())));
         assert!(shown.starts_with('a') && shown.ends_with('é'));
         assert_eq!(cap_output("small"), "small");
     }

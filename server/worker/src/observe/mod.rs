@@ -5,7 +5,7 @@
 
 mod complete;
 mod files;
-mod git;
+pub(crate) mod git;
 mod watcher;
 
 use std::{

@@ -1,22 +1,114 @@
-//! File tools: read (line ranges), write, edit (exact replacement), list. Every path goes
-//! through [`Workspace`].
+//! File tools: read (numbered lines), write, edit (exact replacement, once or everywhere),
+//! list (a directory, or a tree to a depth) and glob. Every path goes through
+//! [`Workspace`].
+//!
+//! What a tool returns is what the model reads: each result fits the model's share of a tool
+//! result ([`crate::model::messages::TOOL_OUTPUT_SHOWN`]) by itself, and says where it
+//! stopped and how to go on, so nothing is cut out of its middle unannounced.
 
-use std::io::{BufRead, BufReader, Read};
+use std::{
+    collections::{HashMap, HashSet},
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::SystemTime,
+};
 
 use serde::Deserialize;
 
 use super::Outcome;
 use crate::workspace::Workspace;
 
-/// Bytes of file text one read returns at most; the rest is reached with `offset`.
-const READ_MAX: usize = 256 << 10;
+/// Bytes of numbered file text one read returns at most; the rest is reached with `offset`.
+const READ_MAX: usize = 24 << 10;
 const READ_LINES_DEFAULT: usize = 2000;
+/// Characters of one line shown; a longer line is cut (and says so), so a read always
+/// advances, a minified file's one line included.
+const LINE_CHARS_MAX: usize = 2000;
 /// Largest file `edit_file` rewrites.
 const EDIT_MAX: u64 = 16 << 20;
-/// Entries one listing returns at most.
-const LIST_MAX: usize = 1000;
+/// Entries one listing, and paths one glob, return at most.
+const LIST_MAX: usize = 500;
+/// The deepest tree `list_directory` draws.
+const DEPTH_MAX: usize = 6;
+/// Lines of the changed region an edit shows back.
+const SNIPPET_LINES: usize = 24;
+/// Bytes of a nested `AGENTS.md` shown with the first file read or written under it.
+const AGENTS_MAX: usize = 8 << 10;
+
+/// What this turn's model has seen of the workspace's files: each file's size and
+/// modification time when it last read or wrote it (a later write warns when the file
+/// changed since), and the nested `AGENTS.md` files already shown to it.
+#[derive(Default)]
+pub(crate) struct Seen {
+    files: Mutex<HashMap<PathBuf, Stamp>>,
+    agents: Mutex<HashSet<PathBuf>>,
+}
+
+type Stamp = (u64, Option<SystemTime>);
+
+fn stamp(meta: &std::fs::Metadata) -> Stamp {
+    (meta.len(), meta.modified().ok())
+}
+
+impl Seen {
+    fn record(&self, rel: PathBuf, meta: &std::fs::Metadata) {
+        self.files.lock().expect("seen lock").insert(rel, stamp(meta));
+    }
+
+    pub(super) fn record_path(&self, ws: &Workspace, path: &str) {
+        if let (Ok(rel), Ok(file)) = (ws.normalized(path), ws.open_file(path))
+            && let Ok(meta) = file.metadata()
+        {
+            self.record(rel, &meta);
+        }
+    }
+
+    /// A warning when `path` changed since the model last read or wrote it (None: it did
+    /// not, or the model never looked at it).
+    pub(super) fn changed_since(&self, ws: &Workspace, path: &str) -> Option<String> {
+        let rel = ws.normalized(path).ok()?;
+        let seen = *self.files.lock().expect("seen lock").get(&rel)?;
+        let now = ws.open_file(path).ok()?.metadata().ok()?;
+        (stamp(&now) != seen).then(|| {
+            format!("Note: {path} changed on disk since you last read it (another process, or a command you ran).\n")
+        })
+    }
+
+    /// The nested `AGENTS.md` files (below the root's, which the system prompt holds) that
+    /// apply to `path` and were not shown yet, as a note to append to a tool's result.
+    fn agents_notes(&self, ws: &Workspace, path: &str) -> String {
+        let Ok(rel) = ws.normalized(path) else {
+            return String::new();
+        };
+        let mut out = String::new();
+        let mut dir = PathBuf::new();
+        let parents: Vec<_> = rel.parent().map(|p| p.components().collect()).unwrap_or_default();
+        for c in parents {
+            dir.push(c);
+            let file = dir.join("AGENTS.md");
+            if !self.agents.lock().expect("seen lock").insert(file.clone()) {
+                continue;
+            }
+            let name = file.to_string_lossy().into_owned();
+            if let Ok(Some(bytes)) = ws.read_bounded(&name, AGENTS_MAX as u64 * 4) {
+                let text = String::from_utf8_lossy(&bytes);
+                let shown = berth_protocol::text::prefix(&text, AGENTS_MAX);
+                out.push_str(&format!(
+                    "\n\n[Instructions from {name}, which apply to files under {}/:]\n{shown}",
+                    dir.display()
+                ));
+                if shown.len() < text.len() {
+                    out.push_str("\n[… the rest of it was cut; read it with read_file]");
+                }
+            }
+        }
+        out
+    }
+}
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ReadArgs {
     path: String,
     #[serde(default)]
@@ -25,72 +117,143 @@ pub(super) struct ReadArgs {
     limit: Option<usize>,
 }
 
-pub(super) fn read(ws: &Workspace, a: ReadArgs) -> Outcome {
+/// One line of a reader, at most `keep` bytes of it kept (the rest read past): the kept
+/// bytes (without the line end), the line's whole length and whether it was cut; None at
+/// the end.
+fn capped_line(reader: &mut impl BufRead, keep: usize) -> std::io::Result<Option<(Vec<u8>, usize, bool)>> {
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            let cut = total > kept.len();
+            return Ok((total > 0).then_some((kept, total, cut)));
+        }
+        let (chunk, done) = match memchr_newline(buf) {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        let room = keep.saturating_sub(kept.len()).min(chunk.len());
+        kept.extend_from_slice(&chunk[..room]);
+        total += chunk.len();
+        let used = done.unwrap_or(buf.len());
+        reader.consume(used);
+        if done.is_some() {
+            let cut = total > kept.len();
+            if !cut && kept.last() == Some(&b'\r') {
+                kept.pop();
+            }
+            return Ok(Some((kept, total + 1, cut)));
+        }
+    }
+}
+
+fn memchr_newline(buf: &[u8]) -> Option<usize> {
+    buf.iter().position(|b| *b == b'\n')
+}
+
+/// `read_file`: numbered lines (`cat -n`), a range of them, long lines cut.
+pub(super) fn read(ws: &Workspace, seen: &Seen, a: ReadArgs) -> Outcome {
     let file = match ws.open_file(&a.path) {
         Ok(f) => f,
         Err(e) => return Outcome::error(e.0),
     };
+    let meta = file.metadata().ok();
     let first = a.offset.unwrap_or(1).max(1);
     let limit = a.limit.unwrap_or(READ_LINES_DEFAULT).max(1);
     let mut reader = BufReader::new(file);
     let mut out = String::new();
-    let mut line = Vec::new();
     let mut n = 0usize;
+    // Bytes kept of one line: enough for LINE_CHARS_MAX characters of any width.
+    let keep = LINE_CHARS_MAX * 4;
+    let mut more = None;
     loop {
-        line.clear();
-        // Bound one line too: a huge single-line file must not fill memory.
-        let read = match (&mut reader).take(READ_MAX as u64 + 1).read_until(b'\n', &mut line) {
-            Ok(r) => r,
+        let (bytes, len, cut) = match capped_line(&mut reader, keep) {
+            Ok(Some(l)) => l,
+            Ok(None) => break,
             Err(e) => return Outcome::error(format!("{}: {e}", a.path)),
         };
-        if read == 0 {
-            break;
-        }
         n += 1;
         if n < first {
             continue;
         }
-        if line.contains(&0) {
-            return Outcome::error(format!("{}: a binary file", a.path));
+        if bytes.contains(&0) {
+            return Outcome::error(format!("{}: a binary file; it cannot be shown as text", a.path));
         }
-        let Ok(text) = std::str::from_utf8(&line) else {
-            return Outcome::error(format!("{}: not UTF-8 text", a.path));
+        let text = match std::str::from_utf8(&bytes) {
+            Ok(t) => t.to_string(),
+            // A cut may fall inside a character: only a real encoding error refuses.
+            Err(e) if e.error_len().is_none() => String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned(),
+            Err(_) => return Outcome::error(format!("{}: not UTF-8 text", a.path)),
         };
-        if n >= first + limit || out.len() + text.len() > READ_MAX {
-            out.push_str(&format!("\n[more lines follow: continue with offset={n}]"));
-            return Outcome::ok(out);
+        let mut shown: String = text.chars().take(LINE_CHARS_MAX).collect();
+        if shown.len() < text.len() || cut {
+            shown.push_str(&format!(" [… line cut: {len} bytes in all]"));
         }
-        out.push_str(text);
+        let numbered = format!("{n:>6}\t{shown}\n");
+        if n >= first + limit || (out.len() + numbered.len() > READ_MAX && n > first) {
+            more = Some(n);
+            break;
+        }
+        out.push_str(&numbered);
     }
-    if n < first && n > 0 {
+    if n < first {
+        if n == 0 {
+            return Outcome::ok(format!("({} is empty)", a.path));
+        }
         return Outcome::error(format!("{}: has {n} lines; offset {first} is past the end", a.path));
     }
+    if let Some(next) = more {
+        out.push_str(&format!(
+            "[lines {first}-{} shown; more follow: read on with offset={next}]\n",
+            next - 1
+        ));
+    }
+    if let (Some(meta), Ok(rel)) = (meta, ws.normalized(&a.path)) {
+        seen.record(rel, &meta);
+    }
+    out.push_str(&seen.agents_notes(ws, &a.path));
     Outcome::ok(out)
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct WriteArgs {
     path: String,
     content: String,
 }
 
-pub(super) fn write(ws: &Workspace, a: WriteArgs) -> Outcome {
-    match ws.write(&a.path, a.content.as_bytes()) {
-        Ok(()) => Outcome::ok(format!("wrote {} bytes to {}", a.content.len(), a.path)),
-        Err(e) => Outcome::error(e.0),
+pub(super) fn write(ws: &Workspace, seen: &Seen, a: WriteArgs) -> Outcome {
+    let warning = seen.changed_since(ws, &a.path).unwrap_or_default();
+    if let Err(e) = ws.write(&a.path, a.content.as_bytes()) {
+        return Outcome::error(e.0);
     }
+    seen.record_path(ws, &a.path);
+    let lines = a.content.lines().count();
+    let notes = seen.agents_notes(ws, &a.path);
+    Outcome::ok(format!(
+        "{warning}wrote {} ({} bytes, {lines} lines){notes}",
+        a.path,
+        a.content.len()
+    ))
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct EditArgs {
     path: String,
     old_string: String,
     new_string: String,
+    #[serde(default)]
+    replace_all: bool,
 }
 
-pub(super) fn edit(ws: &Workspace, a: EditArgs) -> Outcome {
+pub(super) fn edit(ws: &Workspace, seen: &Seen, a: EditArgs) -> Outcome {
     if a.old_string.is_empty() {
         return Outcome::error("old_string is empty; use write_file to create a file");
+    }
+    if a.old_string == a.new_string {
+        return Outcome::error("old_string and new_string are the same: there is nothing to change");
     }
     let bytes = match ws.read_bounded(&a.path, EDIT_MAX) {
         Ok(Some(b)) => b,
@@ -100,39 +263,131 @@ pub(super) fn edit(ws: &Workspace, a: EditArgs) -> Outcome {
     let Ok(text) = String::from_utf8(bytes) else {
         return Outcome::error(format!("{}: not UTF-8 text", a.path));
     };
-    let found = text.matches(&a.old_string).count();
-    match found {
-        0 => return Outcome::error(format!("{}: old_string not found", a.path)),
+    let starts: Vec<usize> = text.match_indices(&a.old_string).map(|(i, _)| i).collect();
+    match starts.len() {
+        0 => return Outcome::error(not_found(&a.path, &text, &a.old_string)),
         1 => {}
-        n => {
+        n if !a.replace_all => {
+            let lines: Vec<String> = starts.iter().take(10).map(|&i| line_of(&text, i).to_string()).collect();
             return Outcome::error(format!(
-                "{}: old_string occurs {n} times; include more surrounding text so it matches once",
-                a.path
+                "{}: old_string occurs {n} times (at lines {}); include more surrounding text so it matches once, or set replace_all to change every one",
+                a.path,
+                lines.join(", ")
             ));
         }
+        _ => {}
     }
-    let updated = text.replacen(&a.old_string, &a.new_string, 1);
-    match ws.write(&a.path, updated.as_bytes()) {
-        Ok(()) => Outcome::ok(format!("edited {}", a.path)),
-        Err(e) => Outcome::error(e.0),
+    let warning = seen.changed_since(ws, &a.path).unwrap_or_default();
+    let updated = if a.replace_all {
+        text.replace(&a.old_string, &a.new_string)
+    } else {
+        text.replacen(&a.old_string, &a.new_string, 1)
+    };
+    if let Err(e) = ws.write(&a.path, updated.as_bytes()) {
+        return Outcome::error(e.0);
     }
+    seen.record_path(ws, &a.path);
+    // Where the first replacement landed, in the new text.
+    let at = starts[0];
+    let snippet = numbered_region(&updated, at, at + a.new_string.len());
+    let count = if a.replace_all { starts.len() } else { 1 };
+    let notes = seen.agents_notes(ws, &a.path);
+    Outcome::ok(format!(
+        "{warning}edited {}: {count} replacement{}. The file now reads:\n{snippet}{notes}",
+        a.path,
+        if count == 1 { "" } else { "s" }
+    ))
+}
+
+/// The 1-based line number of byte `at` in `text`.
+fn line_of(text: &str, at: usize) -> usize {
+    text[..at].matches('\n').count() + 1
+}
+
+/// The lines of `text` around bytes `start..end`, numbered, two lines of context each side,
+/// at most [`SNIPPET_LINES`].
+fn numbered_region(text: &str, start: usize, end: usize) -> String {
+    let first = line_of(text, start).saturating_sub(2).max(1);
+    let last = line_of(text, end.min(text.len())) + 2;
+    let mut out = String::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .skip(first - 1)
+        .take((last + 1 - first).min(SNIPPET_LINES))
+    {
+        let shown: String = line.chars().take(LINE_CHARS_MAX).collect();
+        out.push_str(&format!("{:>6}\t{shown}\n", i + 1));
+    }
+    if last + 1 - first > SNIPPET_LINES {
+        out.push_str("[…]\n");
+    }
+    out
+}
+
+/// Why `old` was not found in `text`, with the nearest candidate: the same lines apart from
+/// whitespace, else the line its first line is on (trimmed).
+fn not_found(path: &str, text: &str, old: &str) -> String {
+    let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let want: Vec<String> = old.lines().map(squash).filter(|l| !l.is_empty()).collect();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut hint = String::new();
+    if let Some(first) = want.first() {
+        let found = (0..lines.len()).find(|&i| {
+            let mut got = lines[i..].iter().map(|l| squash(l)).filter(|l| !l.is_empty());
+            want.iter().all(|w| got.next().as_deref() == Some(w.as_str()))
+        });
+        if let Some(i) = found {
+            let span = old.lines().count().max(1);
+            let shown: Vec<String> = lines[i..(i + span).min(lines.len())]
+                .iter()
+                .enumerate()
+                .map(|(k, l)| format!("{:>6}\t{l}", i + k + 1))
+                .collect();
+            hint = format!(
+                " The same text apart from whitespace (indentation, line breaks) is at line {}:\n{}\nCopy it exactly, with its whitespace.",
+                i + 1,
+                shown.join("\n")
+            );
+        } else if let Some(i) = lines.iter().position(|l| squash(l).contains(first.as_str())) {
+            hint = format!(
+                " Its first line is at line {}:\n{:>6}\t{}\nbut what follows differs; read the file again and copy the text exactly.",
+                i + 1,
+                i + 1,
+                lines[i]
+            );
+        }
+    }
+    if hint.is_empty() {
+        hint = " Nothing like it is in the file; read the file again (read_file) and copy the text exactly.".into();
+    }
+    format!("{path}: old_string not found.{hint}")
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ListArgs {
     #[serde(default)]
     path: Option<String>,
+    /// Levels below `path` drawn (1: its entries only).
+    #[serde(default)]
+    depth: Option<usize>,
 }
 
 pub(super) fn list(ws: &Workspace, a: ListArgs) -> Outcome {
     let path = a.path.unwrap_or_else(|| ".".into());
+    let depth = a.depth.unwrap_or(1).clamp(1, DEPTH_MAX);
+    if depth > 1 {
+        return tree(ws, &path, depth);
+    }
     let entries = match ws.list(&path) {
         Ok(e) => e,
         Err(e) => return Outcome::error(e.0),
     };
+    let entries: Vec<_> = entries.iter().filter(|e| !hidden_dir(&e.name)).collect();
     let total = entries.len();
     let mut out = String::new();
-    for e in entries.iter().filter(|e| e.name != ".git").take(LIST_MAX) {
+    for e in entries.iter().take(LIST_MAX) {
         match e.kind {
             "dir" => out.push_str(&format!("{}/\n", e.name)),
             "file" => out.push_str(&format!("{}\t{} bytes\n", e.name, e.size)),
@@ -144,6 +399,115 @@ pub(super) fn list(ws: &Workspace, a: ListArgs) -> Outcome {
     }
     if out.is_empty() {
         out.push_str("(empty directory)\n");
+    }
+    Outcome::ok(out)
+}
+
+/// Directories no listing or walk shows: git's and Berth's.
+fn hidden_dir(name: &str) -> bool {
+    name == ".git" || name == crate::workspace::PRIVATE_DIR
+}
+
+/// A walk of the workspace below `start` (an absolute path inside it) that respects
+/// `.gitignore`, shows hidden files, never follows symlinks and skips `.git` and `.berth`.
+pub(super) fn walker(start: &Path) -> ignore::WalkBuilder {
+    let mut walk = ignore::WalkBuilder::new(start);
+    walk.follow_links(false)
+        .hidden(false)
+        .require_git(false)
+        .filter_entry(|e| !hidden_dir(&e.file_name().to_string_lossy()))
+        .sort_by_file_name(|a, b| a.cmp(b));
+    walk
+}
+
+/// `list_directory` to a depth: an indented tree (gitignored entries left out).
+fn tree(ws: &Workspace, path: &str, depth: usize) -> Outcome {
+    let start = match ws.dir_path(path) {
+        Ok(p) => p,
+        Err(e) => return Outcome::error(e.0),
+    };
+    let mut walk = walker(&start);
+    walk.max_depth(Some(depth));
+    let mut out = String::new();
+    let mut shown = 0usize;
+    let mut more = 0usize;
+    for entry in walk.build().skip(1) {
+        let Ok(entry) = entry else { continue };
+        if shown >= LIST_MAX {
+            more += 1;
+            continue;
+        }
+        let indent = "  ".repeat(entry.depth().saturating_sub(1));
+        let name = entry.file_name().to_string_lossy();
+        let line = match entry.file_type() {
+            Some(t) if t.is_dir() => format!("{indent}{name}/\n"),
+            Some(t) if t.is_symlink() => format!("{indent}{name}\tsymlink\n"),
+            _ => {
+                let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                format!("{indent}{name}\t{size} bytes\n")
+            }
+        };
+        out.push_str(&line);
+        shown += 1;
+    }
+    if more > 0 {
+        out.push_str(&format!(
+            "[{more} more entries not shown: list a subdirectory, or less deep]\n"
+        ));
+    }
+    if out.is_empty() {
+        out.push_str("(empty directory)\n");
+    }
+    Outcome::ok(out)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GlobArgs {
+    pattern: String,
+    #[serde(default)]
+    path: Option<String>,
+}
+
+/// `glob`: the workspace's files whose path (relative to `path`) matches the pattern, most
+/// recently modified first (gitignored files left out).
+pub(super) fn glob(ws: &Workspace, a: GlobArgs) -> Outcome {
+    let base = a.path.as_deref().unwrap_or(".");
+    let start = match ws.dir_path(base) {
+        Ok(p) => p,
+        Err(e) => return Outcome::error(e.0),
+    };
+    let mut o = ignore::overrides::OverrideBuilder::new(&start);
+    let built = o.add(&a.pattern).and_then(|o| o.build());
+    let overrides = match built {
+        Ok(ov) => ov,
+        Err(e) => return Outcome::error(format!("invalid glob: {e}")),
+    };
+    let mut walk = walker(&start);
+    walk.overrides(overrides);
+    let mut found: Vec<(Option<SystemTime>, String)> = Vec::new();
+    for entry in walk.build() {
+        let Ok(entry) = entry else { continue };
+        if !entry.file_type().is_some_and(|t| t.is_file()) {
+            continue;
+        }
+        let Ok(rel) = entry.path().strip_prefix(ws.root()) else {
+            continue;
+        };
+        let modified = entry.metadata().ok().and_then(|m| m.modified().ok());
+        found.push((modified, rel.to_string_lossy().into_owned()));
+    }
+    if found.is_empty() {
+        return Outcome::ok(format!("no files match {}\n", a.pattern));
+    }
+    found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    let total = found.len();
+    let mut out: String = found.iter().take(LIST_MAX).map(|(_, p)| format!("{p}\n")).collect();
+    if total > LIST_MAX {
+        out.push_str(&format!(
+            "[{} more files not shown: narrow the pattern or the path]\n",
+            total - LIST_MAX
+        ));
     }
     Outcome::ok(out)
 }
@@ -171,16 +535,23 @@ mod tests {
         let (_t, w) = ws();
         std::fs::write(w.root().join("f.txt"), "one\ntwo\nthree\nfour\n").unwrap();
         assert_eq!(
-            read(&w, read_args("f.txt", None, None)),
-            Outcome::ok("one\ntwo\nthree\nfour\n")
+            read(&w, &Seen::default(), read_args("f.txt", None, None)),
+            Outcome::ok("     1\tone\n     2\ttwo\n     3\tthree\n     4\tfour\n")
         );
-        let r = read(&w, read_args("f.txt", Some(2), Some(2)));
+        let r = read(&w, &Seen::default(), read_args("f.txt", Some(2), Some(2)));
         assert!(r.ok);
-        assert_eq!(r.output, "two\nthree\n\n[more lines follow: continue with offset=4]");
-        assert!(!read(&w, read_args("f.txt", Some(9), None)).ok);
-        assert!(!read(&w, read_args("missing", None, None)).ok);
+        assert_eq!(
+            r.output,
+            "     2\ttwo\n     3\tthree\n[lines 2-3 shown; more follow: read on with offset=4]\n"
+        );
+        assert!(!read(&w, &Seen::default(), read_args("f.txt", Some(9), None)).ok);
+        assert!(!read(&w, &Seen::default(), read_args("missing", None, None)).ok);
         std::fs::write(w.root().join("bin"), b"a\0b").unwrap();
-        assert!(read(&w, read_args("bin", None, None)).output.contains("binary"));
+        assert!(
+            read(&w, &Seen::default(), read_args("bin", None, None))
+                .output
+                .contains("binary")
+        );
     }
 
     #[test]
@@ -188,6 +559,7 @@ mod tests {
         let (_t, w) = ws();
         let r = write(
             &w,
+            &Seen::default(),
             WriteArgs {
                 path: "a/b/c.txt".into(),
                 content: "hi".into(),
@@ -205,19 +577,22 @@ mod tests {
             path: "f".into(),
             old_string: old.into(),
             new_string: new.into(),
+            replace_all: false,
         };
-        let missing = edit(&w, e("delta", "x"));
+        let seen = Seen::default();
+        let edit = |a| edit(&w, &seen, a);
+        let missing = edit(e("delta", "x"));
         assert!(!missing.ok && missing.output.contains("not found"), "{missing:?}");
-        let ambiguous = edit(&w, e("alpha", "x"));
+        let ambiguous = edit(e("alpha", "x"));
         assert!(
-            !ambiguous.ok && ambiguous.output.contains("occurs 2 times"),
+            !ambiguous.ok && ambiguous.output.contains("occurs 2 times (at lines 1, 1)"),
             "{ambiguous:?}"
         );
         assert_eq!(
             std::fs::read_to_string(w.root().join("f")).unwrap(),
             "alpha beta alpha gamma"
         );
-        assert!(edit(&w, e("beta", "BETA")).ok);
+        assert!(edit(e("beta", "BETA")).ok);
         assert_eq!(
             std::fs::read_to_string(w.root().join("f")).unwrap(),
             "alpha BETA alpha gamma"
@@ -230,7 +605,13 @@ mod tests {
         std::fs::create_dir(w.root().join(".git")).unwrap();
         std::fs::create_dir(w.root().join("src")).unwrap();
         std::fs::write(w.root().join("x"), "abc").unwrap();
-        let r = list(&w, ListArgs { path: None });
+        let r = list(
+            &w,
+            ListArgs {
+                path: None,
+                depth: None,
+            },
+        );
         assert_eq!(r.output, "src/\nx\t3 bytes\n");
     }
 }

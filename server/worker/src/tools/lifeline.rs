@@ -12,9 +12,10 @@
 use std::io::{PipeReader, PipeWriter};
 use std::sync::OnceLock;
 
-/// [`reader`] given as standard input; runs `sh -c "$1"` with no input.
+/// [`reader`] given as standard input; runs `"$2" -c "$1"` (the shell `$2` on the command
+/// `$1`) with no input.
 pub(crate) const GUARD_ON_STDIN: &str =
-    r#"exec 3<&0 </dev/null; (read -r x <&3; kill -9 0) >/dev/null 2>&1 & exec sh -c "$1" 3<&-"#;
+    r#"exec 3<&0 </dev/null; (read -r x <&3; kill -9 0) >/dev/null 2>&1 & exec "$2" -c "$1" 3<&-"#;
 
 /// [`reader`] given as standard error; runs `"$@"` (a program and its arguments) with
 /// standard input and output as given, and no standard error.

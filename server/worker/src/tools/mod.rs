@@ -7,6 +7,8 @@ mod fs;
 mod lifeline;
 mod marks;
 pub(crate) mod mcp;
+mod patch;
+pub(crate) mod plan;
 mod search;
 pub(crate) mod shell;
 
@@ -24,8 +26,10 @@ pub(crate) const SHELL: &str = "shell";
 pub(crate) const READ_FILE: &str = "read_file";
 pub(crate) const WRITE_FILE: &str = "write_file";
 pub(crate) const EDIT_FILE: &str = "edit_file";
+pub(crate) const APPLY_PATCH: &str = "apply_patch";
 pub(crate) const LIST_DIRECTORY: &str = "list_directory";
 pub(crate) const SEARCH_FILES: &str = "search_files";
+pub(crate) const GLOB: &str = "glob";
 
 /// How a tool call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,17 +74,24 @@ impl Default for ToolLimits {
     }
 }
 
-/// The tools of one workspace.
+/// The tools of one workspace, for one turn.
 #[derive(Clone)]
 pub(crate) struct Tools {
     ws: Arc<Workspace>,
     limits: ToolLimits,
     mcp: Arc<McpConfig>,
+    /// What this turn's model has read and written (stale-write warnings, nested AGENTS.md).
+    seen: Arc<fs::Seen>,
 }
 
 impl Tools {
     pub(crate) fn new(ws: Arc<Workspace>, limits: ToolLimits, mcp: Arc<McpConfig>) -> Tools {
-        Tools { ws, limits, mcp }
+        Tools {
+            ws,
+            limits,
+            mcp,
+            seen: Arc::default(),
+        }
     }
 
     /// This turn's MCP servers (see `mcp.rs`) and the problems with those it goes without.
@@ -97,58 +108,95 @@ impl Tools {
     }
 
     /// The schemas the model sees (OpenAI chat-completions `tools`).
-    pub(crate) fn schemas() -> Vec<Value> {
+    pub(crate) fn schemas(&self) -> Vec<Value> {
         let f = |name: &str, description: &str, parameters: Value| json!({"type": "function", "function": {"name": name, "description": description, "parameters": parameters}});
+        let timeout = self.limits.shell_timeout.as_secs();
         vec![
             f(
                 SHELL,
-                "Run a shell command (sh -c) in the workspace root. Output is stdout and stderr together, then the exit code.",
+                &format!(
+                    "Run a command with {} in the workspace (or in workdir). Output is stdout and stderr together, \
+then the exit code; a long output keeps its beginning and its end (where compiler and test summaries are) with a \
+note of how much was left out between. Prefer read_file, search_files, glob and list_directory to cat, grep, find \
+and ls. Times out after {timeout} s unless timeout_secs asks for less.",
+                    shell::shell_name()
+                ),
                 json!({"type": "object", "properties": {
                     "command": {"type": "string", "description": "The command line."},
-                    "timeout_secs": {"type": "integer", "description": "Give up after this many seconds (capped by the worker)."}
-                }, "required": ["command"]}),
+                    "workdir": {"type": "string", "description": "Directory to run in, relative to the workspace root (default: the root)."},
+                    "timeout_secs": {"type": "integer", "description": format!("Kill the command after this many seconds (default and most: {timeout}).")}
+                }, "required": ["command"], "additionalProperties": false}),
             ),
             f(
                 READ_FILE,
-                "Read a text file of the workspace, optionally a range of lines.",
+                "Read a text file of the workspace as numbered lines (`  12\tline`; the number and tab are not part of the \
+file). Up to 2000 lines or 24 KiB a call; a longer file says where to read on with offset. Lines longer than 2000 \
+characters are cut. Read a file before you edit it.",
                 json!({"type": "object", "properties": {
                     "path": {"type": "string", "description": "Path relative to the workspace root."},
                     "offset": {"type": "integer", "description": "First line to read (1-based, default 1)."},
                     "limit": {"type": "integer", "description": "How many lines to read (default 2000)."}
-                }, "required": ["path"]}),
+                }, "required": ["path"], "additionalProperties": false}),
             ),
             f(
                 WRITE_FILE,
-                "Write a whole file in the workspace (created with its directories, or replaced).",
+                "Write a whole file in the workspace (created with its directories, or replaced). To change part of a \
+file, use edit_file or apply_patch instead.",
                 json!({"type": "object", "properties": {
                     "path": {"type": "string"},
                     "content": {"type": "string"}
-                }, "required": ["path", "content"]}),
+                }, "required": ["path", "content"], "additionalProperties": false}),
             ),
             f(
                 EDIT_FILE,
-                "Replace exactly one occurrence of old_string with new_string in a file. Fails if old_string is missing or occurs more than once.",
+                "Replace old_string with new_string in a file. old_string must match the file exactly (whitespace \
+included; without read_file's line numbers) and occur once, unless replace_all is set. Answers with the changed \
+lines; when old_string is not found it shows the nearest text.",
                 json!({"type": "object", "properties": {
                     "path": {"type": "string"},
-                    "old_string": {"type": "string"},
-                    "new_string": {"type": "string"}
-                }, "required": ["path", "old_string", "new_string"]}),
+                    "old_string": {"type": "string", "description": "The exact text to replace."},
+                    "new_string": {"type": "string", "description": "The text to put in its place (different from old_string)."},
+                    "replace_all": {"type": "boolean", "description": "Replace every occurrence (default false)."}
+                }, "required": ["path", "old_string", "new_string"], "additionalProperties": false}),
+            ),
+            f(
+                APPLY_PATCH,
+                "Add, change, move and delete files in one call. input is a patch:\n\
+*** Begin Patch\n*** Add File: path\n+line\n*** Update File: path\n*** Move to: new/path (optional)\n\
+@@ a line just above the change (optional)\n context line\n-removed line\n+added line\n\
+*** Delete File: path\n*** End Patch\n\
+Give about three lines of context around each change. Nothing is written unless the whole patch applies.",
+                json!({"type": "object", "properties": {
+                    "input": {"type": "string", "description": "The whole patch, from *** Begin Patch to *** End Patch."}
+                }, "required": ["input"], "additionalProperties": false}),
             ),
             f(
                 LIST_DIRECTORY,
-                "List a directory of the workspace (default: the root).",
+                "List a directory of the workspace (default: the root); with depth > 1, a tree that far down \
+(gitignored entries left out). At most 500 entries.",
                 json!({"type": "object", "properties": {
-                    "path": {"type": "string"}
-                }}),
+                    "path": {"type": "string"},
+                    "depth": {"type": "integer", "description": "Levels to show (default 1, at most 6)."}
+                }, "additionalProperties": false}),
+            ),
+            f(
+                GLOB,
+                "Find files by name: paths matching a glob (e.g. **/*.rs, src/**/test_*.py), most recently \
+modified first, gitignored files left out. At most 500.",
+                json!({"type": "object", "properties": {
+                    "pattern": {"type": "string", "description": "A glob, matched against paths relative to path."},
+                    "path": {"type": "string", "description": "Directory to search (default: the root)."}
+                }, "required": ["pattern"], "additionalProperties": false}),
             ),
             f(
                 SEARCH_FILES,
-                "Search the workspace's files for a regular expression (respects .gitignore). Answers path:line:text.",
+                "Search file contents for a regular expression (respects .gitignore; hidden files included, .git \
+not). Answers path:line:text, at most 200 matches.",
                 json!({"type": "object", "properties": {
                     "pattern": {"type": "string", "description": "A regular expression (Rust regex syntax)."},
-                    "path": {"type": "string", "description": "Directory to search (default: the root)."},
+                    "path": {"type": "string", "description": "Directory or file to search (default: the root)."},
                     "glob": {"type": "string", "description": "Only files whose path matches this glob, e.g. *.rs"}
-                }, "required": ["pattern"]}),
+                }, "required": ["pattern"], "additionalProperties": false}),
             ),
         ]
     }
@@ -158,14 +206,16 @@ impl Tools {
     pub(crate) async fn call(&self, name: &str, arguments: &str, cancel: &CancellationToken) -> Outcome {
         match name {
             SHELL => match args::<shell::Args>(arguments) {
-                Ok(a) => shell::run(self.ws.root(), a, &self.limits, cancel).await,
+                Ok(a) => shell::run(&self.ws, a, &self.limits, cancel).await,
                 Err(e) => e,
             },
             READ_FILE => self.blocking(arguments, fs::read).await,
             WRITE_FILE => self.blocking(arguments, fs::write).await,
             EDIT_FILE => self.blocking(arguments, fs::edit).await,
-            LIST_DIRECTORY => self.blocking(arguments, fs::list).await,
-            SEARCH_FILES => self.blocking(arguments, search::search).await,
+            APPLY_PATCH => self.blocking(arguments, patch::run).await,
+            LIST_DIRECTORY => self.blocking(arguments, |ws, _, a| fs::list(ws, a)).await,
+            GLOB => self.blocking(arguments, |ws, _, a| fs::glob(ws, a)).await,
+            SEARCH_FILES => self.blocking(arguments, |ws, _, a| search::search(ws, a)).await,
             other => Outcome::error(format!("unknown tool {other:?}")),
         }
     }
@@ -174,20 +224,23 @@ impl Tools {
     async fn blocking<A, F>(&self, arguments: &str, f: F) -> Outcome
     where
         A: DeserializeOwned + Send + 'static,
-        F: FnOnce(&Workspace, A) -> Outcome + Send + 'static,
+        F: FnOnce(&Workspace, &fs::Seen, A) -> Outcome + Send + 'static,
     {
         let a = match args::<A>(arguments) {
             Ok(a) => a,
             Err(e) => return e,
         };
-        let ws = self.ws.clone();
-        tokio::task::spawn_blocking(move || f(&ws, a))
+        let (ws, seen) = (self.ws.clone(), self.seen.clone());
+        tokio::task::spawn_blocking(move || f(&ws, &seen, a))
             .await
             .unwrap_or_else(|_| Outcome::error("the tool failed unexpectedly"))
     }
 }
 
+/// The call's arguments; a missing, mistyped or unknown field is an error the model reads
+/// (every tool's arguments refuse unknown fields: a misspelt `replace_all` must not be
+/// silently ignored).
 fn args<A: DeserializeOwned>(arguments: &str) -> Result<A, Outcome> {
     let text = if arguments.trim().is_empty() { "{}" } else { arguments };
-    serde_json::from_str(text).map_err(|e| Outcome::error(format!("invalid arguments: {e}")))
+    serde_json::from_str(text).map_err(|e| Outcome::error(format!("invalid arguments: {e}; the call did not run")))
 }

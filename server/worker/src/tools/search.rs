@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 
-use ignore::{WalkBuilder, overrides::OverrideBuilder};
+use ignore::overrides::OverrideBuilder;
 use serde::Deserialize;
 
 use super::Outcome;
@@ -17,6 +17,7 @@ const LINE_SHOWN: usize = 300;
 const FILE_MAX: u64 = 8 << 20;
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct Args {
     pattern: String,
     #[serde(default)]
@@ -31,14 +32,24 @@ pub(super) fn search(ws: &Workspace, a: Args) -> Outcome {
         Err(e) => return Outcome::error(format!("invalid pattern: {e}")),
     };
     let base = a.path.as_deref().unwrap_or(".");
+    // One file named: search it alone (its path, as given, names it in the answer).
+    if let Ok(file) = ws.open_file(base)
+        && file.metadata().is_ok_and(|m| m.is_file())
+    {
+        let mut out = String::new();
+        search_file(file, base, &re, &mut out, &mut 0);
+        if out.is_empty() {
+            out.push_str("no matches\n");
+        }
+        return Outcome::ok(out);
+    }
     let start = match ws.dir_path(base) {
         Ok(p) => p,
         Err(e) => return Outcome::error(e.0),
     };
-    let mut walk = WalkBuilder::new(&start);
-    walk.follow_links(false)
-        .require_git(false)
-        .sort_by_file_name(|a, b| a.cmp(b));
+    // Hidden files and directories are searched (`.github/`, `.env.example`), `.git` and
+    // Berth's own state never; `.gitignore` is respected.
+    let mut walk = super::fs::walker(&start);
     if let Some(glob) = &a.glob {
         let mut o = OverrideBuilder::new(&start);
         let built = o.add(glob).and_then(|o| o.build());
@@ -51,7 +62,7 @@ pub(super) fn search(ws: &Workspace, a: Args) -> Outcome {
     }
     let mut out = String::new();
     let mut count = 0usize;
-    'walk: for entry in walk.build() {
+    for entry in walk.build() {
         let Ok(entry) = entry else { continue };
         if !entry.file_type().is_some_and(|t| t.is_file()) {
             continue;
@@ -61,39 +72,49 @@ pub(super) fn search(ws: &Workspace, a: Args) -> Outcome {
         };
         let rel = rel.to_string_lossy().into_owned();
         let Ok(file) = ws.open_file(&rel) else { continue };
-        if file.metadata().map(|m| m.len()).unwrap_or(u64::MAX) > FILE_MAX {
-            continue;
-        }
-        let mut reader = BufReader::new(file.take(FILE_MAX));
-        let mut line = Vec::new();
-        let mut n = 0usize;
-        loop {
-            line.clear();
-            match reader.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-            n += 1;
-            if line.contains(&0) {
-                break; // binary
-            }
-            let text = String::from_utf8_lossy(&line);
-            let text = text.trim_end_matches(['\n', '\r']);
-            if re.is_match(text) {
-                let shown = berth_protocol::text::prefix(text, LINE_SHOWN);
-                out.push_str(&format!("{rel}:{n}:{shown}\n"));
-                count += 1;
-                if count >= MATCHES_MAX {
-                    out.push_str(&format!("[stopped after {MATCHES_MAX} matches]\n"));
-                    break 'walk;
-                }
-            }
+        if search_file(file, &rel, &re, &mut out, &mut count) {
+            break;
         }
     }
     if count == 0 {
         out.push_str("no matches\n");
     }
     Outcome::ok(out)
+}
+
+/// Search one file (named `rel` in the answer) for `re`, appending `path:line:text` lines to
+/// `out`; true once `count` reaches the most matches shown (the note is written then).
+fn search_file(file: std::fs::File, rel: &str, re: &regex::Regex, out: &mut String, count: &mut usize) -> bool {
+    if file.metadata().map(|m| m.len()).unwrap_or(u64::MAX) > FILE_MAX {
+        return false;
+    }
+    let mut reader = BufReader::new(file.take(FILE_MAX));
+    let mut line = Vec::new();
+    let mut n = 0usize;
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return false,
+            Ok(_) => {}
+        }
+        n += 1;
+        if line.contains(&0) {
+            return false; // binary
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches(['\n', '\r']);
+        if re.is_match(text) {
+            let shown = berth_protocol::text::prefix(text, LINE_SHOWN);
+            out.push_str(&format!("{rel}:{n}:{shown}\n"));
+            *count += 1;
+            if *count >= MATCHES_MAX {
+                out.push_str(&format!(
+                    "[stopped after {MATCHES_MAX} matches: narrow the pattern, path or glob]\n"
+                ));
+                return true;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,9 @@
-//! `shell`: `sh -c COMMAND` in the workspace root, in its own process group, with Berth's
-//! secrets stripped from its environment. On stop or timeout the whole group is killed
+//! `shell`: `bash -c COMMAND` (`sh` where there is no bash) in the workspace root or a
+//! directory of it, in its own process group, with Berth's secrets stripped from its
+//! environment. Its output is kept whole up to a bound (`BERTH_WORKER_SHELL_OUTPUT_MAX`, in
+//! history); past it, its beginning and its end (where compiler and test summaries are),
+//! with one note of what was left out between. The model is shown such an output's head and
+//! tail in the same way (`model::messages::cap_output`), with one note. On stop or timeout the whole group is killed
 //! (SIGTERM, then SIGKILL after a short grace, so children that ignore SIGTERM die too);
 //! when the command exits, whatever it left running in its group is killed as well; the
 //! grace ends early once nothing of it runs. A process that left the group (`setsid`, a
@@ -22,7 +26,7 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Outcome, ToolLimits,
+    Outcome, ToolLimits, Workspace,
     marks::{self, SCAN_LIMIT, group_runs, kill_all, runs, scan},
 };
 
@@ -32,10 +36,29 @@ const GRACE: Duration = Duration::from_millis(500);
 const GRACE_POLL: Duration = Duration::from_millis(10);
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Args {
     command: String,
     #[serde(default)]
+    workdir: Option<String>,
+    #[serde(default)]
     timeout_secs: Option<u64>,
+}
+
+/// The shell commands run with: bash where the machine has it (`[[`, brace expansion,
+/// `pipefail`, which models expect), else `sh`.
+pub(crate) fn shell_name() -> &'static str {
+    shell_path().rsplit('/').next().unwrap_or("sh")
+}
+
+fn shell_path() -> &'static str {
+    static SHELL: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    SHELL.get_or_init(|| {
+        ["/bin/bash", "/usr/bin/bash", "/usr/local/bin/bash"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap_or("sh")
+    })
 }
 
 /// Environment variables a command never sees: the worker's credential and anything else
@@ -107,8 +130,15 @@ impl Drop for Group {
     }
 }
 
-pub(crate) async fn run(root: &Path, a: Args, limits: &ToolLimits, cancel: &CancellationToken) -> Outcome {
-    run_guarded(root, a, limits, cancel, super::lifeline::reader()).await
+pub(crate) async fn run(ws: &Workspace, a: Args, limits: &ToolLimits, cancel: &CancellationToken) -> Outcome {
+    let dir = match &a.workdir {
+        Some(w) => match ws.dir_path(w) {
+            Ok(d) => d,
+            Err(e) => return Outcome::error(format!("workdir {}; the command did not run", e.0)),
+        },
+        None => ws.root().to_path_buf(),
+    };
+    run_guarded(&dir, a, limits, cancel, super::lifeline::reader()).await
 }
 
 /// [`run`], the command's guard reading `lifeline` (None: no guard).
@@ -133,12 +163,19 @@ async fn run_guarded(
         Ok(w) => w,
         Err(e) => return Outcome::error(format!("could not start the command: {e}")),
     };
-    let mut cmd = tokio::process::Command::new("sh");
-    match lifeline {
-        Some(guarded) => cmd
-            .args(["-c", super::lifeline::GUARD_ON_STDIN, "sh", &a.command])
-            .stdin(guarded),
-        None => cmd.arg("-c").arg(&a.command).stdin(Stdio::null()),
+    let shell = shell_path();
+    let mut cmd = match lifeline {
+        Some(guarded) => {
+            let mut cmd = tokio::process::Command::new("sh");
+            cmd.args(["-c", super::lifeline::GUARD_ON_STDIN, "sh", &a.command, shell])
+                .stdin(guarded);
+            cmd
+        }
+        None => {
+            let mut cmd = tokio::process::Command::new(shell);
+            cmd.arg("-c").arg(&a.command).stdin(Stdio::null());
+            cmd
+        }
     };
     cmd.current_dir(root)
         .stdout(writer)
@@ -182,13 +219,10 @@ async fn run_guarded(
         Some(s) => s.ok(),
         None => child.wait().await.ok(),
     };
-    let (mut text, dropped) = match tokio::time::timeout(Duration::from_secs(2), output).await {
+    let mut text = match tokio::time::timeout(Duration::from_secs(2), output).await {
         Ok(Ok(r)) => r,
-        _ => (String::new(), 0),
+        _ => String::new(),
     };
-    if dropped > 0 {
-        text.push_str(&format!("\n[… {dropped} more bytes of output not kept]"));
-    }
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
@@ -215,23 +249,54 @@ async fn run_guarded(
     }
 }
 
-/// Read the pipe to its end, keeping the first `max` bytes and counting the rest.
-fn collect(mut reader: std::io::PipeReader, max: usize) -> (String, u64) {
-    let mut kept = Vec::new();
-    let mut dropped = 0u64;
+/// Read the pipe to its end: the whole output when it is at most `max` bytes, else its
+/// first quarter and its last three quarters around one note of what was left out.
+fn collect(mut reader: std::io::PipeReader, max: usize) -> String {
+    let head_max = max / 4;
+    let tail_max = max - head_max;
+    let mut head = Vec::new();
+    let mut tail = std::collections::VecDeque::new();
+    let mut total = 0u64;
     let mut buf = [0u8; 16 << 10];
     loop {
         match reader.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                let room = max.saturating_sub(kept.len()).min(n);
-                kept.extend_from_slice(&buf[..room]);
-                dropped += (n - room) as u64;
+                total += n as u64;
+                let room = head_max.saturating_sub(head.len()).min(n);
+                head.extend_from_slice(&buf[..room]);
+                tail.extend(&buf[room..n]);
+                let over = tail.len().saturating_sub(tail_max);
+                tail.drain(..over);
             }
         }
     }
-    let text = String::from_utf8_lossy(&kept).into_owned();
-    (text, dropped)
+    let tail: Vec<u8> = tail.into();
+    let omitted = total - (head.len() + tail.len()) as u64;
+    if omitted == 0 {
+        head.extend_from_slice(&tail);
+        return String::from_utf8_lossy(&head).into_owned();
+    }
+    // Cut on line ends where there is one near, so neither side starts mid-line.
+    const NEAR: usize = 1024;
+    let head_end = head
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map(|i| i + 1)
+        .filter(|&e| head.len() - e <= NEAR)
+        .unwrap_or(head.len());
+    let tail_start = tail
+        .iter()
+        .position(|b| *b == b'\n')
+        .map(|i| i + 1)
+        .filter(|&s| s <= NEAR)
+        .unwrap_or(0);
+    let omitted = omitted + (head.len() - head_end + tail_start) as u64;
+    format!(
+        "{}[… {omitted} bytes of output left out here; {total} bytes in all …]\n{}",
+        String::from_utf8_lossy(&head[..head_end]),
+        String::from_utf8_lossy(&tail[tail_start..])
+    )
 }
 
 #[cfg(test)]
@@ -241,8 +306,13 @@ mod tests {
     fn args(command: &str, timeout_secs: Option<u64>) -> Args {
         Args {
             command: command.into(),
+            workdir: None,
             timeout_secs,
         }
+    }
+
+    fn ws(root: &Path) -> Workspace {
+        Workspace::open(root).unwrap()
     }
 
     #[tokio::test]
@@ -250,7 +320,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let limits = ToolLimits::default();
         let r = run(
-            t.path(),
+            &ws(t.path()),
             args("pwd; echo err >&2; env | grep -c '^BERTH_' ; exit 3", None),
             &limits,
             &CancellationToken::new(),
@@ -341,7 +411,7 @@ mod tests {
             ..ToolLimits::default()
         };
         let r = run(
-            t.path(),
+            &ws(t.path()),
             args("yes x | head -c 1000", None),
             &limits,
             &CancellationToken::new(),
@@ -349,10 +419,59 @@ mod tests {
         .await;
         assert!(r.ok);
         assert!(
-            r.output.contains("[… 900 more bytes of output not kept]"),
+            r.output.contains("bytes of output left out here; 1000 bytes in all …]"),
             "{}",
             r.output
         );
+        assert!(
+            r.output.starts_with("x\n") && r.output.ends_with("x\n[exit code 0]"),
+            "{}",
+            r.output
+        );
+    }
+
+    /// A long output keeps its end (the summary) as well as its beginning, with one note;
+    /// commands run in bash where there is one, and in the workdir asked for.
+    #[tokio::test]
+    async fn the_end_of_a_long_output_is_kept_and_commands_run_in_bash_in_their_workdir() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("sub")).unwrap();
+        let w = ws(t.path());
+        let limits = ToolLimits::default();
+        let script = "echo FIRST; for i in $(seq 1 20000); do echo line $i; done; echo 'test result: SUMMARY'";
+        let r = run(&w, args(script, None), &limits, &CancellationToken::new()).await;
+        assert!(r.ok);
+        assert!(r.output.starts_with("FIRST\nline 1\n"), "{}", &r.output[..100]);
+        assert!(
+            r.output.ends_with("test result: SUMMARY\n[exit code 0]"),
+            "{}",
+            r.output
+        );
+        let shown = crate::model::messages::cap_output(&r.output);
+        assert_eq!(shown.matches("left out here").count(), 1, "{shown}");
+        assert!(shown.starts_with("FIRST\n") && shown.ends_with("test result: SUMMARY\n[exit code 0]"));
+        if shell_name() == "bash" {
+            let r = run(
+                &w,
+                args("set -o pipefail; [[ 1 == 1 ]] && echo {a,b}", None),
+                &limits,
+                &CancellationToken::new(),
+            )
+            .await;
+            assert_eq!(r.output, "a b\n[exit code 0]");
+        }
+        let mut a = args("pwd", None);
+        a.workdir = Some("sub".into());
+        let r = run(&w, a, &limits, &CancellationToken::new()).await;
+        assert!(
+            r.output.starts_with(&format!("{}/sub\n", w.root().display())),
+            "{}",
+            r.output
+        );
+        let mut a = args("pwd", None);
+        a.workdir = Some("../..".into());
+        let r = run(&w, a, &limits, &CancellationToken::new()).await;
+        assert!(!r.ok && r.output.contains("outside the workspace"), "{}", r.output);
     }
 
     /// A process that left the command's group (`setsid`: a session and group of its own)
@@ -369,7 +488,7 @@ mod tests {
             p = pid_file.display()
         );
         let r = run(
-            t.path(),
+            &ws(t.path()),
             args(&script, None),
             &ToolLimits::default(),
             &CancellationToken::new(),
@@ -397,7 +516,13 @@ mod tests {
             "trap '' TERM; (trap '' TERM; sleep 600) & echo $! > {p}; echo $$ >> {p}; wait",
             p = pids.display()
         );
-        let r = run(t.path(), args(&script, Some(1)), &limits, &CancellationToken::new()).await;
+        let r = run(
+            &ws(t.path()),
+            args(&script, Some(1)),
+            &limits,
+            &CancellationToken::new(),
+        )
+        .await;
         assert!(!r.ok);
         assert!(r.output.contains("timed out"), "{}", r.output);
         let read_pids = || -> Vec<i32> {
@@ -416,7 +541,7 @@ mod tests {
         let cancel = CancellationToken::new();
         let task = {
             let (root, cancel) = (t.path().to_path_buf(), cancel.clone());
-            tokio::spawn(async move { run(&root, args(&script, None), &ToolLimits::default(), &cancel).await })
+            tokio::spawn(async move { run(&ws(&root), args(&script, None), &ToolLimits::default(), &cancel).await })
         };
         while std::fs::read_to_string(&pids).map(|s| s.lines().count()).unwrap_or(0) < 2 {
             tokio::time::sleep(Duration::from_millis(20)).await;
