@@ -592,6 +592,7 @@ export type GitChange = ("added" | "modified" | "deleted" | "type-changed" | "un
 export type GitDiff = ({
   "kind": "text";
   "patch": string;
+  "truncated"?: (Truncation | null);
 } | {
   "kind": "binary";
 } | {

@@ -10,7 +10,7 @@ use std::{
 };
 
 use base64::Engine;
-use berth_e2e::{Client, MockProvider, Stack, client::code};
+use berth_e2e::{Client, MockProvider, Part, Reply, Stack, client::code};
 use serde_json::{Value, json};
 
 fn b64(bytes: &[u8]) -> String {
@@ -915,4 +915,82 @@ async fn workspaces_are_renamed_completed_and_removed() {
         .await
         .unwrap_err();
     assert_eq!(code(&e), "not-found");
+}
+
+/// Issue 49: `git.diff` is bounded — a side past the file bound is refused as `too-large`
+/// without being read, a long diff is cut at a line end and marked — so an observation never
+/// closes the worker's connection, and a turn running on the workspace meanwhile goes on. A
+/// mode change alone and an empty new file are diffs as git prints them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_huge_diff_is_bounded_and_the_running_turn_goes_on() {
+    use std::os::unix::fs::PermissionsExt;
+    let Setup {
+        _mock: mock,
+        stack,
+        mut client,
+        sid,
+        dir,
+    } = setup().await;
+    git(&dir, &["init", "-q", "-b", "main"]);
+    write(&dir, "huge.txt", "a line of a huge file\n".repeat(1 << 20));
+    write(&dir, "big.txt", "a line of a big file\n".repeat(100_000));
+    mock.push(Reply::StreamThenHang(vec![Part::Text("working".into())]));
+    let mut worker_side = stack.client(0).await;
+    let turn_sid = stack.session(&mut worker_side).await;
+    let mut watch = worker_side.subscribe("session.watch", json!({"sessionId": turn_sid, "after": 0}));
+    let sent = worker_side
+        .ok("session.send", json!({"sessionId": turn_sid, "prompt": "work"}))
+        .await;
+    watch
+        .until(30, |i| i["type"] == "model.delta")
+        .await
+        .expect("the turn streams");
+
+    let d = diff(&mut client, &sid, b"huge.txt", "untracked").await;
+    assert_eq!(d, json!({"kind": "unsupported", "reason": "too-large"}));
+    let d = diff(&mut client, &sid, b"big.txt", "untracked").await;
+    assert_eq!(d["kind"], "text");
+    let patch = d["patch"].as_str().unwrap();
+    let t = &d["truncated"];
+    assert_eq!(t["truncated"], true);
+    assert_eq!(t["returned"].as_u64().unwrap(), patch.len() as u64);
+    assert!(
+        patch.len() <= 1 << 20 && t["bytes"].as_u64().unwrap() > 2_000_000,
+        "{t}"
+    );
+    assert!(
+        patch.starts_with("diff --git a/big.txt b/big.txt\nnew file mode 100644\n--- /dev/null\n+++ b/big.txt\n")
+            && patch.ends_with("big file\n"),
+        "{}",
+        &patch[..200]
+    );
+
+    // A mode change alone, and an empty new file, as git prints them (no hunk).
+    write(&dir, "run.sh", "echo hi\n");
+    git(&dir, &["add", "run.sh"]);
+    std::fs::set_permissions(dir.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = diff(&mut client, &sid, b"run.sh", "worktree").await;
+    let ours = d["patch"].as_str().unwrap().to_string();
+    let cli = String::from_utf8(git(&dir, &["diff", "--", "run.sh"])).unwrap();
+    assert_eq!(ours, cli, "{d}");
+    assert_eq!(ours, "diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n");
+    write(&dir, "empty.txt", "");
+    let d = diff(&mut client, &sid, b"empty.txt", "untracked").await;
+    assert_eq!(
+        d["patch"], "diff --git a/empty.txt b/empty.txt\nnew file mode 100644\n",
+        "{d}"
+    );
+    assert!(client.ok("git.status", json!({"sessionId": sid})).await.is_object());
+
+    // The worker kept its connection: the turn still runs, and stops as asked (not lost).
+    let snap = worker_side.ok("session.get", json!({"sessionId": turn_sid})).await;
+    assert_eq!(snap["running"], sent["turnId"], "{snap}");
+    worker_side
+        .ok("session.stop", json!({"sessionId": turn_sid, "turnId": sent["turnId"]}))
+        .await;
+    let ended = watch
+        .until(30, |i| i["type"] == "turn.ended")
+        .await
+        .expect("the turn ends");
+    assert_eq!(ended.last().unwrap()["state"], "cancelled", "{:?}", ended.last());
 }

@@ -99,17 +99,27 @@ pub struct GitDiffParams {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum GitDiff {
-    /// A unified diff (`--- a/…`, `+++ b/…`, hunks with 3 lines of context).
+    /// A unified diff (`--- a/…`, `+++ b/…`, hunks with 3 lines of context). A diff longer
+    /// than [`GIT_DIFF_MAX`] is cut at a line end and says so in `truncated` (`returned` of
+    /// its `bytes` are in `patch`).
     Text {
         patch: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        truncated: Option<crate::Truncation>,
     },
     Binary,
     Unchanged,
-    /// This path cannot be compared (e.g. `submodule`, `not-utf8`).
+    /// This path cannot be compared (`submodule`, `not-utf8`, `too-large`: a side larger
+    /// than [`GIT_DIFF_FILE_MAX`]).
     Unsupported {
         reason: String,
     },
 }
+
+/// The largest file `git.diff` compares (either side), in bytes.
+pub const GIT_DIFF_FILE_MAX: u64 = 8 << 20;
+/// The longest diff `git.diff` answers, in bytes (a longer one is cut, marked `truncated`).
+pub const GIT_DIFF_MAX: usize = 1 << 20;
 
 /// `files.list` parameters.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -45,6 +45,12 @@ pub const TURN_CHILD_STOP: &str = "turn.childStop";
 pub const TURN_COMPACT: &str = "turn.compact";
 pub const TURN_SKILL: &str = "turn.skill";
 pub const TURN_NOTICE: &str = "turn.notice";
+/// The largest answer a worker sends for a `call`: a larger one goes out as
+/// `payload-too-large {limit: "answer", max}` instead, so that no observation (a status of a
+/// huge dirty tree, say) is ever a message the API tier refuses — which would close the
+/// connection that carries the worker's turns (`BERTH_MAX_TEXT_MESSAGE`, 8 MiB by default).
+pub const CALL_ANSWER_MAX: usize = 4 << 20;
+
 /// Worker → server: the turn's plan as its model set it ([`TurnPlan`]).
 pub const TURN_PLAN: &str = "turn.plan";
 pub const CALL: &str = "call";

@@ -20,7 +20,8 @@ use std::{
 };
 
 use berth_protocol::{
-    ErrorCode, GitArea, GitChange, GitDiff, GitEntry, GitHead, GitStatus, RpcError, worker::PatchCaptured,
+    ErrorCode, GIT_DIFF_FILE_MAX, GIT_DIFF_MAX, GitArea, GitChange, GitDiff, GitEntry, GitHead, GitStatus, RpcError,
+    worker::PatchCaptured,
 };
 use gix::{ObjectId, bstr::ByteSlice, index::entry::Mode, objs::tree::EntryKind};
 use ignore::{
@@ -375,6 +376,17 @@ fn index_stat(st: &rustix::fs::Stat) -> gix::index::entry::Stat {
     }
 }
 
+/// The kind of entry git would record for a file of mode `st_mode` (a regular file with any
+/// execute bit is executable, as git decides with `core.fileMode`).
+fn stat_kind(st_mode: u32) -> EntryKind {
+    match FileType::from_raw_mode(st_mode) {
+        FileType::Symlink => EntryKind::Link,
+        FileType::Directory => EntryKind::Commit,
+        _ if st_mode & 0o111 != 0 => EntryKind::BlobExecutable,
+        _ => EntryKind::Blob,
+    }
+}
+
 /// The directory `parent` beneath `root`, reached without any symlink (None when a
 /// symlink or nothing is on the way). Kernels without `openat2` resolve it as `openat` does.
 fn open_parent(root: &OwnedFd, parent: &[u8]) -> Option<OwnedFd> {
@@ -416,7 +428,13 @@ fn stat_suspects(root: &OwnedFd, index: &Index, entries: &[(&[u8], usize)]) -> V
                 }
             }
         };
-        let clean = st.is_ok_and(|st| e.stat.matches(&index_stat(&st), options) && !e.stat.is_racy(timestamp, options));
+        // The mode too: a `chmod +x` within the second of the index write keeps every time
+        // git compares.
+        let clean = st.is_ok_and(|st| {
+            e.stat.matches(&index_stat(&st), options)
+                && !e.stat.is_racy(timestamp, options)
+                && index_kind(e.mode) == Some(stat_kind(st.st_mode))
+        });
         if !clean {
             out.push(i);
         }
@@ -703,16 +721,31 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
         Some(e) => Some((e.id, index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?)),
         None => None,
     };
+    // A side past the bound is not read at all (a 20 MB file is not diffed, whatever its
+    // answer would be).
+    let too_large = || {
+        Ok(GitDiff::Unsupported {
+            reason: "too-large".into(),
+        })
+    };
+    let blob_size = |id: ObjectId| -> Result<u64, RpcError> { Ok(repo.find_header(id).map_err(broken)?.size()) };
+    let file_size = || {
+        ws.lstat(Path::new(OsStr::from_bytes(path)))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    };
     let read_file = || -> Result<Option<(Vec<u8>, EntryKind)>, RpcError> { worktree_blob(&ws, path).map_err(broken) };
     let (old, new): (Side, Side) = match area {
         GitArea::Staged => {
             let (_, tree) = head_tree(&repo)?;
             let old = match tree.get(path) {
                 Some(item) if item.kind == EntryKind::Commit => return Ok(submodule()),
+                Some(item) if blob_size(item.id)? > GIT_DIFF_FILE_MAX => return too_large(),
                 Some(item) => Some((blob(item.id)?, item.kind)),
                 None => None,
             };
             let new = match indexed {
+                Some((id, _)) if blob_size(id)? > GIT_DIFF_FILE_MAX => return too_large(),
                 Some((id, kind)) => Some((blob(id)?, kind)),
                 None => None,
             };
@@ -722,16 +755,23 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
             let Some((id, kind)) = indexed else {
                 return Ok(GitDiff::Unchanged);
             };
+            if blob_size(id)? > GIT_DIFF_FILE_MAX || file_size() > GIT_DIFF_FILE_MAX {
+                return too_large();
+            }
             (Some((blob(id)?, kind)), read_file()?)
         }
         GitArea::Untracked => {
             if indexed.is_some() {
                 return Ok(GitDiff::Unchanged);
             }
+            if file_size() > GIT_DIFF_FILE_MAX {
+                return too_large();
+            }
             (None, read_file()?)
         }
     };
-    if old.as_ref().map(|o| &o.0) == new.as_ref().map(|n| &n.0) {
+    // Unchanged only when the content and the mode are (a `chmod +x` is a change).
+    if old == new {
         return Ok(GitDiff::Unchanged);
     }
     let (before, after) = (
@@ -742,26 +782,38 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     if binary(before) || binary(after) {
         return Ok(GitDiff::Binary);
     }
-    let (Ok(b), Ok(a)) = (
-        std::str::from_utf8(before.unwrap_or_default()),
-        std::str::from_utf8(after.unwrap_or_default()),
-    ) else {
+    if std::str::from_utf8(before.unwrap_or_default()).is_err()
+        || std::str::from_utf8(after.unwrap_or_default()).is_err()
+    {
         return Ok(GitDiff::Unsupported {
             reason: "not-utf8".into(),
         });
-    };
-    let name = String::from_utf8_lossy(path);
+    }
+    // As git prints it: `diff --git`, mode lines (a mode change alone, or an empty file
+    // added, has no hunk), the quoted names, the hunks.
     let mut patch = String::new();
-    patch.push_str(&match before {
-        Some(_) => format!("--- a/{name}\n"),
-        None => "--- /dev/null\n".into(),
-    });
-    patch.push_str(&match after {
-        Some(_) => format!("+++ b/{name}\n"),
-        None => "+++ /dev/null\n".into(),
-    });
-    patch.push_str(&hunks(b, a));
-    Ok(GitDiff::Text { patch })
+    file_patch(&mut patch, path, old, new);
+    Ok(bounded(patch))
+}
+
+/// A text diff within [`GIT_DIFF_MAX`]: a longer one cut at its last line end within the
+/// bound, and marked.
+fn bounded(mut patch: String) -> GitDiff {
+    if patch.len() <= GIT_DIFF_MAX {
+        return GitDiff::Text { patch, truncated: None };
+    }
+    let bytes = patch.len() as u64;
+    let cut = berth_protocol::text::prefix(&patch, GIT_DIFF_MAX);
+    let end = cut.rfind('\n').map_or(cut.len(), |i| i + 1);
+    patch.truncate(end);
+    GitDiff::Text {
+        truncated: Some(berth_protocol::Truncation {
+            truncated: true,
+            bytes,
+            returned: patch.len() as u64,
+        }),
+        patch,
+    }
 }
 
 /// `patch.snapshot`: every change of the workspace against HEAD — the paths `status`
@@ -1132,7 +1184,7 @@ mod tests {
             .collect();
         assert_eq!(untracked, cli_untracked(root));
         let worktree_diff = super::diff(root, b"dir/a", GitArea::Worktree).unwrap();
-        let GitDiff::Text { patch: text } = &worktree_diff else {
+        let GitDiff::Text { patch: text, .. } = &worktree_diff else {
             panic!("{worktree_diff:?}")
         };
         assert!(text.contains("+++ /dev/null") && !text.contains("SECRET"), "{text}");

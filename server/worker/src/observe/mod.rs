@@ -130,9 +130,21 @@ impl Observer {
         };
         let link = self.link.clone();
         tokio::spawn(async move {
-            if let Ok(text) = serde_json::to_string(&resp) {
-                let _ = link.out.send(Message::Text(text.into())).await;
+            let Ok(mut text) = serde_json::to_string(&resp) else {
+                return;
+            };
+            if text.len() > wp::CALL_ANSWER_MAX {
+                tracing::warn!(
+                    call.id = id,
+                    bytes = text.len(),
+                    "a call's answer is too large to send; refused instead"
+                );
+                let refused = failure(ErrorCode::PayloadTooLarge, "limit", "answer");
+                let refused = Response::err(Some(id), refused);
+                let Ok(t) = serde_json::to_string(&refused) else { return };
+                text = t;
             }
+            let _ = link.out.send(Message::Text(text.into())).await;
         });
     }
 }
