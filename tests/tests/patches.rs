@@ -8,7 +8,7 @@ use std::{
     process::Command,
 };
 
-use berth_e2e::{Client, MockProvider, Reply, Stack, TestServer, client::code};
+use berth_e2e::{Client, MockProvider, Part, Reply, Stack, TestServer, client::code};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -439,4 +439,40 @@ async fn the_sweep_removes_unrecorded_patch_blobs_and_keeps_recorded_ones() {
     assert!(kept.is_file(), "a recorded patch stays");
     let page = c.ok("patch.read", json!({"patchId": snap["patchId"]})).await;
     assert!(page["text"].as_str().expect("text").contains("+a\n"));
+}
+
+/// Issue 49: a snapshot waits for every writer of the workspace: while a turn of another
+/// session runs there, `patch.snapshot` is `turn-busy`; once it has ended, the capture goes
+/// through.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_is_refused_while_any_session_writes_to_the_workspace() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let dir = stack.workspace_dir.clone();
+    git(&dir, &["init", "-q", "-b", "main"]);
+    write(&dir, "a.txt", "a\n");
+    let quiet = stack.session(&mut c).await;
+    let busy = stack.session(&mut c).await;
+    mock.push(Reply::StreamThenHang(vec![Part::Text("writing".into())]));
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": busy, "after": 0}));
+    let sent = c
+        .ok("session.send", json!({"sessionId": busy, "prompt": "write"}))
+        .await;
+    watch
+        .until(30, |i| i["type"] == "model.delta")
+        .await
+        .expect("the other session's turn runs");
+    let e = c
+        .call("patch.snapshot", json!({"sessionId": quiet, "operationId": "q-1"}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "turn-busy");
+    c.ok("session.stop", json!({"sessionId": busy, "turnId": sent["turnId"]}))
+        .await;
+    watch.until(30, |i| i["type"] == "turn.ended").await.expect("it ends");
+    let snap = c
+        .ok("patch.snapshot", json!({"sessionId": quiet, "operationId": "q-2"}))
+        .await;
+    assert_eq!(snap["files"], 1, "{snap}");
 }

@@ -8,7 +8,7 @@
 //! - The process marks itself non-dumpable (`PR_SET_DUMPABLE` 0): its `/proc/<pid>/environ`
 //!   and memory are then closed to other processes of its user (not to root with
 //!   `CAP_SYS_PTRACE`: run tools as another user for that, docs/deploy.md).
-//! - Secrets leave the environment itself: when any is there at start, the process runs
+//! - Secrets leave the environment itself ([`is_secret`]): when any is there at start, the process runs
 //!   itself again (`exec`, same pid) without them, handing them over through a pipe on its
 //!   standard input, so `/proc/<pid>/environ` (the environment it was started with) no
 //!   longer holds them. [`Sealed`] is what came through; settings read it as the environment.
@@ -55,7 +55,7 @@ pub fn seal(runs_tools: bool) -> anyhow::Result<Sealed> {
     }
     let secrets: Vec<(String, String)> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| berth_worker::is_secret_env(k))
+        .filter(|(k, _)| is_secret(k))
         .collect();
     let bytes: usize = secrets.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
     if secrets.is_empty() || bytes > MAX_BYTES {
@@ -84,6 +84,18 @@ pub fn seal(runs_tools: bool) -> anyhow::Result<Sealed> {
     Ok(Sealed::default())
 }
 
+/// The variables taken out of the environment: those a tool never sees
+/// ([`berth_worker::is_secret_env`]) that hold a secret — a token, key, secret or password,
+/// the database URL. Other settings (`BERTH_CONFIG`, `BERTH_PG_BIN`, listen addresses) stay
+/// where code and people look for them.
+fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_uppercase();
+    berth_worker::is_secret_env(&k)
+        && (k == "DATABASE_URL"
+            || k.starts_with("PGPASS")
+            || ["TOKEN", "KEY", "SECRET", "PASSWORD"].iter().any(|w| k.contains(w)))
+}
+
 /// The re-run process: read the secrets from standard input (left at its end).
 fn receive() -> anyhow::Result<Sealed> {
     let mut raw = Vec::new();
@@ -100,4 +112,32 @@ fn receive() -> anyhow::Result<Sealed> {
         }
     }
     Ok(Sealed(out))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn secrets_are_sealed_and_other_settings_stay() {
+        for k in [
+            "BERTH_WORKER_TOKEN",
+            "BERTH_MODEL_API_KEY",
+            "BERTH_PROVIDER_OPEN_API_KEY",
+            "DATABASE_URL",
+            "PGPASSWORD",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+        ] {
+            assert!(super::is_secret(k), "{k}");
+        }
+        for k in [
+            "BERTH_CONFIG",
+            "BERTH_PG_BIN",
+            "BERTH_LISTEN",
+            "BERTH_DATA_DIR",
+            "PATH",
+            "HOME",
+        ] {
+            assert!(!super::is_secret(k), "{k}");
+        }
+    }
 }

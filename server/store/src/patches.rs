@@ -20,6 +20,12 @@ pub struct NewPatch {
     pub ready_at: i64,
 }
 
+/// A running turn of any session in the workspace of session `$1` (tenant `$2`).
+const RUNNING_IN_WORKSPACE: &str =
+    "SELECT 1 FROM sessions o JOIN turns t ON t.session_id = o.id AND t.state = 'running'
+  WHERE o.tenant_id = $2 AND o.workspace_id = (SELECT workspace_id FROM sessions WHERE id = $1 AND tenant_id = $2)
+  LIMIT 1";
+
 const PATCH_SELECT: &str =
     "SELECT id, session_id, turn_id, base, files, bytes, sha256, created_at, object_key FROM patches";
 
@@ -40,10 +46,10 @@ fn patch_from_row(r: &tokio_postgres::Row) -> (PatchInfo, String) {
 }
 
 impl Store {
-    /// Whether a patch of `session_id` may be captured now: the session is live, and the
-    /// named turn is one of its turns and settled (`turn-busy` while queued or running);
-    /// without a turn, no turn of the session runs (its writers have settled). Returns the
-    /// session's last sequence, for [`NewPatch::ready_at`].
+    /// Whether a patch of `session_id` may be captured now: the session is live, the named
+    /// turn (if any) is one of its turns and settled (`turn-busy` while queued or running),
+    /// and no turn of any session runs in its workspace (every writer has settled). Returns
+    /// the session's last sequence, for [`NewPatch::ready_at`].
     pub async fn patch_ready(&self, tenant_id: &str, session_id: &str, turn_id: Option<&str>) -> Result<i64> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
@@ -54,7 +60,8 @@ impl Store {
             )
             .await?;
         let Some(live) = live else { return not_found() };
-        let busy = match turn_id {
+        // The named turn must have settled (an unknown one is not-found).
+        let unsettled = match turn_id {
             Some(turn) => {
                 let state: Option<String> = tx
                     .qo(
@@ -68,14 +75,11 @@ impl Store {
                     Some(s) => s == "queued" || s == "running",
                 }
             }
-            None => tx
-                .qo(
-                    "SELECT 1 FROM turns WHERE session_id = $1 AND tenant_id = $2 AND state = 'running'",
-                    &[&session_id, &tenant_id],
-                )
-                .await?
-                .is_some(),
+            None => false,
         };
+        // And no session's turn may be running in the workspace: it may be writing into it,
+        // and a capture now could hold a half-written file.
+        let busy = unsettled || tx.qo(RUNNING_IN_WORKSPACE, &[&session_id, &tenant_id]).await?.is_some();
         tx.commit().await?;
         if busy {
             return Err(StoreError::Code(ErrorCode::TurnBusy));
@@ -85,7 +89,8 @@ impl Store {
 
     /// Record a captured patch of a live session; marks the operation's receipt done in the
     /// same transaction, so the patch exists exactly when its receipt does. `turn-busy` when
-    /// a turn of the session started after [`NewPatch::ready_at`] (during the capture).
+    /// a turn of the session started after [`NewPatch::ready_at`] (during the capture), or a
+    /// turn of any session runs in the workspace now.
     pub async fn insert_patch(&self, tenant_id: &str, p: &NewPatch, op: Option<&Receipt>) -> Result<PatchInfo> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
@@ -122,6 +127,9 @@ impl Store {
                       WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $3 AND tenant_id = $2 AND removed_at IS NULL)
                         AND NOT EXISTS (SELECT 1 FROM events
                                          WHERE session_id = $3 AND sequence > $10 AND type = 'turn.started')
+                        AND NOT EXISTS (SELECT 1 FROM sessions o JOIN turns t ON t.session_id = o.id AND t.state = 'running'
+                                         WHERE o.tenant_id = $2
+                                           AND o.workspace_id = (SELECT workspace_id FROM sessions WHERE id = $3))
                      RETURNING id, session_id, turn_id, base, files, bytes, sha256, created_at, object_key",
                     &params,
                 ),
