@@ -101,6 +101,11 @@ fn cli_status(dir: &Path) -> Status {
             b'?' => {
                 set.insert(("untracked".into(), rec[2..].to_vec(), "added".into()));
             }
+            b'u' => {
+                // u XY sub m1 m2 m3 mW h1 h2 h3 path: Berth lists it once, as staged.
+                let fields: Vec<&[u8]> = rec.splitn(11, |b| *b == b' ').collect();
+                set.insert(("staged".into(), fields[10].to_vec(), "unmerged".into()));
+            }
             other => panic!("unexpected porcelain record {}", other as char),
         }
     }
@@ -993,4 +998,76 @@ async fn a_huge_diff_is_bounded_and_the_running_turn_goes_on() {
         .await
         .expect("the turn ends");
     assert_eq!(ended.last().unwrap()["state"], "cancelled", "{:?}", ended.last());
+}
+
+/// Issue 49: index states as git reports them — an intent to add (`git add -N`) is an
+/// addition in the worktree, not staged, and diffs as a new file; a conflicted path is
+/// reported unmerged and diffs as git's "Unmerged path", not a deletion; staged entries come
+/// sorted; a non-UTF-8 name keeps its bytes in a diff (git's quoted octal form).
+#[tokio::test(flavor = "multi_thread")]
+async fn index_states_and_names_are_reported_as_git_reports_them() {
+    let Setup {
+        stack: _stack,
+        mut client,
+        sid,
+        dir,
+        ..
+    } = setup().await;
+    git(&dir, &["init", "-q", "-b", "main"]);
+    write(&dir, "conflict.txt", "base\n");
+    write(&dir, "z/last.txt", "z\n");
+    git(&dir, &["add", "."]);
+    git(&dir, &["commit", "-q", "-m", "base"]);
+    git(&dir, &["checkout", "-q", "-b", "other"]);
+    write(&dir, "conflict.txt", "theirs\n");
+    git(&dir, &["commit", "-q", "-am", "theirs"]);
+    git(&dir, &["checkout", "-q", "main"]);
+    write(&dir, "conflict.txt", "ours\n");
+    git(&dir, &["commit", "-q", "-am", "ours"]);
+    let merge = git_cmd(&dir, &["merge", "-q", "other"]);
+    assert!(!merge.status.success(), "the merge conflicts");
+    // Staged changes in several directories, added in reverse order.
+    write(&dir, "z/new.txt", "z\n");
+    write(&dir, "a/new.txt", "a\n");
+    git(&dir, &["add", "z/new.txt"]);
+    git(&dir, &["add", "a/new.txt"]);
+    write(&dir, "intent.txt", "to be added\n");
+    git(&dir, &["add", "-N", "intent.txt"]);
+    let odd: &[u8] = b"caf\xe9 \"q\".txt";
+    write(&dir, std::ffi::OsStr::from_bytes(odd), "odd\n");
+
+    let st = client.ok("git.status", json!({"sessionId": sid})).await;
+    assert_eq!(berth_status(&st), cli_status(&dir), "{st}");
+    let staged: Vec<Vec<u8>> = st["staged"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| unb64(e["path"]["bytesBase64"].as_str().unwrap()))
+        .collect();
+    let mut sorted = staged.clone();
+    sorted.sort();
+    assert_eq!(staged, sorted, "staged entries are sorted");
+
+    let d = diff(&mut client, &sid, b"conflict.txt", "staged").await;
+    assert_eq!(d["patch"], "* Unmerged path conflict.txt\n", "{d}");
+    let d = diff(&mut client, &sid, b"intent.txt", "worktree").await;
+    let ours = d["patch"].as_str().unwrap().to_string();
+    assert!(
+        ours.starts_with(
+            "diff --git a/intent.txt b/intent.txt\nnew file mode 100644\n--- /dev/null\n+++ b/intent.txt\n"
+        ),
+        "{ours}"
+    );
+    assert_eq!(hunks(ours.as_bytes()), hunks(&git(&dir, &["diff", "--", "intent.txt"])));
+    assert_eq!(
+        diff(&mut client, &sid, b"intent.txt", "staged").await,
+        json!({"kind": "unchanged"})
+    );
+    let d = diff(&mut client, &sid, odd, "untracked").await;
+    let head = d["patch"].as_str().unwrap().lines().next().unwrap().to_string();
+    assert_eq!(
+        head, "diff --git \"a/caf\\351 \\\"q\\\".txt\" \"b/caf\\351 \\\"q\\\".txt\"",
+        "{d}"
+    );
+    assert!(!d.to_string().contains('\u{fffd}'), "{d}");
 }

@@ -122,6 +122,11 @@ impl Index {
             .filter(|e| e.path(&self.file).as_bytes() == path && e.stage() == gix::index::entry::Stage::Unconflicted)
     }
 
+    /// Whether `e` was added with `git add -N`: in the index by name, with no content yet.
+    fn intent_to_add(e: &gix::index::Entry) -> bool {
+        e.flags.contains(gix::index::entry::Flags::INTENT_TO_ADD)
+    }
+
     /// Stage-0 entries with their paths, in path order.
     fn stage0_entries(&self) -> impl Iterator<Item = (&[u8], &gix::index::Entry)> {
         self.file
@@ -326,7 +331,8 @@ fn staged(index: &Index, head: &HeadSide) -> Result<Vec<GitEntry>, RpcError> {
     let mut changes: Vec<(&[u8], GitChange)> = Vec::new();
     let mut in_index = HashSet::new();
     for (path, e) in index.stage0_entries() {
-        if head.skips(path) {
+        // An intent to add is not staged: git shows it as added in the worktree.
+        if head.skips(path) || Index::intent_to_add(e) {
             continue;
         }
         in_index.insert(path);
@@ -350,10 +356,9 @@ fn staged(index: &Index, head: &HeadSide) -> Result<Vec<GitEntry>, RpcError> {
             changes.push((path, GitChange::Deleted));
         }
     }
+    changes.extend(index.unmerged.iter().map(|p| (p.as_slice(), GitChange::Unmerged)));
     changes.sort_by(|a, b| a.0.cmp(b.0));
-    let mut out: Vec<GitEntry> = changes.into_iter().map(|(p, c)| git_entry(p, c)).collect();
-    out.extend(index.unmerged.iter().map(|p| git_entry(p, GitChange::Unmerged)));
-    Ok(out)
+    Ok(changes.into_iter().map(|(p, c)| git_entry(p, c)).collect())
 }
 
 /// The index's stat data for what `lstat` says now (truncated as git stores it).
@@ -464,7 +469,7 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
         .entries()
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.stage() == gix::index::entry::Stage::Unconflicted)
+        .filter(|(_, e)| e.stage() == gix::index::entry::Stage::Unconflicted && !Index::intent_to_add(e))
         .map(|(i, e)| (e.path(&index.file).as_bytes(), i))
         .collect();
     let (first, second) = tracked.split_at(tracked.len() / 2);
@@ -480,6 +485,16 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
     let ws = workspace(root)?;
     check_filters(&repo, &ws, &attribute_files)?;
 
+    // An intent to add is an addition in the worktree while its file is there.
+    let intents: Vec<usize> = index
+        .file
+        .entries()
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.stage() == gix::index::entry::Stage::Unconflicted && Index::intent_to_add(e))
+        .map(|(i, _)| i)
+        .collect();
+    suspects.extend(&intents);
     suspects.sort_unstable();
     let mut worktree = Vec::new();
     for i in suspects {
@@ -487,6 +502,7 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
         let path = e.path(&index.file).as_bytes();
         let change = match worktree_blob(&ws, path).map_err(broken)? {
             None => GitChange::Deleted,
+            Some(_) if Index::intent_to_add(e) => GitChange::Added,
             Some((data, kind)) => {
                 let indexed = index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
                 if is_link(kind) != is_link(indexed) {
@@ -717,7 +733,17 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     let ws = workspace(root)?;
     check_filters(&repo, &ws, &[b".gitattributes".to_vec()])?;
     let blob = |id: ObjectId| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
-    let indexed = match index.stage0(path) {
+    // A conflicted path is what git says of it, not a deletion of the whole file.
+    if index.unmerged.contains(path) && area != GitArea::Untracked {
+        return Ok(GitDiff::Text {
+            patch: format!("* Unmerged path {}\n", quoted("", path)),
+            truncated: None,
+        });
+    }
+    let entry = index.stage0(path);
+    // An intent to add has no content in the index: in the worktree it is a new file.
+    let intent = entry.is_some_and(Index::intent_to_add);
+    let indexed = match entry {
         Some(e) => Some((e.id, index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?)),
         None => None,
     };
@@ -745,11 +771,18 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
                 None => None,
             };
             let new = match indexed {
+                _ if intent => None,
                 Some((id, _)) if blob_size(id)? > GIT_DIFF_FILE_MAX => return too_large(),
                 Some((id, kind)) => Some((blob(id)?, kind)),
                 None => None,
             };
             (old, new)
+        }
+        GitArea::Worktree if intent => {
+            if file_size() > GIT_DIFF_FILE_MAX {
+                return too_large();
+            }
+            (None, read_file()?)
         }
         GitArea::Worktree => {
             let Some((id, kind)) = indexed else {
