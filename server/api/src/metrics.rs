@@ -51,7 +51,27 @@ pub struct Metrics {
     /// Notifications the LISTEN connection delivered, by channel (each one woke this
     /// replica).
     pub notices: IntCounterVec,
+    /// `berth_build_info{version}`, always 1: which release each replica runs.
+    pub build_info: IntGaugeVec,
+    /// `process_*`: this process's CPU time, memory, file descriptors and start time.
+    pub process: ProcessCollector,
 }
+
+/// The reasons `berth_auth_failures_total` counts, each exported from the start (at zero),
+/// so a panel or an alert has a series before the first failure.
+pub const AUTH_FAILURE_REASONS: &[&str] = &[
+    "attachments",
+    "cluster",
+    "invalid",
+    "login",
+    "login-busy",
+    "login-rate-limited",
+    "missing",
+    "model-proxy",
+    "not-a-worker",
+    "origin",
+    "unauthenticated-limit",
+];
 
 impl Metrics {
     pub fn new() -> Metrics {
@@ -120,11 +140,25 @@ impl Metrics {
                 &["channel"],
             )
             .expect("metric"),
+            build_info: IntGaugeVec::new(
+                Opts::new("berth_build_info", "the release this replica runs (always 1)"),
+                &["version"],
+            )
+            .expect("metric"),
+            process: ProcessCollector::new(),
             registry,
         };
         for c in m.collectors() {
             m.registry.register(c).expect("metrics registered once");
         }
+        // Series that exist from the start, at zero.
+        for reason in AUTH_FAILURE_REASONS {
+            m.auth_failures.with_label_values(&[reason]);
+        }
+        for op in ["put", "get"] {
+            m.object_store_bytes.with_label_values(&[op]);
+        }
+        m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         m
     }
 
@@ -150,6 +184,8 @@ impl Metrics {
             Box::new(self.listen_reconnects.clone()),
             Box::new(self.listen_up.clone()),
             Box::new(self.notices.clone()),
+            Box::new(self.build_info.clone()),
+            Box::new(self.process.clone()),
         ]
     }
 
@@ -171,8 +207,143 @@ impl Metrics {
     }
 }
 
+/// The standard `process_*` metrics of this process, read from `/proc/self` when scraped
+/// (Linux; elsewhere none): `process_cpu_seconds_total`, `process_resident_memory_bytes`,
+/// `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`,
+/// `process_start_time_seconds`.
+#[derive(Clone)]
+pub struct ProcessCollector {
+    descs: Vec<prometheus::core::Desc>,
+}
+
+const PROCESS_METRICS: &[(&str, &str)] = &[
+    (
+        "process_cpu_seconds_total",
+        "user and system CPU time spent, in seconds",
+    ),
+    ("process_resident_memory_bytes", "resident memory size, in bytes"),
+    ("process_virtual_memory_bytes", "virtual memory size, in bytes"),
+    ("process_open_fds", "open file descriptors"),
+    ("process_max_fds", "the most file descriptors the process may open"),
+    (
+        "process_start_time_seconds",
+        "start time since the Unix epoch, in seconds",
+    ),
+];
+
+impl ProcessCollector {
+    fn new() -> ProcessCollector {
+        let descs = PROCESS_METRICS
+            .iter()
+            .map(|(name, help)| {
+                prometheus::core::Desc::new(name.to_string(), help.to_string(), Vec::new(), Default::default())
+                    .expect("metric")
+            })
+            .collect();
+        ProcessCollector { descs }
+    }
+
+    /// The values, in [`PROCESS_METRICS`]' order (None where `/proc` cannot say).
+    fn values() -> Option<[f64; 6]> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // After the command name (which may hold spaces): state ppid … (fields from 3 on).
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let num = |i: usize| fields.get(i - 3).and_then(|f| f.parse::<f64>().ok());
+        let ticks = 100.0; // USER_HZ on Linux
+        let page = 4096.0;
+        let cpu = (num(14)? + num(15)?) / ticks;
+        let start_ticks = num(22)?;
+        let vsize = num(23)?;
+        let rss = num(24)? * page;
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())?;
+        let open = std::fs::read_dir("/proc/self/fd").ok()?.count() as f64;
+        let max = std::fs::read_to_string("/proc/self/limits")
+            .ok()?
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .and_then(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        Some([cpu, rss, vsize, open, max, boot + start_ticks / ticks])
+    }
+}
+
+impl prometheus::core::Collector for ProcessCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let Some(values) = Self::values() else {
+            return Vec::new();
+        };
+        PROCESS_METRICS
+            .iter()
+            .zip(values)
+            .map(|((name, help), v)| {
+                let mut m = prometheus::proto::Metric::default();
+                let mut f = prometheus::proto::MetricFamily::default();
+                f.set_name(name.to_string());
+                f.set_help(help.to_string());
+                if name.ends_with("_total") {
+                    let mut c = prometheus::proto::Counter::default();
+                    c.set_value(v);
+                    m.set_counter(c);
+                    f.set_field_type(prometheus::proto::MetricType::COUNTER);
+                } else {
+                    let mut g = prometheus::proto::Gauge::default();
+                    g.set_value(v);
+                    m.set_gauge(g);
+                    f.set_field_type(prometheus::proto::MetricType::GAUGE);
+                }
+                f.mut_metric().push(m);
+                f
+            })
+            .collect()
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 50: panels and alerts have a series before anything happens (each failure
+    /// reason and object-store op at zero), and the process and build metrics are there.
+    #[test]
+    fn counters_start_at_zero_and_process_and_build_metrics_are_exported() {
+        let text = Metrics::new().render();
+        for reason in AUTH_FAILURE_REASONS {
+            let line = format!("berth_auth_failures_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&line), "{line} missing");
+        }
+        for op in ["put", "get"] {
+            assert!(text.contains(&format!("berth_object_store_bytes_total{{op=\"{op}\"}} 0")));
+        }
+        assert!(text.contains(&format!(
+            "berth_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )));
+        for (name, _) in PROCESS_METRICS {
+            let sample = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("{name} missing:\n{text}"));
+            let v: f64 = sample.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(v >= 0.0, "{sample}");
+        }
+        assert!(text.contains("# TYPE process_cpu_seconds_total counter"));
+        let rss = text
+            .lines()
+            .find(|l| l.starts_with("process_resident_memory_bytes "))
+            .unwrap();
+        assert!(rss.rsplit(' ').next().unwrap().parse::<f64>().unwrap() > 1e6, "{rss}");
     }
 }

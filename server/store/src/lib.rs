@@ -276,9 +276,15 @@ fn db_config(url: &str, options: &DbOptions) -> anyhow::Result<tokio_postgres::C
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// One connection of its own for `/readyz`: a request pool busy to its last connection
+    /// is not a replica that should leave the load balancer.
+    probe: Pool,
     config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
 }
+
+/// How long `/readyz` waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -319,7 +325,24 @@ impl Store {
             ))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()?;
-        Ok(Store { pool, config, tls })
+        let probe = Pool::builder(Manager::from_config(
+            config.clone(),
+            tls.clone(),
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        ))
+        .max_size(1)
+        .wait_timeout(Some(PROBE_TIMEOUT))
+        .create_timeout(Some(PROBE_TIMEOUT))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()?;
+        Ok(Store {
+            pool,
+            probe,
+            config,
+            tls,
+        })
     }
 
     /// Apply pending migrations under the advisory lock (without the statement timeout:
@@ -332,12 +355,16 @@ impl Store {
         Ok(applied?)
     }
 
-    /// `/readyz`: the database answers and migrations are current.
+    /// `/readyz`: the database answers and migrations are current — asked on a connection of
+    /// its own, within a short timeout, so a busy request pool does not make it flap.
     pub async fn ready(&self) -> bool {
-        match self.pool.get().await {
-            Ok(client) => migrate::is_current(&client).await.unwrap_or(false),
-            Err(_) => false,
-        }
+        let check = async {
+            match self.probe.get().await {
+                Ok(client) => migrate::is_current(&client).await.unwrap_or(false),
+                Err(_) => false,
+            }
+        };
+        tokio::time::timeout(PROBE_TIMEOUT, check).await.unwrap_or(false)
     }
 
     /// Pool size and available connections, for metrics.
