@@ -26,10 +26,10 @@ export type AdminCredentialCreateParams = {
    * RFC 3339.
    */
   "expiresAt"?: string | null;
-  "note"?: string;
+  "note"?: string | null;
   "operationId"?: string | null;
   "userId"?: string | null;
-  "worker"?: boolean;
+  "worker"?: boolean | null;
 };
 
 export type AdminCredentialRevokeParams = {
@@ -1521,7 +1521,7 @@ export type SessionRespondParams = {
  */
 export type SessionSearchParams = {
   "after"?: (SearchCursor | null);
-  "caseSensitive"?: boolean;
+  "caseSensitive"?: boolean | null;
   /**
    * Literal text (not a pattern).
    */
@@ -1532,7 +1532,7 @@ export type SessionSearchParams = {
    * last sequence now, returned in the result.
    */
   "through"?: number | null;
-  "wholeWord"?: boolean;
+  "wholeWord"?: boolean | null;
 };
 
 /**
@@ -1549,7 +1549,7 @@ export type SessionSearchResult = {
  * `session.send` parameters.
  */
 export type SessionSendParams = {
-  "attachments"?: Array<string>;
+  "attachments"?: Array<string> | null;
   "operationId"?: string | null;
   "prompt": string;
   "sessionId": string;
@@ -1648,7 +1648,7 @@ export type SessionSnapshot = {
 export type SessionSourceParams = {
   "field": RowField;
   "limit"?: number | null;
-  "offset"?: number;
+  "offset"?: number | null;
   "position": Position;
   "sessionId": string;
 };
@@ -1673,7 +1673,7 @@ export type SessionStopParams = {
  * `session.watch` parameters.
  */
 export type SessionWatchParams = {
-  "after"?: number;
+  "after"?: number | null;
   "sessionId": string;
 };
 

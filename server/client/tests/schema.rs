@@ -178,3 +178,72 @@ fn the_client_gives_an_operation_id_to_exactly_the_methods_that_take_one() {
     listed.sort();
     assert_eq!(listed, takes, "berth_client::TAKES_OPERATION_ID vs the schema");
 }
+
+/// Issue 51: the stated conventions hold for every method's params, as the schema (generated
+/// from the types) declares them: unknown fields are never refused, and every parameter that
+/// may be left out may as well be `null`.
+#[test]
+fn every_method_takes_unknown_fields_and_null_for_what_may_be_absent() {
+    let doc = schema::document();
+    let defs = doc["$defs"].as_object().expect("$defs");
+    fn follow<'a>(
+        defs: &'a serde_json::Map<String, serde_json::Value>,
+        mut s: &'a serde_json::Value,
+    ) -> &'a serde_json::Value {
+        while let Some(r) = s.get("$ref").and_then(|r| r.as_str()) {
+            s = &defs[r.rsplit('/').next().unwrap()];
+        }
+        s
+    }
+    let resolve = |s: &serde_json::Value| follow(defs, s).clone();
+    let admits_null = |s: &serde_json::Value| {
+        let has_null =
+            |t: &serde_json::Value| t == "null" || t.as_array().is_some_and(|a| a.iter().any(|x| x == "null"));
+        let s = resolve(s);
+        has_null(&s["type"])
+            || ["anyOf", "oneOf"].iter().any(|k| {
+                s[k].as_array()
+                    .is_some_and(|alts| alts.iter().any(|a| has_null(&resolve(a)["type"])))
+            })
+    };
+    let mut checked = 0;
+    for (method, m) in doc["methods"].as_object().unwrap() {
+        let params = resolve(&m["params"]);
+        assert_ne!(
+            params.get("additionalProperties"),
+            Some(&serde_json::Value::Bool(false)),
+            "{method} refuses unknown fields"
+        );
+        let required: Vec<&str> = params["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(|x| x.as_str()).collect())
+            .unwrap_or_default();
+        for (name, prop) in params["properties"].as_object().into_iter().flatten() {
+            if !required.contains(&name.as_str()) {
+                assert!(admits_null(prop), "{method}: {name} may be absent but not null: {prop}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 50, "{checked} optional parameters checked");
+
+    // And the types read them so (the schema is generated from them, the reading is serde's).
+    use berth_protocol::{
+        AdminCredentialCreateParams, InteractionRef, SessionSendParams, SessionWatchParams, search::SessionSearchParams,
+    };
+    let watch: SessionWatchParams =
+        serde_json::from_value(serde_json::json!({"sessionId": "s", "after": null})).unwrap();
+    assert_eq!(watch.after, 0);
+    let send: SessionSendParams =
+        serde_json::from_value(serde_json::json!({"sessionId": "s", "prompt": "p", "attachments": null})).unwrap();
+    assert!(send.attachments.is_empty());
+    let search: SessionSearchParams = serde_json::from_value(serde_json::json!(
+        {"sessionId": "s", "query": "q", "caseSensitive": null, "wholeWord": null}
+    ))
+    .unwrap();
+    assert!(!search.case_sensitive && !search.whole_word);
+    let cred: AdminCredentialCreateParams =
+        serde_json::from_value(serde_json::json!({"worker": null, "note": null, "future": 1})).unwrap();
+    assert!(!cred.worker && cred.note.is_empty());
+    serde_json::from_value::<InteractionRef>(serde_json::json!({"interactionId": "i", "future": true})).unwrap();
+}

@@ -22,6 +22,16 @@
 //! - **Ids** carry a prefix naming their kind (`ses_`, `trn_`, `wsp_`, …); a queue entry's
 //!   `queueId` is its turn's id.
 
+/// A defaulted field's deserializer that reads `null` as its default: null and absent mean
+/// the same for every optional or defaulted parameter (the protocol's convention).
+pub(crate) fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + Default,
+{
+    Ok(<Option<T> as serde::Deserialize>::deserialize(d)?.unwrap_or_default())
+}
+
 pub mod agents;
 pub mod batch;
 pub mod error;

@@ -13,9 +13,11 @@ pub struct SessionSearchParams {
     pub session_id: String,
     /// Literal text (not a pattern).
     pub query: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::null_default")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<bool>"))]
     pub case_sensitive: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::null_default")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<bool>"))]
     pub whole_word: bool,
     /// The fence: no row published after this event is searched. Absent: the session's
     /// last sequence now, returned in the result.

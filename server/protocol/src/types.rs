@@ -685,7 +685,8 @@ pub struct ContentUploadResult {
 pub struct SessionSendParams {
     pub session_id: String,
     pub prompt: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::null_default")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<Vec<String>>"))]
     pub attachments: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
@@ -820,7 +821,8 @@ pub struct SessionSourceParams {
     pub session_id: String,
     pub position: Position,
     pub field: RowField,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::null_default")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<u64>"))]
     pub offset: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
@@ -970,7 +972,8 @@ impl NewRow {
 #[serde(rename_all = "camelCase")]
 pub struct SessionWatchParams {
     pub session_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::null_default")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<i64>"))]
     pub after: i64,
 }
 
@@ -987,9 +990,11 @@ pub struct SubscriptionCloseParams {
 pub struct AdminCredentialCreateParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::null_default")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<bool>"))]
     pub worker: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::null_default")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     pub note: String,
     /// RFC 3339.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1266,7 +1271,7 @@ pub struct Interaction {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct InteractionRef {
     pub interaction_id: String,
 }
@@ -1275,7 +1280,7 @@ pub struct InteractionRef {
 /// (questions; a choice must be one of the options when the question offers any).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionRespondParams {
     pub interaction_id: String,
     pub answer: serde_json::Value,
