@@ -328,6 +328,22 @@ async fn dev_keeps_its_secrets_out_of_the_workspace_and_out_of_reach_of_tools() 
         "the provider key leaked: {shell}"
     );
     assert!(!shell.contains(&token), "the admin credential leaked: {shell}");
+
+    // The client commands run in the workspace (a directory of it, too) find this server
+    // and its credential with no `berth login`.
+    std::fs::create_dir_all(workspace.join("src")).unwrap();
+    let listed = tokio::process::Command::new(berth_bin())
+        .args(["workspaces", "--json"])
+        .current_dir(workspace.join("src"))
+        .env("XDG_DATA_HOME", &xdg)
+        .env("BERTH_CONFIG_DIR", home.join("no-login"))
+        .env_remove("BERTH_SERVER")
+        .output()
+        .await
+        .unwrap();
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let list: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(list[0]["workspaceId"], wid.as_str(), "{list}");
     drop(c);
     assert!(berth_e2e::harness::terminate(&mut child).await.success());
 }

@@ -149,15 +149,38 @@ async fn connect(remote: &Remote) -> anyhow::Result<Client> {
     connect_to(remote.server.as_deref(), remote.token_file.as_deref()).await
 }
 
-/// Connect with the given server and credential file, or what `berth login` stored.
+/// The `berth dev` serving the current directory (or a directory above it): its address
+/// and admin credential, from its data directory. None when there is none.
+fn local_dev() -> Option<Stored> {
+    let cwd = std::env::current_dir().ok()?.canonicalize().ok()?;
+    cwd.ancestors().find_map(|dir| {
+        let data = crate::dev_data_dir(dir);
+        let server = std::fs::read_to_string(data.join(crate::DEV_ADDRESS_FILE)).ok()?;
+        let token = std::fs::read_to_string(data.join("run/token")).ok()?;
+        Some(Stored {
+            server: server.trim().to_string(),
+            token: token.trim().to_string(),
+        })
+    })
+}
+
+/// Connect with the given server and credential file, or what `berth login` stored, or —
+/// with neither — the `berth dev` serving the current directory.
 async fn connect_to(server: Option<&str>, token_file: Option<&std::path::Path>) -> anyhow::Result<Client> {
     let stored: Option<Stored> = std::fs::read(credentials_path()?)
         .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .or_else(|| {
+            if server.is_none() && token_file.is_none() {
+                local_dev()
+            } else {
+                None
+            }
+        });
     let server = server
         .map(str::to_string)
         .or_else(|| stored.as_ref().map(|s| s.server.clone()))
-        .context("no server: pass --server or run `berth login`")?;
+        .context("no server: pass --server, run `berth login`, or run `berth dev` in this directory")?;
     let token = match token_file {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("reading {}", f.display()))?

@@ -276,21 +276,24 @@ fn init_tracing(settings: &Settings) {
 }
 
 async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
-    let data_dir = match settings.get(cli.data_dir.as_deref(), "BERTH_DATA_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => default_data_dir()?,
+    // Only the commands that keep data make (or look for) a data directory.
+    let data_dir = || -> anyhow::Result<PathBuf> {
+        match settings.get(cli.data_dir.as_deref(), "BERTH_DATA_DIR") {
+            Some(d) => Ok(PathBuf::from(d)),
+            None => default_data_dir(),
+        }
     };
     match cli.command {
-        Command::Serve(args) => serve(&settings, &data_dir, &args, false).await,
-        Command::Dev(args) => serve(&settings, &data_dir, &args, true).await,
+        Command::Serve(args) => serve(&settings, &data_dir()?, &args, false).await,
+        Command::Dev(args) => serve(&settings, &data_dir()?, &args, true).await,
         Command::Worker(args) => worker(&settings, args).await,
         Command::Migrate => {
-            let (store, _cluster) = database(&settings, &data_dir).await?;
+            let (store, _cluster) = database(&settings, &data_dir()?).await?;
             let n = store.migrate().await?;
             println!("applied {n} migration(s)");
             Ok(())
         }
-        Command::Admin(cmd) => admin(&settings, &data_dir, cmd).await,
+        Command::Admin(cmd) => admin(&settings, &data_dir()?, cmd).await,
         Command::Client(cmd) => client_cmds::run(cmd).await,
     }
 }
@@ -301,19 +304,10 @@ async fn run(cli: Cli, settings: Settings) -> anyhow::Result<()> {
 /// them. Keyed by the directory's canonical path, so `berth dev` and `berth admin` run from
 /// one directory find the same private cluster.
 fn default_data_dir() -> anyhow::Result<PathBuf> {
-    use sha2::Digest as _;
     let cwd = std::env::current_dir()
         .and_then(|d| d.canonicalize())
         .context("the current directory")?;
-    let base = match (std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME")) {
-        (Some(x), _) if Path::new(&x).is_absolute() => PathBuf::from(x),
-        (_, Some(h)) if Path::new(&h).is_absolute() => Path::new(&h).join(".local/share"),
-        _ => PathBuf::from(format!("/var/tmp/berth-{}", rustix::process::getuid().as_raw())),
-    };
-    let digest = sha2::Sha256::digest(cwd.as_os_str().as_encoded_bytes());
-    let key: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-    let name = cwd.file_name().and_then(|n| n.to_str()).unwrap_or("root");
-    let dir = base.join("berth/dev").join(format!("{name}-{key}"));
+    let dir = dev_data_dir(&cwd);
     if cwd.join(".berth/run/token").exists() {
         eprintln!(
             "berth: {} holds an older data directory, no longer used by default (it keeps credentials inside the workspace); \
@@ -330,6 +324,24 @@ fn default_data_dir() -> anyhow::Result<PathBuf> {
         .with_context(|| format!("creating data dir {}", dir.display()))?;
     Ok(dir)
 }
+
+/// The data directory of a `berth dev` run from `cwd` (canonical), created or not:
+/// `$XDG_DATA_HOME/berth/dev/<dir>-<hash>`, else under `~/.local/share`.
+pub(crate) fn dev_data_dir(cwd: &Path) -> PathBuf {
+    use sha2::Digest as _;
+    let base = match (std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME")) {
+        (Some(x), _) if Path::new(&x).is_absolute() => PathBuf::from(x),
+        (_, Some(h)) if Path::new(&h).is_absolute() => Path::new(&h).join(".local/share"),
+        _ => PathBuf::from(format!("/var/tmp/berth-{}", rustix::process::getuid().as_raw())),
+    };
+    let digest = sha2::Sha256::digest(cwd.as_os_str().as_encoded_bytes());
+    let key: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    let name = cwd.file_name().and_then(|n| n.to_str()).unwrap_or("root");
+    base.join("berth/dev").join(format!("{name}-{key}"))
+}
+
+/// Where `berth dev` writes the address it listens on, for the client commands.
+pub(crate) const DEV_ADDRESS_FILE: &str = "run/address";
 
 /// The store: `DATABASE_URL`, or the private cluster under the data dir (returned so that
 /// the caller owns it and it stops when dropped).
@@ -518,6 +530,10 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     let metrics_addr = metrics_listener.local_addr()?;
     println!("berth: listening on http://{addr} (metrics on http://{metrics_addr}/metrics)");
     println!("berth: admin credential file: {}", token_path.display());
+    if dev {
+        // The client commands run from this directory find the server and its credential.
+        write_secret(&data_dir.join(DEV_ADDRESS_FILE), &format!("http://{addr}"))?;
+    }
     if dev {
         println!("berth: try it (https://github.com/vi/websocat):");
         println!(
