@@ -891,3 +891,42 @@ async fn events_stored_in_the_old_shape_read_back_typed_after_the_migration() {
     assert_eq!(changed["queue"][0]["queueRevision"], 2);
     assert_eq!(changed["paused"], true);
 }
+
+/// Issue 52: the live `phase: idle` never arrives before the turn's last `model.completed`
+/// and its `turn.ended` — a client that stops reading at idle has the answer — whether the
+/// watcher is on the worker's replica or another one.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_comes_after_the_turns_last_events() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    for replica in [0, 1] {
+        let mut c = stack.client(replica).await;
+        let sid = stack.session(&mut c).await;
+        let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+        for i in 0..5 {
+            mock.push(berth_e2e::Reply::text(&["the ", "answer"]));
+            let sent = c
+                .ok("session.send", json!({"sessionId": sid, "prompt": format!("q{i}")}))
+                .await;
+            let turn = sent["turnId"].clone();
+            let items = watch
+                .until(30, |i| {
+                    i["type"] == "phase" && i["phase"] == "idle" && i["turnId"] == turn
+                })
+                .await
+                .expect("the turn goes idle");
+            let ended = items.iter().any(|i| i["type"] == "turn.ended" && i["turnId"] == turn);
+            let answered = items.iter().any(|i| {
+                i["type"] == "model.completed"
+                    && i["turnId"] == turn
+                    && i["rows"]
+                        .as_array()
+                        .is_some_and(|r| r.iter().any(|r| r["body"] == "the answer"))
+            });
+            assert!(
+                ended && answered,
+                "replica {replica}, turn {i}: idle came first: {items:?}"
+            );
+        }
+    }
+}

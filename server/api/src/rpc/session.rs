@@ -501,6 +501,9 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
     // already covered by a read of the database.
     let mut woken = false;
     let mut pokes = 0;
+    // An idle phase heard live waits for the events committed before it (the turn's last
+    // step and its end): a client that stops at idle has the answer by then.
+    let mut idle: Option<LiveItem> = None;
     let (from_append, from_read) = (
         ctx.state.metrics.watch_events.with_label_values(&["append"]),
         ctx.state.metrics.watch_events.with_label_values(&["read"]),
@@ -549,6 +552,11 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
             }
             catch_up = more;
         }
+        if let Some(item) = idle.take()
+            && !ctx.item(&item).await
+        {
+            return Err(gone());
+        }
         joined = true;
         if sync {
             sync = false;
@@ -594,6 +602,11 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
                     // Read in place: every watcher of the session shares the one item.
                     let item = match <LiveItem as serde::Deserialize>::deserialize(&*item) {
                         Ok(LiveItem::ModelDelta(d)) => live.admit(&d).map(LiveItem::ModelDelta),
+                        Ok(LiveItem::Phase(p)) if p.phase == berth_protocol::SessionPhase::Idle => {
+                            idle = Some(LiveItem::Phase(p));
+                            catch_up = true;
+                            None
+                        }
                         Ok(other) => Some(other),
                         Err(e) => {
                             tracing::warn!(error = %e, "live item outside the protocol dropped");

@@ -116,19 +116,22 @@ impl TurnTask {
         let metrics = &conn.state.metrics;
         metrics.turn_duration.observe(self.live.started.elapsed().as_secs_f64());
         conn.state.hub.end_step(&self.live.session);
-        if r.is_ok() {
-            conn.state.hub.live(&self.live.session, idle);
-        } else {
-            // Not settled here (already stopped or swept): the idle phase goes out alone.
-            self.relay_now(idle).await;
-        }
         let berth_store::Ended {
             session_id,
             sequence: seq,
             events,
             untitled,
-        } = r?;
+        } = match r {
+            Ok(ended) => ended,
+            Err(e) => {
+                // Not settled here (already stopped or swept): the idle phase goes out alone.
+                self.relay_now(idle).await;
+                return Err(e.into());
+            }
+        };
+        // The end's events first, then the idle phase (watchers deliver idle after them).
         conn.state.hub.committed(append, &session_id, events, seq);
+        conn.state.hub.live(&self.live.session, idle);
         // A titled session's turns skip the title's claim (a transaction each).
         if end.state == berth_protocol::TurnState::Completed && untitled {
             crate::titles::spawn(conn.state.clone(), conn.principal.tenant_id.clone(), session_id);
