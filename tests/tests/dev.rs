@@ -344,6 +344,31 @@ async fn dev_keeps_its_secrets_out_of_the_workspace_and_out_of_reach_of_tools() 
     assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
     let list: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(list[0]["workspaceId"], wid.as_str(), "{list}");
+    let cli = |args: &[&str]| {
+        let mut cmd = tokio::process::Command::new(berth_bin());
+        cmd.args(args)
+            .current_dir(&workspace)
+            .env("XDG_DATA_HOME", &xdg)
+            .env("BERTH_CONFIG_DIR", home.join("no-login"))
+            .env_remove("BERTH_SERVER");
+        cmd
+    };
+    let me = cli(&["whoami", "--json"]).output().await.unwrap();
+    assert!(me.status.success(), "{}", String::from_utf8_lossy(&me.stderr));
+    let me: serde_json::Value = serde_json::from_slice(&me.stdout).unwrap();
+    assert_eq!(me["role"], "admin", "{me}");
+    // `berth stop SESSION` stops what runs; with nothing running it says so and fails.
+    let stop = cli(&["stop", &sid]).output().await.unwrap();
+    assert!(!stop.status.success());
+    assert!(
+        String::from_utf8_lossy(&stop.stderr).contains("no turn is running"),
+        "{stop:?}"
+    );
+    let version = cli(&["version"]).output().await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&version.stdout).starts_with("berth "),
+        "{version:?}"
+    );
     drop(c);
     assert!(berth_e2e::harness::terminate(&mut child).await.success());
 }

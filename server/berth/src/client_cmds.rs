@@ -96,13 +96,19 @@ pub enum ClientCommand {
         session: String,
         turn: Option<String>,
     },
-    /// Stop a running turn.
+    /// Stop a running turn (the one running now when no turn is named).
     Stop {
         #[command(flatten)]
         remote: Remote,
         session: String,
-        turn: String,
+        turn: Option<String>,
     },
+    /// Who the stored (or given) credential signs in as, and where.
+    Whoami(Remote),
+    /// Forget the credential `berth login` stored.
+    Logout,
+    /// This program's version and the protocol it speaks.
+    Version,
     /// Be an Agent Client Protocol agent on stdio (for editors such as Zed) whose sessions
     /// are this server's: each ACP session is a Berth session.
     Acp {
@@ -371,6 +377,16 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
         }
         ClientCommand::Stop { remote, session, turn } => {
             let client = connect(&remote).await?;
+            let turn = match turn {
+                Some(t) => t,
+                None => client
+                    .call::<SessionGet>(SessionRef {
+                        session_id: session.clone(),
+                    })
+                    .await?
+                    .running
+                    .with_context(|| format!("no turn is running in {session}"))?,
+            };
             let stopped = client
                 .call::<SessionStop>(SessionStopParams {
                     session_id: session,
@@ -389,6 +405,48 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
             session,
             workspace,
         } => chat(remote, session, workspace).await,
+        ClientCommand::Whoami(remote) => {
+            let client = connect(&remote).await?;
+            let me = client
+                .call::<berth_client::method::Hello>(berth_protocol::HelloParams {
+                    protocol: berth_protocol::PROTOCOL_VERSION,
+                    token: None,
+                    client: None,
+                })
+                .await?;
+            if remote.json {
+                return print_json(&me);
+            }
+            let who = me.user_id.as_deref().unwrap_or("a credential without a user");
+            println!(
+                "{who} ({}) in tenant {} on {} (server {}, protocol {})",
+                me.role,
+                me.tenant_id,
+                client.endpoints().http,
+                me.server_version,
+                me.protocol
+            );
+            Ok(())
+        }
+        ClientCommand::Logout => {
+            let path = credentials_path()?;
+            match std::fs::remove_file(&path) {
+                Ok(()) => eprintln!("signed out: {} removed", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    eprintln!("not signed in (no {})", path.display())
+                }
+                Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+            }
+            Ok(())
+        }
+        ClientCommand::Version => {
+            println!(
+                "berth {} (protocol {})",
+                env!("CARGO_PKG_VERSION"),
+                berth_protocol::PROTOCOL_VERSION
+            );
+            Ok(())
+        }
         ClientCommand::Acp {
             server,
             token_file,
