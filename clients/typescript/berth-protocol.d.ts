@@ -1435,7 +1435,10 @@ export type SessionKind = "coordinator";
  */
 export type SessionListEntry = {
   "agentId"?: string | null;
-  "branch"?: string | null;
+  /**
+   * For a fork: what it was forked from (the `Branch` of `session.fork`'s answer).
+   */
+  "branch"?: (Branch | null);
   "channel"?: string | null;
   "effectiveModelId"?: string | null;
   "effectiveModelLevel"?: (ModelLevel | null);
@@ -1586,6 +1589,11 @@ export type SessionSnapshot = {
    * The session's agent definition, if it has one.
    */
   "agentId"?: string | null;
+  /**
+   * For a fork: the session, turn and sequence it was forked from (as `session.fork`
+   * answered).
+   */
+  "branch"?: (Branch | null);
   /**
    * The chat channel its answers are read on (`session.create {channel}`).
    */

@@ -291,7 +291,12 @@ async fn fork_a_settled_turn_while_a_later_one_runs() {
         .find(|e| e["sessionId"] == fork_id.as_str())
         .unwrap()
         .clone();
-    assert_eq!(entry["branch"], sid.as_str());
+    // The list and the snapshot name the fork's source as the fork's answer did.
+    assert_eq!(entry["branch"]["sessionId"], sid.as_str());
+    let got = c.ok("session.get", json!({"sessionId": fork_id})).await;
+    assert_eq!(entry["branch"], got["branch"]);
+    assert_eq!(got["branch"]["sessionId"], sid.as_str());
+    assert!(got["branch"]["sequence"].as_i64().is_some(), "{got}");
     // The fork's watchers see its history and then the fork's own event, without a gap.
     let mut fw = c.subscribe("session.watch", json!({"sessionId": fork_id, "after": 0}));
     let items = fw.until(10, |i| i["type"] == "session.forked").await.unwrap();

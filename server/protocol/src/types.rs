@@ -209,6 +209,10 @@ pub struct SessionSnapshot {
     /// The chat channel its answers are read on (`session.create {channel}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
+    /// For a fork: the session, turn and sequence it was forked from (as `session.fork`
+    /// answered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<crate::search::Branch>,
     /// How many levels of sessions below it this one may still start.
     pub delegation_depth: u32,
     pub created_at: String,
@@ -264,8 +268,9 @@ pub struct SessionListEntry {
     pub running: Option<String>,
     /// How many turns are queued (as in the snapshot).
     pub queued: u32,
+    /// For a fork: what it was forked from (the `Branch` of `session.fork`'s answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub branch: Option<String>,
+    pub branch: Option<crate::search::Branch>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<SessionKind>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

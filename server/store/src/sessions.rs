@@ -225,7 +225,7 @@ impl Store {
                         (SELECT count(*) FROM rows r WHERE r.session_id = s.id AND NOT r.hidden AND r.kind IN ('user', 'assistant')),
                         (SELECT t.id FROM turns t WHERE t.session_id = s.id AND t.state = 'running'),
                         (SELECT count(*) FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'),
-                        s.branch->>'sessionId', s.kind, s.parent_id, s.agent_id, a.model, s.channel
+                        s.branch, s.kind, s.parent_id, s.agent_id, a.model, s.channel
                    FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id
                   WHERE s.tenant_id = $1 AND s.removed_at IS NULL AND ($2::text IS NULL OR s.workspace_id = $2)
                     AND ($6::text IS NULL OR s.parent_id = $6)
@@ -260,7 +260,7 @@ impl Store {
                 },
                 running,
                 queued: r.get::<_, i64>(8) as u32,
-                branch: r.get(9),
+                branch: branch_of(r.get(9)),
                 kind: r.get::<_, Option<&str>>(10).and_then(SessionKind::parse),
                 parent: r.get(11),
                 channel: r.get(14),
@@ -443,6 +443,11 @@ impl Store {
     }
 }
 
+/// A fork's stored `branch` (the `Branch` its fork answered with).
+fn branch_of(stored: Option<serde_json::Value>) -> Option<berth_protocol::search::Branch> {
+    serde_json::from_value(stored?).ok()
+}
+
 pub(crate) async fn snapshot(
     client: &impl GenericClient,
     tenant_id: &str,
@@ -460,7 +465,7 @@ pub(crate) async fn snapshot(
                                                                 'preview', substring(t.prompt for $3),
                                                                 'promptBytes', octet_length(t.prompt)) ORDER BY t.queue_position)
                                 FROM turns t WHERE t.session_id = s.id AND t.state = 'queued'), '[]'::json),
-                    {}, s.agent_id, (SELECT a.model FROM agents a WHERE a.id = s.agent_id), s.channel
+                    {}, s.agent_id, (SELECT a.model FROM agents a WHERE a.id = s.agent_id), s.channel, s.branch
                FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2 AND s.removed_at IS NULL",
                 crate::interactions::pending_json_sql()
             ),
@@ -500,6 +505,7 @@ pub(crate) async fn snapshot(
         kind: row.get::<_, Option<&str>>(10).and_then(SessionKind::parse),
         parent: row.get(11),
         channel: row.get(18),
+        branch: branch_of(row.get(19)),
         delegation_depth: row.get::<_, i32>(12).max(0) as u32,
         created_at: fmt_time(row.get(6)),
         updated_at: fmt_time(row.get(7)),
