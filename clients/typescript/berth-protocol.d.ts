@@ -539,9 +539,10 @@ export type FilesListResult = {
   "directoryIdentity": string;
   "entries": Array<FileEntry>;
   /**
-   * Pass as `after` for the next page; absent on the last page.
+   * Pass as `after` for the next page; absent on the last page (the protocol's one cursor
+   * convention; a worker before it wrote `next`).
    */
-  "next"?: string | null;
+  "nextAfter"?: string | null;
 };
 
 /**

@@ -761,7 +761,8 @@ async fn files_list_and_watch_through_the_other_replica() {
                 assert_eq!(e["kind"], "symlink");
             }
         }
-        match page.get("next") {
+        assert!(page.get("next").is_none(), "one cursor name: nextAfter");
+        match page.get("nextAfter") {
             Some(n) => after = n.clone(),
             None => break,
         }

@@ -143,9 +143,10 @@ pub struct FilesListResult {
     /// Identifies the directory itself (device and inode); compare with `files.watch`'s `ready`.
     pub directory_identity: String,
     pub entries: Vec<FileEntry>,
-    /// Pass as `after` for the next page; absent on the last page.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next: Option<String>,
+    /// Pass as `after` for the next page; absent on the last page (the protocol's one cursor
+    /// convention; a worker before it wrote `next`).
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "next")]
+    pub next_after: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

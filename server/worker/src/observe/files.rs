@@ -138,7 +138,7 @@ pub(crate) fn list(ws: &Workspace, p: &FilesListParams) -> Result<FilesListResul
     Ok(FilesListResult {
         directory_identity: identity(&dir.meta),
         entries,
-        next,
+        next_after: next,
     })
 }
 
