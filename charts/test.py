@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -59,9 +60,9 @@ def values(name: str) -> dict:
     return yaml.safe_load((CI / f"{name}-values.yaml").read_text())
 
 
-def render(vals: dict) -> dict[str, str]:
+def render(vals: dict, name: str = RELEASE, namespace: str = NAMESPACE) -> dict[str, str]:
     chart = helm.Chart.load(str(CHART))
-    return chart.render(vals, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return chart.render(vals, name=name, namespace=namespace, is_install=True)
 
 
 def manifests(rendered: dict[str, str]) -> list[dict]:
@@ -117,6 +118,27 @@ def promtool_check(groups: list) -> None:
         assert out.returncode == 0, f"promtool check rules: {out.stdout}{out.stderr}"
     finally:
         os.unlink(f.name)
+
+
+def promtool_test(groups: list, tests: list) -> None:
+    """`promtool test rules` with these unit tests against these rule groups. An expected alert
+    without exp_annotations gets the rule's, with `{{ $labels.x }}` filled from its labels."""
+    rules = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+    for t in tests:
+        for case in t["alert_rule_test"]:
+            for alert in case["exp_alerts"]:
+                if "exp_annotations" in alert:
+                    continue
+                labels = alert["exp_labels"]
+                fill = lambda text: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+                alert["exp_annotations"] = {k: fill(v) for k, v in rules[case["alertname"]]["annotations"].items()}
+                assert not any("{{" in v for v in alert["exp_annotations"].values()), alert
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+        spec = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
+        (Path(d) / "test.yaml").write_text(yaml.safe_dump(spec))
+        out = subprocess.run(["promtool", "test", "rules", "test.yaml"], capture_output=True, text=True, cwd=d)
+        assert out.returncode == 0, f"promtool test rules: {out.stdout}{out.stderr}"
 
 
 rendered = {}
@@ -267,13 +289,18 @@ def _():
     assert w["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
 
 
-@test("ha: the PrometheusRule selects this release's scrape job; the dashboard ConfigMap is the ops/ file")
+@test("ha: the PrometheusRule selects this release's namespace and scrape job; the dashboard ConfigMap is the ops/ file")
 def _():
     docs = manifests(rendered["ha"])
     (rule,) = find(docs, "PrometheusRule")
     exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
     assert any('job=~"berth-metrics"' in e for e in exprs), exprs
-    assert not any('job=~".*berth.*"' in e for e in exprs), "a rule kept the generic job selector"
+    assert not any(".*berth.*" in e for e in exprs), "a rule kept a generic selector"
+    for e in exprs:
+        # Every selector of every rule: berth_* and up by job, kube-state-metrics by name.
+        selectors = len(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*\{", e))
+        assert selectors and e.count('namespace="berth", ') == selectors, f"a selector without the namespace: {e}"
+    assert any('deployment="berth"' in e for e in exprs), exprs
     (cm,) = find(docs, "ConfigMap")
     assert cm["data"]["berth-dashboard.json"] == (ROOT / "ops/grafana/berth-dashboard.json").read_text().rstrip("\n")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -485,9 +512,17 @@ def _():
         vals = values("default")
         vals["api"] = {"internalPort": port}
         refused(vals, "must be three different ports")
+
+
+@test("refused: api.port == api.metricsPort")
+def _():
     vals = values("default")
     vals["api"] = {"metricsPort": 8790}
-    refused(vals, "must be three different ports")
+    refused(vals, "api.port and api.metricsPort are both 8790")
+    vals["api"] = {"port": 9464, "metricsPort": 9464}
+    refused(vals, "api.port and api.metricsPort are both 9464")
+    vals["api"] = {"port": 9464, "metricsPort": 8790}
+    manifests(render(vals))
 
 
 def without_jwt(base: dict) -> dict:
@@ -565,6 +600,206 @@ def _():
     vals = values("default")
     vals["worker"] = {"enabled": True}
     refused(vals, "worker.token.existingSecret is required")
+
+
+def release_rules(name: str, namespace: str, **prometheus_rule) -> list:
+    vals = values("default")
+    vals["metrics"] = {"prometheusRule": {"enabled": True, **prometheus_rule}}
+    (rule,) = find(manifests(render(vals, name=name, namespace=namespace)), "PrometheusRule")
+    return rule["spec"]["groups"]
+
+
+@test("two releases in one cluster never fire each other's alerts (promtool test rules)")
+def _():
+    # Release "berth" in namespace team-a, next to: the same release name in team-b, and a
+    # release "berth-staging" (fullname berth-staging) in team-a itself.
+    groups = release_rules("berth", "team-a")
+    listen = "berth_db_listen_up{namespace=\"%s\", job=\"%s\", instance=\"%s\"}"
+    ready = "kube_pod_status_ready{namespace=\"%s\", pod=\"%s\", condition=\"true\"}"
+    available = "kube_deployment_status_replicas_available{namespace=\"%s\", deployment=\"%s\"}"
+    spec = "kube_deployment_spec_replicas{namespace=\"%s\", deployment=\"%s\"}"
+    others = [
+        (listen % ("team-b", "berth-metrics", "10.1.0.1:9464"), "0x15"),
+        (listen % ("team-a", "berth-staging-metrics", "10.0.0.9:9464"), "0x15"),
+        (ready % ("team-b", "berth-7d9fbc5c4-x2b9q"), "0x15"),
+        (ready % ("team-a", "berth-staging-7d9fbc5c4-x2b9q"), "0x15"),
+        (ready % ("team-a", "berth-staging-worker-0"), "0x15"),
+        (available % ("team-b", "berth"), "0x15"),
+        (spec % ("team-b", "berth"), "2x15"),
+        (available % ("team-a", "berth-staging"), "0x15"),
+        (spec % ("team-a", "berth-staging"), "2x15"),
+    ]
+    ours = [
+        (listen % ("team-a", "berth-metrics", "10.0.0.1:9464"), "1x15"),
+        (ready % ("team-a", "berth-7d9fbc5c4-h8k2m"), "1x15"),
+        (ready % ("team-a", "berth-worker-0"), "1x15"),
+        # The migration Job's pod is never ready, by design.
+        (ready % ("team-a", "berth-migrate-x2b9q"), "0x15"),
+        (available % ("team-a", "berth"), "2x15"),
+        (spec % ("team-a", "berth"), "2x15"),
+    ]
+    quiet = [
+        {"eval_time": "15m", "alertname": a, "exp_alerts": []}
+        for a in ("BerthDbListenDown", "BerthReplicaNotReady", "BerthApiUnavailable")
+    ]
+    series = [{"series": s, "values": v} for s, v in others + ours]
+    promtool_test(groups, [{"interval": "1m", "input_series": series, "alert_rule_test": quiet}])
+    # And the same rules do fire for this release's own series.
+    down = [
+        (listen % ("team-a", "berth-metrics", "10.0.0.1:9464"), "0x15"),
+        (ready % ("team-a", "berth-worker-1"), "0x15"),
+        (available % ("team-a", "berth"), "0x15"),
+        (spec % ("team-a", "berth"), "2x15"),
+    ]
+    firing = [
+        {"eval_time": "15m", "alertname": "BerthDbListenDown", "exp_alerts": [{"exp_labels": {
+            "severity": "critical", "namespace": "team-a", "job": "berth-metrics", "instance": "10.0.0.1:9464"}}]},
+        {"eval_time": "15m", "alertname": "BerthReplicaNotReady", "exp_alerts": [{"exp_labels": {
+            "severity": "warning", "namespace": "team-a", "pod": "berth-worker-1"}}]},
+        {"eval_time": "15m", "alertname": "BerthApiUnavailable", "exp_alerts": [{"exp_labels": {
+            "severity": "critical", "namespace": "team-a", "deployment": "berth"}}]},
+    ]
+    series = [{"series": s, "values": v} for s, v in down]
+    promtool_test(groups, [{"interval": "1m", "input_series": series, "alert_rule_test": firing}])
+
+
+@test("BerthDbListenDown in the PrometheusRule: fires after 3 minutes at 0, never at 1")
+def _():
+    groups = release_rules("berth", "berth")
+    (rule,) = [r for g in groups for r in g["rules"] if r["alert"] == "BerthDbListenDown"]
+    assert rule["expr"] == 'berth_db_listen_up{namespace="berth", job=~"berth-metrics"} == 0', rule["expr"]
+    assert rule["for"] == "3m", rule["for"]
+    down = 'berth_db_listen_up{namespace="berth", job="berth-metrics", instance="10.0.0.1:9464"}'
+    up = 'berth_db_listen_up{namespace="berth", job="berth-metrics", instance="10.0.0.2:9464"}'
+    fired = {"severity": "critical", "namespace": "berth", "job": "berth-metrics", "instance": "10.0.0.1:9464"}
+    promtool_test(groups, [{
+        "interval": "1m",
+        "input_series": [{"series": down, "values": "1 1 0x10"}, {"series": up, "values": "1x12"}],
+        "alert_rule_test": [
+            {"eval_time": "4m", "alertname": "BerthDbListenDown", "exp_alerts": []},
+            {"eval_time": "5m", "alertname": "BerthDbListenDown", "exp_alerts": [{"exp_labels": fired}]},
+        ],
+    }])
+
+
+@test("trustedProxies: BERTH_TRUSTED_PROXIES on the API pods only, comma-joined")
+def _():
+    docs = manifests(rendered["ha"])
+    assert env(container(docs, "Deployment", "api"))["BERTH_TRUSTED_PROXIES"] == "10.244.0.0/16,fd00:10:244::/56"
+    for job in find(docs, "Job", "migrate"):
+        assert "BERTH_TRUSTED_PROXIES" not in env(job["spec"]["template"]["spec"]["containers"][0])
+    assert "BERTH_TRUSTED_PROXIES" not in env(container(manifests(rendered["default"]), "Deployment", "api"))
+    docs = manifests(rendered["edge"])
+    assert "BERTH_TRUSTED_PROXIES" not in env(container(docs, "StatefulSet", "worker"))
+    # Without the Ingress it is optional, and rendered when given (a proxy outside the chart).
+    vals = values("default")
+    vals["trustedProxies"] = ["192.0.2.10"]
+    api = container(manifests(render(vals)), "Deployment", "api")
+    assert env(api)["BERTH_TRUSTED_PROXIES"] == "192.0.2.10"
+
+
+@test("refused: the Ingress without trustedProxies, or with one that trusts everyone")
+def _():
+    vals = values("ha")
+    del vals["trustedProxies"]
+    try:
+        render(vals)
+    except helm.HelmError as e:
+        msg = str(e)
+        for needle in ("trustedProxies is empty while the Ingress is enabled", "X-Forwarded-For", "login rate limits"):
+            assert needle in msg, f"{needle!r} not in {msg}"
+    else:
+        raise AssertionError("rendered an Ingress without trustedProxies")
+    vals["trustedProxies"] = []
+    refused(vals, "trustedProxies is empty while the Ingress is enabled")
+    for everyone in ("0.0.0.0/0", "::/0"):
+        vals["trustedProxies"] = ["10.244.0.0/16", everyone]
+        refused(vals, f"trustedProxies holds {everyone}, which trusts every address")
+    vals["trustedProxies"] = ["10.244.0.0/16"]
+    vals["extraEnv"] = [{"name": "BERTH_TRUSTED_PROXIES", "value": "10.0.0.0/8"}]
+    refused(vals, "extraEnv sets BERTH_TRUSTED_PROXIES: set the trustedProxies value instead")
+    vals = values("default")
+    vals["trustedProxies"] = ["10.0.0.0/33"]
+    refused(vals, "at '/trustedProxies/0'")
+    vals["trustedProxies"] = "10.0.0.0/8"
+    refused(vals, "at '/trustedProxies': got string, want array")
+
+
+def pdbs(vals: dict) -> list[dict]:
+    return find(manifests(render(vals)), "PodDisruptionBudget")
+
+
+@test("no PodDisruptionBudget that blocks drains: none with one API replica, every one rendered allows an eviction")
+def _():
+    vals = values("default")
+    vals["api"] = {"autoscaling": {"minReplicas": 1}}
+    assert not pdbs(vals), "a PDB over an autoscaler that may run one pod"
+    vals["api"] = {"replicaCount": 1, "autoscaling": {"enabled": False}}
+    out = render(vals)
+    assert not find(manifests(out), "PodDisruptionBudget"), "a PDB over one replica"
+    assert "No PodDisruptionBudget" in out["berth/templates/NOTES.txt"]
+    vals["api"] = {"replicaCount": 2, "autoscaling": {"enabled": False}}
+    (pdb,) = pdbs(vals)
+    assert pdb["spec"]["minAvailable"] == 1
+    vals["api"] = {"replicaCount": 3, "autoscaling": {"enabled": False}, "pdb": {"enabled": True, "maxUnavailable": 1}}
+    (pdb,) = pdbs(vals)
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "selector": pdb["spec"]["selector"],
+    }, pdb["spec"]
+    vals["api"] = {"replicaCount": 3, "autoscaling": {"enabled": False}, "pdb": {"enabled": False}}
+    assert not pdbs(vals)
+    for v in VALUES:
+        vals = values(v)
+        api = {**yaml.safe_load((CHART / "values.yaml").read_text())["api"], **vals.get("api", {})}
+        hpa = {**yaml.safe_load((CHART / "values.yaml").read_text())["api"]["autoscaling"], **api["autoscaling"]}
+        floor = hpa["minReplicas"] if hpa["enabled"] else api["replicaCount"]
+        for pdb in find(manifests(rendered[v]), "PodDisruptionBudget"):
+            assert floor > 1, f"{v}: a PDB with {floor} replica"
+            if "minAvailable" in pdb["spec"]:
+                assert pdb["spec"]["minAvailable"] < floor, f"{v}: {pdb['spec']} with {floor} replicas"
+
+
+@test("refused: a PodDisruptionBudget that could never allow an eviction")
+def _():
+    vals = values("default")
+    vals["api"] = {"pdb": {"enabled": True, "minAvailable": 2}}  # autoscaler floor 2
+    refused(vals, "api.pdb.minAvailable (2) is not below the fewest API replicas (2, api.autoscaling.minReplicas)")
+    vals["api"] = {"replicaCount": 3, "autoscaling": {"enabled": False}, "pdb": {"enabled": True, "minAvailable": 3}}
+    refused(vals, "api.pdb.minAvailable (3) is not below the fewest API replicas (3, api.replicaCount)")
+    vals["api"] = {"replicaCount": 3, "autoscaling": {"enabled": False}, "pdb": {"enabled": True, "minAvailable": "100%"}}
+    refused(vals, "api.pdb.minAvailable is 100%")
+    for zero in (0, "0%"):
+        vals["api"] = {"pdb": {"enabled": True, "maxUnavailable": zero}}
+        refused(vals, "api.pdb.maxUnavailable is 0")
+    vals["api"] = {"replicaCount": 3, "autoscaling": {"enabled": False}, "pdb": {"enabled": True, "minAvailable": 2}}
+    (pdb,) = pdbs(vals)
+    assert pdb["spec"]["minAvailable"] == 2
+
+
+@test("refused: autoscaling.minReplicas above maxReplicas")
+def _():
+    vals = values("default")
+    vals["api"] = {"autoscaling": {"minReplicas": 5, "maxReplicas": 4}}
+    refused(vals, "api.autoscaling.minReplicas (5) is greater than api.autoscaling.maxReplicas (4)")
+    vals["api"] = {"autoscaling": {"minReplicas": 4, "maxReplicas": 4}}
+    (hpa,) = find(manifests(render(vals)), "HorizontalPodAutoscaler")
+    assert hpa["spec"]["minReplicas"] == hpa["spec"]["maxReplicas"] == 4
+    # Without the autoscaler its bounds are unused: not checked.
+    vals["api"] = {"replicaCount": 2, "autoscaling": {"enabled": False, "minReplicas": 5, "maxReplicas": 4}}
+    assert not find(manifests(render(vals)), "HorizontalPodAutoscaler")
+
+
+@test("refused by values.schema.json: an enabled Ingress without hosts")
+def _():
+    vals = values("ha")
+    vals["ingress"]["hosts"] = []
+    refused(vals, "at '/ingress/hosts': minItems: got 0, want 1")
+    vals["ingress"]["hosts"] = None  # null removes the chart's default list
+    refused(vals, "at '/ingress': missing property 'hosts'")
+    vals = values("default")
+    vals["ingress"] = {"enabled": False, "hosts": []}
+    assert not find(manifests(render(vals)), "Ingress")
 
 
 @test("refused by values.schema.json: a port that is not a number, a misspelt key")

@@ -192,6 +192,18 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* The fewest API pods that run outside a rollout: the autoscaler's floor, or replicaCount. */}}
+{{- define "berth.minReplicas" -}}
+{{- ternary .Values.api.autoscaling.minReplicas .Values.api.replicaCount .Values.api.autoscaling.enabled | int -}}
+{{- end -}}
+
+{{/* Is the PodDisruptionBudget rendered? Only when at least two API pods always run: with one,
+     any budget that protects it (minAvailable: 1) blocks every node drain, and one that lets
+     it go protects nothing. */}}
+{{- define "berth.pdbEnabled" -}}
+{{- if and .Values.api.pdb.enabled (gt (int (include "berth.minReplicas" .)) 1) }}true{{ end -}}
+{{- end -}}
+
 {{/* Combinations that render fine but break at run time: refuse them at install. */}}
 {{- define "berth.checkValues" -}}
 {{- if and (include "berth.multiReplica" .) (not .Values.jwt.existingSecret) -}}
@@ -212,9 +224,47 @@ true
 {{- if and (not .Values.database.caSecret) (not .Values.database.allowUnverifiedTls) -}}
 {{- fail "database.caSecret is empty: Berth would not verify the PostgreSQL server's certificate, and sslmode=require without a CA encrypts but does not authenticate the server (an active attacker in the path can impersonate it). Put the CA that signed the server's certificate in a Secret and name it: kubectl create secret generic berth-db-ca --from-file=ca.crt=./db-ca.pem; database.caSecret=berth-db-ca. To connect without verifying anyway, set database.allowUnverifiedTls=true" -}}
 {{- end -}}
+{{- if eq (int .Values.api.port) (int .Values.api.metricsPort) -}}
+{{- fail (printf "api.port and api.metricsPort are both %d: the metrics listener must have a port of its own, or /metrics would be served on the public port, behind the Service and the Ingress" (int .Values.api.port)) -}}
+{{- end -}}
 {{- $ports := list (int .Values.api.port) (int .Values.api.metricsPort) (int .Values.api.internalPort) -}}
 {{- if ne (len (uniq $ports)) 3 -}}
 {{- fail (printf "api.port (%d), api.metricsPort (%d) and api.internalPort (%d) must be three different ports: the internal and metrics listeners must not share the public one" (int .Values.api.port) (int .Values.api.metricsPort) (int .Values.api.internalPort)) -}}
+{{- end -}}
+{{- $hpa := .Values.api.autoscaling -}}
+{{- if and $hpa.enabled (gt (int $hpa.minReplicas) (int $hpa.maxReplicas)) -}}
+{{- fail (printf "api.autoscaling.minReplicas (%d) is greater than api.autoscaling.maxReplicas (%d): Kubernetes rejects such a HorizontalPodAutoscaler" (int $hpa.minReplicas) (int $hpa.maxReplicas)) -}}
+{{- end -}}
+{{- range .Values.extraEnv -}}
+{{- if eq .name "BERTH_TRUSTED_PROXIES" -}}
+{{- fail "extraEnv sets BERTH_TRUSTED_PROXIES: set the trustedProxies value instead (a list of CIDRs), which the chart renders as BERTH_TRUSTED_PROXIES and checks against the Ingress" -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.ingress.enabled (not .Values.trustedProxies) -}}
+{{- fail "trustedProxies is empty while the Ingress is enabled: behind the ingress controller every request comes from its pods, and Berth takes the client's address from X-Forwarded-For only when the peer is a trusted proxy. Without it the login rate limits and the per-address connection limits count all clients as one address (the controller's), so one client can lock everyone out, and logs show the controller's address. Set trustedProxies to the ingress controller pods' addresses, e.g. the cluster's pod CIDR: trustedProxies: [10.244.0.0/16]" -}}
+{{- end -}}
+{{- range .Values.trustedProxies -}}
+{{- if or (hasSuffix "/0" .) (eq . "0.0.0.0") (eq . "::") -}}
+{{- fail (printf "trustedProxies holds %s, which trusts every address: any client could then name its own address in X-Forwarded-For and escape the login rate limits. List the proxies' own networks" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if include "berth.pdbEnabled" . -}}
+{{- $min := int (include "berth.minReplicas" .) -}}
+{{- $pdb := .Values.api.pdb -}}
+{{- if hasKey $pdb "maxUnavailable" -}}
+{{- if has (toString $pdb.maxUnavailable) (list "0" "0%") -}}
+{{- fail "api.pdb.maxUnavailable is 0: no API pod could ever be evicted, so every node drain would wait forever. Use 1 (or leave it unset for minAvailable)" -}}
+{{- end -}}
+{{- else -}}
+{{- $minAvailable := $pdb.minAvailable | default 1 -}}
+{{- if kindIs "string" $minAvailable -}}
+{{- if eq $minAvailable "100%" -}}
+{{- fail "api.pdb.minAvailable is 100%: no API pod could ever be evicted, so every node drain would wait forever. Lower it, or set api.pdb.maxUnavailable" -}}
+{{- end -}}
+{{- else if ge (int $minAvailable) $min -}}
+{{- fail (printf "api.pdb.minAvailable (%d) is not below the fewest API replicas (%d, %s): no API pod could ever be evicted, so every node drain would wait forever. Lower it, or set api.pdb.maxUnavailable" (int $minAvailable) $min (ternary "api.autoscaling.minReplicas" "api.replicaCount" .Values.api.autoscaling.enabled)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.worker.enabled (gt (int .Values.worker.replicas) 1) (not .Values.worker.token.perPod) -}}
 {{- fail "worker.replicas > 1 needs worker.token.perPod=true: a worker credential serves one workspace host, so each pod needs its own" -}}
