@@ -172,8 +172,14 @@ impl Workspace {
     pub(crate) fn remove_file(&self, path: &str) -> Result<(), PathError> {
         let rel = self.relative(path)?;
         self.guard(path, &rel, Access::Write)?;
-        let parent = rel.parent().filter(|p| !p.as_os_str().is_empty());
-        let dir = match parent {
+        let (dir, name) = self.parent_for_write(path, &rel)?;
+        dir.remove_file(name).map_err(|e| fs_error(path, &e))
+    }
+
+    /// The directory the model's `path` (relative `rel`, guarded by name) is written in,
+    /// opened and guarded as what it really is, and the name in it.
+    fn parent_for_write<'a>(&self, path: &str, rel: &'a Path) -> Result<(Dir, &'a OsStr), PathError> {
+        let dir = match rel.parent().filter(|p| !p.as_os_str().is_empty()) {
             Some(parent) => self.dir.open_dir(parent).map_err(|e| fs_error(path, &e))?,
             None => self.dir.try_clone().map_err(|e| fs_error(path, &e))?,
         };
@@ -181,7 +187,7 @@ impl Workspace {
         let name = rel
             .file_name()
             .ok_or_else(|| PathError(format!("{path}: is a directory")))?;
-        dir.remove_file(name).map_err(|e| fs_error(path, &e))
+        Ok((dir, name))
     }
 
     /// Open a file for the model to read, confined to the workspace (and not Berth's).
@@ -244,14 +250,7 @@ impl Workspace {
                 Ok(_) => fs_error(path, &e),
             });
         }
-        let dir = match parent {
-            Some(parent) => self.dir.open_dir(parent).map_err(|e| fs_error(path, &e))?,
-            None => self.dir.try_clone().map_err(|e| fs_error(path, &e))?,
-        };
-        self.guard_opened(path, &dir, Access::Write)?;
-        let name = rel
-            .file_name()
-            .ok_or_else(|| PathError(format!("{path}: is a directory")))?;
+        let (dir, name) = self.parent_for_write(path, &rel)?;
         // What is there already (a symlink, say) is checked as what it really is.
         if let Ok(existing) = dir.open(name) {
             self.guard_opened(path, &existing, Access::Write)?;
