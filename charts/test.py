@@ -561,17 +561,17 @@ def _():
 @test("refused: more database connections than the server allows")
 def _():
     vals = values("default")
-    # 8 pods + 1 surge, 8 + 1 connections each, + 1 for the migration Job = 82 fit in 97;
-    # 10 pods (100) do not.
+    # 8 pods + 1 surge, 8 + 1 LISTEN + 1 readiness probe connections each, + 1 for the
+    # migration Job = 91 fit in 97; 10 pods (111) do not.
     docs = manifests(render(vals))
     assert env(container(docs, "Deployment", "api"))["BERTH_DB_POOL_SIZE"] == "8"
     vals["api"] = {"autoscaling": {"maxReplicas": 10}}
-    refused(vals, "may open 100 database connections")
-    vals["database"]["connectionLimit"] = 100
+    refused(vals, "may open 111 database connections")
+    vals["database"]["connectionLimit"] = 111
     manifests(render(vals))
     vals["api"] = {"replicaCount": 4, "autoscaling": {"enabled": False}}
     vals["database"].update({"poolSize": 32, "connectionLimit": 150})
-    refused(vals, "may open 166 database connections")
+    refused(vals, "may open 171 database connections")
 
 
 @test("refused: a file:// object store shared by several replicas")
@@ -579,6 +579,20 @@ def _():
     vals = values("default")
     vals["objectStore"] = {"url": "file:///var/lib/berth/blobs"}
     refused(vals, "objectStore.url is a file:// URL")
+
+
+@test("the drain after SIGTERM ends within the grace period, before the kill")
+def _():
+    vals = values("default")
+    e = env(container(manifests(render(vals)), "Deployment", "api"))
+    # 60 s grace - 5 s preStop - 10 s margin.
+    assert e["BERTH_DRAIN_TIMEOUT_SECS"] == "45", e
+    vals["api"] = {"preStopDelaySeconds": 0, "terminationGracePeriodSeconds": 300}
+    e = env(container(manifests(render(vals)), "Deployment", "api"))
+    assert e["BERTH_DRAIN_TIMEOUT_SECS"] == "290", e
+    vals["api"] = {"preStopDelaySeconds": 5, "terminationGracePeriodSeconds": 10}
+    e = env(container(manifests(render(vals)), "Deployment", "api"))
+    assert e["BERTH_DRAIN_TIMEOUT_SECS"] == "1", e
 
 
 @test("refused: a preStop delay as long as the grace period")

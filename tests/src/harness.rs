@@ -256,7 +256,10 @@ impl TestServer {
             .env("RUST_LOG", "debug")
             // Tests drive many requests from one credential; the limits test sets its own.
             .env("BERTH_RATE_PER_SEC", "100000")
-            .env("BERTH_RATE_BURST", "100000");
+            .env("BERTH_RATE_BURST", "100000")
+            // A test that stops a replica mid-turn with a worker that cannot move elsewhere
+            // waits this long, not the production default; the hand-over test sets its own.
+            .env("BERTH_DRAIN_TIMEOUT_SECS", "5");
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -167,11 +167,11 @@ fn prompt_of(request: &Value) -> String {
         .to_string()
 }
 
-/// A replica lost mid-turn (`how`: kill -9 or SIGTERM) with the worker connected to it
-/// through nginx: the worker reconnects through nginx to the other replica, the turn it was
-/// running ends `interrupted` and is not run again, the queued turn runs, and watchers that
-/// resume from their last sequence see every event once.
-async fn replica_lost_mid_turn(graceful: bool) {
+/// A replica killed (kill -9) mid-turn with the worker connected to it through nginx: the
+/// worker reconnects through nginx to the other replica, the turn it was running ends
+/// `interrupted` and is not run again, the queued turn runs, and watchers that resume from
+/// their last sequence see every event once.
+async fn replica_killed_mid_turn() {
     let mock = MockProvider::start().await;
     let mut stack = Stack::start(&mock, 2).await;
     let upstreams: Vec<&str> = stack.servers.iter().map(|s| s.addr.as_str()).collect();
@@ -212,14 +212,8 @@ async fn replica_lost_mid_turn(graceful: bool) {
         .expect("the first turn reached the model");
 
     let victim = &mut stack.servers[lost];
-    if graceful {
-        let status = victim.terminate().await;
-        // A SIGKILL after the grace period (the helper's fallback) would not be success.
-        assert!(status.success(), "the replica drains and exits by itself: {status}");
-    } else {
-        victim.child.start_kill().unwrap();
-        victim.child.wait().await.unwrap();
-    }
+    victim.child.start_kill().unwrap();
+    victim.child.wait().await.unwrap();
 
     for w in &mut watchers {
         // Well before the lost connection's presence could go stale (45 s) and be swept.
@@ -254,15 +248,159 @@ async fn replica_lost_mid_turn(graceful: bool) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replica_killed_mid_turn_interrupts_the_turn_and_the_worker_moves_on_through_nginx() {
     if nginx_installed() {
-        replica_lost_mid_turn(false).await;
+        replica_killed_mid_turn().await;
     }
 }
 
+/// A rollout's SIGTERM of the replica holding the worker's connection, mid-turn, behind
+/// nginx: the replica asks the worker to reconnect (`worker.reconnect`), the worker connects
+/// through nginx to the other replica and carries its running turn over (`worker.release`,
+/// `worker.carry`), the turn finishes there — its tool call, which was running during the
+/// move, and the model's answer after it — and the queued turn runs; the replica exits by
+/// itself, and watchers on both replicas see the whole history once, without a gap.
 #[tokio::test(flavor = "multi_thread")]
-async fn sigterm_mid_turn_drains_the_replica_within_its_grace_period() {
+async fn sigterm_mid_turn_hands_the_turn_over_to_another_replica() {
     if nginx_installed() {
-        replica_lost_mid_turn(true).await;
+        hand_over(false).await;
     }
+}
+
+/// The same with the turn waiting for an approval during the move: the worker asks again on
+/// the new connection, and the answer given afterwards through the other replica reaches it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_waiting_for_approval_survives_the_hand_over() {
+    if nginx_installed() {
+        hand_over(true).await;
+    }
+}
+
+async fn hand_over(approval: bool) {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start_with(&mock, 2, &[("BERTH_DRAIN_TIMEOUT_SECS", "15")]).await;
+    let upstreams: Vec<&str> = stack.servers.iter().map(|s| s.addr.as_str()).collect();
+    let nginx = Nginx::start(&upstreams).await.unwrap();
+    let ids = replica_ids(&stack).await;
+    stack.kill_worker().await;
+    stack.start_worker_at(&nginx.addr).await;
+    let lost = holder(&stack, &ids).await;
+    let survivor = 1 - lost;
+
+    let mut on = client_per_replica(&nginx, &stack.token, 2).await;
+    let sid = on[0]
+        .1
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "autoApprove": !approval}),
+        )
+        .await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut watchers = Vec::new();
+    on.sort_by_key(|(r, _)| *r != ids[lost]);
+    for (replica, _) in &on {
+        let mut w = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
+        while w.replica().await != *replica {
+            w = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
+        }
+        watchers.push(w);
+    }
+
+    // The first turn runs a command that outlasts the move, then answers.
+    let command = "touch started; sleep 4; echo slept-through-the-move";
+    mock.push(Reply::tools(&[("c1", "shell", json!({"command": command}))], 8));
+    mock.push(Reply::text(&["after ", "the move"]));
+    mock.push(Reply::text(&["second ", "answer"]));
+    let mut sender = stack.client(survivor).await;
+    let first = sender
+        .ok("session.send", json!({"sessionId": sid, "prompt": "one"}))
+        .await;
+    let second = sender
+        .ok("session.send", json!({"sessionId": sid, "prompt": "two"}))
+        .await;
+    assert_eq!(second["state"], "queued", "{second}");
+    let started = stack.workspace_dir.join("started");
+    let interaction = if approval {
+        let asked = watchers[1].until(30, |e| e["type"] == "interaction.requested").await;
+        Some(asked["interaction"]["interactionId"].as_str().unwrap().to_string())
+    } else {
+        eventually(30, || {
+            let started = started.clone();
+            async move { started.exists().then_some(()) }
+        })
+        .await
+        .expect("the command started");
+        None
+    };
+
+    let status = stack.servers[lost].terminate().await;
+    // A SIGKILL after the harness's wait would not be success.
+    assert!(status.success(), "the replica drains and exits by itself: {status}");
+    if let Some(iid) = interaction {
+        assert!(!started.exists(), "the command waits for its approval");
+        let answered = sender
+            .ok(
+                "session.respond",
+                json!({"interactionId": iid, "answer": {"approved": true}}),
+            )
+            .await;
+        assert_eq!(answered["state"], "answered");
+    }
+
+    for w in &mut watchers {
+        let end = w
+            .until(60, |e| e["type"] == "turn.ended" && e["turnId"] == first["turnId"])
+            .await;
+        assert_eq!(end["state"], "completed", "the turn survived the rollout: {end}");
+        let end = w
+            .until(60, |e| e["type"] == "turn.ended" && e["turnId"] == second["turnId"])
+            .await;
+        assert_eq!(end["state"], "completed", "{end}");
+    }
+    assert!(watchers[0].resumes > 0, "the drained replica's watcher had to resume");
+
+    // Nothing was run twice: the model saw the first prompt, its tool result, then the second.
+    let prompts: Vec<String> = mock.requests().iter().map(prompt_of).collect();
+    assert_eq!(prompts, ["one", "one", "two"]);
+    let tool_result = mock.requests()[1].to_string();
+    assert!(tool_result.contains("slept-through-the-move"), "{tool_result}");
+    assert_eq!(holder(&stack, &ids).await, survivor);
+    let log = std::fs::read_to_string(&stack.servers[lost].log).unwrap();
+    assert!(log.contains("turn released to move to another connection"), "{log}");
+
+    // Both watchers saw exactly the stored history, and a fresh reader agrees.
+    let mut fresh = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
+    let last = watchers[0].last;
+    fresh.until(30, |e| e["sequence"] == last).await;
+    // Each event once, in order, with the same rows (a tool call's row carries the status it
+    // had when the event went out live, and its current one when read later: left out).
+    let seqs = |w: &Resuming| {
+        w.events
+            .iter()
+            .map(|e| {
+                let bodies: Vec<&Value> = e["rows"].as_array().into_iter().flatten().map(|r| &r["body"]).collect();
+                (
+                    e["sequence"].clone(),
+                    e["type"].clone(),
+                    e["turnId"].clone(),
+                    json!(bodies),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(seqs(&watchers[0]), seqs(&fresh));
+    assert_eq!(seqs(&watchers[1]), seqs(&fresh));
+    let mut c = stack.client(survivor).await;
+    let rows = c.history(&sid).await;
+    let result = rows
+        .iter()
+        .find(|r| r["kind"] == "toolResult")
+        .expect("the tool's result is stored");
+    assert!(result.to_string().contains("slept-through-the-move"), "{result}");
+    let bodies = c.history_bodies(&sid).await;
+    assert_eq!(bodies.first().map(String::as_str), Some("one"));
+    assert!(bodies.iter().any(|b| b == "after the move"), "{bodies:?}");
+    assert_eq!(bodies[bodies.len() - 2..], ["two", "second answer"]);
 }
 
 async fn status(url: &str) -> u16 {

@@ -216,9 +216,9 @@ true
 {{- fail "api.preStopDelaySeconds must be shorter than api.terminationGracePeriodSeconds (the drain after SIGTERM needs the rest of the grace period)" -}}
 {{- end -}}
 {{- $pods := ternary .Values.api.autoscaling.maxReplicas .Values.api.replicaCount .Values.api.autoscaling.enabled | int -}}
-{{- $needed := add 1 (mul (add1 $pods) (add1 (int .Values.database.poolSize))) -}}
+{{- $needed := add 1 (mul (add1 $pods) (add 2 (int .Values.database.poolSize))) -}}
 {{- if gt (int $needed) (int .Values.database.connectionLimit) -}}
-{{- fail (printf "the API tier may open %d database connections ((%d pods + 1 surge) × (database.poolSize %d + 1 LISTEN) + 1 migration Job), more than database.connectionLimit %d: lower database.poolSize or the replica count, or raise PostgreSQL's max_connections and database.connectionLimit with it" (int $needed) $pods (int .Values.database.poolSize) (int .Values.database.connectionLimit)) -}}
+{{- fail (printf "the API tier may open %d database connections ((%d pods + 1 surge) × (database.poolSize %d + 1 LISTEN + 1 readiness probe) + 1 migration Job), more than database.connectionLimit %d: lower database.poolSize or the replica count, or raise PostgreSQL's max_connections and database.connectionLimit with it" (int $needed) $pods (int .Values.database.poolSize) (int .Values.database.connectionLimit)) -}}
 {{- end -}}
 {{- $_ := required "database.existingSecret is required (name of a Secret holding DATABASE_URL)" .Values.database.existingSecret -}}
 {{- if and (not .Values.database.caSecret) (not .Values.database.allowUnverifiedTls) -}}

@@ -57,6 +57,7 @@ pub(crate) async fn complete(
         scan: Default::default(),
         recorded: false,
         _permit: None,
+        _stream: None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(proxy::pump(

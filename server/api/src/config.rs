@@ -432,6 +432,12 @@ pub struct Config {
     /// `BERTH_INTERACTION_TIMEOUT_SECS`: how long an approval or question waits for an answer
     /// before its fallback answers (default 15 minutes).
     pub interaction_timeout: std::time::Duration,
+    /// `BERTH_DRAIN_TIMEOUT_SECS`: after SIGTERM, how long the replica keeps relaying the
+    /// running turns of its workers while they move to another replica (`worker.reconnect`),
+    /// and serving the model streams in flight, before it stops (default 45: the chart's
+    /// grace period of 60 s less its preStop delay and a margin). Turns still held then end
+    /// `interrupted`.
+    pub drain_timeout: std::time::Duration,
     /// `BERTH_COORDINATOR_MAX_CHILDREN`: child sessions one coordinator turn may start
     /// (default 16).
     pub coordinator_max_children: u32,
@@ -564,6 +570,7 @@ impl Config {
             object_store: ObjectStoreConfig::default(),
             max_attachment_bytes: 32 << 20,
             interaction_timeout: std::time::Duration::from_secs(15 * 60),
+            drain_timeout: std::time::Duration::from_secs(45),
             coordinator_max_children: 16,
             internal_url: None,
             internal_listen: None,

@@ -74,6 +74,10 @@ pub struct App {
     pub public_http: reqwest::Client,
     /// Cancelled when the replica shuts down; long-lived tasks end with it.
     pub shutdown: CancellationToken,
+    /// Cancelled at SIGTERM, before `shutdown`: the replica hands out no more turns, refuses
+    /// new worker connections, reports not ready, and asks its workers to move their turns
+    /// to another replica (`worker.reconnect`) while it keeps relaying them.
+    pub draining: CancellationToken,
     /// Live connections by principal (for revocation and per-credential limits).
     pub connections: connections::Connections,
     /// Login attempts per account and per source address.
@@ -162,6 +166,7 @@ pub async fn serve(
         provider_http,
         public_http,
         shutdown: token.clone(),
+        draining: CancellationToken::new(),
         connections: connections::Connections::default(),
         login_limiter: auth::LoginLimiter::default(),
         request_limiter: auth::KeyedLimiter::new(auth::BucketConfig {
@@ -200,9 +205,10 @@ pub async fn serve(
         .route("/metrics", get(metrics_handler))
         .with_state(state.clone());
 
-    let t = token.clone();
+    let (t, s) = (token.clone(), state.clone());
     tokio::spawn(async move {
         shutdown.await;
+        drain(&s).await;
         t.cancel();
     });
     let t = token.clone();
@@ -218,12 +224,21 @@ pub async fn serve(
             .await
     });
     let t = token.clone();
-    axum::serve(
+    let served = axum::serve(
         net::nodelay(listener),
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
-    .with_graceful_shutdown(async move { t.cancelled().await })
-    .await?;
+    .with_graceful_shutdown(async move { t.cancelled().await });
+    // Requests in flight get a bounded time to finish once the drain is over (a model stream
+    // that hangs must not keep the process up past its grace period).
+    let t = token.clone();
+    tokio::select! {
+        r = served => r?,
+        _ = async move {
+            t.cancelled().await;
+            tokio::time::sleep(HTTP_SHUTDOWN_GRACE).await;
+        } => tracing::warn!("requests still in flight after the shutdown grace period; stopping"),
+    }
     // Upgraded WebSockets outlive axum's graceful shutdown: let them finish their cleanup
     // (they were told to close when `token` was cancelled) while the database is still up.
     if !state.connections.drained(Duration::from_secs(10)).await {
@@ -232,6 +247,34 @@ pub async fn serve(
     metrics_server.await??;
     internal_server.await??;
     Ok(())
+}
+
+/// How long HTTP requests in flight may take to finish once a replica stops.
+const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// SIGTERM: stop handing out turns and ask the workers to move theirs to another replica
+/// ([`AppState::draining`]), then wait — within `BERTH_DRAIN_TIMEOUT_SECS` — until this
+/// replica relays no turn and serves no model stream.
+async fn drain(state: &AppState) {
+    state.draining.cancel();
+    let started = std::time::Instant::now();
+    let deadline = started + state.config.drain_timeout;
+    tracing::info!(
+        timeout_s = state.config.drain_timeout.as_secs(),
+        "draining: workers asked to move their turns"
+    );
+    loop {
+        let (turns, streams) = (state.workers.held_turns(), state.proxy.streams());
+        if turns == 0 && streams == 0 {
+            tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "drained");
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(turns, streams, "drain timeout: turns still held here end interrupted");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Periodic work any replica may do (each task is idempotent): interrupt the turns of
@@ -279,6 +322,9 @@ async fn schema() -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    if state.draining.is_cancelled() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining");
+    }
     if state.store.ready().await {
         (StatusCode::OK, "ready")
     } else {

@@ -43,9 +43,17 @@ pub struct ProxyLimits {
     max_concurrent: usize,
     rate: KeyedLimiter,
     running: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// One clone per model stream this replica serves to a worker ([`ProxyLimits::streams`]).
+    streams: Arc<()>,
 }
 
 impl ProxyLimits {
+    /// Model streams this replica is serving to workers now: a draining replica waits for
+    /// them (their turns may have moved to another replica meanwhile).
+    pub fn streams(&self) -> usize {
+        Arc::strong_count(&self.streams) - 1
+    }
+
     pub fn new(model: &ModelConfig) -> ProxyLimits {
         let per_min = model.requests_per_min.max(1);
         ProxyLimits {
@@ -56,6 +64,7 @@ impl ProxyLimits {
                 refill_every: Duration::from_secs(60) / per_min,
             }),
             running: Mutex::new(HashMap::new()),
+            streams: Arc::new(()),
         }
     }
 
@@ -210,6 +219,7 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         scan: UsageScanner::default(),
         recorded: false,
         _permit: Some(permit),
+        _stream: Some(state.proxy.streams.clone()),
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     tokio::spawn(pump(
@@ -480,6 +490,8 @@ pub(crate) struct Meter {
     pub(crate) scan: UsageScanner,
     pub(crate) recorded: bool,
     pub(crate) _permit: Option<OwnedSemaphorePermit>,
+    /// Counts the stream among [`ProxyLimits::streams`] until it ends.
+    pub(crate) _stream: Option<Arc<()>>,
 }
 
 impl Meter {

@@ -504,6 +504,8 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     config.receipt_retention = std::time::Duration::from_secs(retention);
     let interaction_timeout: u64 = settings.parse(None, "BERTH_INTERACTION_TIMEOUT_SECS", "900")?;
     config.interaction_timeout = std::time::Duration::from_secs(interaction_timeout);
+    let drain_timeout: u64 = settings.parse(None, "BERTH_DRAIN_TIMEOUT_SECS", "45")?;
+    config.drain_timeout = std::time::Duration::from_secs(drain_timeout);
     config.coordinator_max_children = settings.parse(None, "BERTH_COORDINATOR_MAX_CHILDREN", "16")?;
     config.internal_url = settings.get(None, "BERTH_INTERNAL_URL");
     config.internal_listen = match settings.get(None, "BERTH_INTERNAL_LISTEN") {

@@ -646,6 +646,59 @@ pub struct TurnEnd {
     pub step: Option<Vec<NewRow>>,
 }
 
+/// Server → worker notification: this replica is shutting down (a rollout, a scale-down, a
+/// drain). The worker opens another connection (through the load balancer, to a replica that
+/// is not draining), then hands its running turns over to it: `worker.release` on this
+/// connection, `worker.carry` on the new one. Turns are not interrupted; the draining replica
+/// keeps relaying their messages until they are released.
+pub const WORKER_RECONNECT: &str = "worker.reconnect";
+/// Worker → server request on the connection being left: stop relaying these turns here
+/// ([`WorkerRelease`]). Each is answered once every message the worker sent for it before has
+/// been handled, with where its live output stands ([`ReleasedTurn`]).
+pub const WORKER_RELEASE: &str = "worker.release";
+/// Worker → server request on the new connection: take over these turns released by the
+/// worker's connection `from` ([`WorkerCarry`]); answered with the turns taken
+/// ([`WorkerCarried`]). A turn not taken (it ended or was stopped meanwhile) is the worker's to
+/// stop.
+pub const WORKER_CARRY: &str = "worker.carry";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerRelease {
+    pub turns: Vec<String>,
+}
+
+/// A turn released by a draining replica, and where its live output stands: the new replica
+/// goes on from there, so that watchers' `model.delta` offsets stay continuous.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleasedTurn {
+    pub turn_id: String,
+    pub step: i32,
+    pub text: u64,
+    pub thinking: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerReleased {
+    pub turns: Vec<ReleasedTurn>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerCarry {
+    /// The connection the turns were released from (its `connectionId`).
+    pub from: String,
+    pub turns: Vec<ReleasedTurn>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerCarried {
+    pub turns: Vec<String>,
+}
+
 /// The path of the API tier's streaming model proxy (OpenAI Chat Completions shape).
 pub const MODEL_PROXY_PATH: &str = "/v1/model/chat/completions";
 

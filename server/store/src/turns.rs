@@ -820,6 +820,47 @@ impl Store {
         Ok(self.interrupt(rows).await)
     }
 
+    /// A worker hands its running turns over from its connection `from` (on a draining
+    /// replica, which released them) to its connection `to`: the turns among `turns` still
+    /// running and handed to `from` are handed to `to`; returns them with their sessions.
+    /// Both connections must be live and the credential's. The old presence row is held
+    /// (`FOR KEY SHARE`) until `COMMIT`, so that its connection's cleanup — delete the
+    /// presence, then interrupt the turns still handed to it — waits for this and then no
+    /// longer sees the turns carried; once it has deleted the row, nothing is carried.
+    pub async fn carry_turns(
+        &self,
+        principal: &Principal,
+        from: &str,
+        to: &str,
+        turns: &[String],
+    ) -> Result<Vec<(String, String)>> {
+        if turns.is_empty() || from == to {
+            return Ok(Vec::new());
+        }
+        let mut client = self.pool.get().await?;
+        let tx = crate::tenant_tx(&mut client, &principal.tenant_id).await?;
+        let live = tx
+            .qa(
+                "SELECT connection_id FROM worker_presence
+                 WHERE connection_id IN ($1, $2) AND credential_id = $3 AND tenant_id = $4 FOR KEY SHARE",
+                &[&from, &to, &principal.credential_id, &principal.tenant_id],
+            )
+            .await?;
+        if live.len() != 2 {
+            return Ok(Vec::new());
+        }
+        let rows = tx
+            .qa(
+                "UPDATE turns SET dispatched_to = $1
+                 WHERE id = ANY($2) AND dispatched_to = $3 AND tenant_id = $4 AND state = 'running'
+                 RETURNING id, session_id",
+                &[&to, &turns, &from, &principal.tenant_id],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
     /// Forget worker connections whose replica stopped heartbeating (it died), then
     /// interrupt every running turn handed to a connection with no live presence row —
     /// whatever left it so (a crash or an error between deleting the presence and

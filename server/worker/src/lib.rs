@@ -102,11 +102,19 @@ pub async fn run_reporting(
     connected: Arc<std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<()> {
     let http = net::http_client()?;
+    let shared = Shared::default();
     let mut backoff = Duration::from_millis(200);
     // The last connection's id: the next hello says it was given up.
     let mut previous = None;
     loop {
-        let outcome = connect_once(&config, &http, &shutdown, &connected, &mut previous).await;
+        let outcome = match Connection::open(&config, &http, &shared, previous.take()).await {
+            Ok(conn) => {
+                previous = Some(conn.id.to_string());
+                connected.store(true, std::sync::atomic::Ordering::Relaxed);
+                serve(conn, &config, &http, &shared, &shutdown, &mut previous).await
+            }
+            Err(e) => Err(e),
+        };
         connected.store(false, std::sync::atomic::Ordering::Relaxed);
         match outcome {
             Ok(()) => return Ok(()),
@@ -125,16 +133,328 @@ pub async fn run_reporting(
     }
 }
 
-/// The connection's outbound side, shared by turn tasks.
+/// Serve on `conn` until it ends or `shutdown`; when its replica drains
+/// (`worker.reconnect`), open another connection and carry the running turns over to it,
+/// then go on with that one.
+async fn serve(
+    mut conn: Connection,
+    config: &WorkerConfig,
+    http: &reqwest::Client,
+    shared: &Shared,
+    shutdown: &CancellationToken,
+    previous: &mut Option<String>,
+) -> anyhow::Result<()> {
+    loop {
+        tokio::select! {
+            ended = &mut conn.done => {
+                shared.connection_ended(&conn.id);
+                return ended.unwrap_or_else(|e| Err(anyhow::anyhow!("connection task failed: {e}")));
+            }
+            _ = conn.reconnect.notified() => {
+                if let Some(next) = move_to_another(&conn, config, http, shared, shutdown).await {
+                    *previous = Some(next.id.to_string());
+                    let old = std::mem::replace(&mut conn, next);
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        old.close.cancel();
+                        let _ = old.done.await;
+                        shared.connection_ended(&old.id);
+                    });
+                }
+            }
+            _ = shutdown.cancelled() => {
+                conn.close.cancel();
+                let _ = (&mut conn.done).await;
+                shared.connection_ended(&conn.id);
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// How soon a worker asked to reconnect tries again when no other replica takes it yet.
+const MOVE_RETRY: Duration = Duration::from_millis(250);
+/// How long `worker.release` and `worker.carry` may take to be answered.
+const MOVE_ANSWER: Duration = Duration::from_secs(15);
+
+/// `from`'s replica drains: connect again (through the load balancer, which reaches a
+/// replica that is not draining; the draining one refuses) while `from` lasts, then carry
+/// `from`'s running turns over to the new connection. None: `from` ended (or `shutdown`)
+/// before another connection was made; its turns end with it.
+async fn move_to_another(
+    from: &Connection,
+    config: &WorkerConfig,
+    http: &reqwest::Client,
+    shared: &Shared,
+    shutdown: &CancellationToken,
+) -> Option<Connection> {
+    tracing::info!(worker.connection = %from.id, "the server drains; moving to another replica");
+    let next = loop {
+        if from.done.is_finished() || shutdown.is_cancelled() {
+            return None;
+        }
+        match Connection::open(config, http, shared, None).await {
+            Ok(next) => break next,
+            Err(e) => tracing::debug!(error = %e, "no other replica took the connection yet"),
+        }
+        tokio::time::sleep(MOVE_RETRY).await;
+    };
+    carry(shared, from, &next).await;
+    Some(next)
+}
+
+/// Hand the turns running on `from` over to `to`: hold their messages, have `from`'s replica
+/// release them once it has handled what they sent before (`worker.release`), have `to`'s
+/// take them (`worker.carry`), then let their messages go to `to` — with the requests still
+/// waiting on `from` for an answer that comes in its own time (an approval, a child's end, a
+/// compaction) asked again there (each is idempotent). A turn released but not taken (it
+/// ended or was stopped meanwhile) stops here; one not released stays on `from` and ends
+/// with it.
+async fn carry(shared: &Shared, from: &Connection, to: &Connection) {
+    let owned: Vec<(String, Route)> = shared
+        .turns
+        .lock()
+        .expect("running lock")
+        .running
+        .iter()
+        .filter(|(_, t)| *t.conn == *from.id)
+        .map(|(id, t)| (id.clone(), t.route.clone()))
+        .collect();
+    if owned.is_empty() {
+        return;
+    }
+    let mut held = Vec::new();
+    for (id, route) in &owned {
+        held.push((id.clone(), route.clone().write_owned().await));
+    }
+    let ids: Vec<&String> = owned.iter().map(|(id, _)| id).collect();
+    let from_out = Out::new(&from.id, from.out.clone());
+    let released = tokio::time::timeout(
+        MOVE_ANSWER,
+        shared.request(&from_out, wp::WORKER_RELEASE, serde_json::json!({"turns": ids}), None),
+    )
+    .await;
+    let released: Vec<wp::ReleasedTurn> = match released {
+        Ok(Ok(r)) => parse::<wp::WorkerReleased>(r).map(|r| r.turns).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let to_out = Out::new(&to.id, to.out.clone());
+    let carried: Vec<String> = if released.is_empty() {
+        Vec::new()
+    } else {
+        let params = serde_json::to_value(wp::WorkerCarry {
+            from: from.id.to_string(),
+            turns: released.clone(),
+        })
+        .unwrap_or_default();
+        match tokio::time::timeout(MOVE_ANSWER, shared.request(&to_out, wp::WORKER_CARRY, params, None)).await {
+            Ok(Ok(r)) => parse::<wp::WorkerCarried>(r).map(|r| r.turns).unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    };
+    {
+        let mut turns = shared.turns.lock().expect("running lock");
+        for (id, guard) in &mut held {
+            if carried.contains(id) {
+                **guard = to_out.clone();
+                if let Some(t) = turns.running.get_mut(id.as_str()) {
+                    t.conn = to.id.clone();
+                }
+            } else if released.iter().any(|r| r.turn_id == *id)
+                && let Some(t) = turns.running.remove(id.as_str())
+            {
+                tracing::warn!(turn.id = %id, "turn released but not carried over; stopping it");
+                t.cancel.cancel();
+            }
+        }
+    }
+    drop(held);
+    shared.ask_again(&from.id, &to_out, &carried).await;
+    tracing::info!(carried = carried.len(), of = owned.len(), worker.connection = %to.id, "running turns carried over to the new connection");
+}
+
+fn parse<T: serde::de::DeserializeOwned>(answer: Option<Box<RawValue>>) -> Option<T> {
+    serde_json::from_str(answer.as_deref().map_or("null", RawValue::get)).ok()
+}
+
+/// A request as it goes out, its params borrowed (a step's rows are not copied).
+#[derive(serde::Serialize)]
+struct OutgoingRequest<'a> {
+    jsonrpc: &'static str,
+    id: u32,
+    method: &'a str,
+    params: &'a serde_json::Value,
+}
+
+impl<'a> OutgoingRequest<'a> {
+    fn new(id: u32, method: &'a str, params: &'a serde_json::Value) -> Self {
+        OutgoingRequest {
+            jsonrpc: "2.0",
+            id,
+            method,
+            params,
+        }
+    }
+}
+
+/// Where a turn's messages go: the writer of the connection it runs on, switched when the
+/// turn is carried over to another connection (senders hold it for reading while they send,
+/// so that a switch waits for a message in flight).
+type Route = Arc<tokio::sync::RwLock<Out>>;
+
+/// A connection's writer, and the connection's id.
+#[derive(Clone)]
+struct Out {
+    conn: Arc<str>,
+    tx: mpsc::Sender<Message>,
+}
+
+impl Out {
+    fn new(conn: &Arc<str>, tx: mpsc::Sender<Message>) -> Out {
+        Out { conn: conn.clone(), tx }
+    }
+}
+
+/// What outlives a connection: the requests waiting for an answer (ids unique across
+/// connections) and the running turns.
+#[derive(Clone, Default)]
+struct Shared {
+    pending: Arc<Mutex<HashMap<u32, Waiting>>>,
+    next_id: Arc<std::sync::atomic::AtomicU32>,
+    turns: Running,
+    /// How turns ended (for parents waiting on sub-agents).
+    endings: Arc<delegate::Endings>,
+}
+
+/// A request waiting for its answer.
+struct Waiting {
+    answer: oneshot::Sender<Answer>,
+    /// The connection it was sent on.
+    conn: Arc<str>,
+    /// A turn's request answered in its own time by the server (an approval, a child's end, a
+    /// compaction), asked again on the connection its turn is carried to: (turn, method,
+    /// params).
+    again: Option<(String, String, serde_json::Value)>,
+}
+
+/// Turn requests the server answers in their own time, apart from the turn's ordered queue:
+/// asked again when their turn is carried to another connection (each is idempotent).
+fn asked_again(method: &str) -> bool {
+    matches!(method, wp::TURN_INTERACTION | wp::TURN_CHILD_WAIT | wp::TURN_COMPACT)
+}
+
+impl Shared {
+    /// Send request `method` on `out` and wait for its answer (on whichever connection it
+    /// comes).
+    async fn request(
+        &self,
+        out: &Out,
+        method: &str,
+        params: serde_json::Value,
+        again: Option<String>,
+    ) -> anyhow::Result<Option<Box<RawValue>>> {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let msg = serde_json::to_string(&OutgoingRequest::new(id, method, &params))?;
+        let (tx, rx) = oneshot::channel();
+        let again = again.map(|turn| (turn, method.to_string(), params));
+        self.pending.lock().expect("pending lock").insert(
+            id,
+            Waiting {
+                answer: tx,
+                conn: out.conn.clone(),
+                again,
+            },
+        );
+        out.tx
+            .send(Message::Text(msg.into()))
+            .await
+            .context("connection closed")?;
+        Ok(rx.await.context("connection closed before the response")??)
+    }
+
+    /// An answer came for request `id`.
+    fn answered(&self, id: u32, answer: Answer) {
+        if let Some(w) = self.pending.lock().expect("pending lock").remove(&id) {
+            let _ = w.answer.send(answer);
+        }
+    }
+
+    /// The requests of the `carried` turns still waiting on connection `from`, asked again
+    /// on `to` (under new ids; a late answer on `from` finds nobody waiting).
+    async fn ask_again(&self, from: &str, to: &Out, carried: &[String]) {
+        let moved: Vec<Waiting> = {
+            let mut pending = self.pending.lock().expect("pending lock");
+            let ids: Vec<u32> = pending
+                .iter()
+                .filter(|(_, w)| *w.conn == *from && w.again.as_ref().is_some_and(|(t, ..)| carried.contains(t)))
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| pending.remove(id)).collect()
+        };
+        for mut w in moved {
+            let Some((_, method, params)) = &w.again else { continue };
+            let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let Ok(msg) = serde_json::to_string(&OutgoingRequest::new(id, method, params)) else {
+                continue;
+            };
+            w.conn = to.conn.clone();
+            self.pending.lock().expect("pending lock").insert(id, w);
+            let _ = to.tx.send(Message::Text(msg.into())).await;
+        }
+    }
+
+    /// Connection `conn` ended: the turns still running on it stop (its replica interrupts
+    /// them), and requests still waiting for an answer on it fail.
+    fn connection_ended(&self, conn: &str) {
+        let stopped: Vec<CancellationToken> = {
+            let mut turns = self.turns.lock().expect("running lock");
+            let ids: Vec<String> = turns
+                .running
+                .iter()
+                .filter(|(_, t)| *t.conn == *conn)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter()
+                .filter_map(|id| turns.running.remove(id))
+                .map(|t| t.cancel)
+                .collect()
+        };
+        for cancel in stopped {
+            cancel.cancel();
+        }
+        self.pending
+            .lock()
+            .expect("pending lock")
+            .retain(|_, w| *w.conn != *conn);
+    }
+}
+
+/// One connection to the API tier, registered (`worker.hello` answered), its messages read
+/// and written by a task of its own.
+struct Connection {
+    id: Arc<str>,
+    out: mpsc::Sender<Message>,
+    /// The server asked the worker to move to another replica (`worker.reconnect`).
+    reconnect: Arc<tokio::sync::Notify>,
+    /// Cancel to close the connection.
+    close: CancellationToken,
+    /// The connection's task: ends with the connection.
+    done: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// The connection's outbound side, for a turn or an observation call.
 #[derive(Clone)]
 pub(crate) struct Link {
+    /// The connection's writer (observation calls are answered on the connection they came
+    /// on).
     out: mpsc::Sender<Message>,
-    pending: Arc<Mutex<HashMap<u32, oneshot::Sender<Answer>>>>,
-    next_id: Arc<std::sync::atomic::AtomicU32>,
+    /// Where the turn's messages go ([`Route`]).
+    route: Route,
+    shared: Shared,
     pub(crate) http: reqwest::Client,
     pub(crate) proxy_url: String,
     pub(crate) token: String,
-    /// How this connection's turns ended (for parents waiting on sub-agents).
+    /// How turns ended (for parents waiting on sub-agents).
     pub(crate) endings: Arc<delegate::Endings>,
     /// The server stores a turn's last step with its end (`turn.end` carries it).
     pub(crate) end_carries_step: bool,
@@ -145,9 +465,21 @@ pub(crate) struct Link {
 }
 
 impl Link {
+    /// This link with a route of its own (a turn's, which a carry switches alone).
+    fn for_turn(&self) -> Link {
+        let out = self.route.try_read().map(|r| r.clone()).ok();
+        let out = out.unwrap_or_else(|| Out::new(&Arc::from(""), self.out.clone()));
+        Link {
+            route: Arc::new(tokio::sync::RwLock::new(out)),
+            ..self.clone()
+        }
+    }
+
     pub(crate) async fn notify(&self, method: &str, params: serde_json::Value) -> anyhow::Result<()> {
         let msg = serde_json::to_string(&Request::notification(method, params))?;
-        self.out
+        let route = self.route.read().await;
+        route
+            .tx
             .send(Message::Text(msg.into()))
             .await
             .context("connection closed")
@@ -165,167 +497,306 @@ impl Link {
         method: &str,
         params: serde_json::Value,
     ) -> anyhow::Result<Option<Box<RawValue>>> {
-        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let again = asked_again(method)
+            .then(|| params.get("turnId").and_then(|t| t.as_str()).map(str::to_string))
+            .flatten();
+        let id = self.shared.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let msg = serde_json::to_string(&OutgoingRequest::new(id, method, &params))?;
         let (tx, rx) = oneshot::channel();
-        self.pending.lock().expect("pending lock").insert(id, tx);
-        let msg = serde_json::to_string(&Request::new(id, method, params))?;
-        self.out
-            .send(Message::Text(msg.into()))
-            .await
-            .context("connection closed")?;
+        let again = again.map(|turn| (turn, method.to_string(), params));
+        // Sent while the route is held for reading (not while its answer is awaited): a carry,
+        // which takes it for writing, finds the request sent on the old connection, or not
+        // sent yet.
+        {
+            let route = self.route.read().await;
+            self.shared.pending.lock().expect("pending lock").insert(
+                id,
+                Waiting {
+                    answer: tx,
+                    conn: route.conn.clone(),
+                    again,
+                },
+            );
+            route
+                .tx
+                .send(Message::Text(msg.into()))
+                .await
+                .context("connection closed")?;
+        }
         Ok(rx.await.context("connection closed before the response")??)
     }
 }
 
-async fn connect_once(
-    config: &WorkerConfig,
-    http: &reqwest::Client,
-    shutdown: &CancellationToken,
-    connected: &std::sync::atomic::AtomicBool,
-    previous: &mut Option<String>,
-) -> anyhow::Result<()> {
-    let (ws_url, http_base) = config.base();
-    let mut req = ws_url.as_str().into_client_request()?;
-    req.headers_mut().insert(
-        "authorization",
-        HeaderValue::from_str(&format!("Bearer {}", config.token))?,
-    );
-    let (socket, _) = net::connect(req).await.context("connecting to the API tier")?;
-    let (mut sink, mut stream) = socket.split();
+impl Connection {
+    /// Connect, say `worker.hello` (`replaces`: the connection given up before), and start
+    /// the connection's task.
+    async fn open(
+        config: &WorkerConfig,
+        http: &reqwest::Client,
+        shared: &Shared,
+        replaces: Option<String>,
+    ) -> anyhow::Result<Connection> {
+        let (ws_url, http_base) = config.base();
+        let mut req = ws_url.as_str().into_client_request()?;
+        req.headers_mut().insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {}", config.token))?,
+        );
+        let (socket, _) = net::connect(req).await.context("connecting to the API tier")?;
+        let (mut sink, mut stream) = socket.split();
 
-    let hello = WorkerHello {
-        protocol: PROTOCOL_VERSION,
-        host: config.host.clone(),
-        workspaces: config
+        let hello = WorkerHello {
+            protocol: PROTOCOL_VERSION,
+            host: config.host.clone(),
+            workspaces: config
+                .workspaces
+                .iter()
+                .map(|(name, path)| WorkspaceDecl {
+                    name: name.clone(),
+                    path: path.display().to_string(),
+                })
+                .collect(),
+            replaces,
+        };
+        let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
+        sink.send(Message::Text(msg.into())).await?;
+        let reply = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .context("no answer to worker.hello")?;
+        let Some(Ok(Message::Text(text))) = reply else {
+            bail!("connection closed during worker.hello")
+        };
+        let resp: Response = serde_json::from_str(&text)?;
+        if let Some(e) = resp.error {
+            bail!("worker.hello refused: {e}");
+        }
+        let registered: WorkerHelloResult = serde_json::from_value(resp.result.unwrap_or_default())?;
+        let id: Arc<str> = Arc::from(registered.connection_id.clone().unwrap_or_default().as_str());
+        tracing::info!(workspaces = registered.workspaces.len(), worker.connection = %id, "worker connected");
+        let mut workspaces = HashMap::new();
+        for r in &registered.workspaces {
+            let Some((_, path)) = config.workspaces.iter().find(|(name, _)| *name == r.name) else {
+                continue;
+            };
+            match Workspace::open(path) {
+                Ok(ws) => {
+                    workspaces.insert(r.workspace_id.clone(), Arc::new(ws));
+                }
+                Err(e) => tracing::error!(workspace = %r.name, error = %e, "cannot open the workspace"),
+            }
+        }
+        let ctx = TurnContext {
+            workspaces,
+            agent: config.agent.clone(),
+            tools: config.tools.clone(),
+            mcp: Arc::new(config.mcp.clone()),
+        };
+        let (out_tx, out_rx) = mpsc::channel::<Message>(256);
+        let link = Link {
+            out: out_tx.clone(),
+            route: Arc::new(tokio::sync::RwLock::new(Out::new(&id, out_tx.clone()))),
+            shared: shared.clone(),
+            http: http.clone(),
+            proxy_url: format!("{http_base}{}", wp::MODEL_PROXY_PATH),
+            token: config.token.clone(),
+            endings: shared.endings.clone(),
+            end_carries_step: registered.end_carries_step,
+            binary_chunks: registered.binary_chunks,
+            chunk_runs: registered.chunk_runs,
+        };
+        let roots = registered
             .workspaces
             .iter()
-            .map(|(name, path)| WorkspaceDecl {
-                name: name.clone(),
-                path: path.display().to_string(),
+            .filter_map(|r| {
+                let (_, path) = config.workspaces.iter().find(|(name, _)| *name == r.name)?;
+                Some((r.workspace_id.clone(), path.clone()))
             })
-            .collect(),
-        replaces: previous.clone(),
-    };
-    let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
-    sink.send(Message::Text(msg.into())).await?;
-    let reply = tokio::time::timeout(Duration::from_secs(30), stream.next())
-        .await
-        .context("no answer to worker.hello")?;
-    let Some(Ok(Message::Text(text))) = reply else {
-        bail!("connection closed during worker.hello")
-    };
-    let resp: Response = serde_json::from_str(&text)?;
-    if let Some(e) = resp.error {
-        bail!("worker.hello refused: {e}");
-    }
-    let registered: WorkerHelloResult = serde_json::from_value(resp.result.unwrap_or_default())?;
-    *previous = registered.connection_id.clone();
-    tracing::info!(workspaces = registered.workspaces.len(), "worker connected");
-    connected.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut workspaces = HashMap::new();
-    for r in &registered.workspaces {
-        let Some((_, path)) = config.workspaces.iter().find(|(name, _)| *name == r.name) else {
-            continue;
+            .collect();
+        let calls = CancellationToken::new();
+        let observer = observe::Observer::new(link.clone(), roots, calls.clone());
+        let reconnect = Arc::new(tokio::sync::Notify::new());
+        let close = CancellationToken::new();
+        let drive = Drive {
+            link,
+            ctx,
+            observer,
+            reconnect: reconnect.clone(),
+            id: id.clone(),
         };
-        match Workspace::open(path) {
-            Ok(ws) => {
-                workspaces.insert(r.workspace_id.clone(), Arc::new(ws));
-            }
-            Err(e) => tracing::error!(workspace = %r.name, error = %e, "cannot open the workspace"),
-        }
-    }
-    let ctx = TurnContext {
-        workspaces,
-        agent: config.agent.clone(),
-        tools: config.tools.clone(),
-        mcp: Arc::new(config.mcp.clone()),
-    };
-
-    let (out_tx, mut out_rx) = mpsc::channel::<Message>(256);
-    let link = Link {
-        out: out_tx,
-        pending: Arc::default(),
-        next_id: Arc::new(1.into()),
-        http: http.clone(),
-        proxy_url: format!("{http_base}{}", wp::MODEL_PROXY_PATH),
-        token: config.token.clone(),
-        endings: Arc::default(),
-        end_carries_step: registered.end_carries_step,
-        binary_chunks: registered.binary_chunks,
-        chunk_runs: registered.chunk_runs,
-    };
-    let turns = CancellationToken::new();
-    let running: Running = Arc::default();
-    let roots = registered
-        .workspaces
-        .iter()
-        .filter_map(|r| {
-            let (_, path) = config.workspaces.iter().find(|(name, _)| *name == r.name)?;
-            Some((r.workspace_id.clone(), path.clone()))
+        let done = tokio::spawn(drive.run(sink, stream, out_rx, close.clone(), calls));
+        Ok(Connection {
+            id,
+            out: out_tx,
+            reconnect,
+            close,
+            done,
         })
-        .collect();
-    let observer = observe::Observer::new(link.clone(), roots, turns.child_token());
-    let result = loop {
-        tokio::select! {
-            msg = stream.next() => {
-                let msg = match msg {
-                    Some(Ok(m)) => m,
-                    Some(Err(e)) => break Err(e.into()),
-                    None => break Err(anyhow::anyhow!("server closed the connection")),
-                };
-                if let Message::Text(text) = msg {
-                    on_message(&link, &ctx, &turns, &running, &observer, &text);
-                }
-            }
-            out = out_rx.recv() => if let Some(m) = out
-                && let Err(e) = berth_protocol::batch::write_batch(&mut sink, m, || out_rx.try_recv().ok(), Message::is_close).await
-            {
-                break Err(e.into())
-            },
-            _ = shutdown.cancelled() => {
-                let _ = sink.send(Message::Close(None)).await;
-                break Ok(());
-            }
-        }
-    };
-    // The server interrupts this connection's running turns; stop working on them, and
-    // fail requests still waiting for an answer that can no longer come.
-    turns.cancel();
-    link.pending.lock().expect("pending lock").clear();
-    result
+    }
 }
 
-/// A connection's turns ([`Turns`]).
+type Sink = futures_util::stream::SplitSink<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    Message,
+>;
+type Stream = futures_util::stream::SplitStream<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+>;
+
+/// A connection's task: what it reads goes to the turns, the observer and the waiting
+/// requests; what they send it writes.
+struct Drive {
+    link: Link,
+    ctx: TurnContext,
+    observer: observe::Observer,
+    reconnect: Arc<tokio::sync::Notify>,
+    id: Arc<str>,
+}
+
+impl Drive {
+    async fn run(
+        self,
+        mut sink: Sink,
+        mut stream: Stream,
+        mut out_rx: mpsc::Receiver<Message>,
+        close: CancellationToken,
+        calls: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let result = loop {
+            tokio::select! {
+                msg = stream.next() => {
+                    let msg = match msg {
+                        Some(Ok(m)) => m,
+                        Some(Err(e)) => break Err(e.into()),
+                        None => break Err(anyhow::anyhow!("server closed the connection")),
+                    };
+                    if let Message::Text(text) = msg {
+                        self.on_message(&text);
+                    }
+                }
+                out = out_rx.recv() => if let Some(m) = out
+                    && let Err(e) = berth_protocol::batch::write_batch(&mut sink, m, || out_rx.try_recv().ok(), Message::is_close).await
+                {
+                    break Err(e.into())
+                },
+                _ = close.cancelled() => {
+                    let _ = sink.send(Message::Close(None)).await;
+                    break Ok(());
+                }
+            }
+        };
+        // Observation calls end with their connection.
+        calls.cancel();
+        result
+    }
+
+    fn on_message(&self, text: &str) {
+        let Ok(msg) = serde_json::from_str::<Incoming>(text) else {
+            return;
+        };
+        let (link, ctx, shared) = (&self.link, &self.ctx, &self.link.shared);
+        if let Some(method) = msg.method {
+            let params = msg.params.map_or("null", RawValue::get);
+            match method.as_ref() {
+                // `call`, `call.ack`, `call.cancel`: the observer reads them itself.
+                m if m.starts_with("call") => {
+                    self.observer.handle(text);
+                }
+                wp::WORKER_RECONNECT => self.reconnect.notify_one(),
+                wp::TURN_RUN => match serde_json::from_str::<TurnRun>(params) {
+                    Ok(run) => {
+                        let cancel = CancellationToken::new();
+                        let link = link.for_turn();
+                        let started = shared.turns.lock().expect("running lock").start(
+                            &run.turn_id,
+                            RunningTurn {
+                                cancel: cancel.clone(),
+                                route: link.route.clone(),
+                                conn: self.id.clone(),
+                            },
+                        );
+                        if !started {
+                            tracing::info!(turn.id = %run.turn_id, "turn stopped by the server before it ran");
+                            turn::record_settled(&link, &run.turn_id);
+                            return;
+                        }
+                        let tools = match ctx.workspaces.get(&run.workspace_id) {
+                            _ if run.no_tools => None,
+                            Some(ws) => Some(Tools::new(ws.clone(), ctx.tools.clone(), ctx.mcp.clone())),
+                            None => {
+                                // Registered but not openable (removed since start): the model is
+                                // offered no tools rather than tools that cannot work.
+                                tracing::error!(turn.id = %run.turn_id, "the turn's workspace is not open on this worker");
+                                None
+                            }
+                        };
+                        let agent = ctx.agent.clone();
+                        let running = shared.turns.clone();
+                        tokio::spawn(async move {
+                            let turn_id = run.turn_id.clone();
+                            turn::run(link, run, tools, agent, cancel).await;
+                            running.lock().expect("running lock").finish(&turn_id);
+                        });
+                    }
+                    Err(e) => tracing::warn!(error = %e, "malformed turn.run"),
+                },
+                wp::TURN_STOP => {
+                    if let Ok(stop) = serde_json::from_str::<TurnStop>(params)
+                        && let Some(t) = shared.turns.lock().expect("running lock").stop(&stop.turn_id)
+                    {
+                        tracing::info!(turn.id = %stop.turn_id, "turn stopped by the server");
+                        t.cancel.cancel();
+                    }
+                }
+                _ => {}
+            }
+        } else if let Some(id) = msg.id {
+            let answer = match msg.error {
+                Some(e) => Err(e),
+                None => Ok(msg.result.map(RawValue::to_owned)),
+            };
+            shared.answered(id, answer);
+        }
+    }
+}
+
+/// The worker's turns ([`Turns`]).
 type Running = Arc<Mutex<Turns>>;
 
-/// A connection's running turns (their cancellation tokens, by turn id), and the turns the
+/// A running turn: its cancellation, its route and the connection it runs on.
+struct RunningTurn {
+    cancel: CancellationToken,
+    route: Route,
+    conn: Arc<str>,
+}
+
+/// The worker's running turns (by turn id), and the turns the
 /// server stopped that were not running here: a `turn.stop` can overtake its turn's
 /// `turn.run` (a stop that reaches the server's connection while the hand-out is in
 /// flight), and such a turn must not run.
 #[derive(Default)]
 struct Turns {
-    running: HashMap<String, CancellationToken>,
+    running: HashMap<String, RunningTurn>,
     stopped: wp::EarlyStops,
 }
 
 impl Turns {
     /// Register a turn about to run; false when it was stopped before its `turn.run` came.
-    fn start(&mut self, turn_id: &str, cancel: CancellationToken) -> bool {
+    fn start(&mut self, turn_id: &str, turn: RunningTurn) -> bool {
         if self.stopped.take(turn_id) {
             return false;
         }
-        self.running.insert(turn_id.to_string(), cancel);
+        self.running.insert(turn_id.to_string(), turn);
         true
     }
 
     /// The server stopped `turn_id`: its token if it runs here, else the stop is kept for
     /// [`Turns::start`].
-    fn stop(&mut self, turn_id: &str) -> Option<CancellationToken> {
-        let cancel = self.running.remove(turn_id);
-        if cancel.is_none() {
+    fn stop(&mut self, turn_id: &str) -> Option<RunningTurn> {
+        let turn = self.running.remove(turn_id);
+        if turn.is_none() {
             self.stopped.remember(turn_id);
         }
-        cancel
+        turn
     }
 
     /// The turn's task is done.
@@ -369,94 +840,34 @@ struct TurnStop {
     turn_id: String,
 }
 
-fn on_message(
-    link: &Link,
-    ctx: &TurnContext,
-    turns: &CancellationToken,
-    running: &Running,
-    observer: &observe::Observer,
-    text: &str,
-) {
-    let Ok(msg) = serde_json::from_str::<Incoming>(text) else {
-        return;
-    };
-    if let Some(method) = msg.method {
-        let params = msg.params.map_or("null", RawValue::get);
-        match method.as_ref() {
-            // `call`, `call.ack`, `call.cancel`: the observer reads them itself.
-            m if m.starts_with("call") => {
-                observer.handle(text);
-            }
-            wp::TURN_RUN => match serde_json::from_str::<TurnRun>(params) {
-                Ok(run) => {
-                    let cancel = turns.child_token();
-                    if !running
-                        .lock()
-                        .expect("running lock")
-                        .start(&run.turn_id, cancel.clone())
-                    {
-                        tracing::info!(turn.id = %run.turn_id, "turn stopped by the server before it ran");
-                        turn::record_settled(link, &run.turn_id);
-                        return;
-                    }
-                    let link = link.clone();
-                    let tools = match ctx.workspaces.get(&run.workspace_id) {
-                        _ if run.no_tools => None,
-                        Some(ws) => Some(Tools::new(ws.clone(), ctx.tools.clone(), ctx.mcp.clone())),
-                        None => {
-                            // Registered but not openable (removed since start): the model is
-                            // offered no tools rather than tools that cannot work.
-                            tracing::error!(turn.id = %run.turn_id, "the turn's workspace is not open on this worker");
-                            None
-                        }
-                    };
-                    let agent = ctx.agent.clone();
-                    let running = running.clone();
-                    tokio::spawn(async move {
-                        let turn_id = run.turn_id.clone();
-                        turn::run(link, run, tools, agent, cancel).await;
-                        running.lock().expect("running lock").finish(&turn_id);
-                    });
-                }
-                Err(e) => tracing::warn!(error = %e, "malformed turn.run"),
-            },
-            wp::TURN_STOP => {
-                if let Ok(stop) = serde_json::from_str::<TurnStop>(params)
-                    && let Some(cancel) = running.lock().expect("running lock").stop(&stop.turn_id)
-                {
-                    tracing::info!(turn.id = %stop.turn_id, "turn stopped by the server");
-                    cancel.cancel();
-                }
-            }
-            _ => {}
-        }
-    } else if let Some(id) = msg.id
-        && let Some(tx) = link.pending.lock().expect("pending lock").remove(&id)
-    {
-        let answer = match msg.error {
-            Some(e) => Err(e),
-            None => Ok(msg.result.map(RawValue::to_owned)),
-        };
-        let _ = tx.send(answer);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn running(cancel: CancellationToken) -> RunningTurn {
+        let (tx, _) = mpsc::channel(1);
+        RunningTurn {
+            cancel,
+            route: Arc::new(tokio::sync::RwLock::new(Out::new(&Arc::from("c"), tx))),
+            conn: Arc::from("c"),
+        }
+    }
 
     #[test]
     fn a_turn_stopped_before_its_run_came_does_not_run() {
         let mut turns = Turns::default();
         // A stop that overtook its turn's `turn.run`.
         assert!(turns.stop("t1").is_none());
-        assert!(!turns.start("t1", CancellationToken::new()), "a stopped turn started");
+        assert!(
+            !turns.start("t1", running(CancellationToken::new())),
+            "a stopped turn started"
+        );
         // Kept once: the same id again (never sent by the server) would run.
-        assert!(turns.start("t1", CancellationToken::new()));
+        assert!(turns.start("t1", running(CancellationToken::new())));
         // A running turn is stopped through its token.
         let cancel = CancellationToken::new();
-        assert!(turns.start("t2", cancel.clone()));
-        turns.stop("t2").expect("running turn's token").cancel();
+        assert!(turns.start("t2", running(cancel.clone())));
+        turns.stop("t2").expect("running turn's token").cancel.cancel();
         assert!(cancel.is_cancelled());
         // A stop after its turn ended is kept, but within a bound.
         turns.finish("t1");
@@ -465,9 +876,12 @@ mod tests {
         }
         assert_eq!(turns.stopped.len(), wp::EARLY_STOPS_KEPT);
         assert!(turns.running.is_empty());
-        assert!(!turns.start(&format!("late-{}", wp::EARLY_STOPS_KEPT + 9), CancellationToken::new()));
+        assert!(!turns.start(
+            &format!("late-{}", wp::EARLY_STOPS_KEPT + 9),
+            running(CancellationToken::new())
+        ));
         assert!(
-            turns.start("late-0", CancellationToken::new()),
+            turns.start("late-0", running(CancellationToken::new())),
             "the oldest stop is forgotten first"
         );
     }

@@ -89,6 +89,10 @@ async fn beat(conn: &Conn, last: &mut Instant, lost: &CancellationToken) -> bool
 /// each. False: the claim failed (it is retried).
 async fn claim(conn: &Arc<Conn>) -> bool {
     let state = &conn.state;
+    // A draining replica hands out nothing more: its workers' next connections claim.
+    if state.draining.is_cancelled() {
+        return true;
+    }
     let claimed = state
         .store
         .claim_turns(
@@ -181,7 +185,7 @@ pub(super) async fn hand_out(conn: &Arc<Conn>, mut c: ClaimedTurn, via: Via) {
         tracing::info!(turn.id = %c.run.turn_id, via, "turn stopped before it was handed to the worker");
         return;
     }
-    turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id, inbox);
+    turn::spawn(conn.clone(), &c.run.turn_id, &c.run.session_id, inbox, None);
     state.metrics.turns_handed.with_label_values(&[via]).inc();
     tracing::info!(turn.id = %c.run.turn_id, session.id = %c.run.session_id, via, "turn handed to worker");
     conn.send(run).await;

@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::{Conn, LocalWorker, claim, text_msg};
+use super::{Conn, LocalWorker, claim, text_msg, turn::Queued};
 use crate::{AppState, error::ApiError};
 
 /// Messages waiting for the socket.
@@ -184,8 +184,16 @@ async fn read_loop(
     let limits = conn.state.config.limits.clone();
     let mut ping = tokio::time::interval(limits.ping_interval);
     let mut last_heard = std::time::Instant::now();
+    let mut asked_to_move = false;
     loop {
         tokio::select! {
+            // The replica drains: the worker is to move its turns to another replica; this
+            // connection keeps relaying them until they are released (or the drain times out).
+            _ = conn.state.draining.cancelled(), if !asked_to_move => {
+                asked_to_move = true;
+                tracing::info!(worker.connection = %conn.connection_id, "draining: asking the worker to reconnect elsewhere");
+                conn.send(text_msg(&Request::notification(wp::WORKER_RECONNECT, json!({})))).await;
+            }
             msg = stream.next() => {
                 let Some(msg) = msg else { break };
                 last_heard = std::time::Instant::now();
@@ -273,16 +281,98 @@ async fn route(conn: &Arc<Conn>, text: &str) {
                 // Settled or stopped already (or never handed here): nothing to write.
                 return reply_err(conn, req, ErrorCode::TurnNotRunning).await;
             };
-            match queue.send(req).await {
+            match queue.send(Queued::Msg(req)).await {
                 Ok(()) => return,
-                Err(mpsc::error::SendError(req)) => return reply_err(conn, req, ErrorCode::TurnNotRunning).await,
+                Err(mpsc::error::SendError(Queued::Msg(req))) => {
+                    return reply_err(conn, req, ErrorCode::TurnNotRunning).await;
+                }
+                Err(_) => return,
             }
         }
         None if req.method == wp::CALL_ITEM => return conn.calls.item_value(req.params),
+        None if req.method == wp::WORKER_RELEASE => return release(conn, req).await,
+        None if req.method == wp::WORKER_CARRY => return carry(conn, req),
         None if super::turn::is_turn_method(&req.method) => ErrorCode::BadParams,
         None => ErrorCode::MethodNotFound,
     };
     reply_err(conn, req, code).await;
+}
+
+/// The most turns one `worker.release` or `worker.carry` names.
+const MOVE_MAX: usize = 4096;
+
+/// `worker.release`: each named turn this connection holds leaves it once the messages the
+/// worker sent for it before are handled (a marker queued behind them, here, in the
+/// reader's order); answered, from a task of its own, with the turns released and where
+/// their live output stands. Turns not held here are left out.
+async fn release(conn: &Arc<Conn>, req: Request) {
+    let Ok(p) = serde_json::from_value::<wp::WorkerRelease>(req.params.clone()) else {
+        return reply_err(conn, req, ErrorCode::BadParams).await;
+    };
+    if p.turns.len() > MOVE_MAX {
+        return reply_err(conn, req, ErrorCode::BadParams).await;
+    }
+    let mut waits = Vec::new();
+    for turn_id in &p.turns {
+        let Some(queue) = conn.turn_queue(turn_id) else {
+            continue;
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if queue.send(Queued::Release(tx)).await.is_ok() {
+            waits.push(rx);
+        }
+    }
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        let mut turns = Vec::new();
+        for rx in waits {
+            // A turn that ended or was stopped first is not released.
+            if let Ok(released) = rx.await {
+                turns.push(released);
+            }
+        }
+        let result = serde_json::to_value(wp::WorkerReleased { turns }).unwrap_or_default();
+        conn.send(text_msg(&RpcResponse::ok(req.id, result))).await;
+    });
+}
+
+/// `worker.carry`: take over the turns the worker released on its connection `from` (on a
+/// draining replica): each still running there is handed to this connection in the
+/// database ([`berth_store::Store::carry_turns`]) and gets its task here, going on from where
+/// the release left its live output. Answered with the turns taken.
+fn carry(conn: &Arc<Conn>, req: Request) {
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        let p = match serde_json::from_value::<wp::WorkerCarry>(req.params.clone()) {
+            Ok(p) if p.turns.len() <= MOVE_MAX && p.from != conn.connection_id => p,
+            _ => return reply_err(&conn, req, ErrorCode::BadParams).await,
+        };
+        let ids: Vec<String> = p.turns.iter().map(|t| t.turn_id.clone()).collect();
+        let carried = match conn
+            .state
+            .store
+            .carry_turns(&conn.principal, &p.from, &conn.connection_id, &ids)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                let err = ApiError::from(e);
+                return conn.send(text_msg(&RpcResponse::err(req.id, err.0))).await;
+            }
+        };
+        let mut turns = Vec::new();
+        for (turn_id, session_id) in carried {
+            let at = p.turns.iter().find(|t| t.turn_id == turn_id);
+            let (handle, inbox) = super::turn::handle(&conn);
+            if conn.register(&turn_id, handle, None) {
+                super::turn::spawn(conn.clone(), &turn_id, &session_id, inbox, at);
+                tracing::info!(turn.id = %turn_id, worker.connection = %conn.connection_id, from = %p.from, "turn carried over from a draining connection");
+                turns.push(turn_id);
+            }
+        }
+        let result = serde_json::to_value(wp::WorkerCarried { turns }).unwrap_or_default();
+        conn.send(text_msg(&RpcResponse::ok(req.id, result))).await;
+    });
 }
 
 /// TRACE (target `berth_api::workers`): a worker's `turn.delta` at a step of its way, `at_us`

@@ -205,6 +205,19 @@ impl Registry {
         }
     }
 
+    /// The turns this replica's worker connections relay now (a draining replica waits for
+    /// none to be left).
+    pub fn held_turns(&self) -> usize {
+        let conns: Vec<_> = self
+            .conns
+            .lock()
+            .expect("registry lock")
+            .values()
+            .filter_map(|w| w.conn.upgrade())
+            .collect();
+        conns.iter().map(|c| c.handed().turns.len()).sum()
+    }
+
     pub fn kick_all(&self) {
         for w in self.conns.lock().expect("registry lock").values() {
             w.kick.notify_one();
@@ -220,6 +233,11 @@ impl Registry {
 }
 
 pub async fn upgrade(State(state): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
+    // Draining: the worker is to connect to another replica (its retry goes through the load
+    // balancer again).
+    if state.draining.is_cancelled() {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
     let Some(presented) = bearer(&headers) else {
         state.metrics.auth_failures.with_label_values(&["missing"]).inc();
         return StatusCode::UNAUTHORIZED.into_response();
@@ -312,7 +330,12 @@ impl Conn {
     /// with its admission.
     fn reserve(&self) -> bool {
         let mut handed = self.handed();
-        if self.closing.is_cancelled() || handed.claiming || handed.reserved > 0 || handed.used() >= self.max_turns() {
+        if self.closing.is_cancelled()
+            || self.state.draining.is_cancelled()
+            || handed.claiming
+            || handed.reserved > 0
+            || handed.used() >= self.max_turns()
+        {
             return false;
         }
         handed.reserved += 1;
@@ -366,7 +389,7 @@ impl Conn {
     }
 
     /// The queue of a turn handed to this connection.
-    fn turn_queue(&self, turn_id: &str) -> Option<mpsc::Sender<berth_protocol::jsonrpc::Request>> {
+    fn turn_queue(&self, turn_id: &str) -> Option<mpsc::Sender<turn::Queued>> {
         self.handed().turns.get(turn_id).map(|h| h.queue.clone())
     }
 

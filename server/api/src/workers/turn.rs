@@ -9,7 +9,7 @@ use berth_protocol::{
     worker::{self as wp, TurnDelta, TurnEnd, TurnStep},
 };
 use serde_json::{json, value::RawValue};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{Conn, relay::Pending, text_msg, usage::UsageSlot};
@@ -22,9 +22,19 @@ const TURN_QUEUE: usize = 64;
 /// once, with the step (which relays what is pending in its own transaction).
 pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
+/// What a turn's queue carries.
+pub(super) enum Queued {
+    /// A message of the worker's for the turn.
+    Msg(Request),
+    /// `worker.release`: the turn leaves this connection once everything queued before is
+    /// handled (it runs on, carried to another connection); answered with where its live
+    /// output stands.
+    Release(oneshot::Sender<wp::ReleasedTurn>),
+}
+
 /// The reader's handle on a turn's task.
 pub(super) struct TurnHandle {
-    pub queue: mpsc::Sender<Request>,
+    pub queue: mpsc::Sender<Queued>,
     /// Cancelled when the turn is stopped or the connection ends.
     pub cancel: CancellationToken,
 }
@@ -89,7 +99,7 @@ pub(super) struct TurnTask {
 
 /// What a turn's task reads: its queue's receiving end, and its cancellation.
 pub(super) struct Inbox {
-    rx: mpsc::Receiver<Request>,
+    rx: mpsc::Receiver<Queued>,
     cancel: CancellationToken,
 }
 
@@ -107,19 +117,28 @@ pub(super) fn handle(conn: &Conn) -> (TurnHandle, Inbox) {
     )
 }
 
-/// Start the task of a turn registered on `conn` with the handle of `inbox`.
-pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str, inbox: Inbox) {
+/// Start the task of a turn registered on `conn` with the handle of `inbox`: a turn just
+/// handed out, or one `carried` from another connection of its worker (released there, its
+/// live output standing where the release said; its running phase went out already).
+pub(super) fn spawn(
+    conn: Arc<Conn>,
+    turn_id: &str,
+    session_id: &str,
+    inbox: Inbox,
+    carried: Option<&wp::ReleasedTurn>,
+) {
     let Inbox { rx, cancel } = inbox;
     let usage = conn.state.workers.metered.open(turn_id);
-    let task = TurnTask {
+    let at = carried.cloned().unwrap_or_default();
+    let mut task = TurnTask {
         conn,
         turn_id: turn_id.to_string(),
         live: LiveTurn {
             session: session_id.to_string(),
             started: std::time::Instant::now(),
-            step: 0,
-            text: 0,
-            thinking: 0,
+            step: at.step,
+            text: at.text,
+            thinking: at.thinking,
         },
         pending: None,
         running: None,
@@ -127,11 +146,18 @@ pub(super) fn spawn(conn: Arc<Conn>, turn_id: &str, session_id: &str, inbox: Inb
         cancel: cancel.clone(),
         usage,
     };
+    if carried.is_none() {
+        // Local watchers get the running phase now; other replicas' with the turn's first
+        // message (`turn.history`).
+        let running = json!({"type": "phase", "phase": "running", "turnId": task.turn_id});
+        task.conn.state.hub.live(&task.live.session, running.clone());
+        task.running = Some(task.relayed(running));
+    }
     tokio::spawn(task.run(rx, cancel));
 }
 
 impl TurnTask {
-    async fn run(mut self, rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
+    async fn run(mut self, rx: mpsc::Receiver<Queued>, cancel: CancellationToken) {
         self.serve(rx, cancel).await;
         // Usage metered for the turn but never stored with a step (the turn was stopped, or
         // ended without one) is metered in the database; later calls of the turn are too.
@@ -157,12 +183,7 @@ impl TurnTask {
         Ok(())
     }
 
-    async fn serve(&mut self, mut rx: mpsc::Receiver<Request>, cancel: CancellationToken) {
-        // Local watchers get the running phase now; other replicas' with the turn's first
-        // message (`turn.history`).
-        let running = json!({"type": "phase", "phase": "running", "turnId": self.turn_id});
-        self.conn.state.hub.live(&self.live.session, running.clone());
-        self.running = Some(self.relayed(running));
+    async fn serve(&mut self, mut rx: mpsc::Receiver<Queued>, cancel: CancellationToken) {
         // One timer for the turn, set to the pending output's due time whenever new output
         // starts pending.
         let flush = tokio::time::sleep(FLUSH_EVERY);
@@ -187,13 +208,16 @@ impl TurnTask {
                     let idle = json!({"type": "phase", "phase": "idle", "turnId": self.turn_id});
                     self.relay_now(idle).await;
                     rx.close();
-                    while let Some(req) = rx.recv().await {
-                        self.reply(req.id, Err(ApiError::code(ErrorCode::TurnNotRunning))).await;
+                    while let Some(queued) = rx.recv().await {
+                        if let Queued::Msg(req) = queued {
+                            self.reply(req.id, Err(ApiError::code(ErrorCode::TurnNotRunning))).await;
+                        }
                     }
                     return;
                 }
                 req = rx.recv() => match req {
-                    Some(req) => self.handle(req).await,
+                    Some(Queued::Msg(req)) => self.handle(req).await,
+                    Some(Queued::Release(answer)) => return self.release(answer).await,
                     // The turn ended: the reader dropped its queue.
                     None => return,
                 },
@@ -249,6 +273,28 @@ impl TurnTask {
             _ => Err(ApiError::code(ErrorCode::MethodNotFound)),
         };
         self.reply(req.id, result).await;
+    }
+
+    /// `worker.release` reached this turn: everything the worker sent for it before was
+    /// handled. Its output not yet relayed goes out (and its running phase, if that has not),
+    /// then it leaves this connection without an idle phase — it runs on — and the release is
+    /// answered with where its live output stands.
+    async fn release(&mut self, answer: oneshot::Sender<wp::ReleasedTurn>) {
+        self.flushed().await;
+        if let Some(running) = self.running.take() {
+            self.notify_soon(running);
+            self.flushed().await;
+        }
+        self.flush_relay();
+        self.flushed().await;
+        self.conn.release_turn(&self.turn_id);
+        tracing::info!(turn.id = %self.turn_id, worker.connection = %self.conn.connection_id, "turn released to move to another connection");
+        let _ = answer.send(wp::ReleasedTurn {
+            turn_id: self.turn_id.clone(),
+            step: self.live.step,
+            text: self.live.text,
+            thinking: self.live.thinking,
+        });
     }
 
     async fn reply(&self, id: Option<u32>, result: Result<serde_json::Value, ApiError>) {
