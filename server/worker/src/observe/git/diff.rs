@@ -2,20 +2,25 @@
 
 use std::{ffi::OsStr, os::unix::ffi::OsStrExt, path::Path};
 
-use berth_protocol::{GIT_DIFF_FILE_MAX, GIT_DIFF_MAX, GitArea, GitDiff, RpcError};
+use base64::Engine;
+use berth_protocol::{GIT_DIFF_FILE_MAX, GIT_DIFF_MAX, GitArea, GitChange, GitDiff, RpcError};
 use gix::{ObjectId, objs::tree::EntryKind};
 
 use super::{
-    BINARY_PROBE, Side,
-    attributes::check_filters,
-    broken, head_tree,
+    Side,
+    attributes::Attributes,
+    broken, clean_side, head_tree,
     index::{Index, index_kind, load_index},
     open,
-    patch::{file_patch, quoted},
+    status::submodule,
     unsupported, workspace, worktree_blob,
+    writer::{Binary, file_patch, is_binary, quoted, submodule_side},
 };
 
-/// `git.diff` of one path in one area.
+/// `git.diff` of one path in one area, as `git diff --full-index` prints it (`--cached` for
+/// the staged area, `--no-index /dev/null` for an untracked file): worktree files as git
+/// would store them (line endings converted by their attributes), a submodule as its
+/// `Subproject commit` lines, a type change as a deletion and an addition.
 pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError> {
     let Some(repo) = open(root)? else {
         return Ok(GitDiff::Unsupported {
@@ -24,12 +29,13 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     };
     let index = load_index(&repo)?;
     let ws = workspace(root)?;
-    check_filters(&repo, &ws, &[b".gitattributes".to_vec()])?;
+    let attributes = Attributes::for_path(&repo, &ws, path)?;
     let blob = |id: ObjectId| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
     // A conflicted path is what git says of it, not a deletion of the whole file.
     if index.unmerged.contains(path) && area != GitArea::Untracked {
         return Ok(GitDiff::Text {
             patch: format!("* Unmerged path {}\n", quoted("", path)),
+            patch_base64: None,
             truncated: None,
         });
     }
@@ -53,20 +59,40 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
             .map(|m| m.len())
             .unwrap_or(0)
     };
-    let read_file = || -> Result<Option<(Vec<u8>, EntryKind)>, RpcError> { worktree_blob(&ws, path).map_err(broken) };
+    // The file as git would store it.
+    let read_file = || -> Result<Side, RpcError> {
+        let found = worktree_blob(&ws, path).map_err(broken)?;
+        let mut in_index = || indexed.filter(|_| !intent).and_then(|(id, _)| blob(id).ok());
+        clean_side(&attributes, path, found, &mut in_index)
+    };
+    // One side from an object: a blob's content, or a submodule's commit line.
+    let object = |id: ObjectId, kind: EntryKind| -> Result<Result<Side, GitDiff>, RpcError> {
+        if kind == EntryKind::Commit {
+            return Ok(Ok(Some(submodule_side(id, false))));
+        }
+        if blob_size(id)? > GIT_DIFF_FILE_MAX {
+            return Ok(Err(GitDiff::Unsupported {
+                reason: "too-large".into(),
+            }));
+        }
+        Ok(Ok(Some((blob(id)?, kind))))
+    };
     let (old, new): (Side, Side) = match area {
         GitArea::Staged => {
             let (_, tree) = head_tree(&repo)?;
             let old = match tree.get(path) {
-                Some(item) if item.kind == EntryKind::Commit => return Ok(submodule()),
-                Some(item) if blob_size(item.id)? > GIT_DIFF_FILE_MAX => return too_large(),
-                Some(item) => Some((blob(item.id)?, item.kind)),
+                Some(item) => match object(item.id, item.kind)? {
+                    Ok(side) => side,
+                    Err(refused) => return Ok(refused),
+                },
                 None => None,
             };
             let new = match indexed {
                 _ if intent => None,
-                Some((id, _)) if blob_size(id)? > GIT_DIFF_FILE_MAX => return too_large(),
-                Some((id, kind)) => Some((blob(id)?, kind)),
+                Some((id, kind)) => match object(id, kind)? {
+                    Ok(side) => side,
+                    Err(refused) => return Ok(refused),
+                },
                 None => None,
             };
             (old, new)
@@ -81,10 +107,30 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
             let Some((id, kind)) = indexed else {
                 return Ok(GitDiff::Unchanged);
             };
-            if blob_size(id)? > GIT_DIFF_FILE_MAX || file_size() > GIT_DIFF_FILE_MAX {
-                return too_large();
+            if kind == EntryKind::Commit {
+                let old = Some(submodule_side(id, false));
+                let new = match submodule(&ws, path, id)? {
+                    (None, _) => return Ok(GitDiff::Unchanged),
+                    (Some(GitChange::Deleted), _) => None,
+                    (Some(GitChange::TypeChanged), _) => read_file()?,
+                    (Some(_), state) => {
+                        let head = super::status::submodule_status(&ws, Path::new(OsStr::from_bytes(path)))?
+                            .and_then(|(head, _)| head)
+                            .unwrap_or_else(|| ObjectId::null(repo.object_hash()));
+                        // Untracked files alone are not `-dirty`, as git prints it.
+                        if head == id && !state.modified {
+                            return Ok(GitDiff::Unchanged);
+                        }
+                        Some(submodule_side(head, state.modified))
+                    }
+                };
+                (old, new)
+            } else {
+                if blob_size(id)? > GIT_DIFF_FILE_MAX || file_size() > GIT_DIFF_FILE_MAX {
+                    return too_large();
+                }
+                (Some((blob(id)?, kind)), read_file()?)
             }
-            (Some((blob(id)?, kind)), read_file()?)
         }
         GitArea::Untracked => {
             if indexed.is_some() {
@@ -100,50 +146,47 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     if old == new {
         return Ok(GitDiff::Unchanged);
     }
-    let (before, after) = (
-        old.as_ref().map(|o| o.0.as_slice()),
-        new.as_ref().map(|n| n.0.as_slice()),
-    );
-    let binary = |d: Option<&[u8]>| d.is_some_and(|d| d[..d.len().min(BINARY_PROBE)].contains(&0));
-    if binary(before) || binary(after) {
+    let content = |s: &Side| s.as_ref().is_some_and(|(d, k)| *k != EntryKind::Commit && is_binary(d));
+    if content(&old) || content(&new) || attributes.at(path).no_diff {
         return Ok(GitDiff::Binary);
     }
-    if std::str::from_utf8(before.unwrap_or_default()).is_err()
-        || std::str::from_utf8(after.unwrap_or_default()).is_err()
-    {
-        return Ok(GitDiff::Unsupported {
-            reason: "not-utf8".into(),
-        });
-    }
-    // As git prints it: `diff --git`, mode lines (a mode change alone, or an empty file
-    // added, has no hunk), the quoted names, the hunks.
-    let mut patch = String::new();
-    file_patch(&mut patch, path, old, new);
+    let mut patch = Vec::new();
+    file_patch(&mut patch, repo.object_hash(), path, &old, &new, Binary::Named, false);
     Ok(bounded(patch))
 }
 
-/// A text diff within [`GIT_DIFF_MAX`]: a longer one cut at its last line end within the
-/// bound, and marked.
-fn bounded(mut patch: String) -> GitDiff {
-    if patch.len() <= GIT_DIFF_MAX {
-        return GitDiff::Text { patch, truncated: None };
-    }
+/// A text diff within [`GIT_DIFF_MAX`] (half of it when it is not UTF-8, as it then travels
+/// twice): a longer one cut at its last line end within the bound, and marked.
+fn bounded(mut patch: Vec<u8>) -> GitDiff {
+    let utf8 = std::str::from_utf8(&patch).is_ok();
+    let max = if utf8 { GIT_DIFF_MAX } else { GIT_DIFF_MAX / 2 };
     let bytes = patch.len() as u64;
-    let cut = berth_protocol::text::prefix(&patch, GIT_DIFF_MAX);
-    let end = cut.rfind('\n').map_or(cut.len(), |i| i + 1);
-    patch.truncate(end);
-    GitDiff::Text {
-        truncated: Some(berth_protocol::Truncation {
+    let truncated = (patch.len() > max).then(|| {
+        let mut end = patch[..max].iter().rposition(|b| *b == b'\n').map_or(max, |i| i + 1);
+        // A cut without a line end stays on a character boundary.
+        while utf8 && end > 0 && (patch[end] & 0xc0) == 0x80 {
+            end -= 1;
+        }
+        patch.truncate(end);
+        berth_protocol::Truncation {
             truncated: true,
             bytes,
             returned: patch.len() as u64,
-        }),
-        patch,
-    }
-}
-
-pub(super) fn submodule() -> GitDiff {
-    GitDiff::Unsupported {
-        reason: "submodule".into(),
+        }
+    });
+    match String::from_utf8(patch) {
+        Ok(patch) => GitDiff::Text {
+            patch,
+            patch_base64: None,
+            truncated,
+        },
+        Err(e) => {
+            let bytes = e.into_bytes();
+            GitDiff::Text {
+                patch: String::from_utf8_lossy(&bytes).into_owned(),
+                patch_base64: Some(base64::engine::general_purpose::STANDARD.encode(&bytes)),
+                truncated,
+            }
+        }
     }
 }

@@ -66,9 +66,6 @@ pub(super) fn load_index(repo: &gix::Repository) -> Result<Index, RpcError> {
         if e.flags.contains(gix::index::entry::Flags::SKIP_WORKTREE) {
             return Err(unsupported("sparse-checkout"));
         }
-        if e.mode == Mode::COMMIT {
-            return Err(unsupported("submodules"));
-        }
         if e.stage() != gix::index::entry::Stage::Unconflicted {
             unmerged.insert(e.path(&file).to_vec());
         }

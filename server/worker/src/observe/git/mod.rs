@@ -18,7 +18,10 @@ mod index;
 mod patch;
 mod status;
 mod untracked;
+mod writer;
 
+#[cfg(test)]
+mod corpus;
 #[cfg(test)]
 mod tests;
 
@@ -143,6 +146,28 @@ pub(super) fn blob_id(repo: &gix::Repository, data: &[u8]) -> Result<ObjectId, R
     gix::objs::compute_hash(repo.object_hash(), gix::objs::Kind::Blob, data).map_err(broken)
 }
 
-pub(super) fn is_link(kind: EntryKind) -> bool {
-    kind == EntryKind::Link
+/// Whether entries of kinds `a` and `b` are of one type (file, symlink or submodule): a
+/// change between types is git's type change.
+pub(super) fn same_type(a: EntryKind, b: EntryKind) -> bool {
+    let family = |k| match k {
+        EntryKind::Link => 1,
+        EntryKind::Commit => 2,
+        _ => 0,
+    };
+    family(a) == family(b)
+}
+
+/// A worktree side as git would store it: a regular file's content with its line endings
+/// converted as its attributes say (`indexed` gives the index's blob at `path`, which
+/// `text=auto` consults); a symlink as it is.
+fn clean_side(
+    attributes: &attributes::Attributes,
+    path: &[u8],
+    side: Side,
+    indexed: &mut dyn FnMut() -> Option<Vec<u8>>,
+) -> Result<Side, RpcError> {
+    match side {
+        Some((data, kind)) if kind != EntryKind::Link => Ok(Some((attributes.clean(path, data, indexed)?, kind))),
+        side => Ok(side),
+    }
 }

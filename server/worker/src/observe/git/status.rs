@@ -1,22 +1,22 @@
 //! `git.status`: HEAD against the index (staged), the index against the files (worktree),
 //! and the files neither tracked nor ignored (untracked).
 
-use std::{collections::HashSet, path::Path};
+use std::{collections::HashSet, ffi::OsStr, os::unix::ffi::OsStrExt, path::Path};
 
-use berth_protocol::{ErrorCode, GitChange, GitEntry, GitHead, GitStatus, RpcError};
-use gix::{ObjectId, bstr::ByteSlice, objs::tree::EntryKind};
+use berth_protocol::{ErrorCode, GitChange, GitEntry, GitHead, GitStatus, GitSubmodule, RpcError};
+use gix::{ObjectId, bstr::ByteSlice, index::entry::Mode, objs::tree::EntryKind};
 use rustix::fs::OFlags;
 
 use super::{
     Flat, Item,
-    attributes::check_filters,
-    blob_id, broken,
+    attributes::Attributes,
+    blob_id, broken, clean_side,
     index::{Index, index_kind, load_index, stat_suspects},
-    is_link, open, unsupported,
+    open, same_type, unsupported,
     untracked::untracked,
     workspace, worktree_blob,
 };
-use crate::observe::encode_path;
+use crate::{observe::encode_path, workspace::Workspace};
 
 /// HEAD's side of the staged comparison: the blobs of every subtree that the index's cache
 /// tree (git's `TREE` extension) does not record as identical to HEAD's, and the
@@ -117,7 +117,7 @@ pub(super) fn staged(index: &Index, head: &HeadSide) -> Result<Vec<GitEntry>, Rp
             None => GitChange::Added,
             Some(o) => {
                 let kind = index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
-                if is_link(o.kind) != is_link(kind) {
+                if !same_type(o.kind, kind) {
                     GitChange::TypeChanged
                 } else if o.id != e.id || o.kind != kind {
                     GitChange::Modified
@@ -135,18 +135,24 @@ pub(super) fn staged(index: &Index, head: &HeadSide) -> Result<Vec<GitEntry>, Rp
     }
     changes.extend(index.unmerged.iter().map(|p| (p.as_slice(), GitChange::Unmerged)));
     changes.sort_by(|a, b| a.0.cmp(b.0));
-    Ok(changes.into_iter().map(|(p, c)| git_entry(p, c)).collect())
+    Ok(changes.into_iter().map(|(p, c)| git_entry(p, c, None)).collect())
 }
 /// `git.status`: `None` outside a repository.
 ///
 /// Like git, the `lstat` of every tracked file (in two halves on two threads, relative to
 /// the root's descriptor) overlaps with the walk for untracked files (a third thread);
-/// contents are hashed only for entries whose stat data does not vouch for them.
+/// contents are hashed only for entries whose stat data does not vouch for them, after the
+/// end-of-line conversion their attributes select.
 pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
+    Ok(observe(root)?.map(|(status, _)| status))
+}
+
+/// `git.status`, and the attribute rules it read (for a patch of the same files).
+pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, RpcError> {
     let Some(repo) = open(root)? else { return Ok(None) };
     let index = load_index(&repo)?;
     let (head, head_side) = head_side(&repo, &index)?;
-    let staged = staged(&index, &head_side)?;
+    let mut staged = staged(&index, &head_side)?;
 
     let dir = rustix::fs::open(
         root,
@@ -154,12 +160,14 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
         rustix::fs::Mode::empty(),
     )
     .map_err(|e| broken(std::io::Error::from(e)))?;
+    let stage0 = |e: &gix::index::Entry| e.stage() == gix::index::entry::Stage::Unconflicted;
+    // Submodules are looked at on their own, below.
     let tracked: Vec<(&[u8], usize)> = index
         .file
         .entries()
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.stage() == gix::index::entry::Stage::Unconflicted && !Index::intent_to_add(e))
+        .filter(|(_, e)| stage0(e) && !Index::intent_to_add(e) && e.mode != Mode::COMMIT)
         .map(|(i, e)| (e.path(&index.file).as_bytes(), i))
         .collect();
     let (first, second) = tracked.split_at(tracked.len() / 2);
@@ -173,29 +181,40 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
     });
     let (untracked_paths, attribute_files) = walked.map_err(|_| RpcError::new(ErrorCode::Internal))??;
     let ws = workspace(root)?;
-    check_filters(&repo, &ws, &attribute_files)?;
+    let attributes = Attributes::load(&repo, &ws, &attribute_files)?;
 
-    // An intent to add is an addition in the worktree while its file is there.
-    let intents: Vec<usize> = index
+    // An intent to add is an addition in the worktree while its file is there; a submodule
+    // is compared by its checked-out commit and its own status.
+    let others = index
         .file
         .entries()
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.stage() == gix::index::entry::Stage::Unconflicted && Index::intent_to_add(e))
-        .map(|(i, _)| i)
-        .collect();
-    suspects.extend(&intents);
+        .filter(|(_, e)| stage0(e) && (Index::intent_to_add(e) || e.mode == Mode::COMMIT))
+        .map(|(i, _)| i);
+    suspects.extend(others);
     suspects.sort_unstable();
     let mut worktree = Vec::new();
+    let mut submodules = Vec::new();
     for i in suspects {
         let e = &index.file.entries()[i];
         let path = e.path(&index.file).as_bytes();
-        let change = match worktree_blob(&ws, path).map_err(broken)? {
+        if e.mode == Mode::COMMIT {
+            let (change, state) = submodule(&ws, path, e.id)?;
+            submodules.push((path, state));
+            if let Some(change) = change {
+                worktree.push(git_entry(path, change, Some(state)));
+            }
+            continue;
+        }
+        let blob = || repo.find_blob(e.id).ok().map(|b| b.data.clone());
+        let found = worktree_blob(&ws, path).map_err(broken)?;
+        let change = match clean_side(&attributes, path, found, &mut || blob())? {
             None => GitChange::Deleted,
             Some(_) if Index::intent_to_add(e) => GitChange::Added,
             Some((data, kind)) => {
                 let indexed = index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
-                if is_link(kind) != is_link(indexed) {
+                if !same_type(kind, indexed) {
                     GitChange::TypeChanged
                 } else if kind != indexed || blob_id(&repo, &data)? != e.id {
                     GitChange::Modified
@@ -204,20 +223,93 @@ pub fn status(root: &Path) -> Result<Option<GitStatus>, RpcError> {
                 }
             }
         };
-        worktree.push(git_entry(path, change));
+        worktree.push(git_entry(path, change, None));
     }
-    let untracked = untracked_paths.iter().map(|p| git_entry(p, GitChange::Added)).collect();
-    Ok(Some(GitStatus {
+    // A staged submodule carries its worktree state too, as git's porcelain reports it.
+    for entry in &mut staged {
+        let path = crate::observe::decode_raw(&entry.path).map_err(|_| RpcError::new(ErrorCode::Internal))?;
+        entry.submodule = submodules.iter().find(|(p, _)| *p == path.as_slice()).map(|(_, s)| *s);
+    }
+    let untracked = untracked_paths
+        .iter()
+        .map(|p| git_entry(p, GitChange::Added, None))
+        .collect();
+    let status = GitStatus {
         head,
         staged,
         worktree,
         untracked,
-    }))
+    };
+    Ok(Some((status, attributes)))
 }
 
-fn git_entry(path: &[u8], change: GitChange) -> GitEntry {
+/// The submodule at `path`, whose index entry records commit `recorded`: how its worktree
+/// differs (None: it does not) and its state, as git reports them. A submodule that is not
+/// checked out (an empty directory, or a repository whose git directory is outside the
+/// workspace) is unchanged; one whose directory is gone is deleted.
+pub(super) fn submodule(
+    ws: &Workspace,
+    path: &[u8],
+    recorded: ObjectId,
+) -> Result<(Option<GitChange>, GitSubmodule), RpcError> {
+    let mut state = GitSubmodule {
+        commit_changed: false,
+        modified: false,
+        untracked: false,
+    };
+    let rel = Path::new(OsStr::from_bytes(path));
+    match ws.lstat(rel) {
+        Err(_) => return Ok((Some(GitChange::Deleted), state)),
+        Ok(meta) if !meta.is_dir() => return Ok((Some(GitChange::TypeChanged), state)),
+        Ok(_) => {}
+    }
+    let Some((head, status)) = submodule_status(ws, rel)? else {
+        return Ok((None, state));
+    };
+    state.commit_changed = head != Some(recorded);
+    for e in status.staged.iter().chain(&status.worktree) {
+        // A nested submodule with only untracked files makes this one untracked, not
+        // modified, as git counts it.
+        match e.submodule {
+            Some(s) if !s.commit_changed && !s.modified && s.untracked && e.change == GitChange::Modified => {
+                state.untracked = true;
+            }
+            _ => state.modified = true,
+        }
+    }
+    state.untracked |= !status.untracked.is_empty();
+    let changed = state.commit_changed || state.modified || state.untracked;
+    Ok((changed.then_some(GitChange::Modified), state))
+}
+
+/// The checked-out commit and the status of the submodule at `rel`, or None when it is not
+/// checked out (no `.git` in it, or a git directory outside the workspace).
+pub(super) fn submodule_status(ws: &Workspace, rel: &Path) -> Result<Option<(Option<ObjectId>, GitStatus)>, RpcError> {
+    let root = ws.root().join(rel);
+    if ws.lstat(&rel.join(".git")).is_err() {
+        return Ok(None);
+    }
+    let repo = gix::open(&root).map_err(broken)?;
+    let inside = |p: &Path| {
+        let (Ok(p), Ok(base)) = (p.canonicalize(), ws.root().canonicalize()) else {
+            return false;
+        };
+        p.starts_with(base)
+    };
+    if !inside(repo.git_dir()) || !inside(repo.common_dir()) {
+        return Ok(None);
+    }
+    let head = repo.head_id().ok().map(|id| id.detach());
+    match status(&root)? {
+        Some(status) => Ok(Some((head, status))),
+        None => Ok(None),
+    }
+}
+
+fn git_entry(path: &[u8], change: GitChange, submodule: Option<GitSubmodule>) -> GitEntry {
     GitEntry {
         path: encode_path(path),
         change,
+        submodule,
     }
 }

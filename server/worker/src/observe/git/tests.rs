@@ -1,6 +1,6 @@
 use std::{path::Path, process::Command};
 
-use super::{patch, patch::hunks, status};
+use super::{patch, status, writer::hunks};
 
 fn git(dir: &Path, args: &[&str]) {
     let out = Command::new("git")
@@ -158,27 +158,11 @@ fn nothing_is_read_through_a_symlink_out_of_the_workspace() {
 }
 
 #[test]
-fn sparse_checkouts_and_submodules_fail_explicitly() {
+fn sparse_checkouts_fail_explicitly() {
     let sparse = repo();
     assert!(status(sparse.path()).unwrap().is_some());
     git(sparse.path(), &["sparse-checkout", "set", "--no-cone", "/b"]);
     assert_eq!(feature(sparse.path()), "sparse-checkout");
-
-    let outer = repo();
-    let inner = repo();
-    git(
-        outer.path(),
-        &[
-            "-c",
-            "protocol.file.allow=always",
-            "submodule",
-            "add",
-            "-q",
-            inner.path().to_str().unwrap(),
-            "sub",
-        ],
-    );
-    assert_eq!(feature(outer.path()), "submodules");
 }
 
 fn staged(root: &Path) -> Vec<(String, berth_protocol::GitChange)> {
@@ -274,23 +258,25 @@ fn a_patch_applies_to_its_base_and_reproduces_the_workspace() {
     symlink("dir/a", root.join("link")).unwrap();
     std::fs::write(root.join("debug.log"), "ignored\n").unwrap();
 
+    std::fs::write(root.join("blob.bin"), b"\0\x02").unwrap();
+
     let (text, captured) = patch(root, usize::MAX).unwrap();
-    assert_eq!(captured.files, 8, "{text}");
+    assert_eq!(captured.files, 9, "{text}");
     assert!(captured.base.is_some());
     assert!(!text.contains("debug.log"), "ignored files are left out");
-    // git apply cannot apply a binary change without its contents: check it is named,
-    // then apply the rest.
-    std::fs::write(root.join("blob.bin"), b"\0\x02").unwrap();
-    let (with_binary, _) = patch(root, usize::MAX).unwrap();
-    assert!(
-        with_binary.contains("Binary files a/blob.bin and b/blob.bin differ\n"),
-        "{with_binary}"
-    );
+    assert!(text.contains("GIT binary patch\nliteral 2\n"), "{text}");
     let file = base.path().join("p.diff");
     std::fs::write(&file, &text).unwrap();
     git(base.path(), &["apply", file.to_str().unwrap()]);
     std::fs::remove_file(&file).unwrap();
-    for f in ["long.txt", "dir/a", "caf\u{e9} \"q\".txt", "new/file.txt", "empty"] {
+    for f in [
+        "long.txt",
+        "dir/a",
+        "caf\u{e9} \"q\".txt",
+        "new/file.txt",
+        "empty",
+        "blob.bin",
+    ] {
         assert_eq!(
             std::fs::read(base.path().join(f)).unwrap(),
             std::fs::read(root.join(f)).unwrap(),
@@ -325,13 +311,13 @@ fn hunks_look_like_git() {
     let before: String = (1..=20).map(|i| format!("line {i}\n")).collect();
     let after = before.replace("line 2\n", "two\n").replace("line 18\n", "");
     assert_eq!(
-        hunks(&before, &after),
+        String::from_utf8(hunks(before.as_bytes(), after.as_bytes())).unwrap(),
         "@@ -1,5 +1,5 @@\n line 1\n-line 2\n+two\n line 3\n line 4\n line 5\n\
          @@ -15,6 +15,5 @@ line 14\n line 15\n line 16\n line 17\n-line 18\n line 19\n line 20\n"
     );
     assert_eq!(
-        hunks("", "a\nb"),
-        "@@ -0,0 +1,2 @@\n+a\n+b\n\\ No newline at end of file\n"
+        hunks(b"", b"a\nb"),
+        b"@@ -0,0 +1,2 @@\n+a\n+b\n\\ No newline at end of file\n"
     );
-    assert_eq!(hunks("a\n", ""), "@@ -1 +0,0 @@\n-a\n");
+    assert_eq!(hunks(b"a\n", b""), b"@@ -1 +0,0 @@\n-a\n");
 }

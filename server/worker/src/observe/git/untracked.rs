@@ -139,7 +139,8 @@ impl Untracked<'_> {
             path.truncate(level.rel.len());
             path.extend_from_slice(name.to_bytes());
             if kind == FileType::Directory {
-                if !self.ignored(level.rules.as_ref(), &path, true) {
+                // A tracked submodule is the index's entry, never walked.
+                if !self.tracked(&level.beneath, &path) && !self.ignored(level.rules.as_ref(), &path, true) {
                     level.subdirs.push(name);
                 }
                 continue;
