@@ -601,7 +601,7 @@ export type GitDiff = ({
    * The exact bytes of the diff, base64, present only when they are not UTF-8 (a
    * text file in another encoding). Such a diff is cut at half of [`GIT_DIFF_MAX`].
    */
-  "patch_base64"?: string | null;
+  "patchBase64"?: string | null;
   "truncated"?: (Truncation | null);
 } | {
   "kind": "binary";

@@ -126,7 +126,7 @@ pub enum GitDiff {
         patch: String,
         /// The exact bytes of the diff, base64, present only when they are not UTF-8 (a
         /// text file in another encoding). Such a diff is cut at half of [`GIT_DIFF_MAX`].
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(rename = "patchBase64", default, skip_serializing_if = "Option::is_none")]
         patch_base64: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         truncated: Option<crate::Truncation>,
