@@ -169,8 +169,12 @@ impl Attributes {
         data: Vec<u8>,
         indexed: &mut dyn FnMut() -> Option<Vec<u8>>,
     ) -> Result<Vec<u8>, RpcError> {
+        // Only a CR is ever converted: without one, nothing to look up.
+        if !data.contains(&b'\r') {
+            return Ok(data);
+        }
         let digest = self.at(path).digest;
-        if digest == AttributesDigest::Binary || !data.contains(&b'\r') {
+        if digest == AttributesDigest::Binary {
             return Ok(data);
         }
         let mut buf = Vec::new();

@@ -21,7 +21,7 @@ use berth_protocol::{GitArea, GitChange, GitDiff, GitSubmodule};
 use super::{diff, patch, status};
 use crate::observe::decode_raw;
 
-fn cli(dir: &Path, args: &[&str]) -> std::process::Output {
+fn cli<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> std::process::Output {
     Command::new("git")
         .args(["-c", "protocol.file.allow=always"])
         .args(args)
@@ -165,12 +165,15 @@ fn berth_diff(dir: &Path, path: &[u8], area: GitArea) -> Vec<u8> {
 
 /// The CLI's diff of `path` in `area`; a binary one reduced to `binary`.
 fn cli_diff(dir: &Path, path: &[u8], area: GitArea) -> Vec<u8> {
-    let p = OsStr::from_bytes(path).to_str().expect("corpus names are UTF-8 here");
-    let out = match area {
-        GitArea::Staged => git(dir, &["diff", "--cached", "--full-index", "--", p]),
-        GitArea::Worktree => git(dir, &["diff", "--full-index", "--", p]),
-        GitArea::Untracked => cli(dir, &["diff", "--no-index", "--full-index", "--", "/dev/null", p]).stdout,
+    let p = OsStr::from_bytes(path);
+    let args: Vec<&OsStr> = match area {
+        GitArea::Staged => ["diff", "--cached", "--full-index", "--"].map(OsStr::new).to_vec(),
+        GitArea::Worktree => ["diff", "--full-index", "--"].map(OsStr::new).to_vec(),
+        GitArea::Untracked => ["diff", "--no-index", "--full-index", "--", "/dev/null"]
+            .map(OsStr::new)
+            .to_vec(),
     };
+    let out = cli(dir, &[args, vec![p]].concat()).stdout;
     let binary = out.split(|b| *b == b'\n').any(|l| l.starts_with(b"Binary files "));
     if binary { b"binary".to_vec() } else { out }
 }
@@ -184,9 +187,6 @@ fn diffs_agree(dir: &Path, areas: &Areas) {
     ];
     for (area, paths) in all {
         for path in paths {
-            if area == GitArea::Staged && areas.staged[path] == GitChange::Unmerged {
-                continue;
-            }
             let ours = berth_diff(dir, path, area);
             let theirs = cli_diff(dir, path, area);
             assert_eq!(
@@ -432,4 +432,65 @@ fn submodules_are_reported_as_git_reports_them() {
     // The snapshot carries the rest (not the submodule's commit).
     let (text, _) = patch(&dir, usize::MAX).unwrap();
     assert!(text.contains("+y\n") && !text.contains("Subproject"), "{text}");
+}
+
+/// `core.autocrlf=true` with no attribute: a CRLF file is clean after `touch` and a change
+/// to it diffs in git's (LF) form; `core.autocrlf=input` likewise.
+#[test]
+fn core_autocrlf_converts_as_git_does() {
+    for setting in ["true", "input"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        init(dir);
+        git(dir, &["config", "core.autocrlf", setting]);
+        write(dir, "win.txt", "one\r\ntwo\r\n");
+        write(dir, "image.bin", b"\0\r\n");
+        git(dir, &["add", "-A"]);
+        git(dir, &["commit", "-q", "-m", "base"]);
+        touch(dir, "win.txt");
+        touch(dir, "image.bin");
+        let areas = berth_status(dir);
+        assert_eq!(areas, cli_status(dir), "{setting}");
+        assert!(areas.worktree.is_empty(), "{setting}: {areas:?}");
+        write(dir, "win.txt", "one\r\ntwo\r\nthree\r\n");
+        let areas = berth_status(dir);
+        assert_eq!(areas, cli_status(dir), "{setting}");
+        diffs_agree(dir, &areas);
+    }
+}
+
+/// Index states and names: a conflicted path is unmerged (its staged diff git's `* Unmerged
+/// path`), a name that is not UTF-8 keeps its bytes (git's quoted octal form).
+#[test]
+fn conflicts_and_names_agree_with_git() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init(dir);
+    write(dir, "conflict.txt", "base\n");
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "base"]);
+    git(dir, &["checkout", "-q", "-b", "other"]);
+    write(dir, "conflict.txt", "theirs\n");
+    git(dir, &["commit", "-q", "-am", "theirs"]);
+    git(dir, &["checkout", "-q", "main"]);
+    write(dir, "conflict.txt", "ours\n");
+    git(dir, &["commit", "-q", "-am", "ours"]);
+    assert!(
+        !cli(dir, &["merge", "-q", "other"]).status.success(),
+        "the merge conflicts"
+    );
+    let odd = OsStr::from_bytes(b"raw-\xff\tname.txt");
+    std::fs::write(dir.join(odd), b"bytes \xfe\n").unwrap();
+    write(dir, "staged-b.txt", "b\n");
+    write(dir, "staged-a.txt", "a\n");
+    git(dir, &["add", "staged-b.txt"]);
+    git(dir, &["add", "staged-a.txt"]);
+    let areas = berth_status(dir);
+    assert_eq!(areas, cli_status(dir));
+    assert_eq!(areas.staged[&b"conflict.txt".to_vec()], GitChange::Unmerged);
+    diffs_agree(dir, &areas);
+    assert_eq!(
+        berth_diff(dir, b"conflict.txt", GitArea::Staged),
+        b"* Unmerged path conflict.txt\n"
+    );
 }

@@ -14,7 +14,7 @@ use super::{
     open,
     status::submodule,
     unsupported, workspace, worktree_blob,
-    writer::{Binary, file_patch, is_binary, quoted, submodule_side},
+    writer::{file_patch, is_binary, quoted, submodule_side},
 };
 
 /// `git.diff` of one path in one area, as `git diff --full-index` prints it (`--cached` for
@@ -151,13 +151,13 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
         return Ok(GitDiff::Binary);
     }
     let mut patch = Vec::new();
-    file_patch(&mut patch, repo.object_hash(), path, &old, &new, Binary::Named, false);
+    file_patch(&mut patch, repo.object_hash(), path, &old, &new, false);
     Ok(bounded(patch))
 }
 
 /// A text diff within [`GIT_DIFF_MAX`] (half of it when it is not UTF-8, as it then travels
 /// twice): a longer one cut at its last line end within the bound, and marked.
-fn bounded(mut patch: Vec<u8>) -> GitDiff {
+pub(super) fn bounded(mut patch: Vec<u8>) -> GitDiff {
     let utf8 = std::str::from_utf8(&patch).is_ok();
     let max = if utf8 { GIT_DIFF_MAX } else { GIT_DIFF_MAX / 2 };
     let bytes = patch.len() as u64;

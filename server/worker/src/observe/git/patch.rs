@@ -6,12 +6,8 @@ use berth_protocol::{ErrorCode, RpcError, worker::PatchCaptured};
 use gix::objs::tree::EntryKind;
 
 use super::{
-    Side, broken, clean_side, head_tree,
-    index::load_index,
-    open,
-    status::observe,
-    workspace, worktree_blob,
-    writer::{Binary, file_patch},
+    Side, broken, clean_side, head_tree, index::load_index, open, status::observe, workspace, worktree_blob,
+    writer::file_patch,
 };
 use crate::observe::failure;
 
@@ -58,13 +54,13 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
         }
         files += 1;
         let mut bytes = Vec::new();
-        file_patch(&mut bytes, hash, &path, &old, &new, Binary::Literal, false);
+        file_patch(&mut bytes, hash, &path, &old, &new, false);
         let text = match String::from_utf8(bytes) {
             Ok(text) => text,
             Err(_) => {
                 // Text that is not UTF-8 travels as a binary patch (the snapshot is text).
                 let mut bytes = Vec::new();
-                file_patch(&mut bytes, hash, &path, &old, &new, Binary::Literal, true);
+                file_patch(&mut bytes, hash, &path, &old, &new, true);
                 String::from_utf8(bytes).map_err(|_| RpcError::new(ErrorCode::Internal))?
             }
         };

@@ -321,3 +321,26 @@ fn hunks_look_like_git() {
     );
     assert_eq!(hunks(b"a\n", b""), b"@@ -1 +0,0 @@\n-a\n");
 }
+
+/// A diff that is not UTF-8 travels twice (lossy text and exact bytes), so it is cut at half
+/// the bound, at a line end, with its exact bytes in `patch_base64`.
+#[test]
+fn a_diff_that_is_not_utf8_is_cut_at_half_the_bound() {
+    use base64::Engine;
+    use berth_protocol::{GIT_DIFF_MAX, GitDiff};
+    let line = b"caf\xe9 au lait\n";
+    let patch: Vec<u8> = line.repeat(GIT_DIFF_MAX / line.len() + 10);
+    let GitDiff::Text {
+        patch: text,
+        patch_base64: Some(bytes),
+        truncated: Some(t),
+    } = super::diff::bounded(patch.clone())
+    else {
+        panic!("a cut text diff with its bytes")
+    };
+    let bytes = base64::engine::general_purpose::STANDARD.decode(bytes).unwrap();
+    assert!(bytes.len() <= GIT_DIFF_MAX / 2 && bytes.ends_with(b"\n"));
+    assert_eq!(bytes, patch[..bytes.len()]);
+    assert_eq!((t.bytes, t.returned), (patch.len() as u64, bytes.len() as u64));
+    assert_eq!(text, String::from_utf8_lossy(&bytes));
+}

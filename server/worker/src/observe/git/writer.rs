@@ -1,21 +1,12 @@
 //! The patch writer `git.diff` and `patch.snapshot` share: one path's change in the form
-//! `git diff --full-index` prints it (`--binary` for a snapshot), bytes for bytes.
+//! `git diff --binary --full-index` prints it, bytes for bytes (binary literals aside:
+//! they are deflated by zlib-rs, which git apply inflates alike).
 
 use std::io::Write;
 
 use gix::{ObjectId, objs::tree::EntryKind};
 
 use super::{BINARY_PROBE, Side, same_type};
-
-/// How a change to binary content is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Binary {
-    /// `Binary files a/… and b/… differ`, as `git diff` prints it.
-    Named,
-    /// A `GIT binary patch` with both sides as zlib-deflated base85 literals, as
-    /// `git diff --binary` prints it (with literals only), which `git apply` takes.
-    Literal,
-}
 
 /// Git's rule: a NUL in the first 8000 bytes makes content binary.
 pub(super) fn is_binary(data: &[u8]) -> bool {
@@ -82,22 +73,21 @@ pub(super) fn quoted(prefix: &str, path: &[u8]) -> String {
 
 /// One path's change, as git prints it: a type change (file ↔ symlink ↔ submodule) as a
 /// deletion then an addition; mode lines; the `index` line with full object ids when the
-/// content differs; then hunks, or the binary form `binary` asks for when either side is
-/// binary (or `force_binary`, for `-diff` paths and text a snapshot cannot carry).
+/// content differs; then hunks, or a `GIT binary patch` (both sides as literals) when
+/// either side is binary or `force_binary` (text a snapshot cannot carry as text).
 pub(super) fn file_patch(
     out: &mut Vec<u8>,
     hash: gix::hash::Kind,
     path: &[u8],
     old: &Side,
     new: &Side,
-    binary: Binary,
     force_binary: bool,
 ) {
     if let (Some(o), Some(n)) = (old, new)
         && !same_type(o.1, n.1)
     {
-        file_patch(out, hash, path, old, &None, binary, force_binary);
-        file_patch(out, hash, path, &None, new, binary, force_binary);
+        file_patch(out, hash, path, old, &None, force_binary);
+        file_patch(out, hash, path, &None, new, force_binary);
         return;
     }
     let (a, b) = (quoted("a/", path), quoted("b/", path));
@@ -136,18 +126,11 @@ pub(super) fn file_patch(
     let from = if old.is_some() { a } else { "/dev/null".into() };
     let to = if new.is_some() { b } else { "/dev/null".into() };
     if force_binary || is_binary(before) || is_binary(after) {
-        match binary {
-            Binary::Named => {
-                let _ = writeln!(out, "Binary files {from} and {to} differ");
-            }
-            Binary::Literal => {
-                out.extend_from_slice(b"GIT binary patch\n");
-                literal(out, after);
-                out.push(b'\n');
-                literal(out, before);
-                out.push(b'\n');
-            }
-        }
+        out.extend_from_slice(b"GIT binary patch\n");
+        literal(out, after);
+        out.push(b'\n');
+        literal(out, before);
+        out.push(b'\n');
         return;
     }
     let _ = write!(out, "--- {from}\n+++ {to}\n");
