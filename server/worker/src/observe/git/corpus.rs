@@ -337,8 +337,15 @@ fn content_types_and_modes_agree_with_git() {
     write(dir, "image.bin", b"\x89PNG\0\x01\x02\x03");
     write(dir, "late-nul.txt", [vec![b'a'; 9000], vec![0, b'\n']].concat());
     write(dir, "staged.txt", "staged\n");
+    write(dir, "becomes-dir", "a file, then a directory\n");
     git(dir, &["add", "-A"]);
     git(dir, &["commit", "-q", "-m", "base"]);
+    std::fs::remove_file(dir.join("becomes-dir")).unwrap();
+    write(
+        dir,
+        "becomes-dir/inside.txt",
+        "untracked in a directory where a file was\n",
+    );
 
     write(dir, "latin1.txt", b"caf\xe9\nna\xefve, chang\xe9\nr\xe9sum\xe9\n");
     std::fs::remove_file(dir.join("becomes-link")).unwrap();
@@ -429,6 +436,18 @@ fn submodules_are_reported_as_git_reports_them() {
     check("staged");
     std::fs::remove_file(sub.join("untracked")).unwrap();
     check("staged, clean");
+    // A clone whose submodule is not checked out (an empty directory): unchanged, as in git;
+    // its directory gone: deleted.
+    let clone = tmp.path().join("clone");
+    git(tmp.path(), &["clone", "-q", dir.to_str().unwrap(), "clone"]);
+    let areas = berth_status(&clone);
+    assert_eq!(areas, cli_status(&clone));
+    assert!(areas.worktree.is_empty(), "{areas:?}");
+    std::fs::remove_dir(clone.join("sub")).unwrap();
+    let areas = berth_status(&clone);
+    assert_eq!(areas, cli_status(&clone));
+    assert_eq!(areas.worktree[&b"sub".to_vec()], GitChange::Deleted);
+    diffs_agree(&clone, &areas);
     // The snapshot carries the rest (not the submodule's commit).
     let (text, _) = patch(&dir, usize::MAX).unwrap();
     assert!(text.contains("+y\n") && !text.contains("Subproject"), "{text}");

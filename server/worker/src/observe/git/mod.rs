@@ -9,8 +9,10 @@
 //! repository (`null`), whatever its parent directories are.
 //!
 //! One module per concern: the index and its stat data ([`index`]), attributes and the
-//! conversions they select ([`attributes`]), the three areas of `git.status` ([`status`],
-//! [`untracked`]), `git.diff` ([`diff`]) and the patch writer ([`patch`]).
+//! end-of-line conversion they select ([`attributes`]), the three areas of `git.status`
+//! with submodules ([`status`], [`untracked`]), `git.diff` ([`diff`]), the patch format
+//! both share ([`writer`]) and `patch.snapshot` ([`patch`]). `corpus` tests all of it
+//! against the git CLI.
 
 mod attributes;
 mod diff;

@@ -74,10 +74,21 @@ impl Untracked<'_> {
     }
 
     fn tracked(&self, within: &Range<usize>, path: &[u8]) -> bool {
+        self.entry(within, path).is_some()
+    }
+
+    fn entry(&self, within: &Range<usize>, path: &[u8]) -> Option<&gix::index::Entry> {
         let file = &self.index.file;
-        file.entries()[within.clone()]
-            .binary_search_by(|e| e.path(file).as_bytes().cmp(path))
-            .is_ok()
+        let entries = &file.entries()[within.clone()];
+        let at = entries.binary_search_by(|e| e.path(file).as_bytes().cmp(path)).ok()?;
+        Some(&entries[at])
+    }
+
+    /// Whether the directory `path` is a submodule the index tracks (a directory where the
+    /// index has a file is walked: its files are untracked, as git lists them).
+    fn submodule(&self, within: &Range<usize>, path: &[u8]) -> bool {
+        self.entry(within, path)
+            .is_some_and(|e| e.mode == gix::index::entry::Mode::COMMIT)
     }
 
     /// Read one directory: its untracked files are recorded, its subdirectories that are
@@ -140,7 +151,7 @@ impl Untracked<'_> {
             path.extend_from_slice(name.to_bytes());
             if kind == FileType::Directory {
                 // A tracked submodule is the index's entry, never walked.
-                if !self.tracked(&level.beneath, &path) && !self.ignored(level.rules.as_ref(), &path, true) {
+                if !self.submodule(&level.beneath, &path) && !self.ignored(level.rules.as_ref(), &path, true) {
                     level.subdirs.push(name);
                 }
                 continue;
