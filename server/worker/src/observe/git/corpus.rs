@@ -139,7 +139,7 @@ fn berth_status(dir: &Path) -> Areas {
     areas
 }
 
-/// Berth's `git.diff` as bytes: the text (exactly), `Binary files … differ` for a binary
+/// Berth's `git.diff` as bytes: the text (exactly), `binary` for a binary
 /// answer, nothing when unchanged.
 fn berth_diff(dir: &Path, path: &[u8], area: GitArea) -> Vec<u8> {
     match diff(dir, path, area).unwrap() {
