@@ -592,7 +592,16 @@ export type GitChange = ("added" | "modified" | "deleted" | "type-changed" | "un
  */
 export type GitDiff = ({
   "kind": "text";
+  /**
+   * The diff; when the file's text is not UTF-8, with U+FFFD for the bytes that are
+   * not (the exact diff is then in `patchBase64`).
+   */
   "patch": string;
+  /**
+   * The exact bytes of the diff, base64, present only when they are not UTF-8 (a
+   * text file in another encoding). Such a diff is cut at half of [`GIT_DIFF_MAX`].
+   */
+  "patchBase64"?: string | null;
   "truncated"?: (Truncation | null);
 } | {
   "kind": "binary";
@@ -615,6 +624,11 @@ export type GitDiffParams = {
 export type GitEntry = {
   "change": GitChange;
   "path": WorkspacePath;
+  /**
+   * Present when the path is a submodule: its state in the worktree, as git's
+   * `git status --porcelain=v2` sub-state `S<c><m><u>` reports it.
+   */
+  "submodule"?: (GitSubmodule | null);
 };
 
 export type GitHead = {
@@ -655,6 +669,24 @@ export type GitStatus = {
  */
 export type GitStatusParams = {
   "sessionId": string;
+};
+
+/**
+ * A submodule's state in the worktree (git's porcelain v2 `S<c><m><u>`).
+ */
+export type GitSubmodule = {
+  /**
+   * Its checked-out commit is not the one the index records (`C`).
+   */
+  "commitChanged": boolean;
+  /**
+   * It has changes to its tracked files, staged or not (`M`).
+   */
+  "modified": boolean;
+  /**
+   * It has untracked files (`U`).
+   */
+  "untracked": boolean;
 };
 
 /**

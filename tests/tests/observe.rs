@@ -965,7 +965,9 @@ async fn a_huge_diff_is_bounded_and_the_running_turn_goes_on() {
         "{t}"
     );
     assert!(
-        patch.starts_with("diff --git a/big.txt b/big.txt\nnew file mode 100644\n--- /dev/null\n+++ b/big.txt\n")
+        patch.starts_with(
+            "diff --git a/big.txt b/big.txt\nnew file mode 100644\nindex 0000000000000000000000000000000000000000.."
+        ) && patch.contains("\n--- /dev/null\n+++ b/big.txt\n")
             && patch.ends_with("big file\n"),
         "{}",
         &patch[..200]
@@ -983,7 +985,9 @@ async fn a_huge_diff_is_bounded_and_the_running_turn_goes_on() {
     write(&dir, "empty.txt", "");
     let d = diff(&mut client, &sid, b"empty.txt", "untracked").await;
     assert_eq!(
-        d["patch"], "diff --git a/empty.txt b/empty.txt\nnew file mode 100644\n",
+        d["patch"],
+        "diff --git a/empty.txt b/empty.txt\nnew file mode 100644\n\
+         index 0000000000000000000000000000000000000000..e69de29bb2d1d6434b8b29ae775ad8c2e48c5391\n",
         "{d}"
     );
     assert!(client.ok("git.status", json!({"sessionId": sid})).await.is_object());
@@ -1055,8 +1059,8 @@ async fn index_states_and_names_are_reported_as_git_reports_them() {
     let ours = d["patch"].as_str().unwrap().to_string();
     assert!(
         ours.starts_with(
-            "diff --git a/intent.txt b/intent.txt\nnew file mode 100644\n--- /dev/null\n+++ b/intent.txt\n"
-        ),
+            "diff --git a/intent.txt b/intent.txt\nnew file mode 100644\nindex 0000000000000000000000000000000000000000.."
+        ) && ours.contains("\n--- /dev/null\n+++ b/intent.txt\n"),
         "{ours}"
     );
     assert_eq!(hunks(ours.as_bytes()), hunks(&git(&dir, &["diff", "--", "intent.txt"])));
@@ -1071,4 +1075,17 @@ async fn index_states_and_names_are_reported_as_git_reports_them() {
         "{d}"
     );
     assert!(!d.to_string().contains('\u{fffd}'), "{d}");
+
+    // Text that is not UTF-8 is a text diff: its exact bytes, as git prints them, in
+    // `patchBase64`.
+    write(&dir, "latin1.txt", b"caf\xe9\nna\xefve\n");
+    let d = diff(&mut client, &sid, b"latin1.txt", "untracked").await;
+    assert_eq!(d["kind"], "text", "{d}");
+    assert!(d["patchBase64"].is_string(), "{d}");
+    let cli = git_cmd(
+        &dir,
+        &["diff", "--no-index", "--full-index", "--", "/dev/null", "latin1.txt"],
+    );
+    assert_eq!(unb64(d["patchBase64"].as_str().unwrap()), cli.stdout, "{d}");
+    assert_eq!(d["patch"], String::from_utf8_lossy(&cli.stdout).as_ref());
 }

@@ -476,3 +476,97 @@ async fn a_snapshot_is_refused_while_any_session_writes_to_the_workspace() {
         .await;
     assert_eq!(snap["files"], 1, "{snap}");
 }
+
+/// Regular files, symlinks (their targets) and executable bits under `dir`, `.git` left out.
+fn tree(dir: &Path) -> std::collections::BTreeMap<String, (Vec<u8>, bool, bool)> {
+    use std::os::unix::{ffi::OsStrExt, fs::PermissionsExt};
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            let rel = path.strip_prefix(dir).expect("inside").to_string_lossy().into_owned();
+            if rel == ".git" {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path).expect("lstat");
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).expect("readlink");
+                out.insert(rel, (target.as_os_str().as_bytes().to_vec(), false, true));
+            } else if meta.is_dir() {
+                stack.push(path);
+            } else {
+                let exec = meta.permissions().mode() & 0o111 != 0;
+                out.insert(rel, (std::fs::read(&path).expect("read"), exec, false));
+            }
+        }
+    }
+    out
+}
+
+/// Issue 49: a snapshot taken through the server carries binaries (`GIT binary patch`),
+/// modes, symlinks, a file replaced by a symlink and back, text that is not UTF-8, an empty
+/// file and line endings converted by `.gitattributes`: `git apply` of the text read back
+/// with `patch.read`, on a fresh clone of its base, reproduces the working tree exactly.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_with_binaries_modes_and_symlinks_reproduces_the_tree_with_git_apply() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    let dir = stack.workspace_dir.clone();
+    git(&dir, &["init", "-q", "-b", "main"]);
+    write(&dir, ".gitattributes", "*.bat eol=crlf\n");
+    write(&dir, "image.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\x01\x02");
+    write(&dir, "gone.bin", b"\0\x01\x02 deleted binary");
+    write(&dir, "run.sh", "echo hi\n");
+    write(&dir, "was-file", "a file, then a symlink\n");
+    symlink("run.sh", dir.join("was-link")).expect("symlink");
+    write(&dir, "latin1.txt", b"caf\xe9\n");
+    write(&dir, "setup.bat", "@echo off\r\n");
+    git(&dir, &["add", "-A"]);
+    git(&dir, &["commit", "-q", "-m", "base"]);
+
+    let blob: Vec<u8> = (0..70_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    write(&dir, "image.png", &blob);
+    std::fs::remove_file(dir.join("gone.bin")).expect("rm");
+    write(&dir, "assets/new.bin", b"\0new binary\xff");
+    std::fs::set_permissions(dir.join("run.sh"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::remove_file(dir.join("was-file")).expect("rm");
+    symlink("latin1.txt", dir.join("was-file")).expect("symlink");
+    std::fs::remove_file(dir.join("was-link")).expect("rm");
+    write(&dir, "was-link", "a symlink, then a file\n");
+    write(&dir, "latin1.txt", b"caf\xe9 cr\xe8me\n");
+    write(&dir, "setup.bat", "@echo off\r\necho more\r\n");
+    write(&dir, "empty", "");
+    symlink("assets/new.bin", dir.join("link-to-new")).expect("symlink");
+    write(&dir, "tool.py", "print()\n");
+    std::fs::set_permissions(dir.join("tool.py"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+
+    let snap = c
+        .ok("patch.snapshot", json!({"sessionId": sid, "operationId": "bin-1"}))
+        .await;
+    assert_eq!(snap["files"], 11, "{snap}");
+    let patch_id = snap["patchId"].as_str().expect("patchId").to_string();
+    let (text, _) = read_all(&mut c, &patch_id).await;
+    assert_eq!(sha256_hex(text.as_bytes()), snap["sha256"]);
+    assert!(text.contains("GIT binary patch\nliteral 70000\n"), "{text}");
+    let head = String::from_utf8(git(&dir, &["rev-parse", "HEAD"])).expect("utf8");
+    let empty = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391";
+    assert!(
+        text.contains(&format!(
+            "new file mode 100644\nindex 0000000000000000000000000000000000000000..{empty}\n"
+        )),
+        "full index lines: {text}"
+    );
+    assert_eq!(snap["base"], head.trim());
+    let clone = apply_to_base(&dir, &text);
+    let (ours, theirs) = (tree(&dir), tree(clone.path()));
+    assert_eq!(ours.keys().collect::<Vec<_>>(), theirs.keys().collect::<Vec<_>>());
+    for (path, o) in &ours {
+        assert_eq!(o, &theirs[path], "{path}");
+    }
+}

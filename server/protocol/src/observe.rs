@@ -55,6 +55,23 @@ pub struct GitHead {
 pub struct GitEntry {
     pub path: WorkspacePath,
     pub change: GitChange,
+    /// Present when the path is a submodule: its state in the worktree, as git's
+    /// `git status --porcelain=v2` sub-state `S<c><m><u>` reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submodule: Option<GitSubmodule>,
+}
+
+/// A submodule's state in the worktree (git's porcelain v2 `S<c><m><u>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct GitSubmodule {
+    /// Its checked-out commit is not the one the index records (`C`).
+    pub commit_changed: bool,
+    /// It has changes to its tracked files, staged or not (`M`).
+    pub modified: bool,
+    /// It has untracked files (`U`).
+    pub untracked: bool,
 }
 
 /// How a path changed. Renames are a deletion plus an addition.
@@ -99,18 +116,25 @@ pub struct GitDiffParams {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum GitDiff {
-    /// A unified diff (`--- a/…`, `+++ b/…`, hunks with 3 lines of context). A diff longer
-    /// than [`GIT_DIFF_MAX`] is cut at a line end and says so in `truncated` (`returned` of
-    /// its `bytes` are in `patch`).
+    /// A diff as `git diff --full-index` prints it (`diff --git`, mode and `index` lines,
+    /// `--- a/…`, `+++ b/…`, hunks with 3 lines of context). A diff longer than
+    /// [`GIT_DIFF_MAX`] is cut at a line end and says so in `truncated` (`returned` of its
+    /// `bytes` are in `patch`).
     Text {
+        /// The diff; when the file's text is not UTF-8, with U+FFFD for the bytes that are
+        /// not (the exact diff is then in `patchBase64`).
         patch: String,
+        /// The exact bytes of the diff, base64, present only when they are not UTF-8 (a
+        /// text file in another encoding). Such a diff is cut at half of [`GIT_DIFF_MAX`].
+        #[serde(rename = "patchBase64", default, skip_serializing_if = "Option::is_none")]
+        patch_base64: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         truncated: Option<crate::Truncation>,
     },
     Binary,
     Unchanged,
-    /// This path cannot be compared (`submodule`, `not-utf8`, `too-large`: a side larger
-    /// than [`GIT_DIFF_FILE_MAX`]).
+    /// This path cannot be compared (`too-large`: a side larger than
+    /// [`GIT_DIFF_FILE_MAX`]).
     Unsupported {
         reason: String,
     },

@@ -1,0 +1,175 @@
+//! `git.status`, `git.diff` and `patch.snapshot`, computed here from what `gix` reads
+//! (refs, objects, the index) plus `lstat` and content hashes of the files, so that no
+//! configured command ever runs: no filter driver, hook, fsmonitor, textconv or external
+//! diff. Repository features this cannot honour without running something (external
+//! filters) or does not handle (sparse checkout) fail explicitly with
+//! `unsupported {feature}`.
+//!
+//! The workspace must be the repository root: a workspace without `.git` is not a
+//! repository (`null`), whatever its parent directories are.
+//!
+//! One module per concern: the index and its stat data ([`index`]), attributes and the
+//! end-of-line conversion they select ([`attributes`]), the three areas of `git.status`
+//! with submodules ([`status`], [`untracked`]), `git.diff` ([`diff`]), the patch format
+//! both share ([`writer`]) and `patch.snapshot` ([`patch`]). `corpus` tests all of it
+//! against the git CLI.
+
+mod attributes;
+mod diff;
+mod index;
+mod patch;
+mod status;
+mod untracked;
+mod writer;
+
+#[cfg(test)]
+mod corpus;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::BTreeMap,
+    ffi::OsStr,
+    os::unix::ffi::{OsStrExt, OsStringExt},
+    path::Path,
+};
+
+use berth_protocol::{ErrorCode, GitHead, RpcError};
+use gix::{ObjectId, bstr::ByteSlice, objs::tree::EntryKind};
+
+pub use self::{diff::diff, patch::patch, status::status};
+use super::failure;
+use crate::workspace::{OpenError, Opened, Workspace};
+
+/// Git's rule: a NUL in the first 8000 bytes makes content binary.
+pub(super) const BINARY_PROBE: usize = 8000;
+
+/// `unsupported {feature}`.
+pub(super) fn unsupported(feature: &str) -> RpcError {
+    failure(ErrorCode::Unsupported, "feature", feature)
+}
+
+pub(super) fn broken(e: impl std::fmt::Display) -> RpcError {
+    tracing::warn!(error = %e, "reading the repository failed");
+    failure(ErrorCode::Unavailable, "reason", "repository-unreadable")
+}
+
+/// The repository at exactly `root`, or None when `root` is not a repository root.
+pub(super) fn open(root: &Path) -> Result<Option<gix::Repository>, RpcError> {
+    if std::fs::symlink_metadata(root.join(".git")).is_err() {
+        return Ok(None);
+    }
+    let repo = gix::open(root).map_err(broken)?;
+    if repo.workdir().is_none() {
+        return Err(unsupported("bare-repository"));
+    }
+    Ok(Some(repo))
+}
+
+/// What a tree or the index says about one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Item {
+    pub(super) id: ObjectId,
+    pub(super) kind: EntryKind,
+}
+
+/// A tree flattened: blobs, symlinks and submodules by path.
+pub(super) type Flat = BTreeMap<Vec<u8>, Item>;
+/// One side of a diff: the content git would store, and its kind (None: absent).
+pub(super) type Side = Option<(Vec<u8>, EntryKind)>;
+
+/// HEAD's tree, flattened (empty when unborn).
+pub(super) fn head_tree(repo: &gix::Repository) -> Result<(Option<GitHead>, Flat), RpcError> {
+    let head = repo.head().map_err(broken)?;
+    let reference = head.referent_name().map(|n| n.as_bstr().to_str_lossy().into_owned());
+    let Some(id) = head.id() else {
+        return Ok((None, BTreeMap::new()));
+    };
+    let git_head = GitHead {
+        oid: id.to_string(),
+        reference: if head.is_detached() { None } else { reference },
+    };
+    let tree = repo.head_commit().map_err(broken)?.tree().map_err(broken)?;
+    let files = tree.traverse().breadthfirst.files().map_err(broken)?;
+    let mut map = BTreeMap::new();
+    for f in files {
+        let kind = f.mode.kind();
+        if kind == EntryKind::Tree {
+            continue;
+        }
+        map.insert(f.filepath.to_vec(), Item { id: f.oid, kind });
+    }
+    Ok((Some(git_head), map))
+}
+
+/// The blob git would store for the file at `rel` (no filters), with its kind; None when
+/// there is nothing there that git tracks (absent, a directory, or a path that only a
+/// symlink out of the workspace leads to, which git too sees as absent). Read through the
+/// workspace's confinement, the last component never followed.
+pub(super) fn worktree_blob(ws: &Workspace, rel: &[u8]) -> std::io::Result<Side> {
+    use cap_std::fs::MetadataExt;
+    let rel = Path::new(OsStr::from_bytes(rel));
+    let unreadable = |e: OpenError| match e {
+        OpenError::Io(e) => Err(e),
+        OpenError::Raced => Err(std::io::Error::other("the file was replaced while it was read")),
+        OpenError::Absent | OpenError::Outside | OpenError::Symlink | OpenError::WrongKind => Ok(None),
+    };
+    match ws.open_regular(rel) {
+        Ok(file) => {
+            let kind = if file.meta.mode() & 0o111 != 0 {
+                EntryKind::BlobExecutable
+            } else {
+                EntryKind::Blob
+            };
+            Ok(Some((contents(file)?, kind)))
+        }
+        Err(OpenError::Symlink) => match ws.read_link(rel) {
+            Ok(target) => Ok(Some((target.into_os_string().into_vec(), EntryKind::Link))),
+            Err(e) => unreadable(e),
+        },
+        Err(e) => unreadable(e),
+    }
+}
+
+/// All of an opened file.
+pub(super) fn contents(mut file: Opened<std::fs::File>) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut data = Vec::with_capacity(usize::try_from(file.meta.len()).unwrap_or(0));
+    file.handle.read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// The workspace at `root`, for reading worktree files through its confinement.
+pub(super) fn workspace(root: &Path) -> Result<Workspace, RpcError> {
+    Workspace::open(root).map_err(broken)
+}
+
+pub(super) fn blob_id(repo: &gix::Repository, data: &[u8]) -> Result<ObjectId, RpcError> {
+    gix::objs::compute_hash(repo.object_hash(), gix::objs::Kind::Blob, data).map_err(broken)
+}
+
+/// Whether entries of kinds `a` and `b` are of one type (file, symlink or submodule): a
+/// change between types is git's type change.
+pub(super) fn same_type(a: EntryKind, b: EntryKind) -> bool {
+    let family = |k| match k {
+        EntryKind::Link => 1,
+        EntryKind::Commit => 2,
+        _ => 0,
+    };
+    family(a) == family(b)
+}
+
+/// A worktree side as git would store it: a regular file's content with its line endings
+/// converted as its attributes say (`indexed` gives the index's blob at `path`, which
+/// `text=auto` consults); a symlink as it is.
+fn clean_side(
+    attributes: &attributes::Attributes,
+    path: &[u8],
+    side: Side,
+    indexed: &mut dyn FnMut() -> Option<Vec<u8>>,
+) -> Result<Side, RpcError> {
+    match side {
+        Some((data, kind)) if kind != EntryKind::Link => Ok(Some((attributes.clean(path, data, indexed)?, kind))),
+        side => Ok(side),
+    }
+}

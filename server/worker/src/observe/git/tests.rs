@@ -1,0 +1,346 @@
+use std::{path::Path, process::Command};
+
+use super::{patch, status, writer::hunks};
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn repo() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    git(tmp.path(), &["init", "-q", "-b", "main"]);
+    std::fs::create_dir(tmp.path().join("dir")).unwrap();
+    std::fs::write(tmp.path().join("dir/a"), "a\n").unwrap();
+    std::fs::write(tmp.path().join("b"), "b\n").unwrap();
+    git(tmp.path(), &["add", "-A"]);
+    git(tmp.path(), &["commit", "-q", "-m", "base"]);
+    tmp
+}
+
+fn feature(root: &Path) -> String {
+    let e = status(root).unwrap_err();
+    assert_eq!(e.data_code(), Some("unsupported"));
+    e.data["feature"].as_str().unwrap().to_string()
+}
+
+/// What `git status -uall` lists as untracked, as raw path bytes.
+fn cli_untracked(dir: &Path) -> Vec<Vec<u8>> {
+    let out = Command::new("git")
+        .args(["status", "--porcelain=v1", "-z", "-uall"])
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .expect("git runs");
+    assert!(out.status.success());
+    let mut paths: Vec<Vec<u8>> = out
+        .stdout
+        .split(|b| *b == 0)
+        .filter_map(|line| line.strip_prefix(b"?? "))
+        .map(<[u8]>::to_vec)
+        .collect();
+    paths.sort();
+    paths
+}
+
+#[test]
+fn untracked_files_are_the_ones_git_lists() {
+    use std::os::unix::{ffi::OsStrExt, fs::symlink};
+    let r = repo();
+    let root = r.path();
+    let write = |rel: &str, text: &str| {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write(".gitignore", "*.log\nbuild/\n/top-only\n");
+    write("keep/.gitignore", "!wanted.log\nlocal.tmp\n");
+    write("tracked.log", "tracked although ignored\n");
+    git(root, &["add", "-f", "tracked.log", ".gitignore", "keep/.gitignore"]);
+    git(root, &["commit", "-q", "-m", "rules"]);
+    write("tracked.log", "changed\n");
+    write("debug.log", "ignored\n");
+    write("keep/wanted.log", "re-included by a deeper rule\n");
+    write("keep/local.tmp", "ignored by the deeper rule\n");
+    write("other/local.tmp", "not ignored here\n");
+    write("build/out.o", "ignored directory\n");
+    write("deep/build/out.o", "ignored directory, deeper\n");
+    write("top-only", "anchored rule\n");
+    write("deep/top-only", "the anchored rule is for the top only\n");
+    write("excluded.txt", "info/exclude\n");
+    write(".git/info/exclude", "excluded.txt\n");
+    write("new/a/b/c.txt", "deep untracked\n");
+    write("dir/sibling", "untracked beside a tracked file\n");
+    write("dir/sub/.gitattributes", "*.txt text\n");
+    std::fs::write(root.join(std::ffi::OsStr::from_bytes(b"raw-\xff")), "non-UTF-8\n").unwrap();
+    symlink("dir", root.join("dir-link")).unwrap();
+    // Symlinked rule files are not read, by git or by the walk.
+    write("rules-elsewhere", "*\nfilter=x\n");
+    write("linked/kept.txt", "listed: the linked rules are not read\n");
+    symlink("../rules-elsewhere", root.join("linked/.gitignore")).unwrap();
+    symlink("../rules-elsewhere", root.join("linked/.gitattributes")).unwrap();
+    let nested = root.join("vendored");
+    std::fs::create_dir(&nested).unwrap();
+    git(&nested, &["init", "-q"]);
+    write("vendored/inside.txt", "in the nested repository\n");
+
+    let index = super::index::load_index(&gix::open(root).unwrap()).unwrap();
+    let (found, attributes) = super::untracked::untracked(root, &root.join(".git/info/exclude"), &index).unwrap();
+    assert_eq!(
+        found.iter().map(|p| String::from_utf8_lossy(p)).collect::<Vec<_>>(),
+        cli_untracked(root)
+            .iter()
+            .map(|p| String::from_utf8_lossy(p))
+            .collect::<Vec<_>>(),
+    );
+    for listed in [&b"vendored/"[..], b"keep/wanted.log", b"linked/kept.txt"] {
+        assert!(found.contains(&listed.to_vec()), "{}", String::from_utf8_lossy(listed));
+    }
+    assert_eq!(attributes, vec![b"dir/sub/.gitattributes".to_vec()]);
+    let st = status(root).unwrap().unwrap();
+    assert_eq!(st.untracked.len(), found.len());
+}
+
+#[test]
+fn nothing_is_read_through_a_symlink_out_of_the_workspace() {
+    use berth_protocol::{GitArea, GitChange, GitDiff};
+    use std::os::unix::fs::symlink;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "SECRET\n").unwrap();
+    std::fs::write(outside.path().join("a"), "SECRET a\n").unwrap();
+    let r = repo();
+    let root = r.path();
+    symlink(outside.path(), root.join("out")).unwrap();
+    // A tracked directory replaced by a symlink that leads out: its files are gone, as
+    // git sees them, and their diff is a deletion.
+    std::fs::remove_dir_all(root.join("dir")).unwrap();
+    symlink(outside.path(), root.join("dir")).unwrap();
+
+    let st = status(root).unwrap().unwrap();
+    let worktree: Vec<_> = st
+        .worktree
+        .iter()
+        .map(|e| (crate::observe::decode_raw(&e.path).unwrap(), e.change))
+        .collect();
+    assert_eq!(worktree, vec![(b"dir/a".to_vec(), GitChange::Deleted)]);
+    let untracked: Vec<_> = st
+        .untracked
+        .iter()
+        .map(|e| crate::observe::decode_raw(&e.path).unwrap())
+        .collect();
+    assert_eq!(untracked, cli_untracked(root));
+    let worktree_diff = super::diff(root, b"dir/a", GitArea::Worktree).unwrap();
+    let GitDiff::Text { patch: text, .. } = &worktree_diff else {
+        panic!("{worktree_diff:?}")
+    };
+    assert!(text.contains("+++ /dev/null") && !text.contains("SECRET"), "{text}");
+    for path in [&b"out/secret"[..], b"dir/secret"] {
+        let d = super::diff(root, path, GitArea::Untracked).unwrap();
+        assert!(matches!(d, GitDiff::Unchanged), "{d:?}");
+    }
+    let (text, _) = patch(root, usize::MAX).unwrap();
+    assert!(!text.contains("SECRET"), "{text}");
+}
+
+#[test]
+fn sparse_checkouts_fail_explicitly() {
+    let sparse = repo();
+    assert!(status(sparse.path()).unwrap().is_some());
+    git(sparse.path(), &["sparse-checkout", "set", "--no-cone", "/b"]);
+    assert_eq!(feature(sparse.path()), "sparse-checkout");
+}
+
+fn staged(root: &Path) -> Vec<(String, berth_protocol::GitChange)> {
+    status(root)
+        .unwrap()
+        .unwrap()
+        .staged
+        .into_iter()
+        .map(|e| {
+            let path = crate::observe::decode_raw(&e.path).unwrap();
+            (String::from_utf8(path).unwrap(), e.change)
+        })
+        .collect()
+}
+
+/// The staged area skips the directories the index's cache tree records as HEAD's, and
+/// only those: a fresh commit (all valid), `git add`/`git rm --cached` (the touched
+/// directories invalidated) and a soft reset (valid cache entries naming another tree).
+#[test]
+fn the_staged_area_uses_the_cache_tree_only_where_it_matches_head() {
+    use berth_protocol::GitChange::{Added, Deleted, Modified};
+    let r = repo();
+    let root = r.path();
+    for d in ["x", "y", "z", "w/deep"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+        std::fs::write(root.join(d).join("f"), d).unwrap();
+        std::fs::write(root.join(d).join("g"), d).unwrap();
+    }
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "dirs"]);
+    assert_eq!(staged(root), vec![]);
+
+    std::fs::write(root.join("x/f"), "changed").unwrap();
+    std::fs::write(root.join("y/new"), "new").unwrap();
+    git(root, &["add", "x/f", "y/new"]);
+    git(root, &["rm", "-q", "--cached", "z/g"]);
+    let expected = vec![
+        ("x/f".to_string(), Modified),
+        ("y/new".to_string(), Added),
+        ("z/g".to_string(), Deleted),
+    ];
+    assert_eq!(staged(root), expected);
+
+    // Commit, then move HEAD back: the index's cache tree is valid but for the newer tree.
+    std::fs::write(root.join("w/deep/f"), "deeper").unwrap();
+    git(root, &["add", "w/deep/f"]);
+    git(root, &["commit", "-q", "-m", "more"]);
+    git(root, &["write-tree"]);
+    git(root, &["reset", "-q", "--soft", "HEAD~1"]);
+    let mut expected = expected;
+    expected.insert(0, ("w/deep/f".to_string(), Modified));
+    assert_eq!(staged(root), expected);
+}
+
+#[test]
+fn a_directory_inside_a_repository_is_not_its_root() {
+    let r = repo();
+    assert_eq!(status(&r.path().join("dir")).unwrap(), None);
+}
+
+/// The patch of every kind of change, applied with `git apply` to a fresh checkout of
+/// the base commit, reproduces the workspace; binary changes are named.
+#[test]
+fn a_patch_applies_to_its_base_and_reproduces_the_workspace() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let r = repo();
+    let root = r.path();
+    let lines: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(root.join("long.txt"), &lines).unwrap();
+    std::fs::write(root.join("gone.txt"), "bye\n").unwrap();
+    std::fs::write(root.join("run.sh"), "echo\n").unwrap();
+    std::fs::write(root.join("caf\u{e9} \"q\".txt"), "x\n").unwrap();
+    std::fs::write(root.join("blob.bin"), b"\0\x01").unwrap();
+    std::fs::write(root.join(".gitignore"), "*.log\n").unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "more"]);
+    let base = tempfile::tempdir().unwrap();
+    git(base.path(), &["clone", "-q", root.to_str().unwrap(), "."]);
+
+    std::fs::write(
+        root.join("long.txt"),
+        lines.replace("line 3\n", "three\n").replace("line 39\n", ""),
+    )
+    .unwrap();
+    git(root, &["add", "long.txt"]);
+    std::fs::write(root.join("dir/a"), "a\nmore").unwrap();
+    std::fs::remove_file(root.join("gone.txt")).unwrap();
+    std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(root.join("caf\u{e9} \"q\".txt"), "y\n").unwrap();
+    std::fs::create_dir(root.join("new")).unwrap();
+    std::fs::write(root.join("new/file.txt"), "fresh\n").unwrap();
+    std::fs::write(root.join("empty"), "").unwrap();
+    symlink("dir/a", root.join("link")).unwrap();
+    std::fs::write(root.join("debug.log"), "ignored\n").unwrap();
+
+    std::fs::write(root.join("blob.bin"), b"\0\x02").unwrap();
+
+    let (text, captured) = patch(root, usize::MAX).unwrap();
+    assert_eq!(captured.files, 9, "{text}");
+    assert!(captured.base.is_some());
+    assert!(!text.contains("debug.log"), "ignored files are left out");
+    assert!(text.contains("GIT binary patch\nliteral 2\n"), "{text}");
+    let file = base.path().join("p.diff");
+    std::fs::write(&file, &text).unwrap();
+    git(base.path(), &["apply", file.to_str().unwrap()]);
+    std::fs::remove_file(&file).unwrap();
+    for f in [
+        "long.txt",
+        "dir/a",
+        "caf\u{e9} \"q\".txt",
+        "new/file.txt",
+        "empty",
+        "blob.bin",
+    ] {
+        assert_eq!(
+            std::fs::read(base.path().join(f)).unwrap(),
+            std::fs::read(root.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    assert!(!base.path().join("gone.txt").exists());
+    assert_eq!(
+        std::fs::read_link(base.path().join("link")).unwrap(),
+        Path::new("dir/a")
+    );
+    let mode = std::fs::metadata(base.path().join("run.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_ne!(mode & 0o111, 0, "the mode change applies");
+
+    assert_eq!(
+        patch(root, 10).unwrap_err().data_code(),
+        Some("payload-too-large"),
+        "over the limit"
+    );
+    let plain = tempfile::tempdir().unwrap();
+    assert_eq!(
+        patch(plain.path(), usize::MAX).unwrap_err().data_code(),
+        Some("unsupported")
+    );
+}
+
+#[test]
+fn hunks_look_like_git() {
+    let before: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+    let after = before.replace("line 2\n", "two\n").replace("line 18\n", "");
+    assert_eq!(
+        String::from_utf8(hunks(before.as_bytes(), after.as_bytes())).unwrap(),
+        "@@ -1,5 +1,5 @@\n line 1\n-line 2\n+two\n line 3\n line 4\n line 5\n\
+         @@ -15,6 +15,5 @@ line 14\n line 15\n line 16\n line 17\n-line 18\n line 19\n line 20\n"
+    );
+    assert_eq!(
+        hunks(b"", b"a\nb"),
+        b"@@ -0,0 +1,2 @@\n+a\n+b\n\\ No newline at end of file\n"
+    );
+    assert_eq!(hunks(b"a\n", b""), b"@@ -1 +0,0 @@\n-a\n");
+}
+
+/// A diff that is not UTF-8 travels twice (lossy text and exact bytes), so it is cut at half
+/// the bound, at a line end, with its exact bytes in `patch_base64`.
+#[test]
+fn a_diff_that_is_not_utf8_is_cut_at_half_the_bound() {
+    use base64::Engine;
+    use berth_protocol::{GIT_DIFF_MAX, GitDiff};
+    let line = b"caf\xe9 au lait\n";
+    let patch: Vec<u8> = line.repeat(GIT_DIFF_MAX / line.len() + 10);
+    let GitDiff::Text {
+        patch: text,
+        patch_base64: Some(bytes),
+        truncated: Some(t),
+    } = super::diff::bounded(patch.clone())
+    else {
+        panic!("a cut text diff with its bytes")
+    };
+    let bytes = base64::engine::general_purpose::STANDARD.decode(bytes).unwrap();
+    assert!(bytes.len() <= GIT_DIFF_MAX / 2 && bytes.ends_with(b"\n"));
+    assert_eq!(bytes, patch[..bytes.len()]);
+    assert_eq!((t.bytes, t.returned), (patch.len() as u64, bytes.len() as u64));
+    assert_eq!(text, String::from_utf8_lossy(&bytes));
+}
