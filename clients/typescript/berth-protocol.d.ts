@@ -668,6 +668,10 @@ export type HelloParams = {
 
 export type HelloResult = {
   /**
+   * The signed-in person's email (absent for a credential without a user).
+   */
+  "email"?: string;
+  /**
    * Host-level notices (e.g. no model provider configured).
    */
   "notices"?: Array<Notice>;

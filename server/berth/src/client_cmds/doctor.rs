@@ -138,7 +138,11 @@ async fn checks(remote: &Remote, http: &reqwest::Client) -> Vec<Check> {
             return checks;
         }
     };
-    let who = me.user_id.as_deref().unwrap_or("a credential without a user");
+    let who = me
+        .email
+        .as_deref()
+        .or(me.user_id.as_deref())
+        .unwrap_or("a credential without a user");
     add(
         "credential",
         Outcome::Ok,

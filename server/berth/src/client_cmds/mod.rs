@@ -411,7 +411,11 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
             if remote.json {
                 return print_json(&me);
             }
-            let who = me.user_id.as_deref().unwrap_or("a credential without a user");
+            let who = me
+                .email
+                .as_deref()
+                .or(me.user_id.as_deref())
+                .unwrap_or("a credential without a user");
             println!(
                 "{who} ({}) in tenant {} on {} (server {}, protocol {})",
                 me.role,
