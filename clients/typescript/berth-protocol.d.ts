@@ -11,11 +11,11 @@ export type AdminAuditListParams = {
   /**
    * The previous page's `nextBefore`; absent for the newest entries.
    */
-  "before"?: number | null;
+  "before"?: number;
   /**
    * Entries per page (default and maximum 200).
    */
-  "limit"?: number | null;
+  "limit"?: number;
 };
 
 /**
@@ -25,16 +25,16 @@ export type AdminCredentialCreateParams = {
   /**
    * RFC 3339.
    */
-  "expiresAt"?: string | null;
+  "expiresAt"?: string;
   "note"?: string | null;
-  "operationId"?: string | null;
-  "userId"?: string | null;
+  "operationId"?: string;
+  "userId"?: string;
   "worker"?: boolean | null;
 };
 
 export type AdminCredentialRevokeParams = {
   "credentialId": string;
-  "operationId"?: string | null;
+  "operationId"?: string;
 };
 
 export type AdminStatus = {
@@ -50,16 +50,16 @@ export type AdminStatus = {
 
 export type AdminUserCreateParams = {
   "email": string;
-  "operationId"?: string | null;
-  "password"?: string | null;
+  "operationId"?: string;
+  "password"?: string;
   /**
    * `admin` or `member` (default).
    */
-  "role"?: string | null;
+  "role"?: string;
 };
 
 export type AdminUserDisableParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   "userId": string;
 };
 
@@ -68,7 +68,7 @@ export type AdminUserDisableParams = {
  * (they sign in again with the new role); the tenant's last enabled admin cannot be demoted.
  */
 export type AdminUserSetRoleParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   /**
    * `admin` or `member`.
    */
@@ -83,24 +83,24 @@ export type Agent = {
   "agentId": string;
   "approval": ApprovalPolicy;
   "createdAt": string;
-  "description"?: string | null;
-  "model"?: string | null;
+  "description"?: string;
+  "model"?: string;
   /**
    * Unique within the tenant.
    */
   "name": string;
-  "params"?: (ModelParams | null);
-  "provider"?: string | null;
+  "params"?: (ModelParams);
+  "provider"?: string;
   /**
    * Replaces the built-in system prompt (absent: the built-in one).
    */
-  "systemPrompt"?: string | null;
+  "systemPrompt"?: string;
   /**
    * The tools offered to the model, by name (absent: every built-in tool; empty: none).
    * Names the worker does not offer are ignored, so a set may name tools that come from
    * elsewhere (MCP servers).
    */
-  "tools"?: Array<string> | null;
+  "tools"?: Array<string>;
   "updatedAt": string;
 };
 
@@ -111,11 +111,11 @@ export type AgentChanged = {
   /**
    * The agent now in use (absent: none).
    */
-  "agentId"?: string | null;
+  "agentId"?: string;
   /**
    * Its name when the change was made.
    */
-  "name"?: string | null;
+  "name"?: string;
 };
 
 /**
@@ -130,7 +130,7 @@ export type AgentRef = {
  */
 export type AgentRemoveParams = {
   "agentId": string;
-  "operationId"?: string | null;
+  "operationId"?: string;
 };
 
 /**
@@ -138,16 +138,16 @@ export type AgentRemoveParams = {
  * left out are cleared).
  */
 export type AgentSaveParams = {
-  "agentId"?: string | null;
-  "approval"?: (ApprovalPolicy | null);
-  "description"?: string | null;
-  "model"?: string | null;
+  "agentId"?: string;
+  "approval"?: (ApprovalPolicy);
+  "description"?: string;
+  "model"?: string;
   "name": string;
-  "operationId"?: string | null;
-  "params"?: (ModelParams | null);
-  "provider"?: string | null;
-  "systemPrompt"?: string | null;
-  "tools"?: Array<string> | null;
+  "operationId"?: string;
+  "params"?: (ModelParams);
+  "provider"?: string;
+  "systemPrompt"?: string;
+  "tools"?: Array<string>;
 };
 
 /**
@@ -181,7 +181,7 @@ export type AuditPage = {
   /**
    * Pass back as `before` for older entries; absent at the oldest.
    */
-  "nextBefore"?: number | null;
+  "nextBefore"?: number;
 };
 
 /**
@@ -193,7 +193,7 @@ export type Branch = {
    */
   "sequence": number;
   "sessionId": string;
-  "turnId"?: string | null;
+  "turnId"?: string;
 };
 
 /**
@@ -205,7 +205,7 @@ export type Cause = {
    * `tool-failed`, `worker-lost`, `internal`.
    */
   "code": string;
-  "status"?: number | null;
+  "status"?: number;
 };
 
 /**
@@ -213,7 +213,7 @@ export type Cause = {
  * coordinator's history (a session-level event: no `turnId` of the coordinator's own).
  */
 export type ChildTurnEnded = {
-  "cause"?: (Cause | null);
+  "cause"?: (Cause);
   "childTurnId": string;
   "sessionId": string;
   "state": TurnState;
@@ -266,7 +266,7 @@ export type ContentReadParams = {
   /**
    * The `nextAfter` of the previous page.
    */
-  "after"?: string | null;
+  "after"?: string;
   "attachmentId": string;
 };
 
@@ -282,7 +282,7 @@ export type ContentReadResult = {
   /**
    * Pass as `after` for the next page; absent on the last page.
    */
-  "nextAfter"?: string | null;
+  "nextAfter"?: string;
   /**
    * The byte offset of `data` in the attachment.
    */
@@ -298,7 +298,7 @@ export type ContentUploadParams = {
    * The payload's size, if the client knows it: a binary message of another size (a
    * truncated one) is `bad-params {reason: "size-mismatch"}`.
    */
-  "bytes"?: number | null;
+  "bytes"?: number;
   /**
    * The file's name as the user knows it (no directories).
    */
@@ -332,7 +332,7 @@ export type ContextReport = {
    * The compaction in effect when the request was made: the rows before `keepFrom` were
    * sent as the handoff row's summary.
    */
-  "compaction"?: (Compaction | null);
+  "compaction"?: (Compaction);
   "estimatedTokens": number;
   "inputTokens"?: number | null;
   "model"?: string | null;
@@ -355,20 +355,20 @@ export type ContextReport = {
 export type CredentialView = {
   "createdAt": string;
   "credentialId": string;
-  "expiresAt"?: string | null;
+  "expiresAt"?: string;
   /**
    * `user` or `worker`.
    */
   "kind": string;
-  "lastUsedAt"?: string | null;
+  "lastUsedAt"?: string;
   "note": string;
-  "revokedAt"?: string | null;
+  "revokedAt"?: string;
   /**
    * The plaintext, present only in the response that created it.
    */
-  "token"?: string | null;
-  "userEmail"?: string | null;
-  "userId"?: string | null;
+  "token"?: string;
+  "userEmail"?: string;
+  "userId"?: string;
 };
 
 export type Diagnostic = {
@@ -385,8 +385,8 @@ export type Diagnostic = {
    * MCP server that did not start: `mcp-server-unavailable`).
    */
   "kind": string;
-  "sequence"?: number | null;
-  "turnId"?: string | null;
+  "sequence"?: number;
+  "turnId"?: string;
 };
 
 export type Disabled = {
@@ -416,7 +416,7 @@ export type Event = {
   /**
    * The turn the event belongs to (absent for session-level events).
    */
-  "turnId"?: string | null;
+  "turnId"?: string;
 } & (SessionCreated & {
   "type": "session.created";
 } | TitleChanged & {
@@ -509,7 +509,7 @@ export type FileEntry = {
   /**
    * Bytes, for regular files.
    */
-  "size"?: number | null;
+  "size"?: number;
 };
 
 export type FileKind = ("file" | "dir" | "other" | "symlink");
@@ -542,7 +542,7 @@ export type FilesListResult = {
    * Pass as `after` for the next page; absent on the last page (the protocol's one cursor
    * convention; a worker before it wrote `next`).
    */
-  "nextAfter"?: string | null;
+  "nextAfter"?: string;
 };
 
 /**
@@ -601,8 +601,8 @@ export type GitDiff = ({
    * The exact bytes of the diff, base64, present only when they are not UTF-8 (a
    * text file in another encoding). Such a diff is cut at half of [`GIT_DIFF_MAX`].
    */
-  "patchBase64"?: string | null;
-  "truncated"?: (Truncation | null);
+  "patchBase64"?: string;
+  "truncated"?: (Truncation);
 } | {
   "kind": "binary";
 } | {
@@ -628,7 +628,7 @@ export type GitEntry = {
    * Present when the path is a submodule: its state in the worktree, as git's
    * `git status --porcelain=v2` sub-state `S<c><m><u>` reports it.
    */
-  "submodule"?: (GitSubmodule | null);
+  "submodule"?: (GitSubmodule);
 };
 
 export type GitHead = {
@@ -639,7 +639,7 @@ export type GitHead = {
   /**
    * The branch HEAD points at (`refs/heads/…`); absent when detached.
    */
-  "ref"?: string | null;
+  "ref"?: string;
 };
 
 /**
@@ -649,7 +649,7 @@ export type GitStatus = {
   /**
    * Absent for an unborn repository (no commit yet).
    */
-  "head"?: (GitHead | null);
+  "head"?: (GitHead);
   /**
    * HEAD compared to the index.
    */
@@ -693,12 +693,16 @@ export type GitSubmodule = {
  * `hello` parameters.
  */
 export type HelloParams = {
-  "client"?: (ClientInfo | null);
+  "client"?: (ClientInfo);
   "protocol": number;
-  "token"?: string | null;
+  "token"?: string;
 };
 
 export type HelloResult = {
+  /**
+   * The signed-in person's email (absent for a credential without a user).
+   */
+  "email"?: string;
   /**
    * Host-level notices (e.g. no model provider configured).
    */
@@ -708,7 +712,7 @@ export type HelloResult = {
   "role": string;
   "serverVersion": string;
   "tenantId": string;
-  "userId"?: string | null;
+  "userId"?: string;
 };
 
 /**
@@ -742,19 +746,19 @@ export type Interaction = {
   /**
    * The choices a question offers.
    */
-  "options"?: Array<string> | null;
+  "options"?: Array<string>;
   /**
    * The recorded outcome once resolved.
    */
-  "outcome"?: (InteractionOutcome | null);
+  "outcome"?: (InteractionOutcome);
   /**
    * Question parameters for the client to word the prompt with.
    */
   "params"?: unknown;
-  "resolvedAt"?: string | null;
+  "resolvedAt"?: string;
   "sessionId": string;
   "state": InteractionState;
-  "tool"?: (InteractionTool | null);
+  "tool"?: (InteractionTool);
   "turnId": string;
 };
 
@@ -787,7 +791,7 @@ export type InteractionResolution = {
   /**
    * The user (or credential) that answered, for `answered`.
    */
-  "answeredBy"?: string | null;
+  "answeredBy"?: string;
   "interactionId": string;
   "outcome": InteractionOutcome;
   "state": InteractionState;
@@ -843,7 +847,7 @@ export type McpHttpView = {
  */
 export type McpRemoveParams = {
   "name": string;
-  "operationId"?: string | null;
+  "operationId"?: string;
 };
 
 /**
@@ -854,9 +858,9 @@ export type McpSaveParams = {
   /**
    * Absent: enabled.
    */
-  "enabled"?: boolean | null;
+  "enabled"?: boolean;
   "name": string;
-  "operationId"?: string | null;
+  "operationId"?: string;
   "transport": McpTransport;
 };
 
@@ -918,12 +922,12 @@ export type McpTransportView = (McpStdioView & {
 });
 
 export type ModelChanged = {
-  "model"?: string | null;
-  "provider"?: string | null;
+  "model"?: string;
+  "provider"?: string;
 };
 
 export type ModelCompleted = {
-  "usage"?: (Usage | null);
+  "usage"?: (Usage);
 };
 
 /**
@@ -937,10 +941,10 @@ export type ModelDelta = {
    * The model step within the turn (0, 1, …); a new step starts new text.
    */
   "step": number;
-  "text"?: string | null;
-  "textOffset"?: number | null;
-  "thinking"?: string | null;
-  "thinkingOffset"?: number | null;
+  "text"?: string;
+  "textOffset"?: number;
+  "thinking"?: string;
+  "thinkingOffset"?: number;
   "turnId": string;
 };
 
@@ -956,9 +960,9 @@ export type ModelParams = {
   /**
    * The output cap of one step (the server's own cap still applies).
    */
-  "maxTokens"?: number | null;
-  "temperature"?: number | null;
-  "topP"?: number | null;
+  "maxTokens"?: number;
+  "temperature"?: number;
+  "topP"?: number;
 };
 
 /**
@@ -990,7 +994,7 @@ export type PatchInfo = {
   /**
    * The commit the patch applies to; absent for a repository without commits.
    */
-  "base"?: string | null;
+  "base"?: string;
   /**
    * Bytes of patch text (UTF-8).
    */
@@ -1006,7 +1010,7 @@ export type PatchInfo = {
    * Lowercase hex SHA-256 of the patch text.
    */
   "sha256": string;
-  "turnId"?: string | null;
+  "turnId"?: string;
 };
 
 /**
@@ -1016,7 +1020,7 @@ export type PatchReadParams = {
   /**
    * The `nextAfter` of the previous page.
    */
-  "after"?: string | null;
+  "after"?: string;
   "patchId": string;
 };
 
@@ -1028,7 +1032,7 @@ export type PatchReadResult = {
   /**
    * Pass as `after` for the next page; absent on the last page.
    */
-  "nextAfter"?: string | null;
+  "nextAfter"?: string;
   /**
    * The byte offset of `text` in the patch.
    */
@@ -1050,7 +1054,7 @@ export type PatchSnapshotParams = {
    * Label the patch with this settled turn of the session (`turn-busy` while it is
    * queued or running); without it, the session must have no running turn.
    */
-  "turnId"?: string | null;
+  "turnId"?: string;
 };
 
 /**
@@ -1058,7 +1062,7 @@ export type PatchSnapshotParams = {
  */
 export type PhaseItem = {
   "phase": SessionPhase;
-  "turnId"?: string | null;
+  "turnId"?: string;
 };
 
 export type PingResult = {
@@ -1088,7 +1092,7 @@ export type PlanUpdated = {
   /**
    * Why the plan is what it is now, in the model's words.
    */
-  "explanation"?: string | null;
+  "explanation"?: string;
   /**
    * Every step, in order (at most [`PLAN_STEPS_MAX`]).
    */
@@ -1137,15 +1141,15 @@ export type QueueMoveParams = {
   /**
    * Move before this entry; absent or null moves to the end.
    */
-  "beforeQueueId"?: string | null;
-  "operationId"?: string | null;
+  "beforeQueueId"?: string;
+  "operationId"?: string;
   "queueId": string;
   "queueRevision": number;
   "sessionId": string;
 };
 
 export type QueueRemoveParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   "queueId": string;
   "queueRevision": number;
   "sessionId": string;
@@ -1160,7 +1164,7 @@ export type QueueState = {
 };
 
 export type QueueUpdateParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   "prompt": string;
   "queueId": string;
   "queueRevision": number;
@@ -1190,7 +1194,7 @@ export type ReceiptView = {
   /**
    * The method's typed error, when it failed.
    */
-  "error"?: (RpcError | null);
+  "error"?: (RpcError);
   /**
    * The method the operation called.
    */
@@ -1237,21 +1241,21 @@ export type Row = {
    * A user row's attachments, in the order they were sent; on a channel session's reply
    * row, the files the model attached during its turn (`attach_file`), in order.
    */
-  "attachments"?: Array<RowAttachment> | null;
+  "attachments"?: Array<RowAttachment>;
   "body": string;
-  "hidden"?: boolean | null;
+  "hidden"?: boolean;
   "kind": RowKind;
   "position": Position;
-  "thinking"?: string | null;
-  "tool"?: (ToolInfo | null);
+  "thinking"?: string;
+  "tool"?: (ToolInfo);
   /**
    * Fields cut to fit the page, by field.
    */
   "truncated"?: {
     "body"?: Truncation;
     "thinking"?: Truncation;
-  } | null;
-  "turnId"?: string | null;
+  };
+  "turnId"?: string;
 };
 
 /**
@@ -1292,8 +1296,8 @@ export type RpcError = {
  * whole; with `field` and `offset` the scan resumes in that row's field at that byte.
  */
 export type SearchCursor = {
-  "field"?: (RowField | null);
-  "offset"?: number | null;
+  "field"?: (RowField);
+  "offset"?: number;
   "position": Position;
 };
 
@@ -1313,7 +1317,7 @@ export type SearchHit = {
  * `session.compact`: summarize the session's history so far into a handoff row.
  */
 export type SessionCompactParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   "sessionId": string;
 };
 
@@ -1323,7 +1327,7 @@ export type SessionCompactParams = {
  */
 export type SessionCompactResult = {
   "compacted": boolean;
-  "compaction"?: (Compaction | null);
+  "compaction"?: (Compaction);
 };
 
 /**
@@ -1334,7 +1338,7 @@ export type SessionContextParams = {
   /**
    * The history sequence fence: the latest request made at or before it.
    */
-  "through"?: number | null;
+  "through"?: number;
 };
 
 /**
@@ -1351,30 +1355,30 @@ export type SessionCreateParams = {
   /**
    * The agent definition the session uses (its id).
    */
-  "agent"?: string | null;
-  "autoApprove"?: boolean | null;
-  "baseUrl"?: string | null;
+  "agent"?: string;
+  "autoApprove"?: boolean;
+  "baseUrl"?: string;
   /**
    * The chat channel the answers are read on (at most [`MAX_CHANNEL_BYTES`], no control
    * characters): the model is told to answer in short plain text, and with tools it
    * gets `attach_file`, whose files come back on its reply row (`attachments`).
    */
-  "channel"?: string | null;
+  "channel"?: string;
   /**
    * How many levels of sessions below this one it may start (sub-agents, a
    * coordinator's children), at most [`MAX_DELEGATION_DEPTH`]; default 1, or 2 for a
    * coordinator (so that its children may still start sub-agents).
    */
-  "delegationDepth"?: number | null;
+  "delegationDepth"?: number;
   /**
    * `coordinator`: the session directs sessions in the tenant's workspaces (SPEC §4.15).
    */
-  "kind"?: (SessionKind | null);
-  "model"?: string | null;
-  "noTools"?: boolean | null;
-  "operationId"?: string | null;
-  "provider"?: string | null;
-  "title"?: string | null;
+  "kind"?: (SessionKind);
+  "model"?: string;
+  "noTools"?: boolean;
+  "operationId"?: string;
+  "provider"?: string;
+  "title"?: string;
   "workspaceId": string;
 };
 
@@ -1382,20 +1386,20 @@ export type SessionCreated = {
   /**
    * The session whose delegate call started this one (a sub-agent).
    */
-  "parent"?: string | null;
+  "parent"?: string;
   "workspaceId": string;
 };
 
 export type SessionDiagnosticsParams = {
-  "before"?: number | null;
-  "limit"?: number | null;
+  "before"?: number;
+  "limit"?: number;
   "sessionId": string;
-  "through"?: number | null;
+  "through"?: number;
 };
 
 export type SessionDiagnosticsResult = {
   "diagnostics": Array<Diagnostic>;
-  "nextBefore"?: number | null;
+  "nextBefore"?: number;
   "through": number;
 };
 
@@ -1416,7 +1420,7 @@ export type SessionForkParams = {
    * A settled turn to fork from (its history up to its end); absent or null: all
    * current history, which must then have no running turn.
    */
-  "turnId"?: string | null;
+  "turnId"?: string;
 };
 
 /**
@@ -1438,22 +1442,22 @@ export type SessionForkResult = {
  * `session.history` parameters.
  */
 export type SessionHistoryParams = {
-  "after"?: (Position | null);
-  "limit"?: number | null;
+  "after"?: (Position);
+  "limit"?: number;
   /**
    * Page byte budget (default and maximum set by the server).
    */
-  "maxBytes"?: number | null;
+  "maxBytes"?: number;
   "sessionId": string;
   /**
    * Open one row or one event under the fence.
    */
-  "target"?: (HistoryTarget | null);
-  "through"?: number | null;
+  "target"?: (HistoryTarget);
+  "through"?: number;
 };
 
 export type SessionHistoryResult = {
-  "nextAfter"?: (Position | null);
+  "nextAfter"?: (Position);
   "rows": Array<Row>;
   "through": number;
 };
@@ -1467,18 +1471,18 @@ export type SessionKind = "coordinator";
  * One `session.list` entry (no message bodies).
  */
 export type SessionListEntry = {
-  "agentId"?: string | null;
+  "agentId"?: string;
   /**
    * For a fork: what it was forked from (the `Branch` of `session.fork`'s answer).
    */
-  "branch"?: (Branch | null);
-  "channel"?: string | null;
-  "effectiveModelId"?: string | null;
-  "effectiveModelLevel"?: (ModelLevel | null);
-  "kind"?: (SessionKind | null);
+  "branch"?: (Branch);
+  "channel"?: string;
+  "effectiveModelId"?: string;
+  "effectiveModelLevel"?: (ModelLevel);
+  "kind"?: (SessionKind);
   "messageCount": number;
-  "modelId"?: string | null;
-  "parent"?: string | null;
+  "modelId"?: string;
+  "parent"?: string;
   "phase": SessionPhase;
   /**
    * How many turns are queued (as in the snapshot).
@@ -1487,7 +1491,7 @@ export type SessionListEntry = {
   /**
    * The running turn's id, if any (as in the snapshot).
    */
-  "running"?: string | null;
+  "running"?: string;
   "sessionId": string;
   "title": string;
   "updatedAt": string;
@@ -1501,27 +1505,27 @@ export type SessionListParams = {
   /**
    * The previous page's `nextAfter`.
    */
-  "after"?: string | null;
-  "limit"?: number | null;
-  "parent"?: string | null;
-  "workspaceId"?: string | null;
+  "after"?: string;
+  "limit"?: number;
+  "parent"?: string;
+  "workspaceId"?: string;
 };
 
 export type SessionListResult = {
   "entries": Array<SessionListEntry>;
-  "nextAfter"?: string | null;
+  "nextAfter"?: string;
 };
 
 /**
  * `session.remove`, `session.clear`: a session and an optional operation id.
  */
 export type SessionOpParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   "sessionId": string;
 };
 
 export type SessionPauseParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   "paused": boolean;
   "sessionId": string;
 };
@@ -1536,7 +1540,7 @@ export type SessionRef = {
 };
 
 export type SessionRenameParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   "sessionId": string;
   "title": string;
 };
@@ -1556,7 +1560,7 @@ export type SessionRespondParams = {
  * following `nextAfter`; start with `after` absent.
  */
 export type SessionSearchParams = {
-  "after"?: (SearchCursor | null);
+  "after"?: (SearchCursor);
   "caseSensitive"?: boolean | null;
   /**
    * Literal text (not a pattern).
@@ -1567,7 +1571,7 @@ export type SessionSearchParams = {
    * The fence: no row published after this event is searched. Absent: the session's
    * last sequence now, returned in the result.
    */
-  "through"?: number | null;
+  "through"?: number;
   "wholeWord"?: boolean | null;
 };
 
@@ -1577,7 +1581,7 @@ export type SessionSearchParams = {
  */
 export type SessionSearchResult = {
   "hits": Array<SearchHit>;
-  "nextAfter"?: (SearchCursor | null);
+  "nextAfter"?: (SearchCursor);
   "through": number;
 };
 
@@ -1586,14 +1590,14 @@ export type SessionSearchResult = {
  */
 export type SessionSendParams = {
   "attachments"?: Array<string> | null;
-  "operationId"?: string | null;
+  "operationId"?: string;
   "prompt": string;
   "sessionId": string;
 };
 
 export type SessionSendResult = {
-  "queueId"?: string | null;
-  "queueRevision"?: number | null;
+  "queueId"?: string;
+  "queueRevision"?: number;
   "state": TurnState;
   "turnId": string;
 };
@@ -1602,15 +1606,15 @@ export type SessionSendResult = {
  * `session.setAgent`: switch a live session's agent (null: none), keeping its history.
  */
 export type SessionSetAgentParams = {
-  "agent"?: string | null;
-  "operationId"?: string | null;
+  "agent"?: string;
+  "operationId"?: string;
   "sessionId": string;
 };
 
 export type SessionSetModelParams = {
-  "model"?: string | null;
-  "operationId"?: string | null;
-  "provider"?: string | null;
+  "model"?: string;
+  "operationId"?: string;
+  "provider"?: string;
   "sessionId": string;
 };
 
@@ -1621,23 +1625,23 @@ export type SessionSnapshot = {
   /**
    * The session's agent definition, if it has one.
    */
-  "agentId"?: string | null;
+  "agentId"?: string;
   /**
    * For a fork: the session, turn and sequence it was forked from (as `session.fork`
    * answered).
    */
-  "branch"?: (Branch | null);
+  "branch"?: (Branch);
   /**
    * The chat channel its answers are read on (`session.create {channel}`).
    */
-  "channel"?: string | null;
+  "channel"?: string;
   "createdAt": string;
   /**
    * How many levels of sessions below it this one may still start.
    */
   "delegationDepth": number;
-  "effectiveModelId"?: string | null;
-  "effectiveModelLevel"?: (ModelLevel | null);
+  "effectiveModelId"?: string;
+  "effectiveModelLevel"?: (ModelLevel);
   /**
    * The history revision (what `session.fork` is guarded by).
    */
@@ -1645,12 +1649,12 @@ export type SessionSnapshot = {
   /**
    * Absent for an ordinary session.
    */
-  "kind"?: (SessionKind | null);
-  "modelId"?: string | null;
+  "kind"?: (SessionKind);
+  "modelId"?: string;
   /**
    * The session that started this one (a coordinator, or a delegate call's session).
    */
-  "parent"?: string | null;
+  "parent"?: string;
   /**
    * The queue is held (`session.pause`).
    */
@@ -1660,7 +1664,7 @@ export type SessionSnapshot = {
    */
   "pendingInteractions": Array<Interaction>;
   "phase": SessionPhase;
-  "provider"?: string | null;
+  "provider"?: string;
   /**
    * The queued turns in order (previews, not whole prompts).
    */
@@ -1672,7 +1676,7 @@ export type SessionSnapshot = {
   /**
    * The running turn's id, if any.
    */
-  "running"?: string | null;
+  "running"?: string;
   /**
    * Last event sequence.
    */
@@ -1688,7 +1692,7 @@ export type SessionSnapshot = {
  */
 export type SessionSourceParams = {
   "field": RowField;
-  "limit"?: number | null;
+  "limit"?: number;
   "offset"?: number | null;
   "position": Position;
   "sessionId": string;
@@ -1700,12 +1704,12 @@ export type SessionSourceResult = {
   /**
    * Where the next read starts (exclusive of what this one returned); null at the end.
    */
-  "nextOffset"?: number | null;
+  "nextOffset"?: number;
   "offset": number;
 };
 
 export type SessionStopParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   "sessionId": string;
   "turnId": string;
 };
@@ -1738,7 +1742,7 @@ export type SkillInfo = {
   /**
    * A tenant skill's id.
    */
-  "skillId"?: string | null;
+  "skillId"?: string;
   "source": SkillSource;
   "summary": string;
 };
@@ -1748,8 +1752,8 @@ export type SkillInfo = {
  * workspace), that workspace's.
  */
 export type SkillListParams = {
-  "sessionId"?: string | null;
-  "workspaceId"?: string | null;
+  "sessionId"?: string;
+  "workspaceId"?: string;
 };
 
 export type SkillListResult = {
@@ -1760,7 +1764,7 @@ export type SkillListResult = {
   /**
    * Why the workspace's skills are missing (e.g. `workspace-offline`).
    */
-  "workspaceError"?: (ErrorCode | null);
+  "workspaceError"?: (ErrorCode);
 };
 
 /**
@@ -1774,7 +1778,7 @@ export type SkillRef = {
  * `skill.remove` (idempotent).
  */
 export type SkillRemoveParams = {
-  "operationId"?: string | null;
+  "operationId"?: string;
   "skillId": string;
 };
 
@@ -1784,8 +1788,8 @@ export type SkillRemoveParams = {
 export type SkillSaveParams = {
   "body": string;
   "name": string;
-  "operationId"?: string | null;
-  "skillId"?: string | null;
+  "operationId"?: string;
+  "skillId"?: string;
   "summary": string;
 };
 
@@ -1857,12 +1861,12 @@ export type Truncation = {
 };
 
 export type TurnEnded = {
-  "cause"?: (Cause | null);
+  "cause"?: (Cause);
   "state": TurnState;
   /**
    * The turn's model usage as the proxy metered it (absent when no step reported any).
    */
-  "usage"?: (Usage | null);
+  "usage"?: (Usage);
 };
 
 export type TurnQueued = {
@@ -1915,7 +1919,7 @@ export type WatchState = {
   /**
    * The running turn's id, if any.
    */
-  "running"?: string | null;
+  "running"?: string;
   "through": number;
 };
 
@@ -1923,16 +1927,16 @@ export type WatchState = {
  * A worker credential and where its worker is: `admin.worker.list`.
  */
 export type WorkerView = {
-  "connectedAt"?: string | null;
+  "connectedAt"?: string;
   "credentialId": string;
   /**
    * The host the credential is bound to (on its first connection).
    */
-  "host"?: string | null;
+  "host"?: string;
   /**
    * The latest heartbeat, else the credential's last use.
    */
-  "lastSeenAt"?: string | null;
+  "lastSeenAt"?: string;
   "note": string;
   /**
    * A live connection of this credential is present.
@@ -1941,8 +1945,8 @@ export type WorkerView = {
   /**
    * The replica holding that connection.
    */
-  "replicaId"?: string | null;
-  "revokedAt"?: string | null;
+  "replicaId"?: string;
+  "revokedAt"?: string;
   /**
    * The workspaces registered from its host.
    */
@@ -1954,7 +1958,7 @@ export type WorkerView = {
  */
 export type Workspace = {
   "host": string;
-  "lastSeenAt"?: string | null;
+  "lastSeenAt"?: string;
   "online": boolean;
   "path": string;
   "title": string;

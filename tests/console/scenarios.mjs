@@ -3,7 +3,7 @@
 // Debian, driven by playwright-core. Prints one `ok <step>` line per step; any failure
 // exits non-zero with the reason. Secrets are never printed.
 //
-//   node scenarios.mjs <admin|member>
+//   node scenarios.mjs <admin|member|reading>
 //
 // Environment: BERTH_URL, BERTH_PLAYWRIGHT_CORE (path of playwright-core's index.mjs),
 // BERTH_CHROMIUM, BERTH_SHOTS (screenshot dir), and per scenario: BERTH_ADMIN_TOKEN;
@@ -319,9 +319,134 @@ async function memberScenario() {
   clean(page);
 }
 
+/// Issue 52: the model's markdown rendered safely; turn ends marked (a failure with its cause
+/// in words), a stopped turn's text kept, live and on reopen; an approval's expiry and
+/// fallback; the signed-in email; an unknown session without a composer; a phone's width.
+async function readingScenario() {
+  const email = env('BERTH_MEMBER_EMAIL');
+  const password = env('BERTH_MEMBER_PASSWORD');
+  const page = await newPage('reading');
+  await page.goto(base + '/');
+  await signInWithPassword(page, email, password);
+  await page.locator('#who', { hasText: email }).waitFor();
+  ok('the signed-in email is shown');
+
+  await page.getByRole('link', { name: env('BERTH_WORKSPACE_TITLE') }).click();
+  await page.getByLabel('Title (optional)', { exact: true }).fill('reading session');
+  await page.getByRole('button', { name: 'Create session' }).click();
+  await page.getByRole('heading', { name: 'reading session' }).waitFor();
+  const sessionUrl = page.url();
+  const send = async (text) => {
+    await page.getByLabel('Prompt', { exact: true }).fill(text);
+    await page.getByRole('button', { name: 'Send', exact: true }).click();
+    await page.locator('li.row.user', { hasText: text }).waitFor();
+  };
+  const markers = () => page.locator('li.marker').allTextContents();
+
+  // 1. Markdown, built as nodes: nothing from the model becomes markup or a script.
+  await send('Show me markdown');
+  const answer = page.locator('li.row.assistant').first();
+  await answer.locator('strong', { hasText: 'bold' }).waitFor();
+  await page.locator('li.marker', { hasText: 'Turn completed' }).waitFor();
+  check(await answer.locator('code', { hasText: 'inline_code' }).count() === 1, 'inline code');
+  check(await answer.locator('ul > li').count() === 2, 'a bullet list of two');
+  check(await answer.locator('ol > li').count() === 2, 'a numbered list of two');
+  check((await answer.locator('pre.code code').textContent()) === 'let x = 1 < 2;', 'a fenced block, verbatim');
+  const link = answer.locator('a', { hasText: 'the docs' });
+  check((await link.getAttribute('href')) === 'https://example.com/docs', 'a safe link');
+  check((await link.getAttribute('rel')).includes('noopener'), 'the link opens without an opener');
+  check(await answer.locator('a[href^="javascript"]').count() === 0, 'no javascript: link');
+  check((await answer.textContent()).includes('[bad](javascript:alert(1))'), 'an unsafe link stays text');
+  check(await page.locator('.log img, .log script').count() === 0, 'no element from the model\'s text');
+  check((await answer.textContent()).includes('<img src=x onerror=alert(1)>'), 'markup stays text');
+  await shot(page, 'reading-markdown');
+  ok('markdown renders as nodes, links only when safe');
+
+  // 2. A failed turn: its cause in words.
+  await send('Fail please');
+  await page.locator('li.marker.failed', { hasText: 'the model endpoint answered with an error (provider-status 400)' }).waitFor();
+  ok('a failed turn is marked with its cause in words');
+
+  // 3. An approval card says until when and what happens without an answer.
+  await send('Write a file');
+  const approval = page.getByRole('group', { name: 'Approve write_file?' });
+  await approval.waitFor();
+  const card = await approval.textContent();
+  check(/Answer by .+; if nobody does, it is denied\./.test(card), `expiry and fallback: ${card}`);
+  check(await approval.locator('time[datetime]').count() === 1, 'the expiry is a time');
+  await shot(page, 'reading-approval');
+  await approval.getByRole('button', { name: 'Deny' }).click();
+  await page.locator('li.row.assistant', { hasText: 'Not writing it then.' }).waitFor();
+  ok('the approval card shows its expiry and fallback');
+
+  // 4. A stopped turn keeps its text, live.
+  await send('Think for a long time');
+  await page.locator('.streaming .text', { hasText: 'Partial words so far' }).waitFor();
+  await page.waitForTimeout(300); // the server stores live text every 50 ms
+  await page.getByRole('button', { name: 'Stop turn' }).click();
+  await page.locator('li.marker', { hasText: 'Turn cancelled' }).waitFor();
+  await page.locator('li.row.assistant:not(.streaming)', { hasText: 'Partial words so far' }).waitFor();
+  check(await page.locator('.streaming').count() === 0, 'the live block became the kept row');
+  const live = await markers();
+  await shot(page, 'reading-stopped');
+  ok('a stopped turn keeps its text live');
+
+  // Reopen: the same markers, in their places, and the stopped turn's text.
+  await page.reload();
+  await signInWithPassword(page, email, password);
+  await page.getByRole('heading', { name: 'reading session' }).waitFor();
+  await page.locator('li.marker', { hasText: 'Turn cancelled' }).waitFor();
+  const reopened = await markers();
+  check(JSON.stringify(reopened) === JSON.stringify(live), `the same markers after a reopen: ${JSON.stringify(reopened)} vs ${JSON.stringify(live)}`);
+  check(reopened.length === 4, `four turn ends: ${JSON.stringify(reopened)}`);
+  await page.locator('li.row.assistant', { hasText: 'Partial words so far' }).waitFor();
+  // Each marker follows its turn: the failure sits between the second and third prompts.
+  const order = await page.locator('.log > li').evaluateAll((els) => els.map((e) => e.classList.contains('marker') ? 'M' : (e.classList.contains('user') ? 'U' : 'r')).join(''));
+  check(/^U[r]*MU[r]*MU[r]*MU[r]*M$/.test(order), `markers after their turns: ${order}`);
+  await page.locator('li.row.assistant strong', { hasText: 'bold' }).waitFor();
+  await shot(page, 'reading-reopened');
+  ok('on reopen: markers in place, the failure\'s cause, the stopped text, markdown');
+
+  // An unknown session: no composer.
+  await page.goto(base + '/#/session/ses_doesnotexist');
+  await page.getByRole('heading', { name: 'Session not found' }).waitFor();
+  check(await page.getByLabel('Prompt', { exact: true }).count() === 0, 'no composer');
+  check(await page.getByRole('button', { name: 'Stop turn' }).count() === 0, 'no stop');
+  await shot(page, 'reading-unknown-session');
+  ok('an unknown session shows no composer');
+  clean(page);
+
+  // A phone: 390 px wide, nothing sideways.
+  const context = await browser.newContext({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+  const phone = await context.newPage();
+  phone.setDefaultTimeout(TIMEOUT);
+  phone.problems = [];
+  phone.on('pageerror', (e) => phone.problems.push(`phone: page error: ${e.message}`));
+  const fits = async (what) => {
+    const width = await phone.evaluate(() => document.documentElement.scrollWidth);
+    check(width <= 390, `${what} fits 390 px (scroll width ${width})`);
+  };
+  await phone.goto(base + '/');
+  await phone.getByRole('heading', { name: 'Berth console' }).waitFor();
+  await fits('sign-in');
+  await shot(phone, 'phone-signin');
+  await signInWithPassword(phone, email, password);
+  await phone.getByRole('heading', { name: 'Workspaces' }).waitFor();
+  await fits('workspaces');
+  await phone.goto(sessionUrl);
+  await phone.locator('li.marker', { hasText: 'Turn cancelled' }).waitFor();
+  await fits('a session');
+  const box = await phone.getByLabel('Prompt', { exact: true }).boundingBox();
+  check(box && box.x >= 0 && box.x + box.width <= 390, 'the prompt box is on screen');
+  await shot(phone, 'phone-session');
+  ok('usable at 390 px');
+  clean(phone);
+}
+
 try {
   if (scenario === 'admin') await adminScenario();
   else if (scenario === 'member') await memberScenario();
+  else if (scenario === 'reading') await readingScenario();
   else throw new Error(`unknown scenario ${scenario}`);
 } catch (e) {
   console.error(`FAILED ${scenario}: ${e.message}`);

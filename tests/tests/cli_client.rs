@@ -87,10 +87,15 @@ async fn login_then_chat_sessions_and_history() {
     assert!(ok);
     assert!(out.contains("> say hi") && out.contains("Hi from Berth"), "{out}");
 
+    // A match is shown in its line (no colour into a pipe).
     let (ok, out, err) = berth(dir.path(), &["search", &session, "from"], "").await;
     assert!(ok, "{err}");
     assert_eq!(out.lines().count(), 1, "{out}");
-    assert!(out.contains("body") && out.trim_end().ends_with("from"), "{out}");
+    assert!(
+        out.contains("body:") && out.trim_end().ends_with("Hi from Berth"),
+        "{out}"
+    );
+    assert!(!out.contains('\u{1b}'), "{out:?}");
     let (ok, out, err) = berth(dir.path(), &["fork", &session, "--json"], "").await;
     assert!(ok, "{err}");
     let forked: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
@@ -107,12 +112,21 @@ struct Terminal {
 }
 
 impl Terminal {
+    /// Without colour (`NO_COLOR`), so that the screen is the plain text.
     fn start(command: &str, config_dir: &std::path::Path) -> Terminal {
+        Terminal::start_with(command, config_dir, &[("NO_COLOR", "1")])
+    }
+
+    /// With `env` set (and `NO_COLOR` only when it sets it).
+    fn start_with(command: &str, config_dir: &std::path::Path, env: &[(&str, &str)]) -> Terminal {
         use tokio::io::AsyncReadExt;
         let mut child = tokio::process::Command::new("script")
             .args(["-qfec", command, "/dev/null"])
             .env("BERTH_CONFIG_DIR", config_dir)
             .env("RUST_LOG", "warn")
+            .env("TERM", "xterm")
+            .env_remove("NO_COLOR")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -259,7 +273,7 @@ async fn login_without_echo_then_an_approval_answered_at_the_chat_prompt() {
     let status = term.exit_status().await;
     let screen = term.text();
     assert!(status.success(), "{screen}");
-    assert!(screen.contains("signed in as tty@example.com"), "{screen}");
+    assert!(screen.contains("as tty@example.com; token stored"), "{screen}");
     assert!(!screen.contains("pw-secret"), "the password was echoed: {screen}");
 
     let mut term = Terminal::start(
@@ -270,16 +284,291 @@ async fn login_without_echo_then_an_approval_answered_at_the_chat_prompt() {
     term.type_keys(b"run it\r").await;
     term.wait_for("? y/n]").await;
     assert!(term.text().contains("[approve shell"), "{}", term.text());
+    // The call is shown once, on one line; the question does not repeat it.
+    assert_eq!(
+        term.text().matches("echo approved-at-prompt").count(),
+        1,
+        "{}",
+        term.text()
+    );
+    // Neither yes nor no: asked again, nothing answered.
+    term.type_keys(b"maybe\r").await;
+    term.wait_for("answer y or n").await;
+    let asked = || term.text().matches("[approve shell").count();
+    for _ in 0..100 {
+        if asked() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(asked(), 2, "asked again: {}", term.text());
     term.type_keys(b"y\r").await;
     term.wait_for("all done").await;
     let screen = term.text();
     let result = screen
         .lines()
-        .find(|l| l.contains("[result]"))
+        .find(|l| l.contains("✓"))
         .unwrap_or_else(|| panic!("no tool result: {screen}"));
     assert!(result.contains("approved-at-prompt"), "the call ran: {screen}");
     // The prompt comes back once the turn has ended; a Ctrl-C there ends the chat.
     term.wait_for("all done\r\n> ").await;
     term.type_keys(b"\x03").await;
     assert!(term.exit_status().await.success(), "{}", term.text());
+}
+
+/// `berth` run in `cwd` with a credential file (no stored login).
+async fn berth_in(
+    cwd: &std::path::Path,
+    config_dir: &std::path::Path,
+    args: &[&str],
+    stdin: &str,
+) -> (bool, String, String) {
+    let mut child = tokio::process::Command::new(berth_bin())
+        .args(args)
+        .current_dir(cwd)
+        .env("BERTH_CONFIG_DIR", config_dir)
+        .env("RUST_LOG", "warn")
+        .env_remove("BERTH_SERVER")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run berth");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = child.wait_with_output().await.unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A turn whose model endpoint cannot be reached ends the chat non-zero with the cause in
+/// words; every error names what was not found (or who refused) and the next step; the
+/// server-down error names the URL tried, once; `berth doctor` says which check fails.
+#[tokio::test]
+async fn failures_say_why_and_what_next_and_exit_non_zero() {
+    let stack = Stack::start_with_model("http://127.0.0.1:1", 1, &[("BERTH_MODEL_MAX_RETRIES", "0")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &stack.token).unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "berth_not_a_credential").unwrap();
+    let server = format!("http://{}", stack.servers[0].addr);
+    let (tf, wf) = (token_file.to_str().unwrap(), wrong.to_str().unwrap());
+    let with = |args: &[&str], file: &str| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        v.extend([
+            "--server".into(),
+            server.clone(),
+            "--token-file".into(),
+            file.to_string(),
+        ]);
+        v
+    };
+    let run = |args: Vec<String>, stdin: &'static str| {
+        let cfg = dir.path().to_path_buf();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            berth(&cfg, &args, stdin).await
+        }
+    };
+
+    let (ok, out, err) = run(with(&["chat", "--workspace", &stack.workspace_id], tf), "hello\n").await;
+    assert!(!ok, "a failed turn fails the chat: {out} {err}");
+    assert!(
+        out.contains("[turn failed: the model endpoint could not be reached")
+            && out.contains("(provider-unreachable)]"),
+        "{out}"
+    );
+    assert!(err.contains("berth: the turn failed"), "{err}");
+
+    let (ok, _, err) = run(with(&["history", "ses_missing"], tf), "").await;
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "no session ses_missing on {server}: `berth sessions` lists them"
+        )),
+        "{err}"
+    );
+    let (ok, _, err) = run(with(&["history", "no such title"], tf), "").await;
+    assert!(!ok);
+    assert!(
+        err.contains("no session \"no such title\"") && err.contains("`berth sessions`"),
+        "{err}"
+    );
+    let (ok, _, err) = run(with(&["sessions", "--workspace", "nowhere"], tf), "").await;
+    assert!(!ok);
+    assert!(
+        err.contains("no workspace \"nowhere\"") && err.contains("`berth workspaces`"),
+        "{err}"
+    );
+    let (ok, _, err) = run(with(&["workspaces"], wf), "").await;
+    assert!(!ok);
+    assert!(
+        err.contains("unauthorized") && err.contains("run `berth login"),
+        "{err}"
+    );
+    let down = vec![
+        "workspaces".to_string(),
+        "--server".into(),
+        "http://127.0.0.1:1".into(),
+        "--token-file".into(),
+        tf.to_string(),
+    ];
+    let (ok, _, err) = run(down, "").await;
+    assert!(!ok);
+    assert_eq!(
+        err.matches("http://127.0.0.1:1").count(),
+        1,
+        "the URL tried, once: {err}"
+    );
+    assert!(
+        err.contains("cannot reach a Berth server at http://127.0.0.1:1") && err.contains("berth dev"),
+        "{err}"
+    );
+
+    // `berth doctor`: each check a line; the failing one with its next step.
+    let (ok, out, err) = run(with(&["doctor"], tf), "").await;
+    assert!(ok, "{out} {err}");
+    let line = |out: &str, check: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(check))
+            .unwrap_or_else(|| panic!("no {check} line: {out}"))
+            .to_string()
+    };
+    assert!(line(&out, "server").starts_with("ok"), "{out}");
+    assert!(
+        line(&out, "credential").starts_with("ok") && line(&out, "credential").contains("admin"),
+        "{out}"
+    );
+    assert!(line(&out, "model").starts_with("skip"), "not a `berth dev` here: {out}");
+    assert!(line(&out, "worker").starts_with("ok"), "{out}");
+    let (ok, out, _) = run(with(&["doctor"], wf), "").await;
+    assert!(!ok);
+    assert!(
+        line(&out, "credential").starts_with("fail") && line(&out, "credential").contains("berth login"),
+        "{out}"
+    );
+    let (ok, out, _) = run(
+        vec![
+            "doctor".into(),
+            "--server".into(),
+            "http://127.0.0.1:1".into(),
+            "--token-file".into(),
+            tf.into(),
+        ],
+        "",
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        line(&out, "server").starts_with("fail") && line(&out, "server").contains("berth dev"),
+        "{out}"
+    );
+
+    // The same at a terminal: the exit status and the words.
+    let mut term = Terminal::start(
+        &format!(
+            "exec {} history ses_missing --server {server} --token-file {tf}",
+            berth_bin().display()
+        ),
+        dir.path(),
+    );
+    let status = term.exit_status().await;
+    assert!(!status.success());
+    assert!(term.text().contains("no session ses_missing"), "{}", term.text());
+}
+
+/// Titles work where ids do; `berth chat` with no session or workspace uses the workspace
+/// holding the current directory; rendered markdown and colour at a terminal only, and
+/// never with `NO_COLOR`; shell completions.
+#[tokio::test]
+async fn titles_the_current_directory_and_colour_at_a_terminal_only() {
+    let mock = MockProvider::start().await;
+    mock.push(Reply::text(&["Some **bold** ", "and `code`"]));
+    let stack = Stack::start(&mock, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &stack.token).unwrap();
+    let server = format!("http://{}", stack.servers[0].addr);
+    let tf = token_file.to_str().unwrap();
+    let remote = ["--server", server.as_str(), "--token-file", tf];
+    let inside = stack.workspace_dir.join("src");
+    std::fs::create_dir_all(&inside).unwrap();
+
+    let args: Vec<&str> = ["chat"].iter().chain(remote.iter()).copied().collect();
+    let (ok, out, err) = berth_in(&inside, dir.path(), &args, "hello\n").await;
+    assert!(ok, "{err}");
+    assert!(out.contains("Some **bold** and `code`"), "plain into a pipe: {out:?}");
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    let session = err
+        .lines()
+        .find_map(|l| l.strip_prefix("session "))
+        .expect("the new session is named")
+        .trim()
+        .to_string();
+
+    let admin = Client::connect(&server, &stack.token).await.unwrap();
+    admin
+        .call::<berth_client::method::SessionRename>(berth_client::protocol::SessionRenameParams {
+            session_id: session.clone(),
+            title: "colour check".into(),
+            operation_id: None,
+        })
+        .await
+        .unwrap();
+    let workspaces = admin
+        .call::<berth_client::method::WorkspaceList>(Default::default())
+        .await
+        .unwrap();
+    let title = workspaces[0].title.clone();
+
+    let args: Vec<&str> = ["sessions", "--workspace", title.as_str()]
+        .iter()
+        .chain(remote.iter())
+        .copied()
+        .collect();
+    let (ok, out, err) = berth(dir.path(), &args, "").await;
+    assert!(ok, "{err}");
+    assert!(out.contains(&session) && out.contains("colour check"), "{out}");
+    let args: Vec<&str> = ["history", "colour check"]
+        .iter()
+        .chain(remote.iter())
+        .copied()
+        .collect();
+    let (ok, out, err) = berth(dir.path(), &args, "").await;
+    assert!(ok, "{err}");
+    assert!(out.contains("Some **bold** and `code`"), "{out}");
+
+    let history = format!(
+        "exec {} history 'colour check' --server {server} --token-file {tf}",
+        berth_bin().display()
+    );
+    let mut term = Terminal::start_with(&history, dir.path(), &[]);
+    assert!(term.exit_status().await.success(), "{}", term.text());
+    let screen = term.text();
+    assert!(
+        screen.contains("\u{1b}[1mbold\u{1b}[0m"),
+        "bold at a terminal: {screen:?}"
+    );
+    assert!(screen.contains("\u{1b}[36mcode\u{1b}[0m"), "code in colour: {screen:?}");
+    assert!(!screen.contains("**"), "{screen:?}");
+    let mut term = Terminal::start_with(&history, dir.path(), &[("NO_COLOR", "1")]);
+    assert!(term.exit_status().await.success(), "{}", term.text());
+    let screen = term.text();
+    assert!(!screen.contains('\u{1b}'), "NO_COLOR: {screen:?}");
+    assert!(screen.contains("Some **bold** and `code`"), "{screen:?}");
+
+    for (shell, marker) in [
+        ("bash", "_berth()"),
+        ("zsh", "#compdef berth"),
+        ("fish", "complete -c berth"),
+    ] {
+        let (ok, out, err) = berth(dir.path(), &["completions", shell], "").await;
+        assert!(ok, "{err}");
+        assert!(out.contains(marker) && out.contains("doctor"), "{shell}: {out}");
+    }
 }

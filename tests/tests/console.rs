@@ -257,3 +257,54 @@ async fn a_member_prompts_watches_the_stream_approves_a_tool_and_reloads_in_the_
     );
     assert_eq!(mock.requests().len(), 3, "the removed queued prompt never ran");
 }
+
+/// Issue 52: reading a session in the browser — markdown, turn ends with causes, a stopped
+/// turn's text, approval expiry and fallback, the signed-in email, an unknown session, a
+/// phone's width (screenshots of each in the scratch directory).
+#[tokio::test]
+async fn a_member_reads_markdown_turn_ends_and_a_stopped_turn_also_on_a_phone() {
+    let Some(b) = browser("a_member_reads_markdown_turn_ends_and_a_stopped_turn_also_on_a_phone") else {
+        return;
+    };
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_MODEL_MAX_RETRIES", "0")]).await;
+    let mut admin = stack.client(0).await;
+    let (email, password) = ("reader@example.com", "a long enough password");
+    admin
+        .ok(
+            "admin.user.create",
+            json!({"email": email, "password": password, "role": "member"}),
+        )
+        .await;
+    let markdown = "# A plan\nSome **bold** and `inline_code`, see [the docs](https://example.com/docs) \
+                    and [bad](javascript:alert(1)).\n\n- one\n- two\n\n1. first\n2. second\n\n\
+                    ```rust\nlet x = 1 < 2;\n```\n<img src=x onerror=alert(1)>";
+    mock.push(Reply::Stream(vec![Part::Text(markdown.into())]));
+    mock.push(Reply::Status(400));
+    let write = json!({"path": "never.txt", "content": "no\n"});
+    mock.push(Reply::Stream(vec![Part::tool_call(
+        0,
+        "call_w",
+        "write_file",
+        &write,
+        16,
+    )]));
+    mock.push(Reply::text(&["Not writing it then."]));
+    mock.push(Reply::StreamThenHang(vec![Part::Text("Partial words so far".into())]));
+    let base = format!("http://{}", stack.servers[0].addr);
+    run_scenario(
+        &b,
+        "reading",
+        &base,
+        &[
+            ("BERTH_MEMBER_EMAIL", email),
+            ("BERTH_MEMBER_PASSWORD", password),
+            ("BERTH_WORKSPACE_TITLE", "proj"),
+        ],
+    )
+    .await;
+    assert!(
+        !stack.workspace_dir.join("never.txt").exists(),
+        "the denied call did not run"
+    );
+}

@@ -372,3 +372,112 @@ async fn dev_keeps_its_secrets_out_of_the_workspace_and_out_of_reach_of_tools() 
     drop(c);
     assert!(berth_e2e::harness::terminate(&mut child).await.success());
 }
+
+/// The first five minutes: `berth dev`'s start-up lines name the console, the model and its
+/// endpoint, and a `berth chat` line that works as printed from the directory (no login, no
+/// admin step); `berth doctor` there checks the model endpoint too; `berth login` defaults
+/// to this server.
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_start_up_lines_name_the_console_the_model_and_a_chat_that_works_as_printed() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mock = MockProvider::start().await;
+    let workspace = scratch_dir("devfirst-ws");
+    let home = scratch_dir("devfirst-home");
+    let xdg = home.join("share");
+    let log = home.join("berth-dev.log");
+    let mut child = dev_without_data_dir(&workspace, &xdg, &mock)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("berth dev");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut shown = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let last = line.contains("Ctrl-C");
+            shown.push(line);
+            if last {
+                return;
+            }
+        }
+        panic!("berth dev ended: {}", std::fs::read_to_string(&log).unwrap_or_default());
+    })
+    .await
+    .expect("the start-up lines within 60 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let text = shown.join("\n");
+    let addr = shown[0].split_whitespace().nth(3).expect("address").to_string();
+    assert!(text.contains(&format!("console: {addr}/")), "{text}");
+    assert!(
+        text.contains(&format!("model: mock-model at {}", mock.base_url())),
+        "{text}"
+    );
+    let chat = shown
+        .iter()
+        .find_map(|l| l.strip_prefix("berth: chat from this directory: "))
+        .unwrap_or_else(|| panic!("no chat line: {text}"))
+        .to_string();
+    assert!(chat.ends_with(" chat"), "nothing else to type: {chat}");
+
+    // The line as printed, run in the directory by a shell.
+    let data = dev_data_dir(&xdg).expect("data dir");
+    let token = std::fs::read_to_string(data.join("run/token")).unwrap();
+    online_workspace(
+        &format!("ws://{}/v1/rpc", addr.trim_start_matches("http://")),
+        token.trim(),
+    )
+    .await;
+    mock.push(berth_e2e::Reply::text(&["first ", "answer"]));
+    let mut run = tokio::process::Command::new("sh")
+        .args(["-c", &chat])
+        .current_dir(&workspace)
+        .env("XDG_DATA_HOME", &xdg)
+        .env("BERTH_CONFIG_DIR", home.join("no-login"))
+        .env_remove("BERTH_SERVER")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    run.stdin.take().unwrap().write_all(b"hello\n").await.unwrap();
+    let out = run.wait_with_output().await.unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("first answer"), "{stdout}\n{stderr}");
+
+    let doctor = tokio::process::Command::new(berth_bin())
+        .arg("doctor")
+        .current_dir(&workspace)
+        .env("XDG_DATA_HOME", &xdg)
+        .env("BERTH_CONFIG_DIR", home.join("no-login"))
+        .env_remove("BERTH_SERVER")
+        .output()
+        .await
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(doctor.status.success(), "{report}");
+    let model = report
+        .lines()
+        .find(|l| l.contains(" model "))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(model.starts_with("ok") && model.contains("mock-model"), "{report}");
+
+    // `berth login` without --server signs in to this server (here: a wrong password).
+    let login = tokio::process::Command::new(berth_bin())
+        .args(["login", "--email", "nobody@example.com"])
+        .current_dir(&workspace)
+        .env("XDG_DATA_HOME", &xdg)
+        .env("BERTH_CONFIG_DIR", home.join("login"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&login.stderr);
+    assert!(!login.status.success());
+    assert!(err.contains(&format!("{addr} refused the sign-in")), "{err}");
+    assert!(berth_e2e::harness::terminate(&mut child).await.success());
+}

@@ -1461,3 +1461,51 @@ async fn history_pages_cut_rows_of_mixed_sizes_at_the_byte_budget() {
         }
     }
 }
+
+/// Issue 52: a stopped turn keeps what its running step had written — as the assistant row
+/// of its `turn.ended`, live and in the history (a removal keeps nothing, see above).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_turn_keeps_its_text_so_far() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = stack.session(&mut c).await;
+    mock.push(Reply::StreamThenHang(vec![
+        Part::Text("half of ".into()),
+        Part::Text("an answer".into()),
+    ]));
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let sent = c.ok("session.send", json!({"sessionId": sid, "prompt": "go"})).await;
+    watch
+        .until(20, |i| {
+            i["type"] == "model.delta" && i["text"].as_str().is_some_and(|t| t.contains("answer"))
+        })
+        .await
+        .expect("the turn streams");
+    // The live text is stored every 50 ms or so; stop once it is (as a person would).
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let turn = sent["turnId"].as_str().unwrap().to_string();
+    let stored = eventually(10, || {
+        let (db, turn) = (&db, &turn);
+        async move {
+            let text: String = db
+                .query_one("SELECT partial_text FROM turns WHERE id = $1", &[turn])
+                .await
+                .ok()?
+                .get(0);
+            text.contains("answer").then_some(())
+        }
+    })
+    .await;
+    assert!(stored.is_some(), "the partial text is stored");
+    c.ok("session.stop", json!({"sessionId": sid, "turnId": sent["turnId"]}))
+        .await;
+    let items = watch.until(10, is_turn_end).await.unwrap();
+    let end = items.last().unwrap();
+    assert_eq!(end["state"], "cancelled");
+    let rows = end["rows"].as_array().expect("the kept text is a row of the end");
+    assert_eq!(rows.len(), 1, "{end}");
+    assert_eq!(rows[0]["kind"], "assistant");
+    assert_eq!(rows[0]["body"], "half of an answer");
+    assert_eq!(c.history_bodies(&sid).await, ["go", "half of an answer"]);
+}

@@ -87,7 +87,9 @@ async function start(token) {
   };
   document.body.classList.remove('disconnected');
   const me = c.me;
-  clear(who, `Signed in (${me.role}) · `, h('button', { type: 'button', class: 'link', onclick: () => signOut() }, 'Sign out'));
+  const name = me.email || (me.userId ? `user ${me.userId}` : 'a credential without a user');
+  clear(who, h('span', { class: 'me', title: `${me.role} in this team` }, name), ` (${me.role}) · `,
+    h('button', { type: 'button', class: 'link', onclick: () => signOut() }, 'Sign out'));
   const links = [['#/workspaces', 'Workspaces']];
   if (me.role === 'admin') {
     links.push(['#/admin/users', 'Users'], ['#/admin/credentials', 'Credentials'], ['#/admin/workers', 'Workers & status'], ['#/admin/audit', 'Audit log']);

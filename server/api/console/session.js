@@ -1,10 +1,43 @@
 // One session: history (`session.history`), then live (`session.watch`): streaming text,
 // tool calls and results, turn ends; the prompt box, the queue, approvals, stop, search.
-import { h, clear, field, opId } from './dom.js';
+import { h, clear, field, opId, when } from './dom.js';
+import { markdown } from './markdown.js';
 
 const enc = new TextEncoder();
 const dec = new TextDecoder();
 const key = (p) => `${p.sourceSequence}:${p.itemIndex}`;
+
+/// A turn's cause in words (the code stays, for searching).
+const CAUSES = {
+  'provider-unreachable': 'the model endpoint could not be reached',
+  'provider-status': 'the model endpoint answered with an error',
+  'provider-timeout': 'the model endpoint did not answer in time',
+  'provider-protocol': 'the model endpoint’s answer could not be read',
+  'provider-stream-ended': 'the model endpoint’s answer could not be read',
+  'provider-rate-limited': 'the model endpoint is rate-limiting requests',
+  'provider-unconfigured': 'no model is configured on the server',
+  'context-overflow': 'the conversation no longer fits the model’s context',
+  'step-limit': 'the turn used up its model steps',
+  'tool-failed': 'a tool failed',
+  'worker-lost': 'the worker running the turn went away',
+  'workspace-offline': 'the workspace’s worker is offline',
+  'internal': 'an internal error in Berth',
+};
+
+/// A turn end's marker text: `Turn failed: the model endpoint … (provider-status 502)`.
+function endText(it) {
+  const c = it.cause;
+  if (!c) return `Turn ${it.state}`;
+  const code = `${c.code}${c.status ? ` ${c.status}` : ''}`;
+  return CAUSES[c.code] ? `Turn ${it.state}: ${CAUSES[c.code]} (${code})` : `Turn ${it.state} (${code})`;
+}
+
+/// An interaction's outcome when nobody answers, in words.
+function fallbackText(f) {
+  if (!f) return '';
+  if ('approved' in f) return f.approved ? 'approved' : 'denied';
+  return f.choice ? `“${f.choice}”` : 'no answer';
+}
 
 /// `text` with the UTF-8 byte range [start, end) cut out of it.
 function byteSlice(text, start, end) {
@@ -16,6 +49,8 @@ export function sessionView(ctx, view, sessionId) {
   const { conn } = ctx;
   let watch = null;
   let ended = false;
+  // The history's fence: watched events up to it were drawn from the history.
+  let replayed = 0;
   // Row elements and texts by position, live step blocks by turn and step.
   const rows = new Map();
   const live = new Map();
@@ -63,7 +98,7 @@ export function sessionView(ctx, view, sessionId) {
         r.tool?.status ? ` (${r.tool.status})` : ''), h('pre', {}, r.body)];
     } else {
       body = [r.thinking ? h('details', { class: 'thinking' }, h('summary', {}, 'Thinking'), h('p', {}, r.thinking)) : null,
-        h('p', { class: 'text' }, r.body)];
+        r.kind === 'assistant' ? h('div', { class: 'text md' }, markdown(r.body)) : h('p', { class: 'text' }, r.body)];
     }
     const who = { user: 'You', assistant: 'Agent', toolCall: 'Tool call', toolResult: 'Tool result', notice: 'Notice' }[r.kind] || r.kind;
     const el = h('li', { class: cls, tabindex: '-1', dataset: { position: k, kind: r.kind, callId: r.tool?.callId } },
@@ -80,9 +115,11 @@ export function sessionView(ctx, view, sessionId) {
             if (s.nextOffset === undefined || s.nextOffset === null) break;
             offset = s.nextOffset;
           }
-          const target = el.querySelector('pre, p.text');
-          target.textContent += text;
-          rows.get(k).text = target.textContent;
+          const target = el.querySelector('pre, .text');
+          const whole = rows.get(k).text + text;
+          if (target.classList.contains('md')) clear(target, markdown(whole));
+          else target.textContent = whole;
+          rows.get(k).text = whole;
           more.remove();
         } catch (err) { fail(err); }
       });
@@ -113,8 +150,17 @@ export function sessionView(ctx, view, sessionId) {
     }
   }
 
-  function marker(text, cls) {
-    log.appendChild(h('li', { class: `marker ${cls || ''}` }, text));
+  /// A marker (a turn's end, a notice) in its place in the log: after every row of an
+  /// event up to `sequence` (at the end when there is none).
+  function marker(text, cls, sequence) {
+    const el = h('li', { class: `marker ${cls || ''}`, dataset: { sequence: sequence ?? '' } }, text);
+    const seqOf = (x) => {
+      if (x.dataset.position) return Number(x.dataset.position.split(':')[0]);
+      if (x.dataset.sequence) return Number(x.dataset.sequence);
+      return Infinity;
+    };
+    const after = sequence === undefined ? null : Array.from(log.children).find((x) => seqOf(x) > sequence);
+    log.insertBefore(el, after || null);
   }
 
   // ---- live output ----
@@ -123,7 +169,7 @@ export function sessionView(ctx, view, sessionId) {
     const k = `${d.turnId}:${d.step}`;
     let b = live.get(k);
     if (!b) {
-      const text = h('p', { class: 'text' });
+      const text = h('div', { class: 'text md' });
       const thinking = h('p', { class: 'thinking-live' });
       const el = h('li', { class: 'row assistant streaming', dataset: { turn: d.turnId } },
         h('span', { class: 'who' }, 'Agent (writing…)'), thinking, text);
@@ -140,7 +186,7 @@ export function sessionView(ctx, view, sessionId) {
       out.set(add, at);
       return out;
     };
-    if (d.text) { b.text = merge(b.text, d.textOffset, d.text); b.textEl.textContent = dec.decode(b.text); }
+    if (d.text) { b.text = merge(b.text, d.textOffset, d.text); clear(b.textEl, markdown(dec.decode(b.text))); }
     if (d.thinking) { b.thinking = merge(b.thinking, d.thinkingOffset, d.thinking); b.thinkingEl.textContent = dec.decode(b.thinking); }
   }
 
@@ -205,10 +251,13 @@ export function sessionView(ctx, view, sessionId) {
         .then(() => { state.pendingInteractions = state.pendingInteractions.filter((x) => x.interactionId !== it.interactionId); drawApprovals(); })
         .catch(fail);
       const input = typeof it.input === 'string' ? it.input : JSON.stringify(it.input, null, 2);
+      const expiry = it.expiresAt ? h('p', { class: 'muted expiry' }, 'Answer by ', when(it.expiresAt),
+        `; if nobody does, it is ${fallbackText(it.fallback)}.`) : null;
       if (it.kind === 'approval') {
         return h('div', { class: 'interaction', role: 'group', 'aria-label': `Approve ${it.tool?.name || 'tool call'}?`, dataset: { interaction: it.interactionId } },
           h('p', {}, 'The agent wants to run ', h('strong', {}, it.tool?.name || 'a tool'), ':'),
           h('pre', {}, input),
+          expiry,
           h('div', { class: 'row' },
             h('button', { type: 'button', class: 'primary', onclick: () => answer({ approved: true }) }, 'Approve'),
             h('button', { type: 'button', class: 'danger', onclick: () => answer({ approved: false }) }, 'Deny')));
@@ -223,6 +272,14 @@ export function sessionView(ctx, view, sessionId) {
   // ---- the watch ----
 
   function onItem(it) {
+    // Events the history already drew (the watch replays them from the start): only their
+    // turn ends are new, as markers in place; a clear before the history's fence drops the
+    // markers before it (their rows are gone too).
+    if (it.sequence !== undefined && it.sequence <= replayed) {
+      if (it.type === 'turn.ended') marker(endText(it), `ended ${it.state}`, it.sequence);
+      if (it.type === 'session.cleared') log.querySelectorAll('li.marker').forEach((m) => m.remove());
+      return;
+    }
     switch (it.type) {
       case 'model.delta': delta(it); return;
       case 'state':
@@ -253,7 +310,7 @@ export function sessionView(ctx, view, sessionId) {
       case 'turn.ended':
         dropLive(it.turnId);
         addRows(it.rows);
-        marker(`Turn ${it.state}${it.cause ? ` (${it.cause.code}${it.cause.status ? ` ${it.cause.status}` : ''})` : ''}`, `ended ${it.state}`);
+        marker(endText(it), `ended ${it.state}`, it.sequence);
         if (state.running === it.turnId) { state.running = null; state.phase = 'idle'; }
         drawState();
         return;
@@ -277,7 +334,7 @@ export function sessionView(ctx, view, sessionId) {
         return;
       case 'session.notice':
         addRows(it.rows);
-        marker(`Notice: ${it.code}`, it.level);
+        marker(`Notice: ${it.code}`, it.level, it.sequence);
         return;
       case 'session.cleared':
         reload();
@@ -288,8 +345,18 @@ export function sessionView(ctx, view, sessionId) {
   }
 
   async function load() {
+    let snap;
     try {
-      const snap = await conn.call('session.get', { sessionId });
+      snap = await conn.call('session.get', { sessionId });
+    } catch (err) {
+      // No such session (or not this person's): nothing to write to.
+      document.title = 'Session not found — Berth';
+      clear(view, h('p', {}, back), h('h1', {}, 'Session not found'), error,
+        h('p', {}, `There is no session ${sessionId} here: it may have been removed, or belong to someone else.`));
+      fail(err);
+      return;
+    }
+    try {
       title.textContent = snap.title || 'Session';
       document.title = `${snap.title || 'Session'} — Berth`;
       back.href = `#/workspace/${encodeURIComponent(snap.workspaceId)}`;
@@ -303,7 +370,9 @@ export function sessionView(ctx, view, sessionId) {
         after = page.nextAfter || null;
       } while (after && !ended);
       if (ended) return;
-      watch = conn.subscribe('session.watch', { sessionId, after: through }, onItem);
+      // From the start: the turn ends before the fence come back as markers (see onItem).
+      replayed = through;
+      watch = conn.subscribe('session.watch', { sessionId, after: 0 }, onItem);
       watch.done.then(() => { if (!ended) marker('Stopped following this session.'); }).catch((err) => {
         if (!ended && err.code !== 'disconnected') fail(err);
       });

@@ -29,6 +29,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("admin.js", JS, include_str!("../console/admin.js")),
     ("sessions.js", JS, include_str!("../console/sessions.js")),
     ("session.js", JS, include_str!("../console/session.js")),
+    ("markdown.js", JS, include_str!("../console/markdown.js")),
 ];
 
 const INDEX: &str = include_str!("../console/index.html");

@@ -342,6 +342,73 @@ pub(crate) fn dev_data_dir(cwd: &Path) -> PathBuf {
 
 /// Where `berth dev` writes the address it listens on, for the client commands.
 pub(crate) const DEV_ADDRESS_FILE: &str = "run/address";
+/// Where `berth dev` writes its model and endpoint (never the key), for `berth doctor`.
+pub(crate) const DEV_MODEL_FILE: &str = "run/model";
+
+/// A base URL as shown to people: without any user or password in it.
+fn without_userinfo(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let host_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..host_end].rfind('@') {
+                Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
+/// How a person runs this program again: `berth` when that is what PATH finds, else its path.
+fn program_name() -> String {
+    let me = std::env::current_exe().and_then(|p| p.canonicalize()).ok();
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("berth"))
+            .find(|p| p.is_file())
+            .and_then(|p| p.canonicalize().ok())
+    });
+    match (me, on_path) {
+        (Some(me), Some(found)) if me == found => "berth".into(),
+        (Some(me), _) => me.display().to_string(),
+        (None, _) => "berth".into(),
+    }
+}
+
+/// `berth dev`'s start-up lines after the address: the console, the model, the credential,
+/// a `berth chat` that works as printed from this directory, and how to stop.
+fn dev_startup_lines(addr: &str, token_path: &Path, model: &ModelConfig) -> Vec<String> {
+    let mut lines = vec![format!(
+        "console: http://{addr}/ (sign in with the admin credential below)"
+    )];
+    lines.push(match (&model.model, &model.base_url) {
+        (Some(m), Some(url)) => format!("model: {m} at {}", without_userinfo(url)),
+        (None, Some(url)) => format!(
+            "model: the endpoint's default at {} (set BERTH_MODEL to choose one)",
+            without_userinfo(url)
+        ),
+        (_, None) => {
+            "model: none configured — turns will fail until BERTH_MODEL_BASE_URL and BERTH_MODEL are set".into()
+        }
+    });
+    lines.push(format!("admin credential file: {}", token_path.display()));
+    let program = program_name();
+    // A `berth login` to another server takes precedence over this directory's dev server:
+    // then the command names this one.
+    let elsewhere = client_cmds::stored_server().is_some_and(|s| s.trim_end_matches('/') != format!("http://{addr}"));
+    let chat = if elsewhere {
+        format!(
+            "{program} chat --server http://{addr} --token-file {}",
+            token_path.display()
+        )
+    } else {
+        format!("{program} chat")
+    };
+    lines.push(format!("chat from this directory: {chat}"));
+    lines.push(format!("check the setup: {program} doctor"));
+    lines.push("Ctrl-C stops Berth and its private PostgreSQL".into());
+    lines
+}
 
 /// The store: `DATABASE_URL`, or the private cluster under the data dir (returned so that
 /// the caller owns it and it stops when dropped).
@@ -531,19 +598,17 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     let addr = listener.local_addr()?;
     let metrics_addr = metrics_listener.local_addr()?;
     println!("berth: listening on http://{addr} (metrics on http://{metrics_addr}/metrics)");
-    println!("berth: admin credential file: {}", token_path.display());
     if dev {
-        // The client commands run from this directory find the server and its credential.
+        // The client commands run from this directory find the server and its credential
+        // (and `berth doctor` the model endpoint: no key, which stays in this process).
         write_secret(&data_dir.join(DEV_ADDRESS_FILE), &format!("http://{addr}"))?;
-    }
-    if dev {
-        println!("berth: try it (https://github.com/vi/websocat):");
-        println!(
-            "  websocat -H \"Authorization: Bearer $(cat {})\" ws://{addr}/v1/rpc",
-            token_path.display()
-        );
-        println!("  then send: {{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"workspace.list\"}}");
-        println!("berth: Ctrl-C stops Berth and its private PostgreSQL");
+        let model = serde_json::json!({"baseUrl": config.model.base_url, "model": config.model.model});
+        write_secret(&data_dir.join(DEV_MODEL_FILE), &model.to_string())?;
+        for line in dev_startup_lines(&addr.to_string(), &token_path, &config.model) {
+            println!("berth: {line}");
+        }
+    } else {
+        println!("berth: admin credential file: {}", token_path.display());
     }
     std::io::stdout().flush()?;
 

@@ -7,6 +7,8 @@
 //! `berth schema`.
 
 use schemars::{Schema, SchemaGenerator, generate::SchemaSettings};
+use std::collections::{BTreeMap, BTreeSet};
+
 use serde_json::{Map, Value, json};
 
 use crate::{ErrorCode, Event, EventPayload, RpcError, WatchItem, jsonrpc};
@@ -112,13 +114,23 @@ pub fn typescript(doc: &Value) -> String {
         "/** The protocol version these types describe. */\nexport const PROTOCOL_VERSION = {};\n\n",
         doc["protocol"]
     ));
+    let none = BTreeSet::new();
+    let top = Ctx { sent: &none };
     if let Some(defs) = doc["$defs"].as_object() {
         let mut names: Vec<&String> = defs.keys().collect();
         names.sort();
+        let sent = always_sent();
         for name in names {
             let def = &defs[name];
             doc_comment(&mut out, def, "");
-            out.push_str(&format!("export type {} = {};\n\n", ts_ident(name), ts_type(def, 0)));
+            let ctx = Ctx {
+                sent: sent.get(name.as_str()).unwrap_or(&none),
+            };
+            out.push_str(&format!(
+                "export type {} = {};\n\n",
+                ts_ident(name),
+                ts_type(def, 0, ctx)
+            ));
         }
     }
     out.push_str("/** Every method: its params and its result. */\nexport interface Methods {\n");
@@ -127,8 +139,8 @@ pub fn typescript(doc: &Value) -> String {
             out.push_str(&format!(
                 "  {}: {{ params: {}; result: {} }};\n",
                 json!(name),
-                ts_type(&m["params"], 1),
-                ts_type(&m["result"], 1)
+                ts_type(&m["params"], 1, top),
+                ts_type(&m["result"], 1, top)
             ));
         }
     }
@@ -136,7 +148,7 @@ pub fn typescript(doc: &Value) -> String {
     out.push_str("/** Subscription methods and the items they deliver. */\nexport interface Subscriptions {\n");
     if let Some(subs) = doc["subscriptions"].as_object() {
         for (name, s) in subs {
-            out.push_str(&format!("  {}: {};\n", json!(name), ts_type(&s["item"], 1)));
+            out.push_str(&format!("  {}: {};\n", json!(name), ts_type(&s["item"], 1, top)));
         }
     }
     out.push_str("}\n\n");
@@ -146,9 +158,79 @@ pub fn typescript(doc: &Value) -> String {
         ("WireError", "error"),
         ("WireErrorCode", "errorCode"),
     ] {
-        out.push_str(&format!("export type {alias} = {};\n", ts_type(&doc[key], 0)));
+        out.push_str(&format!("export type {alias} = {};\n", ts_type(&doc[key], 0, top)));
     }
     out
+}
+
+/// The properties the server always sends, per definition: those its serialization never
+/// omits (required in the serialize contract; an `Option` without `skip_serializing_if` is
+/// sent as null). Every other optional property is absent rather than null, so its
+/// TypeScript type leaves `null` out.
+fn always_sent() -> BTreeMap<String, BTreeSet<String>> {
+    let mut generator = SchemaSettings::draft2020_12().for_serialize().into_generator();
+    crate::method_schemas(&mut generator);
+    subscription_schemas(&mut generator);
+    generator.subschema_for::<Event>();
+    generator.subschema_for::<WatchItem>();
+    generator.subschema_for::<RpcError>();
+    generator.subschema_for::<jsonrpc::SubscriptionItem<WatchItem>>();
+    fn required(schema: &Value, into: &mut BTreeSet<String>) {
+        match schema {
+            Value::Object(map) => {
+                if let Some(Value::Array(names)) = map.get("required") {
+                    into.extend(names.iter().filter_map(Value::as_str).map(String::from));
+                }
+                for v in map.values() {
+                    required(v, into);
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| required(v, into)),
+            _ => {}
+        }
+    }
+    generator
+        .take_definitions(true)
+        .into_iter()
+        .map(|(name, def)| {
+            let mut names = BTreeSet::new();
+            required(&def, &mut names);
+            (name, names)
+        })
+        .collect()
+}
+
+/// What the generation of one definition knows: the properties the server always sends.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    sent: &'a BTreeSet<String>,
+}
+
+/// A schema with its `null` alternative removed (`type: [T, "null"]`, `anyOf: [X, {type:
+/// "null"}]`).
+fn without_null(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Some(map) = schema.as_object_mut() {
+        if let Some(Value::Array(types)) = map.get("type") {
+            let kept: Vec<Value> = types.iter().filter(|t| t.as_str() != Some("null")).cloned().collect();
+            let kept = match kept.as_slice() {
+                [one] => one.clone(),
+                _ => Value::Array(kept),
+            };
+            map.insert("type".into(), kept);
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(Value::Array(alts)) = map.get(key) {
+                let kept: Vec<Value> = alts
+                    .iter()
+                    .filter(|a| a.get("type").and_then(Value::as_str) != Some("null"))
+                    .cloned()
+                    .collect();
+                map.insert(key.into(), Value::Array(kept));
+            }
+        }
+    }
+    schema
 }
 
 fn doc_comment(out: &mut String, schema: &Value, indent: &str) {
@@ -168,7 +250,7 @@ fn ts_ident(name: &str) -> String {
 }
 
 /// A TypeScript type for a schema (the subset schemars generates).
-fn ts_type(schema: &Value, depth: usize) -> String {
+fn ts_type(schema: &Value, depth: usize, ctx: Ctx<'_>) -> String {
     match schema {
         Value::Bool(true) => return "unknown".into(),
         Value::Bool(false) => return "never".into(),
@@ -188,16 +270,16 @@ fn ts_type(schema: &Value, depth: usize) -> String {
     }
     let has_shape = schema.get("type").is_some() || schema.get("properties").is_some();
     if has_shape {
-        parts.push(shape(schema, depth));
+        parts.push(shape(schema, depth, ctx));
     }
     for key in ["oneOf", "anyOf"] {
         if let Some(alts) = schema.get(key).and_then(Value::as_array) {
-            let union: Vec<String> = alts.iter().map(|a| ts_type(a, depth)).collect();
+            let union: Vec<String> = alts.iter().map(|a| ts_type(a, depth, ctx)).collect();
             parts.push(format!("({})", union.join(" | ")));
         }
     }
     if let Some(all) = schema.get("allOf").and_then(Value::as_array) {
-        parts.extend(all.iter().map(|a| ts_type(a, depth)));
+        parts.extend(all.iter().map(|a| ts_type(a, depth, ctx)));
     }
     match parts.len() {
         0 => "unknown".into(),
@@ -207,7 +289,7 @@ fn ts_type(schema: &Value, depth: usize) -> String {
 }
 
 /// The `type`-driven part of a schema (objects, arrays, scalars, nullable forms).
-fn shape(schema: &Value, depth: usize) -> String {
+fn shape(schema: &Value, depth: usize, ctx: Ctx<'_>) -> String {
     let types: Vec<&str> = match schema.get("type") {
         Some(Value::String(t)) => vec![t.as_str()],
         Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
@@ -221,26 +303,26 @@ fn shape(schema: &Value, depth: usize) -> String {
             "boolean" => "boolean".into(),
             "null" => "null".into(),
             "array" => match schema.get("items") {
-                Some(items) => format!("Array<{}>", ts_type(items, depth)),
+                Some(items) => format!("Array<{}>", ts_type(items, depth, ctx)),
                 None => "unknown[]".into(),
             },
-            _ => object(schema, depth),
+            _ => object(schema, depth, ctx),
         })
         .collect();
     alts.join(" | ")
 }
 
-fn object(schema: &Value, depth: usize) -> String {
+fn object(schema: &Value, depth: usize, ctx: Ctx<'_>) -> String {
     let props = schema.get("properties").and_then(Value::as_object);
     let extra = schema.get("additionalProperties");
     let Some(props) = props.filter(|p| !p.is_empty()) else {
         return match extra {
             Some(Value::Bool(false)) => "Record<string, never>".into(),
             Some(Value::Object(_)) => {
-                let value = ts_type(extra.unwrap_or(&Value::Bool(true)), depth);
+                let value = ts_type(extra.unwrap_or(&Value::Bool(true)), depth, ctx);
                 match schema.get("propertyNames") {
                     Some(names) if names.get("$ref").is_some() || names.get("enum").is_some() => {
-                        format!("{{ [K in {}]?: {} }}", ts_type(names, depth), value)
+                        format!("{{ [K in {}]?: {} }}", ts_type(names, depth, ctx), value)
                     }
                     _ => format!("Record<string, {value}>"),
                 }
@@ -261,11 +343,18 @@ fn object(schema: &Value, depth: usize) -> String {
         let mut comment = String::new();
         doc_comment(&mut comment, prop, &pad);
         out.push_str(&comment);
-        let optional = if required.contains(&name.as_str()) { "" } else { "?" };
+        let is_required = required.contains(&name.as_str());
+        let optional = if is_required { "" } else { "?" };
+        // Absent rather than null, unless the server always sends it.
+        let prop = if is_required || ctx.sent.contains(name) {
+            prop.clone()
+        } else {
+            without_null(prop)
+        };
         out.push_str(&format!(
             "{pad}{}{optional}: {};\n",
             json!(name),
-            ts_type(prop, depth + 1)
+            ts_type(&prop, depth + 1, ctx)
         ));
     }
     out.push_str(&format!("{}}}", "  ".repeat(depth)));

@@ -33,6 +33,9 @@ pub struct HelloResult {
     pub tenant_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
+    /// The signed-in person's email (absent for a credential without a user).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
     pub role: String,
     /// Host-level notices (e.g. no model provider configured).
     #[serde(default)]

@@ -325,7 +325,7 @@ impl Store {
         let mut stopped = Vec::new();
         for t in active {
             let id: String = t.get(0);
-            cancel_turn(&tx, tenant_id, child, id.clone(), true).await?;
+            cancel_turn(&tx, tenant_id, child, id.clone(), true, true).await?;
             stopped.push(id);
         }
         tx.commit().await?;

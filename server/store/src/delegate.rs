@@ -131,7 +131,7 @@ pub(crate) fn cancel_children<'a, C: GenericClient>(
                 )
                 .await?;
             for t in active {
-                cancel_turn(tx, tenant_id, &child, t.get(0), true).await?;
+                cancel_turn(tx, tenant_id, &child, t.get(0), true, true).await?;
             }
         }
         Ok(())

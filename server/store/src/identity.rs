@@ -257,6 +257,19 @@ impl Store {
         row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::NotFound))
     }
 
+    /// A user's email (None: no such user in the tenant).
+    pub async fn user_email(&self, tenant_id: &str, user_id: &str) -> Result<Option<String>> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, tenant_id).await?;
+        let row = tx
+            .qo(
+                "SELECT email FROM users WHERE tenant_id = $1 AND id = $2",
+                &[&tenant_id, &user_id],
+            )
+            .await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
     /// The tenant a credential belongs to (break-glass revocation by id from the CLI).
     pub async fn credential_tenant(&self, credential_id: &str) -> Result<String> {
         let client = self.pool.get().await?;

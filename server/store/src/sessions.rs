@@ -65,7 +65,7 @@ async fn cancel_active(tx: &impl GenericClient, tenant_id: &str, session_id: &st
     let mut queue_changed = false;
     for t in active {
         queue_changed |= t.get::<_, bool>(1);
-        cancel_turn(tx, tenant_id, session_id, t.get(0), false).await?;
+        cancel_turn(tx, tenant_id, session_id, t.get(0), false, false).await?;
     }
     Ok(queue_changed)
 }

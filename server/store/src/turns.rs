@@ -174,7 +174,7 @@ impl Store {
         let tx = tenant_tx(&mut client, tenant_id).await?;
         crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
-        cancel_turn(&tx, tenant_id, session_id, turn_id.to_string(), true).await?;
+        cancel_turn(&tx, tenant_id, session_id, turn_id.to_string(), true, true).await?;
         let result = TurnRef {
             turn_id: turn_id.to_string(),
             state: TurnState::Cancelled,
@@ -310,7 +310,7 @@ impl Store {
         crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         check_queued(&tx, session_id, queue_id, revision).await?;
-        cancel_turn(&tx, tenant_id, session_id, queue_id.to_string(), true).await?;
+        cancel_turn(&tx, tenant_id, session_id, queue_id.to_string(), true, false).await?;
         let result = Removed { removed: true };
         finish(&tx, op, &result).await?;
         tx.commit().await?;
@@ -1593,23 +1593,41 @@ pub(crate) async fn notify_dispatch(tx: &impl GenericClient, session_id: &str) -
 }
 
 /// Cancel one running or queued turn of a locked session. A running turn's worker is told
-/// to stop (`berth_control`); whatever it sends afterwards is refused.
+/// to stop (`berth_control`); whatever it sends afterwards is refused. With `keep_text` (a
+/// stop, not a removal or clear), the running step's text so far becomes the assistant row
+/// of its `turn.ended`.
 pub(crate) async fn cancel_turn(
     tx: &impl GenericClient,
     tenant_id: &str,
     session_id: &str,
     turn_id: String,
     queue_event: bool,
+    keep_text: bool,
 ) -> Result<()> {
     let row = tx
         .qo(
-            "SELECT state, dispatched_to FROM turns WHERE id = $1 AND session_id = $2 AND tenant_id = $3 FOR UPDATE",
+            "SELECT state, dispatched_to, partial_text, partial_thinking FROM turns
+              WHERE id = $1 AND session_id = $2 AND tenant_id = $3 FOR UPDATE",
             &[&turn_id, &session_id, &tenant_id],
         )
         .await?;
     let Some(row) = row else { return not_found() };
     let state: String = row.get(0);
     let dispatched: Option<String> = row.get(1);
+    // What the running step had written when it was stopped stays in the history, as the
+    // turn's last answer (issue 52: a stopped turn's text is kept, live and on reopen).
+    let (text, thinking): (String, String) = (row.get(2), row.get(3));
+    let kept: Vec<NewRow> = if keep_text && state == "running" && !(text.is_empty() && thinking.is_empty()) {
+        vec![NewRow {
+            kind: RowKind::Assistant,
+            body: text,
+            thinking: (!thinking.is_empty()).then_some(thinking),
+            tool: None,
+            hidden: None,
+        }]
+    } else {
+        Vec::new()
+    };
     match state.as_str() {
         "running" | "queued" => {}
         _ => return Err(StoreError::Code(ErrorCode::TurnNotRunning)),
@@ -1625,7 +1643,7 @@ pub(crate) async fn cancel_turn(
         usage: None,
     });
     crate::interactions::close_for_turn(tx, tenant_id, &turn_id).await?;
-    append_event(tx, tenant_id, session_id, Some(&turn_id), &ended, &[]).await?;
+    append_event(tx, tenant_id, session_id, Some(&turn_id), &ended, &kept).await?;
     crate::coordinator::child_ended(tx, tenant_id, session_id, &turn_id, TurnState::Cancelled, None).await?;
     if state == "running" {
         if let Some(conn) = dispatched {

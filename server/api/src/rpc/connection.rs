@@ -37,6 +37,10 @@ pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
         }
     };
     ctx.conn.sign_in(&ctx.state, principal.clone())?;
+    let email = match &principal.user_id {
+        Some(user) => ctx.state.store.user_email(&principal.tenant_id, user).await?,
+        None => None,
+    };
     let mut notices = Vec::new();
     if ctx.state.config.model.base_url.is_none() {
         notices.push(Notice {
@@ -51,6 +55,7 @@ pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
         replica_id: ctx.state.config.replica_id.clone(),
         tenant_id: principal.tenant_id,
         user_id: principal.user_id,
+        email,
         role: principal.role,
         notices,
     })

@@ -17,6 +17,8 @@ mod peer;
 mod view;
 mod wire;
 
+pub(crate) use view::{tool_input, tool_title};
+
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -63,7 +65,7 @@ impl WorkspaceChoice {
     }
 
     /// The workspace id for a session started in `cwd`.
-    fn resolve(&self, cwd: &Path, workspaces: &[Workspace]) -> Option<String> {
+    pub(crate) fn resolve(&self, cwd: &Path, workspaces: &[Workspace]) -> Option<String> {
         // A name given by flag or map: an id, or a title.
         let named = |name: &str| {
             workspaces
