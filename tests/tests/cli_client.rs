@@ -8,10 +8,16 @@ use berth_e2e::{MockProvider, Reply, Stack, harness::berth_bin};
 use tokio::io::AsyncWriteExt;
 
 async fn berth(config_dir: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut child = tokio::process::Command::new(berth_bin())
-        .args(args)
+    let mut cmd = tokio::process::Command::new(berth_bin());
+    cmd.args(args)
         .env("BERTH_CONFIG_DIR", config_dir)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "warn");
+    output_of(cmd, stdin).await
+}
+
+/// Run `cmd` with `stdin` as its input: whether it succeeded, its stdout and its stderr.
+async fn output_of(mut cmd: tokio::process::Command, stdin: &str) -> (bool, String, String) {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -323,26 +329,13 @@ async fn berth_in(
     args: &[&str],
     stdin: &str,
 ) -> (bool, String, String) {
-    let mut child = tokio::process::Command::new(berth_bin())
-        .args(args)
+    let mut cmd = tokio::process::Command::new(berth_bin());
+    cmd.args(args)
         .current_dir(cwd)
         .env("BERTH_CONFIG_DIR", config_dir)
         .env("RUST_LOG", "warn")
-        .env_remove("BERTH_SERVER")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run berth");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.as_bytes()).await.unwrap();
-    drop(input);
-    let out = child.wait_with_output().await.unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+        .env_remove("BERTH_SERVER");
+    output_of(cmd, stdin).await
 }
 
 /// A turn whose model endpoint cannot be reached ends the chat non-zero with the cause in

@@ -112,23 +112,53 @@ impl Resuming {
     }
 }
 
-/// Clients through nginx until one lands on each replica; returns them by replica id.
-async fn client_per_replica(nginx: &Nginx, token: &str, replicas: usize) -> Vec<(String, Client)> {
-    let mut found: Vec<(String, Client)> = Vec::new();
-    for _ in 0..(replicas * 4) {
-        let mut c = Client::authed(&nginx.ws_url(), token).await.expect("client");
-        let id = c.ok("status", json!({})).await["replicaId"]
-            .as_str()
-            .expect("replicaId")
-            .to_string();
-        if !found.iter().any(|(r, _)| *r == id) {
-            found.push((id, c));
-        }
-        if found.len() == replicas {
-            return found;
-        }
+/// Two replicas behind nginx, the worker connected through it: the stack, nginx, the
+/// replicas' ids, and which replica holds the worker's connection (`lost`) and which not.
+struct BehindNginx {
+    stack: Stack,
+    nginx: Nginx,
+    ids: Vec<String>,
+    lost: usize,
+    survivor: usize,
+}
+
+async fn behind_nginx(mock: &MockProvider, env: &[(&str, &str)]) -> BehindNginx {
+    let mut stack = Stack::start_with(mock, 2, env).await;
+    let upstreams: Vec<&str> = stack.servers.iter().map(|s| s.addr.as_str()).collect();
+    let nginx = Nginx::start(&upstreams).await.unwrap();
+    let ids = replica_ids(&stack).await;
+    stack.kill_worker().await;
+    stack.start_worker_at(&nginx.addr).await;
+    let lost = holder(&stack, &ids).await;
+    BehindNginx {
+        stack,
+        nginx,
+        ids,
+        lost,
+        survivor: 1 - lost,
     }
-    panic!("nginx did not spread connections over {replicas} replicas");
+}
+
+/// A watch of `sid` through nginx on each replica of `ids`, the first on replica `first`.
+async fn watcher_per_replica(nginx: &Nginx, token: &str, sid: &str, ids: &[String], first: usize) -> Vec<Resuming> {
+    let mut order: Vec<&String> = ids.iter().collect();
+    order.swap(0, first);
+    let mut watchers = Vec::new();
+    for replica in order {
+        let mut w = Resuming::open(&nginx.ws_url(), token, sid).await;
+        while w.replica().await != *replica {
+            w = Resuming::open(&nginx.ws_url(), token, sid).await;
+        }
+        watchers.push(w);
+    }
+    watchers
+}
+
+/// A new watch of `sid` through nginx, read up to sequence `last`.
+async fn fresh_reader(nginx: &Nginx, token: &str, sid: &str, last: i64) -> Resuming {
+    let mut fresh = Resuming::open(&nginx.ws_url(), token, sid).await;
+    fresh.until(30, |e| e["sequence"] == last).await;
+    fresh
 }
 
 /// The replica id of each server, in `stack.servers` order.
@@ -173,28 +203,16 @@ fn prompt_of(request: &Value) -> String {
 /// their last sequence see every event once.
 async fn replica_killed_mid_turn() {
     let mock = MockProvider::start().await;
-    let mut stack = Stack::start(&mock, 2).await;
-    let upstreams: Vec<&str> = stack.servers.iter().map(|s| s.addr.as_str()).collect();
-    let nginx = Nginx::start(&upstreams).await.unwrap();
-    let ids = replica_ids(&stack).await;
-    stack.kill_worker().await;
-    stack.start_worker_at(&nginx.addr).await;
-    let lost = holder(&stack, &ids).await;
-    let survivor = 1 - lost;
-
-    // A watcher on each replica, both through nginx.
-    let mut on = client_per_replica(&nginx, &stack.token, 2).await;
-    let sid = stack.session(&mut on[0].1).await;
-    let mut watchers = Vec::new();
-    // The first watch is on the replica that will be lost.
-    on.sort_by_key(|(r, _)| *r != ids[lost]);
-    for (replica, _) in &on {
-        let mut w = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
-        while w.replica().await != *replica {
-            w = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
-        }
-        watchers.push(w);
-    }
+    let BehindNginx {
+        mut stack,
+        nginx,
+        ids,
+        lost,
+        survivor,
+    } = behind_nginx(&mock, &[]).await;
+    let sid = stack.session(&mut stack.client(0).await).await;
+    // A watcher on each replica, both through nginx, the first on the one that will be lost.
+    let mut watchers = watcher_per_replica(&nginx, &stack.token, &sid, &ids, lost).await;
 
     mock.push(Reply::StreamThenHang(vec![Part::Text("half an answ".into())]));
     mock.push(Reply::text(&["second ", "answer"]));
@@ -235,9 +253,7 @@ async fn replica_killed_mid_turn() {
     assert_eq!(holder(&stack, &ids).await, survivor);
 
     // Both watchers saw exactly the stored history, and a fresh reader agrees.
-    let mut fresh = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
-    let last = watchers[0].last;
-    fresh.until(30, |e| e["sequence"] == last).await;
+    let fresh = fresh_reader(&nginx, &stack.token, &sid, watchers[0].last).await;
     let seqs = |w: &Resuming| w.events.iter().map(|e| e.to_string()).collect::<Vec<_>>();
     assert_eq!(seqs(&watchers[0]), seqs(&fresh));
     assert_eq!(seqs(&watchers[1]), seqs(&fresh));
@@ -276,18 +292,16 @@ async fn a_turn_waiting_for_approval_survives_the_hand_over() {
 
 async fn hand_over(approval: bool) {
     let mock = MockProvider::start().await;
-    let mut stack = Stack::start_with(&mock, 2, &[("BERTH_DRAIN_TIMEOUT_SECS", "15")]).await;
-    let upstreams: Vec<&str> = stack.servers.iter().map(|s| s.addr.as_str()).collect();
-    let nginx = Nginx::start(&upstreams).await.unwrap();
-    let ids = replica_ids(&stack).await;
-    stack.kill_worker().await;
-    stack.start_worker_at(&nginx.addr).await;
-    let lost = holder(&stack, &ids).await;
-    let survivor = 1 - lost;
-
-    let mut on = client_per_replica(&nginx, &stack.token, 2).await;
-    let sid = on[0]
-        .1
+    let BehindNginx {
+        mut stack,
+        nginx,
+        ids,
+        lost,
+        survivor,
+    } = behind_nginx(&mock, &[("BERTH_DRAIN_TIMEOUT_SECS", "15")]).await;
+    let sid = stack
+        .client(survivor)
+        .await
         .ok(
             "session.create",
             json!({"workspaceId": stack.workspace_id, "autoApprove": !approval}),
@@ -296,15 +310,7 @@ async fn hand_over(approval: bool) {
         .as_str()
         .unwrap()
         .to_string();
-    let mut watchers = Vec::new();
-    on.sort_by_key(|(r, _)| *r != ids[lost]);
-    for (replica, _) in &on {
-        let mut w = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
-        while w.replica().await != *replica {
-            w = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
-        }
-        watchers.push(w);
-    }
+    let mut watchers = watcher_per_replica(&nginx, &stack.token, &sid, &ids, lost).await;
 
     // The first turn runs a command that outlasts the move, then answers.
     let command = "touch started; sleep 4; echo slept-through-the-move";
@@ -369,9 +375,7 @@ async fn hand_over(approval: bool) {
     assert!(log.contains("turn released to move to another connection"), "{log}");
 
     // Both watchers saw exactly the stored history, and a fresh reader agrees.
-    let mut fresh = Resuming::open(&nginx.ws_url(), &stack.token, &sid).await;
-    let last = watchers[0].last;
-    fresh.until(30, |e| e["sequence"] == last).await;
+    let fresh = fresh_reader(&nginx, &stack.token, &sid, watchers[0].last).await;
     // Each event once, in order, with the same rows (a tool call's row carries the status it
     // had when the event went out live, and its current one when read later: left out).
     let seqs = |w: &Resuming| {

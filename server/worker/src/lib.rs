@@ -231,7 +231,7 @@ async fn carry(shared: &Shared, from: &Connection, to: &Connection) {
     let from_out = Out::new(&from.id, from.out.clone());
     let released = tokio::time::timeout(
         MOVE_ANSWER,
-        shared.request(&from_out, wp::WORKER_RELEASE, serde_json::json!({"turns": ids}), None),
+        shared.request(&from_out, wp::WORKER_RELEASE, serde_json::json!({"turns": ids})),
     )
     .await;
     let released: Vec<wp::ReleasedTurn> = match released {
@@ -247,7 +247,7 @@ async fn carry(shared: &Shared, from: &Connection, to: &Connection) {
             turns: released.clone(),
         })
         .unwrap_or_default();
-        match tokio::time::timeout(MOVE_ANSWER, shared.request(&to_out, wp::WORKER_CARRY, params, None)).await {
+        match tokio::time::timeout(MOVE_ANSWER, shared.request(&to_out, wp::WORKER_CARRY, params)).await {
             Ok(Ok(r)) => parse::<wp::WorkerCarried>(r).map(|r| r.turns).unwrap_or_default(),
             _ => Vec::new(),
         }
@@ -304,9 +304,9 @@ type Route = Arc<tokio::sync::RwLock<Out>>;
 
 /// A connection's writer, and the connection's id.
 #[derive(Clone)]
-struct Out {
+pub(crate) struct Out {
     conn: Arc<str>,
-    tx: mpsc::Sender<Message>,
+    pub(crate) tx: mpsc::Sender<Message>,
 }
 
 impl Out {
@@ -351,16 +351,30 @@ impl Shared {
         out: &Out,
         method: &str,
         params: serde_json::Value,
-        again: Option<String>,
     ) -> anyhow::Result<Option<Box<RawValue>>> {
-        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        let msg = serde_json::to_string(&OutgoingRequest::new(id, method, &params))?;
         let (tx, rx) = oneshot::channel();
-        let again = again.map(|turn| (turn, method.to_string(), params));
+        self.send(out, method, &params, tx, None).await?;
+        Ok(rx.await.context("connection closed before the response")??)
+    }
+
+    /// Send request `method` on `out` under a new id, its answer to go to `answer`; `again`:
+    /// the turn whose request it is, when it is asked again if that turn is carried over
+    /// ([`asked_again`]).
+    async fn send(
+        &self,
+        out: &Out,
+        method: &str,
+        params: &serde_json::Value,
+        answer: oneshot::Sender<Answer>,
+        again: Option<String>,
+    ) -> anyhow::Result<()> {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let msg = serde_json::to_string(&OutgoingRequest::new(id, method, params))?;
+        let again = again.map(|turn| (turn, method.to_string(), params.clone()));
         self.pending.lock().expect("pending lock").insert(
             id,
             Waiting {
-                answer: tx,
+                answer,
                 conn: out.conn.clone(),
                 again,
             },
@@ -368,8 +382,7 @@ impl Shared {
         out.tx
             .send(Message::Text(msg.into()))
             .await
-            .context("connection closed")?;
-        Ok(rx.await.context("connection closed before the response")??)
+            .context("connection closed")
     }
 
     /// An answer came for request `id`.
@@ -391,15 +404,11 @@ impl Shared {
                 .collect();
             ids.iter().filter_map(|id| pending.remove(id)).collect()
         };
-        for mut w in moved {
-            let Some((_, method, params)) = &w.again else { continue };
-            let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            let Ok(msg) = serde_json::to_string(&OutgoingRequest::new(id, method, params)) else {
+        for w in moved {
+            let Some((turn, method, params)) = w.again else {
                 continue;
             };
-            w.conn = to.conn.clone();
-            self.pending.lock().expect("pending lock").insert(id, w);
-            let _ = to.tx.send(Message::Text(msg.into())).await;
+            let _ = self.send(to, &method, &params, w.answer, Some(turn)).await;
         }
     }
 
@@ -447,7 +456,7 @@ struct Connection {
 pub(crate) struct Link {
     /// The connection's writer (observation calls are answered on the connection they came
     /// on).
-    out: mpsc::Sender<Message>,
+    pub(crate) out: Out,
     /// Where the turn's messages go ([`Route`]).
     route: Route,
     shared: Shared,
@@ -467,10 +476,8 @@ pub(crate) struct Link {
 impl Link {
     /// This link with a route of its own (a turn's, which a carry switches alone).
     fn for_turn(&self) -> Link {
-        let out = self.route.try_read().map(|r| r.clone()).ok();
-        let out = out.unwrap_or_else(|| Out::new(&Arc::from(""), self.out.clone()));
         Link {
-            route: Arc::new(tokio::sync::RwLock::new(out)),
+            route: Arc::new(tokio::sync::RwLock::new(self.out.clone())),
             ..self.clone()
         }
     }
@@ -500,28 +507,13 @@ impl Link {
         let again = asked_again(method)
             .then(|| params.get("turnId").and_then(|t| t.as_str()).map(str::to_string))
             .flatten();
-        let id = self.shared.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        let msg = serde_json::to_string(&OutgoingRequest::new(id, method, &params))?;
         let (tx, rx) = oneshot::channel();
-        let again = again.map(|turn| (turn, method.to_string(), params));
         // Sent while the route is held for reading (not while its answer is awaited): a carry,
         // which takes it for writing, finds the request sent on the old connection, or not
         // sent yet.
         {
             let route = self.route.read().await;
-            self.shared.pending.lock().expect("pending lock").insert(
-                id,
-                Waiting {
-                    answer: tx,
-                    conn: route.conn.clone(),
-                    again,
-                },
-            );
-            route
-                .tx
-                .send(Message::Text(msg.into()))
-                .await
-                .context("connection closed")?;
+            self.shared.send(&route, method, &params, tx, again).await?;
         }
         Ok(rx.await.context("connection closed before the response")??)
     }
@@ -592,9 +584,10 @@ impl Connection {
             mcp: Arc::new(config.mcp.clone()),
         };
         let (out_tx, out_rx) = mpsc::channel::<Message>(256);
+        let out = Out::new(&id, out_tx.clone());
         let link = Link {
-            out: out_tx.clone(),
-            route: Arc::new(tokio::sync::RwLock::new(Out::new(&id, out_tx.clone()))),
+            out: out.clone(),
+            route: Arc::new(tokio::sync::RwLock::new(out)),
             shared: shared.clone(),
             http: http.clone(),
             proxy_url: format!("{http_base}{}", wp::MODEL_PROXY_PATH),

@@ -29,18 +29,6 @@ struct Check {
     detail: String,
 }
 
-/// An error with its causes, on one line (reqwest's own text names only the URL).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// The model endpoint a `berth dev` here was started with, when it is the one at `server`.
 fn local_dev_model(server: &str) -> Option<(Option<String>, Option<String>)> {
     let data = remote::local_dev_dir()?;
@@ -87,7 +75,7 @@ async fn checks(remote: &Remote, http: &reqwest::Client) -> Vec<Check> {
                 Outcome::Fail,
                 format!(
                     "cannot reach {server} ({}): start one with `berth dev`, or pass --server",
-                    chain(&e)
+                    berth_store::error_chain(&e)
                 ),
             );
             for c in ["credential", "model", "worker"] {
@@ -173,7 +161,7 @@ async fn checks(remote: &Remote, http: &reqwest::Client) -> Vec<Check> {
                         Outcome::Fail,
                         format!(
                             "{model} at {base} does not answer ({}): check BERTH_MODEL_BASE_URL and that the endpoint is up",
-                            chain(&e)
+                            berth_store::error_chain(&e)
                         ),
                     ),
                 }

@@ -144,7 +144,7 @@ impl Observer {
                 let Ok(t) = serde_json::to_string(&refused) else { return };
                 text = t;
             }
-            let _ = link.out.send(Message::Text(text.into())).await;
+            let _ = link.out.tx.send(Message::Text(text.into())).await;
         });
     }
 }
@@ -193,7 +193,7 @@ impl Items {
         let Ok(text) = serde_json::to_string(&note) else {
             return false;
         };
-        self.link.out.send(Message::Text(text.into())).await.is_ok()
+        self.link.out.tx.send(Message::Text(text.into())).await.is_ok()
     }
 
     /// Send one item that `write_item` writes as JSON text (about `len` bytes) straight into
@@ -205,6 +205,7 @@ impl Items {
         }
         self.link
             .out
+            .tx
             .send(Message::Text(call_item_text(self.id, len, write_item).into()))
             .await
             .is_ok()
@@ -224,7 +225,7 @@ impl Items {
             return false;
         }
         let frame = wp::chunk_frame(self.id, offset as u64, piece);
-        self.link.out.send(Message::Binary(frame.into())).await.is_ok()
+        self.link.out.tx.send(Message::Binary(frame.into())).await.is_ok()
     }
 }
 
@@ -242,7 +243,7 @@ impl Items {
             return false;
         }
         let frame = wp::chunk_run_frame(self.id, offset as u64, text, run);
-        self.link.out.send(Message::Binary(frame.into())).await.is_ok()
+        self.link.out.tx.send(Message::Binary(frame.into())).await.is_ok()
     }
 }
 

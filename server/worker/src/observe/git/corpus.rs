@@ -36,7 +36,8 @@ fn cli<S: AsRef<OsStr>>(dir: &Path, args: &[S]) -> std::process::Output {
         .expect("git runs")
 }
 
-fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
+/// Run git in `dir` (no system or user configuration), its output; it must succeed.
+pub(super) fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
     let out = cli(dir, args);
     assert!(
         out.status.success(),

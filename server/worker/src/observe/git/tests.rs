@@ -1,25 +1,6 @@
-use std::{path::Path, process::Command};
+use std::path::Path;
 
-use super::{patch, status, writer::hunks};
-
-fn git(dir: &Path, args: &[&str]) {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.com")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.com")
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use super::{corpus::git, patch, status, writer::hunks};
 
 fn repo() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
@@ -40,16 +21,8 @@ fn feature(root: &Path) -> String {
 
 /// What `git status -uall` lists as untracked, as raw path bytes.
 fn cli_untracked(dir: &Path) -> Vec<Vec<u8>> {
-    let out = Command::new("git")
-        .args(["status", "--porcelain=v1", "-z", "-uall"])
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .expect("git runs");
-    assert!(out.status.success());
+    let out = git(dir, &["status", "--porcelain=v1", "-z", "-uall"]);
     let mut paths: Vec<Vec<u8>> = out
-        .stdout
         .split(|b| *b == 0)
         .filter_map(|line| line.strip_prefix(b"?? "))
         .map(<[u8]>::to_vec)
