@@ -891,6 +891,13 @@ export type ModelChanged = {
 };
 
 export type ModelCompleted = {
+  /**
+   * The model step within the turn that completed (0, 1, …): the same `step` as the
+   * `model.delta` items that streamed it, so that a client drops exactly that step's live
+   * text (and ignores any of it that arrives later). Absent only in events stored before
+   * Berth named it.
+   */
+  "step"?: number | null;
   "usage"?: (Usage | null);
 };
 
@@ -1176,15 +1183,16 @@ export type Removed = {
 };
 
 /**
- * Live items were dropped for this watcher (it read too slowly). Drop the live view
- * (streamed text, phase): a `state` item and the running step's text from offset 0 follow.
- * History events are never dropped.
+ * Live items may have been lost for this watcher (it read too slowly, or its replica's
+ * connection to the other replicas' live output was re-established). Drop the live view
+ * (streamed text, phase): any history events not yet sent, a `state` item and the running
+ * step's text from offset 0 follow. History events are never dropped.
  */
 export type Resync = {
   "reason": ResyncReason;
 };
 
-export type ResyncReason = ("lagged");
+export type ResyncReason = ("lagged" | "reconnected");
 
 export type Revoked = {
   "revoked": boolean;

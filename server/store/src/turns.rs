@@ -110,7 +110,7 @@ pub struct Metered {
 }
 
 /// The live output of a session's running step (for watchers joining mid-turn).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Partial {
     pub turn_id: String,
     pub step: i32,
@@ -1694,11 +1694,11 @@ const PARTIAL_SQL: &str = concat!(
 /// in one statement: the turn's step moves on and its metered usage is read and reset (read
 /// under the turn row's lock, `FOR UPDATE`: a meter of another replica committed while the
 /// step waited for the row is the step's, not lost to the reset), the session's sequence is
-/// bumped (gapless: the session row is locked), and the `model.completed` event (`$10`, with
-/// that usage), its rows (`$4`..`$8` by item) and the notice go in. Usage metered on the
-/// appending replica comes as parameters: `$15` input and `$16` output tokens (null: none)
-/// are added to the turn's totals and the step's, and each context record `$17` gets its
-/// call's input tokens `$18`. The reply row (`$9`, a step without tool calls) names the
+/// bumped (gapless: the session row is locked), and the `model.completed` event (`$10`,
+/// naming the step it completed, with that usage), its rows (`$4`..`$8` by item) and the
+/// notice go in. Usage metered on the appending replica comes as parameters: `$15` input
+/// and `$16` output tokens (null: none) are added to the turn's totals and the step's, and
+/// each context record `$17` gets its call's input tokens `$18`. The reply row (`$9`, a step without tool calls) names the
 /// turn's files not named yet. Returns the event as a catch-up reads it
 /// (`history::events_from_lines` from column 0: the sequence first), one line per row when
 /// `$14` is set (else one line, without the rows), or no line when the turn does not run.
@@ -1716,7 +1716,8 @@ const STEP_SQL: &str = concat!(
                               output_tokens = x.output_tokens + coalesce($16::bigint, 0)
              FROM (SELECT step_usage FROM turns WHERE id = $1 FOR UPDATE) old
             WHERE x.id = $1 AND EXISTS (SELECT 1 FROM t)
-           RETURNING CASE WHEN $15::bigint IS NULL THEN old.step_usage
+           RETURNING x.step - 1 AS step,
+                     CASE WHEN $15::bigint IS NULL THEN old.step_usage
                           ELSE ",
     usage_plus_sql!("old.step_usage", "$15", "$16"),
     " END AS usage),
@@ -1726,6 +1727,7 @@ const STEP_SQL: &str = concat!(
             WHERE id = (SELECT session_id FROM t) AND tenant_id = $2 RETURNING id, last_sequence),
      e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
            SELECT s.id, s.last_sequence, $2, $10, $1,
+                  jsonb_build_object('step', u.step) ||
                   CASE WHEN u.usage IS NULL THEN '{}'::jsonb
                        ELSE jsonb_build_object('usage', jsonb_build_object(
                                 'inputTokens', (u.usage->>'inputTokens')::bigint,
@@ -1821,7 +1823,11 @@ impl<'a> StepParams<'a> {
         StepParams {
             rows: crate::history::RowArrays::new(rows),
             reply,
-            event: EventPayload::ModelCompleted(ModelCompleted { usage: None }).type_name(),
+            event: EventPayload::ModelCompleted(ModelCompleted {
+                step: None,
+                usage: None,
+            })
+            .type_name(),
             input: sum(|u| u.input_tokens),
             output: sum(|u| u.output_tokens),
             contexts,
