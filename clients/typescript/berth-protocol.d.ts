@@ -389,6 +389,13 @@ export type Diagnostic = {
   "turnId"?: string | null;
 };
 
+/**
+ * A `session.watchDiagnostics` item: the session's diagnostic revision now.
+ */
+export type DiagnosticsRevision = {
+  "diagnosticRevision": number;
+};
+
 export type Disabled = {
   "disabled": boolean;
 };
@@ -500,6 +507,8 @@ export type EventPayload = (SessionCreated & {
   "type": "child.turnEnded";
 });
 
+export type FileContentKind = "text" | "image";
+
 export type FileEntry = {
   "kind": FileKind;
   /**
@@ -546,6 +555,37 @@ export type FilesListResult = {
 };
 
 /**
+ * A `files.read` item: `begin`, `chunk`s, `end`; or one explicit outcome instead.
+ */
+export type FilesReadItem = ({
+  "kind": FileContentKind;
+  "mime": string;
+  "size": number;
+  "type": "begin";
+  "version": string;
+} | {
+  "dataBase64": string;
+  "offset": number;
+  "type": "chunk";
+} | {
+  "replaced"?: boolean;
+  "sha256": string;
+  "size": number;
+  "type": "end";
+  "version": string;
+} | {
+  "type": "absent";
+} | {
+  "type": "changed";
+  "version": string;
+} | {
+  "type": "binary";
+} | {
+  "reason": string;
+  "type": "unsupported";
+});
+
+/**
  * `files.read` parameters.
  */
 export type FilesReadParams = {
@@ -563,6 +603,16 @@ export type FilesReadParams = {
  */
 export type FilesWatchEnd = ({
   "type": "unavailable";
+});
+
+/**
+ * A `files.watch` item.
+ */
+export type FilesWatchItem = ({
+  "directoryIdentity": string;
+  "type": "ready";
+} | {
+  "type": "changed";
 });
 
 /**
@@ -2074,7 +2124,10 @@ export type MethodName = keyof Methods;
 
 /** Subscription methods and the items they deliver. */
 export interface Subscriptions {
+  "files.read": FilesReadItem;
+  "files.watch": FilesWatchItem;
   "session.watch": WatchItem;
+  "session.watchDiagnostics": DiagnosticsRevision;
 }
 
 export type WireEvent = Event;

@@ -78,8 +78,25 @@ pub trait Method {
     type Result: serde::de::DeserializeOwned + serde::Serialize + Send + 'static;
 }
 
+/// A method answered by a subscription: items (`subscription.item {id, item}`) until it
+/// ends with its result or is closed.
+pub trait Subscription: Method {
+    type Item: serde::de::DeserializeOwned + serde::Serialize + Send + 'static;
+}
+
+/// The name of a subscription method (`methods!` names one per `=> items`).
+macro_rules! subscription_name {
+    ($name:literal, $item:ty) => {
+        $name
+    };
+}
+
+/// Every method, declared once: `Marker = "wire.name" (Params) -> Result;`, and for a
+/// subscription `-> Result => items Item;`. The method markers, [`METHOD_NAMES`],
+/// [`SUBSCRIPTION_NAMES`] and the schema document (methods and subscriptions with their
+/// items) all come from this one list.
 macro_rules! methods {
-    ($( $(#[$doc:meta])* $ty:ident = $name:literal ($params:ty) -> $result:ty; )*) => {
+    ($( $(#[$doc:meta])* $ty:ident = $name:literal ($params:ty) -> $result:ty $(=> items $item:ty)?; )*) => {
         /// Client-facing methods, one marker type each.
         pub mod method {
             use super::*;
@@ -91,10 +108,21 @@ macro_rules! methods {
                     type Params = $params;
                     type Result = $result;
                 }
+                $(impl Subscription for $ty {
+                    type Item = $item;
+                })?
             )*
         }
         /// The wire names of every client-facing method, in declaration order.
         pub const METHOD_NAMES: &[&str] = &[$($name),*];
+        /// The wire names of the methods answered by a subscription, in declaration order.
+        pub const SUBSCRIPTION_NAMES: &[&str] = &[$($(subscription_name!($name, $item),)?)*];
+
+        /// Every subscription's name with its items' schema, in declaration order.
+        #[cfg(feature = "schema")]
+        fn subscription_schemas(generator: &mut schemars::SchemaGenerator) -> Vec<(&'static str, schemars::Schema)> {
+            vec![$($(($name, generator.subschema_for::<$item>()),)?)*]
+        }
 
         /// Every method's name with its params and result schemas, in declaration order.
         #[cfg(feature = "schema")]
@@ -137,9 +165,9 @@ methods! {
     FilesList = "files.list" (FilesListParams) -> FilesListResult;
     /// Subscription: `ready`, then `changed` whenever the directory needs rereading; ends
     /// with `unavailable` when the directory goes away.
-    FilesWatch = "files.watch" (FilesWatchParams) -> Option<FilesWatchEnd>;
+    FilesWatch = "files.watch" (FilesWatchParams) -> Option<FilesWatchEnd> => items FilesWatchItem;
     /// Subscription: one file's content as `begin`, `chunk`s and `end` (or one outcome item).
-    FilesRead = "files.read" (FilesReadParams) -> ();
+    FilesRead = "files.read" (FilesReadParams) -> () => items FilesReadItem;
     /// Create a session in a workspace.
     SessionCreate = "session.create" (SessionCreateParams) -> SessionSnapshot;
     /// A session's snapshot.
@@ -155,7 +183,7 @@ methods! {
     SessionHistory = "session.history" (SessionHistoryParams) -> SessionHistoryResult;
     /// Subscription: every event after `after`, then a `state` item, then live; items are
     /// [`WatchItem`]s. The final value is null.
-    SessionWatch = "session.watch" (SessionWatchParams) -> ();
+    SessionWatch = "session.watch" (SessionWatchParams) -> () => items WatchItem;
     /// End a subscription early.
     SubscriptionClose = "subscription.close" (SubscriptionCloseParams) -> Empty;
     /// Sessions by `updatedAt` desc then id desc, paged.
@@ -187,7 +215,7 @@ methods! {
     SessionDiagnostics = "session.diagnostics" (SessionDiagnosticsParams) -> SessionDiagnosticsResult;
     /// Subscription: the session's diagnostic revision on subscribe and after each change;
     /// items are [`DiagnosticsRevision`]s. The final value is null.
-    SessionWatchDiagnostics = "session.watchDiagnostics" (SessionRef) -> ();
+    SessionWatchDiagnostics = "session.watchDiagnostics" (SessionRef) -> () => items DiagnosticsRevision;
     /// The latest main model request the session prepared: input by role, tool schemas,
     /// estimated tokens, and the provider-reported input usage.
     SessionContext = "session.context" (SessionContextParams) -> SessionContextResult;
