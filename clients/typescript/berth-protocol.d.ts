@@ -201,12 +201,23 @@ export type Branch = {
  */
 export type Cause = {
   /**
-   * `provider-unreachable`, `provider-status`, `provider-timeout`, `provider-protocol`,
-   * `tool-failed`, `worker-lost`, `internal`.
+   * A [`CauseCode`](crate::CauseCode), or `refused-<error code>`.
    */
-  "code": string;
+  "code": CauseCodeOrRefused;
   "status"?: number | null;
 };
+
+/**
+ * Why a turn, a step, a title or a summary failed (`cause.code`). Besides these, a
+ * worker whose request the server refused reports `refused-<error code>`
+ * ([`CauseCode::refused`]).
+ */
+export type CauseCode = ("provider-unreachable" | "provider-timeout" | "provider-response-too-large" | "provider-unconfigured" | "base-url-not-allowed" | "internal" | "bad-params" | "rate-limited" | "turn-not-running" | "payload-too-large" | "unavailable" | "provider-status" | "provider-protocol" | "provider-failed" | "provider-rate-limited" | "provider-stream-ended" | "context-overflow" | "step-rejected" | "history-unreadable" | "step-limit" | "worker-lost" | "title-empty" | "summary-empty" | "attachment-unavailable" | "attachment-corrupt" | "mcp-server-unavailable" | "unauthorized");
+
+/**
+ * A `CauseCode`, or `refused-<error code>` when the server refused the worker's request.
+ */
+export type CauseCodeOrRefused = (CauseCode | string);
 
 /**
  * A child session's turn ended: the child, its turn, and how it ended. Appended to the
@@ -381,13 +392,18 @@ export type Diagnostic = {
    */
   "diagnosticRevision": number;
   /**
-   * `execution`, `model-step`, `title`, `tool` (something a turn went on without, e.g. an
-   * MCP server that did not start: `mcp-server-unavailable`).
+   * A [`DiagnosticKind`](crate::DiagnosticKind): `tool` is something a turn went on
+   * without (e.g. an MCP server that did not start: `mcp-server-unavailable`).
    */
-  "kind": string;
+  "kind": DiagnosticKind;
   "sequence"?: number | null;
   "turnId"?: string | null;
 };
+
+/**
+ * What failed, for a diagnostic record.
+ */
+export type DiagnosticKind = ("execution" | "model-step" | "title" | "tool" | "compaction");
 
 /**
  * A `session.watchDiagnostics` item: the session's diagnostic revision now.
@@ -756,7 +772,10 @@ export type Interaction = {
    */
   "input": unknown;
   "interactionId": string;
-  "kind": string;
+  /**
+   * An [`InteractionKind`](crate::InteractionKind).
+   */
+  "kind": InteractionKind;
   /**
    * The choices a question offers.
    */
@@ -775,6 +794,12 @@ export type Interaction = {
   "tool"?: (InteractionTool | null);
   "turnId": string;
 };
+
+/**
+ * What an interaction asks: an approval, or one of the question kinds (the model's
+ * `ask_user` tool), answered `{choice: string|null}` (null: skipped, or no answer).
+ */
+export type InteractionKind = ("approval" | "choice" | "text" | "confirm");
 
 /**
  * An interaction's answer: `{approved}` for approvals, `{choice}` for questions.
@@ -995,13 +1020,26 @@ export type Nothing = Record<string, unknown>;
  * A notice: a fact for the client to word, never a sentence.
  */
 export type Notice = {
-  "code": string;
   /**
-   * `info`, `warning` or `error`.
+   * A [`NoticeCode`](crate::NoticeCode); `params` depend on it.
    */
-  "level": string;
+  "code": NoticeCode;
+  /**
+   * A [`NoticeLevel`](crate::NoticeLevel).
+   */
+  "level": NoticeLevel;
   "params"?: unknown;
 };
+
+/**
+ * What a notice (`session.notice`, `hello`'s `notices`) says; its `params` depend on it.
+ */
+export type NoticeCode = ("provider-unconfigured" | "workspace-offline" | "context-compacted" | "step-limit" | "mcp-server-unavailable");
+
+/**
+ * How much a notice matters.
+ */
+export type NoticeLevel = "info" | "warning" | "error";
 
 export type OperationReceiptParams = {
   "operationId": string;
@@ -1390,6 +1428,11 @@ export type SessionCreateParams = {
    * How many levels of sessions below this one it may start (sub-agents, a
    * coordinator's children), at most [`MAX_DELEGATION_DEPTH`]; default 1, or 2 for a
    * coordinator (so that its children may still start sub-agents).
+   *
+   * A budget that counts **down**: a child gets one less, and 0 starts nothing. This is
+   * the opposite direction of the client protocol it came from, whose `delegation_depth`
+   * counts **up** (how deep the client itself already is, 0 at the top, checked against
+   * a fixed limit). A client bridging from there sends `MAX_DELEGATION_DEPTH - its depth`.
    */
   "delegationDepth"?: number | null;
   /**
@@ -1659,7 +1702,8 @@ export type SessionSnapshot = {
   "channel"?: string | null;
   "createdAt": string;
   /**
-   * How many levels of sessions below it this one may still start.
+   * How many levels of sessions below it this one may still start (a budget counting
+   * down: a child has one less; see [`SessionCreateParams::delegation_depth`]).
    */
   "delegationDepth": number;
   "effectiveModelId"?: string | null;
@@ -1858,7 +1902,10 @@ export type ToolCallStatus = {
 export type ToolInfo = {
   "callId": string;
   "name": string;
-  "status": string;
+  /**
+   * A [`ToolStatus`](crate::worker::ToolStatus).
+   */
+  "status": ToolStatus;
 };
 
 export type ToolSchemaSize = {

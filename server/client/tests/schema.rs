@@ -343,3 +343,69 @@ fn every_method_takes_unknown_fields_and_null_for_what_may_be_absent() {
     assert!(!cred.worker && cred.note.is_empty());
     serde_json::from_value::<InteractionRef>(serde_json::json!({"interactionId": "i", "future": true})).unwrap();
 }
+
+/// Issue 51: the codes clients branch on are enumerated in the schema (their wire values).
+#[test]
+fn codes_are_enumerated_in_the_schema() {
+    let doc = schema::document();
+    let defs = &doc["$defs"];
+    // The values a field's schema admits, through `$ref`s and `anyOf`s.
+    fn values(doc: &serde_json::Value, s: &serde_json::Value, out: &mut Vec<String>) {
+        if let Some(r) = s["$ref"].as_str() {
+            values(doc, &doc["$defs"][r.trim_start_matches("#/$defs/")], out);
+        }
+        out.extend(
+            s["enum"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(String::from)),
+        );
+        out.extend(s["const"].as_str().map(String::from));
+        for key in ["oneOf", "anyOf"] {
+            for alt in s[key].as_array().into_iter().flatten() {
+                values(doc, alt, out);
+            }
+        }
+    }
+    let field = |def: &str, name: &str| {
+        let mut out = Vec::new();
+        values(&doc, &defs[def]["properties"][name], &mut out);
+        out
+    };
+    let mut levels = field("Notice", "level");
+    levels.sort();
+    assert_eq!(levels, ["error", "info", "warning"]);
+    assert!(field("Notice", "code").contains(&"step-limit".to_string()));
+    assert!(field("Diagnostic", "kind").contains(&"model-step".to_string()));
+    assert!(field("Cause", "code").contains(&"provider-status".to_string()));
+    assert!(field("ToolInfo", "status").contains(&"denied".to_string()));
+    let mut kinds = field("Interaction", "kind");
+    kinds.sort();
+    assert_eq!(kinds, ["approval", "choice", "confirm", "text"]);
+    for (def, name, all) in [
+        (
+            "Notice",
+            "code",
+            berth_protocol::NoticeCode::ALL
+                .iter()
+                .map(|c| c.as_str())
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "Diagnostic",
+            "kind",
+            berth_protocol::DiagnosticKind::ALL.iter().map(|c| c.as_str()).collect(),
+        ),
+        (
+            "Cause",
+            "code",
+            berth_protocol::CauseCode::ALL.iter().map(|c| c.as_str()).collect(),
+        ),
+    ] {
+        let (mut got, mut all) = (field(def, name), all);
+        got.sort();
+        all.sort();
+        assert_eq!(got, all, "{def}.{name}");
+    }
+}

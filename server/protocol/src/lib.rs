@@ -34,6 +34,7 @@ where
 
 pub mod agents;
 pub mod batch;
+pub mod codes;
 pub mod error;
 pub mod events;
 pub mod jsonrpc;
@@ -48,6 +49,7 @@ pub mod types;
 pub mod worker;
 
 pub use agents::*;
+pub use codes::{CauseCode, DiagnosticKind, InteractionKind, NoticeCode, NoticeLevel};
 pub use error::{ErrorCode, RpcError};
 pub use events::*;
 pub use mcp::*;

@@ -105,6 +105,11 @@ pub struct SessionCreateParams {
     /// How many levels of sessions below this one it may start (sub-agents, a
     /// coordinator's children), at most [`MAX_DELEGATION_DEPTH`]; default 1, or 2 for a
     /// coordinator (so that its children may still start sub-agents).
+    ///
+    /// A budget that counts **down**: a child gets one less, and 0 starts nothing. This is
+    /// the opposite direction of the client protocol it came from, whose `delegation_depth`
+    /// counts **up** (how deep the client itself already is, 0 at the top, checked against
+    /// a fixed limit). A client bridging from there sends `MAX_DELEGATION_DEPTH - its depth`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegation_depth: Option<u32>,
     /// `coordinator`: the session directs sessions in the tenant's workspaces (SPEC §4.15).
@@ -213,7 +218,8 @@ pub struct SessionSnapshot {
     /// answered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<crate::search::Branch>,
-    /// How many levels of sessions below it this one may still start.
+    /// How many levels of sessions below it this one may still start (a budget counting
+    /// down: a child has one less; see [`SessionCreateParams::delegation_depth`]).
     pub delegation_depth: u32,
     pub created_at: String,
     pub updated_at: String,
@@ -439,8 +445,11 @@ pub enum ReceiptState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Notice {
-    /// `info`, `warning` or `error`.
+    /// A [`NoticeLevel`](crate::NoticeLevel).
+    #[cfg_attr(feature = "schema", schemars(with = "crate::NoticeLevel"))]
     pub level: String,
+    /// A [`NoticeCode`](crate::NoticeCode); `params` depend on it.
+    #[cfg_attr(feature = "schema", schemars(with = "crate::NoticeCode"))]
     pub code: String,
     #[serde(default)]
     pub params: serde_json::Value,
@@ -467,8 +476,9 @@ pub struct Diagnostic {
     /// The session's diagnostic revision this record was written at (its own counter,
     /// independent of history).
     pub diagnostic_revision: i64,
-    /// `execution`, `model-step`, `title`, `tool` (something a turn went on without, e.g. an
-    /// MCP server that did not start: `mcp-server-unavailable`).
+    /// A [`DiagnosticKind`](crate::DiagnosticKind): `tool` is something a turn went on
+    /// without (e.g. an MCP server that did not start: `mcp-server-unavailable`).
+    #[cfg_attr(feature = "schema", schemars(with = "crate::DiagnosticKind"))]
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<String>,
@@ -755,8 +765,8 @@ impl TurnState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Cause {
-    /// `provider-unreachable`, `provider-status`, `provider-timeout`, `provider-protocol`,
-    /// `tool-failed`, `worker-lost`, `internal`.
+    /// A [`CauseCode`](crate::CauseCode), or `refused-<error code>`.
+    #[cfg_attr(feature = "schema", schemars(with = "crate::codes::CauseCodeWire"))]
     pub code: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
@@ -902,6 +912,8 @@ impl RowKind {
 pub struct ToolInfo {
     pub name: String,
     pub call_id: String,
+    /// A [`ToolStatus`](crate::worker::ToolStatus).
+    #[cfg_attr(feature = "schema", schemars(with = "crate::worker::ToolStatus"))]
     pub status: String,
 }
 
@@ -1241,7 +1253,7 @@ pub enum InteractionOutcome {
 }
 
 /// The kind of interaction that holds a tool call; every other kind is a question.
-pub const INTERACTION_APPROVAL: &str = "approval";
+pub const INTERACTION_APPROVAL: &str = crate::InteractionKind::Approval.as_str();
 
 /// A held tool call (`kind: "approval"`) or a question, as clients see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1249,6 +1261,8 @@ pub const INTERACTION_APPROVAL: &str = "approval";
 #[serde(rename_all = "camelCase")]
 pub struct Interaction {
     pub interaction_id: String,
+    /// An [`InteractionKind`](crate::InteractionKind).
+    #[cfg_attr(feature = "schema", schemars(with = "crate::InteractionKind"))]
     pub kind: String,
     pub session_id: String,
     pub turn_id: String,

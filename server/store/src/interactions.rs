@@ -210,7 +210,7 @@ impl Store {
         timeout: std::time::Duration,
     ) -> Result<Interaction> {
         let well_formed = |s: &str, max: usize| !s.is_empty() && s.len() <= max && !s.contains('\0');
-        if !well_formed(&ask.kind, 64) || !well_formed(&ask.call_id, 200) {
+        if berth_protocol::InteractionKind::parse(&ask.kind).is_none() || !well_formed(&ask.call_id, 200) {
             return Err(bad());
         }
         let approval = ask.kind == INTERACTION_APPROVAL;

@@ -1,9 +1,9 @@
 //! Turns: admission, the queue, dispatch to workers, steps, settling, stop.
 
 use berth_protocol::{
-    Cause, Diagnostic, ErrorCode, EventPayload, MAX_QUEUE_LENGTH, ModelCompleted, NewRow, Nothing, Notice,
-    QUEUE_PREVIEW_BYTES, QueueEntry, QueueState, QueuedPrompt, Removed, RowKind, SessionDiagnosticsResult,
-    SessionSendResult, TitleChanged, TurnEnded, TurnQueued, TurnRef, TurnState,
+    Cause, CauseCode, Diagnostic, DiagnosticKind, ErrorCode, EventPayload, MAX_QUEUE_LENGTH, ModelCompleted, NewRow,
+    Nothing, Notice, NoticeCode, NoticeLevel, QUEUE_PREVIEW_BYTES, QueueEntry, QueueState, QueuedPrompt, Removed,
+    RowKind, SessionDiagnosticsResult, SessionSendResult, TitleChanged, TurnEnded, TurnQueued, TurnRef, TurnState,
     worker::{TurnRun, Usage},
 };
 use deadpool_postgres::GenericClient;
@@ -754,9 +754,9 @@ impl Store {
         }
         if let Some(c) = cause {
             let kind = if state == TurnState::Interrupted {
-                "execution"
+                DiagnosticKind::Execution
             } else {
-                "model-step"
+                DiagnosticKind::ModelStep
             };
             diagnostic(tx.client(), tenant_id, &session_id, kind, Some(turn_id), Some(seq), c).await?;
         }
@@ -848,7 +848,7 @@ impl Store {
     /// fails is logged and left for the next sweep, and the others still end.
     async fn interrupt(&self, rows: Vec<tokio_postgres::Row>) -> Vec<String> {
         let cause = Cause {
-            code: "worker-lost".into(),
+            code: CauseCode::WorkerLost.as_str().into(),
             status: None,
         };
         let mut ended = Vec::new();
@@ -946,29 +946,44 @@ impl Store {
         connection_id: &str,
         tenant_id: &str,
         turn_id: &str,
-        code: &str,
+        code: NoticeCode,
         params: serde_json::Value,
     ) -> Result<i64> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
         let event = EventPayload::SessionNotice(Notice {
-            level: "warning".into(),
-            code: code.into(),
+            level: NoticeLevel::Warning.as_str().into(),
+            code: code.as_str().into(),
             params,
         });
         let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[]).await?;
         let cause = Cause {
-            code: code.into(),
+            code: code.as_str().into(),
             status: None,
         };
-        diagnostic(&tx, tenant_id, &session_id, "tool", Some(turn_id), Some(seq), &cause).await?;
+        diagnostic(
+            &tx,
+            tenant_id,
+            &session_id,
+            DiagnosticKind::Tool,
+            Some(turn_id),
+            Some(seq),
+            &cause,
+        )
+        .await?;
         tx.commit().await?;
         Ok(seq)
     }
 
     /// Record a failure that belongs to no turn (a `title` diagnostic).
-    pub async fn session_diagnostic(&self, tenant_id: &str, session_id: &str, kind: &str, cause: &Cause) -> Result<()> {
+    pub async fn session_diagnostic(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        kind: DiagnosticKind,
+        cause: &Cause,
+    ) -> Result<()> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         diagnostic(&tx, tenant_id, session_id, kind, None, None, cause).await?;
@@ -1031,7 +1046,7 @@ impl Store {
                 turn_id: r.get(3),
                 sequence: r.get(4),
                 cause: serde_json::from_value(r.get(5)).unwrap_or(Cause {
-                    code: "internal".into(),
+                    code: CauseCode::Internal.as_str().into(),
                     status: None,
                 }),
                 at: fmt_time(r.get(6)),
@@ -1055,13 +1070,13 @@ pub(crate) async fn notice(
     tx: &impl GenericClient,
     tenant_id: &str,
     session_id: &str,
-    level: &str,
-    code: &str,
+    level: NoticeLevel,
+    code: NoticeCode,
     params: serde_json::Value,
 ) -> Result<i64> {
     let notice = EventPayload::SessionNotice(Notice {
-        level: level.into(),
-        code: code.into(),
+        level: level.as_str().into(),
+        code: code.as_str().into(),
         params,
     });
     append_event(tx, tenant_id, session_id, None, &notice, &[]).await
@@ -1071,7 +1086,7 @@ async fn diagnostic(
     tx: &impl GenericClient,
     tenant_id: &str,
     session_id: &str,
-    kind: &str,
+    kind: DiagnosticKind,
     turn_id: Option<&str>,
     sequence: Option<i64>,
     cause: &Cause,
@@ -1091,7 +1106,7 @@ async fn diagnostic(
             &tenant_id,
             &session_id,
             &revision,
-            &kind,
+            &kind.as_str(),
             &turn_id,
             &sequence,
             &serde_json::to_value(cause).unwrap_or_default(),
@@ -1519,8 +1534,8 @@ async fn admit_in(
             tx,
             tenant_id,
             session_id,
-            "warning",
-            "workspace-offline",
+            NoticeLevel::Warning,
+            NoticeCode::WorkspaceOffline,
             json!({"workspaceId": workspace_id}),
         )
         .await?;

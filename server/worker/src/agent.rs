@@ -8,6 +8,7 @@
 //! it appends `tool.status running`, and its end appends `tool.ended` with the result row
 //! (`completed`, `failed`, or `denied` when approval was refused and it never ran).
 
+use berth_protocol::CauseCode;
 use berth_protocol::{
     NewRow, Position, RowKind, SkillInfo, ToolInfo,
     worker::{self as wp, ToolStatus, TurnDelta, TurnRun},
@@ -178,11 +179,11 @@ async fn steps(
             conv.push_result(&call.id, &output);
         }
     }
-    Err(Halt::Failed(cause(STEP_LIMIT)))
+    Err(Halt::Failed(cause(CauseCode::StepLimit)))
 }
 
 /// The notice of a turn that reached its step limit (and its cause, were it to fail there).
-const STEP_LIMIT: &str = "step-limit";
+const STEP_LIMIT: &str = berth_protocol::NoticeCode::StepLimit.as_str();
 
 /// What the model is told when its steps are used up.
 fn step_limit_note(max_steps: u32) -> String {
