@@ -544,7 +544,7 @@ export type FileKind = ("file" | "dir" | "other" | "symlink");
  */
 export type FilesListParams = {
   /**
-   * The `next` of the previous page.
+   * The `nextAfter` of the previous page.
    */
   "after"?: string | null;
   /**
@@ -1406,6 +1406,11 @@ export type SessionContextParams = {
  */
 export type SessionContextResult = {
   "request"?: (ContextReport | null);
+  /**
+   * The history sequence fence the report was read under: the `through` asked for
+   * (at most the session's last sequence), or the last sequence when none was.
+   */
+  "through": number;
 };
 
 /**
@@ -1459,13 +1464,21 @@ export type SessionDiagnosticsParams = {
   "before"?: number | null;
   "limit"?: number | null;
   "sessionId": string;
-  "through"?: number | null;
+  /**
+   * The fence: the diagnostic revision (not a history sequence) the pages are read
+   * under; absent for the current one, then pass back the answer's `throughRevision`.
+   * Also read as `through`, its earlier name.
+   */
+  "throughRevision"?: number | null;
 };
 
 export type SessionDiagnosticsResult = {
   "diagnostics": Array<Diagnostic>;
   "nextBefore"?: number | null;
-  "through": number;
+  /**
+   * The diagnostic revision fence these pages are read under.
+   */
+  "throughRevision": number;
 };
 
 /**

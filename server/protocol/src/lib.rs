@@ -14,8 +14,12 @@
 //!   SPEC names but this release does not offer yet answer `unsupported {field}`.
 //! - **One cursor convention.** A paged method answers `next<Cursor>` (`nextAfter`,
 //!   `nextBefore`, `nextOffset`); the client passes it back unchanged as `<cursor>` (`after`,
-//!   `before`, `offset`) with every other parameter, including the `through` fence, kept
-//!   fixed. An absent `next<Cursor>` ends the walk. Cursors are opaque unless documented.
+//!   `before`, `offset`) with every other parameter, including the fence, kept fixed. An
+//!   absent `next<Cursor>` ends the walk. Cursors are opaque unless documented.
+//! - **Fences are named for what they fence and answered back.** `through` is a history
+//!   sequence (`session.history`, `session.search`, `session.context`);
+//!   `throughRevision` is a diagnostic revision (`session.diagnostics`, also read as
+//!   `through`). A method that takes a fence answers the one it used.
 //! - **Revisions are named for what they guard:** `historyRevision` (the session's history,
 //!   guards fork), `queueRevision` (one queue entry, guards `queue.*`) and
 //!   `diagnosticRevision` (the diagnostics log, its own counter).

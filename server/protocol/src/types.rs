@@ -460,8 +460,11 @@ pub struct Notice {
 #[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsParams {
     pub session_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub through: Option<i64>,
+    /// The fence: the diagnostic revision (not a history sequence) the pages are read
+    /// under; absent for the current one, then pass back the answer's `throughRevision`.
+    /// Also read as `through`, its earlier name.
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "through")]
+    pub through_revision: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub before: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -504,6 +507,9 @@ pub struct SessionContextParams {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionContextResult {
+    /// The history sequence fence the report was read under: the `through` asked for
+    /// (at most the session's last sequence), or the last sequence when none was.
+    pub through: i64,
     pub request: Option<ContextReport>,
 }
 
@@ -593,7 +599,8 @@ pub struct DiagnosticsRevision {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsResult {
-    pub through: i64,
+    /// The diagnostic revision fence these pages are read under.
+    pub through_revision: i64,
     pub diagnostics: Vec<Diagnostic>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_before: Option<i64>,
@@ -1320,4 +1327,29 @@ pub struct InteractionResolution {
     /// The user (or credential) that answered, for `answered`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answered_by: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `session.diagnostics`'s fence is `throughRevision`; `through`, its earlier name, is
+    /// still read as it.
+    #[test]
+    fn the_diagnostics_fence_reads_its_earlier_name() {
+        for name in ["throughRevision", "through"] {
+            let p: SessionDiagnosticsParams =
+                serde_json::from_value(serde_json::json!({"sessionId": "ses_1", name: 7})).unwrap();
+            assert_eq!(p.through_revision, Some(7), "{name}");
+        }
+        let r = SessionDiagnosticsResult {
+            through_revision: 7,
+            diagnostics: Vec::new(),
+            next_before: None,
+        };
+        assert_eq!(
+            serde_json::to_value(r).unwrap(),
+            serde_json::json!({"throughRevision": 7, "diagnostics": []})
+        );
+    }
 }

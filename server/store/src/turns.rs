@@ -1058,7 +1058,7 @@ impl Store {
             None
         };
         Ok(SessionDiagnosticsResult {
-            through,
+            through_revision: through,
             diagnostics,
             next_before,
         })

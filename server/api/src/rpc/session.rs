@@ -297,8 +297,8 @@ pub async fn source(ctx: Ctx, p: SessionSourceParams) -> ApiResult<SessionSource
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn context(ctx: Ctx, p: SessionContextParams) -> ApiResult<SessionContextResult> {
     let me = ctx.principal()?;
-    let request = ctx.state.store.context(&me.tenant_id, &p.session_id, p.through).await?;
-    Ok(SessionContextResult { request })
+    let (through, request) = ctx.state.store.context(&me.tenant_id, &p.session_id, p.through).await?;
+    Ok(SessionContextResult { through, request })
 }
 
 /// `session.compact`: summarize the history so far into a handoff row (SPEC §4.17).
@@ -365,7 +365,7 @@ pub async fn diagnostics(ctx: Ctx, p: SessionDiagnosticsParams) -> ApiResult<Ses
     Ok(ctx
         .state
         .store
-        .diagnostics(&me.tenant_id, &p.session_id, p.through, p.before, limit)
+        .diagnostics(&me.tenant_id, &p.session_id, p.through_revision, p.before, limit)
         .await?)
 }
 
