@@ -17,9 +17,10 @@ use berth_client::{
         SessionSend, SessionSource, SessionStop, WorkspaceList,
     },
     protocol::{
-        Event, EventPayload, INTERACTION_APPROVAL, Interaction, LiveItem, RowKind, SessionCreateParams,
-        SessionForkParams, SessionHistoryParams, SessionListParams, SessionRef, SessionRespondParams,
-        SessionSearchParams, SessionSendParams, SessionSourceParams, SessionStopParams, WatchItem,
+        Event, EventPayload, INTERACTION_APPROVAL, Interaction, InteractionKind, LiveItem, RowKind,
+        SessionCreateParams, SessionForkParams, SessionHistoryParams, SessionListParams, SessionRef,
+        SessionRespondParams, SessionSearchParams, SessionSendParams, SessionSourceParams, SessionStopParams,
+        WatchItem,
     },
 };
 use serde::{Deserialize, Serialize};
@@ -461,13 +462,7 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
 
 /// Ask about an interaction at the prompt (on stderr when stdout is JSON).
 fn ask(interaction: &Interaction, json: bool) -> std::io::Result<()> {
-    let question = if interaction.kind == INTERACTION_APPROVAL {
-        let tool = interaction.tool.as_ref().map_or("tool", |t| t.name.as_str());
-        format!("[approve {tool} {}? y/n] ", interaction.input)
-    } else {
-        let options = interaction.options.as_deref().unwrap_or_default().join(" / ");
-        format!("[question {} ({options}; empty for none)] ", interaction.input)
-    };
+    let question = prompt_for(interaction);
     if json {
         eprint!("{question}");
         std::io::stderr().flush()
@@ -478,15 +473,64 @@ fn ask(interaction: &Interaction, json: bool) -> std::io::Result<()> {
     }
 }
 
+/// The prompt line for an interaction: an approval names its tool and input; a question
+/// (the model's `ask_user`) shows its text and how to answer by kind — a numbered choice,
+/// y/n, or free text — and whether it may be skipped (an empty line).
+fn prompt_for(interaction: &Interaction) -> String {
+    if interaction.kind == INTERACTION_APPROVAL {
+        let tool = interaction.tool.as_ref().map_or("tool", |t| t.name.as_str());
+        return format!("[approve {tool} {}? y/n] ", interaction.input);
+    }
+    let text = match interaction.input.get("question").and_then(|q| q.as_str()) {
+        Some(q) => q.to_string(),
+        None => interaction.input.to_string(),
+    };
+    let skip = interaction
+        .params
+        .as_ref()
+        .and_then(|p| p.get("allowSkip"))
+        .and_then(|a| a.as_bool())
+        .unwrap_or(true);
+    let skip = if skip { "; empty to skip" } else { "" };
+    let options = interaction.options.as_deref().unwrap_or_default();
+    match InteractionKind::parse(&interaction.kind) {
+        Some(InteractionKind::Confirm) => format!("[question] {text} (y/n{skip}) "),
+        Some(InteractionKind::Text) => format!("[question] {text} (your answer{skip}) "),
+        _ => {
+            let numbered: Vec<String> = options
+                .iter()
+                .enumerate()
+                .map(|(i, o)| format!("{}) {o}", i + 1))
+                .collect();
+            format!("[question] {text} {} (number{skip}) ", numbered.join(" "))
+        }
+    }
+}
+
 /// The `session.respond` answer a line typed at the prompt gives: `y`/`yes` approves
-/// (anything else denies); a question takes the line as its choice (empty: none).
+/// (anything else denies); a question takes the line as its answer (empty: none): a
+/// `confirm` reads y/n as `yes`/`no`, a choice also reads an option's number.
 fn answer_for(interaction: &Interaction, line: &str) -> serde_json::Value {
     let line = line.trim();
     if interaction.kind == INTERACTION_APPROVAL {
-        serde_json::json!({"approved": matches!(line.to_lowercase().as_str(), "y" | "yes")})
-    } else {
-        serde_json::json!({"choice": (!line.is_empty()).then_some(line)})
+        return serde_json::json!({"approved": matches!(line.to_lowercase().as_str(), "y" | "yes")});
     }
+    if line.is_empty() {
+        return serde_json::json!({"choice": null});
+    }
+    let options = interaction.options.as_deref().unwrap_or_default();
+    let choice = match InteractionKind::parse(&interaction.kind) {
+        Some(InteractionKind::Confirm) => match line.to_lowercase().as_str() {
+            "y" | "yes" => "yes".to_string(),
+            "n" | "no" => "no".to_string(),
+            _ => line.to_string(),
+        },
+        _ => match line.parse::<usize>() {
+            Ok(n) if n >= 1 && n <= options.len() && !options.iter().any(|o| o == line) => options[n - 1].clone(),
+            _ => line.to_string(),
+        },
+    };
+    serde_json::json!({"choice": choice})
 }
 
 /// The password: from the terminal with echo off, or a line of standard input (scripts).
@@ -710,4 +754,40 @@ async fn chat(remote: Remote, session: Option<String>, workspace: Option<String>
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn question(kind: &str, options: Option<&[&str]>, allow_skip: bool) -> Interaction {
+        serde_json::from_value(serde_json::json!({
+            "interactionId": "int_1", "kind": kind, "sessionId": "ses_1", "turnId": "trn_1",
+            "input": {"question": "Which branch?"},
+            "options": options, "params": {"allowSkip": allow_skip},
+            "fallback": {"choice": null}, "createdAt": "t", "expiresAt": "t", "state": "pending",
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn questions_are_asked_and_answered_by_their_kind() {
+        let choice = question("choice", Some(&["main", "dev"]), false);
+        assert_eq!(prompt_for(&choice), "[question] Which branch? 1) main 2) dev (number) ");
+        assert_eq!(answer_for(&choice, "2\n"), serde_json::json!({"choice": "dev"}));
+        assert_eq!(answer_for(&choice, "main"), serde_json::json!({"choice": "main"}));
+        let confirm = question("confirm", Some(&["yes", "no"]), true);
+        assert_eq!(prompt_for(&confirm), "[question] Which branch? (y/n; empty to skip) ");
+        assert_eq!(answer_for(&confirm, "Y"), serde_json::json!({"choice": "yes"}));
+        assert_eq!(answer_for(&confirm, ""), serde_json::json!({"choice": null}));
+        let text = question("text", None, true);
+        assert_eq!(
+            prompt_for(&text),
+            "[question] Which branch? (your answer; empty to skip) "
+        );
+        assert_eq!(
+            answer_for(&text, "feature/x"),
+            serde_json::json!({"choice": "feature/x"})
+        );
+    }
 }
