@@ -201,12 +201,23 @@ export type Branch = {
  */
 export type Cause = {
   /**
-   * `provider-unreachable`, `provider-status`, `provider-timeout`, `provider-protocol`,
-   * `tool-failed`, `worker-lost`, `internal`.
+   * A [`CauseCode`](crate::CauseCode), or `refused-<error code>`.
    */
-  "code": string;
+  "code": CauseCodeOrRefused;
   "status"?: number;
 };
+
+/**
+ * Why a turn, a step, a title or a summary failed (`cause.code`). Besides these, a
+ * worker whose request the server refused reports `refused-<error code>`
+ * ([`CauseCode::refused`]).
+ */
+export type CauseCode = ("provider-unreachable" | "provider-timeout" | "provider-response-too-large" | "provider-unconfigured" | "base-url-not-allowed" | "internal" | "bad-params" | "rate-limited" | "turn-not-running" | "payload-too-large" | "unavailable" | "provider-status" | "provider-protocol" | "provider-failed" | "provider-rate-limited" | "provider-stream-ended" | "context-overflow" | "step-rejected" | "history-unreadable" | "step-limit" | "worker-lost" | "title-empty" | "summary-empty" | "attachment-unavailable" | "attachment-corrupt" | "mcp-server-unavailable" | "unauthorized");
+
+/**
+ * A `CauseCode`, or `refused-<error code>` when the server refused the worker's request.
+ */
+export type CauseCodeOrRefused = (CauseCode | string);
 
 /**
  * A child session's turn ended: the child, its turn, and how it ended. Appended to the
@@ -381,12 +392,24 @@ export type Diagnostic = {
    */
   "diagnosticRevision": number;
   /**
-   * `execution`, `model-step`, `title`, `tool` (something a turn went on without, e.g. an
-   * MCP server that did not start: `mcp-server-unavailable`).
+   * A [`DiagnosticKind`](crate::DiagnosticKind): `tool` is something a turn went on
+   * without (e.g. an MCP server that did not start: `mcp-server-unavailable`).
    */
-  "kind": string;
+  "kind": DiagnosticKind;
   "sequence"?: number;
   "turnId"?: string;
+};
+
+/**
+ * What failed, for a diagnostic record.
+ */
+export type DiagnosticKind = ("execution" | "model-step" | "title" | "tool" | "compaction");
+
+/**
+ * A `session.watchDiagnostics` item: the session's diagnostic revision now.
+ */
+export type DiagnosticsRevision = {
+  "diagnosticRevision": number;
 };
 
 export type Disabled = {
@@ -500,6 +523,8 @@ export type EventPayload = (SessionCreated & {
   "type": "child.turnEnded";
 });
 
+export type FileContentKind = "text" | "image";
+
 export type FileEntry = {
   "kind": FileKind;
   /**
@@ -519,7 +544,7 @@ export type FileKind = ("file" | "dir" | "other" | "symlink");
  */
 export type FilesListParams = {
   /**
-   * The `next` of the previous page.
+   * The `nextAfter` of the previous page.
    */
   "after"?: string | null;
   /**
@@ -546,6 +571,37 @@ export type FilesListResult = {
 };
 
 /**
+ * A `files.read` item: `begin`, `chunk`s, `end`; or one explicit outcome instead.
+ */
+export type FilesReadItem = ({
+  "kind": FileContentKind;
+  "mime": string;
+  "size": number;
+  "type": "begin";
+  "version": string;
+} | {
+  "dataBase64": string;
+  "offset": number;
+  "type": "chunk";
+} | {
+  "replaced"?: boolean;
+  "sha256": string;
+  "size": number;
+  "type": "end";
+  "version": string;
+} | {
+  "type": "absent";
+} | {
+  "type": "changed";
+  "version": string;
+} | {
+  "type": "binary";
+} | {
+  "reason": string;
+  "type": "unsupported";
+});
+
+/**
  * `files.read` parameters.
  */
 export type FilesReadParams = {
@@ -563,6 +619,16 @@ export type FilesReadParams = {
  */
 export type FilesWatchEnd = ({
   "type": "unavailable";
+});
+
+/**
+ * A `files.watch` item.
+ */
+export type FilesWatchItem = ({
+  "directoryIdentity": string;
+  "type": "ready";
+} | {
+  "type": "changed";
 });
 
 /**
@@ -742,7 +808,10 @@ export type Interaction = {
    */
   "input": unknown;
   "interactionId": string;
-  "kind": string;
+  /**
+   * An [`InteractionKind`](crate::InteractionKind).
+   */
+  "kind": InteractionKind;
   /**
    * The choices a question offers.
    */
@@ -761,6 +830,12 @@ export type Interaction = {
   "tool"?: (InteractionTool);
   "turnId": string;
 };
+
+/**
+ * What an interaction asks: an approval, or one of the question kinds (the model's
+ * `ask_user` tool), answered `{choice: string|null}` (null: skipped, or no answer).
+ */
+export type InteractionKind = ("approval" | "choice" | "text" | "confirm");
 
 /**
  * An interaction's answer: `{approved}` for approvals, `{choice}` for questions.
@@ -927,6 +1002,13 @@ export type ModelChanged = {
 };
 
 export type ModelCompleted = {
+  /**
+   * The model step within the turn that completed (0, 1, …): the same `step` as the
+   * `model.delta` items that streamed it, so that a client drops exactly that step's live
+   * text (and ignores any of it that arrives later). Absent only in events stored before
+   * Berth named it.
+   */
+  "step"?: number;
   "usage"?: (Usage);
 };
 
@@ -974,13 +1056,26 @@ export type Nothing = Record<string, unknown>;
  * A notice: a fact for the client to word, never a sentence.
  */
 export type Notice = {
-  "code": string;
   /**
-   * `info`, `warning` or `error`.
+   * A [`NoticeCode`](crate::NoticeCode); `params` depend on it.
    */
-  "level": string;
+  "code": NoticeCode;
+  /**
+   * A [`NoticeLevel`](crate::NoticeLevel).
+   */
+  "level": NoticeLevel;
   "params"?: unknown;
 };
+
+/**
+ * What a notice (`session.notice`, `hello`'s `notices`) says; its `params` depend on it.
+ */
+export type NoticeCode = ("provider-unconfigured" | "workspace-offline" | "context-compacted" | "step-limit" | "mcp-server-unavailable");
+
+/**
+ * How much a notice matters.
+ */
+export type NoticeLevel = "info" | "warning" | "error";
 
 export type OperationReceiptParams = {
   "operationId": string;
@@ -1212,15 +1307,16 @@ export type Removed = {
 };
 
 /**
- * Live items were dropped for this watcher (it read too slowly). Drop the live view
- * (streamed text, phase): a `state` item and the running step's text from offset 0 follow.
- * History events are never dropped.
+ * Live items may have been lost for this watcher (it read too slowly, or its replica's
+ * connection to the other replicas' live output was re-established). Drop the live view
+ * (streamed text, phase): any history events not yet sent, a `state` item and the running
+ * step's text from offset 0 follow. History events are never dropped.
  */
 export type Resync = {
   "reason": ResyncReason;
 };
 
-export type ResyncReason = ("lagged");
+export type ResyncReason = ("lagged" | "reconnected");
 
 export type Revoked = {
   "revoked": boolean;
@@ -1346,6 +1442,11 @@ export type SessionContextParams = {
  */
 export type SessionContextResult = {
   "request"?: (ContextReport | null);
+  /**
+   * The history sequence fence the report was read under: the `through` asked for
+   * (at most the session's last sequence), or the last sequence when none was.
+   */
+  "through": number;
 };
 
 /**
@@ -1368,6 +1469,11 @@ export type SessionCreateParams = {
    * How many levels of sessions below this one it may start (sub-agents, a
    * coordinator's children), at most [`MAX_DELEGATION_DEPTH`]; default 1, or 2 for a
    * coordinator (so that its children may still start sub-agents).
+   *
+   * A budget that counts **down**: a child gets one less, and 0 starts nothing. This is
+   * the opposite direction of the client protocol it came from, whose `delegation_depth`
+   * counts **up** (how deep the client itself already is, 0 at the top, checked against
+   * a fixed limit). A client bridging from there sends `MAX_DELEGATION_DEPTH - its depth`.
    */
   "delegationDepth"?: number;
   /**
@@ -1394,13 +1500,21 @@ export type SessionDiagnosticsParams = {
   "before"?: number;
   "limit"?: number;
   "sessionId": string;
-  "through"?: number;
+  /**
+   * The fence: the diagnostic revision (not a history sequence) the pages are read
+   * under; absent for the current one, then pass back the answer's `throughRevision`.
+   * Also read as `through`, its earlier name.
+   */
+  "throughRevision"?: number;
 };
 
 export type SessionDiagnosticsResult = {
   "diagnostics": Array<Diagnostic>;
   "nextBefore"?: number;
-  "through": number;
+  /**
+   * The diagnostic revision fence these pages are read under.
+   */
+  "throughRevision": number;
 };
 
 /**
@@ -1637,7 +1751,8 @@ export type SessionSnapshot = {
   "channel"?: string;
   "createdAt": string;
   /**
-   * How many levels of sessions below it this one may still start.
+   * How many levels of sessions below it this one may still start (a budget counting
+   * down: a child has one less; see [`SessionCreateParams::delegation_depth`]).
    */
   "delegationDepth": number;
   "effectiveModelId"?: string;
@@ -1836,7 +1951,10 @@ export type ToolCallStatus = {
 export type ToolInfo = {
   "callId": string;
   "name": string;
-  "status": string;
+  /**
+   * A [`ToolStatus`](crate::worker::ToolStatus).
+   */
+  "status": ToolStatus;
 };
 
 export type ToolSchemaSize = {
@@ -2102,7 +2220,10 @@ export type MethodName = keyof Methods;
 
 /** Subscription methods and the items they deliver. */
 export interface Subscriptions {
+  "files.read": FilesReadItem;
+  "files.watch": FilesWatchItem;
   "session.watch": WatchItem;
+  "session.watchDiagnostics": DiagnosticsRevision;
 }
 
 export type WireEvent = Event;

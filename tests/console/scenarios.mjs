@@ -3,7 +3,7 @@
 // Debian, driven by playwright-core. Prints one `ok <step>` line per step; any failure
 // exits non-zero with the reason. Secrets are never printed.
 //
-//   node scenarios.mjs <admin|member|reading>
+//   node scenarios.mjs <admin|member|reading|question>
 //
 // Environment: BERTH_URL, BERTH_PLAYWRIGHT_CORE (path of playwright-core's index.mjs),
 // BERTH_CHROMIUM, BERTH_SHOTS (screenshot dir), and per scenario: BERTH_ADMIN_TOKEN;
@@ -443,10 +443,39 @@ async function readingScenario() {
   clean(phone);
 }
 
+/// The model asks a question (its ask_user tool): the page shows the question with a button
+/// per option, and the member's pick answers it; the turn goes on with the answer.
+async function questionScenario() {
+  const page = await newPage('question');
+  await page.goto(base + '/');
+  await signInWithPassword(page, env('BERTH_MEMBER_EMAIL'), env('BERTH_MEMBER_PASSWORD'));
+  await page.getByRole('link', { name: env('BERTH_WORKSPACE_TITLE') }).click();
+  await page.getByRole('heading', { name: /^Sessions in/ }).waitFor();
+  await page.getByLabel('Title (optional)', { exact: true }).fill('question session');
+  await page.getByRole('button', { name: 'Create session' }).click();
+  await page.getByRole('heading', { name: 'question session' }).waitFor();
+  await page.getByLabel('Prompt', { exact: true }).fill('Merge it, please.');
+  await page.getByLabel('Prompt', { exact: true }).press('Control+Enter');
+  const question = page.getByRole('group', { name: 'Question' });
+  await question.waitFor();
+  check((await question.textContent()).includes('Which branch?'), 'the question shows its text');
+  check(await question.getByRole('button', { name: 'Skip' }).count() === 0, 'allowSkip: false offers no Skip');
+  await shot(page, 'session-question');
+  await question.getByRole('button', { name: 'dev', exact: true }).click();
+  await question.waitFor({ state: 'detached' });
+  ok('member answered the question');
+  await page.locator('li.row.assistant', { hasText: 'Merged into dev.' }).waitFor();
+  await page.locator('li.marker', { hasText: 'Turn completed' }).waitFor();
+  ok('the turn went on with the answer');
+  clean(page);
+}
+
+
 try {
   if (scenario === 'admin') await adminScenario();
   else if (scenario === 'member') await memberScenario();
   else if (scenario === 'reading') await readingScenario();
+  else if (scenario === 'question') await questionScenario();
   else throw new Error(`unknown scenario ${scenario}`);
 } catch (e) {
   console.error(`FAILED ${scenario}: ${e.message}`);

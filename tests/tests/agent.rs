@@ -129,6 +129,7 @@ async fn a_turn_writes_a_file_runs_a_command_that_reads_it_and_answers() {
             "glob",
             "search_files",
             "update_plan",
+            "ask_user",
             "delegate"
         ]
     );

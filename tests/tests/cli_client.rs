@@ -565,3 +565,47 @@ async fn titles_the_current_directory_and_colour_at_a_terminal_only() {
         assert!(out.contains(marker) && out.contains("doctor"), "{shell}: {out}");
     }
 }
+
+/// `berth chat` asks the model's question (`ask_user`) at the prompt by its kind — a
+/// numbered choice — and the number typed is the answer the model's next request carries.
+#[tokio::test]
+async fn a_question_of_the_model_answered_at_the_chat_prompt() {
+    let mock = MockProvider::start().await;
+    mock.push(Reply::tools(
+        &[(
+            "q1",
+            "ask_user",
+            serde_json::json!({"kind": "choice", "question": "Which branch?", "options": ["main", "dev"]}),
+        )],
+        8,
+    ));
+    mock.push(Reply::text(&["merged into ", "dev"]));
+    let stack = Stack::start(&mock, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &stack.token).unwrap();
+    let command = format!(
+        "exec {} chat --server http://{} --token-file {} --workspace {}",
+        berth_bin().display(),
+        stack.servers[0].addr,
+        token_file.display(),
+        stack.workspace_id
+    );
+    let mut term = Terminal::start(&command, dir.path());
+    term.wait_for("session ses_").await;
+    term.type_keys(b"merge it\r").await;
+    term.wait_for("[question] Which branch? 1) main 2) dev (number; empty to skip)")
+        .await;
+    term.type_keys(b"2\r").await;
+    term.wait_for("merged into dev").await;
+    let answered = mock.requests().iter().any(|r| {
+        r["messages"].as_array().is_some_and(|m| {
+            m.iter()
+                .any(|m| m["role"] == "tool" && m["tool_call_id"] == "q1" && m["content"] == r#"{"answer":"dev"}"#)
+        })
+    });
+    assert!(answered, "the model reads the answer: {}", term.text());
+    term.wait_for("merged into dev\r\n> ").await;
+    term.type_keys(b"\x03").await;
+    assert!(term.exit_status().await.success(), "{}", term.text());
+}

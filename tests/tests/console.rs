@@ -308,3 +308,44 @@ async fn a_member_reads_markdown_turn_ends_and_a_stopped_turn_also_on_a_phone() 
         "the denied call did not run"
     );
 }
+
+/// Issue 51: the model's question (`ask_user`) is drawn with answer controls by its kind and
+/// the member's click answers it; the model's next request carries the answer.
+#[tokio::test]
+async fn a_member_answers_the_models_question_in_the_browser() {
+    let Some(b) = browser("a_member_answers_the_models_question_in_the_browser") else {
+        return;
+    };
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut admin = stack.client(0).await;
+    let (email, password) = ("asked@example.com", "correct horse battery staple");
+    admin
+        .ok(
+            "admin.user.create",
+            json!({"email": email, "password": password, "role": "member"}),
+        )
+        .await;
+    let ask = json!({"kind": "choice", "question": "Which branch?", "options": ["main", "dev"], "allow_skip": false});
+    mock.push(Reply::tools(&[("q1", "ask_user", ask)], 16));
+    mock.push(Reply::text(&["Merged into dev."]));
+    let base = format!("http://{}", stack.servers[0].addr);
+    run_scenario(
+        &b,
+        "question",
+        &base,
+        &[
+            ("BERTH_MEMBER_EMAIL", email),
+            ("BERTH_MEMBER_PASSWORD", password),
+            ("BERTH_WORKSPACE_TITLE", "proj"),
+        ],
+    )
+    .await;
+    let answered = mock.requests().iter().any(|r| {
+        r["messages"].as_array().is_some_and(|m| {
+            m.iter()
+                .any(|m| m["role"] == "tool" && m["tool_call_id"] == "q1" && m["content"] == r#"{"answer":"dev"}"#)
+        })
+    });
+    assert!(answered, "the model reads the member's answer");
+}

@@ -610,7 +610,11 @@ async fn session_context_reports_the_latest_request_with_the_providers_usage() {
     let mut c = stack.client(0).await;
     let sid = stack.session(&mut c).await;
     let none = c.ok("session.context", json!({"sessionId": sid})).await;
-    assert_eq!(none, json!({"request": null}));
+    assert_eq!(
+        none,
+        json!({"through": 1, "request": null}),
+        "the fence it used: the last sequence"
+    );
     let mut w = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     mock.push(answer());
     c.ok(
@@ -619,7 +623,9 @@ async fn session_context_reports_the_latest_request_with_the_providers_usage() {
     )
     .await;
     let end = w.until(60, is_turn_end).await.unwrap().pop().unwrap();
-    let report = c.ok("session.context", json!({"sessionId": sid})).await["request"].clone();
+    let latest = c.ok("session.context", json!({"sessionId": sid})).await;
+    assert!(latest["through"].as_i64() >= end["sequence"].as_i64(), "{latest}");
+    let report = latest["request"].clone();
     assert_eq!(report["turnId"], end["turnId"]);
     assert_eq!(report["provider"], "default");
     assert_eq!(report["model"], "mock-model");
@@ -655,6 +661,15 @@ async fn session_context_reports_the_latest_request_with_the_providers_usage() {
     // A fence before the request: nothing yet.
     let before = c.ok("session.context", json!({"sessionId": sid, "through": 1})).await;
     assert_eq!(before["request"], Value::Null);
+    assert_eq!(before["through"], 1, "the fence asked for");
+    let beyond = c
+        .ok("session.context", json!({"sessionId": sid, "through": 1_000_000}))
+        .await;
+    assert!(
+        beyond["through"].as_i64() < Some(1_000_000),
+        "at most the last sequence: {beyond}"
+    );
+    assert_eq!(beyond["request"], report);
     // A fork does not inherit its source's requests.
     let revision = c.ok("session.get", json!({"sessionId": sid})).await["historyRevision"].clone();
     let fork = c

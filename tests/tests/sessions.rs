@@ -964,17 +964,19 @@ async fn worker_lost_mid_turn_interrupts_with_a_diagnostic() {
     let older = c
         .ok(
             "session.diagnostics",
-            json!({"sessionId": sid, "through": diags["through"], "limit": 1}),
+            json!({"sessionId": sid, "throughRevision": diags["throughRevision"], "limit": 1}),
         )
         .await;
     assert_eq!(older["diagnostics"].as_array().unwrap().len(), 1);
     let next = c
         .ok(
             "session.diagnostics",
-            json!({"sessionId": sid, "through": diags["through"], "before": older["nextBefore"]}),
+            // `through`, its earlier name, is still read.
+            json!({"sessionId": sid, "through": diags["throughRevision"], "before": older["nextBefore"]}),
         )
         .await;
     assert_eq!(next["diagnostics"][0]["kind"], "execution");
+    assert_eq!(next["throughRevision"], diags["throughRevision"]);
 }
 
 /// `session.list`: `updatedAt` desc then id desc, paged, with phase and queue counts.

@@ -262,10 +262,24 @@ export function sessionView(ctx, view, sessionId) {
             h('button', { type: 'button', class: 'primary', onclick: () => answer({ approved: true }) }, 'Approve'),
             h('button', { type: 'button', class: 'danger', onclick: () => answer({ approved: false }) }, 'Deny')));
       }
-      return h('div', { class: 'interaction', role: 'group', 'aria-label': 'Question', dataset: { interaction: it.interactionId } },
-        h('p', {}, 'The agent asks:'), h('pre', {}, input),
-        h('div', { class: 'row' }, (it.options || []).map((o) => h('button', { type: 'button', onclick: () => answer({ choice: o }) }, o)),
-          h('button', { type: 'button', onclick: () => answer({ choice: null }) }, 'No answer')));
+      // A question (the model's ask_user): its text, then controls by kind — a button per
+      // option (choice), Yes/No (confirm) or a text field (text); Skip unless it may not be.
+      const text = typeof it.input?.question === 'string' ? it.input.question : input;
+      const skip = it.params?.allowSkip !== false
+        ? h('button', { type: 'button', onclick: () => answer({ choice: null }) }, 'Skip') : null;
+      let controls;
+      if (it.kind === 'text') {
+        const field = h('input', { type: 'text', 'aria-label': 'Your answer' });
+        controls = [field, h('button', { type: 'button', class: 'primary', onclick: () => field.value.trim() && answer({ choice: field.value.trim() }) }, 'Send')];
+      } else if (it.kind === 'confirm') {
+        controls = [h('button', { type: 'button', class: 'primary', onclick: () => answer({ choice: 'yes' }) }, 'Yes'),
+          h('button', { type: 'button', onclick: () => answer({ choice: 'no' }) }, 'No')];
+      } else {
+        controls = (it.options || []).map((o) => h('button', { type: 'button', onclick: () => answer({ choice: o }) }, o));
+      }
+      return h('div', { class: 'interaction', role: 'group', 'aria-label': 'Question', dataset: { interaction: it.interactionId, kind: it.kind } },
+        h('p', {}, 'The agent asks:'), h('p', { class: 'question' }, text),
+        h('div', { class: 'row' }, controls, skip));
     })] : null);
   }
 

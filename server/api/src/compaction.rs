@@ -4,6 +4,7 @@
 //! (`turn.compact`), a client with `session.compact`; both come here, so there is one
 //! summary and one way of writing it.
 
+use berth_protocol::CauseCode;
 use std::time::Duration;
 
 use berth_protocol::{Cause, Compaction, ErrorCode, Position, RowKind, SessionCompactResult};
@@ -93,9 +94,9 @@ pub(crate) async fn compact(
     let asked = complete::complete(state, tenant, target, messages, summary_tokens, SUMMARY_BYTES);
     let outcome = match tokio::time::timeout(BOUND, asked).await {
         Ok(Ok(text)) if !text.trim().is_empty() => Ok(text.trim().to_string()),
-        Ok(Ok(_)) => Err(providers::cause("summary-empty")),
+        Ok(Ok(_)) => Err(providers::cause(CauseCode::SummaryEmpty)),
         Ok(Err(cause)) => Err(cause),
-        Err(_) => Err(providers::cause("provider-timeout")),
+        Err(_) => Err(providers::cause(CauseCode::ProviderTimeout)),
     };
     let summary = match outcome {
         Ok(s) => s,
@@ -114,7 +115,7 @@ async fn failed(state: &AppState, tenant: &str, session_id: &str, cause: Cause) 
     tracing::info!(session.id = %session_id, code = %cause.code, "compaction failed");
     match state
         .store
-        .session_diagnostic(tenant, session_id, "compaction", &cause)
+        .session_diagnostic(tenant, session_id, berth_protocol::DiagnosticKind::Compaction, &cause)
         .await
     {
         Ok(()) => state.hub.event(session_id, 0),

@@ -2,6 +2,7 @@
 //! through a session's provider profile, metered like any other, read back into text.
 
 use berth_protocol::Cause;
+use berth_protocol::CauseCode;
 use serde_json::{Value, json};
 
 use crate::{AppState, providers, proxy};
@@ -27,21 +28,21 @@ pub(crate) async fn complete(
     let providers_now = state.config.providers.current();
     let profile = providers_now
         .get(target.provider)
-        .ok_or_else(|| providers::cause("provider-unconfigured"))?;
+        .ok_or_else(|| providers::cause(CauseCode::ProviderUnconfigured))?;
     let model = target
         .model
         .map(str::to_string)
         .or_else(|| state.config.model.model.clone())
-        .ok_or_else(|| providers::cause("provider-unconfigured"))?;
+        .ok_or_else(|| providers::cause(CauseCode::ProviderUnconfigured))?;
     let (base, with_key) =
-        proxy::endpoint(profile, target.base_url).ok_or_else(|| providers::cause("base-url-not-allowed"))?;
+        proxy::endpoint(profile, target.base_url).ok_or_else(|| providers::cause(CauseCode::BaseUrlNotAllowed))?;
     let mut max_tokens = max_tokens;
     if let Some(cap) = state.config.model.max_output_tokens {
         max_tokens = max_tokens.min(cap);
     }
     let chat = json!({"model": model, "max_tokens": max_tokens, "messages": messages});
     let Value::Object(chat) = chat else {
-        return Err(providers::cause("internal"));
+        return Err(providers::cause(CauseCode::Internal));
     };
     // No reasoning asked for: a title or a summary needs none.
     let outgoing = providers::request(profile.api, chat, None).encode();
@@ -98,7 +99,7 @@ pub(crate) async fn complete(
         return Err(cause);
     }
     if !done {
-        return Err(providers::cause("provider-stream-ended"));
+        return Err(providers::cause(CauseCode::ProviderStreamEnded));
     }
     Ok(text)
 }

@@ -289,6 +289,25 @@ impl Hub {
             ch.events.send_modify(|m| m.pokes += 1);
         }
     }
+
+    /// After the LISTEN connection was re-established: every watched session whose live
+    /// items come from another replica (this replica holds no running step of it) may have
+    /// missed some, so `item` (a `resync`) goes out on its live stream, after whatever was
+    /// relayed before it. Returns how many sessions got it.
+    pub fn resync_remote(&self, item: &serde_json::Value) -> usize {
+        let map = self.sessions.lock().expect("hub lock");
+        let item = Arc::new(item.clone());
+        let mut n = 0;
+        for ch in map
+            .values()
+            .filter(|ch| ch.partial.is_none() && ch.events.receiver_count() > 0)
+        {
+            if ch.live.send(item.clone()).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    }
 }
 
 /// An append in flight ([`Hub::appending`]); dropped, it wakes the watchers with what was
@@ -413,6 +432,29 @@ mod tests {
         hub.event("ses", 9);
         hub.committed(append, "ses", vec![event(8, 10)], 8);
         assert_eq!(sub.events.borrow().sequence, 9, "the newest of both");
+    }
+
+    #[test]
+    fn a_reconnect_resyncs_only_sessions_whose_live_items_come_from_elsewhere() {
+        let hub = Hub::default();
+        let mut remote = hub.subscribe("remote");
+        let mut local = hub.subscribe("local");
+        hub.local_delta(
+            "local",
+            "trn_1",
+            0,
+            "hi",
+            "",
+            serde_json::json!({"type": "model.delta"}),
+        );
+        assert_eq!(local.live.try_recv().unwrap()["type"], "model.delta");
+        let resync = serde_json::json!({"type": "resync", "reason": "reconnected"});
+        assert_eq!(hub.resync_remote(&resync), 1);
+        assert_eq!(*remote.live.try_recv().unwrap(), resync);
+        assert!(
+            local.live.try_recv().is_err(),
+            "its deltas come from this replica: none missed"
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The replica's one LISTEN connection: wakes local watchers on committed appends, kicks
 //! local worker connections when turns may be handed out, and relays other replicas'
 //! live deltas. Reconnects with backoff; after a reconnect every watcher is woken because
-//! notifications may have been missed while the connection was down. A connection can die
+//! notifications may have been missed while the connection was down, and every watcher of
+//! a turn running elsewhere gets `resync` (its live deltas may have been missed). A connection can die
 //! without a word (a half-open socket after a network failure or a failover), so it is
 //! probed with a trivial query on a timer; no answer in time counts as lost.
 
@@ -36,6 +37,17 @@ pub fn spawn(state: AppState) {
                     backoff = Duration::from_millis(100);
                     state.metrics.listen_up.set(1);
                     state.hub.poke_all();
+                    // Live output other replicas relayed meanwhile is lost for good: the
+                    // watchers that follow it start their live view again.
+                    let resync = berth_protocol::LiveItem::Resync(berth_protocol::Resync {
+                        reason: berth_protocol::ResyncReason::Reconnected,
+                    });
+                    let resynced = state
+                        .hub
+                        .resync_remote(&serde_json::to_value(&resync).unwrap_or_default());
+                    if resynced > 0 {
+                        tracing::info!(sessions = resynced, "listen connection back; watchers resync");
+                    }
                     state.workers.kick_all();
                     state.interactions.wake_all();
                     // Revocations sent while we were not listening were missed.

@@ -9,6 +9,7 @@
 //! on each replica; the body limit follows the model's context window. Failures answer
 //! `{"error": {code, status?}}` with a typed cause and never the provider's body.
 
+use berth_protocol::CauseCode;
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -325,12 +326,12 @@ pub(crate) async fn send_with_retries(
     let mut attempt = 0u32;
     loop {
         let retry_after = match tokio::time::timeout(res.first_byte_timeout, build().send()).await {
-            Err(_) => return Err(cause("provider-timeout", None)),
-            Ok(Err(e)) if e.is_timeout() => return Err(cause("provider-timeout", None)),
+            Err(_) => return Err(cause(CauseCode::ProviderTimeout, None)),
+            Ok(Err(e)) if e.is_timeout() => return Err(cause(CauseCode::ProviderTimeout, None)),
             Ok(Err(e)) => {
                 tracing::warn!(error = %without_url(&e), attempt, "provider unreachable");
                 if attempt >= res.max_retries {
-                    return Err(cause("provider-unreachable", None));
+                    return Err(cause(CauseCode::ProviderUnreachable, None));
                 }
                 None
             }
@@ -342,15 +343,15 @@ pub(crate) async fn send_with_retries(
                 let wait = retry_after(resp.headers());
                 if !retryable || attempt >= res.max_retries || wait.is_some_and(|w| w > res.max_retry_wait) {
                     return Err(match status {
-                        429 => cause("provider-rate-limited", Some(status)),
+                        429 => cause(CauseCode::ProviderRateLimited, Some(status)),
                         400 | 413 => {
                             if overflowed(resp).await {
-                                cause("context-overflow", None)
+                                cause(CauseCode::ContextOverflow, None)
                             } else {
-                                cause("provider-status", Some(status))
+                                cause(CauseCode::ProviderStatus, Some(status))
                             }
                         }
-                        _ => cause("provider-status", Some(status)),
+                        _ => cause(CauseCode::ProviderStatus, Some(status)),
                     });
                 }
                 wait
@@ -362,9 +363,9 @@ pub(crate) async fn send_with_retries(
     }
 }
 
-fn cause(code: &str, status: Option<u16>) -> Cause {
+fn cause(code: CauseCode, status: Option<u16>) -> Cause {
     Cause {
-        code: code.into(),
+        code: code.as_str().into(),
         status,
     }
 }
@@ -426,13 +427,13 @@ pub(crate) async fn pump(
             next = tokio::time::timeout(idle, body.next()) => next,
         };
         let chunk = match next {
-            Err(_) => break cause("provider-timeout", None),
+            Err(_) => break cause(CauseCode::ProviderTimeout, None),
             Ok(None) if translate.is_none() => {
                 meter.record().await;
                 return;
             }
-            Ok(None) => break cause("provider-stream-ended", None),
-            Ok(Some(Err(_))) => break cause("provider-unreachable", None),
+            Ok(None) => break cause(CauseCode::ProviderStreamEnded, None),
+            Ok(Some(Err(_))) => break cause(CauseCode::ProviderUnreachable, None),
             Ok(Some(Ok(b))) => b,
         };
         let Some(t) = translate.as_mut() else {

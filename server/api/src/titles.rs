@@ -3,6 +3,7 @@
 //! per session, bounded by [`TITLE_BOUND`]; a human title is never overwritten (the title
 //! is only set while still empty); a failure is a `title` diagnostic, never an error.
 
+use berth_protocol::CauseCode;
 use std::time::Duration;
 
 use berth_protocol::Cause;
@@ -40,7 +41,7 @@ pub(crate) fn spawn(state: AppState, tenant: String, session: String) {
         };
         let outcome = match tokio::time::timeout(TITLE_BOUND, ask(&state, &tenant, &source)).await {
             Ok(r) => r,
-            Err(_) => Err(providers::cause("provider-timeout")),
+            Err(_) => Err(providers::cause(CauseCode::ProviderTimeout)),
         };
         outcomes
             .with_label_values(&[if outcome.is_ok() { "named" } else { "failed" }])
@@ -49,7 +50,10 @@ pub(crate) fn spawn(state: AppState, tenant: String, session: String) {
             Ok(title) => state.store.set_auto_title(&tenant, &session, &title).await.map(|_| ()),
             Err(cause) => {
                 tracing::info!(session.id = %session, code = %cause.code, "automatic title failed");
-                state.store.session_diagnostic(&tenant, &session, "title", &cause).await
+                state
+                    .store
+                    .session_diagnostic(&tenant, &session, berth_protocol::DiagnosticKind::Title, &cause)
+                    .await
             }
         };
         match written {
@@ -72,7 +76,7 @@ async fn ask(state: &AppState, tenant: &str, source: &berth_store::TitleSource) 
         {"role": "user", "content": format!("User: {}\n\nAssistant: {}", source.prompt, source.answer)},
     ]);
     let text = complete::complete(state, tenant, target, messages, 32, 4096).await?;
-    clean(&text).ok_or_else(|| providers::cause("title-empty"))
+    clean(&text).ok_or_else(|| providers::cause(CauseCode::TitleEmpty))
 }
 
 /// The first line, unquoted, trimmed and cut to [`TITLE_MAX`] characters.

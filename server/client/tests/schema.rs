@@ -104,6 +104,102 @@ fn the_schema_covers_every_method_event_and_error_code() {
     }
 }
 
+/// Every `type` an item schema admits (the `const`s and `enum`s of `type` properties
+/// reachable through `$ref`, `oneOf`, `anyOf` and `allOf`).
+fn item_types(doc: &serde_json::Value, schema: &serde_json::Value, seen: &mut Vec<String>, out: &mut Vec<String>) {
+    if let Some(r) = schema.get("$ref").and_then(|r| r.as_str()) {
+        let name = r.trim_start_matches("#/$defs/").to_string();
+        if !seen.contains(&name) {
+            seen.push(name.clone());
+            item_types(doc, &doc["$defs"][&name], seen, out);
+        }
+    }
+    let ty = &schema["properties"]["type"];
+    out.extend(ty["const"].as_str().map(String::from));
+    out.extend(
+        ty["enum"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(String::from)),
+    );
+    for key in ["oneOf", "anyOf", "allOf"] {
+        for alt in schema[key].as_array().into_iter().flatten() {
+            item_types(doc, alt, seen, out);
+        }
+    }
+}
+
+/// Issue 51: every subscription's items are in the schema (and so in the TypeScript
+/// declarations), as declared with its method; the server treats exactly these methods as
+/// subscriptions. Leaving any subscription's items out fails here.
+#[test]
+fn the_schema_covers_every_subscriptions_items() {
+    let doc = schema::document();
+    let subs = doc["subscriptions"].as_object().expect("subscriptions");
+    let mut in_schema: Vec<&str> = subs.keys().map(String::as_str).collect();
+    in_schema.sort();
+    let mut declared = berth_protocol::SUBSCRIPTION_NAMES.to_vec();
+    declared.sort();
+    assert_eq!(in_schema, declared, "schema subscriptions vs methods!");
+    assert_eq!(
+        declared,
+        ["files.read", "files.watch", "session.watch", "session.watchDiagnostics"],
+        "the protocol's four subscriptions"
+    );
+    let types = |name: &str| {
+        let mut out = Vec::new();
+        item_types(&doc, &subs[name]["item"], &mut Vec::new(), &mut out);
+        out.sort();
+        out.dedup();
+        out
+    };
+    assert_eq!(
+        types("files.read"),
+        ["absent", "begin", "binary", "changed", "chunk", "end", "unsupported"]
+    );
+    assert_eq!(types("files.watch"), ["changed", "ready"]);
+    // The watch's end: `unavailable` (or null when closed) is the method's result.
+    let mut end = Vec::new();
+    item_types(
+        &doc,
+        &doc["methods"]["files.watch"]["result"],
+        &mut Vec::new(),
+        &mut end,
+    );
+    assert_eq!(end, ["unavailable"], "files.watch ends with unavailable");
+    let watch = types("session.watch");
+    let mut expected: Vec<String> = EventPayload::samples()
+        .iter()
+        .map(|p| p.type_name().to_string())
+        .chain(["model.delta", "phase", "state", "resync"].map(String::from))
+        .collect();
+    expected.sort();
+    assert_eq!(watch, expected, "every event and live item of session.watch");
+    let diagnostics = &subs["session.watchDiagnostics"]["item"];
+    let def = &doc["$defs"][diagnostics["$ref"]
+        .as_str()
+        .expect("a named item")
+        .trim_start_matches("#/$defs/")];
+    assert_eq!(
+        def["required"],
+        serde_json::json!(["diagnosticRevision"]),
+        "the diagnostics revision item"
+    );
+    // The TypeScript declarations name every subscription's items.
+    let ts = schema::typescript(&doc);
+    let block = &ts[ts.find("export interface Subscriptions {").expect("Subscriptions")..];
+    let block = &block[..block.find("\n}").unwrap()];
+    for (name, item) in [
+        ("files.read", "FilesReadItem"),
+        ("files.watch", "FilesWatchItem"),
+        ("session.watch", "WatchItem"),
+        ("session.watchDiagnostics", "DiagnosticsRevision"),
+    ] {
+        assert!(block.contains(&format!("\"{name}\": {item};")), "{name} in {block}");
+    }
+}
+
 #[test]
 fn the_checked_in_typescript_is_what_the_schema_generates() {
     let generated = schema::typescript(&schema::document());
@@ -246,4 +342,70 @@ fn every_method_takes_unknown_fields_and_null_for_what_may_be_absent() {
         serde_json::from_value(serde_json::json!({"worker": null, "note": null, "future": 1})).unwrap();
     assert!(!cred.worker && cred.note.is_empty());
     serde_json::from_value::<InteractionRef>(serde_json::json!({"interactionId": "i", "future": true})).unwrap();
+}
+
+/// Issue 51: the codes clients branch on are enumerated in the schema (their wire values).
+#[test]
+fn codes_are_enumerated_in_the_schema() {
+    let doc = schema::document();
+    let defs = &doc["$defs"];
+    // The values a field's schema admits, through `$ref`s and `anyOf`s.
+    fn values(doc: &serde_json::Value, s: &serde_json::Value, out: &mut Vec<String>) {
+        if let Some(r) = s["$ref"].as_str() {
+            values(doc, &doc["$defs"][r.trim_start_matches("#/$defs/")], out);
+        }
+        out.extend(
+            s["enum"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(String::from)),
+        );
+        out.extend(s["const"].as_str().map(String::from));
+        for key in ["oneOf", "anyOf"] {
+            for alt in s[key].as_array().into_iter().flatten() {
+                values(doc, alt, out);
+            }
+        }
+    }
+    let field = |def: &str, name: &str| {
+        let mut out = Vec::new();
+        values(&doc, &defs[def]["properties"][name], &mut out);
+        out
+    };
+    let mut levels = field("Notice", "level");
+    levels.sort();
+    assert_eq!(levels, ["error", "info", "warning"]);
+    assert!(field("Notice", "code").contains(&"step-limit".to_string()));
+    assert!(field("Diagnostic", "kind").contains(&"model-step".to_string()));
+    assert!(field("Cause", "code").contains(&"provider-status".to_string()));
+    assert!(field("ToolInfo", "status").contains(&"denied".to_string()));
+    let mut kinds = field("Interaction", "kind");
+    kinds.sort();
+    assert_eq!(kinds, ["approval", "choice", "confirm", "text"]);
+    for (def, name, all) in [
+        (
+            "Notice",
+            "code",
+            berth_protocol::NoticeCode::ALL
+                .iter()
+                .map(|c| c.as_str())
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "Diagnostic",
+            "kind",
+            berth_protocol::DiagnosticKind::ALL.iter().map(|c| c.as_str()).collect(),
+        ),
+        (
+            "Cause",
+            "code",
+            berth_protocol::CauseCode::ALL.iter().map(|c| c.as_str()).collect(),
+        ),
+    ] {
+        let (mut got, mut all) = (field(def, name), all);
+        got.sort();
+        all.sort();
+        assert_eq!(got, all, "{def}.{name}");
+    }
 }

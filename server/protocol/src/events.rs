@@ -166,6 +166,12 @@ pub struct TurnQueued {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelCompleted {
+    /// The model step within the turn that completed (0, 1, …): the same `step` as the
+    /// `model.delta` items that streamed it, so that a client drops exactly that step's live
+    /// text (and ignores any of it that arrives later). Absent only in events stored before
+    /// Berth named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }
@@ -333,6 +339,7 @@ impl EventPayload {
             EventPayload::TurnQueued(TurnQueued { entry: entry.clone() }),
             EventPayload::TurnStarted(Nothing {}),
             EventPayload::ModelCompleted(ModelCompleted {
+                step: Some(1),
                 usage: Some(Usage {
                     input_tokens: 1,
                     output_tokens: 2,
@@ -454,9 +461,10 @@ pub struct WatchState {
     pub pending_interactions: Vec<crate::Interaction>,
 }
 
-/// Live items were dropped for this watcher (it read too slowly). Drop the live view
-/// (streamed text, phase): a `state` item and the running step's text from offset 0 follow.
-/// History events are never dropped.
+/// Live items may have been lost for this watcher (it read too slowly, or its replica's
+/// connection to the other replicas' live output was re-established). Drop the live view
+/// (streamed text, phase): any history events not yet sent, a `state` item and the running
+/// step's text from offset 0 follow. History events are never dropped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
@@ -470,6 +478,9 @@ pub struct Resync {
 pub enum ResyncReason {
     /// The watcher fell behind the live stream.
     Lagged,
+    /// The replica's `LISTEN` connection (which carries the other replicas' live output)
+    /// was lost and re-established: live items sent meanwhile may have been missed.
+    Reconnected,
 }
 
 /// The live-only items of a watch (no `sequence`).

@@ -14,8 +14,12 @@
 //!   SPEC names but this release does not offer yet answer `unsupported {field}`.
 //! - **One cursor convention.** A paged method answers `next<Cursor>` (`nextAfter`,
 //!   `nextBefore`, `nextOffset`); the client passes it back unchanged as `<cursor>` (`after`,
-//!   `before`, `offset`) with every other parameter, including the `through` fence, kept
-//!   fixed. An absent `next<Cursor>` ends the walk. Cursors are opaque unless documented.
+//!   `before`, `offset`) with every other parameter, including the fence, kept fixed. An
+//!   absent `next<Cursor>` ends the walk. Cursors are opaque unless documented.
+//! - **Fences are named for what they fence and answered back.** `through` is a history
+//!   sequence (`session.history`, `session.search`, `session.context`);
+//!   `throughRevision` is a diagnostic revision (`session.diagnostics`, also read as
+//!   `through`). A method that takes a fence answers the one it used.
 //! - **Revisions are named for what they guard:** `historyRevision` (the session's history,
 //!   guards fork), `queueRevision` (one queue entry, guards `queue.*`) and
 //!   `diagnosticRevision` (the diagnostics log, its own counter).
@@ -34,6 +38,7 @@ where
 
 pub mod agents;
 pub mod batch;
+pub mod codes;
 pub mod error;
 pub mod events;
 pub mod jsonrpc;
@@ -48,6 +53,7 @@ pub mod types;
 pub mod worker;
 
 pub use agents::*;
+pub use codes::{CauseCode, DiagnosticKind, InteractionKind, NoticeCode, NoticeLevel};
 pub use error::{ErrorCode, RpcError};
 pub use events::*;
 pub use mcp::*;
@@ -78,8 +84,25 @@ pub trait Method {
     type Result: serde::de::DeserializeOwned + serde::Serialize + Send + 'static;
 }
 
+/// A method answered by a subscription: items (`subscription.item {id, item}`) until it
+/// ends with its result or is closed.
+pub trait Subscription: Method {
+    type Item: serde::de::DeserializeOwned + serde::Serialize + Send + 'static;
+}
+
+/// The name of a subscription method (`methods!` names one per `=> items`).
+macro_rules! subscription_name {
+    ($name:literal, $item:ty) => {
+        $name
+    };
+}
+
+/// Every method, declared once: `Marker = "wire.name" (Params) -> Result;`, and for a
+/// subscription `-> Result => items Item;`. The method markers, [`METHOD_NAMES`],
+/// [`SUBSCRIPTION_NAMES`] and the schema document (methods and subscriptions with their
+/// items) all come from this one list.
 macro_rules! methods {
-    ($( $(#[$doc:meta])* $ty:ident = $name:literal ($params:ty) -> $result:ty; )*) => {
+    ($( $(#[$doc:meta])* $ty:ident = $name:literal ($params:ty) -> $result:ty $(=> items $item:ty)?; )*) => {
         /// Client-facing methods, one marker type each.
         pub mod method {
             use super::*;
@@ -91,10 +114,21 @@ macro_rules! methods {
                     type Params = $params;
                     type Result = $result;
                 }
+                $(impl Subscription for $ty {
+                    type Item = $item;
+                })?
             )*
         }
         /// The wire names of every client-facing method, in declaration order.
         pub const METHOD_NAMES: &[&str] = &[$($name),*];
+        /// The wire names of the methods answered by a subscription, in declaration order.
+        pub const SUBSCRIPTION_NAMES: &[&str] = &[$($(subscription_name!($name, $item),)?)*];
+
+        /// Every subscription's name with its items' schema, in declaration order.
+        #[cfg(feature = "schema")]
+        fn subscription_schemas(generator: &mut schemars::SchemaGenerator) -> Vec<(&'static str, schemars::Schema)> {
+            vec![$($(($name, generator.subschema_for::<$item>()),)?)*]
+        }
 
         /// Every method's name with its params and result schemas, in declaration order.
         #[cfg(feature = "schema")]
@@ -137,9 +171,9 @@ methods! {
     FilesList = "files.list" (FilesListParams) -> FilesListResult;
     /// Subscription: `ready`, then `changed` whenever the directory needs rereading; ends
     /// with `unavailable` when the directory goes away.
-    FilesWatch = "files.watch" (FilesWatchParams) -> Option<FilesWatchEnd>;
+    FilesWatch = "files.watch" (FilesWatchParams) -> Option<FilesWatchEnd> => items FilesWatchItem;
     /// Subscription: one file's content as `begin`, `chunk`s and `end` (or one outcome item).
-    FilesRead = "files.read" (FilesReadParams) -> ();
+    FilesRead = "files.read" (FilesReadParams) -> () => items FilesReadItem;
     /// Create a session in a workspace.
     SessionCreate = "session.create" (SessionCreateParams) -> SessionSnapshot;
     /// A session's snapshot.
@@ -155,7 +189,7 @@ methods! {
     SessionHistory = "session.history" (SessionHistoryParams) -> SessionHistoryResult;
     /// Subscription: every event after `after`, then a `state` item, then live; items are
     /// [`WatchItem`]s. The final value is null.
-    SessionWatch = "session.watch" (SessionWatchParams) -> ();
+    SessionWatch = "session.watch" (SessionWatchParams) -> () => items WatchItem;
     /// End a subscription early.
     SubscriptionClose = "subscription.close" (SubscriptionCloseParams) -> Empty;
     /// Sessions by `updatedAt` desc then id desc, paged.
@@ -187,7 +221,7 @@ methods! {
     SessionDiagnostics = "session.diagnostics" (SessionDiagnosticsParams) -> SessionDiagnosticsResult;
     /// Subscription: the session's diagnostic revision on subscribe and after each change;
     /// items are [`DiagnosticsRevision`]s. The final value is null.
-    SessionWatchDiagnostics = "session.watchDiagnostics" (SessionRef) -> ();
+    SessionWatchDiagnostics = "session.watchDiagnostics" (SessionRef) -> () => items DiagnosticsRevision;
     /// The latest main model request the session prepared: input by role, tool schemas,
     /// estimated tokens, and the provider-reported input usage.
     SessionContext = "session.context" (SessionContextParams) -> SessionContextResult;

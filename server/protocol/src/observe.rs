@@ -154,7 +154,7 @@ pub struct FilesListParams {
     /// The directory; absent or null for the workspace root.
     #[serde(default)]
     pub path: Option<WorkspacePath>,
-    /// The `next` of the previous page.
+    /// The `nextAfter` of the previous page.
     #[serde(default)]
     pub after: Option<String>,
 }

@@ -3,10 +3,11 @@
 //!
 //! The document is `{$schema, title, protocol, methods: {name: {params, result}},
 //! subscriptions: {name: {item}}, event, watchItem, error, errorCodes, $defs}`; every
-//! `$ref` points into its `$defs`. It is served at `GET /v1/schema` and printed by
-//! `berth schema`.
+//! `$ref` points into its `$defs`. Methods and subscriptions both come from the one method
+//! declaration (`methods!`): a subscription's items are declared with the method. It is
+//! served at `GET /v1/schema` and printed by `berth schema`.
 
-use schemars::{Schema, SchemaGenerator, generate::SchemaSettings};
+use schemars::{Schema, generate::SchemaSettings};
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value, json};
@@ -20,11 +21,6 @@ pub struct MethodSchema {
     pub result: Schema,
 }
 
-/// Subscription methods and the schema of their items (`subscription.item {id, item}`).
-fn subscription_schemas(generator: &mut SchemaGenerator) -> Vec<(&'static str, Schema)> {
-    vec![("session.watch", generator.subschema_for::<WatchItem>())]
-}
-
 /// The whole protocol as one JSON Schema document.
 pub fn document() -> Value {
     let mut generator = SchemaSettings::draft2020_12().into_generator();
@@ -33,7 +29,7 @@ pub fn document() -> Value {
         methods.insert(m.name.into(), json!({"params": m.params, "result": m.result}));
     }
     let mut subscriptions = Map::new();
-    for (name, item) in subscription_schemas(&mut generator) {
+    for (name, item) in crate::subscription_schemas(&mut generator) {
         subscriptions.insert(name.into(), json!({"item": item}));
     }
     let event = generator.subschema_for::<Event>();
@@ -170,7 +166,7 @@ pub fn typescript(doc: &Value) -> String {
 fn always_sent() -> BTreeMap<String, BTreeSet<String>> {
     let mut generator = SchemaSettings::draft2020_12().for_serialize().into_generator();
     crate::method_schemas(&mut generator);
-    subscription_schemas(&mut generator);
+    crate::subscription_schemas(&mut generator);
     generator.subschema_for::<Event>();
     generator.subschema_for::<WatchItem>();
     generator.subschema_for::<RpcError>();

@@ -108,6 +108,11 @@ pub struct SessionCreateParams {
     /// How many levels of sessions below this one it may start (sub-agents, a
     /// coordinator's children), at most [`MAX_DELEGATION_DEPTH`]; default 1, or 2 for a
     /// coordinator (so that its children may still start sub-agents).
+    ///
+    /// A budget that counts **down**: a child gets one less, and 0 starts nothing. This is
+    /// the opposite direction of the client protocol it came from, whose `delegation_depth`
+    /// counts **up** (how deep the client itself already is, 0 at the top, checked against
+    /// a fixed limit). A client bridging from there sends `MAX_DELEGATION_DEPTH - its depth`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegation_depth: Option<u32>,
     /// `coordinator`: the session directs sessions in the tenant's workspaces (SPEC §4.15).
@@ -216,7 +221,8 @@ pub struct SessionSnapshot {
     /// answered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<crate::search::Branch>,
-    /// How many levels of sessions below it this one may still start.
+    /// How many levels of sessions below it this one may still start (a budget counting
+    /// down: a child has one less; see [`SessionCreateParams::delegation_depth`]).
     pub delegation_depth: u32,
     pub created_at: String,
     pub updated_at: String,
@@ -442,8 +448,11 @@ pub enum ReceiptState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Notice {
-    /// `info`, `warning` or `error`.
+    /// A [`NoticeLevel`](crate::NoticeLevel).
+    #[cfg_attr(feature = "schema", schemars(with = "crate::NoticeLevel"))]
     pub level: String,
+    /// A [`NoticeCode`](crate::NoticeCode); `params` depend on it.
+    #[cfg_attr(feature = "schema", schemars(with = "crate::NoticeCode"))]
     pub code: String,
     #[serde(default)]
     pub params: serde_json::Value,
@@ -454,8 +463,11 @@ pub struct Notice {
 #[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsParams {
     pub session_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub through: Option<i64>,
+    /// The fence: the diagnostic revision (not a history sequence) the pages are read
+    /// under; absent for the current one, then pass back the answer's `throughRevision`.
+    /// Also read as `through`, its earlier name.
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "through")]
+    pub through_revision: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub before: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -470,8 +482,9 @@ pub struct Diagnostic {
     /// The session's diagnostic revision this record was written at (its own counter,
     /// independent of history).
     pub diagnostic_revision: i64,
-    /// `execution`, `model-step`, `title`, `tool` (something a turn went on without, e.g. an
-    /// MCP server that did not start: `mcp-server-unavailable`).
+    /// A [`DiagnosticKind`](crate::DiagnosticKind): `tool` is something a turn went on
+    /// without (e.g. an MCP server that did not start: `mcp-server-unavailable`).
+    #[cfg_attr(feature = "schema", schemars(with = "crate::DiagnosticKind"))]
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<String>,
@@ -497,6 +510,9 @@ pub struct SessionContextParams {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionContextResult {
+    /// The history sequence fence the report was read under: the `through` asked for
+    /// (at most the session's last sequence), or the last sequence when none was.
+    pub through: i64,
     pub request: Option<ContextReport>,
 }
 
@@ -586,7 +602,8 @@ pub struct DiagnosticsRevision {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionDiagnosticsResult {
-    pub through: i64,
+    /// The diagnostic revision fence these pages are read under.
+    pub through_revision: i64,
     pub diagnostics: Vec<Diagnostic>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_before: Option<i64>,
@@ -758,8 +775,8 @@ impl TurnState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Cause {
-    /// `provider-unreachable`, `provider-status`, `provider-timeout`, `provider-protocol`,
-    /// `tool-failed`, `worker-lost`, `internal`.
+    /// A [`CauseCode`](crate::CauseCode), or `refused-<error code>`.
+    #[cfg_attr(feature = "schema", schemars(with = "crate::codes::CauseCodeWire"))]
     pub code: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
@@ -905,6 +922,8 @@ impl RowKind {
 pub struct ToolInfo {
     pub name: String,
     pub call_id: String,
+    /// A [`ToolStatus`](crate::worker::ToolStatus).
+    #[cfg_attr(feature = "schema", schemars(with = "crate::worker::ToolStatus"))]
     pub status: String,
 }
 
@@ -1244,7 +1263,7 @@ pub enum InteractionOutcome {
 }
 
 /// The kind of interaction that holds a tool call; every other kind is a question.
-pub const INTERACTION_APPROVAL: &str = "approval";
+pub const INTERACTION_APPROVAL: &str = crate::InteractionKind::Approval.as_str();
 
 /// A held tool call (`kind: "approval"`) or a question, as clients see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1252,6 +1271,8 @@ pub const INTERACTION_APPROVAL: &str = "approval";
 #[serde(rename_all = "camelCase")]
 pub struct Interaction {
     pub interaction_id: String,
+    /// An [`InteractionKind`](crate::InteractionKind).
+    #[cfg_attr(feature = "schema", schemars(with = "crate::InteractionKind"))]
     pub kind: String,
     pub session_id: String,
     pub turn_id: String,
@@ -1309,4 +1330,29 @@ pub struct InteractionResolution {
     /// The user (or credential) that answered, for `answered`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answered_by: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `session.diagnostics`'s fence is `throughRevision`; `through`, its earlier name, is
+    /// still read as it.
+    #[test]
+    fn the_diagnostics_fence_reads_its_earlier_name() {
+        for name in ["throughRevision", "through"] {
+            let p: SessionDiagnosticsParams =
+                serde_json::from_value(serde_json::json!({"sessionId": "ses_1", name: 7})).unwrap();
+            assert_eq!(p.through_revision, Some(7), "{name}");
+        }
+        let r = SessionDiagnosticsResult {
+            through_revision: 7,
+            diagnostics: Vec::new(),
+            next_before: None,
+        };
+        assert_eq!(
+            serde_json::to_value(r).unwrap(),
+            serde_json::json!({"throughRevision": 7, "diagnostics": []})
+        );
+    }
 }

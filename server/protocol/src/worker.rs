@@ -547,7 +547,7 @@ pub struct TurnToolEnded {
 #[serde(rename_all = "camelCase")]
 pub struct TurnNotice {
     pub turn_id: String,
-    /// Kebab-case, at most [`TURN_NOTICE_CODE_MAX`] bytes.
+    /// A [`NoticeCode`](crate::NoticeCode); the server refuses any other (`bad-params`).
     pub code: String,
     #[serde(default)]
     pub params: serde_json::Value,
@@ -563,8 +563,6 @@ pub struct TurnPlan {
     pub plan: crate::PlanUpdated,
 }
 
-/// Longest `turn.notice` code.
-pub const TURN_NOTICE_CODE_MAX: usize = 64;
 /// Largest `turn.notice` params (serialized).
 pub const TURN_NOTICE_PARAMS_MAX: usize = 4096;
 
@@ -709,7 +707,8 @@ pub struct ProxyError {
 }
 
 /// Worker → server: hold a tool call for approval (`kind: "approval"`) or ask a question
-/// (any other kind). The request stays open until the interaction is resolved; the worker's
+/// (`choice`, `text`, `confirm`: an [`InteractionKind`](crate::InteractionKind); any other
+/// kind is `bad-params`). The request stays open until the interaction is resolved; the worker's
 /// other messages flow meanwhile. Asking again with the same `(turnId, callId)` waits on the
 /// same interaction (so after an `unavailable` error the worker may simply ask again).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -215,8 +215,8 @@ impl Store {
             keep_from,
         };
         let notice = EventPayload::SessionNotice(Notice {
-            level: "info".into(),
-            code: "context-compacted".into(),
+            level: berth_protocol::NoticeLevel::Info.as_str().into(),
+            code: berth_protocol::NoticeCode::ContextCompacted.as_str().into(),
             params: serde_json::json!({
                 "handoff": compaction.handoff,
                 "keepFrom": keep_from,

@@ -50,25 +50,25 @@ impl Store {
         Ok(id)
     }
 
-    /// The latest request of the session at or before `through` (None: none).
+    /// The latest request of the session at or before `through` (None: none), with the fence
+    /// used: `through` at most the last sequence, else the last sequence.
     pub async fn context(
         &self,
         tenant_id: &str,
         session_id: &str,
         through: Option<i64>,
-    ) -> Result<Option<ContextReport>> {
+    ) -> Result<(i64, Option<ContextReport>)> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        let exists = tx
+        let last: i64 = tx
             .qo(
-                "SELECT 1 FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
+                "SELECT last_sequence FROM sessions WHERE id = $1 AND tenant_id = $2 AND removed_at IS NULL",
                 &[&session_id, &tenant_id],
             )
-            .await?;
-        if exists.is_none() {
-            return Err(StoreError::Code(ErrorCode::NotFound));
-        }
-        let through = through.unwrap_or(i64::MAX);
+            .await?
+            .map(|r| r.get(0))
+            .ok_or(StoreError::Code(ErrorCode::NotFound))?;
+        let through = through.map_or(last, |t| t.min(last));
         let row = tx
             .qo(
                 "SELECT turn_id, sequence, provider, model, report, input_tokens, at
@@ -77,21 +77,24 @@ impl Store {
                 &[&session_id, &tenant_id, &through],
             )
             .await?;
-        let Some(r) = row else { return Ok(None) };
+        let Some(r) = row else { return Ok((through, None)) };
         let compaction = crate::compaction::latest(&tx, tenant_id, session_id, r.get(1)).await?;
         tx.commit().await?;
         let measure: ContextMeasure = serde_json::from_value(r.get(4)).map_err(|e| StoreError::Other(e.into()))?;
-        Ok(Some(ContextReport {
-            turn_id: r.get(0),
-            sequence: r.get(1),
-            provider: r.get(2),
-            model: r.get(3),
-            roles: measure.roles,
-            tools: measure.tools,
-            estimated_tokens: measure.estimated_tokens,
-            input_tokens: r.get::<_, Option<i64>>(5).and_then(|n| u64::try_from(n).ok()),
-            at: fmt_time(r.get(6)),
-            compaction,
-        }))
+        Ok((
+            through,
+            Some(ContextReport {
+                turn_id: r.get(0),
+                sequence: r.get(1),
+                provider: r.get(2),
+                model: r.get(3),
+                roles: measure.roles,
+                tools: measure.tools,
+                estimated_tokens: measure.estimated_tokens,
+                input_tokens: r.get::<_, Option<i64>>(5).and_then(|n| u64::try_from(n).ok()),
+                at: fmt_time(r.get(6)),
+                compaction,
+            }),
+        ))
     }
 }

@@ -94,6 +94,13 @@ fn fits(kind: &str, options: Option<&[String]>, outcome: &InteractionOutcome) ->
     }
 }
 
+/// A person's `{choice: null}` to a question that says `allowSkip: false` in its params
+/// (only its fallback may leave it unanswered).
+fn skips_unskippable(params: Option<&Value>, outcome: &InteractionOutcome) -> bool {
+    matches!(outcome, InteractionOutcome::Choice { choice: None })
+        && params.and_then(|p| p.get("allowSkip")).and_then(Value::as_bool) == Some(false)
+}
+
 /// A client's `answer`: exactly `{approved: bool}` or `{choice: string|null}`.
 fn parse_answer(answer: &Value) -> Option<InteractionOutcome> {
     let obj = answer.as_object()?;
@@ -210,7 +217,7 @@ impl Store {
         timeout: std::time::Duration,
     ) -> Result<Interaction> {
         let well_formed = |s: &str, max: usize| !s.is_empty() && s.len() <= max && !s.contains('\0');
-        if !well_formed(&ask.kind, 64) || !well_formed(&ask.call_id, 200) {
+        if berth_protocol::InteractionKind::parse(&ask.kind).is_none() || !well_formed(&ask.call_id, 200) {
             return Err(bad());
         }
         let approval = ask.kind == INTERACTION_APPROVAL;
@@ -371,7 +378,7 @@ impl Store {
             tx.commit().await?;
             return Ok(Err(r));
         }
-        if !fits(&i.kind, i.options.as_deref(), &outcome) {
+        if !fits(&i.kind, i.options.as_deref(), &outcome) || skips_unskippable(i.params.as_ref(), &outcome) {
             return Err(bad());
         }
         let r = resolve(

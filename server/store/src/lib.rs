@@ -63,6 +63,9 @@ pub use receipts::{Begin, Receipt, ReceiptView};
 pub use routing::WorkerRoute;
 pub use turns::{Admission, Admitted, ClaimedTurn, Ended, Metered, Partial, ProxyTurn, TitleSource};
 
+/// The `application_name` of a replica's LISTEN connection ([`Store::listen`]).
+pub const LISTEN_APPLICATION_NAME: &str = "berth-listen";
+
 /// Channel carrying `<session_id>:<sequence>` after each committed append.
 pub const CHANNEL_EVENTS: &str = "berth_events";
 /// Channel carrying a workspace id whose queued or undispatched turns may now be handed out,
@@ -373,7 +376,8 @@ impl Store {
         (s.size, s.available)
     }
 
-    /// A dedicated connection that LISTENs on `channels`; notifications arrive on the
+    /// A dedicated connection that LISTENs on `channels` (its `application_name` is
+    /// [`LISTEN_APPLICATION_NAME`] unless the database URL sets one); notifications arrive on the
     /// returned receiver until the connection drops (then the receiver closes). Dropping
     /// the receiver closes the connection (a half-open one too).
     pub async fn listen(
@@ -383,7 +387,12 @@ impl Store {
         tokio_postgres::Client,
         tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
     )> {
-        let (client, mut connection) = self.config.connect(self.tls.clone()).await?;
+        // Named for operators (pg_stat_activity) unless the URL names every connection.
+        let mut config = self.config.clone();
+        if config.get_application_name().is_none() {
+            config.application_name(LISTEN_APPLICATION_NAME);
+        }
+        let (client, mut connection) = config.connect(self.tls.clone()).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             loop {

@@ -1,9 +1,9 @@
 //! Turns: admission, the queue, dispatch to workers, steps, settling, stop.
 
 use berth_protocol::{
-    Cause, Diagnostic, ErrorCode, EventPayload, MAX_QUEUE_LENGTH, ModelCompleted, NewRow, Nothing, Notice,
-    QUEUE_PREVIEW_BYTES, QueueEntry, QueueState, QueuedPrompt, Removed, RowKind, SessionDiagnosticsResult,
-    SessionSendResult, TitleChanged, TurnEnded, TurnQueued, TurnRef, TurnState,
+    Cause, CauseCode, Diagnostic, DiagnosticKind, ErrorCode, EventPayload, MAX_QUEUE_LENGTH, ModelCompleted, NewRow,
+    Nothing, Notice, NoticeCode, NoticeLevel, QUEUE_PREVIEW_BYTES, QueueEntry, QueueState, QueuedPrompt, Removed,
+    RowKind, SessionDiagnosticsResult, SessionSendResult, TitleChanged, TurnEnded, TurnQueued, TurnRef, TurnState,
     worker::{TurnRun, Usage},
 };
 use deadpool_postgres::GenericClient;
@@ -110,7 +110,7 @@ pub struct Metered {
 }
 
 /// The live output of a session's running step (for watchers joining mid-turn).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Partial {
     pub turn_id: String,
     pub step: i32,
@@ -754,9 +754,9 @@ impl Store {
         }
         if let Some(c) = cause {
             let kind = if state == TurnState::Interrupted {
-                "execution"
+                DiagnosticKind::Execution
             } else {
-                "model-step"
+                DiagnosticKind::ModelStep
             };
             diagnostic(tx.client(), tenant_id, &session_id, kind, Some(turn_id), Some(seq), c).await?;
         }
@@ -889,7 +889,7 @@ impl Store {
     /// fails is logged and left for the next sweep, and the others still end.
     async fn interrupt(&self, rows: Vec<tokio_postgres::Row>) -> Vec<String> {
         let cause = Cause {
-            code: "worker-lost".into(),
+            code: CauseCode::WorkerLost.as_str().into(),
             status: None,
         };
         let mut ended = Vec::new();
@@ -987,29 +987,44 @@ impl Store {
         connection_id: &str,
         tenant_id: &str,
         turn_id: &str,
-        code: &str,
+        code: NoticeCode,
         params: serde_json::Value,
     ) -> Result<i64> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
         let event = EventPayload::SessionNotice(Notice {
-            level: "warning".into(),
-            code: code.into(),
+            level: NoticeLevel::Warning.as_str().into(),
+            code: code.as_str().into(),
             params,
         });
         let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[]).await?;
         let cause = Cause {
-            code: code.into(),
+            code: code.as_str().into(),
             status: None,
         };
-        diagnostic(&tx, tenant_id, &session_id, "tool", Some(turn_id), Some(seq), &cause).await?;
+        diagnostic(
+            &tx,
+            tenant_id,
+            &session_id,
+            DiagnosticKind::Tool,
+            Some(turn_id),
+            Some(seq),
+            &cause,
+        )
+        .await?;
         tx.commit().await?;
         Ok(seq)
     }
 
     /// Record a failure that belongs to no turn (a `title` diagnostic).
-    pub async fn session_diagnostic(&self, tenant_id: &str, session_id: &str, kind: &str, cause: &Cause) -> Result<()> {
+    pub async fn session_diagnostic(
+        &self,
+        tenant_id: &str,
+        session_id: &str,
+        kind: DiagnosticKind,
+        cause: &Cause,
+    ) -> Result<()> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         diagnostic(&tx, tenant_id, session_id, kind, None, None, cause).await?;
@@ -1072,7 +1087,7 @@ impl Store {
                 turn_id: r.get(3),
                 sequence: r.get(4),
                 cause: serde_json::from_value(r.get(5)).unwrap_or(Cause {
-                    code: "internal".into(),
+                    code: CauseCode::Internal.as_str().into(),
                     status: None,
                 }),
                 at: fmt_time(r.get(6)),
@@ -1084,7 +1099,7 @@ impl Store {
             None
         };
         Ok(SessionDiagnosticsResult {
-            through,
+            through_revision: through,
             diagnostics,
             next_before,
         })
@@ -1096,13 +1111,13 @@ pub(crate) async fn notice(
     tx: &impl GenericClient,
     tenant_id: &str,
     session_id: &str,
-    level: &str,
-    code: &str,
+    level: NoticeLevel,
+    code: NoticeCode,
     params: serde_json::Value,
 ) -> Result<i64> {
     let notice = EventPayload::SessionNotice(Notice {
-        level: level.into(),
-        code: code.into(),
+        level: level.as_str().into(),
+        code: code.as_str().into(),
         params,
     });
     append_event(tx, tenant_id, session_id, None, &notice, &[]).await
@@ -1112,7 +1127,7 @@ async fn diagnostic(
     tx: &impl GenericClient,
     tenant_id: &str,
     session_id: &str,
-    kind: &str,
+    kind: DiagnosticKind,
     turn_id: Option<&str>,
     sequence: Option<i64>,
     cause: &Cause,
@@ -1132,7 +1147,7 @@ async fn diagnostic(
             &tenant_id,
             &session_id,
             &revision,
-            &kind,
+            &kind.as_str(),
             &turn_id,
             &sequence,
             &serde_json::to_value(cause).unwrap_or_default(),
@@ -1560,8 +1575,8 @@ async fn admit_in(
             tx,
             tenant_id,
             session_id,
-            "warning",
-            "workspace-offline",
+            NoticeLevel::Warning,
+            NoticeCode::WorkspaceOffline,
             json!({"workspaceId": workspace_id}),
         )
         .await?;
@@ -1753,11 +1768,11 @@ const PARTIAL_SQL: &str = concat!(
 /// in one statement: the turn's step moves on and its metered usage is read and reset (read
 /// under the turn row's lock, `FOR UPDATE`: a meter of another replica committed while the
 /// step waited for the row is the step's, not lost to the reset), the session's sequence is
-/// bumped (gapless: the session row is locked), and the `model.completed` event (`$10`, with
-/// that usage), its rows (`$4`..`$8` by item) and the notice go in. Usage metered on the
-/// appending replica comes as parameters: `$15` input and `$16` output tokens (null: none)
-/// are added to the turn's totals and the step's, and each context record `$17` gets its
-/// call's input tokens `$18`. The reply row (`$9`, a step without tool calls) names the
+/// bumped (gapless: the session row is locked), and the `model.completed` event (`$10`,
+/// naming the step it completed, with that usage), its rows (`$4`..`$8` by item) and the
+/// notice go in. Usage metered on the appending replica comes as parameters: `$15` input
+/// and `$16` output tokens (null: none) are added to the turn's totals and the step's, and
+/// each context record `$17` gets its call's input tokens `$18`. The reply row (`$9`, a step without tool calls) names the
 /// turn's files not named yet. Returns the event as a catch-up reads it
 /// (`history::events_from_lines` from column 0: the sequence first), one line per row when
 /// `$14` is set (else one line, without the rows), or no line when the turn does not run.
@@ -1775,7 +1790,8 @@ const STEP_SQL: &str = concat!(
                               output_tokens = x.output_tokens + coalesce($16::bigint, 0)
              FROM (SELECT step_usage FROM turns WHERE id = $1 FOR UPDATE) old
             WHERE x.id = $1 AND EXISTS (SELECT 1 FROM t)
-           RETURNING CASE WHEN $15::bigint IS NULL THEN old.step_usage
+           RETURNING x.step - 1 AS step,
+                     CASE WHEN $15::bigint IS NULL THEN old.step_usage
                           ELSE ",
     usage_plus_sql!("old.step_usage", "$15", "$16"),
     " END AS usage),
@@ -1785,6 +1801,7 @@ const STEP_SQL: &str = concat!(
             WHERE id = (SELECT session_id FROM t) AND tenant_id = $2 RETURNING id, last_sequence),
      e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
            SELECT s.id, s.last_sequence, $2, $10, $1,
+                  jsonb_build_object('step', u.step) ||
                   CASE WHEN u.usage IS NULL THEN '{}'::jsonb
                        ELSE jsonb_build_object('usage', jsonb_build_object(
                                 'inputTokens', (u.usage->>'inputTokens')::bigint,
@@ -1880,7 +1897,11 @@ impl<'a> StepParams<'a> {
         StepParams {
             rows: crate::history::RowArrays::new(rows),
             reply,
-            event: EventPayload::ModelCompleted(ModelCompleted { usage: None }).type_name(),
+            event: EventPayload::ModelCompleted(ModelCompleted {
+                step: None,
+                usage: None,
+            })
+            .type_name(),
             input: sum(|u| u.input_tokens),
             output: sum(|u| u.output_tokens),
             contexts,

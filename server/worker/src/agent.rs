@@ -9,7 +9,7 @@
 //! (`completed`, `failed`, or `denied` when approval was refused and it never ran).
 
 use berth_protocol::{
-    NewRow, Position, RowKind, SkillInfo, ToolInfo,
+    CauseCode, NewRow, Position, RowKind, SkillInfo, ToolInfo,
     worker::{self as wp, ToolStatus, TurnDelta, TurnRun},
 };
 use serde_json::Value;
@@ -25,7 +25,7 @@ use crate::{
     policy::{self, Answer},
     skills,
     tools::{
-        Tools, attach,
+        Tools, ask, attach,
         mcp::{Mcp, Problem},
         plan,
     },
@@ -178,11 +178,11 @@ async fn steps(
             conv.push_result(&call.id, &output);
         }
     }
-    Err(Halt::Failed(cause(STEP_LIMIT)))
+    Err(Halt::Failed(cause(CauseCode::StepLimit)))
 }
 
 /// The notice of a turn that reached its step limit (and its cause, were it to fail there).
-const STEP_LIMIT: &str = "step-limit";
+const STEP_LIMIT: &str = berth_protocol::NoticeCode::StepLimit.as_str();
 
 /// What the model is told when its steps are used up.
 fn step_limit_note(max_steps: u32) -> String {
@@ -317,6 +317,7 @@ fn system_prompt(run: &TurnRun, tools: bool) -> String {
 fn offered(tools: &Tools, run: &TurnRun, with_skills: bool, mcp: &Mcp) -> Vec<Value> {
     let mut schemas = tools.schemas();
     schemas.push(plan::schema());
+    schemas.push(ask::schema());
     if run.delegation_depth > 0 {
         schemas.push(delegate::schema());
     }
@@ -439,6 +440,8 @@ async fn call_tool(
         }
     } else if run.coordinator && coordinator::is_tool(&call.name) {
         coordinator::run(t, call, cancel).await?
+    } else if call.name == ask::ASK_USER {
+        ask::run(t, call, cancel).await?
     } else if call.name == plan::UPDATE_PLAN {
         plan::run(t, &call.arguments).await?
     } else if call.name == attach::ATTACH_FILE {

@@ -4,6 +4,7 @@
 //! input, text inline, anything else described by name, type, size and digest.
 
 use base64::Engine;
+use berth_protocol::CauseCode;
 use berth_protocol::{
     Cause,
     worker::{self as wp, AttachmentMeta, TurnRun},
@@ -29,9 +30,9 @@ pub(crate) struct Received {
     pub digest: Option<String>,
 }
 
-fn failed(code: &str) -> Cause {
+fn failed(code: CauseCode) -> Cause {
     Cause {
-        code: code.into(),
+        code: code.as_str().into(),
         status: None,
     }
 }
@@ -65,21 +66,21 @@ pub(crate) async fn fetch(
             .header(wp::MODEL_PROXY_TURN_HEADER, &run.turn_id)
             .send()
             .await
-            .map_err(|_| failed("attachment-unavailable"))?;
+            .map_err(|_| failed(CauseCode::AttachmentUnavailable))?;
         if !resp.status().is_success() {
-            return Err(failed("attachment-unavailable"));
+            return Err(failed(CauseCode::AttachmentUnavailable));
         }
         let mut body = resp.bytes_stream();
         data.reserve(usize::try_from(total).unwrap_or(0));
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|_| failed("attachment-unavailable"))?;
+            let chunk = chunk.map_err(|_| failed(CauseCode::AttachmentUnavailable))?;
             if (data.len() + chunk.len()) as u64 > total {
-                return Err(failed("attachment-corrupt"));
+                return Err(failed(CauseCode::AttachmentCorrupt));
             }
             data.extend_from_slice(&chunk);
         }
         if data.len() as u64 != total {
-            return Err(failed("attachment-corrupt"));
+            return Err(failed(CauseCode::AttachmentCorrupt));
         }
     }
     let data = Bytes::from(data);
@@ -100,7 +101,7 @@ pub(crate) async fn fetch(
         let digest = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
         if digest != meta.digest {
             tracing::warn!(turn.id = %run.turn_id, "attachment bytes do not match their digest");
-            return Err(failed("attachment-corrupt"));
+            return Err(failed(CauseCode::AttachmentCorrupt));
         }
         out.push(Received {
             meta: meta.clone(),

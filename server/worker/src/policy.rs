@@ -49,26 +49,7 @@ pub(crate) async fn ask(t: &TurnLink, call: &ToolCall, cancel: &CancellationToke
         "tool": {"name": call.name, "callId": call.id},
         "input": input,
     });
-    // `unavailable` is transient (the server asks to be asked again; the same call waits on
-    // the same interaction).
-    let mut attempt = 0u32;
-    let answer = loop {
-        let answer = tokio::select! {
-            a = t.request(wp::TURN_INTERACTION, params.clone()) => a,
-            _ = cancel.cancelled() => return Err(Halt::Stopped),
-        };
-        match answer {
-            Err(Halt::Refused(code)) if code == "unavailable" && attempt < ASK_RETRIES => {
-                attempt += 1;
-                tokio::select! {
-                    _ = tokio::time::sleep(std::time::Duration::from_millis(500 * u64::from(attempt))) => {}
-                    _ = cancel.cancelled() => return Err(Halt::Stopped),
-                }
-            }
-            other => break other,
-        }
-    };
-    match answer {
+    match interaction(t, params, cancel).await {
         Ok(v) => {
             let approved = v.pointer("/outcome/approved").and_then(Value::as_bool).unwrap_or(false);
             Ok(if approved {
@@ -81,6 +62,29 @@ pub(crate) async fn ask(t: &TurnLink, call: &ToolCall, cancel: &CancellationToke
             "Approval could not be asked ({code}); the call did not run."
         ))),
         Err(h) => Err(h),
+    }
+}
+
+/// Ask the server an interaction (`turn.interaction` params) and wait for its resolution
+/// (`{interactionId, outcome, state}`) or the turn's stop. `unavailable` is transient (the
+/// server asks to be asked again; the same call waits on the same interaction).
+pub(crate) async fn interaction(t: &TurnLink, params: Value, cancel: &CancellationToken) -> Result<Value, Halt> {
+    let mut attempt = 0u32;
+    loop {
+        let answer = tokio::select! {
+            a = t.request(wp::TURN_INTERACTION, params.clone()) => a,
+            _ = cancel.cancelled() => return Err(Halt::Stopped),
+        };
+        match answer {
+            Err(Halt::Refused(code)) if code == "unavailable" && attempt < ASK_RETRIES => {
+                attempt += 1;
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(500 * u64::from(attempt))) => {}
+                    _ = cancel.cancelled() => return Err(Halt::Stopped),
+                }
+            }
+            other => return other,
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! runs and is handed to this connection; so a stopped or interrupted turn gets nothing
 //! more written, and settling writes history before `turn.ended` goes out.
 
+use berth_protocol::CauseCode;
 use berth_protocol::{
     Cause, NewRow, Position, Row, RowField, SessionSourceResult, TurnState,
     worker::{
@@ -39,9 +40,9 @@ impl From<StreamError> for Halt {
     }
 }
 
-pub(crate) fn cause(code: &str) -> Cause {
+pub(crate) fn cause(code: CauseCode) -> Cause {
     Cause {
-        code: code.into(),
+        code: code.as_str().into(),
         status: None,
     }
 }
@@ -69,7 +70,7 @@ impl TurnLink {
         &self,
         method: &str,
         params: Value,
-        unreadable: &str,
+        unreadable: CauseCode,
     ) -> Result<T, Halt> {
         let result = self.link.request_raw(method, params).await.map_err(halt)?;
         serde_json::from_str(result.as_deref().map_or("null", serde_json::value::RawValue::get))
@@ -89,7 +90,7 @@ impl TurnLink {
                 after,
             };
             let page: TurnHistoryResult = self
-                .request_as(wp::TURN_HISTORY, to_value(&p), "history-unreadable")
+                .request_as(wp::TURN_HISTORY, to_value(&p), CauseCode::HistoryUnreadable)
                 .await?;
             if after.is_none() {
                 handoff = page.handoff;
@@ -120,7 +121,7 @@ impl TurnLink {
                     offset,
                 };
                 let part: SessionSourceResult = self
-                    .request_as(wp::TURN_SOURCE, to_value(&p), "history-unreadable")
+                    .request_as(wp::TURN_SOURCE, to_value(&p), CauseCode::HistoryUnreadable)
                     .await?;
                 let text = match field {
                     RowField::Body => &mut row.body,
@@ -146,7 +147,7 @@ impl TurnLink {
         match self.request(wp::TURN_STEP, to_value(&step)).await {
             Ok(v) => Ok(v.get("sequence").and_then(Value::as_i64).unwrap_or_default()),
             // The server refused the step (e.g. it could not store it): settle `failed`.
-            Err(Halt::Refused(_)) => Err(Halt::Failed(cause("step-rejected"))),
+            Err(Halt::Refused(_)) => Err(Halt::Failed(cause(CauseCode::StepRejected))),
             Err(h) => Err(h),
         }
     }
@@ -229,7 +230,10 @@ pub(crate) async fn run(
         Err(Halt::Failed(cause)) => (TurnState::Failed, Some(cause), String::new(), None),
         Err(Halt::Refused(code)) => (
             TurnState::Failed,
-            Some(self::cause(&format!("refused-{code}"))),
+            Some(Cause {
+                code: CauseCode::refused(&code),
+                status: None,
+            }),
             String::new(),
             None,
         ),
@@ -259,7 +263,7 @@ pub(crate) async fn run(
             let failed = TurnEnd {
                 turn_id: t.turn_id.clone(),
                 state: TurnState::Failed,
-                cause: Some(self::cause("step-rejected")),
+                cause: Some(self::cause(CauseCode::StepRejected)),
                 step: None,
             };
             settle(&t, &failed).await;

@@ -3,6 +3,7 @@
 //! content-block events become normalized chunks.
 
 use berth_protocol::Cause;
+use berth_protocol::CauseCode;
 use serde_json::{Map, Value, json};
 
 use super::{Outgoing, Translate, cause, content_text, finish, max_tokens, reasoning_chunk, text, tool_call};
@@ -166,7 +167,7 @@ pub(crate) struct Stream {
 
 impl Translate for Stream {
     fn event(&mut self, _event: &str, data: &str, out: &mut Vec<Value>) -> Result<bool, Cause> {
-        let v: Value = serde_json::from_str(data).map_err(|_| cause("provider-protocol"))?;
+        let v: Value = serde_json::from_str(data).map_err(|_| cause(CauseCode::ProviderProtocol))?;
         let str_of = |p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or("");
         let num = |p: &str| v.pointer(p).and_then(Value::as_u64);
         match str_of("/type") {
@@ -211,7 +212,7 @@ impl Translate for Stream {
                     let piece = str_of("/delta/thinking");
                     if let Some((_, thinking, _)) = &mut self.thinking {
                         if thinking.len() + piece.len() > THINKING_MAX {
-                            return Err(cause("provider-response-too-large"));
+                            return Err(cause(CauseCode::ProviderResponseTooLarge));
                         }
                         thinking.push_str(piece);
                     }
@@ -220,7 +221,7 @@ impl Translate for Stream {
                 "signature_delta" => {
                     if let Some((_, _, signature)) = &mut self.thinking {
                         if signature.len() > THINKING_MAX {
-                            return Err(cause("provider-response-too-large"));
+                            return Err(cause(CauseCode::ProviderResponseTooLarge));
                         }
                         signature.push_str(str_of("/delta/signature"));
                     }
@@ -228,7 +229,7 @@ impl Translate for Stream {
                 "input_json_delta" => {
                     let block = num("/index").unwrap_or(0);
                     let Some(i) = self.tool_blocks.iter().position(|b| *b == block) else {
-                        return Err(cause("provider-protocol"));
+                        return Err(cause(CauseCode::ProviderProtocol));
                     };
                     out.push(tool_call(i, None, str_of("/delta/partial_json")));
                 }
@@ -253,8 +254,8 @@ impl Translate for Stream {
             }
             "error" => {
                 return Err(cause(match str_of("/error/type") {
-                    "overloaded_error" | "rate_limit_error" => "provider-rate-limited",
-                    _ => "provider-failed",
+                    "overloaded_error" | "rate_limit_error" => CauseCode::ProviderRateLimited,
+                    _ => CauseCode::ProviderFailed,
                 }));
             }
             _ => {}

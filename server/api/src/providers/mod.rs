@@ -10,6 +10,7 @@
 //!
 //! Provider output is untrusted: SSE lines are bounded, and nothing of it reaches a log.
 
+use berth_protocol::CauseCode;
 pub(crate) mod anthropic;
 pub(crate) mod chat;
 pub(crate) mod responses;
@@ -149,9 +150,9 @@ pub(crate) fn chat_functions(chat: &Map<String, Value>) -> impl Iterator<Item = 
         })
 }
 
-pub(crate) fn cause(code: &str) -> Cause {
+pub(crate) fn cause(code: CauseCode) -> Cause {
     Cause {
-        code: code.into(),
+        code: code.as_str().into(),
         status: None,
     }
 }
@@ -298,12 +299,12 @@ impl SseParser {
                         _ => {}
                     }
                     if self.data.len() > LINE_MAX {
-                        return Err(cause("provider-protocol"));
+                        return Err(cause(CauseCode::ProviderProtocol));
                     }
                 }
                 _ => {
                     if self.line.len() >= LINE_MAX {
-                        return Err(cause("provider-protocol"));
+                        return Err(cause(CauseCode::ProviderProtocol));
                     }
                     self.line.push(b);
                 }

@@ -3,6 +3,7 @@
 //! the typed stream events become normalized chunks.
 
 use berth_protocol::Cause;
+use berth_protocol::CauseCode;
 use serde_json::{Map, Value, json};
 
 use super::{Outgoing, Translate, cause, content_text, finish, max_tokens, text, tool_call};
@@ -102,7 +103,7 @@ pub(crate) struct Stream {
 
 impl Translate for Stream {
     fn event(&mut self, _event: &str, data: &str, out: &mut Vec<Value>) -> Result<bool, Cause> {
-        let v: Value = serde_json::from_str(data).map_err(|_| cause("provider-protocol"))?;
+        let v: Value = serde_json::from_str(data).map_err(|_| cause(CauseCode::ProviderProtocol))?;
         let str_of = |p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or("");
         match str_of("/type") {
             "response.output_text.delta" => out.push(text("content", str_of("/delta"))),
@@ -126,7 +127,7 @@ impl Translate for Stream {
             "response.function_call_arguments.delta" => {
                 let item = v.get("output_index").and_then(Value::as_u64).unwrap_or(0);
                 let Some(i) = self.tool_items.iter().position(|t| *t == item) else {
-                    return Err(cause("provider-protocol"));
+                    return Err(cause(CauseCode::ProviderProtocol));
                 };
                 out.push(tool_call(i, None, str_of("/delta")));
             }
@@ -145,7 +146,7 @@ impl Translate for Stream {
                 finish(out, reason, usage);
                 return Ok(true);
             }
-            "response.failed" | "error" => return Err(cause("provider-failed")),
+            "response.failed" | "error" => return Err(cause(CauseCode::ProviderFailed)),
             _ => {}
         }
         Ok(false)

@@ -44,8 +44,8 @@ pub async fn hello(ctx: Ctx, p: HelloParams) -> ApiResult<HelloResult> {
     let mut notices = Vec::new();
     if ctx.state.config.model.base_url.is_none() {
         notices.push(Notice {
-            level: "warning".into(),
-            code: "provider-unconfigured".into(),
+            level: berth_protocol::NoticeLevel::Warning.as_str().into(),
+            code: berth_protocol::NoticeCode::ProviderUnconfigured.as_str().into(),
             params: json!({}),
         });
     }

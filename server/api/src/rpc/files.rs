@@ -13,11 +13,6 @@ use crate::{
     workers::calls::{CallEvent, CallStream, Item},
 };
 
-/// Methods that stay open as subscriptions (besides `session.watch`).
-pub fn is_subscription(name: &str) -> bool {
-    name == method::FilesWatch::NAME || name == method::FilesRead::NAME
-}
-
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn list(ctx: Ctx, p: FilesListParams) -> ApiResult<FilesListResult> {
     ctx.session_unary(&p.session_id, method::FilesList::NAME, &p).await

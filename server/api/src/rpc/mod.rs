@@ -759,11 +759,9 @@ fn admit_checked(state: &AppState, conn: &Arc<Conn>, req: Request, id: u32) -> R
     }))
 }
 
-/// Methods answered by a subscription (items until closed).
+/// Methods answered by a subscription (items until closed), as the protocol declares them.
 fn is_subscription(method: &str) -> bool {
-    method == method::SessionWatch::NAME
-        || method == method::SessionWatchDiagnostics::NAME
-        || files::is_subscription(method)
+    berth_protocol::SUBSCRIPTION_NAMES.contains(&method)
 }
 
 async fn run_job(job: Job) {

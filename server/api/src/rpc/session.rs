@@ -297,8 +297,8 @@ pub async fn source(ctx: Ctx, p: SessionSourceParams) -> ApiResult<SessionSource
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn context(ctx: Ctx, p: SessionContextParams) -> ApiResult<SessionContextResult> {
     let me = ctx.principal()?;
-    let request = ctx.state.store.context(&me.tenant_id, &p.session_id, p.through).await?;
-    Ok(SessionContextResult { request })
+    let (through, request) = ctx.state.store.context(&me.tenant_id, &p.session_id, p.through).await?;
+    Ok(SessionContextResult { through, request })
 }
 
 /// `session.compact`: summarize the history so far into a handoff row (SPEC §4.17).
@@ -365,7 +365,7 @@ pub async fn diagnostics(ctx: Ctx, p: SessionDiagnosticsParams) -> ApiResult<Ses
     Ok(ctx
         .state
         .store
-        .diagnostics(&me.tenant_id, &p.session_id, p.through, p.before, limit)
+        .diagnostics(&me.tenant_id, &p.session_id, p.through_revision, p.before, limit)
         .await?)
 }
 
@@ -386,6 +386,19 @@ impl LiveCursor {
             step: i64::from(p.step),
             text: p.text.len() as u64,
             thinking: p.thinking.len() as u64,
+        }
+    }
+
+    /// The watcher was sent `model.completed` for `step` of `turn`: that step's live output
+    /// (and any before it) is history now, and none of it is to be sent again.
+    fn completed(&mut self, turn: &str, step: i64) {
+        if self.turn.is_empty() || (self.turn == turn && self.step <= step) {
+            *self = LiveCursor {
+                turn: turn.to_string(),
+                step: step + 1,
+                text: 0,
+                thinking: 0,
+            };
         }
     }
 
@@ -443,6 +456,22 @@ impl LiveCursor {
     }
 }
 
+/// The turn and step of a `model.completed` event (None for any other event, or one stored
+/// before the event named its step).
+fn completed_step(e: &berth_store::EventRecord) -> Option<(&str, i64)> {
+    match &e.payload {
+        berth_protocol::EventPayload::ModelCompleted(c) => Some((e.turn_id.as_deref()?, c.step?)),
+        _ => None,
+    }
+}
+
+/// The running step's output so far unless the watcher has already been sent that step's
+/// `model.completed` (`completed`): a partial taken when the watcher joined may be older
+/// than the catch-up that followed, and its step's text would then be shown twice.
+fn unless_completed(partial: Option<Partial>, completed: Option<&(String, i64)>) -> Option<Partial> {
+    partial.filter(|p| !completed.is_some_and(|(turn, step)| *turn == p.turn_id && i64::from(p.step) <= *step))
+}
+
 /// The running step's output so far as one `model.delta` from offset 0 (None when empty).
 fn partial_item(p: &Partial) -> Option<ModelDelta> {
     let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
@@ -489,6 +518,8 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
     let gone = || ApiError(super::gone());
     let mut cursor = p.after;
     let mut live = LiveCursor::default();
+    // The last `model.completed` sent (turn, step): that step's text is not sent live again.
+    let mut completed: Option<(String, i64)> = None;
     // Whether the client's live view needs drawing from scratch (on join, after a lag).
     let mut sync = true;
     let mut joined = false;
@@ -533,6 +564,10 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
                         return Err(gone());
                     }
                     cursor = e.sequence;
+                    if let Some((turn, step)) = completed_step(&e) {
+                        live.completed(turn, step);
+                        completed = Some((turn.to_string(), step));
+                    }
                 }
                 if cursor >= mark.sequence {
                     continue;
@@ -545,6 +580,10 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
             for e in &events {
                 if !send(e, joined, &from_read).await {
                     return Err(gone());
+                }
+                if let Some((turn, step)) = completed_step(e) {
+                    live.completed(turn, step);
+                    completed = Some((turn.to_string(), step));
                 }
             }
             if let Some(last) = events.last() {
@@ -582,7 +621,10 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
                 None => store.partial(&me.tenant_id, &p.session_id).await?,
             };
             live = LiveCursor::default();
-            if let Some(partial) = partial {
+            if let Some((turn, step)) = &completed {
+                live.completed(turn, *step);
+            }
+            if let Some(partial) = unless_completed(partial, completed.as_ref()) {
                 live = LiveCursor::start(&partial);
                 if let Some(item) = partial_item(&partial)
                     && !ctx.item(&LiveItem::ModelDelta(item)).await
@@ -606,6 +648,14 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
                             idle = Some(LiveItem::Phase(p));
                             catch_up = true;
                             None
+                        }
+                        Ok(LiveItem::Resync(r)) => {
+                            // Live items relayed from elsewhere were lost: start the live
+                            // view again, after whatever history it missed.
+                            tracing::debug!(reason = ?r.reason, "live stream interrupted; resync");
+                            sync = true;
+                            catch_up = true;
+                            Some(LiveItem::Resync(r))
                         }
                         Ok(other) => Some(other),
                         Err(e) => {
@@ -643,6 +693,42 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn partial(step: i32, text: &str) -> Partial {
+        Partial {
+            turn_id: "t".into(),
+            step,
+            text: text.into(),
+            thinking: String::new(),
+        }
+    }
+
+    /// A joiner takes the running step's text when it subscribes; if that step completes
+    /// while it catches up, the catch-up sends the step's `model.completed`, and the text
+    /// taken before must not follow it (the step would be shown twice), nor its late deltas.
+    #[test]
+    fn a_step_completed_during_catch_up_is_not_sent_again() {
+        let done = ("t".to_string(), 0);
+        assert_eq!(unless_completed(Some(partial(0, "Hello")), Some(&done)), None);
+        assert_eq!(
+            unless_completed(Some(partial(1, "Next")), Some(&done)),
+            Some(partial(1, "Next")),
+            "the step after it is live"
+        );
+        let other = ("u".to_string(), 3);
+        assert_eq!(
+            unless_completed(Some(partial(0, "Hello")), Some(&other)),
+            Some(partial(0, "Hello")),
+            "another turn's step says nothing of this one"
+        );
+        let mut c = LiveCursor::default();
+        c.completed("t", 0);
+        assert!(c.admit(&delta(0, "lo", 3)).is_none(), "the completed step's late delta");
+        assert_eq!(c.admit(&delta(1, "Next", 0)).unwrap().text.as_deref(), Some("Next"));
+        // A completion heard after the next step started streaming leaves its cursor alone.
+        c.completed("t", 0);
+        assert!(c.admit(&delta(1, "Ne", 0)).is_none(), "already delivered");
+    }
 
     fn delta(step: i64, text: &str, offset: u64) -> ModelDelta {
         ModelDelta {

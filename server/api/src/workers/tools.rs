@@ -130,18 +130,17 @@ impl TurnTask {
             }
             wp::TURN_NOTICE => {
                 let n: TurnNotice = params(p)?;
-                let kebab = |c: &str| {
-                    !c.is_empty()
-                        && c.len() <= wp::TURN_NOTICE_CODE_MAX
-                        && c.bytes()
-                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                // Only codes the protocol lists reach clients (a newer worker's other code
+                // is refused; the turn goes on without its notice).
+                let Some(code) = berth_protocol::NoticeCode::parse(&n.code) else {
+                    return Err(ApiError::code(ErrorCode::BadParams));
                 };
-                if !kebab(&n.code) || n.params.to_string().len() > wp::TURN_NOTICE_PARAMS_MAX {
+                if n.params.to_string().len() > wp::TURN_NOTICE_PARAMS_MAX {
                     return Err(ApiError::code(ErrorCode::BadParams));
                 }
                 let seq = {
                     let _permits = conn.write_permits().await;
-                    store.turn_notice(id, tenant, turn, &n.code, n.params).await?
+                    store.turn_notice(id, tenant, turn, code, n.params).await?
                 };
                 conn.state.metrics.events_appended.inc();
                 Ok(json!({"sequence": seq}))

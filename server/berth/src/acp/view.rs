@@ -434,7 +434,10 @@ mod tests {
             "another turn's output is not this prompt's"
         );
         let done = event(
-            EventPayload::ModelCompleted(ModelCompleted { usage: None }),
+            EventPayload::ModelCompleted(ModelCompleted {
+                step: Some(0),
+                usage: None,
+            }),
             vec![
                 row(RowKind::Assistant, "Hello there", None),
                 row(RowKind::ToolCall, r#"{"command":"make"}"#, Some(("shell", "requested"))),

@@ -10,8 +10,9 @@ use berth_client::{
     Client,
     method::{SessionCreate, SessionGet, SessionRespond, SessionSend, SessionStop},
     protocol::{
-        Event, EventPayload, INTERACTION_APPROVAL, Interaction, LiveItem, RowKind, SessionCreateParams, SessionRef,
-        SessionRespondParams, SessionSendParams, SessionStopParams, TurnState, WatchItem,
+        Event, EventPayload, INTERACTION_APPROVAL, Interaction, InteractionKind, LiveItem, RowKind,
+        SessionCreateParams, SessionRef, SessionRespondParams, SessionSendParams, SessionStopParams, TurnState,
+        WatchItem,
     },
 };
 
@@ -130,10 +131,60 @@ impl Printed {
             };
             self.style.yellow(&format!("[approve {tool}{detail}? y/n] "))
         } else {
-            let options = interaction.options.as_deref().unwrap_or_default().join(" / ");
-            format!("[question {} ({options}; empty for none)] ", interaction.input)
+            question_prompt(interaction)
         }
     }
+}
+
+/// The prompt for a question (the model's `ask_user`): its text and how to answer by kind
+/// — a numbered choice, y/n, or free text — and whether it may be skipped (an empty line).
+fn question_prompt(interaction: &Interaction) -> String {
+    let text = match interaction.input.get("question").and_then(|q| q.as_str()) {
+        Some(q) => q.to_string(),
+        None => interaction.input.to_string(),
+    };
+    let skip = interaction
+        .params
+        .as_ref()
+        .and_then(|p| p.get("allowSkip"))
+        .and_then(|a| a.as_bool())
+        .unwrap_or(true);
+    let skip = if skip { "; empty to skip" } else { "" };
+    let options = interaction.options.as_deref().unwrap_or_default();
+    match InteractionKind::parse(&interaction.kind) {
+        Some(InteractionKind::Confirm) => format!("[question] {text} (y/n{skip}) "),
+        Some(InteractionKind::Text) => format!("[question] {text} (your answer{skip}) "),
+        _ => {
+            let numbered: Vec<String> = options
+                .iter()
+                .enumerate()
+                .map(|(i, o)| format!("{}) {o}", i + 1))
+                .collect();
+            format!("[question] {text} {} (number{skip}) ", numbered.join(" "))
+        }
+    }
+}
+
+/// The `session.respond` answer a line gives a question (empty: none): a `confirm` reads
+/// y/n as `yes`/`no`, a choice also reads an option's number.
+fn question_answer(interaction: &Interaction, line: &str) -> serde_json::Value {
+    let line = line.trim();
+    if line.is_empty() {
+        return serde_json::json!({"choice": null});
+    }
+    let options = interaction.options.as_deref().unwrap_or_default();
+    let choice = match InteractionKind::parse(&interaction.kind) {
+        Some(InteractionKind::Confirm) => match line.to_lowercase().as_str() {
+            "y" | "yes" => "yes".to_string(),
+            "n" | "no" => "no".to_string(),
+            _ => line.to_string(),
+        },
+        _ => match line.parse::<usize>() {
+            Ok(n) if n >= 1 && n <= options.len() && !options.iter().any(|o| o == line) => options[n - 1].clone(),
+            _ => line.to_string(),
+        },
+    };
+    serde_json::json!({"choice": choice})
 }
 
 /// Ask about an interaction at the prompt (on stderr when stdout is JSON).
@@ -251,8 +302,7 @@ pub async fn chat(remote: Remote, session: Option<String>, workspace: Option<Str
                             }
                         }
                     } else {
-                        let line = line.trim();
-                        serde_json::json!({"choice": (!line.is_empty()).then_some(line)})
+                        question_answer(&interaction, &line)
                     };
                     asking.pop_front();
                     let answered = client.call::<SessionRespond>(SessionRespondParams {
@@ -367,7 +417,46 @@ pub async fn chat(remote: Remote, session: Option<String>, workspace: Option<Str
 
 #[cfg(test)]
 mod tests {
-    use super::approval_answer;
+    use berth_client::protocol::Interaction;
+
+    use super::{approval_answer, question_answer, question_prompt};
+
+    fn question(kind: &str, options: Option<&[&str]>, allow_skip: bool) -> Interaction {
+        serde_json::from_value(serde_json::json!({
+            "interactionId": "int_1", "kind": kind, "sessionId": "ses_1", "turnId": "trn_1",
+            "input": {"question": "Which branch?"},
+            "options": options, "params": {"allowSkip": allow_skip},
+            "fallback": {"choice": null}, "createdAt": "t", "expiresAt": "t", "state": "pending",
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn questions_are_asked_and_answered_by_their_kind() {
+        let choice = question("choice", Some(&["main", "dev"]), false);
+        assert_eq!(
+            question_prompt(&choice),
+            "[question] Which branch? 1) main 2) dev (number) "
+        );
+        assert_eq!(question_answer(&choice, "2\n"), serde_json::json!({"choice": "dev"}));
+        assert_eq!(question_answer(&choice, "main"), serde_json::json!({"choice": "main"}));
+        let confirm = question("confirm", Some(&["yes", "no"]), true);
+        assert_eq!(
+            question_prompt(&confirm),
+            "[question] Which branch? (y/n; empty to skip) "
+        );
+        assert_eq!(question_answer(&confirm, "Y"), serde_json::json!({"choice": "yes"}));
+        assert_eq!(question_answer(&confirm, ""), serde_json::json!({"choice": null}));
+        let text = question("text", None, true);
+        assert_eq!(
+            question_prompt(&text),
+            "[question] Which branch? (your answer; empty to skip) "
+        );
+        assert_eq!(
+            question_answer(&text, "feature/x"),
+            serde_json::json!({"choice": "feature/x"})
+        );
+    }
 
     #[test]
     fn only_yes_or_no_answers_an_approval() {

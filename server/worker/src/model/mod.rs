@@ -5,6 +5,7 @@
 //! Provider output is hostile input: the response, each SSE line, and the number of tool
 //! calls in a step are bounded, so no stream can make the worker allocate without limit.
 
+use berth_protocol::CauseCode;
 pub(crate) mod messages;
 
 use std::future::Future;
@@ -59,9 +60,9 @@ pub(crate) enum StreamError {
     Link(anyhow::Error),
 }
 
-fn failed(code: &str) -> StreamError {
+fn failed(code: CauseCode) -> StreamError {
     StreamError::Failed(Cause {
-        code: code.into(),
+        code: code.as_str().into(),
         status: None,
     })
 }
@@ -92,7 +93,7 @@ where
         let status = resp.status().as_u16();
         let err = resp.json::<ProxyError>().await.map(|e| e.error);
         return Err(StreamError::Failed(err.unwrap_or(Cause {
-            code: "provider-status".into(),
+            code: CauseCode::ProviderStatus.as_str().into(),
             status: Some(status),
         })));
     }
@@ -107,8 +108,10 @@ where
         // When the chunk arrived, for the TRACE event that follows its delta.
         let received = tracing::enabled!(tracing::Level::TRACE).then(std::time::SystemTime::now);
         let event = event.map_err(|e| match e {
-            eventsource_stream::EventStreamError::Transport(Fault::Unreachable) => failed("provider-unreachable"),
-            _ => failed("provider-protocol"),
+            eventsource_stream::EventStreamError::Transport(Fault::Unreachable) => {
+                failed(CauseCode::ProviderUnreachable)
+            }
+            _ => failed(CauseCode::ProviderProtocol),
         })?;
         if event.data == "[DONE]" {
             return Ok(acc.finish());
@@ -116,7 +119,7 @@ where
         if event.data.is_empty() {
             continue;
         }
-        let chunk: Chunk = serde_json::from_str(&event.data).map_err(|_| failed("provider-protocol"))?;
+        let chunk: Chunk = serde_json::from_str(&event.data).map_err(|_| failed(CauseCode::ProviderProtocol))?;
         if let Some((text, thinking)) = acc.add(chunk)? {
             // Logged after the delta is sent, so that tracing never holds it up.
             let traced = received.map(|at| (at, text.clone(), thinking.clone()));
@@ -127,7 +130,7 @@ where
             }
         }
     }
-    Err(failed("provider-stream-ended"))
+    Err(failed(CauseCode::ProviderStreamEnded))
 }
 
 /// TRACE (target `berth_worker::model`): live output of turn `turn_id` as it arrived from
@@ -220,12 +223,12 @@ impl Accumulator {
                 });
             }
             if self.bytes > CONTENT_MAX {
-                return Err(failed("provider-response-too-large"));
+                return Err(failed(CauseCode::ProviderResponseTooLarge));
             }
             let d = choice.delta;
             self.c.reasoning_items.extend(d.reasoning_items.unwrap_or_default());
             if self.c.reasoning_items.len() > TOOL_CALLS_MAX {
-                return Err(failed("provider-protocol"));
+                return Err(failed(CauseCode::ProviderProtocol));
             }
             let thinking = d.reasoning_content.or(d.reasoning).filter(|s| !s.is_empty());
             let text = d.content.filter(|s| !s.is_empty());
@@ -237,7 +240,7 @@ impl Accumulator {
             for tc in d.tool_calls.unwrap_or_default() {
                 let i = tc.index as usize;
                 if i >= TOOL_CALLS_MAX {
-                    return Err(failed("provider-protocol"));
+                    return Err(failed(CauseCode::ProviderProtocol));
                 }
                 if self.c.tool_calls.len() <= i {
                     self.c.tool_calls.resize(i + 1, ToolCall::default());

@@ -196,7 +196,7 @@ pub(crate) struct Problem {
 }
 
 impl Problem {
-    pub(crate) const CODE: &'static str = "mcp-server-unavailable";
+    pub(crate) const CODE: &'static str = berth_protocol::NoticeCode::McpServerUnavailable.as_str();
 
     pub(crate) fn params(&self) -> Value {
         json!({"server": self.server, "reason": self.reason})

@@ -2,6 +2,7 @@
 //! schemas the model sees and dispatches calls by name. A tool error is a result the model
 //! reads, never a crash.
 
+pub(crate) mod ask;
 pub(crate) mod attach;
 mod fs;
 mod lifeline;
