@@ -183,11 +183,18 @@ struct Seat {
     session: String,
 }
 
-async fn seats(server: &TestServer, token: &str, workspace_id: &str, n: usize) -> Vec<Seat> {
+/// Where the turns run: the API tier, a credential, the worker's workspace.
+struct Workspace<'a> {
+    server: &'a TestServer,
+    token: &'a str,
+    id: &'a str,
+}
+
+async fn seats(to: &Workspace<'_>, n: usize) -> Vec<Seat> {
     let mut out = Vec::new();
     for _ in 0..n {
-        let mut client = Client::authed(&server.ws_url(), token).await.expect("client");
-        let s = client.ok("session.create", json!({"workspaceId": workspace_id})).await;
+        let mut client = Client::authed(&to.server.ws_url(), to.token).await.expect("client");
+        let s = client.ok("session.create", json!({"workspaceId": to.id})).await;
         let session = s["sessionId"].as_str().expect("sessionId").to_string();
         let sub = client.subscribe("session.watch", json!({"sessionId": session, "after": 0}));
         out.push(Seat { client, sub, session });
@@ -225,20 +232,21 @@ async fn turn(seat: &mut Seat, kind: Kind) -> f64 {
 async fn sequential(
     procs: &Procs,
     mock: &MockProvider,
-    server: &TestServer,
-    token: &str,
-    ws: &str,
+    to: &Workspace<'_>,
     kind: Kind,
     turns: usize,
+    stats: &mut Statements,
 ) -> (Cpu, Vec<f64>) {
-    let mut seated = seats(server, token, ws, turns).await;
+    let mut seated = seats(to, turns).await;
     script(mock, kind, turns);
     let mut walls = Vec::new();
+    stats.open().await;
     let before = procs.read();
     for seat in &mut seated {
         walls.push(turn(seat, kind).await);
     }
     let cpu = procs.read().since(&before);
+    stats.close().await;
     (cpu, walls)
 }
 
@@ -246,16 +254,15 @@ async fn sequential(
 async fn at_once(
     procs: &Procs,
     mock: &MockProvider,
-    server: &TestServer,
-    token: &str,
-    ws: &str,
+    to: &Workspace<'_>,
     kind: Kind,
     rounds: usize,
+    stats: &mut Statements,
 ) -> (Cpu, Vec<f64>) {
     let mut cpu = Cpu::default();
     let mut walls = Vec::new();
     for _ in 0..rounds {
-        let seated = seats(server, token, ws, AT_ONCE).await;
+        let seated = seats(to, AT_ONCE).await;
         script(mock, kind, AT_ONCE);
         let gate = std::sync::Arc::new(tokio::sync::Barrier::new(AT_ONCE + 1));
         let tasks: Vec<_> = seated
@@ -268,6 +275,7 @@ async fn at_once(
                 })
             })
             .collect();
+        stats.open().await;
         let before = procs.read();
         gate.wait().await;
         let mut done = Vec::new();
@@ -277,6 +285,7 @@ async fn at_once(
             done.push(seat);
         }
         cpu = cpu.plus(&procs.read().since(&before));
+        stats.close().await;
         drop(done);
     }
     (cpu, walls)
@@ -287,58 +296,84 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// `BERTH_BENCH_STATEMENTS=1`: a connection that resets and reads `pg_stat_statements`.
-async fn statements(database_url: &str) -> Option<tokio_postgres::Client> {
-    std::env::var_os("BERTH_BENCH_STATEMENTS")?;
-    let c = db(database_url).await;
-    match c
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .await
-    {
-        Ok(()) => Some(c),
-        Err(e) => {
-            println!("pg_stat_statements unavailable (set BERTH_TEST_PG_SETTINGS): {e}");
-            None
+/// `BERTH_BENCH_STATEMENTS=1`: the statements sent inside the CPU windows
+/// (`pg_stat_statements`, reset as each window opens and read as it closes).
+#[derive(Default)]
+struct Statements {
+    db: Option<tokio_postgres::Client>,
+    /// Query → (calls, execution ms), summed over the windows since the last print.
+    seen: std::collections::HashMap<String, (i64, f64)>,
+}
+
+impl Statements {
+    async fn start(database_url: &str) -> Statements {
+        if std::env::var_os("BERTH_BENCH_STATEMENTS").is_none() {
+            return Statements::default();
+        }
+        let c = db(database_url).await;
+        match c
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await
+        {
+            Ok(()) => Statements {
+                db: Some(c),
+                ..Statements::default()
+            },
+            Err(e) => {
+                println!("pg_stat_statements unavailable (set BERTH_TEST_PG_SETTINGS): {e}");
+                Statements::default()
+            }
         }
     }
-}
 
-async fn statements_reset(c: Option<&tokio_postgres::Client>) {
-    if let Some(c) = c {
-        c.batch_execute("SELECT pg_stat_statements_reset()")
+    async fn open(&self) {
+        if let Some(c) = &self.db {
+            c.batch_execute("SELECT pg_stat_statements_reset()")
+                .await
+                .expect("reset");
+        }
+    }
+
+    async fn close(&mut self) {
+        let Some(c) = &self.db else { return };
+        let rows = c
+            .query(
+                "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)
+                   FROM pg_stat_statements
+                  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND query NOT LIKE '%pg_stat_statements%'",
+                &[],
+            )
             .await
-            .expect("reset");
+            .expect("pg_stat_statements");
+        for r in rows {
+            let e = self.seen.entry(r.get(2)).or_default();
+            e.0 += r.get::<_, i64>(0);
+            e.1 += r.get::<_, f64>(1);
+        }
     }
-}
 
-/// Statements per turn since the reset, the most called first.
-async fn statements_print(c: Option<&tokio_postgres::Client>, what: &str, turns: usize) {
-    let Some(c) = c else { return };
-    let rows = c
-        .query(
-            "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)
-               FROM pg_stat_statements
-              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND query NOT LIKE '%pg_stat_statements%'
-              ORDER BY calls DESC",
-            &[],
-        )
-        .await
-        .expect("pg_stat_statements");
-    let n = turns as f64;
-    let (mut calls, mut exec) = (0i64, 0.0);
-    println!("\n{what}: statements per turn (calls, exec ms; query)");
-    for r in &rows {
-        let (k, e, q): (i64, f64, String) = (r.get(0), r.get(1), r.get(2));
-        calls += k;
-        exec += e;
-        println!("{:6.2} {:7.3} | {q}", k as f64 / n, e / n);
+    /// Statements per turn over the windows since the last print, the most called first.
+    fn print(&mut self, what: &str, turns: usize) {
+        if self.db.is_none() {
+            return;
+        }
+        let mut rows: Vec<_> = self.seen.drain().collect();
+        rows.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(b.1.1.total_cmp(&a.1.1)));
+        let n = turns as f64;
+        let (mut calls, mut exec) = (0i64, 0.0);
+        println!("\n{what}: statements per turn (calls, exec ms; query)");
+        for (q, (k, e)) in &rows {
+            calls += k;
+            exec += e;
+            println!("{:6.2} {:7.3} | {q}", *k as f64 / n, e / n);
+        }
+        println!(
+            "all: {:.1} statements, {:.3} ms execution a turn",
+            calls as f64 / n,
+            exec / n
+        );
     }
-    println!(
-        "all: {:.1} statements, {:.3} ms execution a turn",
-        calls as f64 / n,
-        exec / n
-    );
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -400,10 +435,16 @@ async fn main() {
         procs.postmaster
     );
 
+    let to = Workspace {
+        server: &server,
+        token: &token,
+        id: &ws,
+    };
     // Warm-up: pools, prepared statements, the worker's connection.
-    sequential(&procs, &mock, &server, &token, &ws, Kind::Text, 5).await;
-    sequential(&procs, &mock, &server, &token, &ws, Kind::Tool, 5).await;
-    at_once(&procs, &mock, &server, &token, &ws, Kind::Text, 1).await;
+    let mut none = Statements::default();
+    sequential(&procs, &mock, &to, Kind::Text, 5, &mut none).await;
+    sequential(&procs, &mock, &to, Kind::Tool, 5, &mut none).await;
+    at_once(&procs, &mock, &to, Kind::Text, 1, &mut none).await;
 
     // Idle: what the processes spend with no turn (heartbeats, timers, the checkpointer).
     let idle_secs = 5.0;
@@ -411,22 +452,20 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs_f64(idle_secs)).await;
     let idle = procs.read().since(&before).per_turn(1).map(|ms| ms / idle_secs);
 
-    let stats = statements(&database_url).await;
+    let mut stats = Statements::start(&database_url).await;
     let mut rows = Vec::new();
     for (kind, name) in [(Kind::Text, "text turn"), (Kind::Tool, "one-tool-call turn")] {
-        statements_reset(stats.as_ref()).await;
-        let (cpu, mut seq_walls) = sequential(&procs, &mock, &server, &token, &ws, kind, turns).await;
-        statements_print(stats.as_ref(), &format!("{name}, one after another"), turns).await;
+        let (cpu, mut seq_walls) = sequential(&procs, &mock, &to, kind, turns, &mut stats).await;
+        stats.print(&format!("{name}, one after another"), turns);
         let seq_wall = median(&mut seq_walls);
         rows.push((
             format!("{name}, one after another ({turns} turns)"),
             cpu.per_turn(turns),
             None,
         ));
-        statements_reset(stats.as_ref()).await;
-        let (cpu, mut walls) = at_once(&procs, &mock, &server, &token, &ws, kind, rounds).await;
+        let (cpu, mut walls) = at_once(&procs, &mock, &to, kind, rounds, &mut stats).await;
         let n = rounds * AT_ONCE;
-        statements_print(stats.as_ref(), &format!("{name}, {AT_ONCE} at once"), n).await;
+        stats.print(&format!("{name}, {AT_ONCE} at once"), n);
         let wall = median(&mut walls);
         rows.push((
             format!("{name}, {AT_ONCE} at once ({rounds} rounds, {n} turns)"),
