@@ -1048,6 +1048,27 @@ export type ModelParams = {
 };
 
 /**
+ * Whether the server's default model endpoint answered a probe. The endpoint itself is not
+ * named (it is the operator's configuration).
+ */
+export type ModelProbe = {
+  /**
+   * An HTTP answer came (any status: without the key a 401 is an answer too).
+   */
+  "answered": boolean;
+  /**
+   * Why it did not answer (`provider-unconfigured`, `provider-timeout`,
+   * `provider-unreachable`).
+   */
+  "error"?: string;
+  "httpStatus"?: number;
+  /**
+   * The default model, if one is configured.
+   */
+  "model"?: string;
+};
+
+/**
  * A payload without fields.
  */
 export type Nothing = Record<string, unknown>;
@@ -1913,7 +1934,19 @@ export type SkillSaveParams = {
  */
 export type SkillSource = ("tenant" | "workspace");
 
+export type StatusParams = {
+  /**
+   * Also check, from this replica, that the default model endpoint answers (`berth
+   * doctor`): one `GET <base URL>/models`, without the provider key.
+   */
+  "probeModel"?: boolean;
+};
+
 export type StatusResult = {
+  /**
+   * The default model endpoint's answer, when `probeModel` asked for it.
+   */
+  "model"?: (ModelProbe);
   "protocol": number;
   "replicaId": string;
   "serverVersion": string;
@@ -2207,7 +2240,7 @@ export interface Methods {
   "skill.list": { params: SkillListParams; result: SkillListResult };
   "skill.remove": { params: SkillRemoveParams; result: Removed };
   "skill.save": { params: SkillSaveParams; result: Skill };
-  "status": { params: Empty; result: StatusResult };
+  "status": { params: StatusParams; result: StatusResult };
   "subscription.close": { params: SubscriptionCloseParams; result: Empty };
   "workspace.files": { params: WorkspaceFilesParams; result: WorkspaceFilesResult };
   "workspace.get": { params: WorkspaceRef; result: Workspace };

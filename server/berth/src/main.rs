@@ -342,8 +342,6 @@ pub(crate) fn dev_data_dir(cwd: &Path) -> PathBuf {
 
 /// Where `berth dev` writes the address it listens on, for the client commands.
 pub(crate) const DEV_ADDRESS_FILE: &str = "run/address";
-/// Where `berth dev` writes its model and endpoint (never the key), for `berth doctor`.
-pub(crate) const DEV_MODEL_FILE: &str = "run/model";
 
 /// A base URL as shown to people: without any user or password in it.
 fn without_userinfo(url: &str) -> String {
@@ -599,11 +597,8 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     let metrics_addr = metrics_listener.local_addr()?;
     println!("berth: listening on http://{addr} (metrics on http://{metrics_addr}/metrics)");
     if dev {
-        // The client commands run from this directory find the server and its credential
-        // (and `berth doctor` the model endpoint: no key, which stays in this process).
+        // The client commands run from this directory find the server and its credential.
         write_secret(&data_dir.join(DEV_ADDRESS_FILE), &format!("http://{addr}"))?;
-        let model = serde_json::json!({"baseUrl": config.model.base_url, "model": config.model.model});
-        write_secret(&data_dir.join(DEV_MODEL_FILE), &model.to_string())?;
         for line in dev_startup_lines(&addr.to_string(), &token_path, &config.model) {
             println!("berth: {line}");
         }

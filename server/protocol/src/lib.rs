@@ -148,7 +148,7 @@ methods! {
     /// Liveness of the connection.
     Ping = "ping" (Empty) -> PingResult;
     /// Server version, protocol and replica id.
-    Status = "status" (Empty) -> StatusResult;
+    Status = "status" (StatusParams) -> StatusResult;
     /// Workspaces of the caller's tenant.
     WorkspaceList = "workspace.list" (Empty) -> Vec<Workspace>;
     /// One workspace.

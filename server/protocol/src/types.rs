@@ -55,6 +55,38 @@ pub struct StatusResult {
     pub server_version: String,
     pub protocol: u32,
     pub replica_id: String,
+    /// The default model endpoint's answer, when `probeModel` asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelProbe>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct StatusParams {
+    /// Also check, from this replica, that the default model endpoint answers (`berth
+    /// doctor`): one `GET <base URL>/models`, without the provider key.
+    #[serde(default, deserialize_with = "crate::null_default")]
+    pub probe_model: bool,
+}
+
+/// Whether the server's default model endpoint answered a probe. The endpoint itself is not
+/// named (it is the operator's configuration).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ModelProbe {
+    /// The default model, if one is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// An HTTP answer came (any status: without the key a 401 is an answer too).
+    pub answered: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    /// Why it did not answer (`provider-unconfigured`, `provider-timeout`,
+    /// `provider-unreachable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// A workspace as the client sees it.

@@ -1,8 +1,8 @@
 //! `hello`, `ping`, `status`, `subscription.close`.
 
 use berth_protocol::{
-    Empty, ErrorCode, HelloParams, HelloResult, Notice, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS,
-    StatusResult, SubscriptionCloseParams,
+    Empty, ErrorCode, HelloParams, HelloResult, ModelProbe, Notice, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS,
+    StatusParams, StatusResult, SubscriptionCloseParams,
 };
 use berth_store::CredentialKind;
 use serde_json::json;
@@ -65,12 +65,49 @@ pub async fn ping(_ctx: Ctx, _p: Empty) -> ApiResult<PingResult> {
     Ok(PingResult { pong: true })
 }
 
-pub async fn status(ctx: Ctx, _p: Empty) -> ApiResult<StatusResult> {
+pub async fn status(ctx: Ctx, p: StatusParams) -> ApiResult<StatusResult> {
+    let model = match p.probe_model {
+        true => Some(probe_model(&ctx.state).await),
+        false => None,
+    };
     Ok(StatusResult {
         server_version: SERVER_VERSION.into(),
         protocol: PROTOCOL_VERSION,
         replica_id: ctx.state.config.replica_id.clone(),
+        model,
     })
+}
+
+/// How long the model probe waits for an answer.
+const MODEL_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `GET <base URL>/models` of the default provider profile, without its key: does the
+/// endpoint answer at all? Any HTTP status counts; what the endpoint said is not passed on.
+async fn probe_model(state: &crate::AppState) -> ModelProbe {
+    let model = state.config.model.model.clone();
+    let providers = state.config.providers.current();
+    let Some(profile) = providers.get(None) else {
+        return ModelProbe {
+            model,
+            answered: false,
+            http_status: None,
+            error: Some("provider-unconfigured".into()),
+        };
+    };
+    let url = format!("{}/models", profile.base_url.trim_end_matches('/'));
+    let sent = tokio::time::timeout(MODEL_PROBE_TIMEOUT, state.provider_http.get(&url).send()).await;
+    let (answered, http_status, error) = match sent {
+        Ok(Ok(r)) => (true, Some(r.status().as_u16()), None),
+        Ok(Err(e)) if e.is_timeout() => (false, None, Some("provider-timeout")),
+        Err(_) => (false, None, Some("provider-timeout")),
+        Ok(Err(_)) => (false, None, Some("provider-unreachable")),
+    };
+    ModelProbe {
+        model,
+        answered,
+        http_status,
+        error: error.map(str::to_string),
+    }
 }
 
 /// End a subscription early; its original request is answered once its task has stopped

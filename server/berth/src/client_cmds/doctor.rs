@@ -29,19 +29,6 @@ struct Check {
     detail: String,
 }
 
-/// The model endpoint a `berth dev` here was started with, when it is the one at `server`.
-fn local_dev_model(server: &str) -> Option<(Option<String>, Option<String>)> {
-    let data = remote::local_dev_dir()?;
-    let address = std::fs::read_to_string(data.join(crate::DEV_ADDRESS_FILE)).ok()?;
-    if shown(address.trim()) != server {
-        return None;
-    }
-    let model: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(data.join(crate::DEV_MODEL_FILE)).ok()?).ok()?;
-    let field = |k: &str| model.get(k).and_then(|v| v.as_str()).map(str::to_string);
-    Some((field("baseUrl"), field("model")))
-}
-
 async fn checks(remote: &Remote, http: &reqwest::Client) -> Vec<Check> {
     let mut checks = Vec::new();
     let mut add = |check: &'static str, outcome: Outcome, detail: String| {
@@ -144,33 +131,39 @@ async fn checks(remote: &Remote, http: &reqwest::Client) -> Vec<Check> {
             "the server has no model endpoint: start it with BERTH_MODEL_BASE_URL and BERTH_MODEL set".into(),
         );
     } else {
-        match local_dev_model(&server) {
-            Some((Some(base), model)) => {
-                let model = model.as_deref().unwrap_or("(no BERTH_MODEL)");
-                let url = format!("{}/models", base.trim_end_matches('/'));
-                match http.get(&url).send().await {
-                    // Any HTTP answer (even 401 without the key, which stays with the server)
-                    // is an endpoint answering.
-                    Ok(r) => add(
-                        "model",
-                        Outcome::Ok,
-                        format!("{model} at {base} answers (HTTP {})", r.status().as_u16()),
-                    ),
-                    Err(e) => add(
-                        "model",
-                        Outcome::Fail,
-                        format!(
-                            "{model} at {base} does not answer ({}): check BERTH_MODEL_BASE_URL and that the endpoint is up",
-                            berth_store::error_chain(&e)
-                        ),
-                    ),
-                }
-            }
-            _ => add(
+        // Asked from the server, which holds the endpoint and reaches it as turns do.
+        let probe = client
+            .call::<berth_client::method::Status>(berth_protocol::StatusParams { probe_model: true })
+            .await;
+        let model = |p: &berth_protocol::ModelProbe| p.model.clone().unwrap_or_else(|| "the default model".into());
+        match probe.map(|s| s.model) {
+            Ok(Some(p)) if p.answered => add(
+                "model",
+                Outcome::Ok,
+                format!(
+                    "the endpoint of {} answers the server (HTTP {})",
+                    model(&p),
+                    p.http_status.unwrap_or_default()
+                ),
+            ),
+            Ok(Some(p)) => add(
+                "model",
+                Outcome::Fail,
+                format!(
+                    "the endpoint of {} does not answer the server ({}): check BERTH_MODEL_BASE_URL on the server and that the endpoint is up",
+                    model(&p),
+                    p.error.as_deref().unwrap_or("no answer")
+                ),
+            ),
+            Ok(None) => add(
                 "model",
                 Outcome::Skip,
-                "configured on the server; its endpoint is checked from here only for a `berth dev` serving this directory"
-                    .into(),
+                "the server is too old to check its model endpoint".into(),
+            ),
+            Err(e) => add(
+                "model",
+                Outcome::Fail,
+                remote::explain(e, &server, remote::Subject::None).to_string(),
             ),
         }
     }
