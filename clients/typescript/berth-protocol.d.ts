@@ -1057,10 +1057,10 @@ export type ModelProbe = {
    */
   "answered": boolean;
   /**
-   * Why it did not answer (`provider-unconfigured`, `provider-timeout`,
+   * Why it did not answer: a `CauseCode` (`provider-unconfigured`, `provider-timeout`,
    * `provider-unreachable`).
    */
-  "error"?: string;
+  "error"?: (CauseCode);
   "httpStatus"?: number;
   /**
    * The default model, if one is configured.
@@ -1939,7 +1939,7 @@ export type StatusParams = {
    * Also check, from this replica, that the default model endpoint answers (`berth
    * doctor`): one `GET <base URL>/models`, without the provider key.
    */
-  "probeModel"?: boolean;
+  "probeModel"?: boolean | null;
 };
 
 export type StatusResult = {

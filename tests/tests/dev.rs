@@ -19,7 +19,8 @@ fn pid_alive(pid: i32) -> bool {
 
 /// Ctrl-C in a terminal signals the whole foreground process group. Berth must drain its
 /// connections and its worker first, then stop its private PostgreSQL, and say nothing
-/// alarming while doing so; its logs to a file carry no colour codes.
+/// alarming while doing so; its logs to a file carry no colour codes; it takes its address
+/// file with it.
 #[tokio::test(flavor = "multi_thread")]
 async fn ctrl_c_stops_dev_cleanly_with_its_cluster_and_plain_logs() {
     let mock = MockProvider::start().await;
@@ -57,6 +58,12 @@ async fn ctrl_c_stops_dev_cleanly_with_its_cluster_and_plain_logs() {
     }
     assert!(online.is_some(), "the dev worker never came online");
     drop(client);
+    // Clients in this directory find the server by its address file while it runs.
+    let address = data.join("run/address");
+    assert_eq!(
+        std::fs::read_to_string(&address).expect("address file").trim(),
+        format!("http://{addr}")
+    );
 
     // Its cluster commits past the WAL segment initdb wrote (where a commit waited ~20×
     // longer for a thin-provisioned virtual disk). Attaching leaves the cluster running.
@@ -114,6 +121,10 @@ async fn ctrl_c_stops_dev_cleanly_with_its_cluster_and_plain_logs() {
     assert!(
         gone.is_some(),
         "the private PostgreSQL ({postmaster}) outlived berth dev"
+    );
+    assert!(
+        !address.exists(),
+        "a stopped berth dev left its address for clients to find"
     );
 }
 

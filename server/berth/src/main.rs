@@ -596,9 +596,12 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     let addr = listener.local_addr()?;
     let metrics_addr = metrics_listener.local_addr()?;
     println!("berth: listening on http://{addr} (metrics on http://{metrics_addr}/metrics)");
+    // Gone when this server stops (however it stops), so no client finds a dead address.
+    let mut address_file = None;
     if dev {
         // The client commands run from this directory find the server and its credential.
         write_secret(&data_dir.join(DEV_ADDRESS_FILE), &format!("http://{addr}"))?;
+        address_file = Some(RemovedOnDrop(data_dir.join(DEV_ADDRESS_FILE)));
         for line in dev_startup_lines(&addr.to_string(), &token_path, &config.model) {
             println!("berth: {line}");
         }
@@ -649,8 +652,18 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
     if let Some(t) = worker_task {
         let _ = t.await;
     }
+    drop(address_file);
     drop(cluster);
     Ok(())
+}
+
+/// A file removed when this value is dropped: `berth dev`'s address file.
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// The login-token signing key: `BERTH_JWT_SECRET_FILE`, else `<data-dir>/run/jwt-secret`

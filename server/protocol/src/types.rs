@@ -67,6 +67,7 @@ pub struct StatusParams {
     /// Also check, from this replica, that the default model endpoint answers (`berth
     /// doctor`): one `GET <base URL>/models`, without the provider key.
     #[serde(default, deserialize_with = "crate::null_default")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<bool>"))]
     pub probe_model: bool,
 }
 
@@ -83,9 +84,10 @@ pub struct ModelProbe {
     pub answered: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
-    /// Why it did not answer (`provider-unconfigured`, `provider-timeout`,
+    /// Why it did not answer: a `CauseCode` (`provider-unconfigured`, `provider-timeout`,
     /// `provider-unreachable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<crate::CauseCode>"))]
     pub error: Option<String>,
 }
 

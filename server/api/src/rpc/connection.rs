@@ -1,8 +1,8 @@
 //! `hello`, `ping`, `status`, `subscription.close`.
 
 use berth_protocol::{
-    Empty, ErrorCode, HelloParams, HelloResult, ModelProbe, Notice, PROTOCOL_VERSION, PingResult, SUPPORTED_PROTOCOLS,
-    StatusParams, StatusResult, SubscriptionCloseParams,
+    CauseCode, Empty, ErrorCode, HelloParams, HelloResult, ModelProbe, Notice, PROTOCOL_VERSION, PingResult,
+    SUPPORTED_PROTOCOLS, StatusParams, StatusResult, SubscriptionCloseParams,
 };
 use berth_store::CredentialKind;
 use serde_json::json;
@@ -91,22 +91,22 @@ async fn probe_model(state: &crate::AppState) -> ModelProbe {
             model,
             answered: false,
             http_status: None,
-            error: Some("provider-unconfigured".into()),
+            error: Some(CauseCode::ProviderUnconfigured.to_string()),
         };
     };
     let url = format!("{}/models", profile.base_url.trim_end_matches('/'));
     let sent = tokio::time::timeout(MODEL_PROBE_TIMEOUT, state.provider_http.get(&url).send()).await;
     let (answered, http_status, error) = match sent {
         Ok(Ok(r)) => (true, Some(r.status().as_u16()), None),
-        Ok(Err(e)) if e.is_timeout() => (false, None, Some("provider-timeout")),
-        Err(_) => (false, None, Some("provider-timeout")),
-        Ok(Err(_)) => (false, None, Some("provider-unreachable")),
+        Ok(Err(e)) if e.is_timeout() => (false, None, Some(CauseCode::ProviderTimeout)),
+        Err(_) => (false, None, Some(CauseCode::ProviderTimeout)),
+        Ok(Err(_)) => (false, None, Some(CauseCode::ProviderUnreachable)),
     };
     ModelProbe {
         model,
         answered,
         http_status,
-        error: error.map(str::to_string),
+        error: error.map(|c| c.to_string()),
     }
 }
 
