@@ -6,7 +6,10 @@
 #   docker build -t berth:dev .     (or: podman build / buildah bud)
 #   docker run --rm berth:dev --version
 
-FROM docker.io/library/rust:1-bookworm AS build
+# The build toolchain is the workspace's rust-version (Cargo.toml), so the image checks it.
+# Tags, not digests: no registry was reachable where this was written to read the digests;
+# pin them (`docker buildx imagetools inspect <tag>`) when you build for production.
+FROM docker.io/library/rust:1.91-bookworm AS build
 WORKDIR /src
 COPY . .
 # Cache mounts keep the crate registry and the build directory between builds (BuildKit,
