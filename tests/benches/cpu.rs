@@ -18,6 +18,7 @@ use berth_e2e::{
     Client, MockProvider, Part, Reply, TestServer, TestWorker,
     client::Subscription,
     harness::{db, fresh_database, scratch_dir},
+    procstat::{clock_ticks, cpu_ticks, pid_stat, tree_ticks},
 };
 use serde_json::{Value, json};
 
@@ -91,53 +92,6 @@ fn script(mock: &MockProvider, kind: Kind, turns: usize) {
 // ---------------------------------------------------------------------------------------
 // /proc
 
-/// Clock ticks per second of `/proc/<pid>/stat`'s times.
-fn clock_ticks() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
-}
-
-/// The fields of a `/proc/…/stat` file after the command name: `[1]` ppid, `[11]` utime,
-/// `[12]` stime. None once the process is gone.
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(") ")? + 2..];
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
-/// User + system time in clock ticks.
-fn ticks(f: &[String]) -> u64 {
-    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
-}
-
-fn cpu_ticks(pid: u32) -> u64 {
-    stat_fields(pid).map_or(0, |f| ticks(&f))
-}
-
-/// The postmaster and its children (backends, checkpointer, WAL writer, autovacuum, …).
-fn cluster_ticks(postmaster: u32) -> u64 {
-    let mut sum = cpu_ticks(postmaster);
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        if let Some(f) = stat_fields(pid)
-            && f[1].parse::<u32>().ok() == Some(postmaster)
-        {
-            sum += ticks(&f);
-        }
-    }
-    sum
-}
-
 struct Procs {
     api: u32,
     worker: u32,
@@ -150,11 +104,7 @@ struct Cpu([u64; 3]);
 
 impl Procs {
     fn read(&self) -> Cpu {
-        Cpu([
-            cpu_ticks(self.api),
-            cpu_ticks(self.worker),
-            cluster_ticks(self.postmaster),
-        ])
+        Cpu([cpu_ticks(self.api), cpu_ticks(self.worker), tree_ticks(self.postmaster)])
     }
 }
 
@@ -418,7 +368,7 @@ async fn main() {
             .await
             .expect("backend pid")
             .get(0);
-        stat_fields(backend as u32).expect("backend stat")[1]
+        pid_stat(backend as u32).expect("backend stat")[1]
             .parse()
             .expect("ppid")
     };

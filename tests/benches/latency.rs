@@ -15,6 +15,7 @@ use berth_e2e::{
     Client, MockProvider, Part, Reply, TestServer,
     harness::{berth_bin, db, fresh_database, log_events, scratch_dir, spawn_listening, wall_us},
     mock_provider::epoch,
+    procstat::{cpu_ticks, stat_fields, stat_ticks, ticks_time, tree_ticks},
 };
 use berth_store::cluster::{ClusterOptions, PrivateCluster};
 use futures_util::{SinkExt, StreamExt};
@@ -1544,55 +1545,15 @@ async fn online_workspace(server: &TestServer, token: &str, host: &str) -> Strin
     panic!("the workspace of {host} never came online");
 }
 
-/// Clock ticks per second of `/proc/<pid>/stat`'s times.
-fn clock_ticks() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
-}
-
-/// The fields of a `/proc/…/stat` file after the command name (which may hold spaces):
-/// `[0]` state, `[1]` ppid, `[11]` utime, `[12]` stime. None once the process is gone.
-fn stat_fields(path: &str) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(path).ok()?;
-    let rest = &stat[stat.rfind(") ")? + 2..];
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
-fn stat_cpu(f: &[String]) -> Duration {
-    let (utime, stime): (f64, f64) = (f[11].parse().expect("utime"), f[12].parse().expect("stime"));
-    Duration::from_secs_f64((utime + stime) / clock_ticks())
-}
-
 /// CPU time (user + system) a process has used so far (zero once it is gone).
 fn cpu_time(pid: u32) -> Duration {
-    stat_fields(&format!("/proc/{pid}/stat")).map_or(Duration::ZERO, |f| stat_cpu(&f))
+    ticks_time(cpu_ticks(pid))
 }
 
 /// CPU time of a process and all its children (PostgreSQL: the postmaster and its
-/// backends). A backend that exits between two readings takes its time with it; the pools
-/// keep theirs open, so that is only the odd autovacuum worker.
+/// backends).
 fn tree_cpu(root: u32) -> Duration {
-    let mut sum = cpu_time(root);
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        if let Some(f) = stat_fields(&format!("/proc/{pid}/stat"))
-            && f[1].parse::<u32>().ok() == Some(root)
-        {
-            sum += stat_cpu(&f);
-        }
-    }
-    sum
+    ticks_time(tree_ticks(root))
 }
 
 /// CPU time of this process's threads whose name starts with `prefix`.
@@ -1602,7 +1563,7 @@ fn threads_cpu(prefix: &str) -> Duration {
         let dir = entry.path();
         let named = std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.starts_with(prefix));
         if named && let Some(f) = stat_fields(&format!("{}/stat", dir.display())) {
-            sum += stat_cpu(&f);
+            sum += ticks_time(stat_ticks(&f));
         }
     }
     sum

@@ -7,6 +7,7 @@ pub mod cut_proxy;
 pub mod harness;
 pub mod mock_provider;
 pub mod nginx;
+pub mod procstat;
 pub mod s3;
 pub mod stack;
 
