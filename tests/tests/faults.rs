@@ -368,8 +368,18 @@ async fn hand_over(approval: bool) {
     // Nothing was run twice: the model saw the first prompt, its tool result, then the second.
     let prompts: Vec<String> = mock.requests().iter().map(prompt_of).collect();
     assert_eq!(prompts, ["one", "one", "two"]);
-    let tool_result = mock.requests()[1].to_string();
-    assert!(tool_result.contains("slept-through-the-move"), "{tool_result}");
+    // The command's output, not its text (which names the words too): the result of the one
+    // run that went on through the move.
+    let second = &mock.requests()[1];
+    let tool_result = second["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "tool"))
+        .unwrap_or_else(|| panic!("no tool result in {second}"));
+    let output = tool_result["content"].as_str().unwrap_or_default();
+    assert!(
+        output.contains("slept-through-the-move") && !output.contains("echo slept"),
+        "{tool_result}"
+    );
     assert_eq!(holder(&stack, &ids).await, survivor);
     let log = std::fs::read_to_string(&stack.servers[lost].log).unwrap();
     assert!(log.contains("turn released to move to another connection"), "{log}");

@@ -707,10 +707,19 @@ impl Drive {
                                 conn: self.id.clone(),
                             },
                         );
-                        if !started {
-                            tracing::info!(turn.id = %run.turn_id, "turn stopped by the server before it ran");
-                            turn::record_settled(&link, &run.turn_id);
-                            return;
+                        match started {
+                            Started::Now => {}
+                            Started::Stopped => {
+                                tracing::info!(turn.id = %run.turn_id, "turn stopped by the server before it ran");
+                                turn::record_settled(&link, &run.turn_id);
+                                return;
+                            }
+                            Started::Already => {
+                                // It runs here already (carried over from another
+                                // connection, say): a second run would do its work twice.
+                                tracing::warn!(turn.id = %run.turn_id, "turn.run for a turn already running here; ignored");
+                                return;
+                            }
                         }
                         let tools = match ctx.workspaces.get(&run.workspace_id) {
                             _ if run.no_tools => None,
@@ -773,13 +782,17 @@ struct Turns {
 }
 
 impl Turns {
-    /// Register a turn about to run; false when it was stopped before its `turn.run` came.
-    fn start(&mut self, turn_id: &str, turn: RunningTurn) -> bool {
+    /// Register a turn about to run, unless it was stopped before its `turn.run` came or it
+    /// runs here already.
+    fn start(&mut self, turn_id: &str, turn: RunningTurn) -> Started {
+        if self.running.contains_key(turn_id) {
+            return Started::Already;
+        }
         if self.stopped.take(turn_id) {
-            return false;
+            return Started::Stopped;
         }
         self.running.insert(turn_id.to_string(), turn);
-        true
+        Started::Now
     }
 
     /// The server stopped `turn_id`: its token if it runs here, else the stop is kept for
@@ -796,6 +809,17 @@ impl Turns {
     fn finish(&mut self, turn_id: &str) {
         self.running.remove(turn_id);
     }
+}
+
+/// What [`Turns::start`] did with a `turn.run`.
+#[derive(Debug, PartialEq)]
+enum Started {
+    /// Registered: the turn runs now.
+    Now,
+    /// Stopped by the server before its `turn.run` came: it does not run.
+    Stopped,
+    /// It runs here already: the `turn.run` is a duplicate and does not start it again.
+    Already,
 }
 
 /// What a connection's turns run with.
@@ -851,15 +875,16 @@ mod tests {
         let mut turns = Turns::default();
         // A stop that overtook its turn's `turn.run`.
         assert!(turns.stop("t1").is_none());
-        assert!(
-            !turns.start("t1", running(CancellationToken::new())),
+        assert_eq!(
+            turns.start("t1", running(CancellationToken::new())),
+            Started::Stopped,
             "a stopped turn started"
         );
         // Kept once: the same id again (never sent by the server) would run.
-        assert!(turns.start("t1", running(CancellationToken::new())));
+        assert_eq!(turns.start("t1", running(CancellationToken::new())), Started::Now);
         // A running turn is stopped through its token.
         let cancel = CancellationToken::new();
-        assert!(turns.start("t2", running(cancel.clone())));
+        assert_eq!(turns.start("t2", running(cancel.clone())), Started::Now);
         turns.stop("t2").expect("running turn's token").cancel.cancel();
         assert!(cancel.is_cancelled());
         // A stop after its turn ended is kept, but within a bound.
@@ -869,13 +894,29 @@ mod tests {
         }
         assert_eq!(turns.stopped.len(), wp::EARLY_STOPS_KEPT);
         assert!(turns.running.is_empty());
-        assert!(!turns.start(
-            &format!("late-{}", wp::EARLY_STOPS_KEPT + 9),
-            running(CancellationToken::new())
-        ));
-        assert!(
+        assert_eq!(
+            turns.start(
+                &format!("late-{}", wp::EARLY_STOPS_KEPT + 9),
+                running(CancellationToken::new())
+            ),
+            Started::Stopped
+        );
+        assert_eq!(
             turns.start("late-0", running(CancellationToken::new())),
+            Started::Now,
             "the oldest stop is forgotten first"
         );
+    }
+
+    #[test]
+    fn a_second_run_of_a_running_turn_does_not_start_it_again() {
+        // A `turn.run` sent again for a turn carried over from another connection.
+        let mut turns = Turns::default();
+        let first = CancellationToken::new();
+        assert_eq!(turns.start("t1", running(first.clone())), Started::Now);
+        assert_eq!(turns.start("t1", running(CancellationToken::new())), Started::Already);
+        // The first run keeps its registration: a stop reaches it.
+        turns.stop("t1").expect("the first run").cancel.cancel();
+        assert!(first.is_cancelled());
     }
 }

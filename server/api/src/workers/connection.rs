@@ -348,6 +348,8 @@ fn carry(conn: &Arc<Conn>, req: Request) {
             _ => return reply_err(&conn, req, ErrorCode::BadParams).await,
         };
         let ids: Vec<String> = p.turns.iter().map(|t| t.turn_id.clone()).collect();
+        // Until the carried turns are registered below.
+        let _carrying = conn.begin_carry();
         let carried = match conn
             .state
             .store

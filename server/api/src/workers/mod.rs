@@ -97,6 +97,15 @@ impl Reservation {
     }
 }
 
+/// A carry under way on a connection ([`Conn::begin_carry`]).
+pub(super) struct Carrying(Arc<Conn>);
+
+impl Drop for Carrying {
+    fn drop(&mut self) {
+        self.0.handed().carrying -= 1;
+    }
+}
+
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.filled {
@@ -116,7 +125,9 @@ struct Handed {
     /// A claim is in flight: it may fill all the room it saw, so no slot is reserved
     /// meanwhile.
     claiming: bool,
-    /// Slots ever reserved: tells whether an admission began handing a turn out since.
+    /// Carries (`worker.carry`) between their `COMMIT` and their turns' registration.
+    carrying: usize,
+    /// Slots ever reserved and carries ever begun: tells whether a hand-out began since.
     reservations: u64,
     /// Turns stopped while not held here: a stop that reaches the connection between a
     /// hand-out's `COMMIT` and its registration (the turn is then not handed out).
@@ -126,6 +137,22 @@ struct Handed {
 impl Handed {
     fn used(&self) -> usize {
         self.turns.len() + self.reserved
+    }
+
+    /// The turns held and a mark of the hand-outs begun, when no hand-out is between its
+    /// `COMMIT` and its registration ([`Conn::held_turns`]).
+    fn held(&self) -> Option<(Vec<String>, u64)> {
+        (self.reserved == 0 && self.carrying == 0).then(|| (self.turns.keys().cloned().collect(), self.reservations))
+    }
+
+    /// No hand-out is under way, and none began since `mark` ([`Handed::held`]).
+    fn quiet_since(&self, mark: u64) -> bool {
+        self.reserved == 0 && self.carrying == 0 && self.reservations == mark
+    }
+
+    fn begin_carry(&mut self) {
+        self.carrying += 1;
+        self.reservations += 1;
     }
 
     /// Hold a turn handed to the connection, in a reserved slot if `reserved` (the slot is
@@ -344,16 +371,26 @@ impl Conn {
     }
 
     /// The turns this connection holds, and a mark of its reservations, when no admission
-    /// holds a slot (none is between its `COMMIT` and [`Conn::register`]); else `None`.
+    /// holds a slot and no carry is under way (none is between its `COMMIT` and
+    /// [`Conn::register`]); else `None`.
     fn held_turns(&self) -> Option<(Vec<String>, u64)> {
-        let handed = self.handed();
-        (handed.reserved == 0).then(|| (handed.turns.keys().cloned().collect(), handed.reservations))
+        self.handed().held()
     }
 
-    /// No admission has held a slot since `mark` ([`Conn::held_turns`]).
+    /// No admission has held a slot, and no carry has begun, since `mark`
+    /// ([`Conn::held_turns`]).
     fn no_admission_since(&self, mark: u64) -> bool {
-        let handed = self.handed();
-        handed.reserved == 0 && handed.reservations == mark
+        self.handed().quiet_since(mark)
+    }
+
+    /// A carry is about to hand turns to this connection in the database: until the guard
+    /// drops (after their registration), the safety tick's check for turns handed here
+    /// without their `turn.run` ([`Conn::held_turns`]) waits, as it does for an admission.
+    /// Without it, a tick between the carry's `COMMIT` and its registration would send
+    /// `turn.run` for a turn the worker runs already.
+    fn begin_carry(self: &Arc<Self>) -> Carrying {
+        self.handed().begin_carry();
+        Carrying(self.clone())
     }
 
     /// Free a slot no turn took. On a full connection it may have kept a claim from
@@ -458,6 +495,25 @@ mod tests {
         assert!(h.stop("t2").is_some());
         assert!(h.turns.is_empty() && h.stopped.is_empty());
         assert_eq!(h.used(), 0);
+    }
+
+    #[test]
+    fn a_carry_under_way_holds_off_the_check_for_turns_sent_without_their_run() {
+        let mut h = Handed::default();
+        assert!(h.hold("t1", handle(), false).is_ok());
+        let (held, mark) = h.held().expect("nothing under way");
+        assert_eq!(held, ["t1"]);
+        assert!(h.quiet_since(mark));
+        // A carry between its `COMMIT` and its registration: no check now.
+        h.begin_carry();
+        assert!(h.held().is_none(), "a carried turn would look sent without its run");
+        assert!(!h.quiet_since(mark));
+        // Registered and done: a check that read the held turns before it still does not act.
+        assert!(h.hold("t2", handle(), false).is_ok());
+        h.carrying -= 1;
+        assert!(!h.quiet_since(mark), "a carry began since the mark");
+        let (_, later) = h.held().expect("nothing under way");
+        assert!(h.quiet_since(later));
     }
 
     #[test]
