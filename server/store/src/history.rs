@@ -66,7 +66,7 @@ fn tool_json(t: &ToolInfo) -> serde_json::Value {
 }
 
 /// Rows as the parallel arrays the append statements `unnest` (kind, body, thinking, tool,
-/// hidden; [`APPEND_SQL`], `turns.rs`'s step statement).
+/// hidden; [`APPEND_SQL`], `turns/sql.rs`'s step statement).
 pub(crate) struct RowArrays<'a> {
     pub kinds: Vec<&'static str>,
     pub bodies: Vec<std::borrow::Cow<'a, str>>,
