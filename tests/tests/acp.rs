@@ -274,7 +274,8 @@ async fn an_editor_prompts_approves_cancels_and_loads_through_berth_acp() {
         .map(|u| u["params"]["update"]["content"]["text"].as_str().unwrap())
         .collect();
     assert_eq!(users, ["say hi", "run it", "wait"]);
-    assert_eq!(chunks(&updates, "agent_message_chunk"), "Hello thereran it");
+    // The stopped turn keeps the text the editor was shown before the cancel.
+    assert_eq!(chunks(&updates, "agent_message_chunk"), "Hello thereran itpondering");
     let order = kinds(&updates);
     assert_eq!(
         order,
@@ -285,7 +286,8 @@ async fn an_editor_prompts_approves_cancels_and_loads_through_berth_acp() {
             "tool_call",
             "tool_call_update",
             "agent_message_chunk",
-            "user_message_chunk"
+            "user_message_chunk",
+            "agent_message_chunk"
         ]
     );
     assert_eq!(updates[3]["params"]["update"]["status"], "completed");

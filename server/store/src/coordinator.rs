@@ -22,7 +22,7 @@ use crate::{
     not_found,
     sessions::lock_session,
     tenant_tx, token,
-    turns::{admit, cancel_turn, lock_running_turn},
+    turns::{KeepText, admit, cancel_turn, lock_running_turn},
     workspaces::online_sql,
 };
 
@@ -325,7 +325,7 @@ impl Store {
         let mut stopped = Vec::new();
         for t in active {
             let id: String = t.get(0);
-            cancel_turn(&tx, tenant_id, child, id.clone(), true, true).await?;
+            cancel_turn(&tx, tenant_id, child, id.clone(), true, KeepText::Stored).await?;
             stopped.push(id);
         }
         tx.commit().await?;

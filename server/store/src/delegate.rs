@@ -12,7 +12,7 @@ use crate::{
     history::append_event,
     sessions::lock_session,
     tenant_tx, token,
-    turns::{cancel_turn, lock_running_turn},
+    turns::{KeepText, cancel_turn, lock_running_turn},
 };
 
 impl Store {
@@ -131,7 +131,7 @@ pub(crate) fn cancel_children<'a, C: GenericClient>(
                 )
                 .await?;
             for t in active {
-                cancel_turn(tx, tenant_id, &child, t.get(0), true, true).await?;
+                cancel_turn(tx, tenant_id, &child, t.get(0), true, KeepText::Stored).await?;
             }
         }
         Ok(())

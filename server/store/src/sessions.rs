@@ -15,7 +15,7 @@ use crate::{
     not_found,
     receipts::{Receipt, finish},
     tenant_tx, token,
-    turns::cancel_turn,
+    turns::{KeepText, cancel_turn},
 };
 
 /// The model a session's turns use and where it comes from: the session's own choice, else
@@ -65,7 +65,7 @@ async fn cancel_active(tx: &impl GenericClient, tenant_id: &str, session_id: &st
     let mut queue_changed = false;
     for t in active {
         queue_changed |= t.get::<_, bool>(1);
-        cancel_turn(tx, tenant_id, session_id, t.get(0), false, false).await?;
+        cancel_turn(tx, tenant_id, session_id, t.get(0), false, KeepText::No).await?;
     }
     Ok(queue_changed)
 }

@@ -203,10 +203,13 @@ pub async fn pause(ctx: Ctx, p: SessionPauseParams) -> ApiResult<QueueState> {
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id, turn.id = %p.turn_id))]
 pub async fn stop(ctx: Ctx, p: SessionStopParams) -> ApiResult<TurnRef> {
     let me = ctx.principal()?;
+    // The running step's text this replica's watchers were shown (when it holds the turn's
+    // worker): the stop keeps it, though part of it may not be stored yet.
+    let seen = ctx.state.hub.partial(&p.session_id);
     let r = ctx
         .state
         .store
-        .stop_turn(&me.tenant_id, &p.session_id, &p.turn_id, ctx.op.as_ref())
+        .stop_turn(&me.tenant_id, &p.session_id, &p.turn_id, seen.as_ref(), ctx.op.as_ref())
         .await?;
     ctx.state.metrics.turns.with_label_values(&["cancelled"]).inc();
     Ok(r)
@@ -647,6 +650,10 @@ pub async fn watch(ctx: Ctx, p: SessionWatchParams) -> ApiResult<()> {
                         Ok(LiveItem::Phase(p)) if p.phase == berth_protocol::SessionPhase::Idle => {
                             idle = Some(LiveItem::Phase(p));
                             catch_up = true;
+                            // The end's commit woke the watch too (this replica's end
+                            // publishes it before the idle phase, and the live branch is
+                            // taken first): its events are the hub's copies, no read.
+                            woken |= sub.events.has_changed().unwrap_or(false);
                             None
                         }
                         Ok(LiveItem::Resync(r)) => {

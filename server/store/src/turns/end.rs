@@ -9,7 +9,7 @@ use deadpool_postgres::GenericClient;
 use super::{
     diagnostics::diagnostic,
     sql::{LOCK_SESSION_OF_TURN, RELAY_SQL, STEP_SQL},
-    steps::{Metered, StepParams},
+    steps::{Metered, Partial, StepParams},
 };
 use crate::{
     CHANNEL_CONTROL, CHANNEL_DELTAS, CHANNEL_DISPATCH, Cached, Param, Result, Store, StoreError,
@@ -40,13 +40,18 @@ impl Store {
         tenant_id: &str,
         session_id: &str,
         turn_id: &str,
+        seen: Option<&Partial>,
         op: Option<&Receipt>,
     ) -> Result<TurnRef> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
-        cancel_turn(&tx, tenant_id, session_id, turn_id.to_string(), true, true).await?;
+        let keep = match seen {
+            Some(p) if p.turn_id == turn_id => KeepText::Seen(p),
+            _ => KeepText::Stored,
+        };
+        cancel_turn(&tx, tenant_id, session_id, turn_id.to_string(), true, keep).await?;
         let result = TurnRef {
             turn_id: turn_id.to_string(),
             state: TurnState::Cancelled,
@@ -222,17 +227,29 @@ pub(crate) async fn notify_dispatch(tx: &impl GenericClient, session_id: &str) -
     Ok(())
 }
 
+/// What a cancelled running turn keeps of its running step's text.
+pub(crate) enum KeepText<'a> {
+    /// Nothing (a removal or a clear).
+    No,
+    /// The text stored so far (`partial_text`, written a little behind the live stream).
+    Stored,
+    /// The text the stopping replica's watchers were shown, when it holds the turn's
+    /// worker: ahead of the stored text by what is not written yet, so that the stop keeps
+    /// what was seen. Taken only when it extends the stored text (the same step).
+    Seen(&'a Partial),
+}
+
 /// Cancel one running or queued turn of a locked session. A running turn's worker is told
-/// to stop (`berth_control`); whatever it sends afterwards is refused. With `keep_text` (a
-/// stop, not a removal or clear), the running step's text so far becomes the assistant row
-/// of its `turn.ended`.
+/// to stop (`berth_control`); whatever it sends afterwards is refused. Unless `keep_text`
+/// is [`KeepText::No`] (a stop, not a removal or clear), the running step's text so far
+/// becomes the assistant row of its `turn.ended`.
 pub(crate) async fn cancel_turn(
     tx: &impl GenericClient,
     tenant_id: &str,
     session_id: &str,
     turn_id: String,
     queue_event: bool,
-    keep_text: bool,
+    keep_text: KeepText<'_>,
 ) -> Result<()> {
     let row = tx
         .qo(
@@ -246,8 +263,16 @@ pub(crate) async fn cancel_turn(
     let dispatched: Option<String> = row.get(1);
     // What the running step had written when it was stopped stays in the history, as the
     // turn's last answer (issue 52: a stopped turn's text is kept, live and on reopen).
-    let (text, thinking): (String, String) = (row.get(2), row.get(3));
-    let kept: Vec<NewRow> = if keep_text && state == "running" && !(text.is_empty() && thinking.is_empty()) {
+    let (mut text, mut thinking): (String, String) = (row.get(2), row.get(3));
+    if let KeepText::Seen(seen) = keep_text
+        && seen.text.starts_with(&text)
+        && seen.thinking.starts_with(&thinking)
+    {
+        text.clone_from(&seen.text);
+        thinking.clone_from(&seen.thinking);
+    }
+    let keep = !matches!(keep_text, KeepText::No);
+    let kept: Vec<NewRow> = if keep && state == "running" && !(text.is_empty() && thinking.is_empty()) {
         vec![NewRow {
             kind: RowKind::Assistant,
             body: text,

@@ -3,7 +3,7 @@
 use berth_protocol::{ErrorCode, QUEUE_PREVIEW_BYTES, QueueEntry, QueueState, QueuedPrompt, Removed};
 use deadpool_postgres::GenericClient;
 
-use super::end::cancel_turn;
+use super::end::{KeepText, cancel_turn};
 use crate::{
     Cached, Result, Store, StoreError, not_found,
     receipts::{Receipt, finish},
@@ -138,7 +138,7 @@ impl Store {
         crate::coordinator::lock_coordinator_of(&tx, tenant_id, session_id).await?;
         lock_session(&tx, tenant_id, session_id).await?;
         check_queued(&tx, session_id, queue_id, revision).await?;
-        cancel_turn(&tx, tenant_id, session_id, queue_id.to_string(), true, false).await?;
+        cancel_turn(&tx, tenant_id, session_id, queue_id.to_string(), true, KeepText::No).await?;
         let result = Removed { removed: true };
         finish(&tx, op, &result).await?;
         tx.commit().await?;
