@@ -102,7 +102,10 @@ pub(super) const RELAY_SQL: &str = concat!(
 /// naming the step it completed, with that usage), its rows (`$4`..`$8` by item) and the
 /// notice go in. Usage metered on the appending replica comes as parameters: `$15` input
 /// and `$16` output tokens (null: none) are added to the turn's totals and the step's, and
-/// each context record `$17` gets its call's input tokens `$18`. The reply row (`$9`, a step without tool calls) names the
+/// each context record `$17` gets its call's input tokens `$18`: the first by primary key
+/// (`c`; `= ANY` of the array, planned generically for ten ids while the table was small,
+/// scanned the whole table on every step), any others (a step of more than one call, rare)
+/// in `c2`, which runs only then. The reply row (`$9`, a step without tool calls) names the
 /// turn's files not named yet. Returns the event as a catch-up reads it
 /// (`history::events_from_lines` from column 0: the sequence first), one line per row when
 /// `$14` is set (else one line, without the rows), or no line when the turn does not run.
@@ -125,8 +128,11 @@ pub(super) const STEP_SQL: &str = concat!(
                           ELSE ",
     usage_plus_sql!("old.step_usage", "$15", "$16"),
     " END AS usage),
-     c AS (UPDATE context_records x SET input_tokens = ($18::bigint[])[array_position($17::text[], x.id)]
-            WHERE x.id = ANY($17::text[]) AND x.tenant_id = $2 AND EXISTS (SELECT 1 FROM t)),
+     c AS (UPDATE context_records x SET input_tokens = ($18::bigint[])[1]
+            WHERE x.id = ($17::text[])[1] AND x.tenant_id = $2 AND EXISTS (SELECT 1 FROM t)),
+     c2 AS (UPDATE context_records x SET input_tokens = ($18::bigint[])[array_position($17::text[], x.id)]
+             WHERE cardinality($17::text[]) > 1 AND x.id = ANY(($17::text[])[2:]) AND x.tenant_id = $2
+               AND EXISTS (SELECT 1 FROM t)),
      s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
             WHERE id = (SELECT session_id FROM t) AND tenant_id = $2 RETURNING id, last_sequence),
      e AS (INSERT INTO events (session_id, sequence, tenant_id, type, turn_id, payload)
