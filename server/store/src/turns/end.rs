@@ -235,7 +235,8 @@ pub(crate) enum KeepText<'a> {
     Stored,
     /// The text the stopping replica's watchers were shown, when it holds the turn's
     /// worker: ahead of the stored text by what is not written yet, so that the stop keeps
-    /// what was seen. Taken only when it extends the stored text (the same step).
+    /// what was seen. Taken only for the turn's current step and when it extends the
+    /// stored text.
     Seen(&'a Partial),
 }
 
@@ -253,7 +254,7 @@ pub(crate) async fn cancel_turn(
 ) -> Result<()> {
     let row = tx
         .qo(
-            "SELECT state, dispatched_to, partial_text, partial_thinking FROM turns
+            "SELECT state, dispatched_to, partial_text, partial_thinking, step FROM turns
               WHERE id = $1 AND session_id = $2 AND tenant_id = $3 FOR UPDATE",
             &[&turn_id, &session_id, &tenant_id],
         )
@@ -264,7 +265,11 @@ pub(crate) async fn cancel_turn(
     // What the running step had written when it was stopped stays in the history, as the
     // turn's last answer (issue 52: a stopped turn's text is kept, live and on reopen).
     let (mut text, mut thinking): (String, String) = (row.get(2), row.get(3));
+    // The same step only: a step stored just before the stop cleared the stored text,
+    // and the replica's copy of that step (not cleared yet) is in the history already.
+    let step: i32 = row.get(4);
     if let KeepText::Seen(seen) = keep_text
+        && seen.step == step
         && seen.text.starts_with(&text)
         && seen.thinking.starts_with(&thinking)
     {
