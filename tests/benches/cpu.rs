@@ -11,6 +11,11 @@
 //! rounds of 50 at once (default 4); `BERTH_BENCH_STATEMENTS=1`: statements per turn from
 //! `pg_stat_statements` (the test cluster must load it: `BERTH_TEST_PG_SETTINGS=
 //! "shared_preload_libraries=pg_stat_statements"`; it costs PostgreSQL CPU of its own).
+//!
+//! One more row, optional: Codex's `codex app-server` running the same text turns one after
+//! another (see `cpu/codex.rs`: `BERTH_BENCH_CODEX=/path/to/codex`, or the npm package under
+//! `/var/tmp/berth-codex`; skipped with a line saying why otherwise).
+//! `BERTH_BENCH_ONLY=codex`: that row alone, without starting Berth.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +26,9 @@ use berth_e2e::{
     procstat::{clock_ticks, cpu_ticks, pid_stat, tree_ticks},
 };
 use serde_json::{Value, json};
+
+#[path = "cpu/codex.rs"]
+mod codex;
 
 /// Limits raised so that the bench measures CPU, not admission control; logs at `info`.
 const ENV: &[(&str, &str)] = &[
@@ -326,11 +334,33 @@ impl Statements {
     }
 }
 
+/// The Codex row (its CPU, one process tree, in the API tier column), or a line saying why
+/// it was skipped. Never fails the bench.
+async fn codex_row(turns: usize, dir: &std::path::Path) -> String {
+    match codex::measure(turns, text_reply, dir).await {
+        Ok(m) => format!(
+            "| Codex app-server, text turn, one after another ({} turns; {}; Responses API, \
+             {:.1} model requests a turn; the whole app-server) | {:.2} | — | — | {:.1} ms |",
+            m.turns, m.version, m.requests, m.ms, m.wall
+        ),
+        Err(why) => format!("\nCodex app-server row skipped: {why}"),
+    }
+}
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let env_n = |name: &str, default: usize| std::env::var(name).ok().and_then(|n| n.parse().ok()).unwrap_or(default);
     let turns = env_n("BERTH_BENCH_TURNS", 100);
     let rounds = env_n("BERTH_BENCH_ROUNDS", 4);
+    let codex_turns = env_n("BERTH_BENCH_CODEX_TURNS", 50);
+    if std::env::var("BERTH_BENCH_ONLY").as_deref() == Ok("codex") {
+        let dir = scratch_dir("bench-cpu-codex");
+        let row = codex_row(codex_turns, &dir).await;
+        println!("\n| CPU per turn (user + system, ms) | API tier | worker | PostgreSQL | median turn wall time |");
+        println!("|---|---|---|---|---|");
+        println!("{row}");
+        return;
+    }
     let mock = MockProvider::start().await;
     let database_url = fresh_database().await;
     let server = TestServer::start_with(&database_url, &mock.base_url(), ENV)
@@ -427,6 +457,8 @@ async fn main() {
         ));
     }
 
+    let codex = codex_row(codex_turns, &dir).await;
+
     println!("\n| CPU per turn (user + system, ms) | API tier | worker | PostgreSQL | median turn wall time |");
     println!("|---|---|---|---|---|");
     println!(
@@ -442,6 +474,7 @@ async fn main() {
             wall.unwrap_or_else(|| "—".into())
         );
     }
+    println!("{codex}");
     println!(
         "\nGoals: API tier ≤ 1 ms and PostgreSQL ≤ 1 ms a text turn. One tick is {:.0} ms: \
          {:.2} ms a turn over {turns} turns.",
