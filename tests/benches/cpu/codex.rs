@@ -276,14 +276,13 @@ pub async fn measure(turns: usize, reply: fn() -> Reply, cwd: &Path) -> Result<M
     }
     let ticks = tree_ticks(pid).saturating_sub(before);
     let requests = mock.requests().len() - requests_before;
-    walls.sort_by(f64::total_cmp);
     let _ = server.child.start_kill();
     let _ = server.child.wait().await;
     Ok(Measured {
         version,
         turns,
         ms: ticks as f64 * 1000.0 / clock_ticks() / turns as f64,
-        wall: walls[walls.len() / 2],
+        wall: super::median(&mut walls),
         requests: requests as f64 / turns as f64,
     })
 }

@@ -124,7 +124,7 @@ async fn claim(conn: &Arc<Conn>) -> bool {
 /// not hold ([`berth_store::Store::unannounced_turns`]): none, unless the database's answer
 /// to a hand-out was lost after its `COMMIT` (the turn would otherwise run on no worker
 /// until the connection ends). On the safety tick, between claims, and only while no
-/// admission is handing a turn out, since one may be between its `COMMIT` and its
+/// admission or carry is handing a turn out, since one may be between its `COMMIT` and its
 /// registration; a failure is logged and tried again on the next tick.
 async fn resend_unannounced(conn: &Arc<Conn>) {
     let Some((held, mark)) = conn.held_turns() else { return };
@@ -133,7 +133,7 @@ async fn resend_unannounced(conn: &Arc<Conn>) {
         .unannounced_turns(&conn.connection_id, &conn.principal.tenant_id, &held)
         .await
     {
-        Ok(turns) if conn.no_admission_since(mark) => {
+        Ok(turns) if conn.no_hand_out_since(mark) => {
             for c in turns {
                 tracing::warn!(turn.id = %c.run.turn_id, worker.connection = %conn.connection_id,
                     "turn handed to the connection without its turn.run");

@@ -128,7 +128,7 @@ struct Handed {
     /// Carries (`worker.carry`) between their `COMMIT` and their turns' registration.
     carrying: usize,
     /// Slots ever reserved and carries ever begun: tells whether a hand-out began since.
-    reservations: u64,
+    hand_outs: u64,
     /// Turns stopped while not held here: a stop that reaches the connection between a
     /// hand-out's `COMMIT` and its registration (the turn is then not handed out).
     stopped: wp::EarlyStops,
@@ -142,17 +142,17 @@ impl Handed {
     /// The turns held and a mark of the hand-outs begun, when no hand-out is between its
     /// `COMMIT` and its registration ([`Conn::held_turns`]).
     fn held(&self) -> Option<(Vec<String>, u64)> {
-        (self.reserved == 0 && self.carrying == 0).then(|| (self.turns.keys().cloned().collect(), self.reservations))
+        (self.reserved == 0 && self.carrying == 0).then(|| (self.turns.keys().cloned().collect(), self.hand_outs))
     }
 
     /// No hand-out is under way, and none began since `mark` ([`Handed::held`]).
     fn quiet_since(&self, mark: u64) -> bool {
-        self.reserved == 0 && self.carrying == 0 && self.reservations == mark
+        self.reserved == 0 && self.carrying == 0 && self.hand_outs == mark
     }
 
     fn begin_carry(&mut self) {
         self.carrying += 1;
-        self.reservations += 1;
+        self.hand_outs += 1;
     }
 
     /// Hold a turn handed to the connection, in a reserved slot if `reserved` (the slot is
@@ -366,11 +366,11 @@ impl Conn {
             return false;
         }
         handed.reserved += 1;
-        handed.reservations += 1;
+        handed.hand_outs += 1;
         true
     }
 
-    /// The turns this connection holds, and a mark of its reservations, when no admission
+    /// The turns this connection holds, and a mark of its hand-outs, when no admission
     /// holds a slot and no carry is under way (none is between its `COMMIT` and
     /// [`Conn::register`]); else `None`.
     fn held_turns(&self) -> Option<(Vec<String>, u64)> {
@@ -379,7 +379,7 @@ impl Conn {
 
     /// No admission has held a slot, and no carry has begun, since `mark`
     /// ([`Conn::held_turns`]).
-    fn no_admission_since(&self, mark: u64) -> bool {
+    fn no_hand_out_since(&self, mark: u64) -> bool {
         self.handed().quiet_since(mark)
     }
 
