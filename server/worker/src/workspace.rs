@@ -234,28 +234,85 @@ impl Workspace {
 
     /// Write a whole file for the model (creating missing parent directories), confined to
     /// the workspace, never into Berth's state or a repository's internals.
+    ///
+    /// The path is resolved lexically first (`a/../b` is `b`), so a `..` never climbs out of
+    /// a symlinked directory. Each parent is opened, or created and opened, under the one
+    /// before and checked as what it really is before anything is created in it; the file
+    /// is opened without following a symlink and checked before it is truncated. A name
+    /// that is a symlink is written through only to a file that exists (checked as what it
+    /// is): nothing is ever created through a symlink, so a dangling one cannot plant a file
+    /// under `.git` or `.berth`.
     pub(crate) fn write(&self, path: &str, contents: &[u8]) -> Result<(), PathError> {
-        let rel = self.relative(path)?;
-        if rel == Path::new(".") {
+        let rel = normalized(&self.relative(path)?);
+        let Some(name) = rel.file_name() else {
+            return Err(PathError(format!("{path}: is a directory")));
+        };
+        self.guard(path, &rel, Access::Write)?;
+        let dir = self.dir_for_write(path, rel.parent())?;
+        let mut file = self.open_for_write(path, &dir, name)?;
+        file.set_len(0).map_err(|e| fs_error(path, &e))?;
+        io::Write::write_all(&mut file, contents).map_err(|e| fs_error(path, &e))
+    }
+
+    /// The directory `parent` (normalized, relative to the root) for a write of the model's
+    /// `path`: each component opened under the one before, or created there when missing,
+    /// and checked as what it really is before the next is opened or created in it.
+    fn dir_for_write(&self, path: &str, parent: Option<&Path>) -> Result<Dir, PathError> {
+        let mut dir = self.dir.try_clone().map_err(|e| fs_error(path, &e))?;
+        for c in parent.into_iter().flat_map(Path::components) {
+            let Component::Normal(name) = c else { continue };
+            let next = match dir.open_dir(name) {
+                Ok(d) => d,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    match dir.create_dir(name) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(fs_error(path, &e)),
+                    }
+                    // A name that exists but does not open (a dangling symlink) fails here.
+                    dir.open_dir(name).map_err(|e| fs_error(path, &e))?
+                }
+                Err(e) => return Err(fs_error(path, &e)),
+            };
+            self.guard_opened(path, &next, Access::Write)?;
+            dir = next;
+        }
+        Ok(dir)
+    }
+
+    /// `name` in `dir` opened for writing (created if missing, never truncated here) and
+    /// checked as what it really is; a regular file only.
+    fn open_for_write(&self, path: &str, dir: &Dir, name: &OsStr) -> Result<std::fs::File, PathError> {
+        use rustix::fs::{Mode, OFlags};
+        // Non-blocking: opening a FIFO for writing would otherwise wait for a reader.
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let file = match rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o666)) {
+            Ok(fd) => std::fs::File::from(fd),
+            // The name is a symlink: followed (beneath the root) only to a file that exists.
+            Err(rustix::io::Errno::LOOP) => {
+                let mut options = cap_std::fs::OpenOptions::new();
+                options.write(true);
+                match dir.open_with(name, &options) {
+                    Ok(f) => f.into_std(),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        return Err(PathError(format!(
+                            "{path}: is a symlink to a file that does not exist; write the path it points to instead"
+                        )));
+                    }
+                    Err(e) => return Err(fs_error(path, &e)),
+                }
+            }
+            Err(e) => return Err(fs_error(path, &e.into())),
+        };
+        self.guard_opened(path, &file, Access::Write)?;
+        let meta = file.metadata().map_err(|e| fs_error(path, &e))?;
+        if meta.is_dir() {
             return Err(PathError(format!("{path}: is a directory")));
         }
-        self.guard(path, &rel, Access::Write)?;
-        let parent = rel.parent().filter(|p| !p.as_os_str().is_empty());
-        if let Some(parent) = parent
-            && let Err(e) = self.dir.create_dir_all(parent)
-        {
-            // A parent that is a symlink out says "exists": report why it is unusable.
-            return Err(match self.dir.open_dir(parent) {
-                Err(why) => fs_error(path, &why),
-                Ok(_) => fs_error(path, &e),
-            });
+        if !meta.is_file() {
+            return Err(PathError(format!("{path}: is not a regular file")));
         }
-        let (dir, name) = self.parent_for_write(path, &rel)?;
-        // What is there already (a symlink, say) is checked as what it really is.
-        if let Ok(existing) = dir.open(name) {
-            self.guard_opened(path, &existing, Access::Write)?;
-        }
-        dir.write(name, contents).map_err(|e| fs_error(path, &e))
+        Ok(file)
     }
 
     /// A directory's entries for the model, sorted by name (symlinks are entries, never
@@ -619,6 +676,60 @@ mod tests {
         );
         assert_eq!(w.list_private(".berth/skills").unwrap()[0].name, "s");
         assert!(w.read_private("sub/inside.txt", 100).is_err());
+    }
+
+    /// Nothing is created through a symlink or under a symlinked directory that leads into
+    /// `.git` or `.berth`: a dangling link to a missing file there, a `..` after a link, a
+    /// new directory under a link. A link to a file that exists elsewhere in the workspace
+    /// is written through.
+    #[test]
+    fn writes_never_create_anything_through_a_symlink_into_guarded_places() {
+        let (_t, w, _) = setup();
+        let root = w.root().to_path_buf();
+        std::fs::create_dir_all(root.join(".git/hooks")).unwrap();
+        std::fs::create_dir_all(root.join(".berth")).unwrap();
+        symlink(".git/commondir", root.join("notes.md")).unwrap();
+        symlink(".berth/planted", root.join("plant")).unwrap();
+        symlink("sub/missing.txt", root.join("dangling")).unwrap();
+        symlink(".git/hooks", root.join("gl")).unwrap();
+        symlink("sub/inside.txt", root.join("good")).unwrap();
+        for p in ["notes.md", "plant", "gl/x/f", "gl/pre-commit", "dangling"] {
+            assert!(w.write(p, b"../evil").is_err(), "{p}");
+        }
+        assert!(!root.join(".git/commondir").exists());
+        assert!(!root.join(".berth/planted").exists());
+        assert!(!root.join(".git/hooks/x").exists());
+        assert!(!root.join(".git/hooks/pre-commit").exists());
+        assert!(!root.join("sub/missing.txt").exists());
+        let e = w.write("dangling", b"x").unwrap_err();
+        assert!(e.0.contains("does not exist"), "{e}");
+        // `..` is resolved on the path as given: `gl/../d/f` is `d/f` at the root, not
+        // `.git/d/f` through the link.
+        w.write("gl/../d/f", b"ok").unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("d/f")).unwrap(), "ok");
+        assert!(!root.join(".git/d").exists());
+        // A link to a file inside is written through; the link stays a link.
+        w.write("good", b"through").unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("sub/inside.txt")).unwrap(), "through");
+        assert!(
+            std::fs::symlink_metadata(root.join("good"))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        // A shorter write truncates; a directory or a FIFO is not written.
+        w.write("sub/inside.txt", b"x").unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("sub/inside.txt")).unwrap(), "x");
+        assert!(w.write("sub", b"x").is_err());
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            root.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        assert!(w.write("fifo", b"x").is_err());
     }
 }
 

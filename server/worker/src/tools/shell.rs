@@ -340,7 +340,8 @@ mod tests {
 
     /// The worker gone (its lifeline's write end closed, as when it is SIGKILLed), its guard
     /// kills the command's whole group, children included, though the command would run on;
-    /// while the worker lives, the command reads no input and the guard stays out of the way.
+    /// while the worker lives, the command reads no input and the guard stays out of the way,
+    /// whatever is written into the lifeline.
     #[tokio::test]
     async fn a_command_dies_with_its_worker() {
         let t = tempfile::tempdir().unwrap();
@@ -388,6 +389,15 @@ mod tests {
         }
         assert_eq!(started.len(), 2, "the command started its child");
         assert!(started.iter().all(|&p| runs(p)), "both run while the worker lives");
+        // Lines written into the lifeline (a command can reopen a guard's end for writing)
+        // wake no guard: only the pipe's end does.
+        let mut w = &writer;
+        std::io::Write::write_all(&mut w, b"\n\n\n\n").unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            started.iter().all(|&p| runs(p)),
+            "a line in the lifeline killed nothing"
+        );
         drop(writer);
         let r = tokio::time::timeout(Duration::from_secs(30), running)
             .await
