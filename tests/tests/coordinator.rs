@@ -783,6 +783,125 @@ async fn a_child_is_never_more_permissive_than_what_started_it() {
     assert!(!stack.workspace_dir.join("delegated.txt").exists());
 }
 
+/// A child auto-runs only what its parent could: under a coordinator whose agent auto-runs
+/// only `shell`, a child whose agent names only `shell` runs it unasked, and one whose agent
+/// has every tool (`auto` too) asks; a delegate's child of a session that auto-approves but
+/// whose agent may only read (and delegate) asks as well.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_auto_runs_only_the_tools_its_parent_could() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let ws = stack.workspace_id.clone();
+    let runner = c
+        .ok(
+            "agent.save",
+            json!({"name": "runner", "approval": "auto", "tools": ["shell"]}),
+        )
+        .await;
+    c.ok("agent.save", json!({"name": "everything", "approval": "auto"}))
+        .await;
+    let sid = coordinator(&stack, &mut c, json!({"agent": runner["agentId"]})).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push_for(
+        "Fan out",
+        Reply::tools(
+            &[
+                (
+                    "s1",
+                    "start_child",
+                    json!({"workspace_id": ws, "prompt": "Task within: run", "agent": "runner"}),
+                ),
+                (
+                    "s2",
+                    "start_child",
+                    json!({"workspace_id": ws, "prompt": "Task beyond: run", "agent": "everything"}),
+                ),
+            ],
+            9,
+        ),
+    );
+    mock.push_for("Fan out", wait_for_all_children());
+    mock.push_for("Fan out", gather());
+    mock.push_for(
+        "Task within",
+        Reply::tools(&[("w", "shell", json!({"command": "echo ok > within.txt"}))], 9),
+    );
+    mock.push_for("Task within", Reply::text(&["within done"]));
+    mock.push_for(
+        "Task beyond",
+        Reply::tools(&[("b", "shell", json!({"command": "echo pwned > beyond.txt"}))], 9),
+    );
+    mock.push_for("Task beyond", Reply::text(&["beyond stopped"]));
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "Fan out"}))
+        .await;
+
+    let (kid, interaction) = pending_in_child(&stack, 0, &sid).await;
+    let asked = c.ok("session.interaction", json!({"interactionId": interaction})).await;
+    assert_eq!(asked["tool"]["name"], "shell");
+    let kids = children(&mut c, &sid).await;
+    let beyond = kids.iter().find(|k| k["sessionId"] == kid.as_str()).unwrap();
+    assert_ne!(
+        beyond["agentId"], runner["agentId"],
+        "only the child beyond the bound asks"
+    );
+    c.ok(
+        "session.respond",
+        json!({"interactionId": interaction, "answer": {"approved": false}}),
+    )
+    .await;
+    let events = watch.until(60, is_turn_end).await.expect("the coordinator ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    assert!(
+        stack.workspace_dir.join("within.txt").exists(),
+        "the child within ran unasked"
+    );
+    assert!(
+        !stack.workspace_dir.join("beyond.txt").exists(),
+        "the child beyond ran unasked"
+    );
+
+    // A session that auto-approves, with an agent that may only read and delegate: its
+    // delegate's child (every tool, no agent) asks.
+    let reader = c
+        .ok(
+            "agent.save",
+            json!({"name": "reader", "tools": ["read_file", "delegate"]}),
+        )
+        .await;
+    let parent = c
+        .ok(
+            "session.create",
+            json!({"workspaceId": ws, "delegationDepth": 1, "autoApprove": true, "agent": reader["agentId"]}),
+        )
+        .await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mock.push_for(
+        "Hand off",
+        Reply::tools(&[("d1", "delegate", json!({"prompt": "Task delegated: run"}))], 9),
+    );
+    mock.push_for(
+        "Task delegated",
+        Reply::tools(&[("sh", "shell", json!({"command": "echo pwned > delegated.txt"}))], 9),
+    );
+    mock.push_for("Task delegated", Reply::text(&["delegated stopped"]));
+    mock.push_for("Hand off", Reply::text(&["handed off"]));
+    let mut pw = c.subscribe("session.watch", json!({"sessionId": parent, "after": 0}));
+    c.ok("session.send", json!({"sessionId": parent, "prompt": "Hand off"}))
+        .await;
+    let (_, interaction) = pending_in_child(&stack, 0, &parent).await;
+    c.ok(
+        "session.respond",
+        json!({"interactionId": interaction, "answer": {"approved": false}}),
+    )
+    .await;
+    let events = pw.until(60, is_turn_end).await.expect("the parent ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    assert!(!stack.workspace_dir.join("delegated.txt").exists());
+}
+
 /// The first child of coordinator `sid` with a pending interaction, and that interaction,
 /// as a client of replica `replica` finds them.
 async fn pending_in_child(stack: &Stack, replica: usize, sid: &str) -> (String, String) {
@@ -792,10 +911,14 @@ async fn pending_in_child(stack: &Stack, replica: usize, sid: &str) -> (String, 
         let sid = sid.to_string();
         async move {
             let mut o = Client::authed(&url, &token).await.ok()?;
-            let kid = children(&mut o, &sid).await.first()?["sessionId"].as_str()?.to_string();
-            let pending = o.ok("session.pendingInteractions", json!({"sessionId": kid})).await;
-            let id = pending.as_array()?.first()?["interactionId"].as_str()?.to_string();
-            Some((kid, id))
+            for kid in children(&mut o, &sid).await {
+                let kid = kid["sessionId"].as_str()?.to_string();
+                let pending = o.ok("session.pendingInteractions", json!({"sessionId": kid})).await;
+                if let Some(first) = pending.as_array()?.first() {
+                    return Some((kid, first["interactionId"].as_str()?.to_string()));
+                }
+            }
+            None
         }
     })
     .await

@@ -214,6 +214,31 @@ async fn the_same_tool_using_turn_completes_through_each_wire_format_with_identi
     }
 }
 
+/// A delegate's child runs on its parent's provider, with its parent's model and that
+/// profile's key: not on the default profile with a model vetted for another one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delegates_child_runs_on_its_parents_provider() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[]).await;
+    let mut c = stack.client(0).await;
+    mock.push_for(
+        "Hand off",
+        Reply::tools(&[("d1", "delegate", json!({"prompt": "Task delegated: answer"}))], 9),
+    );
+    mock.push_for("Task delegated", Reply::text(&["child done"]));
+    mock.push_for("Hand off", Reply::text(&["handed off"]));
+    let create = json!({"provider": "anth", "model": "claude-test", "delegationDepth": 1});
+    let (_, end) = run_turn(&stack, &mut c, create, "Hand off").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    let credentials = mock.credentials();
+    assert!(credentials.len() >= 3, "{credentials:?}");
+    for (format, key) in &credentials {
+        assert_eq!(*format, Format::Anthropic, "{credentials:?}");
+        assert_eq!(key.as_deref(), Some("sk-anth-key"), "{credentials:?}");
+    }
+    assert!(mock.requests().iter().all(|r| r["model"] == "claude-test"));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_providers_and_models_are_typed_errors() {
     let mock = MockProvider::start().await;

@@ -136,6 +136,11 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
     let Some(model) = turn.model.or_else(|| model_cfg.model.clone()) else {
         return fail(StatusCode::SERVICE_UNAVAILABLE, "provider-unconfigured", None);
     };
+    // Only a model the profile offers (or the configured default) goes out with its key:
+    // sessions are checked when they choose one, and this holds whatever chose it since.
+    if !profile.offers(&model) && model_cfg.model.as_deref() != Some(model.as_str()) {
+        return fail(StatusCode::FORBIDDEN, ErrorCode::UnknownModel.as_str(), None);
+    }
     let Some((base, with_key)) = endpoint(profile, turn.base_url.as_deref()) else {
         return fail(StatusCode::FORBIDDEN, ErrorCode::BaseUrlNotAllowed.as_str(), None);
     };

@@ -211,6 +211,8 @@ impl Store {
                     "SELECT s.model, s.provider, s.base_url, s.auto_approve, s.delegation_depth,
                             (SELECT count(*) FROM sessions c WHERE c.tenant_id = $2 AND c.parent_turn_id = $3), ",
                     effective_auto_approve!(),
+                    ", ",
+                    child_auto_approve_within!(),
                     " FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id WHERE s.id = $1"
                 ),
                 &[&coordinator, &tenant_id, &turn_id],
@@ -252,8 +254,8 @@ impl Store {
         tx.ex(
             "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, provider, base_url, auto_approve,
                                    parent_id, parent_turn_id, parent_call_id, delegation_depth, agent_id,
-                                   may_auto_approve)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                                   may_auto_approve, auto_approve_within)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
             &[
                 &child,
                 &tenant_id,
@@ -268,8 +270,10 @@ impl Store {
                 &new.call_id,
                 &(depth - 1),
                 &agent,
-                // The child's agent may not approve more than the coordinator does.
+                // The child's agent may not approve more than the coordinator does, nor
+                // auto-run tools beyond the coordinator's agent's.
                 &s.get::<_, bool>(6),
+                &s.get::<_, Option<serde_json::Value>>(7),
             ],
         )
         .await?;

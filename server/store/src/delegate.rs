@@ -51,6 +51,8 @@ impl Store {
                         concat!(
                             "SELECT s.workspace_id, s.model, s.no_tools, s.auto_approve, s.delegation_depth, ",
                             effective_auto_approve!(),
+                            ", s.provider, s.base_url, ",
+                            child_auto_approve_within!(),
                             " FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id WHERE s.id = $1"
                         ),
                         &[&parent],
@@ -65,8 +67,8 @@ impl Store {
                 tx.ex(
                     "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve,
                                            parent_id, parent_turn_id, parent_call_id, delegation_depth,
-                                           may_auto_approve)
-                     VALUES ($1, $2, $3, '', $4, $5, $6, $7, $8, $9, $10, $11)",
+                                           may_auto_approve, provider, base_url, auto_approve_within)
+                     VALUES ($1, $2, $3, '', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
                     &[
                         &child,
                         &tenant_id,
@@ -80,6 +82,12 @@ impl Store {
                         &(depth - 1),
                         // A child's agent (set later) may not approve more than its parent.
                         &s.get::<_, bool>(5),
+                        // The parent's provider and endpoint with its model: the model was
+                        // vetted for them, not for the default profile (and its key).
+                        &s.get::<_, Option<String>>(6),
+                        &s.get::<_, Option<String>>(7),
+                        // Nor auto-run more tools than the parent could.
+                        &s.get::<_, Option<serde_json::Value>>(8),
                     ],
                 )
                 .await?;

@@ -251,10 +251,12 @@ impl Store {
                          UNION ALL
                          SELECT p.id, p.parent_id, up.depth + 1 FROM sessions p JOIN up ON p.id = up.parent_id
                           WHERE up.depth < 8)
-                     SELECT auto_approve,
+                     SELECT {effective},
                             (SELECT count(*) FROM session_watchers w
                               WHERE w.session_id IN (SELECT id FROM up) AND w.heartbeat_at > now() - interval '{WATCHER_STALE}')
-                       FROM sessions s WHERE s.id = $1"
+                       FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id WHERE s.id = $1",
+                    // What the session may auto-approve now, as a hand-out decides it.
+                    effective = effective_auto_approve!(),
                 ),
                 &[&session_id],
             )

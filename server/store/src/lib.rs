@@ -8,11 +8,21 @@
 
 /// Whether session `s` (with its agent `a`) runs its tool calls without asking: its own
 /// `autoApprove`, or an agent whose approval is `auto` — unless the session is a fork (forks
-/// start narrowed) or a child whose parent asked (`may_auto_approve`: a child is never more
-/// permissive than what started it).
+/// start narrowed) or a child whose parent asked (`may_auto_approve`). A child is never more
+/// permissive than what started it: one whose parent auto-ran only some tools
+/// (`auto_approve_within`) auto-runs nothing unless its own agent's tool set is within them.
 macro_rules! effective_auto_approve {
     () => {
-        "(s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL AND s.may_auto_approve, false))"
+        "((s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL AND s.may_auto_approve, false))
+          AND (s.auto_approve_within IS NULL OR coalesce(a.tools <@ s.auto_approve_within, false)))"
+    };
+}
+
+/// The bound on what a child of session `s` (with its agent `a`) may auto-run
+/// (`sessions.auto_approve_within`): the agent's tool set, else the session's own bound.
+macro_rules! child_auto_approve_within {
+    () => {
+        "coalesce(a.tools, s.auto_approve_within)"
     };
 }
 

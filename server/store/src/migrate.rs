@@ -34,6 +34,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0022_approval_ceiling_and_owners.sql",
         include_str!("../../../migrations/0022_approval_ceiling_and_owners.sql"),
     ),
+    ("0023_auto_approve_within.sql", include_str!("../../../migrations/0023_auto_approve_within.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.
