@@ -304,8 +304,12 @@ async function memberScenario() {
   await page.getByLabel('Prompt', { exact: true }).fill('Think forever');
   await page.getByRole('button', { name: 'Send', exact: true }).click();
   await page.locator('.streaming .text', { hasText: 'Thinking about it' }).waitFor();
+  // The prompt removed from the queue above ended `cancelled` too (its marker is back after
+  // the reload): wait for this turn's, the next one.
+  const cancelled = page.locator('li.marker', { hasText: 'Turn cancelled' });
+  const before = await cancelled.count();
   await page.getByRole('button', { name: 'Stop turn' }).click();
-  await page.locator('li.marker', { hasText: 'Turn cancelled' }).waitFor();
+  await cancelled.nth(before).waitFor();
   await page.getByRole('status').filter({ hasText: 'Idle' }).waitFor();
   check(await page.getByRole('button', { name: 'Stop turn' }).isDisabled(), 'nothing left to stop');
   ok('member stopped a running turn');
