@@ -363,6 +363,8 @@ async function readingScenario() {
   check((await answer.textContent()).includes('[bad](javascript:alert(1))'), 'an unsafe link stays text');
   check(await page.locator('.log img, .log script').count() === 0, 'no element from the model\'s text');
   check((await answer.textContent()).includes('<img src=x onerror=alert(1)>'), 'markup stays text');
+  check((await answer.textContent()).includes('after the traps'), 'lines that could stall the renderer render');
+  check(await answer.locator('blockquote').count() > 0, 'a deep quote is quoted');
   await shot(page, 'reading-markdown');
   ok('markdown renders as nodes, links only when safe');
 

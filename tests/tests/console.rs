@@ -279,7 +279,15 @@ async fn a_member_reads_markdown_turn_ends_and_a_stopped_turn_also_on_a_phone() 
     let markdown = "# A plan\nSome **bold** and `inline_code`, see [the docs](https://example.com/docs) \
                     and [bad](javascript:alert(1)).\n\n- one\n- two\n\n1. first\n2. second\n\n\
                     ```rust\nlet x = 1 < 2;\n```\n<img src=x onerror=alert(1)>";
-    mock.push(Reply::Stream(vec![Part::Text(markdown.into())]));
+    // Lines that made the renderer's patterns backtrack for minutes (a heading, a fence) or
+    // recurse past the stack (a quote thousands deep), then text after them.
+    let traps = format!(
+        "\n\n# a{spaces}x\n\n```{spaces}!\n\n{quotes} deep\n\nafter the traps",
+        spaces = " ".repeat(5000),
+        quotes = ">".repeat(5000)
+    );
+    let markdown = format!("{markdown}{traps}");
+    mock.push(Reply::Stream(vec![Part::Text(markdown)]));
     mock.push(Reply::Status(400));
     let write = json!({"path": "never.txt", "content": "no\n"});
     mock.push(Reply::Stream(vec![Part::tool_call(

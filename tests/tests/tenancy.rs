@@ -869,8 +869,9 @@ async fn passwords_jwts_and_their_rejections() {
 
     // The account's sign-ins, both kinds, are in the tenant's audit log, with nothing
     // presented in them; an unknown account's attempt has no tenant to be logged in.
-    let audit = admin.ok("admin.audit.list", json!({"limit": 100})).await;
-    let of_user = |action: &str| {
+    // (A failed one is written after the answer: read until all are there.)
+    let refused = statuses.iter().filter(|s| **s == 401).count();
+    let count = |audit: &Value, action: &str| {
         audit["entries"]
             .as_array()
             .unwrap()
@@ -878,8 +879,16 @@ async fn passwords_jwts_and_their_rejections() {
             .filter(|e| e["action"] == action && e["target"] == user["userId"])
             .count()
     };
+    let mut audit = Value::Null;
+    for _ in 0..100 {
+        audit = admin.ok("admin.audit.list", json!({"limit": 100})).await;
+        if count(&audit, "login.failed") >= refused {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let of_user = |action: &str| count(&audit, action);
     assert_eq!(of_user("login"), 1, "{audit}");
-    let refused = statuses.iter().filter(|s| **s == 401).count();
     assert_eq!(of_user("login.failed"), refused, "{audit}");
     assert!(!audit.to_string().contains("pw-secret") && !audit.to_string().contains("wrong-password"));
     assert!(!audit.to_string().contains("nobody@example.com"));

@@ -61,11 +61,28 @@ function inline(text) {
 
 const BULLET = /^(\s*)[-*+]\s+(.*)$/;
 const NUMBERED = /^(\s*)(\d{1,9})[.)]\s+(.*)$/;
-const HEADING = /^(#{1,6})\s+(.*?)\s*#*\s*$/;
-const FENCE = /^\s*(```|~~~)\s*([\w+#.-]*)\s*$/;
+// Every pattern here matches in linear time whatever the model writes: no two runs that
+// could share the same characters (`\s*#*\s*$` took minutes on a line of spaces).
+const HEADING = /^(#{1,6})[ \t]+(.*)$/;
+const FENCE = /^(```|~~~)[ \t]*([\w+#.-]*)$/;
+/// How deep quotes nest before the rest is shown as text (each level is a call).
+const QUOTE_DEPTH = 8;
 
-/// `text` rendered as block nodes (an array, to append).
-export function markdown(text) {
+/// A fence line (trimmed first, so that the pattern has no trailing run to backtrack over).
+const fenceOf = (line) => line.trim().match(FENCE);
+
+/// A heading's text: without the closing `#`s (after a space, as CommonMark has it) and the
+/// spaces around.
+function headingText(rest) {
+  let t = rest.trimEnd();
+  let k = t.length;
+  while (k > 0 && t[k - 1] === '#') k--;
+  if (k < t.length && (k === 0 || t[k - 1] === ' ' || t[k - 1] === '\t')) t = t.slice(0, k).trimEnd();
+  return t;
+}
+
+/// `text` rendered as block nodes (an array, to append); `depth`: quotes around it.
+export function markdown(text, depth = 0) {
   const lines = String(text).split('\n');
   const blocks = [];
   let para = [];
@@ -75,12 +92,12 @@ export function markdown(text) {
   };
   for (let i = 0; i < lines.length; i++) {
     const line = lines[i];
-    const fence = line.match(FENCE);
+    const fence = fenceOf(line);
     if (fence) {
       endPara();
       const body = [];
       let j = i + 1;
-      while (j < lines.length && !(lines[j].trim().startsWith(fence[1]) && FENCE.test(lines[j]))) body.push(lines[j++]);
+      while (j < lines.length && !(lines[j].trim().startsWith(fence[1]) && fenceOf(lines[j]))) body.push(lines[j++]);
       const code = h('code', fence[2] ? { class: `language-${fence[2]}` } : {}, body.join('\n'));
       blocks.push(h('pre', { class: 'code' }, code));
       i = j; // the closing fence (or the end: a block still streaming)
@@ -90,7 +107,7 @@ export function markdown(text) {
     if (heading) {
       endPara();
       // Headings in a message stay below the page's own (h1/h2).
-      blocks.push(h(`h${Math.min(6, heading[1].length + 2)}`, { class: 'md-h' }, inline(heading[2])));
+      blocks.push(h(`h${Math.min(6, heading[1].length + 2)}`, { class: 'md-h' }, inline(headingText(heading[2]))));
       continue;
     }
     if (BULLET.test(line) || NUMBERED.test(line)) {
@@ -119,7 +136,8 @@ export function markdown(text) {
       const quoted = [];
       let j = i;
       for (; j < lines.length && /^\s*>\s?/.test(lines[j]); j++) quoted.push(lines[j].replace(/^\s*>\s?/, ''));
-      blocks.push(h('blockquote', {}, markdown(quoted.join('\n'))));
+      const inner = quoted.join('\n');
+      blocks.push(h('blockquote', {}, depth < QUOTE_DEPTH ? markdown(inner, depth + 1) : [h('p', {}, inner)]));
       i = j - 1;
       continue;
     }
