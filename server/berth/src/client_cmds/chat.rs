@@ -19,7 +19,7 @@ use berth_client::{
 use super::{
     print_json,
     remote::{Explain, Remote, Subject, connect, session_id, workspace_here, workspace_id},
-    render::{Markdown, Style, cause_words, tool_call_line, tool_result_line},
+    render::{Markdown, Style, approval_target, cause_words, safe, tool_call_line, tool_result_line},
 };
 use crate::pieces::Pieces;
 
@@ -106,7 +106,7 @@ impl Printed {
             for row in &ev.rows {
                 match row.kind {
                     RowKind::ToolResult => writeln!(out, "{}", tool_result_line(self.style, row))?,
-                    RowKind::Notice => writeln!(out, "{}", self.style.dim(&format!("[notice] {}", row.body)))?,
+                    RowKind::Notice => writeln!(out, "{}", self.style.dim(&format!("[notice] {}", safe(&row.body))))?,
                     _ => {}
                 }
             }
@@ -118,16 +118,18 @@ impl Printed {
     /// not on screen already.
     fn question(&self, interaction: &Interaction) -> String {
         if interaction.kind == INTERACTION_APPROVAL {
+            // The whole of what is approved: not again when the call's line on screen
+            // showed all of it, but whenever that line was cut to fit.
             let (tool, detail) = match &interaction.tool {
-                Some(t) if self.calls.contains(&format!("{}/{}", interaction.turn_id, t.call_id)) => {
-                    (t.name.as_str(), String::new())
-                }
                 Some(t) => {
-                    let line = tool_call_line(Style { colour: false }, &t.name, &interaction.input.to_string());
-                    let target = line.split_once(&t.name).map_or("", |(_, rest)| rest).to_string();
-                    (t.name.as_str(), target)
+                    let whole = approval_target(&t.name, &interaction.input.to_string());
+                    let shown = self.calls.contains(&format!("{}/{}", interaction.turn_id, t.call_id))
+                        && !whole.contains('\n')
+                        && !tool_call_line(Style { colour: false }, &t.name, &interaction.input.to_string())
+                            .ends_with('…');
+                    (safe(&t.name), if shown { String::new() } else { whole })
                 }
-                None => ("tool", format!(" {}", interaction.input)),
+                None => ("tool".into(), format!(" {}", safe(&interaction.input.to_string()))),
             };
             self.style.yellow(&format!("[approve {tool}{detail}? y/n] "))
         } else {
@@ -140,8 +142,8 @@ impl Printed {
 /// — a numbered choice, y/n, or free text — and whether it may be skipped (an empty line).
 fn question_prompt(interaction: &Interaction) -> String {
     let text = match interaction.input.get("question").and_then(|q| q.as_str()) {
-        Some(q) => q.to_string(),
-        None => interaction.input.to_string(),
+        Some(q) => safe(q).into_owned(),
+        None => safe(&interaction.input.to_string()).into_owned(),
     };
     let skip = interaction
         .params
@@ -158,7 +160,7 @@ fn question_prompt(interaction: &Interaction) -> String {
             let numbered: Vec<String> = options
                 .iter()
                 .enumerate()
-                .map(|(i, o)| format!("{}) {o}", i + 1))
+                .map(|(i, o)| format!("{}) {}", i + 1, safe(o)))
                 .collect();
             format!("[question] {text} {} (number{skip}) ", numbered.join(" "))
         }

@@ -191,9 +191,9 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
                 println!(
                     "{}  {}  {}:{}  {state}",
                     w.workspace_id,
-                    style.bold(&w.title),
-                    w.host,
-                    w.path
+                    style.bold(&render::safe(&w.title)),
+                    render::safe(&w.host),
+                    render::safe(&w.path)
                 );
             }
             Ok(())
@@ -220,11 +220,15 @@ pub async fn run(cmd: ClientCommand) -> anyhow::Result<()> {
                         print_json(s)?;
                     } else {
                         let phase = serde_json::to_value(s.phase)?;
-                        let title = if s.title.is_empty() { "(untitled)" } else { &s.title };
+                        let title = if s.title.is_empty() {
+                            "(untitled)".into()
+                        } else {
+                            render::safe(&s.title)
+                        };
                         println!(
                             "{}  {}  {}  {} messages  {}",
                             s.session_id,
-                            style.bold(title),
+                            style.bold(&title),
                             phase.as_str().unwrap_or(""),
                             s.message_count,
                             style.dim(&s.updated_at)
@@ -476,7 +480,7 @@ const SOURCE_MAX: u64 = 1 << 20;
 fn matching_line(style: Style, text: &str, start: usize, end: usize) -> String {
     let (start, end) = (start.min(text.len()), end.min(text.len()));
     if !text.is_char_boundary(start) || !text.is_char_boundary(end) {
-        return text.to_string();
+        return render::safe(text).into_owned();
     }
     let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
     let line_end = text[end..].find('\n').map_or(text.len(), |i| end + i);
@@ -493,13 +497,13 @@ fn matching_line(style: Style, text: &str, start: usize, end: usize) -> String {
     } else {
         after.to_string()
     };
-    let matched = &text[start..end];
+    let matched = render::safe(&text[start..end]);
     let matched = if style.colour {
         format!("\x1b[1;31m{matched}\x1b[0m")
     } else {
-        matched.to_string()
+        matched.into_owned()
     };
-    format!("{before}{matched}{after}")
+    format!("{}{matched}{}", render::safe(&before), render::safe(&after))
 }
 
 /// The password: from the terminal with echo off, or a line of standard input (scripts).

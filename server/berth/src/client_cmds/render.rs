@@ -6,6 +6,30 @@ use std::io::IsTerminal;
 
 use berth_client::protocol::{Cause, Row, RowKind};
 
+/// `text` from the server (the model's words, a tool's output, a title) as it may reach a
+/// terminal: every control character but a newline and a tab made visible (ESC as `␛`, the
+/// other C0 controls as their control pictures, DEL as `␡`, C1 controls as `�`), and so are
+/// the bidirectional overrides and isolates. A model's text could otherwise move the
+/// cursor, rewrite or hide what is on screen (a command being approved, say), set the
+/// window title or the clipboard, or show a line in another order than it runs.
+pub fn safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t') || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    text.chars()
+        .map(|c| match c {
+            c if !unsafe_char(c) => c,
+            '\u{7f}' => '\u{2421}',
+            c if (c as u32) < 0x20 => char::from_u32(0x2400 + c as u32).unwrap_or('\u{fffd}'),
+            _ => '\u{fffd}',
+        })
+        .collect::<String>()
+        .into()
+}
+
 /// Colour and markdown on, or plain text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Style {
@@ -93,17 +117,36 @@ pub fn cause_words(cause: &Cause) -> String {
             "the workspace's worker is offline: start `berth dev` (or `berth worker`) there".to_string()
         }
         "internal" => "an internal error in Berth (see the server's log)".to_string(),
-        other => other.to_string(),
+        other => safe(other).into_owned(),
     };
     if words == cause.code {
         words
     } else {
-        format!("{words} ({})", cause.code)
+        format!("{words} ({})", safe(&cause.code))
+    }
+}
+
+/// What an approval asks about, whole and made [`safe`]: the call's command, path or pattern
+/// (else all its input), never cut to a line (a compact line could leave the part that
+/// matters past its end); a text of several lines on lines of its own, indented.
+pub fn approval_target(name: &str, input: &str) -> String {
+    let title = crate::acp::tool_title(name, &crate::acp::tool_input(input));
+    let target = match title.strip_prefix(name).and_then(|t| t.strip_prefix(": ")) {
+        Some(t) => t.to_string(),
+        None => input.to_string(),
+    };
+    let target = safe(&target);
+    if target.contains('\n') {
+        let indented: Vec<String> = target.lines().map(|l| format!("    {l}")).collect();
+        format!("\n{}\n", indented.join("\n"))
+    } else {
+        format!(" {target}")
     }
 }
 
 /// The first line of `text`, cut to `max` characters, with `…` when anything was left out.
 pub fn one_line(text: &str, max: usize) -> String {
+    let text = safe(text);
     let first = text.lines().next().unwrap_or("").trim_end();
     let cut: String = first.chars().take(max).collect();
     if cut.len() < first.len() || text.trim_end().contains('\n') {
@@ -115,6 +158,7 @@ pub fn one_line(text: &str, max: usize) -> String {
 
 /// A tool call on one line: its name and what it acts on (the command, the path, …).
 pub fn tool_call_line(style: Style, name: &str, input: &str) -> String {
+    let name = &*safe(name);
     let args = crate::acp::tool_title(name, &crate::acp::tool_input(input));
     let target = args.strip_prefix(name).and_then(|t| t.strip_prefix(": "));
     let target = match target {
@@ -127,19 +171,20 @@ pub fn tool_call_line(style: Style, name: &str, input: &str) -> String {
 
 /// A tool result on one line: how it ended and the start of its output.
 pub fn tool_result_line(style: Style, row: &Row) -> String {
-    let status = row.tool.as_ref().map_or("completed", |t| t.status.as_str());
-    let mark = match status {
+    let status = safe(row.tool.as_ref().map_or("completed", |t| t.status.as_str()));
+    let mark = match &*status {
         "completed" => style.green("✓"),
         "denied" => style.yellow("✗ denied"),
         _ => style.red(&format!("✗ {status}")),
     };
-    let lines = row.body.lines().count();
+    let body = safe(&row.body);
+    let lines = body.lines().count();
     let more = if lines > 1 {
         style.dim(&format!(" (+{} lines)", lines - 1))
     } else {
         String::new()
     };
-    let first = row.body.lines().next().unwrap_or("");
+    let first = body.lines().next().unwrap_or("");
     let first: String = first.chars().take(100).collect();
     format!("  {mark} {first}{more}")
 }
@@ -147,7 +192,7 @@ pub fn tool_result_line(style: Style, row: &Row) -> String {
 /// One history row, as `berth history` prints it.
 pub fn render_row(style: Style, row: &Row) -> String {
     match row.kind {
-        RowKind::User => style.bold(&format!("> {}", row.body)),
+        RowKind::User => style.bold(&format!("> {}", safe(&row.body))),
         RowKind::Assistant => {
             let mut md = Markdown::new(style);
             let mut out = md.push(&row.body);
@@ -156,8 +201,8 @@ pub fn render_row(style: Style, row: &Row) -> String {
         }
         RowKind::ToolCall => tool_call_line(style, row.tool.as_ref().map_or("?", |t| &t.name), &row.body),
         RowKind::ToolResult => tool_result_line(style, row),
-        RowKind::Notice => style.dim(&format!("[notice] {}", row.body)),
-        RowKind::Handoff => style.dim(&format!("[summary of earlier history] {}", row.body)),
+        RowKind::Notice => style.dim(&format!("[notice] {}", safe(&row.body))),
+        RowKind::Handoff => style.dim(&format!("[summary of earlier history] {}", safe(&row.body))),
     }
 }
 
@@ -192,8 +237,9 @@ impl Markdown {
 
     /// Render the next piece of text; what comes back can be printed at once.
     pub fn push(&mut self, text: &str) -> String {
+        let text = safe(text);
         if !self.style.colour {
-            return text.to_string();
+            return text.into_owned();
         }
         let mut out = String::new();
         for c in text.chars() {
@@ -376,6 +422,36 @@ mod tests {
         assert!(whole.contains("let x = 1 * 2;"), "{whole:?}");
         assert!(whole.contains("done *really*"), "{whole:?}");
         assert!(!whole.contains("**"), "{whole:?}");
+    }
+
+    #[test]
+    fn control_characters_from_the_server_are_shown_not_obeyed() {
+        let evil = "ls\x1b[2K\r\x1b]52;c;ZXZpbA==\x07 \u{202E}txt.exe\u{9b}31m\x7f";
+        let shown = safe(evil);
+        assert!(!shown.chars().any(|c| c.is_control()), "{shown:?}");
+        assert_eq!(shown, "ls␛[2K␍␛]52;c;ZXZpbA==␇ �txt.exe�31m␡");
+        assert_eq!(safe("plain\n\ttext"), "plain\n\ttext");
+        for style in [Style { colour: true }, Style { colour: false }] {
+            let mut md = Markdown::new(style);
+            let out = md.push(evil) + &md.finish();
+            assert!(
+                !out.contains("\x1b]") && !out.contains("\x1b[2K") && !out.contains('\r'),
+                "{out:?}"
+            );
+            let line = tool_call_line(style, "shell", r#"{"command": "rm -rf ~ \u001b[8m; echo hidden"}"#);
+            assert!(line.contains("␛[8m"), "{line:?}");
+        }
+        // An approval shows the whole command, however long, on lines of its own.
+        let long = format!(r#"{{"command": "echo hi{}; rm -rf ~\necho done"}}"#, " ".repeat(200));
+        let target = approval_target("shell", &long);
+        assert!(
+            target.contains("rm -rf ~") && target.contains("\n    echo done"),
+            "{target:?}"
+        );
+        assert_eq!(
+            approval_target("write_file", r#"{"path": "a.txt", "content": "x"}"#),
+            " a.txt"
+        );
     }
 
     #[test]
