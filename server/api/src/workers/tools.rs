@@ -166,7 +166,12 @@ impl TurnTask {
                     call_id: &c.call_id,
                     workspace_id: &c.workspace_id,
                     prompt: &c.prompt,
-                    title: c.title.as_deref().map(str::trim).filter(|t| t.len() <= 1000),
+                    // A title past the clients' bound is left out (the child still starts).
+                    title: c
+                        .title
+                        .as_deref()
+                        .map(str::trim)
+                        .filter(|t| t.len() <= berth_protocol::MAX_SESSION_TITLE_BYTES),
                     agent: c.agent.as_deref(),
                     max_children,
                 };
