@@ -351,7 +351,9 @@ pub struct TurnHistoryResult {
 /// Worker → server: a delegate call starts a child session (same workspace, `parent` set,
 /// one level less of delegation) whose first turn runs `prompt`. Answered at once with the
 /// child's ids; the child's turn is handed out like any other. Asking again for the same
-/// call answers the same child.
+/// call answers the same child. Refused with `forbidden` without depth left, `child-limit`
+/// `{max}` past the children one turn may start, `payload-too-large` for a prompt past
+/// [`crate::MAX_PROMPT_BYTES`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnDelegate {

@@ -18,7 +18,8 @@ use crate::{
 impl Store {
     /// Start the child of `turn_id`'s delegate call `call_id` (or find the one already
     /// started for it) and its first turn with `prompt`. Returns (child session, its turn).
-    /// A session with no delegation depth left is `forbidden`.
+    /// A session with no delegation depth left is `forbidden`; a turn that already started
+    /// `max_children` children is `child-limit`.
     pub async fn delegate(
         &self,
         connection_id: &str,
@@ -26,6 +27,7 @@ impl Store {
         turn_id: &str,
         call_id: &str,
         prompt: &str,
+        max_children: u32,
     ) -> Result<(String, String)> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
@@ -46,19 +48,25 @@ impl Store {
                 child
             }
             None => {
+                // The children counted under the parent session's lock (held since
+                // `lock_running_turn`): two delegate calls cannot both pass the bound.
                 let s = tx
                     .q1(
                         concat!(
                             "SELECT s.workspace_id, s.model, s.no_tools, s.auto_approve, s.delegation_depth, ",
                             effective_auto_approve!(),
+                            ", (SELECT count(*) FROM sessions c WHERE c.tenant_id = $2 AND c.parent_turn_id = $3)",
                             " FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id WHERE s.id = $1"
                         ),
-                        &[&parent],
+                        &[&parent, &tenant_id, &turn_id],
                     )
                     .await?;
                 let depth: i32 = s.get(4);
                 if depth <= 0 {
                     return Err(StoreError::Code(ErrorCode::Forbidden));
+                }
+                if s.get::<_, i64>(6) >= i64::from(max_children) {
+                    return Err(StoreError::Code(ErrorCode::ChildLimit));
                 }
                 let child = token::new_id("ses");
                 let workspace_id: String = s.get(0);
