@@ -186,6 +186,18 @@ pub struct PatchCaptured {
 /// The most bytes of patch text one [`PatchChunk`] carries.
 pub const PATCH_CHUNK_BYTES: usize = 64 << 10;
 
+/// The most workspaces one `worker.hello` may declare.
+pub const HELLO_WORKSPACES_MAX: usize = 256;
+/// The longest `worker.hello` `host` (and `replaces`), in bytes.
+pub const HELLO_HOST_BYTES_MAX: usize = 256;
+/// The longest workspace `name` of a `worker.hello`, in bytes.
+pub const HELLO_NAME_BYTES_MAX: usize = 256;
+/// The longest workspace `path` of a `worker.hello`, in bytes.
+pub const HELLO_PATH_BYTES_MAX: usize = 4096;
+
+/// A hello past [`HELLO_WORKSPACES_MAX`] workspaces, or with a string past its bound
+/// ([`HELLO_HOST_BYTES_MAX`], [`HELLO_NAME_BYTES_MAX`], [`HELLO_PATH_BYTES_MAX`]), is
+/// refused with `bad-params {field, max}` and the connection closed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerHello {
