@@ -1102,6 +1102,67 @@ async fn a_worker_credential_cannot_take_over_another_hosts_workspaces() {
     );
 }
 
+/// Disabling the tenant's last enabled admin is refused as demoting them is
+/// (`conflict {reason: "last-admin"}`): the tenant would have no one to administer it.
+/// With another enabled admin, either may be disabled.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_last_enabled_admin_cannot_be_disabled() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let url = stack.servers[0].ws_url();
+    let mut admin = stack.client(0).await;
+    let me = admin.ok("hello", json!({"protocol": 1, "token": stack.token})).await;
+    let enabled = |users: &Value, id: &Value| {
+        let user = users.as_array().unwrap().iter().find(|u| &u["userId"] == id).unwrap();
+        user["disabled"] == false
+    };
+    let err = admin
+        .call("admin.user.disable", json!({"userId": me["userId"]}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "conflict");
+    assert_eq!(err.data["reason"], "last-admin");
+    let users = admin.ok("admin.user.list", json!({})).await;
+    assert!(enabled(&users, &me["userId"]), "{users}");
+
+    // A member is no admin: the bootstrap admin stays the last one.
+    let member = admin
+        .ok("admin.user.create", json!({"email": "member@example.com"}))
+        .await;
+    admin
+        .ok("admin.user.disable", json!({"userId": member["userId"]}))
+        .await;
+    let err = admin
+        .call("admin.user.disable", json!({"userId": me["userId"]}))
+        .await
+        .unwrap_err();
+    assert_eq!((code(&err), &err.data["reason"]), ("conflict", &json!("last-admin")));
+
+    // With a second enabled admin, the first may go; then the second is the last.
+    let second = admin
+        .ok(
+            "admin.user.create",
+            json!({"email": "second@example.com", "role": "admin"}),
+        )
+        .await;
+    let cred = admin
+        .ok(
+            "admin.credential.create",
+            json!({"userId": second["userId"], "note": "second admin"}),
+        )
+        .await;
+    let mut other = Client::authed(&url, cred["token"].as_str().unwrap()).await.unwrap();
+    other.ok("admin.user.disable", json!({"userId": me["userId"]})).await;
+    let err = other
+        .call("admin.user.disable", json!({"userId": second["userId"]}))
+        .await
+        .unwrap_err();
+    assert_eq!((code(&err), &err.data["reason"]), ("conflict", &json!("last-admin")));
+    let users = other.ok("admin.user.list", json!({})).await;
+    assert!(!enabled(&users, &me["userId"]), "{users}");
+    assert!(enabled(&users, &second["userId"]), "{users}");
+}
+
 /// `admin.user.setRole` changes what a user may do, closing their live connections so that
 /// none keeps the old role, and never demotes the last admin; `admin.audit.list` pages the
 /// audited actions newest first; `admin.worker.list` shows where each worker is connected.
