@@ -593,6 +593,58 @@ async fn row_level_security_admits_only_the_transactions_tenant() {
     );
 }
 
+/// What holds no tenant's rows is the owner role's: `berth_app` cannot read the cluster
+/// secret, and reads the replicas' internal addresses (a worker call's route is read under
+/// the tenant's role) but cannot write them, so no tenant-scoped transaction can point
+/// another replica's worker calls elsewhere. Routing still works through the other replica.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_app_role_reads_the_replicas_but_cannot_write_them() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let client = berth_e2e::harness::db(&stack.database_url).await;
+    let may = |table: &'static str, privilege: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query_one("SELECT has_table_privilege('berth_app', $1, $2)", &[&table, &privilege])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(may("replicas", "SELECT").await);
+    for privilege in ["INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"] {
+        assert!(!may("replicas", privilege).await, "berth_app may {privilege} replicas");
+    }
+    assert!(!may("cluster_secret", "SELECT").await);
+    // As a tenant-scoped transaction runs it: the write is refused.
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .execute("SELECT set_config('role', 'berth_app', true)", &[])
+        .await
+        .unwrap();
+    let seen: i64 = client
+        .query_one("SELECT count(*) FROM replicas", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 2, "both replicas announced themselves");
+    let err = client
+        .execute("UPDATE replicas SET internal_url = 'http://attacker.invalid'", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+    );
+    client.batch_execute("ROLLBACK").await.unwrap();
+    // A worker call through the replica that does not hold the worker still finds its route.
+    let mut c = stack.client(1).await;
+    let sid = stack.session(&mut c).await;
+    let status = c.ok("git.status", json!({"sessionId": sid})).await;
+    assert_eq!(status, Value::Null, "the workspace is no repository");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn revocation_closes_connections_on_another_replica_within_two_seconds() {
     let mock = MockProvider::start().await;
