@@ -1505,6 +1505,9 @@ export type SessionCreateParams = {
   "noTools"?: boolean;
   "operationId"?: string;
   "provider"?: string;
+  /**
+   * At most 1000 bytes of UTF-8 ([`MAX_SESSION_TITLE_BYTES`]).
+   */
   "title"?: string;
   "workspaceId": string;
 };
@@ -1677,6 +1680,9 @@ export type SessionRef = {
 export type SessionRenameParams = {
   "operationId"?: string;
   "sessionId": string;
+  /**
+   * At most 1000 bytes of UTF-8 ([`MAX_SESSION_TITLE_BYTES`]).
+   */
   "title": string;
 };
 

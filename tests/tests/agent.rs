@@ -730,6 +730,66 @@ async fn a_sub_agent_whose_turn_cannot_start_leaves_no_child() {
     assert_eq!(orphans, 0);
 }
 
+/// A delegate call is checked as a coordinator's child start is: a prompt past
+/// `MAX_PROMPT_BYTES` is refused (`payload-too-large`), and one turn starts at most
+/// `BERTH_COORDINATOR_MAX_CHILDREN` sub-agents (`child-limit`); a refused call is the
+/// model's tool error and leaves no child.
+#[tokio::test]
+async fn delegate_calls_are_bounded_in_prompt_size_and_in_number() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_COORDINATOR_MAX_CHILDREN", "1")]).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let huge = "p".repeat(berth_protocol::MAX_PROMPT_BYTES + 1);
+    mock.push(Reply::tools(
+        &[
+            ("d1", "delegate", json!({"prompt": "first child"})),
+            ("d2", "delegate", json!({"prompt": huge})),
+            ("d3", "delegate", json!({"prompt": "second child"})),
+        ],
+        9,
+    ));
+    mock.push(Reply::text(&["first child done"]));
+    mock.push(Reply::text(&["parent done"]));
+    let events = turn(&mut c, &mut watch, &sid, "three sub-agents").await;
+    assert_eq!(events.last().unwrap()["state"], "completed", "{:?}", events.last());
+    let ended = |call: &str| {
+        events
+            .iter()
+            .find(|e| e["type"] == "tool.ended" && e["callId"] == call)
+            .unwrap_or_else(|| panic!("{call} ended"))
+            .clone()
+    };
+    let first = ended("d1");
+    assert_eq!(first["status"], "completed", "{first}");
+    assert_eq!(first["rows"][0]["body"], "first child done");
+    let too_large = ended("d2");
+    assert_eq!(too_large["status"], "failed", "{too_large}");
+    assert!(
+        too_large["rows"][0]["body"]
+            .as_str()
+            .unwrap()
+            .contains("payload-too-large"),
+        "{too_large}"
+    );
+    let past_limit = ended("d3");
+    assert_eq!(past_limit["status"], "failed", "{past_limit}");
+    assert!(
+        past_limit["rows"][0]["body"]
+            .as_str()
+            .unwrap()
+            .contains("sub-agent limit"),
+        "{past_limit}"
+    );
+    assert_eq!(
+        children(&mut c, &sid).await.len(),
+        1,
+        "only the first call started a child"
+    );
+    assert_eq!(mock.requests().len(), 3, "the parent's two steps and the one child's");
+}
+
 /// A session created while its workspace is being removed (after the removal listed the
 /// workspace's sessions, before it locked the workspace) is removed like the others: its
 /// running turn is stopped (the worker kills its command), not deleted unseen with the

@@ -332,6 +332,66 @@ async fn a_long_session_compacts_keeps_answering_and_keeps_every_row() {
     assert_eq!(rows.iter().filter(|r| r["kind"] == "user").count(), turns + 1);
 }
 
+/// A summary is a model call like a worker's: it takes one of the tenant's model-call slots,
+/// and with none free `session.compact` is refused `rate-limited {limit}` (a `compaction`
+/// diagnostic, the provider never asked); the refusal is no outcome of its operation, so the
+/// same operation id does the work once a slot is free.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compaction_takes_a_slot_of_the_tenants_model_calls() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_MODEL_MAX_CONCURRENT", "1")]).await;
+    let mut c = stack.client(0).await;
+    let create = json!({"workspaceId": stack.workspace_id, "noTools": true});
+    let s = c.ok("session.create", create.clone()).await;
+    let sid = s["sessionId"].as_str().unwrap().to_string();
+    mock.push(Reply::text(&["ANSWER"]));
+    let end = turn(&mut c, &sid, "PROMPT").await;
+    assert_eq!(end["state"], "completed", "{end}");
+
+    // Another session's turn holds the tenant's only slot: its model call stays open.
+    let busy = c.ok("session.create", create).await["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut busy_watch = c.subscribe("session.watch", json!({"sessionId": busy, "after": 0}));
+    mock.push(Reply::StreamThenHang(vec![berth_e2e::Part::Text("working".into())]));
+    let sent = c.ok("session.send", json!({"sessionId": busy, "prompt": "go"})).await;
+    busy_watch
+        .until(30, |i| i["type"] == "model.delta")
+        .await
+        .expect("the busy turn streams");
+    mock.push_matching(SUMMARY_ASK, Reply::text(&["SUMMARY-LATER"]));
+    let compact = json!({"sessionId": sid, "operationId": "compact-limited"});
+    let err = c.call("session.compact", compact.clone()).await.unwrap_err();
+    assert_eq!(code(&err), "rate-limited", "{err:?}");
+    assert_eq!(err.data["limit"], "model-calls");
+    assert!(
+        !mock.requests().iter().any(is_summary_request),
+        "a refused summary never reaches the provider"
+    );
+    let d = c.ok("session.diagnostics", json!({"sessionId": sid})).await;
+    assert_eq!(d["diagnostics"][0]["kind"], "compaction", "{d}");
+    assert_eq!(d["diagnostics"][0]["cause"]["code"], "rate-limited", "{d}");
+
+    // The slot freed, the same operation compacts.
+    c.ok("session.stop", json!({"sessionId": busy, "turnId": sent["turnId"]}))
+        .await;
+    let mut done = None;
+    for _ in 0..80 {
+        match c.call("session.compact", compact.clone()).await {
+            Ok(v) => {
+                done = Some(v);
+                break;
+            }
+            Err(e) if code(&e) == "rate-limited" => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
+            Err(e) => panic!("session.compact: {e:?}"),
+        }
+    }
+    let done = done.expect("a freed slot lets the compaction through");
+    assert_eq!(done["compacted"], true, "{done}");
+    assert_eq!(mock.requests().iter().filter(|r| is_summary_request(r)).count(), 1);
+}
+
 #[tokio::test]
 async fn skills_are_listed_offered_by_name_and_summary_and_read_on_demand() {
     let mock = MockProvider::start().await;

@@ -262,6 +262,43 @@ async fn nul_is_refused_but_its_escaped_spelling_is_not() {
     assert_eq!(err.data["reason"], "nul-character");
 }
 
+/// A session title a client sets is bounded wherever it is set: `session.create` as
+/// `session.rename` (`bad-params {field, max}`), and nothing is created past it.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_titles_are_bounded_at_create_as_at_rename() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let max = berth_protocol::MAX_SESSION_TITLE_BYTES;
+    let long = "t".repeat(max + 1);
+    let err = c
+        .call(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "title": long}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "bad-params");
+    assert_eq!(err.data["field"], "title");
+    assert_eq!(err.data["max"], max);
+    let list = c.ok("session.list", json!({})).await;
+    assert_eq!(list["entries"], json!([]), "no session was created");
+
+    let fits = "t".repeat(max);
+    let s = c
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "title": fits}),
+        )
+        .await;
+    assert_eq!(s["title"], fits);
+    let err = c
+        .call("session.rename", json!({"sessionId": s["sessionId"], "title": long}))
+        .await
+        .unwrap_err();
+    assert_eq!((code(&err), &err.data["max"]), ("bad-params", &json!(max)));
+}
+
 /// Run `turns` turns whose answers are `bytes` long each; returns the session id.
 async fn session_with_big_answers(stack: &Stack, mock: &MockProvider, turns: usize, bytes: usize) -> String {
     let mut c = stack.client(0).await;

@@ -628,6 +628,43 @@ async fn a_failing_title_request_is_a_title_diagnostic_after_the_answer() {
     assert_eq!(s["title"], "");
 }
 
+/// A title is a model call like a worker's, within the tenant's model-call limits: past
+/// them it is not asked for, nor claimed (a later turn may still name the session), and
+/// nothing fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_title_past_the_tenants_model_call_limits_is_not_asked_for() {
+    let mock = MockProvider::start().await;
+    // One call a minute: the turn's.
+    let env = [("BERTH_AUTO_TITLES", "true"), ("BERTH_MODEL_RATE_PER_MIN", "1")];
+    let stack = stack_with(&mock, &env).await;
+    let mut c = stack.client(0).await;
+    mock.push(answer());
+    mock.push(Reply::text(&["Never asked"]));
+    let (sid, end) = run_turn(&stack, &mut c, json!({}), "hi there").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    let refused = berth_e2e::harness::eventually(30, || {
+        let server = &stack.servers[0];
+        async move {
+            let m = server.metrics().await;
+            metric(&m, "berth_auto_titles_total{outcome=\"refused\"}").filter(|n| *n == 1)
+        }
+    })
+    .await;
+    assert!(refused.is_some(), "the title was refused at the tenant's limits");
+    assert_eq!(mock.requests().len(), 1, "only the turn reached the provider");
+    let s = c.ok("session.get", json!({"sessionId": sid})).await;
+    assert_eq!(s["title"], "");
+    let d = c.ok("session.diagnostics", json!({"sessionId": sid})).await;
+    assert_eq!(d["diagnostics"], json!([]), "a refusal is no failed title");
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let attempted: bool = db
+        .query_one("SELECT title_attempted FROM sessions WHERE id = $1", &[&sid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!attempted, "the title is left for a later turn");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn session_context_reports_the_latest_request_with_the_providers_usage() {
     let mock = MockProvider::start().await;

@@ -593,6 +593,58 @@ async fn row_level_security_admits_only_the_transactions_tenant() {
     );
 }
 
+/// What holds no tenant's rows is the owner role's: `berth_app` cannot read the cluster
+/// secret, and reads the replicas' internal addresses (a worker call's route is read under
+/// the tenant's role) but cannot write them, so no tenant-scoped transaction can point
+/// another replica's worker calls elsewhere. Routing still works through the other replica.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_app_role_reads_the_replicas_but_cannot_write_them() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let client = berth_e2e::harness::db(&stack.database_url).await;
+    let may = |table: &'static str, privilege: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query_one("SELECT has_table_privilege('berth_app', $1, $2)", &[&table, &privilege])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(may("replicas", "SELECT").await);
+    for privilege in ["INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"] {
+        assert!(!may("replicas", privilege).await, "berth_app may {privilege} replicas");
+    }
+    assert!(!may("cluster_secret", "SELECT").await);
+    // As a tenant-scoped transaction runs it: the write is refused.
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .execute("SELECT set_config('role', 'berth_app', true)", &[])
+        .await
+        .unwrap();
+    let seen: i64 = client
+        .query_one("SELECT count(*) FROM replicas", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 2, "both replicas announced themselves");
+    let err = client
+        .execute("UPDATE replicas SET internal_url = 'http://attacker.invalid'", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+    );
+    client.batch_execute("ROLLBACK").await.unwrap();
+    // A worker call through the replica that does not hold the worker still finds its route.
+    let mut c = stack.client(1).await;
+    let sid = stack.session(&mut c).await;
+    let status = c.ok("git.status", json!({"sessionId": sid})).await;
+    assert_eq!(status, Value::Null, "the workspace is no repository");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn revocation_closes_connections_on_another_replica_within_two_seconds() {
     let mock = MockProvider::start().await;
@@ -1109,6 +1161,67 @@ async fn a_worker_credential_cannot_take_over_another_hosts_workspaces() {
         moved.is_some(),
         "after rotation the new credential serves the workspace"
     );
+}
+
+/// Disabling the tenant's last enabled admin is refused as demoting them is
+/// (`conflict {reason: "last-admin"}`): the tenant would have no one to administer it.
+/// With another enabled admin, either may be disabled.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_last_enabled_admin_cannot_be_disabled() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let url = stack.servers[0].ws_url();
+    let mut admin = stack.client(0).await;
+    let me = admin.ok("hello", json!({"protocol": 1, "token": stack.token})).await;
+    let enabled = |users: &Value, id: &Value| {
+        let user = users.as_array().unwrap().iter().find(|u| &u["userId"] == id).unwrap();
+        user["disabled"] == false
+    };
+    let err = admin
+        .call("admin.user.disable", json!({"userId": me["userId"]}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "conflict");
+    assert_eq!(err.data["reason"], "last-admin");
+    let users = admin.ok("admin.user.list", json!({})).await;
+    assert!(enabled(&users, &me["userId"]), "{users}");
+
+    // A member is no admin: the bootstrap admin stays the last one.
+    let member = admin
+        .ok("admin.user.create", json!({"email": "member@example.com"}))
+        .await;
+    admin
+        .ok("admin.user.disable", json!({"userId": member["userId"]}))
+        .await;
+    let err = admin
+        .call("admin.user.disable", json!({"userId": me["userId"]}))
+        .await
+        .unwrap_err();
+    assert_eq!((code(&err), &err.data["reason"]), ("conflict", &json!("last-admin")));
+
+    // With a second enabled admin, the first may go; then the second is the last.
+    let second = admin
+        .ok(
+            "admin.user.create",
+            json!({"email": "second@example.com", "role": "admin"}),
+        )
+        .await;
+    let cred = admin
+        .ok(
+            "admin.credential.create",
+            json!({"userId": second["userId"], "note": "second admin"}),
+        )
+        .await;
+    let mut other = Client::authed(&url, cred["token"].as_str().unwrap()).await.unwrap();
+    other.ok("admin.user.disable", json!({"userId": me["userId"]})).await;
+    let err = other
+        .call("admin.user.disable", json!({"userId": second["userId"]}))
+        .await
+        .unwrap_err();
+    assert_eq!((code(&err), &err.data["reason"]), ("conflict", &json!("last-admin")));
+    let users = other.ok("admin.user.list", json!({})).await;
+    assert!(!enabled(&users, &me["userId"]), "{users}");
+    assert!(enabled(&users, &second["userId"]), "{users}");
 }
 
 /// `admin.user.setRole` changes what a user may do, closing their live connections so that

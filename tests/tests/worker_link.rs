@@ -620,6 +620,70 @@ async fn raw_worker_with(
     (ws, workspace, carries)
 }
 
+/// A `worker.hello` is bounded before anything of it is stored: past 256 workspaces, or
+/// with a host, name or path past its length, it is refused (`bad-params {field, max}`),
+/// the connection closes, and neither the host binding nor any workspace is recorded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_hello_past_its_bounds_is_refused_and_stores_nothing() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let token = stack.servers[0].worker_token().await;
+    let ws = |name: &str, path: &str| json!({"name": name, "path": path});
+    let many: Vec<Value> = (0..=256).map(|i| ws(&format!("w{i}"), "/srv/w")).collect();
+    let cases = [
+        ("workspaces", 256, json!("bounded-host"), Value::Array(many)),
+        ("host", 256, json!("h".repeat(257)), json!([ws("a", "/srv/a")])),
+        (
+            "workspaces.name",
+            256,
+            json!("bounded-host"),
+            json!([ws(&"n".repeat(257), "/srv/a")]),
+        ),
+        (
+            "workspaces.path",
+            4096,
+            json!("bounded-host"),
+            json!([ws("a", &"p".repeat(4097))]),
+        ),
+    ];
+    for (field, max, host, workspaces) in cases {
+        let mut req = format!("ws://{}/v1/worker", stack.servers[0].addr)
+            .into_client_request()
+            .unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        let (mut socket, _) = tokio_tungstenite::connect_async(req).await.expect("worker websocket");
+        let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "worker.hello", "params": {
+            "protocol": berth_protocol::PROTOCOL_VERSION, "host": host, "workspaces": workspaces}});
+        socket.send(Message::Text(hello.to_string().into())).await.unwrap();
+        let reply = next_json(&mut socket).await;
+        assert_eq!(reply["error"]["data"]["code"], "bad-params", "{field}: {reply}");
+        assert_eq!(reply["error"]["data"]["field"], field, "{reply}");
+        assert_eq!(reply["error"]["data"]["max"], max, "{reply}");
+    }
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let digest = berth_store::token::digest(&token);
+    let bound: Option<String> = db
+        .query_one("SELECT host FROM credentials WHERE sha256 = $1", &[&digest])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bound, None, "no host was bound");
+    let stored: i64 = db
+        .query_one("SELECT count(*) FROM workspaces WHERE host <> 'test-host'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 0, "no workspace was registered");
+    // Within the bounds the same credential says hello.
+    let (_socket, workspace, _) = raw_worker_with(&stack, "bounded-host", &token).await;
+    assert!(workspace.starts_with("wsp_"));
+}
+
 async fn next_json(
     ws: &mut (
              impl futures_util::Stream<

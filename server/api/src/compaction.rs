@@ -25,6 +25,8 @@ const SUMMARY_TOKENS: u64 = 4096;
 const SUMMARY_BYTES: usize = 64 << 10;
 /// Bytes of history text a summary is made from, at most (the newest rows are kept).
 const SOURCE_BYTES_MAX: usize = 2 << 20;
+/// `data.limit` of a summary refused for the tenant's model-call limits.
+const MODEL_CALLS: &str = "model-calls";
 
 const INSTRUCTION: &str = "You compact a long conversation between a user and a coding agent so that the agent \
 can go on with the work without it. Write a handoff note: what the user asked for and still wants, what has been \
@@ -43,7 +45,8 @@ pub(crate) fn context_window(state: &AppState, provider: Option<&str>, model: Op
 
 /// Summarize the session's history before `keep_from` (None: all of it) and write the
 /// compaction. None: nothing new to summarize, or already compacted that far. A failed
-/// summary is a `compaction` diagnostic and an `unavailable {cause}` error.
+/// summary is a `compaction` diagnostic and an `unavailable {cause}` error; one refused
+/// at the tenant's model-call limits, a diagnostic and `rate-limited`.
 pub(crate) async fn compact(
     state: &AppState,
     tenant: &str,
@@ -91,7 +94,14 @@ pub(crate) async fn compact(
         {"role": "system", "content": INSTRUCTION},
         {"role": "user", "content": transcript(&source)},
     ]);
-    let asked = complete::complete(state, tenant, target, messages, summary_tokens, SUMMARY_BYTES);
+    // A summary is a model call like a worker's: it takes one of the tenant's proxy slots
+    // or is refused (`rate-limited`), so compactions cannot spend past the tenant's limits.
+    let Some(permit) = state.proxy.admit(tenant) else {
+        let cause = providers::cause(CauseCode::RateLimited);
+        let refused = ApiError::with(ErrorCode::RateLimited, json!({"limit": MODEL_CALLS}));
+        return Err(failed(state, tenant, session_id, cause, refused).await);
+    };
+    let asked = complete::complete(state, tenant, permit, target, messages, summary_tokens, SUMMARY_BYTES);
     let outcome = match tokio::time::timeout(BOUND, asked).await {
         Ok(Ok(text)) if !text.trim().is_empty() => Ok(text.trim().to_string()),
         Ok(Ok(_)) => Err(providers::cause(CauseCode::SummaryEmpty)),
@@ -100,7 +110,10 @@ pub(crate) async fn compact(
     };
     let summary = match outcome {
         Ok(s) => s,
-        Err(cause) => return Err(failed(state, tenant, session_id, cause).await),
+        Err(cause) => {
+            let unavailable = ApiError::with(ErrorCode::Unavailable, json!({"cause": cause}));
+            return Err(failed(state, tenant, session_id, cause, unavailable).await);
+        }
     };
     let written = store
         .compact(tenant, session_id, keep_from, &summary, automatic, op)
@@ -111,7 +124,8 @@ pub(crate) async fn compact(
     Ok(written)
 }
 
-async fn failed(state: &AppState, tenant: &str, session_id: &str, cause: Cause) -> ApiError {
+/// Record the failed compaction as a `compaction` diagnostic; answers `error`.
+async fn failed(state: &AppState, tenant: &str, session_id: &str, cause: Cause, error: ApiError) -> ApiError {
     tracing::info!(session.id = %session_id, code = %cause.code, "compaction failed");
     match state
         .store
@@ -121,7 +135,7 @@ async fn failed(state: &AppState, tenant: &str, session_id: &str, cause: Cause) 
         Ok(()) => state.hub.event(session_id, 0),
         Err(e) => tracing::warn!(session.id = %session_id, error = %e, "compaction diagnostic not recorded"),
     }
-    ApiError::with(ErrorCode::Unavailable, json!({"cause": cause}))
+    error
 }
 
 /// The history to summarize as plain text, oldest first.

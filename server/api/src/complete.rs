@@ -4,6 +4,7 @@
 use berth_protocol::Cause;
 use berth_protocol::CauseCode;
 use serde_json::{Value, json};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::{AppState, providers, proxy};
 
@@ -16,10 +17,13 @@ pub(crate) struct Target<'a> {
 }
 
 /// Ask for one answer to `messages` (chat-completions shape) of at most `max_tokens`;
-/// answers its text (at most `max_bytes` of it).
+/// answers its text (at most `max_bytes` of it). `permit` is the tenant's proxy slot
+/// ([`proxy::ProxyLimits::admit`]), held until the provider's stream ends: the API tier's
+/// own calls count against the tenant's limits like a worker's.
 pub(crate) async fn complete(
     state: &AppState,
     tenant: &str,
+    permit: OwnedSemaphorePermit,
     target: Target<'_>,
     messages: Value,
     max_tokens: u64,
@@ -57,7 +61,7 @@ pub(crate) async fn complete(
         label: proxy::model_label(&state.config.model, profile, &model),
         scan: Default::default(),
         recorded: false,
-        _permit: None,
+        _permit: Some(permit),
         _stream: None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);

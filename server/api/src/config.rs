@@ -438,8 +438,8 @@ pub struct Config {
     /// grace period of 60 s less its preStop delay and a margin). Turns still held then end
     /// `interrupted`.
     pub drain_timeout: std::time::Duration,
-    /// `BERTH_COORDINATOR_MAX_CHILDREN`: child sessions one coordinator turn may start
-    /// (default 16).
+    /// `BERTH_COORDINATOR_MAX_CHILDREN`: child sessions one turn may start, a coordinator's
+    /// children or `delegate` sub-agents (default 16).
     pub coordinator_max_children: u32,
     /// `BERTH_INTERNAL_URL`: where other replicas reach this one to forward worker calls
     /// (default: `http://<internal listen address>` unless that is a wildcard address).

@@ -18,7 +18,8 @@ pub struct Metrics {
     /// Turns settled, by state.
     pub turns: IntCounterVec,
     /// Automatic titles claimed, by outcome: `named`, `failed`, or `taken` (the claim found
-    /// the session titled or its attempt made meanwhile: a transaction for nothing).
+    /// the session titled or its attempt made meanwhile: a transaction for nothing), or
+    /// `refused` (not claimed: the tenant's model-call limits were reached).
     pub auto_titles: IntCounterVec,
     /// Turns handed to this replica's worker connections, by how: `admission` (the turn was
     /// admitted here and handed out in the same transaction), `claim`, or `recovery` (found
@@ -89,7 +90,10 @@ impl Metrics {
             events_appended: IntCounter::new("berth_events_appended_total", "events appended").expect("metric"),
             turns: IntCounterVec::new(Opts::new("berth_turns_total", "turns settled"), &["state"]).expect("metric"),
             auto_titles: IntCounterVec::new(
-                Opts::new("berth_auto_titles_total", "automatic titles claimed, by outcome"),
+                Opts::new(
+                    "berth_auto_titles_total",
+                    "automatic titles claimed, by outcome (refused: not claimed, at the tenant's model-call limits)",
+                ),
                 &["outcome"],
             )
             .expect("metric"),

@@ -69,8 +69,10 @@ impl ProxyLimits {
         }
     }
 
-    /// A slot for one call of `tenant`, or None at the tenant's limits.
-    fn admit(&self, tenant: &str) -> Option<OwnedSemaphorePermit> {
+    /// A slot for one call of `tenant`, or None at the tenant's limits. Every model call
+    /// Berth makes counts: a worker's through the proxy, and the API tier's own (titles,
+    /// summaries), whose [`crate::complete::complete`] takes the permit.
+    pub(crate) fn admit(&self, tenant: &str) -> Option<OwnedSemaphorePermit> {
         self.rate.check(tenant).ok()?;
         let sem = self
             .running

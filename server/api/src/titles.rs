@@ -1,13 +1,16 @@
 //! Automatic titles (SPEC §4.3): after a session's first turn settles, if its title is
 //! still empty, the session's model names it from the first prompt and answer. One attempt
 //! per session, bounded by [`TITLE_BOUND`]; a human title is never overwritten (the title
-//! is only set while still empty); a failure is a `title` diagnostic, never an error.
+//! is only set while still empty); a failure is a `title` diagnostic, never an error. The
+//! call counts against the tenant's model-call limits: refused there, it is not attempted
+//! (nor claimed), and the session's next completed turn tries again.
 
 use berth_protocol::CauseCode;
 use std::time::Duration;
 
 use berth_protocol::Cause;
 use serde_json::json;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::{AppState, complete, providers};
 
@@ -28,6 +31,13 @@ pub(crate) fn spawn(state: AppState, tenant: String, session: String) {
     }
     tokio::spawn(async move {
         let outcomes = &state.metrics.auto_titles;
+        // A title is a model call like a worker's, within the tenant's proxy limits. Refused
+        // before the claim, so that the session's next completed turn tries again.
+        let Some(permit) = state.proxy.admit(&tenant) else {
+            outcomes.with_label_values(&["refused"]).inc();
+            tracing::debug!(session.id = %session, "automatic title refused at the tenant's model-call limits");
+            return;
+        };
         let source = match state.store.claim_title(&tenant, &session, SOURCE_MAX).await {
             Ok(Some(s)) => s,
             Ok(None) => {
@@ -39,7 +49,7 @@ pub(crate) fn spawn(state: AppState, tenant: String, session: String) {
                 return;
             }
         };
-        let outcome = match tokio::time::timeout(TITLE_BOUND, ask(&state, &tenant, &source)).await {
+        let outcome = match tokio::time::timeout(TITLE_BOUND, ask(&state, &tenant, permit, &source)).await {
             Ok(r) => r,
             Err(_) => Err(providers::cause(CauseCode::ProviderTimeout)),
         };
@@ -65,7 +75,12 @@ pub(crate) fn spawn(state: AppState, tenant: String, session: String) {
 }
 
 /// One model call for the title, through the session's profile, metered like any other.
-async fn ask(state: &AppState, tenant: &str, source: &berth_store::TitleSource) -> Result<String, Cause> {
+async fn ask(
+    state: &AppState,
+    tenant: &str,
+    permit: OwnedSemaphorePermit,
+    source: &berth_store::TitleSource,
+) -> Result<String, Cause> {
     let target = complete::Target {
         provider: source.provider.as_deref(),
         model: source.model.as_deref(),
@@ -75,7 +90,7 @@ async fn ask(state: &AppState, tenant: &str, source: &berth_store::TitleSource) 
         {"role": "system", "content": INSTRUCTION},
         {"role": "user", "content": format!("User: {}\n\nAssistant: {}", source.prompt, source.answer)},
     ]);
-    let text = complete::complete(state, tenant, target, messages, 32, 4096).await?;
+    let text = complete::complete(state, tenant, permit, target, messages, 32, 4096).await?;
     clean(&text).ok_or_else(|| providers::cause(CauseCode::TitleEmpty))
 }
 

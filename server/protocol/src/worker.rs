@@ -186,6 +186,18 @@ pub struct PatchCaptured {
 /// The most bytes of patch text one [`PatchChunk`] carries.
 pub const PATCH_CHUNK_BYTES: usize = 64 << 10;
 
+/// The most workspaces one `worker.hello` may declare.
+pub const HELLO_WORKSPACES_MAX: usize = 256;
+/// The longest `worker.hello` `host` (and `replaces`), in bytes.
+pub const HELLO_HOST_BYTES_MAX: usize = 256;
+/// The longest workspace `name` of a `worker.hello`, in bytes.
+pub const HELLO_NAME_BYTES_MAX: usize = 256;
+/// The longest workspace `path` of a `worker.hello`, in bytes.
+pub const HELLO_PATH_BYTES_MAX: usize = 4096;
+
+/// A hello past [`HELLO_WORKSPACES_MAX`] workspaces, or with a string past its bound
+/// ([`HELLO_HOST_BYTES_MAX`], [`HELLO_NAME_BYTES_MAX`], [`HELLO_PATH_BYTES_MAX`]), is
+/// refused with `bad-params {field, max}` and the connection closed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerHello {
@@ -351,7 +363,9 @@ pub struct TurnHistoryResult {
 /// Worker → server: a delegate call starts a child session (same workspace, `parent` set,
 /// one level less of delegation) whose first turn runs `prompt`. Answered at once with the
 /// child's ids; the child's turn is handed out like any other. Asking again for the same
-/// call answers the same child.
+/// call answers the same child. Refused with `forbidden` without depth left, `child-limit`
+/// `{max}` past the children one turn may start, `payload-too-large` for a prompt past
+/// [`crate::MAX_PROMPT_BYTES`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnDelegate {

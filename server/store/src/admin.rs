@@ -20,7 +20,13 @@ struct Target<'a> {
     sql: &'static str,
     action: &'static str,
     notify: &'static str,
+    /// The target is a user who may be the tenant's last enabled admin: refused then.
+    keeps_an_admin: bool,
 }
+
+/// Admin changes of one tenant take turns (`$1` the tenant), so two of them (demotions,
+/// disables) cannot both see another admin left.
+const LOCK_ADMINS: &str = "SELECT pg_advisory_xact_lock(hashtext('berth.roles:' || $1))";
 
 /// Who did it, for the audit log.
 pub struct Actor<'a>(pub &'a str);
@@ -180,6 +186,7 @@ impl Store {
             sql,
             action: "credential.revoke",
             notify: "cred",
+            keeps_an_admin: false,
         };
         self.cut_off(tenant_id, target, actor, op, Revoked { revoked: true })
             .await
@@ -236,6 +243,7 @@ impl Store {
     }
 
     /// Disable a user: their credentials and tokens stop working and their connections close.
+    /// Disabling the tenant's last enabled admin is refused with `conflict`, as demoting them is.
     pub async fn admin_disable_user(
         &self,
         tenant_id: &str,
@@ -250,6 +258,7 @@ impl Store {
             sql,
             action: "user.disable",
             notify: "user",
+            keeps_an_admin: true,
         };
         self.cut_off(tenant_id, target, actor, op, Disabled { disabled: true })
             .await
@@ -267,6 +276,20 @@ impl Store {
     ) -> Result<T> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
+        if target.keeps_an_admin {
+            tx.ex(LOCK_ADMINS, &[&tenant_id]).await?;
+            let last: bool = tx
+                .q1(
+                    "SELECT coalesce(bool_or(id = $2), false) AND count(*) = 1 FROM users
+                      WHERE tenant_id = $1 AND role = 'admin' AND disabled_at IS NULL",
+                    &[&tenant_id, &target.id],
+                )
+                .await?
+                .get(0);
+            if last {
+                return Err(StoreError::Code(ErrorCode::Conflict));
+            }
+        }
         if tx.qo(target.sql, &[&target.id, &tenant_id]).await?.is_none() {
             return not_found();
         }
@@ -294,12 +317,7 @@ impl Store {
     ) -> Result<UserView> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
-        // Admin changes of one tenant take turns, so two demotions cannot both see another admin.
-        tx.ex(
-            "SELECT pg_advisory_xact_lock(hashtext('berth.roles:' || $1))",
-            &[&tenant_id],
-        )
-        .await?;
+        tx.ex(LOCK_ADMINS, &[&tenant_id]).await?;
         let Some(before) = tx
             .qo(
                 "SELECT role FROM users WHERE id = $1 AND tenant_id = $2 FOR UPDATE",

@@ -18,7 +18,8 @@ use crate::{
 impl Store {
     /// Start the child of `turn_id`'s delegate call `call_id` (or find the one already
     /// started for it) and its first turn with `prompt`. Returns (child session, its turn).
-    /// A session with no delegation depth left is `forbidden`.
+    /// A session with no delegation depth left is `forbidden`; a turn that already started
+    /// `max_children` children is `child-limit`.
     pub async fn delegate(
         &self,
         connection_id: &str,
@@ -26,6 +27,7 @@ impl Store {
         turn_id: &str,
         call_id: &str,
         prompt: &str,
+        max_children: u32,
     ) -> Result<(String, String)> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
@@ -46,21 +48,27 @@ impl Store {
                 child
             }
             None => {
+                // The children counted under the parent session's lock (held since
+                // `lock_running_turn`): two delegate calls cannot both pass the bound.
                 let s = tx
                     .q1(
                         concat!(
                             "SELECT s.workspace_id, s.model, s.no_tools, s.auto_approve, s.delegation_depth, ",
                             effective_auto_approve!(),
+                            ", (SELECT count(*) FROM sessions c WHERE c.tenant_id = $2 AND c.parent_turn_id = $3)",
                             ", s.provider, s.base_url, ",
                             child_auto_approve_within!(),
                             " FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id WHERE s.id = $1"
                         ),
-                        &[&parent],
+                        &[&parent, &tenant_id, &turn_id],
                     )
                     .await?;
                 let depth: i32 = s.get(4);
                 if depth <= 0 {
                     return Err(StoreError::Code(ErrorCode::Forbidden));
+                }
+                if s.get::<_, i64>(6) >= i64::from(max_children) {
+                    return Err(StoreError::Code(ErrorCode::ChildLimit));
                 }
                 let child = token::new_id("ses");
                 let workspace_id: String = s.get(0);
@@ -84,10 +92,10 @@ impl Store {
                         &s.get::<_, bool>(5),
                         // The parent's provider and endpoint with its model: the model was
                         // vetted for them, not for the default profile (and its key).
-                        &s.get::<_, Option<String>>(6),
                         &s.get::<_, Option<String>>(7),
+                        &s.get::<_, Option<String>>(8),
                         // Nor auto-run more tools than the parent could.
-                        &s.get::<_, Option<serde_json::Value>>(8),
+                        &s.get::<_, Option<serde_json::Value>>(9),
                     ],
                 )
                 .await?;

@@ -35,6 +35,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../../migrations/0022_approval_ceiling_and_owners.sql"),
     ),
     ("0023_auto_approve_within.sql", include_str!("../../../migrations/0023_auto_approve_within.sql")),
+    (
+        "0024_replicas_read_only_for_app.sql",
+        include_str!("../../../migrations/0024_replicas_read_only_for_app.sql"),
+    ),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

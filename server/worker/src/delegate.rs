@@ -109,6 +109,11 @@ pub(crate) async fn run(t: &TurnLink, call: &ToolCall, cancel: &CancellationToke
                 "delegation depth reached: this session may not start sub-agents",
             ));
         }
+        Err(Halt::Refused(code)) if code == "child-limit" => {
+            return Ok(Outcome::error(
+                "sub-agent limit reached: this turn may start no more sub-agents",
+            ));
+        }
         Err(Halt::Refused(code)) => return Ok(Outcome::error(format!("the sub-agent could not be started ({code})"))),
         Err(h) => return Err(h),
     };

@@ -131,13 +131,22 @@ pub async fn user_list(ctx: Ctx, _p: Empty) -> ApiResult<Vec<UserView>> {
     Ok(ctx.state.store.admin_list_users(&me.tenant_id).await?)
 }
 
+/// The store's `conflict` for a change that would leave the tenant without an enabled admin.
+fn last_admin(e: berth_store::StoreError) -> ApiError {
+    match e.code() {
+        ErrorCode::Conflict => ApiError::with(ErrorCode::Conflict, json!({"reason": "last-admin"})),
+        _ => e.into(),
+    }
+}
+
 #[tracing::instrument(skip_all, fields(user.id = %p.user_id))]
 pub async fn user_disable(ctx: Ctx, p: AdminUserDisableParams) -> ApiResult<Disabled> {
     let me = admin(&ctx)?;
     let store = &ctx.state.store;
     let r = store
         .admin_disable_user(&me.tenant_id, &p.user_id, Actor(actor(&me)), ctx.op.as_ref())
-        .await?;
+        .await
+        .map_err(last_admin)?;
     tracing::info!("user disabled");
     Ok(r)
 }
@@ -161,10 +170,7 @@ pub async fn user_set_role(ctx: Ctx, p: AdminUserSetRoleParams) -> ApiResult<Use
     let view = store
         .admin_set_role(&me.tenant_id, &p.user_id, &p.role, Actor(actor(&me)), ctx.op.as_ref())
         .await
-        .map_err(|e| match e.code() {
-            ErrorCode::Conflict => ApiError::with(ErrorCode::Conflict, json!({"reason": "last-admin"})),
-            _ => e.into(),
-        })?;
+        .map_err(last_admin)?;
     tracing::info!(role = %view.role, "user role set");
     Ok(view)
 }

@@ -90,8 +90,11 @@ where
             };
             if let Err(e) = &out {
                 let recorded = match e.data_code() {
-                    // Not an outcome: let a retry do the work.
-                    "internal" | "unavailable" | "operation-in-progress" => store.receipt_abandon(&receipt).await,
+                    // Not an outcome: let a retry do the work (a refusal at a rate or
+                    // concurrency limit too, or its retry would replay the refusal).
+                    "internal" | "unavailable" | "operation-in-progress" | "rate-limited" => {
+                        store.receipt_abandon(&receipt).await
+                    }
                     _ => {
                         store
                             .receipt_fail(&receipt, &serde_json::to_value(&e.0).unwrap_or_default())

@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use berth_protocol::{
-    Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, ModelDelta, QueueState, Removed, Resync,
-    ResyncReason, SessionCompactParams, SessionCompactResult, SessionContextParams, SessionContextResult,
-    SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult, SessionHistoryParams, SessionListParams,
-    SessionListResult, SessionOpParams, SessionPauseParams, SessionRef, SessionRenameParams, SessionSendParams,
-    SessionSendResult, SessionSetModelParams, SessionSnapshot, SessionSourceParams, SessionSourceResult,
-    SessionStopParams, SessionWatchParams, TurnRef, TurnState, WatchState,
+    Cleared, DiagnosticsRevision, ErrorCode, LiveItem, MAX_PROMPT_BYTES, MAX_SESSION_TITLE_BYTES, ModelDelta,
+    QueueState, Removed, Resync, ResyncReason, SessionCompactParams, SessionCompactResult, SessionContextParams,
+    SessionContextResult, SessionCreateParams, SessionDiagnosticsParams, SessionDiagnosticsResult,
+    SessionHistoryParams, SessionListParams, SessionListResult, SessionOpParams, SessionPauseParams, SessionRef,
+    SessionRenameParams, SessionSendParams, SessionSendResult, SessionSetModelParams, SessionSnapshot,
+    SessionSourceParams, SessionSourceResult, SessionStopParams, SessionWatchParams, TurnRef, TurnState, WatchState,
 };
 use berth_store::{Admission, Partial, admin::Actor};
 use serde_json::json;
@@ -47,9 +47,23 @@ pub(super) fn choose_model(ctx: &Ctx, provider: Option<&str>, model: Option<Stri
     }
 }
 
+/// A session title a client sets is at most [`MAX_SESSION_TITLE_BYTES`].
+fn check_title(title: &str) -> ApiResult<()> {
+    if title.len() > MAX_SESSION_TITLE_BYTES {
+        return Err(ApiError::with(
+            ErrorCode::BadParams,
+            json!({"field": "title", "max": MAX_SESSION_TITLE_BYTES}),
+        ));
+    }
+    Ok(())
+}
+
 #[tracing::instrument(skip_all, fields(workspace.id = %p.workspace_id))]
 pub async fn create(ctx: Ctx, mut p: SessionCreateParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
+    if let Some(title) = &p.title {
+        check_title(title)?;
+    }
     if let Some(channel) = &p.channel
         && (channel.trim().is_empty()
             || channel.len() > berth_protocol::MAX_CHANNEL_BYTES
@@ -129,12 +143,7 @@ pub async fn list(ctx: Ctx, p: SessionListParams) -> ApiResult<SessionListResult
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn rename(ctx: Ctx, p: SessionRenameParams) -> ApiResult<SessionSnapshot> {
     let me = ctx.principal()?;
-    if p.title.len() > 1000 {
-        return Err(ApiError::with(
-            ErrorCode::BadParams,
-            json!({"field": "title", "max": 1000}),
-        ));
-    }
+    check_title(&p.title)?;
     let store = &ctx.state.store;
     Ok(store
         .rename_session(

@@ -119,6 +119,10 @@ async fn hello(
         .await?;
         anyhow::bail!("unsupported worker protocol {}", params.protocol);
     }
+    if let Err(e) = check_hello(&params) {
+        sink.send(text_msg(&RpcResponse::err(req.id, e.0))).await?;
+        anyhow::bail!("worker.hello past its bounds");
+    }
     let store = &state.store;
     if let Err(e) = store.bind_worker_host(principal, &params.host).await {
         let err = ApiError::from(e);
@@ -158,6 +162,37 @@ async fn hello(
         .await?;
     tracing::info!(worker.connection = %connection_id, host = %params.host, workspaces = ids.len(), "worker connected");
     Ok(ids)
+}
+
+/// A hello's declarations are bounded before any is stored: how many workspaces, and how
+/// long the host and each name and path are (`bad-params {field, max}`).
+fn check_hello(hello: &WorkerHello) -> Result<(), ApiError> {
+    let past = |field: &str, max: usize| {
+        Err(ApiError::with(
+            ErrorCode::BadParams,
+            json!({"field": field, "max": max}),
+        ))
+    };
+    if hello.host.len() > wp::HELLO_HOST_BYTES_MAX {
+        return past("host", wp::HELLO_HOST_BYTES_MAX);
+    }
+    if hello
+        .replaces
+        .as_ref()
+        .is_some_and(|r| r.len() > wp::HELLO_HOST_BYTES_MAX)
+    {
+        return past("replaces", wp::HELLO_HOST_BYTES_MAX);
+    }
+    if hello.workspaces.len() > wp::HELLO_WORKSPACES_MAX {
+        return past("workspaces", wp::HELLO_WORKSPACES_MAX);
+    }
+    if hello.workspaces.iter().any(|w| w.name.len() > wp::HELLO_NAME_BYTES_MAX) {
+        return past("workspaces.name", wp::HELLO_NAME_BYTES_MAX);
+    }
+    if hello.workspaces.iter().any(|w| w.path.len() > wp::HELLO_PATH_BYTES_MAX) {
+        return past("workspaces.path", wp::HELLO_PATH_BYTES_MAX);
+    }
+    Ok(())
 }
 
 /// The one task that writes to the socket; a close frame is the last thing it sends. A
@@ -411,5 +446,70 @@ async fn cleanup_presence(state: &AppState, connection_id: &str) {
             }
         }
         Err(e) => tracing::error!(error = %e, "cleaning up the lost worker failed; the sweep will"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_protocol::{
+        PROTOCOL_VERSION,
+        worker::{self as wp, WorkerHello, WorkspaceDecl},
+    };
+
+    use super::check_hello;
+
+    fn hello(host: &str, workspaces: Vec<WorkspaceDecl>) -> WorkerHello {
+        WorkerHello {
+            protocol: PROTOCOL_VERSION,
+            host: host.into(),
+            workspaces,
+            replaces: None,
+        }
+    }
+
+    fn decl(name: &str, path: &str) -> WorkspaceDecl {
+        WorkspaceDecl {
+            name: name.into(),
+            path: path.into(),
+        }
+    }
+
+    /// The field and bound a refused hello names.
+    fn refused(h: &WorkerHello) -> (String, u64) {
+        let e = check_hello(h).expect_err("refused");
+        let data = e.0.data;
+        assert_eq!(data["code"], "bad-params", "{data}");
+        (
+            data["field"].as_str().unwrap().to_string(),
+            data["max"].as_u64().unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_hello_is_bounded_in_workspaces_and_string_lengths() {
+        let at_bounds = hello(
+            &"h".repeat(wp::HELLO_HOST_BYTES_MAX),
+            (0..wp::HELLO_WORKSPACES_MAX)
+                .map(|i| decl(&format!("{i:0>256}"), &"p".repeat(wp::HELLO_PATH_BYTES_MAX)))
+                .collect(),
+        );
+        assert!(check_hello(&at_bounds).is_ok());
+
+        let host = hello(&"h".repeat(wp::HELLO_HOST_BYTES_MAX + 1), vec![decl("a", "/a")]);
+        assert_eq!(refused(&host), ("host".into(), 256));
+        let mut replaces = hello("host", vec![decl("a", "/a")]);
+        replaces.replaces = Some("w".repeat(wp::HELLO_HOST_BYTES_MAX + 1));
+        assert_eq!(refused(&replaces), ("replaces".into(), 256));
+        let many = hello(
+            "host",
+            (0..=wp::HELLO_WORKSPACES_MAX)
+                .map(|i| decl(&i.to_string(), "/a"))
+                .collect(),
+        );
+        assert_eq!(refused(&many), ("workspaces".into(), 256));
+        let name = hello("host", vec![decl(&"n".repeat(wp::HELLO_NAME_BYTES_MAX + 1), "/a")]);
+        assert_eq!(refused(&name), ("workspaces.name".into(), 256));
+        let path = hello("host", vec![decl("a", &"p".repeat(wp::HELLO_PATH_BYTES_MAX + 1))]);
+        assert_eq!(refused(&path), ("workspaces.path".into(), 4096));
     }
 }

@@ -147,12 +147,25 @@ impl TurnTask {
             }
             wp::TURN_DELEGATE => {
                 let d: TurnDelegate = params(p)?;
+                check_prompt(&d.prompt)?;
+                // Sub-agents one turn may start: the bound a coordinator's turn has.
+                let max_children = conn.state.config.coordinator_max_children;
                 // The child's turn is handed out like any (its send notifies the dispatchers).
-                let (session_id, turn_id) = {
+                let started = {
                     let _permits = conn.write_permits().await;
-                    store.delegate(id, tenant, turn, &d.call_id, &d.prompt).await?
+                    store
+                        .delegate(id, tenant, turn, &d.call_id, &d.prompt, max_children)
+                        .await
                 };
-                Ok(serde_json::to_value(TurnDelegateResult { session_id, turn_id }).unwrap_or_default())
+                match started {
+                    Ok((session_id, turn_id)) => {
+                        Ok(serde_json::to_value(TurnDelegateResult { session_id, turn_id }).unwrap_or_default())
+                    }
+                    Err(StoreError::Code(ErrorCode::ChildLimit)) => {
+                        Err(ApiError::with(ErrorCode::ChildLimit, json!({"max": max_children})))
+                    }
+                    Err(e) => Err(e.into()),
+                }
             }
             wp::TURN_WORKSPACES => {
                 let workspaces = store.coordinator_workspaces(id, tenant, turn).await?;
@@ -166,7 +179,12 @@ impl TurnTask {
                     call_id: &c.call_id,
                     workspace_id: &c.workspace_id,
                     prompt: &c.prompt,
-                    title: c.title.as_deref().map(str::trim).filter(|t| t.len() <= 1000),
+                    // A title past the clients' bound is left out (the child still starts).
+                    title: c
+                        .title
+                        .as_deref()
+                        .map(str::trim)
+                        .filter(|t| t.len() <= berth_protocol::MAX_SESSION_TITLE_BYTES),
                     agent: c.agent.as_deref(),
                     max_children,
                 };

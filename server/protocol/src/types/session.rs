@@ -19,6 +19,7 @@ pub struct SessionRef {
 #[serde(rename_all = "camelCase")]
 pub struct SessionCreateParams {
     pub workspace_id: String,
+    /// At most 1000 bytes of UTF-8 ([`MAX_SESSION_TITLE_BYTES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -58,6 +59,10 @@ pub struct SessionCreateParams {
 
 /// The longest `session.create {channel}`, in bytes of UTF-8.
 pub const MAX_CHANNEL_BYTES: usize = 128;
+
+/// The longest session title a client (or a coordinator's child start) may set, in bytes of
+/// UTF-8: `session.create {title}`, `session.rename {title}`.
+pub const MAX_SESSION_TITLE_BYTES: usize = 1000;
 
 /// The deepest nesting `session.create {delegationDepth}` may ask for.
 pub const MAX_DELEGATION_DEPTH: u32 = 4;
@@ -221,6 +226,7 @@ pub struct SessionListEntry {
 #[serde(rename_all = "camelCase")]
 pub struct SessionRenameParams {
     pub session_id: String,
+    /// At most 1000 bytes of UTF-8 ([`MAX_SESSION_TITLE_BYTES`]).
     pub title: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
