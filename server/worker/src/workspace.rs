@@ -416,6 +416,9 @@ pub(crate) enum OpenError {
     WrongKind,
     /// Resolution would leave the workspace (`..`, or a symlink on the way).
     Outside,
+    /// What was opened lies in a repository's `.git` or in Berth's `.berth`, however the
+    /// path led there (a symlink on the way, say): never listed or read for clients.
+    Private,
     /// The path changed between the lookup and the open.
     Raced,
     Io(io::Error),
@@ -465,6 +468,7 @@ impl Workspace {
         if (meta.dev(), meta.ino()) != (before.dev(), before.ino()) {
             return Err(OpenError::Raced);
         }
+        self.not_private(&file)?;
         Ok(Opened { handle: file, meta })
     }
 
@@ -488,8 +492,26 @@ impl Workspace {
             }
             dir
         };
+        self.not_private(&dir)?;
         let meta = dir.dir_metadata().map_err(OpenError::Io)?;
         Ok(Opened { handle: dir, meta })
+    }
+
+    /// Refuse what `fd` (opened for a client) really is when it lies in a `.git` or a
+    /// `.berth` (the kernel's name for it, as [`Workspace::guard_opened`] reads it).
+    fn not_private(&self, fd: impl AsFd) -> Result<(), OpenError> {
+        let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())) else {
+            return Ok(());
+        };
+        let Ok(rel) = real.strip_prefix(&self.root) else {
+            return Err(OpenError::Outside);
+        };
+        let private = rel.components().any(|c| {
+            let Component::Normal(c) = c else { return false };
+            let c = c.as_encoded_bytes();
+            c.eq_ignore_ascii_case(b".git") || c.eq_ignore_ascii_case(PRIVATE_DIR.as_bytes())
+        });
+        if private { Err(OpenError::Private) } else { Ok(()) }
     }
 }
 
@@ -771,5 +793,31 @@ mod client_opens {
             Err(OpenError::Symlink)
         ));
         assert!(matches!(w.open_directory(Path::new("outdir")), Err(OpenError::Symlink)));
+        // Through a symlink on the way, a repository's or Berth's directory stays closed.
+        std::fs::create_dir_all(ws_dir.join(".git/hooks")).unwrap();
+        std::fs::write(ws_dir.join(".git/config"), "[remote] url = https://token@host/").unwrap();
+        std::fs::create_dir_all(ws_dir.join(".berth")).unwrap();
+        std::fs::write(ws_dir.join(".berth/mcp.json"), "{}").unwrap();
+        symlink(".git", ws_dir.join("g")).unwrap();
+        symlink(".berth", ws_dir.join("b")).unwrap();
+        for p in ["g/config", "b/mcp.json", ".git/config", ".GIT/config"] {
+            assert!(
+                matches!(
+                    w.open_regular(Path::new(p)),
+                    Err(OpenError::Private | OpenError::Absent)
+                ),
+                "{p}"
+            );
+        }
+        for p in ["g/hooks", ".git", ".berth"] {
+            assert!(
+                matches!(
+                    w.open_directory(Path::new(p)),
+                    Err(OpenError::Private | OpenError::Symlink)
+                ),
+                "{p}"
+            );
+        }
+        assert!(w.open_regular(Path::new("subdir-link/inside.txt")).is_ok());
     }
 }

@@ -40,6 +40,7 @@ fn open_failure(e: OpenError) -> RpcError {
         OpenError::Symlink => failure(ErrorCode::Unsupported, "reason", "symlink"),
         OpenError::WrongKind => failure(ErrorCode::BadParams, "reason", "wrong-kind"),
         OpenError::Outside => failure(ErrorCode::Forbidden, "reason", "outside-workspace"),
+        OpenError::Private => failure(ErrorCode::Forbidden, "reason", "private"),
         OpenError::Raced => failure(ErrorCode::Unavailable, "reason", "changed-during-open"),
         OpenError::Io(e) => io_failure(&e),
     }

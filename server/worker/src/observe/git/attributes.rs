@@ -163,6 +163,12 @@ impl Attributes {
     /// The content git stores for the worktree file `data` at `path`: its line endings
     /// converted as the attributes say. `indexed` gives the index's blob at `path`, which
     /// `text=auto` consults (a CRLF already in the index is left alone, as git does).
+    /// Whether git may convert a file at `path` that holds a CR on its way in (its
+    /// attributes do not say binary).
+    pub(super) fn may_convert(&self, path: &[u8]) -> bool {
+        self.at(path).digest != AttributesDigest::Binary
+    }
+
     pub(super) fn clean(
         &self,
         path: &[u8],

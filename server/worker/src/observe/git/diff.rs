@@ -112,6 +112,7 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
                 let new = match submodule(&ws, path, id)? {
                     (None, _) => return Ok(GitDiff::Unchanged),
                     (Some(GitChange::Deleted), _) => None,
+                    (Some(GitChange::TypeChanged), _) if file_size() > GIT_DIFF_FILE_MAX => return too_large(),
                     (Some(GitChange::TypeChanged), _) => read_file()?,
                     (Some(_), state) => {
                         let head = super::status::submodule_status(&ws, Path::new(OsStr::from_bytes(path)))?

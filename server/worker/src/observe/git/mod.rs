@@ -112,7 +112,9 @@ pub(super) fn worktree_blob(ws: &Workspace, rel: &[u8]) -> std::io::Result<Side>
     let unreadable = |e: OpenError| match e {
         OpenError::Io(e) => Err(e),
         OpenError::Raced => Err(std::io::Error::other("the file was replaced while it was read")),
-        OpenError::Absent | OpenError::Outside | OpenError::Symlink | OpenError::WrongKind => Ok(None),
+        OpenError::Absent | OpenError::Outside | OpenError::Private | OpenError::Symlink | OpenError::WrongKind => {
+            Ok(None)
+        }
     };
     match ws.open_regular(rel) {
         Ok(file) => {
@@ -129,6 +131,67 @@ pub(super) fn worktree_blob(ws: &Workspace, rel: &[u8]) -> std::io::Result<Side>
         },
         Err(e) => unreadable(e),
     }
+}
+
+/// Files larger than this are not held whole to be compared with their index entry: they
+/// are hashed as they are read ([`large_file`]). (1 MiB in unit tests, which take that path
+/// without writing and hashing 64 MiB in a debug build.)
+pub(super) const HELD_MAX: u64 = if cfg!(test) { 1 << 20 } else { 64 << 20 };
+
+/// The file at `rel` when it is a regular file larger than [`HELD_MAX`] (None otherwise:
+/// the caller reads it whole): its kind and whether its content is the blob `id`, hashed as
+/// it is read, a MiB at a time. A file this large that holds a CR and that git may convert
+/// on its way in (see [`attributes::Attributes::may_convert`]) is not converted here: it is
+/// reported as not the blob.
+fn large_file(
+    ws: &Workspace,
+    repo: &gix::Repository,
+    attributes: &attributes::Attributes,
+    rel: &[u8],
+    id: ObjectId,
+) -> Result<Option<(EntryKind, bool)>, RpcError> {
+    use cap_std::fs::MetadataExt;
+    use std::io::Read;
+    let path = Path::new(OsStr::from_bytes(rel));
+    match ws.lstat(path) {
+        Ok(m) if m.is_file() && m.len() > HELD_MAX => {}
+        _ => return Ok(None),
+    }
+    let Ok(mut file) = ws.open_regular(path) else {
+        return Ok(None);
+    };
+    let len = file.meta.len();
+    if len <= HELD_MAX {
+        return Ok(None);
+    }
+    let kind = if file.meta.mode() & 0o111 != 0 {
+        EntryKind::BlobExecutable
+    } else {
+        EntryKind::Blob
+    };
+    let mut hasher = gix::hash::hasher(repo.object_hash());
+    hasher.update(format!("blob {len}\0").as_bytes());
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut read, mut cr) = (0u64, false);
+    loop {
+        let n = file.handle.read(&mut buf).map_err(broken)?;
+        if n == 0 {
+            break;
+        }
+        read += n as u64;
+        if read > len {
+            break;
+        }
+        cr |= buf[..n].contains(&b'\r');
+        hasher.update(&buf[..n]);
+    }
+    if read != len {
+        return Err(broken("the file changed while it was read"));
+    }
+    if cr && attributes.may_convert(rel) {
+        return Ok(Some((kind, false)));
+    }
+    Ok(Some((kind, hasher.try_finalize().map_err(broken)? == id)))
 }
 
 /// All of an opened file.

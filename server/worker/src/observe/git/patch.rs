@@ -1,6 +1,6 @@
 //! `patch.snapshot`: the whole workspace's change against HEAD as one patch `git apply` takes.
 
-use std::{collections::BTreeSet, path::Path};
+use std::{collections::BTreeSet, ffi::OsStr, os::unix::ffi::OsStrExt, path::Path};
 
 use berth_protocol::{ErrorCode, RpcError, worker::PatchCaptured};
 use gix::objs::tree::EntryKind;
@@ -38,9 +38,28 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
     let ws = workspace(root)?;
     let hash = repo.object_hash();
     let blob = |id| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
+    let too_large = || {
+        let mut fields = serde_json::Map::new();
+        fields.insert("limit".into(), "patch".into());
+        fields.insert("max".into(), max.into());
+        RpcError::with_fields(ErrorCode::PayloadTooLarge, fields)
+    };
     let mut out = String::new();
     let mut files = 0u32;
     for path in paths {
+        // Neither side is read when it alone would pass the limit.
+        let old_too_large = match tree.get(&path) {
+            Some(item) if item.kind != EntryKind::Commit => {
+                repo.find_header(item.id).map_err(broken)?.size() > max as u64
+            }
+            _ => false,
+        };
+        let new_too_large = ws
+            .lstat(Path::new(OsStr::from_bytes(&path)))
+            .is_ok_and(|m| m.is_file() && m.len() > max as u64);
+        if old_too_large || new_too_large {
+            return Err(too_large());
+        }
         let old: Side = match tree.get(&path) {
             Some(item) if item.kind == EntryKind::Commit => continue,
             Some(item) => Some((blob(item.id)?, item.kind)),
@@ -66,10 +85,7 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
         };
         out.push_str(&text);
         if out.len() > max {
-            let mut fields = serde_json::Map::new();
-            fields.insert("limit".into(), "patch".into());
-            fields.insert("max".into(), max.into());
-            return Err(RpcError::with_fields(ErrorCode::PayloadTooLarge, fields));
+            return Err(too_large());
         }
     }
     Ok((

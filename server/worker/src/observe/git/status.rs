@@ -12,7 +12,7 @@ use super::{
     attributes::Attributes,
     blob_id, broken, clean_side,
     index::{Index, index_kind, load_index, stat_suspects},
-    open, same_type, unsupported,
+    large_file, open, same_type, unsupported,
     untracked::untracked,
     workspace, worktree_blob,
 };
@@ -207,13 +207,27 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
             }
             continue;
         }
+        let indexed = || index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"));
+        if let Some((kind, same)) = large_file(&ws, &repo, &attributes, path, e.id)? {
+            let change = if Index::intent_to_add(e) {
+                GitChange::Added
+            } else if !same_type(kind, indexed()?) {
+                GitChange::TypeChanged
+            } else if kind != indexed()? || !same {
+                GitChange::Modified
+            } else {
+                continue;
+            };
+            worktree.push(git_entry(path, change, None));
+            continue;
+        }
         let blob = || repo.find_blob(e.id).ok().map(|b| b.data.clone());
         let found = worktree_blob(&ws, path).map_err(broken)?;
         let change = match clean_side(&attributes, path, found, &mut || blob())? {
             None => GitChange::Deleted,
             Some(_) if Index::intent_to_add(e) => GitChange::Added,
             Some((data, kind)) => {
-                let indexed = index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
+                let indexed = indexed()?;
                 if !same_type(kind, indexed) {
                     GitChange::TypeChanged
                 } else if kind != indexed || blob_id(&repo, &data)? != e.id {

@@ -317,3 +317,77 @@ fn a_diff_that_is_not_utf8_is_cut_at_half_the_bound() {
     assert_eq!((t.bytes, t.returned), (patch.len() as u64, bytes.len() as u64));
     assert_eq!(text, String::from_utf8_lossy(&bytes));
 }
+
+/// A file too large to hold is hashed as it is read, with the same answer git gives: one
+/// touched but unchanged is not listed, one changed in place (same size) is modified; a
+/// patch that one side alone would pass the limit with is refused before that side is read.
+#[test]
+fn large_files_are_compared_without_being_held() {
+    use berth_protocol::GitChange;
+    use std::io::{Seek, SeekFrom, Write};
+    let r = repo();
+    let root = r.path();
+    let big = root.join("big.bin");
+    let len = super::HELD_MAX + (1 << 20);
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(len).unwrap();
+    drop(f);
+    git(root, &["add", "big.bin"]);
+    git(root, &["commit", "-q", "-m", "big"]);
+    // Touched, not changed: its stat no longer matches the index, so its content is hashed.
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(&big)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let st = status(root).unwrap().unwrap();
+    assert!(st.worktree.is_empty(), "{:?}", st.worktree);
+    assert!(cli_modified(root).is_empty());
+    // One byte changed in place: the same size, another blob.
+    let mut f = std::fs::File::options().write(true).open(&big).unwrap();
+    f.seek(SeekFrom::Start(len / 2)).unwrap();
+    f.write_all(b"x").unwrap();
+    drop(f);
+    let st = status(root).unwrap().unwrap();
+    let worktree: Vec<_> = st
+        .worktree
+        .iter()
+        .map(|e| (crate::observe::decode_raw(&e.path).unwrap(), e.change))
+        .collect();
+    assert_eq!(worktree, vec![(b"big.bin".to_vec(), GitChange::Modified)]);
+    assert_eq!(cli_modified(root), vec![b"big.bin".to_vec()]);
+    let e = patch(root, 1 << 20).unwrap_err();
+    assert_eq!(e.data_code(), Some("payload-too-large"));
+}
+
+/// What `git status` lists as modified in the worktree, as raw path bytes.
+fn cli_modified(dir: &Path) -> Vec<Vec<u8>> {
+    let out = git(dir, &["status", "--porcelain=v1", "-z"]);
+    out.split(|b| *b == 0)
+        .filter_map(|line| line.strip_prefix(b" M "))
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// A repository's own files and Berth's are not content: an untracked diff of one, or of
+/// one reached through a committed symlink, is as of a file that is not there.
+#[test]
+fn git_and_berth_directories_are_never_diffed() {
+    use berth_protocol::{GitArea, GitDiff};
+    use std::os::unix::fs::symlink;
+    let r = repo();
+    let root = r.path();
+    std::fs::create_dir_all(root.join(".berth")).unwrap();
+    std::fs::write(root.join(".berth/mcp.json"), "{\"token\": \"SECRET\"}").unwrap();
+    symlink(".git", root.join("g")).unwrap();
+    for path in [&b".git/config"[..], b"g/config", b".berth/mcp.json", b"g/HEAD"] {
+        let d = super::diff(root, path, GitArea::Untracked).unwrap();
+        assert!(
+            matches!(d, GitDiff::Unchanged),
+            "{}: {d:?}",
+            String::from_utf8_lossy(path)
+        );
+    }
+}
