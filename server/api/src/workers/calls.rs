@@ -51,6 +51,9 @@ use crate::{
 
 /// Calls one worker connection serves at once (watches included).
 pub const CALLS_PER_WORKER: usize = 256;
+/// Watches among them: a watch never ends by itself, and watches alone must not take every
+/// slot (each other call would then be `rate-limited`).
+pub const WATCHES_PER_WORKER: usize = 192;
 /// The path replicas forward calls to.
 pub const INTERNAL_CALL_PATH: &str = "/v1/internal/call";
 /// The header carrying the cluster secret.
@@ -137,6 +140,7 @@ pub(super) struct CallTable {
     /// To the worker (the connection's writer).
     out: mpsc::Sender<Message>,
     slots: Arc<Semaphore>,
+    watch_slots: Arc<Semaphore>,
 }
 
 fn to_message(req: &berth_protocol::jsonrpc::Request) -> Message {
@@ -149,6 +153,7 @@ impl CallTable {
             calls: Mutex::new(Some(HashMap::new())),
             out,
             slots: Arc::new(Semaphore::new(CALLS_PER_WORKER)),
+            watch_slots: Arc::new(Semaphore::new(WATCHES_PER_WORKER)),
         })
     }
 
@@ -295,6 +300,8 @@ enum Inner {
         /// Items taken but not yet acknowledged to the worker.
         unacked: u32,
         _slot: OwnedSemaphorePermit,
+        /// A watch's own slot ([`WATCHES_PER_WORKER`]).
+        _watch: Option<OwnedSemaphorePermit>,
     },
     Remote {
         body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
@@ -476,6 +483,12 @@ impl Registry {
                 None => return Ok(None),
             }
         };
+        let watch = if call.method == method::FilesWatch::NAME {
+            let slot = table.watch_slots.clone().try_acquire_owned();
+            Some(slot.map_err(|_| ApiError::with(ErrorCode::RateLimited, json!({"limit": "worker-watches"})))?)
+        } else {
+            None
+        };
         let slot = table
             .slots
             .clone()
@@ -500,6 +513,7 @@ impl Registry {
                 table: table.clone(),
                 unacked: 0,
                 _slot: slot,
+                _watch: watch,
             },
             wait,
             deadline: tokio::time::Instant::now() + UNARY_TIMEOUT,
@@ -812,6 +826,62 @@ mod tests {
     use base64::Engine;
 
     use super::*;
+
+    /// Watches take at most [`WATCHES_PER_WORKER`] of a connection's call slots: past them
+    /// a watch is `rate-limited`, and other calls still start.
+    #[tokio::test]
+    async fn watches_leave_slots_for_other_calls() {
+        let registry = Registry::new(&crate::config::Limits::default());
+        let (out, mut sent) = mpsc::channel(CALLS_PER_WORKER * 2);
+        tokio::spawn(async move { while sent.recv().await.is_some() {} });
+        let (stop, _stop_rx) = mpsc::unbounded_channel();
+        registry.conns.lock().unwrap().insert(
+            "wcn_test".into(),
+            super::super::LocalWorker {
+                tenant_id: "ten".into(),
+                workspaces: vec!["wsp".into()],
+                calls: CallTable::new(out),
+                kick: Default::default(),
+                stop,
+                conn: std::sync::Weak::new(),
+            },
+        );
+        let call = |method: &str| wp::Call {
+            workspace_id: "wsp".into(),
+            method: method.into(),
+            params: json!({}),
+        };
+        let mut open = Vec::new();
+        for _ in 0..WATCHES_PER_WORKER {
+            open.push(
+                registry
+                    .call_local("ten", call(method::FilesWatch::NAME))
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        let Err(refused) = registry.call_local("ten", call(method::FilesWatch::NAME)).await else {
+            panic!("a watch past the bound started")
+        };
+        assert_eq!(refused.0.data_code(), Some("rate-limited"));
+        assert_eq!(refused.0.data.get("limit"), Some(&json!("worker-watches")));
+        for _ in WATCHES_PER_WORKER..CALLS_PER_WORKER {
+            open.push(registry.call_local("ten", call("git.status")).await.unwrap().unwrap());
+        }
+        let Err(refused) = registry.call_local("ten", call("git.status")).await else {
+            panic!("a call past the bound started")
+        };
+        assert_eq!(refused.0.data.get("limit"), Some(&json!("worker-calls")));
+        // A watch ended frees its slot.
+        open.remove(0);
+        open.remove(WATCHES_PER_WORKER);
+        registry
+            .call_local("ten", call(method::FilesWatch::NAME))
+            .await
+            .unwrap()
+            .unwrap();
+    }
 
     #[test]
     fn a_hand_written_item_line_reads_back_as_the_item() {

@@ -27,6 +27,9 @@ use crate::workspace::{OpenError, Workspace};
 const EXCLUDED: &[&[u8]] = &[b".git", b".berth"];
 /// The largest file `files.read` captures (it holds the whole file in one buffer).
 pub(crate) const READ_MAX: u64 = 64 << 20;
+/// MiB of files that `files.read`s hold at once in the whole worker.
+const HELD_MIB: usize = 256;
+static HELD: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(HELD_MIB);
 /// How long changes settle before `changed` goes out (coalescing bursts).
 const SETTLE: Duration = Duration::from_millis(50);
 /// The polling fallback rests at least this long between scans…
@@ -305,6 +308,14 @@ fn chunk_runs(ends: &[usize], max: usize) -> Vec<(usize, usize, u32)> {
 /// `files.read`: `begin`, chunks and `end` from one buffer, or one explicit outcome.
 pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) -> Result<(), RpcError> {
     let rel = relative(&p.path)?;
+    // A read holds its file until the last chunk is sent (a slow reader keeps it long): the
+    // worker holds at most [`HELD_MIB`] of them at once, reserved by the size the file has
+    // now (and refused past `READ_MAX` by the capture).
+    let size = ws.lstat(&rel).map(|m| m.len()).unwrap_or(0).min(READ_MAX);
+    let _held = HELD
+        .acquire_many(u32::try_from(size >> 20).unwrap_or(u32::MAX) + 1)
+        .await
+        .map_err(|_| RpcError::new(ErrorCode::Internal))?;
     let (w, r) = (ws.clone(), rel.clone());
     let capture = super::blocking(move || capture(&w, &r)).await?;
     let cap = match capture {

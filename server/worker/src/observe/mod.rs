@@ -265,11 +265,26 @@ fn params<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, RpcError> {
     serde_json::from_value(v).map_err(|_| RpcError::new(ErrorCode::BadParams))
 }
 
-/// Run blocking filesystem work off the async threads.
+/// Blocking observation work (a status, a listing, a read's capture) that runs at once in
+/// the whole worker. A call that is cancelled or times out stops waiting for its work, but
+/// work already running cannot be stopped: without a bound, a client repeating a slow call
+/// would pile up abandoned work until the blocking pool and the memory ran out.
+const BLOCKING_AT_ONCE: usize = 8;
+static BLOCKING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(BLOCKING_AT_ONCE);
+
+/// Run blocking filesystem work off the async threads, at most [`BLOCKING_AT_ONCE`] at a
+/// time (a slot is held until the work itself ends, whether or not anyone still waits).
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, RpcError> + Send + 'static) -> Result<T, RpcError> {
-    tokio::task::spawn_blocking(f)
+    let slot = BLOCKING
+        .acquire()
         .await
-        .unwrap_or_else(|_| Err(RpcError::new(ErrorCode::Internal)))
+        .map_err(|_| RpcError::new(ErrorCode::Internal))?;
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        f()
+    })
+    .await
+    .unwrap_or_else(|_| Err(RpcError::new(ErrorCode::Internal)))
 }
 
 fn to_value(v: impl serde::Serialize) -> Result<Value, RpcError> {
@@ -388,6 +403,53 @@ pub(crate) fn decode_path(p: &WorkspacePath) -> Result<Vec<u8>, RpcError> {
 #[cfg(test)]
 mod tests {
     use super::chunks;
+
+    /// However many calls wait for blocking work, at most [`super::BLOCKING_AT_ONCE`] of
+    /// them run it at once, and a slot is freed only when its work ends, not when its caller
+    /// stops waiting.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn blocking_work_runs_a_bounded_number_at_once() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        static RUNNING: AtomicUsize = AtomicUsize::new(0);
+        static MOST: AtomicUsize = AtomicUsize::new(0);
+        static RELEASE: AtomicBool = AtomicBool::new(false);
+        let mut waiting = Vec::new();
+        for _ in 0..3 * super::BLOCKING_AT_ONCE {
+            waiting.push(tokio::spawn(super::blocking(|| {
+                let now = RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+                MOST.fetch_max(now, Ordering::SeqCst);
+                while !RELEASE.load(Ordering::SeqCst) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                RUNNING.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            })));
+        }
+        for _ in 0..3000 {
+            if super::BLOCKING.available_permits() == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // Room for more to start, were they not bounded; then the callers give up.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        for w in &waiting {
+            w.abort();
+        }
+        // (Another test's work may hold a slot meanwhile: at most, not exactly.)
+        let most = MOST.load(Ordering::SeqCst);
+        assert!(most <= super::BLOCKING_AT_ONCE && most > 0, "{most} at once");
+        // The work that started goes on to its end, and holds its slot until then.
+        assert_eq!(super::BLOCKING.available_permits(), 0);
+        RELEASE.store(true, Ordering::SeqCst);
+        for _ in 0..3000 {
+            if super::BLOCKING.available_permits() == super::BLOCKING_AT_ONCE {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(super::BLOCKING.available_permits(), super::BLOCKING_AT_ONCE);
+    }
 
     #[test]
     fn chunks_cut_on_character_boundaries_and_cover_the_text() {
