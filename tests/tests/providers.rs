@@ -631,6 +631,22 @@ async fn a_failing_title_request_is_a_title_diagnostic_after_the_answer() {
 /// A title is a model call like a worker's, within the tenant's model-call limits: past
 /// them it is not asked for, nor claimed (a later turn may still name the session), and
 /// nothing fails.
+/// A model probe (`status {probeModel}`) is a request to the provider like a model call:
+/// past the tenant's rate it is `rate-limited`, and the provider is not asked.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_probe_counts_against_the_tenants_model_call_limits() {
+    let mock = MockProvider::start().await;
+    let stack = stack_with(&mock, &[("BERTH_MODEL_RATE_PER_MIN", "1")]).await;
+    let mut c = stack.client(0).await;
+    let first = c.ok("status", json!({"probeModel": true})).await;
+    assert_eq!(first["model"]["answered"], true, "{first}");
+    let refused = c.call("status", json!({"probeModel": true})).await.unwrap_err();
+    assert_eq!(code(&refused), "rate-limited", "{refused:?}");
+    assert_eq!(refused.data["limit"], "model-calls", "{refused:?}");
+    // Without a probe, status answers as ever.
+    c.ok("status", json!({})).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_title_past_the_tenants_model_call_limits_is_not_asked_for() {
     let mock = MockProvider::start().await;

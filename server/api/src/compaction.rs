@@ -25,8 +25,7 @@ const SUMMARY_TOKENS: u64 = 4096;
 const SUMMARY_BYTES: usize = 64 << 10;
 /// Bytes of history text a summary is made from, at most (the newest rows are kept).
 const SOURCE_BYTES_MAX: usize = 2 << 20;
-/// `data.limit` of a summary refused for the tenant's model-call limits.
-const MODEL_CALLS: &str = "model-calls";
+use crate::complete::MODEL_CALLS;
 
 const INSTRUCTION: &str = "You compact a long conversation between a user and a coding agent so that the agent \
 can go on with the work without it. Write a handoff note: what the user asked for and still wants, what has been \

@@ -8,6 +8,10 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::{AppState, providers, proxy};
 
+/// `data.limit` of a call refused for the tenant's model-call limits (a compaction's summary,
+/// a model probe).
+pub(crate) const MODEL_CALLS: &str = "model-calls";
+
 /// The model a call goes to: a profile (None: the default), a model (None: the tenant
 /// default) and a session's own endpoint.
 pub(crate) struct Target<'a> {

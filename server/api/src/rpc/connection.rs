@@ -66,9 +66,19 @@ pub async fn ping(_ctx: Ctx, _p: Empty) -> ApiResult<PingResult> {
 }
 
 pub async fn status(ctx: Ctx, p: StatusParams) -> ApiResult<StatusResult> {
-    let model = match p.probe_model {
-        true => Some(probe_model(&ctx.state).await),
-        false => None,
+    let model = if p.probe_model {
+        // A probe is a request to the provider like a model call: it takes one of the
+        // tenant's proxy slots (within its per-minute rate) or is refused.
+        let tenant = ctx.principal()?.tenant_id;
+        let Some(_permit) = ctx.state.proxy.admit(&tenant) else {
+            return Err(ApiError::with(
+                ErrorCode::RateLimited,
+                serde_json::json!({"limit": crate::complete::MODEL_CALLS}),
+            ));
+        };
+        Some(probe_model(&ctx.state).await)
+    } else {
+        None
     };
     Ok(StatusResult {
         server_version: SERVER_VERSION.into(),
