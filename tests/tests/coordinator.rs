@@ -21,6 +21,12 @@ async fn coordinator(stack: &Stack, c: &mut Client, extra: Value) -> String {
     s["sessionId"].as_str().unwrap().to_string()
 }
 
+/// A session keyed by `key` runs one shell `command` (call `id`), then answers `then`.
+fn shell_then(mock: &MockProvider, key: &str, id: &str, command: &str, then: &str) {
+    mock.push_for(key, Reply::tools(&[(id, "shell", json!({"command": command}))], 9));
+    mock.push_for(key, Reply::text(&[then]));
+}
+
 /// The sessions `sid` started (`session.list {parent}`).
 async fn children(c: &mut Client, sid: &str) -> Vec<Value> {
     let list = c.ok("session.list", json!({"parent": sid})).await;
@@ -386,11 +392,13 @@ async fn an_approval_inside_a_child_is_answered_from_the_coordinators_tree() {
     );
     mock.push_for("Guarded work", wait_for_all_children());
     mock.push_for("Guarded work", gather());
-    mock.push_for(
+    shell_then(
+        &mock,
         "Task guarded",
-        Reply::tools(&[("sh", "shell", json!({"command": "echo approved > guarded.txt"}))], 9),
+        "sh",
+        "echo approved > guarded.txt",
+        "guarded done",
     );
-    mock.push_for("Task guarded", Reply::text(&["guarded done"]));
     c.ok("session.send", json!({"sessionId": sid, "prompt": "Guarded work"}))
         .await;
 
@@ -702,11 +710,13 @@ async fn a_child_is_never_more_permissive_than_what_started_it() {
     );
     mock.push_for("Escalate", wait_for_all_children());
     mock.push_for("Escalate", gather());
-    mock.push_for(
+    shell_then(
+        &mock,
         "Task escalate",
-        Reply::tools(&[("sh", "shell", json!({"command": "echo pwned > escalated.txt"}))], 9),
+        "sh",
+        "echo pwned > escalated.txt",
+        "child stopped",
     );
-    mock.push_for("Task escalate", Reply::text(&["child stopped"]));
     c.ok("session.send", json!({"sessionId": sid, "prompt": "Escalate"}))
         .await;
 
@@ -759,11 +769,13 @@ async fn a_child_is_never_more_permissive_than_what_started_it() {
     .await;
     let mut cw = c.subscribe("session.watch", json!({"sessionId": child, "after": 0}));
     // (Replies are keyed by a session's first prompt.)
-    mock.push_for(
+    shell_then(
+        &mock,
         "Task quiet",
-        Reply::tools(&[("sh2", "shell", json!({"command": "echo pwned > delegated.txt"}))], 9),
+        "sh2",
+        "echo pwned > delegated.txt",
+        "stopped again",
     );
-    mock.push_for("Task quiet", Reply::text(&["stopped again"]));
     c.ok(
         "session.send",
         json!({"sessionId": child, "prompt": "Task again: write"}),
@@ -823,16 +835,8 @@ async fn a_child_auto_runs_only_the_tools_its_parent_could() {
     );
     mock.push_for("Fan out", wait_for_all_children());
     mock.push_for("Fan out", gather());
-    mock.push_for(
-        "Task within",
-        Reply::tools(&[("w", "shell", json!({"command": "echo ok > within.txt"}))], 9),
-    );
-    mock.push_for("Task within", Reply::text(&["within done"]));
-    mock.push_for(
-        "Task beyond",
-        Reply::tools(&[("b", "shell", json!({"command": "echo pwned > beyond.txt"}))], 9),
-    );
-    mock.push_for("Task beyond", Reply::text(&["beyond stopped"]));
+    shell_then(&mock, "Task within", "w", "echo ok > within.txt", "within done");
+    shell_then(&mock, "Task beyond", "b", "echo pwned > beyond.txt", "beyond stopped");
     c.ok("session.send", json!({"sessionId": sid, "prompt": "Fan out"}))
         .await;
 
@@ -882,11 +886,13 @@ async fn a_child_auto_runs_only_the_tools_its_parent_could() {
         "Hand off",
         Reply::tools(&[("d1", "delegate", json!({"prompt": "Task delegated: run"}))], 9),
     );
-    mock.push_for(
+    shell_then(
+        &mock,
         "Task delegated",
-        Reply::tools(&[("sh", "shell", json!({"command": "echo pwned > delegated.txt"}))], 9),
+        "sh",
+        "echo pwned > delegated.txt",
+        "delegated stopped",
     );
-    mock.push_for("Task delegated", Reply::text(&["delegated stopped"]));
     mock.push_for("Hand off", Reply::text(&["handed off"]));
     let mut pw = c.subscribe("session.watch", json!({"sessionId": parent, "after": 0}));
     c.ok("session.send", json!({"sessionId": parent, "prompt": "Hand off"}))
