@@ -13,6 +13,14 @@ fn repo() -> tempfile::TempDir {
     tmp
 }
 
+/// The worktree area of a status: raw paths and their changes.
+fn worktree_changes(st: &berth_protocol::GitStatus) -> Vec<(Vec<u8>, berth_protocol::GitChange)> {
+    st.worktree
+        .iter()
+        .map(|e| (crate::observe::decode_raw(&e.path).unwrap(), e.change))
+        .collect()
+}
+
 fn feature(root: &Path) -> String {
     let e = status(root).unwrap_err();
     assert_eq!(e.data_code(), Some("unsupported"));
@@ -105,11 +113,7 @@ fn nothing_is_read_through_a_symlink_out_of_the_workspace() {
     symlink(outside.path(), root.join("dir")).unwrap();
 
     let st = status(root).unwrap().unwrap();
-    let worktree: Vec<_> = st
-        .worktree
-        .iter()
-        .map(|e| (crate::observe::decode_raw(&e.path).unwrap(), e.change))
-        .collect();
+    let worktree = worktree_changes(&st);
     assert_eq!(worktree, vec![(b"dir/a".to_vec(), GitChange::Deleted)]);
     let untracked: Vec<_> = st
         .untracked
@@ -351,11 +355,7 @@ fn large_files_are_compared_without_being_held() {
     f.write_all(b"x").unwrap();
     drop(f);
     let st = status(root).unwrap().unwrap();
-    let worktree: Vec<_> = st
-        .worktree
-        .iter()
-        .map(|e| (crate::observe::decode_raw(&e.path).unwrap(), e.change))
-        .collect();
+    let worktree = worktree_changes(&st);
     assert_eq!(worktree, vec![(b"big.bin".to_vec(), GitChange::Modified)]);
     assert_eq!(cli_modified(root), vec![b"big.bin".to_vec()]);
     let e = patch(root, 1 << 20).unwrap_err();
