@@ -174,7 +174,14 @@ impl Stack {
                 let mut c = Client::authed(&url, &token).await.ok()?;
                 let list = c.ok("workspace.list", json!({})).await;
                 let w = list.as_array()?.iter().find(|w| w["online"] == online)?.clone();
-                Some(w["workspaceId"].as_str()?.to_string())
+                let id = w["workspaceId"].as_str()?.to_string();
+                // Online is the presence the hello records; the replica holding the
+                // connection registers it just after. A call answered through it says it
+                // has (a turn admitted before could only be claimed, not handed out).
+                if online {
+                    c.call("workspace.files", json!({"workspaceId": id})).await.ok()?;
+                }
+                Some(id)
             }
         })
         .await

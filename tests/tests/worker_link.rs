@@ -597,15 +597,8 @@ async fn raw_worker_with(
     bool,
 ) {
     use futures_util::SinkExt;
-    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
-    let mut req = format!("ws://{}/v1/worker", stack.servers[0].addr)
-        .into_client_request()
-        .unwrap();
-    req.headers_mut().insert(
-        "authorization",
-        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.expect("worker websocket");
+    use tokio_tungstenite::tungstenite::Message;
+    let mut ws = worker_socket(stack, token).await;
     let dir = berth_e2e::harness::scratch_dir("raw-worker");
     let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "worker.hello", "params": {
         "protocol": berth_protocol::PROTOCOL_VERSION, "host": host,
@@ -626,7 +619,7 @@ async fn raw_worker_with(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_hello_past_its_bounds_is_refused_and_stores_nothing() {
     use futures_util::SinkExt;
-    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
+    use tokio_tungstenite::tungstenite::Message;
     let mock = MockProvider::start().await;
     let stack = Stack::start(&mock, 1).await;
     let token = stack.servers[0].worker_token().await;
@@ -649,14 +642,7 @@ async fn a_worker_hello_past_its_bounds_is_refused_and_stores_nothing() {
         ),
     ];
     for (field, max, host, workspaces) in cases {
-        let mut req = format!("ws://{}/v1/worker", stack.servers[0].addr)
-            .into_client_request()
-            .unwrap();
-        req.headers_mut().insert(
-            "authorization",
-            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
-        );
-        let (mut socket, _) = tokio_tungstenite::connect_async(req).await.expect("worker websocket");
+        let mut socket = worker_socket(&stack, &token).await;
         let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "worker.hello", "params": {
             "protocol": berth_protocol::PROTOCOL_VERSION, "host": host, "workspaces": workspaces}});
         socket.send(Message::Text(hello.to_string().into())).await.unwrap();
@@ -1200,4 +1186,21 @@ async fn a_turn_whose_stop_came_before_its_run_does_not_run_on_the_worker() {
     })
     .await;
     assert!(said.is_some(), "the worker did not say why t1 did not run");
+}
+
+/// A WebSocket to replica 0's worker endpoint, signed in with the worker credential `token`
+/// (nothing sent yet).
+async fn worker_socket(
+    stack: &Stack,
+    token: &str,
+) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, http::HeaderValue};
+    let mut req = format!("ws://{}/v1/worker", stack.servers[0].addr)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    tokio_tungstenite::connect_async(req).await.expect("worker websocket").0
 }
