@@ -194,12 +194,21 @@ impl Workspace {
     pub(crate) fn open_file(&self, path: &str) -> Result<std::fs::File, PathError> {
         let rel = self.relative(path)?;
         self.guard(path, &rel, Access::Read)?;
-        let file = self.dir.open(&rel).map_err(|e| fs_error(path, &e))?;
+        // Non-blocking: opening a FIFO for reading would otherwise wait for a writer.
+        use cap_std::fs::OpenOptionsExt;
+        let mut options = cap_std::fs::OpenOptions::new();
+        options
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+        let file = self.dir.open_with(&rel, &options).map_err(|e| fs_error(path, &e))?;
         let file = file.into_std();
         self.guard_opened(path, &file, Access::Read)?;
         let meta = file.metadata().map_err(|e| fs_error(path, &e))?;
         if meta.is_dir() {
             return Err(PathError(format!("{path}: is a directory")));
+        }
+        if !meta.is_file() {
+            return Err(PathError(format!("{path}: is not a regular file")));
         }
         Ok(file)
     }
@@ -290,8 +299,9 @@ impl Workspace {
             Ok(fd) => std::fs::File::from(fd),
             // The name is a symlink: followed (beneath the root) only to a file that exists.
             Err(rustix::io::Errno::LOOP) => {
+                use cap_std::fs::OpenOptionsExt;
                 let mut options = cap_std::fs::OpenOptions::new();
-                options.write(true);
+                options.write(true).custom_flags(OFlags::NONBLOCK.bits() as i32);
                 match dir.open_with(name, &options) {
                     Ok(f) => f.into_std(),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -754,6 +764,11 @@ mod tests {
         )
         .unwrap();
         assert!(w.write("fifo", b"x").is_err());
+        symlink("fifo", root.join("fifo-link")).unwrap();
+        assert!(w.write("fifo-link", b"x").is_err());
+        // Nor is one read (it would wait for a writer forever).
+        assert!(read(&w, "fifo").is_err());
+        assert!(read(&w, "fifo-link").is_err());
     }
 }
 
