@@ -587,3 +587,33 @@ async fn shared_definitions_change_only_by_their_owner_or_an_admin_and_are_audit
         "{audit}"
     );
 }
+
+/// A tenant defines at most `MAX_AGENTS_PER_TENANT` agents (`agent.list` returns them all):
+/// past it a new one is `payload-too-large {limit: "agents"}`; changing one still works, and
+/// removing one makes room.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_defines_a_bounded_number_of_agents() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let max = berth_protocol::MAX_AGENTS_PER_TENANT;
+    let mut first = Value::Null;
+    for i in 0..max {
+        let a = c.ok("agent.save", json!({"name": format!("agent-{i}")})).await;
+        if i == 0 {
+            first = a;
+        }
+    }
+    let refused = c.call("agent.save", json!({"name": "one-too-many"})).await.unwrap_err();
+    assert_eq!(refused.data_code(), Some("payload-too-large"), "{refused:?}");
+    assert_eq!(refused.data["limit"], "agents");
+    assert_eq!(refused.data["max"], max);
+    c.ok(
+        "agent.save",
+        json!({"agentId": first["agentId"], "name": "agent-0", "description": "changed"}),
+    )
+    .await;
+    c.ok("agent.remove", json!({"agentId": first["agentId"]})).await;
+    c.ok("agent.save", json!({"name": "one-too-many"})).await;
+    assert_eq!(c.ok("agent.list", json!({})).await.as_array().unwrap().len(), max);
+}

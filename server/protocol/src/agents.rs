@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 pub const MAX_SYSTEM_PROMPT_BYTES: usize = 64 << 10;
 /// The most tools an agent's tool set names.
 pub const MAX_AGENT_TOOLS: usize = 256;
+/// The most agents a tenant defines (`agent.list` returns them all, prompts included).
+pub const MAX_AGENTS_PER_TENANT: usize = 500;
 
 /// Which tool calls of an agent's sessions wait for a person's approval.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -107,6 +107,15 @@ impl Store {
         let approval = p.approval.unwrap_or_default().as_str();
         let written = match &p.agent_id {
             None => {
+                // A new agent within the tenant's bound (`payload-too-large`; the count is
+                // read in the creating transaction, so two at the edge may both pass).
+                let count: i64 = tx
+                    .q1("SELECT count(*) FROM agents WHERE tenant_id = $1", &[&tenant_id])
+                    .await?
+                    .get(0);
+                if count >= berth_protocol::MAX_AGENTS_PER_TENANT as i64 {
+                    return Err(StoreError::Code(ErrorCode::PayloadTooLarge));
+                }
                 tx.qo(
                     &format!(
                         "INSERT INTO agents (id, tenant_id, name, description, system_prompt, tools, provider, model, params, approval, owner)

@@ -85,6 +85,10 @@ pub async fn save(ctx: Ctx, mut p: AgentSaveParams) -> ApiResult<Agent> {
         .await
         .map_err(|e| match e.code() {
             ErrorCode::Conflict => ApiError::with(ErrorCode::Conflict, json!({"field": "name"})),
+            ErrorCode::PayloadTooLarge => ApiError::with(
+                ErrorCode::PayloadTooLarge,
+                json!({"limit": "agents", "max": berth_protocol::MAX_AGENTS_PER_TENANT}),
+            ),
             _ => e.into(),
         })?;
     tracing::info!(agent.id = %agent.agent_id, "agent saved");
