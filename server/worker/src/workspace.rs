@@ -201,8 +201,13 @@ impl Workspace {
             .read(true)
             .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
         let file = self.dir.open_with(&rel, &options).map_err(|e| fs_error(path, &e))?;
-        let file = file.into_std();
-        self.guard_opened(path, &file, Access::Read)?;
+        self.regular_file(path, file.into_std(), Access::Read)
+    }
+
+    /// `file`, just opened for the model's `path`, if the model may `access` what it really
+    /// is and it is a regular file.
+    fn regular_file(&self, path: &str, file: std::fs::File, access: Access) -> Result<std::fs::File, PathError> {
+        self.guard_opened(path, &file, access)?;
         let meta = file.metadata().map_err(|e| fs_error(path, &e))?;
         if meta.is_dir() {
             return Err(PathError(format!("{path}: is a directory")));
@@ -314,15 +319,7 @@ impl Workspace {
             }
             Err(e) => return Err(fs_error(path, &e.into())),
         };
-        self.guard_opened(path, &file, Access::Write)?;
-        let meta = file.metadata().map_err(|e| fs_error(path, &e))?;
-        if meta.is_dir() {
-            return Err(PathError(format!("{path}: is a directory")));
-        }
-        if !meta.is_file() {
-            return Err(PathError(format!("{path}: is not a regular file")));
-        }
-        Ok(file)
+        self.regular_file(path, file, Access::Write)
     }
 
     /// A directory's entries for the model, sorted by name (symlinks are entries, never
