@@ -77,6 +77,24 @@ fn refused(rel: &Path, access: Access) -> Option<&'static str> {
     None
 }
 
+/// The kernel's name for what `fd` is (None where `/proc` cannot say).
+fn kernel_path(fd: impl AsFd) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())).ok()
+}
+
+/// `rel` in `dir` opened for `access` (reading, or writing without creating or truncating),
+/// non-blocking: opening a FIFO would otherwise wait for the other end.
+fn open_nonblocking(dir: &Dir, rel: &Path, access: Access) -> io::Result<std::fs::File> {
+    use cap_std::fs::OpenOptionsExt;
+    let mut options = cap_std::fs::OpenOptions::new();
+    match access {
+        Access::Read => options.read(true),
+        Access::Write => options.write(true),
+    };
+    options.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+    Ok(dir.open_with(rel, &options)?.into_std())
+}
+
 /// `rel` with `.` and `..` resolved lexically (the caller has refused climbs above the root).
 fn normalized(rel: &Path) -> PathBuf {
     let mut out = PathBuf::new();
@@ -105,7 +123,7 @@ impl Workspace {
     /// kernel's name for it, so a symlink inside the workspace that leads to a guarded place
     /// is refused too. Where `/proc` cannot say, the check by name stands alone.
     fn guard_opened(&self, path: &str, fd: impl AsFd, access: Access) -> Result<(), PathError> {
-        let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())) else {
+        let Some(real) = kernel_path(fd) else {
             return Ok(());
         };
         match real.strip_prefix(&self.root) {
@@ -194,14 +212,8 @@ impl Workspace {
     pub(crate) fn open_file(&self, path: &str) -> Result<std::fs::File, PathError> {
         let rel = self.relative(path)?;
         self.guard(path, &rel, Access::Read)?;
-        // Non-blocking: opening a FIFO for reading would otherwise wait for a writer.
-        use cap_std::fs::OpenOptionsExt;
-        let mut options = cap_std::fs::OpenOptions::new();
-        options
-            .read(true)
-            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
-        let file = self.dir.open_with(&rel, &options).map_err(|e| fs_error(path, &e))?;
-        self.regular_file(path, file.into_std(), Access::Read)
+        let file = open_nonblocking(&self.dir, &rel, Access::Read).map_err(|e| fs_error(path, &e))?;
+        self.regular_file(path, file, Access::Read)
     }
 
     /// `file`, just opened for the model's `path`, if the model may `access` what it really
@@ -303,20 +315,15 @@ impl Workspace {
         let file = match rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o666)) {
             Ok(fd) => std::fs::File::from(fd),
             // The name is a symlink: followed (beneath the root) only to a file that exists.
-            Err(rustix::io::Errno::LOOP) => {
-                use cap_std::fs::OpenOptionsExt;
-                let mut options = cap_std::fs::OpenOptions::new();
-                options.write(true).custom_flags(OFlags::NONBLOCK.bits() as i32);
-                match dir.open_with(name, &options) {
-                    Ok(f) => f.into_std(),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                        return Err(PathError(format!(
-                            "{path}: is a symlink to a file that does not exist; write the path it points to instead"
-                        )));
-                    }
-                    Err(e) => return Err(fs_error(path, &e)),
+            Err(rustix::io::Errno::LOOP) => match open_nonblocking(dir, Path::new(name), Access::Write) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(PathError(format!(
+                        "{path}: is a symlink to a file that does not exist; write the path it points to instead"
+                    )));
                 }
-            }
+                Err(e) => return Err(fs_error(path, &e)),
+            },
             Err(e) => return Err(fs_error(path, &e.into())),
         };
         self.regular_file(path, file, Access::Write)
@@ -507,7 +514,7 @@ impl Workspace {
     /// Refuse what `fd` (opened for a client) really is when it lies in a `.git` or a
     /// `.berth` (the kernel's name for it, as [`Workspace::guard_opened`] reads it).
     fn not_private(&self, fd: impl AsFd) -> Result<(), OpenError> {
-        let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())) else {
+        let Some(real) = kernel_path(fd) else {
             return Ok(());
         };
         // Opened beneath the root (cap-std saw to that); a kernel name elsewhere (the
@@ -515,12 +522,11 @@ impl Workspace {
         let Ok(rel) = real.strip_prefix(&self.root) else {
             return Ok(());
         };
-        let private = rel.components().any(|c| {
-            let Component::Normal(c) = c else { return false };
-            let c = c.as_encoded_bytes();
-            c.eq_ignore_ascii_case(b".git") || c.eq_ignore_ascii_case(PRIVATE_DIR.as_bytes())
-        });
-        if private { Err(OpenError::Private) } else { Ok(()) }
+        // Closed to clients: what is closed to the model's writes (any `.git`, and `.berth`).
+        match refused(rel, Access::Write) {
+            Some(_) => Err(OpenError::Private),
+            None => Ok(()),
+        }
     }
 }
 

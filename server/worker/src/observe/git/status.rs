@@ -207,30 +207,24 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
             }
             continue;
         }
-        let indexed = || index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"));
-        if let Some((kind, same)) = large_file(&ws, &repo, &attributes, path, e.id)? {
-            let change = if Index::intent_to_add(e) {
-                GitChange::Added
-            } else if !same_type(kind, indexed()?) {
-                GitChange::TypeChanged
-            } else if kind != indexed()? || !same {
-                GitChange::Modified
-            } else {
-                continue;
-            };
-            worktree.push(git_entry(path, change, None));
-            continue;
-        }
-        let blob = || repo.find_blob(e.id).ok().map(|b| b.data.clone());
-        let found = worktree_blob(&ws, path).map_err(broken)?;
-        let change = match clean_side(&attributes, path, found, &mut || blob())? {
+        // The file as git would store it: held whole, or, too large to hold, hashed as it is
+        // read ([`large_file`]).
+        let found = match large_file(&ws, &repo, &attributes, path, e.id)? {
+            Some((kind, same)) => Some((Content::Hashed(same), kind)),
+            None => {
+                let blob = || repo.find_blob(e.id).ok().map(|b| b.data.clone());
+                let found = worktree_blob(&ws, path).map_err(broken)?;
+                clean_side(&attributes, path, found, &mut || blob())?.map(|(data, kind)| (Content::Held(data), kind))
+            }
+        };
+        let change = match found {
             None => GitChange::Deleted,
             Some(_) if Index::intent_to_add(e) => GitChange::Added,
-            Some((data, kind)) => {
-                let indexed = indexed()?;
+            Some((content, kind)) => {
+                let indexed = index_kind(e.mode).ok_or_else(|| unsupported("index-entry-mode"))?;
                 if !same_type(kind, indexed) {
                     GitChange::TypeChanged
-                } else if kind != indexed || blob_id(&repo, &data)? != e.id {
+                } else if kind != indexed || !content.is(&repo, e.id)? {
                     GitChange::Modified
                 } else {
                     continue;
@@ -294,6 +288,24 @@ pub(super) fn submodule(
     state.untracked |= !status.untracked.is_empty();
     let changed = state.commit_changed || state.modified || state.untracked;
     Ok((changed.then_some(GitChange::Modified), state))
+}
+
+/// A worktree file's content, as compared with its index entry.
+enum Content {
+    /// Read whole (as git would store it).
+    Held(Vec<u8>),
+    /// Too large to hold: whether it hashed to the entry's blob ([`large_file`]).
+    Hashed(bool),
+}
+
+impl Content {
+    /// Whether the content is the blob `id`.
+    fn is(&self, repo: &gix::Repository, id: ObjectId) -> Result<bool, RpcError> {
+        match self {
+            Content::Held(data) => Ok(blob_id(repo, data)? == id),
+            Content::Hashed(same) => Ok(*same),
+        }
+    }
 }
 
 /// The checked-out commit and the status of the submodule at `rel`, or None when it is not
