@@ -25,7 +25,6 @@ const SUMMARY_TOKENS: u64 = 4096;
 const SUMMARY_BYTES: usize = 64 << 10;
 /// Bytes of history text a summary is made from, at most (the newest rows are kept).
 const SOURCE_BYTES_MAX: usize = 2 << 20;
-use crate::complete::MODEL_CALLS;
 
 const INSTRUCTION: &str = "You compact a long conversation between a user and a coding agent so that the agent \
 can go on with the work without it. Write a handoff note: what the user asked for and still wants, what has been \
@@ -95,10 +94,12 @@ pub(crate) async fn compact(
     ]);
     // A summary is a model call like a worker's: it takes one of the tenant's proxy slots
     // or is refused (`rate-limited`), so compactions cannot spend past the tenant's limits.
-    let Some(permit) = state.proxy.admit(tenant) else {
-        let cause = providers::cause(CauseCode::RateLimited);
-        let refused = ApiError::with(ErrorCode::RateLimited, json!({"limit": MODEL_CALLS}));
-        return Err(failed(state, tenant, session_id, cause, refused).await);
+    let permit = match complete::admit(state, tenant) {
+        Ok(permit) => permit,
+        Err(refused) => {
+            let cause = providers::cause(CauseCode::RateLimited);
+            return Err(failed(state, tenant, session_id, cause, refused).await);
+        }
     };
     let asked = complete::complete(state, tenant, permit, target, messages, summary_tokens, SUMMARY_BYTES);
     let outcome = match tokio::time::timeout(BOUND, asked).await {

@@ -3,14 +3,21 @@
 
 use berth_protocol::Cause;
 use berth_protocol::CauseCode;
+use berth_protocol::ErrorCode;
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::{AppState, providers, proxy};
+use crate::{AppState, error::ApiError, providers, proxy};
 
-/// `data.limit` of a call refused for the tenant's model-call limits (a compaction's summary,
-/// a model probe).
-pub(crate) const MODEL_CALLS: &str = "model-calls";
+/// A slot for one model call of `tenant` the API tier makes itself (a compaction's summary,
+/// a model probe), or `rate-limited {limit: "model-calls"}` at the tenant's limits
+/// ([`proxy::ProxyLimits::admit`]).
+pub(crate) fn admit(state: &AppState, tenant: &str) -> Result<OwnedSemaphorePermit, ApiError> {
+    state
+        .proxy
+        .admit(tenant)
+        .ok_or_else(|| ApiError::with(ErrorCode::RateLimited, json!({"limit": "model-calls"})))
+}
 
 /// The model a call goes to: a profile (None: the default), a model (None: the tenant
 /// default) and a session's own endpoint.

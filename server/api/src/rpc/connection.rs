@@ -69,13 +69,7 @@ pub async fn status(ctx: Ctx, p: StatusParams) -> ApiResult<StatusResult> {
     let model = if p.probe_model {
         // A probe is a request to the provider like a model call: it takes one of the
         // tenant's proxy slots (within its per-minute rate) or is refused.
-        let tenant = ctx.principal()?.tenant_id;
-        let Some(_permit) = ctx.state.proxy.admit(&tenant) else {
-            return Err(ApiError::with(
-                ErrorCode::RateLimited,
-                serde_json::json!({"limit": crate::complete::MODEL_CALLS}),
-            ));
-        };
+        let _permit = crate::complete::admit(&ctx.state, &ctx.principal()?.tenant_id)?;
         Some(probe_model(&ctx.state).await)
     } else {
         None

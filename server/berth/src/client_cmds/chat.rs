@@ -19,7 +19,7 @@ use berth_client::{
 use super::{
     print_json,
     remote::{Explain, Remote, Subject, connect, session_id, workspace_here, workspace_id},
-    render::{Markdown, Style, approval_target, cause_words, safe, tool_call_line, tool_result_line},
+    render::{Markdown, Style, approval_target, cause_words, render_row, safe, tool_call_line, tool_result_line},
 };
 use crate::pieces::Pieces;
 
@@ -106,7 +106,7 @@ impl Printed {
             for row in &ev.rows {
                 match row.kind {
                     RowKind::ToolResult => writeln!(out, "{}", tool_result_line(self.style, row))?,
-                    RowKind::Notice => writeln!(out, "{}", self.style.dim(&format!("[notice] {}", safe(&row.body))))?,
+                    RowKind::Notice => writeln!(out, "{}", render_row(self.style, row))?,
                     _ => {}
                 }
             }
@@ -119,15 +119,18 @@ impl Printed {
     fn question(&self, interaction: &Interaction) -> String {
         if interaction.kind == INTERACTION_APPROVAL {
             // The whole of what is approved: not again when the call's line on screen
-            // showed all of it, but whenever that line was cut to fit.
+            // showed all of it, but whenever that line was cut to fit (`…`).
             let (tool, detail) = match &interaction.tool {
                 Some(t) => {
-                    let whole = approval_target(&t.name, &interaction.input.to_string());
+                    let input = interaction.input.to_string();
                     let shown = self.calls.contains(&format!("{}/{}", interaction.turn_id, t.call_id))
-                        && !whole.contains('\n')
-                        && !tool_call_line(Style { colour: false }, &t.name, &interaction.input.to_string())
-                            .ends_with('…');
-                    (safe(&t.name), if shown { String::new() } else { whole })
+                        && !tool_call_line(Style { colour: false }, &t.name, &input).ends_with('…');
+                    let detail = if shown {
+                        String::new()
+                    } else {
+                        approval_target(&t.name, &input)
+                    };
+                    (safe(&t.name), detail)
                 }
                 None => ("tool".into(), format!(" {}", safe(&interaction.input.to_string()))),
             };
