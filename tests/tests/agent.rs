@@ -764,24 +764,11 @@ async fn delegate_calls_are_bounded_in_prompt_size_and_in_number() {
     let first = ended("d1");
     assert_eq!(first["status"], "completed", "{first}");
     assert_eq!(first["rows"][0]["body"], "first child done");
-    let too_large = ended("d2");
-    assert_eq!(too_large["status"], "failed", "{too_large}");
-    assert!(
-        too_large["rows"][0]["body"]
-            .as_str()
-            .unwrap()
-            .contains("payload-too-large"),
-        "{too_large}"
-    );
-    let past_limit = ended("d3");
-    assert_eq!(past_limit["status"], "failed", "{past_limit}");
-    assert!(
-        past_limit["rows"][0]["body"]
-            .as_str()
-            .unwrap()
-            .contains("sub-agent limit"),
-        "{past_limit}"
-    );
+    for (call, said) in [("d2", "payload-too-large"), ("d3", "sub-agent limit")] {
+        let refused = ended(call);
+        assert_eq!(refused["status"], "failed", "{refused}");
+        assert!(refused["rows"][0]["body"].as_str().unwrap().contains(said), "{refused}");
+    }
     assert_eq!(
         children(&mut c, &sid).await.len(),
         1,

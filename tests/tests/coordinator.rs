@@ -21,6 +21,18 @@ async fn coordinator(stack: &Stack, c: &mut Client, extra: Value) -> String {
     s["sessionId"].as_str().unwrap().to_string()
 }
 
+/// The coordinator keyed by `key` starts `children` at once (each `start_child` call's id
+/// and arguments), then waits for all of them and gathers their answers.
+fn start_children_then_gather(mock: &MockProvider, key: &str, children: &[(&str, Value)]) {
+    let calls: Vec<(&str, &str, Value)> = children
+        .iter()
+        .map(|(id, args)| (*id, "start_child", args.clone()))
+        .collect();
+    mock.push_for(key, Reply::tools(&calls, 9));
+    mock.push_for(key, wait_for_all_children());
+    mock.push_for(key, gather());
+}
+
 /// A session keyed by `key` runs one shell `command` (call `id`), then answers `then`.
 fn shell_then(mock: &MockProvider, key: &str, id: &str, command: &str, then: &str) {
     mock.push_for(key, Reply::tools(&[(id, "shell", json!({"command": command}))], 9));
@@ -98,26 +110,20 @@ async fn a_coordinator_fans_out_to_two_workspaces_and_gathers_both_answers() {
         "Coordinate the release",
         Reply::tools(&[("l1", "list_workspaces", json!({}))], 9),
     );
-    mock.push_for(
+    start_children_then_gather(
+        &mock,
         "Coordinate the release",
-        Reply::tools(
-            &[
-                (
-                    "s1",
-                    "start_child",
-                    json!({"workspace_id": stack.workspace_id, "prompt": "Task alpha: write alpha.txt", "title": "alpha"}),
-                ),
-                (
-                    "s2",
-                    "start_child",
-                    json!({"workspace_id": ws_b, "prompt": "Task beta: report the answer"}),
-                ),
-            ],
-            9,
-        ),
+        &[
+            (
+                "s1",
+                json!({"workspace_id": stack.workspace_id, "prompt": "Task alpha: write alpha.txt", "title": "alpha"}),
+            ),
+            (
+                "s2",
+                json!({"workspace_id": ws_b, "prompt": "Task beta: report the answer"}),
+            ),
+        ],
     );
-    mock.push_for("Coordinate the release", wait_for_all_children());
-    mock.push_for("Coordinate the release", gather());
     mock.push_for(
         "Task alpha",
         Reply::tools(
@@ -379,19 +385,11 @@ async fn an_approval_inside_a_child_is_answered_from_the_coordinators_tree() {
     // No autoApprove: the child inherits the policy, so its shell call waits for a person.
     let sid = coordinator(&stack, &mut c, json!({})).await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    mock.push_for(
+    start_children_then_gather(
+        &mock,
         "Guarded work",
-        Reply::tools(
-            &[(
-                "s1",
-                "start_child",
-                json!({"workspace_id": ws_b, "prompt": "Task guarded: write it"}),
-            )],
-            9,
-        ),
+        &[("s1", json!({"workspace_id": ws_b, "prompt": "Task guarded: write it"}))],
     );
-    mock.push_for("Guarded work", wait_for_all_children());
-    mock.push_for("Guarded work", gather());
     shell_then(
         &mock,
         "Task guarded",
@@ -630,26 +628,20 @@ async fn a_child_started_with_an_agent_runs_as_that_agent() {
     let sid = coordinator(&stack, &mut c, json!({"autoApprove": true})).await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     let ws = stack.workspace_id.clone();
-    mock.push_for(
+    start_children_then_gather(
+        &mock,
         "Review the change",
-        Reply::tools(
-            &[
-                (
-                    "s1",
-                    "start_child",
-                    json!({"workspace_id": ws, "prompt": "Task review: look", "agent": "reviewer"}),
-                ),
-                (
-                    "s2",
-                    "start_child",
-                    json!({"workspace_id": ws, "prompt": "Task ghost: never", "agent": "nobody"}),
-                ),
-            ],
-            9,
-        ),
+        &[
+            (
+                "s1",
+                json!({"workspace_id": ws, "prompt": "Task review: look", "agent": "reviewer"}),
+            ),
+            (
+                "s2",
+                json!({"workspace_id": ws, "prompt": "Task ghost: never", "agent": "nobody"}),
+            ),
+        ],
     );
-    mock.push_for("Review the change", wait_for_all_children());
-    mock.push_for("Review the change", gather());
     mock.push_for("Task review", Reply::text(&["reviewed: fine"]));
     c.ok("session.send", json!({"sessionId": sid, "prompt": "Review the change"}))
         .await;
@@ -697,19 +689,14 @@ async fn a_child_is_never_more_permissive_than_what_started_it() {
     let ws = stack.workspace_id.clone();
     let sid = coordinator(&stack, &mut c, json!({})).await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    mock.push_for(
+    start_children_then_gather(
+        &mock,
         "Escalate",
-        Reply::tools(
-            &[(
-                "s1",
-                "start_child",
-                json!({"workspace_id": ws, "prompt": "Task escalate: write", "agent": "yolo"}),
-            )],
-            9,
-        ),
+        &[(
+            "s1",
+            json!({"workspace_id": ws, "prompt": "Task escalate: write", "agent": "yolo"}),
+        )],
     );
-    mock.push_for("Escalate", wait_for_all_children());
-    mock.push_for("Escalate", gather());
     shell_then(
         &mock,
         "Task escalate",
@@ -815,26 +802,20 @@ async fn a_child_auto_runs_only_the_tools_its_parent_could() {
         .await;
     let sid = coordinator(&stack, &mut c, json!({"agent": runner["agentId"]})).await;
     let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
-    mock.push_for(
+    start_children_then_gather(
+        &mock,
         "Fan out",
-        Reply::tools(
-            &[
-                (
-                    "s1",
-                    "start_child",
-                    json!({"workspace_id": ws, "prompt": "Task within: run", "agent": "runner"}),
-                ),
-                (
-                    "s2",
-                    "start_child",
-                    json!({"workspace_id": ws, "prompt": "Task beyond: run", "agent": "everything"}),
-                ),
-            ],
-            9,
-        ),
+        &[
+            (
+                "s1",
+                json!({"workspace_id": ws, "prompt": "Task within: run", "agent": "runner"}),
+            ),
+            (
+                "s2",
+                json!({"workspace_id": ws, "prompt": "Task beyond: run", "agent": "everything"}),
+            ),
+        ],
     );
-    mock.push_for("Fan out", wait_for_all_children());
-    mock.push_for("Fan out", gather());
     shell_then(&mock, "Task within", "w", "echo ok > within.txt", "within done");
     shell_then(&mock, "Task beyond", "b", "echo pwned > beyond.txt", "beyond stopped");
     c.ok("session.send", json!({"sessionId": sid, "prompt": "Fan out"}))
