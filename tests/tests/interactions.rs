@@ -833,8 +833,8 @@ async fn across_replicas() -> AcrossReplicas {
 
 /// Issue 8: an append on the worker's replica sends its `NOTIFY` only when a watcher held
 /// by another replica is recorded (its own watchers it wakes directly). So watches on
-/// another replica must still get every step and the end at once, gaplessly — also a watch
-/// that registers while a step is being appended. Each round opens a new watch on replica B
+/// another replica must still get every step, tool status, plan and the end at once,
+/// gaplessly — also a watch that registers while a step is being appended. Each round opens a new watch on replica B
 /// racing one `turn.step` on replica A, and nothing else is appended until both of B's
 /// watches have that step: a notice skipped wrongly leaves a watch waiting for its 5 s
 /// safety read, past the 3 s allowed here.
@@ -877,6 +877,27 @@ async fn watches_on_another_replica_get_every_append_at_once_even_registering_mi
         b.ok("subscription.close", json!({"id": fresh.id})).await;
         last = seq;
     }
+    // A tool call's status changes and a plan are appended the same way (the worker's
+    // replica hands them to its own watchers and notifies only for others'): each reaches
+    // B's watch at once, nothing else being appended meanwhile.
+    let step = worker.call("turn.step", tool_call_step(&turn)).await;
+    let call_seq = result(step)["sequence"].as_i64().unwrap();
+    let mut calls = vec![None];
+    calls.extend(tool_call_events(&turn, call_seq).map(Some));
+    for call in calls {
+        let (method, seq) = match call {
+            None => ("turn.step", call_seq),
+            Some((method, params)) => (
+                method,
+                result(worker.call(method, params).await)["sequence"].as_i64().unwrap(),
+            ),
+        };
+        let items = steady
+            .until(3, |e| e["sequence"].as_i64() == Some(seq))
+            .await
+            .unwrap_or_else(|| panic!("{method}'s event (sequence {seq}) reached the watch on B at once"));
+        seen.extend(items.iter().filter_map(|e| e["sequence"].as_i64()));
+    }
     // The end carrying the last step: both its events reach B at once.
     let end = worker
         .call(
@@ -897,6 +918,74 @@ async fn watches_on_another_replica_get_every_append_at_once_even_registering_mi
         items.iter().any(|e| e["type"] == "model.completed"),
         "the end's step before it"
     );
+}
+
+/// A step of `turn` holding one tool call (`c9`), as a worker sends it.
+fn tool_call_step(turn: &str) -> Value {
+    let call =
+        json!({"kind": "toolCall", "body": "{}", "tool": {"name": "read_file", "callId": "c9", "status": "requested"}});
+    json!({"turnId": turn, "rows": [call]})
+}
+
+/// What a worker sends about that call (its row at `call_seq`), in order: it runs, it ends,
+/// and the turn's plan.
+fn tool_call_events(turn: &str, call_seq: i64) -> [(&'static str, Value); 3] {
+    let position = json!({"sourceSequence": call_seq, "itemIndex": 0});
+    [
+        (
+            "turn.toolStatus",
+            json!({"turnId": turn, "position": position, "callId": "c9", "status": "running"}),
+        ),
+        (
+            "turn.toolEnded",
+            json!({"turnId": turn, "position": position, "callId": "c9", "status": "completed", "output": "read"}),
+        ),
+        (
+            "turn.plan",
+            json!({"turnId": turn, "plan": [{"step": "read it", "status": "completed"}]}),
+        ),
+    ]
+}
+
+/// A tool call's status changes and a plan are appended as steps are: the worker's replica
+/// hands each to its own watchers as written (not read back), and sends no notice when no
+/// other replica watches the session. Each must reach the watch at once (nothing else is
+/// appended meanwhile: a watch left unwoken would wait for its 5 s safety read).
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_events_reach_the_workers_replicas_watchers_as_written_without_a_notice() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut a = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
+    let mut w = watch(&mut a, &sid).await;
+    let step = worker.call("turn.step", tool_call_step(&turn)).await;
+    let call_seq = result(step)["sequence"].as_i64().unwrap();
+    w.until(3, |e| e["sequence"].as_i64() == Some(call_seq))
+        .await
+        .expect("the step reaches the watch");
+    let counts = |metrics: &str| {
+        let m = |name: &str| berth_e2e::harness::metric(metrics, name).unwrap_or(0);
+        (
+            m("berth_db_notices_total{channel=\"berth_events\"}"),
+            m("berth_watch_events_total{source=\"append\"}"),
+        )
+    };
+    let (notices, appended) = counts(&stack.servers[0].metrics().await);
+    for (method, params) in tool_call_events(&turn, call_seq) {
+        let seq = result(worker.call(method, params).await)["sequence"].as_i64().unwrap();
+        let items = w
+            .until(3, |e| e["sequence"].as_i64() == Some(seq))
+            .await
+            .unwrap_or_else(|| panic!("{method}'s event reached the watch at once"));
+        assert_eq!(items.last().unwrap()["sequence"], seq, "{method}: {items:?}");
+    }
+    let (notices_after, appended_after) = counts(&stack.servers[0].metrics().await);
+    assert_eq!(notices_after, notices, "no notice: no other replica watches");
+    assert_eq!(appended_after - appended, 3, "each event sent as its append wrote it");
+    let last = events(&mut a, &sid).await;
+    let types: Vec<&str> = last.iter().rev().take(3).map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["plan.updated", "tool.ended", "tool.status"]);
 }
 
 /// The text a watch has drawn from its `model.delta` items so far (each placed at its

@@ -93,6 +93,12 @@ impl<'a> RowArrays<'a> {
 /// gapless), the event and its rows under it. Returns the event as a catch-up reads it
 /// ([`events_from_lines`] from column 0), one line per row when `$12` is set (else one line,
 /// without the rows), or no line when the session is not the tenant's.
+///
+/// The notice goes out always when `$13` is null; else `$13` is the appending replica, which
+/// wakes its own watchers itself, and it goes out only when a watcher another replica holds
+/// is recorded (`watched_elsewhere_sql`). That is sound only when an earlier statement of the
+/// transaction locked the session row (this statement's snapshot is then taken under the
+/// lock, see `watched_elsewhere_sql`).
 pub(crate) const APPEND_SQL: &str = concat!(
     "
 WITH s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = now()
@@ -107,7 +113,9 @@ WITH s AS (UPDATE sessions SET last_sequence = last_sequence + 1, updated_at = n
            RETURNING ",
     row_columns!(),
     "),
-     n AS MATERIALIZED (SELECT pg_notify($11, s.id || ':' || s.last_sequence) FROM s)
+     n AS MATERIALIZED (SELECT (SELECT pg_notify($11, s.id || ':' || s.last_sequence) WHERE ",
+    watched_elsewhere_sql!("$13"),
+    ") FROM s)
 SELECT s.last_sequence, true, e.type, e.turn_id, e.payload, e.at, r.*
   FROM s CROSS JOIN e CROSS JOIN n LEFT JOIN r ON $12::bool ORDER BY r.item_index"
 );
@@ -125,14 +133,17 @@ pub(crate) async fn append_event(
     rows: &[NewRow],
 ) -> Result<i64> {
     Ok(
-        append_event_as_written(tx, tenant_id, session_id, turn_id, event, rows, false)
+        append_event_as_written(tx, tenant_id, session_id, turn_id, event, rows, None, false)
             .await?
             .0,
     )
 }
 
 /// [`append_event`], also returning the event as written when `local` (for the appending
-/// replica's own watchers: what a catch-up would read; empty otherwise).
+/// replica's own watchers: what a catch-up would read; empty otherwise). `replica`: the
+/// appending replica, when it wakes its own watchers and the session is locked already
+/// ([`APPEND_SQL`]'s `$13`); None: the notice always goes out.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn append_event_as_written(
     tx: &impl GenericClient,
     tenant_id: &str,
@@ -140,6 +151,7 @@ pub(crate) async fn append_event_as_written(
     turn_id: Option<&str>,
     event: &EventPayload,
     rows: &[NewRow],
+    replica: Option<&str>,
     local: bool,
 ) -> Result<(i64, Vec<Event>)> {
     let kind = event.type_name();
@@ -164,6 +176,7 @@ pub(crate) async fn append_event_as_written(
                 &rows.hidden,
                 &CHANNEL_EVENTS,
                 &local,
+                &replica,
             ],
         )
         .await?;

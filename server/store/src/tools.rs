@@ -12,10 +12,9 @@ use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
 
 use crate::{
-    Cached, Result, Store, StoreError,
-    history::{HISTORY_BUDGET_MAX, append_event},
-    tenant_tx,
-    turns::lock_running_turn,
+    Param, Result, Store, StoreError,
+    history::{EventRecord, HISTORY_BUDGET_MAX, append_event_as_written},
+    turns::lock_running_turn_then,
 };
 
 /// Rows per `turn.history` page at most.
@@ -188,7 +187,9 @@ impl Store {
     }
 
     /// A running turn's tool call (the `toolCall` row at `position`) moved to `running`:
-    /// append `tool.status`. Returns its sequence.
+    /// append `tool.status`. Returns its sequence and, when `local`, the event as written;
+    /// `replica` as in [`Store::append_step`].
+    #[allow(clippy::too_many_arguments)]
     pub async fn tool_status(
         &self,
         connection_id: &str,
@@ -197,43 +198,44 @@ impl Store {
         position: Position,
         call_id: &str,
         status: ToolStatus,
-    ) -> Result<i64> {
+        replica: Option<&str>,
+        local: bool,
+    ) -> Result<(i64, Vec<EventRecord>)> {
         if status != ToolStatus::Running {
             return Err(StoreError::Code(ErrorCode::BadParams));
         }
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
-        set_call_status(&tx, tenant_id, &session_id, turn_id, position, call_id, status).await?;
-        let event = EventPayload::ToolStatus(ToolCallStatus {
+        let call = Call {
             position,
-            call_id: call_id.to_string(),
+            call_id,
             status,
-        });
-        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[]).await?;
-        tx.commit().await?;
-        Ok(seq)
+        };
+        self.append_for_call(connection_id, tenant_id, turn_id, call, None, replica, local)
+            .await
     }
 
-    /// A running turn's model set its plan: append `plan.updated`. Returns its sequence.
+    /// A running turn's model set its plan: append `plan.updated`. Returns its sequence and,
+    /// when `local`, the event as written; `replica` as in [`Store::append_step`].
     pub async fn turn_plan(
         &self,
         connection_id: &str,
         tenant_id: &str,
         turn_id: &str,
         plan: berth_protocol::PlanUpdated,
-    ) -> Result<i64> {
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
+        replica: Option<&str>,
+        local: bool,
+    ) -> Result<(i64, Vec<EventRecord>)> {
+        let client = self.pool.get().await?;
+        let tx = crate::Begun::new(&client);
+        let c = tx.client();
+        let (session_id, _) = lock_running_turn_then(c, Some(connection_id), tenant_id, turn_id, &[]).await?;
         let event = EventPayload::PlanUpdated(plan);
-        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[]).await?;
-        tx.commit().await?;
-        Ok(seq)
+        let append = append_event_as_written(c, tenant_id, &session_id, Some(turn_id), &event, &[], replica, local);
+        append_and_commit(tx, append).await
     }
 
     /// A running turn's tool call ended with a final `status`: append `tool.ended`, which
-    /// publishes the `toolResult` row holding the whole `output`. Returns its sequence.
+    /// publishes the `toolResult` row holding the whole `output`. Returns its sequence and,
+    /// when `local`, the event as written; `replica` as in [`Store::append_step`].
     #[allow(clippy::too_many_arguments)]
     pub async fn tool_ended(
         &self,
@@ -244,83 +246,135 @@ impl Store {
         call_id: &str,
         status: ToolStatus,
         output: &str,
-    ) -> Result<i64> {
+        replica: Option<&str>,
+        local: bool,
+    ) -> Result<(i64, Vec<EventRecord>)> {
         if !status.is_final() {
             return Err(StoreError::Code(ErrorCode::BadParams));
         }
-        let mut client = self.pool.get().await?;
-        let tx = tenant_tx(&mut client, tenant_id).await?;
-        let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
-        let name = set_call_status(&tx, tenant_id, &session_id, turn_id, position, call_id, status).await?;
-        let row = NewRow {
-            kind: RowKind::ToolResult,
-            body: output.to_string(),
-            thinking: None,
-            tool: Some(ToolInfo {
-                name,
-                call_id: call_id.to_string(),
-                status: status.as_str().to_string(),
-            }),
-            hidden: None,
-        };
-        let event = EventPayload::ToolEnded(ToolCallStatus {
+        let call = Call {
             position,
-            call_id: call_id.to_string(),
+            call_id,
             status,
-        });
-        let seq = append_event(&tx, tenant_id, &session_id, Some(turn_id), &event, &[row]).await?;
-        tx.commit().await?;
-        Ok(seq)
+        };
+        self.append_for_call(connection_id, tenant_id, turn_id, call, Some(output), replica, local)
+            .await
+    }
+
+    /// Move a running turn's tool call to `call.status` and append its event: `tool.ended`
+    /// with its `toolResult` row when `output` is given, else `tool.status`. Two waits: the
+    /// transaction's `BEGIN`, the tenant switch, the session's lock, the turn's check and the
+    /// call row's read go out together; then the call row's update, the append and the
+    /// `COMMIT`, once the move is checked.
+    #[allow(clippy::too_many_arguments)]
+    async fn append_for_call(
+        &self,
+        connection_id: &str,
+        tenant_id: &str,
+        turn_id: &str,
+        call: Call<'_>,
+        output: Option<&str>,
+        replica: Option<&str>,
+        local: bool,
+    ) -> Result<(i64, Vec<EventRecord>)> {
+        let client = self.pool.get().await?;
+        let tx = crate::Begun::new(&client);
+        let c = tx.client();
+        let at = call.position;
+        let read: [Param; 4] = [&turn_id, &tenant_id, &at.source_sequence, &at.item_index];
+        let (session_id, rows) =
+            lock_running_turn_then(c, Some(connection_id), tenant_id, turn_id, &[(CALL_ROW_SQL, &read)]).await?;
+        let name = call.check(rows[0].first())?;
+        let status = call.status.as_str();
+        let moved: [Param; 5] = [&session_id, &tenant_id, &at.source_sequence, &at.item_index, &status];
+        let payload = ToolCallStatus {
+            position: at,
+            call_id: call.call_id.to_string(),
+            status: call.status,
+        };
+        let (event, rows) = match output {
+            Some(output) => {
+                let row = NewRow {
+                    kind: RowKind::ToolResult,
+                    body: output.to_string(),
+                    thinking: None,
+                    tool: Some(ToolInfo {
+                        name,
+                        call_id: call.call_id.to_string(),
+                        status: status.to_string(),
+                    }),
+                    hidden: None,
+                };
+                (EventPayload::ToolEnded(payload), vec![row])
+            }
+            None => (EventPayload::ToolStatus(payload), Vec::new()),
+        };
+        // Prepared first (cached after the first use on a connection), so that the update
+        // goes out, and runs, before the append.
+        let update = c.prepare_cached(SET_CALL_STATUS_SQL).await?;
+        let append = async {
+            let (_, appended) = tokio::try_join!(
+                biased;
+                async { c.execute(&update, &moved).await.map_err(StoreError::from) },
+                append_event_as_written(c, tenant_id, &session_id, Some(turn_id), &event, &rows, replica, local),
+            )?;
+            Ok(appended)
+        };
+        append_and_commit(tx, append).await
     }
 }
 
-/// Move the call row at `position` (of `turn_id`, with `call_id`) to `status`; a call that
-/// is not there, already ended, or a move backwards is `bad-params` (never `not-found`,
-/// which tells a worker its turn is over). Returns the tool's name.
-async fn set_call_status(
-    tx: &impl GenericClient,
-    tenant_id: &str,
-    session_id: &str,
-    turn_id: &str,
-    position: Position,
-    call_id: &str,
-    status: ToolStatus,
-) -> Result<String> {
-    let row = tx
-        .qo(
-            "SELECT tool FROM rows WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4
-                AND turn_id = $5 AND kind = 'toolCall' FOR UPDATE",
-            &[&session_id, &tenant_id, &position.source_sequence, &position.item_index, &turn_id],
-        )
-        .await?
-        .ok_or(StoreError::Code(ErrorCode::BadParams))?;
-    let tool: Option<serde_json::Value> = row.get(0);
-    let tool = tool
-        .and_then(|t| serde_json::from_value::<ToolInfo>(t).ok())
-        .ok_or(StoreError::Code(ErrorCode::BadParams))?;
-    let current = ToolStatus::parse(&tool.status);
-    let allowed = match current {
-        Some(ToolStatus::Requested) => status != ToolStatus::Requested,
-        Some(ToolStatus::Running) => status.is_final(),
-        _ => false,
-    };
-    if tool.call_id != call_id || !allowed {
-        return Err(StoreError::Code(ErrorCode::BadParams));
-    }
-    tx.ex(
-        "UPDATE rows SET tool = jsonb_set(tool, '{status}', to_jsonb($5::text))
-          WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4",
-        &[
-            &session_id,
-            &tenant_id,
-            &position.source_sequence,
-            &position.item_index,
-            &status.as_str(),
-        ],
-    )
-    .await?;
-    Ok(tool.name)
+/// `append` (the transaction's last statements, ending with [`crate::history::APPEND_SQL`];
+/// not polled yet) sent together with `tx`'s `COMMIT`: one wait. An error in any of them
+/// fails the whole (PostgreSQL then answers the `COMMIT` with a rollback).
+async fn append_and_commit(
+    tx: crate::Begun<'_>,
+    append: impl std::future::Future<Output = Result<(i64, Vec<EventRecord>)>>,
+) -> Result<(i64, Vec<EventRecord>)> {
+    // The append statement prepared first (cached after the first use on a connection):
+    // one still to be prepared would go out after the `COMMIT`.
+    tx.client().prepare_cached(crate::history::APPEND_SQL).await?;
+    let (appended, ()) = tokio::try_join!(biased; append, tx.commit())?;
+    Ok(appended)
 }
+
+/// A tool call's status change, as a worker reports it.
+struct Call<'a> {
+    position: Position,
+    call_id: &'a str,
+    status: ToolStatus,
+}
+
+impl Call<'_> {
+    /// Whether the call row read ([`CALL_ROW_SQL`]) may move to this status: a call that is
+    /// not there, already ended, or a move backwards is `bad-params` (never `not-found`,
+    /// which tells a worker its turn is over). Returns the tool's name.
+    fn check(&self, row: Option<&tokio_postgres::Row>) -> Result<String> {
+        let tool = row
+            .and_then(|r| r.get::<_, Option<serde_json::Value>>(0))
+            .and_then(|t| serde_json::from_value::<ToolInfo>(t).ok())
+            .ok_or(StoreError::Code(ErrorCode::BadParams))?;
+        let allowed = match ToolStatus::parse(&tool.status) {
+            Some(ToolStatus::Requested) => self.status != ToolStatus::Requested,
+            Some(ToolStatus::Running) => self.status.is_final(),
+            _ => false,
+        };
+        if tool.call_id != self.call_id || !allowed {
+            return Err(StoreError::Code(ErrorCode::BadParams));
+        }
+        Ok(tool.name)
+    }
+}
+
+/// The `toolCall` row of turn `$1` (tenant `$2`) at position (`$3`, `$4`), locked; read
+/// after the session's lock.
+const CALL_ROW_SQL: &str = "SELECT tool FROM rows
+  WHERE session_id = (SELECT session_id FROM turns WHERE id = $1 AND tenant_id = $2) AND tenant_id = $2
+    AND source_sequence = $3 AND item_index = $4 AND turn_id = $1 AND kind = 'toolCall' FOR UPDATE";
+
+/// The row at position (`$3`, `$4`) of session `$1` (tenant `$2`) moved to status `$5`.
+const SET_CALL_STATUS_SQL: &str = "UPDATE rows SET tool = jsonb_set(tool, '{status}', to_jsonb($5::text))
+  WHERE session_id = $1 AND tenant_id = $2 AND source_sequence = $3 AND item_index = $4";
 
 #[cfg(test)]
 mod tests {

@@ -66,6 +66,28 @@ impl TurnTask {
         Ok(page)
     }
 
+    /// An event of the turn appended by `append` (given this replica, which wakes its own
+    /// watchers, and whether they want the event as written), handed to this replica's
+    /// watchers without their reading it back, as a step's is.
+    async fn appended<'a, F, Fut>(&'a self, append: F) -> Result<Value, ApiError>
+    where
+        F: FnOnce(Option<&'a str>, bool) -> Fut,
+        Fut: std::future::Future<Output = berth_store::Result<(i64, Vec<berth_store::EventRecord>)>>,
+    {
+        let conn = &self.conn;
+        let (guard, r) = {
+            let _permits = conn.write_permits().await;
+            // Local watchers wait for the event from here (so not while waiting for a permit).
+            let guard = conn.state.hub.appending(&self.live.session);
+            let local = guard.is_some();
+            (guard, append(Some(conn.state.config.replica_id.as_str()), local).await)
+        };
+        let (seq, events) = r?;
+        conn.state.hub.committed(guard, &self.live.session, events, seq);
+        conn.state.metrics.events_appended.inc();
+        Ok(json!({"sequence": seq}))
+    }
+
     /// `turn.source`, `turn.toolStatus`, `turn.toolEnded`, `turn.delegate`, …
     pub(super) async fn agent_request(&mut self, method: &str, p: Value) -> Result<Value, ApiError> {
         let conn = self.conn.clone();
@@ -85,25 +107,19 @@ impl TurnTask {
             }
             wp::TURN_TOOL_STATUS => {
                 let s: TurnToolStatus = params(p)?;
-                let seq = {
-                    let _permits = conn.write_permits().await;
-                    store
-                        .tool_status(id, tenant, turn, s.position, &s.call_id, s.status)
-                        .await?
-                };
-                conn.state.metrics.events_appended.inc();
-                Ok(json!({"sequence": seq}))
+                self.appended(|replica, local| {
+                    store.tool_status(id, tenant, turn, s.position, &s.call_id, s.status, replica, local)
+                })
+                .await
             }
             wp::TURN_TOOL_ENDED => {
                 let e: TurnToolEnded = params(p)?;
-                let seq = {
-                    let _permits = conn.write_permits().await;
-                    store
-                        .tool_ended(id, tenant, turn, e.position, &e.call_id, e.status, &e.output)
-                        .await?
-                };
-                conn.state.metrics.events_appended.inc();
-                Ok(json!({"sequence": seq}))
+                self.appended(|replica, local| {
+                    store.tool_ended(
+                        id, tenant, turn, e.position, &e.call_id, e.status, &e.output, replica, local,
+                    )
+                })
+                .await
             }
             wp::TURN_PLAN => {
                 let p: wp::TurnPlan = params(p)?;
@@ -121,12 +137,8 @@ impl TurnTask {
                 {
                     return Err(ApiError::code(ErrorCode::BadParams));
                 }
-                let seq = {
-                    let _permits = conn.write_permits().await;
-                    store.turn_plan(id, tenant, turn, plan).await?
-                };
-                conn.state.metrics.events_appended.inc();
-                Ok(json!({"sequence": seq}))
+                self.appended(|replica, local| store.turn_plan(id, tenant, turn, plan, replica, local))
+                    .await
             }
             wp::TURN_NOTICE => {
                 let n: TurnNotice = params(p)?;

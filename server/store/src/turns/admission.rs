@@ -313,6 +313,7 @@ async fn admit_in(
                 Some(&turn_id),
                 &started,
                 &rows,
+                None,
                 from.is_some_and(|a| a.watched) && attachments.is_empty(),
             ),
             finish(tx, op, &result),

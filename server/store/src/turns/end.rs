@@ -378,6 +378,24 @@ pub(crate) async fn lock_running_turn(
     check_running(locked.as_ref(), row.as_ref(), connection_id)
 }
 
+/// [`lock_running_turn`] as the first statements of a transaction just begun on `tx`
+/// ([`crate::Begun`]), sent with the tenant switch, and `more` after them (run under the
+/// lock): one wait. Returns the session and the rows of each of `more`.
+pub(crate) async fn lock_running_turn_then(
+    tx: &deadpool_postgres::Object,
+    connection_id: Option<&str>,
+    tenant_id: &str,
+    turn_id: &str,
+    more: &[(&str, &[Param<'_>])],
+) -> Result<(String, Vec<Vec<tokio_postgres::Row>>)> {
+    let key: [Param; 2] = [&turn_id, &tenant_id];
+    let mut statements: Vec<(&str, &[Param])> = vec![(LOCK_SESSION_OF_TURN, &key), (READ_TURN, &key)];
+    statements.extend_from_slice(more);
+    let mut results = crate::pipelined(tx, Some((crate::TENANT_SQL, tenant_id)), &statements).await?;
+    let session_id = check_running(results[0].first(), results[1].first(), connection_id)?;
+    Ok((session_id, results.split_off(2)))
+}
+
 /// A turn's state, where it was handed and whether its session is live (`$1` turn, `$2`
 /// tenant).
 const READ_TURN: &str =

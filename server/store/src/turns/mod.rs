@@ -20,7 +20,7 @@ pub(crate) use admission::admit;
 pub use admission::{Admission, Admitted};
 pub use claim::ClaimedTurn;
 pub use end::Ended;
-pub(crate) use end::{KeepText, cancel_turn, lock_running_turn, notify_dispatch};
+pub(crate) use end::{KeepText, cancel_turn, lock_running_turn, lock_running_turn_then, notify_dispatch};
 pub use steps::{Metered, Partial};
 pub use titles::TitleSource;
 
