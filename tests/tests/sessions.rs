@@ -705,6 +705,49 @@ async fn a_turn_wakes_another_replica_only_when_it_holds_the_worker_or_a_watcher
     assert!(notices(&stack.servers[1].metrics().await, "berth_deltas") > 0);
 }
 
+/// A turn watched only on the replica that admits it and holds its worker sends no event
+/// notice at all: that replica hands its watchers `turn.started`, each step and the end as
+/// the appends wrote them, and the notices are for other replicas' watchers only. (The
+/// session is titled: an automatic title is an append of its own.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_watched_only_where_it_runs_sends_no_event_notice() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut a = stack.client(0).await;
+    let s = a
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "title": "Quiet"}),
+        )
+        .await;
+    let sid = s["sessionId"].as_str().unwrap().to_string();
+    let mut watch = a.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    watch
+        .until(10, |e| e["type"] == "session.created")
+        .await
+        .expect("the watch catches up");
+    let counts = |metrics: &str| {
+        let m = |name: &str| metric(metrics, name).unwrap_or(0);
+        (
+            m("berth_db_notices_total{channel=\"berth_events\"}"),
+            m("berth_watch_events_total{source=\"append\"}"),
+        )
+    };
+    let (notices, appended) = counts(&stack.servers[0].metrics().await);
+    mock.push(Reply::text(&["one", " two"]));
+    a.ok("session.send", json!({"sessionId": sid, "prompt": "first"})).await;
+    let items = watch.until(20, is_turn_end).await.expect("the turn ends");
+    let events: Vec<&str> = items
+        .iter()
+        .filter(|e| e.get("sequence").is_some())
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["turn.started", "model.completed", "turn.ended"]);
+    let (notices_after, appended_after) = counts(&stack.servers[0].metrics().await);
+    assert_eq!(notices_after, notices, "no event notice");
+    assert_eq!(appended_after - appended, 3, "each event sent as its append wrote it");
+}
+
 /// A watcher on the replica that holds the worker is sent the turn's steps and end as the
 /// append statements wrote them, without reading them back
 /// (`berth_watch_events_total{source="append"}`), and they are exactly the events a read

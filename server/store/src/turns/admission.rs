@@ -31,7 +31,9 @@ pub struct Admission<'a> {
     pub replica: &'a str,
     /// Also return `turn.started` as written, for the admitting replica's own watchers (as
     /// [`Store::append_step`]; empty when the prompt queues or has attachments, whose names
-    /// are added to its row after the append).
+    /// are added to its row after the append). The caller then hands it to them
+    /// (`Hub::committed` in the API tier), and its notice goes out only when a watcher
+    /// another replica holds is recorded.
     pub watched: bool,
     /// Worker connections this replica holds with room for one more turn: `(connection id,
     /// its workspace ids)`. A turn that starts at once in one of those workspaces is handed
@@ -297,6 +299,9 @@ async fn admit_in(
         } else {
             vec![turn_id.clone()]
         };
+        // `turn.started` is returned as written when the admitting replica has watchers to
+        // hand it to (a prompt with attachments has its row named after the append).
+        let local = from.filter(|a| a.watched && attachments.is_empty());
         let (handed, (seq, events), _, reads, ()) = tokio::try_join!(
             biased;
             async {
@@ -313,8 +318,10 @@ async fn admit_in(
                 Some(&turn_id),
                 &started,
                 &rows,
-                None,
-                from.is_some_and(|a| a.watched) && attachments.is_empty(),
+                // The admitting replica wakes its own watchers with the event as written
+                // (the session is locked above): the notice is for other replicas' only.
+                local.map(|a| a.replica),
+                local.is_some(),
             ),
             finish(tx, op, &result),
             async {
