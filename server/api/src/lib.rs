@@ -91,7 +91,7 @@ pub struct App {
     /// Object storage (attachment bytes).
     pub blobs: blobs::Blobs,
     /// The cluster secret and this replica's internal address (routing worker calls).
-    pub cluster: workers::calls::Cluster,
+    pub cluster: workers::forwarded::Cluster,
 }
 
 impl App {
@@ -153,7 +153,8 @@ pub async fn serve(
         .await
         .with_context(|| format!("binding BERTH_INTERNAL_LISTEN {internal_addr}"))?;
     let cluster =
-        workers::calls::Cluster::load(&store, config.internal_url.as_deref(), internal_listener.local_addr()?).await?;
+        workers::forwarded::Cluster::load(&store, config.internal_url.as_deref(), internal_listener.local_addr()?)
+            .await?;
     let state = AppState(Arc::new(App {
         store,
         config,
@@ -181,7 +182,7 @@ pub async fn serve(
     listen::spawn(state.clone());
     spawn_housekeeping(state.clone());
     workers::interaction::spawn_housekeeping(state.clone());
-    workers::calls::spawn_announce(state.clone());
+    workers::forwarded::spawn_announce(state.clone());
 
     let app = Router::new()
         .route("/v1/rpc", get(rpc::upgrade))
@@ -199,7 +200,10 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .with_state(state.clone());
     let internal_app = Router::new()
-        .route(workers::calls::INTERNAL_CALL_PATH, post(workers::calls::internal_call))
+        .route(
+            workers::calls::INTERNAL_CALL_PATH,
+            post(workers::forwarded::internal_call),
+        )
         .with_state(state.clone());
     let metrics_app = Router::new()
         .route("/metrics", get(metrics_handler))

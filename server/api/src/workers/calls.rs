@@ -26,13 +26,7 @@ use std::{
     time::Duration,
 };
 
-use axum::{
-    Json,
-    body::Body,
-    extract::{State, ws::Message},
-    http::{HeaderMap, StatusCode},
-    response::{IntoResponse, Response},
-};
+use axum::extract::ws::Message;
 use berth_protocol::{ErrorCode, FILES_READ_CHUNK, Method, RpcError, jsonrpc::Request, method, worker as wp};
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
@@ -57,13 +51,13 @@ pub const WATCHES_PER_WORKER: usize = 192;
 /// The path replicas forward calls to.
 pub const INTERNAL_CALL_PATH: &str = "/v1/internal/call";
 /// The header carrying the cluster secret.
-const SECRET_HEADER: &str = "x-berth-cluster-secret";
+pub(super) const SECRET_HEADER: &str = "x-berth-cluster-secret";
 /// How long a unary call (status, diff, list) may take.
 const UNARY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a stream (a file read) may go without an item.
 const STREAM_IDLE: Duration = Duration::from_secs(60);
 /// How often a forwarding replica shows it is alive on a quiet stream (a watch).
-const KEEPALIVE: Duration = Duration::from_secs(15);
+pub(super) const KEEPALIVE: Duration = Duration::from_secs(15);
 /// A forwarded stream with nothing, not even a keepalive, for this long is dead.
 const REMOTE_IDLE: Duration = Duration::from_secs(45);
 
@@ -323,7 +317,7 @@ enum BodyKind {
 /// One line of a forwarded call's response body in the JSON-lines form.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-enum JsonLine {
+pub(super) enum JsonLine {
     Item(Box<RawValue>),
     Result(Value),
     Error(RpcError),
@@ -529,8 +523,8 @@ impl Registry {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Forwarded {
-    tenant_id: String,
-    call: wp::Call,
+    pub(super) tenant_id: String,
+    pub(super) call: wp::Call,
 }
 
 /// Whose worker a call goes to.
@@ -644,188 +638,11 @@ pub async fn decoded<T: serde::de::DeserializeOwned>(stream: CallStream, method_
     })
 }
 
-/// One line of a forwarded call's response body in the JSON-lines form (for an older
-/// replica).
-fn line_bytes(l: &Line) -> Bytes {
-    let mut v = match l {
-        // Written by hand, sized once: an item is copied once, not grown into a
-        // serializer's buffer.
-        Line::Item(Item::Json(item)) => {
-            let mut v = Vec::with_capacity(item.get().len() + 10);
-            v.extend_from_slice(b"{\"item\":");
-            v.extend_from_slice(item.get().as_bytes());
-            v.push(b'}');
-            v
-        }
-        // A chunk run: one line per chunk, as JSON items.
-        Line::Item(run @ Item::Chunk { data, .. }) => {
-            let mut text = String::with_capacity(chunk_json_len(data.len()) + 12 * data.len().div_ceil(1 << 15));
-            for (i, (offset, piece)) in run.chunks().into_iter().enumerate() {
-                if i > 0 {
-                    text.push('\n');
-                }
-                text.push_str("{\"item\":");
-                write_chunk_json(&mut text, offset, &piece);
-                text.push('}');
-            }
-            text.into_bytes()
-        }
-        Line::Result(r) => serde_json::to_vec(&JsonLine::Result(r.clone())).unwrap_or_default(),
-        Line::Error(e) => serde_json::to_vec(&JsonLine::Error(e.clone())).unwrap_or_default(),
-        Line::Keepalive => serde_json::to_vec(&JsonLine::Keepalive).unwrap_or_default(),
-    };
-    v.push(b'\n');
-    Bytes::from(v)
-}
-
-/// How a forwarded call's response body is written: frames, or JSON lines for a replica
-/// that did not ask for frames.
-#[derive(Clone, Copy)]
-struct BodyWriter {
-    framed: bool,
-    /// The requesting replica reads chunk-run frames.
-    runs: bool,
-}
-
-impl BodyWriter {
-    /// Queue `line` for the body; false once the requesting replica has gone away.
-    async fn send(self, tx: &mpsc::Sender<Bytes>, line: &Line) -> bool {
-        if !self.framed {
-            return tx.send(line_bytes(line)).await.is_ok();
-        }
-        for bytes in frames::encode(line, self.runs) {
-            if tx.send(bytes).await.is_err() {
-                return false;
-            }
-        }
-        true
-    }
-
-    fn try_send(self, tx: &mpsc::Sender<Bytes>, line: &Line) {
-        // Only for an error (one frame or line).
-        let bytes = if self.framed {
-            frames::encode(line, self.runs).concat().into()
-        } else {
-            line_bytes(line)
-        };
-        let _ = tx.try_send(bytes);
-    }
-}
-
-/// `POST /v1/internal/call`: another replica forwards a call for a worker this replica holds.
-pub async fn internal_call(State(state): State<AppState>, headers: HeaderMap, Json(req): Json<Forwarded>) -> Response {
-    let presented = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
-    let expected = state.cluster.secret.as_bytes();
-    if !bool::from(subtle::ConstantTimeEq::ct_eq(presented, expected)) {
-        state.metrics.auth_failures.with_label_values(&["cluster"]).inc();
-        return StatusCode::FORBIDDEN.into_response();
-    }
-    let framed = headers
-        .get(axum::http::header::ACCEPT)
-        .is_some_and(|v| v.as_bytes() == frames::CONTENT_TYPE.as_bytes());
-    let runs = framed && headers.contains_key(frames::RUNS_HEADER);
-    let writer = BodyWriter { framed, runs };
-    // A credit window's worth of items (a chunk is two pieces: its header and its data) may
-    // wait for the response body: the worker's window is not narrowed by this hop.
-    let (tx, rx) = mpsc::channel::<Bytes>(2 * wp::CALL_WINDOW as usize + 2);
-    match state.workers.call_local(&req.tenant_id, req.call).await {
-        Ok(Some(mut stream)) => {
-            tokio::spawn(async move {
-                let mut keepalive = tokio::time::interval(KEEPALIVE);
-                keepalive.tick().await;
-                loop {
-                    let out = tokio::select! {
-                        ev = stream.next() => match ev {
-                            Some(CallEvent::Item(v)) => Line::Item(v),
-                            Some(CallEvent::Done(Ok(v))) => Line::Result(v),
-                            Some(CallEvent::Done(Err(e))) => Line::Error(e),
-                            None => break,
-                        },
-                        _ = keepalive.tick() => Line::Keepalive,
-                    };
-                    // The requesting replica went away: dropping the stream cancels the call.
-                    if !writer.send(&tx, &out).await {
-                        break;
-                    }
-                }
-            });
-        }
-        Ok(None) => writer.try_send(&tx, &Line::Error(RpcError::new(ErrorCode::WorkspaceOffline))),
-        Err(e) => writer.try_send(&tx, &Line::Error(e.0)),
-    }
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-    });
-    Response::builder()
-        .header(
-            "content-type",
-            if framed {
-                frames::CONTENT_TYPE
-            } else {
-                "application/x-ndjson"
-            },
-        )
-        .body(Body::from_stream(body))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
-}
-
-/// What this replica needs to take part in routing.
-pub struct Cluster {
-    /// Shared by every replica of the database (generated by the first).
-    pub secret: String,
-    /// Where other replicas reach this one (None: they cannot; see `BERTH_INTERNAL_URL`).
-    pub internal_url: Option<String>,
-}
-
-impl Cluster {
-    /// Load the cluster secret and work out this replica's internal address: the configured
-    /// one, else the listener's own address unless it is a wildcard.
-    pub async fn load(
-        store: &berth_store::Store,
-        configured: Option<&str>,
-        listen: std::net::SocketAddr,
-    ) -> anyhow::Result<Cluster> {
-        let mut bytes = [0u8; 32];
-        rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
-        let candidate: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let secret = store.cluster_secret(&candidate).await?;
-        let internal_url = match configured {
-            Some(u) => Some(u.trim_end_matches('/').to_string()),
-            None if listen.ip().is_unspecified() => {
-                tracing::warn!(
-                    "BERTH_INTERNAL_URL is not set and the listener is a wildcard address: other replicas cannot forward worker calls to this one"
-                );
-                None
-            }
-            None => Some(format!("http://{listen}")),
-        };
-        Ok(Cluster { secret, internal_url })
-    }
-}
-
-/// Keep this replica's internal address announced while it runs.
-pub fn spawn_announce(state: AppState) {
-    let Some(url) = state.cluster.internal_url.clone() else {
-        return;
-    };
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(30));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => if let Err(e) = state.store.replica_announce(&state.config.replica_id, &url).await {
-                    tracing::warn!(error = %e, "announcing this replica's address failed");
-                },
-                _ = state.shutdown.cancelled() => return,
-            }
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use base64::Engine;
 
-    use super::*;
+    use super::{super::forwarded::line_bytes, *};
 
     /// Watches take at most [`WATCHES_PER_WORKER`] of a connection's call slots: past them
     /// a watch is `rate-limited`, and other calls still start.

@@ -27,6 +27,7 @@ pub(crate) mod calls;
 mod children;
 mod claim;
 mod connection;
+pub mod forwarded;
 mod frames;
 pub(crate) mod interaction;
 mod relay;
