@@ -7,7 +7,9 @@
 //! holds also accumulate here as the running step's partial output, so a watcher that
 //! subscribes mid-turn gets exactly the text so far plus everything after it.
 //!
-//! Events this replica itself appended for a turn (a worker's steps and ends) are also kept
+//! Events this replica itself appended for a turn (`turn.started`, a worker's steps, tool
+//! status changes, plans and ends; their notices go out only for other replicas' watchers,
+//! see [`Hub::committed`] and [`Hub::failed`]) are also kept
 //! here for a moment, as the append statement returned them: a local watcher whose cursor
 //! is right before them sends them from here instead of reading them back from the
 //! database. It takes only an unbroken run that starts right after its cursor, so it still
@@ -165,6 +167,24 @@ impl Hub {
             hub: self,
             session_id: session_id.to_string(),
         })
+    }
+
+    /// Whether an event holding `bytes` of row text can be kept for the local watchers
+    /// ([`Hub::committed`]): a larger one is left for them to read, so it need not be returned
+    /// by its append.
+    pub fn keeps(&self, bytes: usize) -> bool {
+        bytes <= RECENT_BYTES
+    }
+
+    /// An append that wakes the local watchers itself (its notice only for other replicas')
+    /// failed with `e`. An error the store decided (a code) wrote nothing; any other (a lost
+    /// connection, an answer that did not read) may have come after its `COMMIT` went out,
+    /// so the local watchers read what is there rather than wait for their safety read.
+    pub fn failed(&self, append: Option<Appending<'_>>, session_id: &str, e: &berth_store::StoreError) {
+        drop(append);
+        if !matches!(e, berth_store::StoreError::Code(_)) {
+            self.event(session_id, 0);
+        }
     }
 
     /// Events this replica committed (in sequence order, `sequence` the last), as the append
@@ -432,6 +452,24 @@ mod tests {
         hub.event("ses", 9);
         hub.committed(append, "ses", vec![event(8, 10)], 8);
         assert_eq!(sub.events.borrow().sequence, 9, "the newest of both");
+    }
+
+    /// A failed append whose notice would have gone to other replicas only: an error the
+    /// store decided wrote nothing and wakes nobody; any other may have committed, and the
+    /// local watchers are poked to read.
+    #[test]
+    fn a_failed_append_that_may_have_committed_pokes_the_local_watchers() {
+        let hub = Hub::default();
+        let sub = hub.subscribe("ses");
+        let decided = berth_store::StoreError::Code(berth_protocol::ErrorCode::TurnNotRunning);
+        hub.failed(hub.appending("ses"), "ses", &decided);
+        assert_eq!(sub.events.borrow().pokes, 0, "nothing was written");
+        let unknown = berth_store::StoreError::Other(anyhow::anyhow!("connection lost after COMMIT"));
+        hub.failed(hub.appending("ses"), "ses", &unknown);
+        assert_eq!(sub.events.borrow().pokes, 1, "the watchers read what is there");
+        let append = hub.appending("ses");
+        hub.committed(append, "ses", vec![event(3, 10)], 3);
+        assert_eq!(sub.events.borrow().sequence, 3, "later appends are kept as before");
     }
 
     #[test]

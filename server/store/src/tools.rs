@@ -325,8 +325,10 @@ impl Store {
 }
 
 /// `append` (the transaction's last statements, ending with [`crate::history::APPEND_SQL`];
-/// not polled yet) sent together with `tx`'s `COMMIT`: one wait. An error in any of them
-/// fails the whole (PostgreSQL then answers the `COMMIT` with a rollback).
+/// not polled yet) sent together with `tx`'s `COMMIT`: one wait. An error PostgreSQL raises
+/// in any of them fails the whole (it then answers the `COMMIT` with a rollback); an error
+/// after the `COMMIT` went out (a lost connection, an answer that does not read) leaves the
+/// outcome unknown, and the API tier's watchers then read (`Hub::failed`).
 async fn append_and_commit(
     tx: crate::Begun<'_>,
     append: impl std::future::Future<Output = Result<(i64, Vec<EventRecord>)>>,

@@ -246,7 +246,7 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
         workers: &workers,
         default_model: ctx.state.config.model.model.as_deref(),
     };
-    let admitted = ctx
+    let admitted = match ctx
         .state
         .store
         .admit(
@@ -257,7 +257,14 @@ pub async fn send(ctx: Ctx, p: SessionSendParams) -> ApiResult<SessionSendResult
             ctx.op.as_ref(),
             Some(&from),
         )
-        .await?;
+        .await
+    {
+        Ok(admitted) => admitted,
+        Err(e) => {
+            ctx.state.hub.failed(append, &p.session_id, &e);
+            return Err(e.into());
+        }
+    };
     let r = admitted.result;
     // Without events (a queued prompt) the watchers read what was written, woken by its
     // notice once the guard is gone.

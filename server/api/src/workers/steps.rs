@@ -48,7 +48,14 @@ impl TurnTask {
         self.live.step += 1;
         self.live.text = 0;
         self.live.thinking = 0;
-        let (seq, events) = r.inspect_err(|_| self.usage.restore(metered))?;
+        let (seq, events) = match r {
+            Ok(written) => written,
+            Err(e) => {
+                self.usage.restore(metered);
+                conn.state.hub.failed(append, &self.live.session, &e);
+                return Err(e.into());
+            }
+        };
         // Local watchers wake now, not when this replica hears its own NOTIFY back.
         conn.state.hub.committed(append, &self.live.session, events, seq);
         conn.state.metrics.events_appended.inc();
@@ -108,7 +115,10 @@ impl TurnTask {
             // Not settled (a database error, or an end refused as malformed): the turn still
             // runs here, and the worker's next `turn.end` must still reach this task (nor may
             // the connection's claimer take it for a turn never sent out).
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                conn.state.hub.failed(append, &self.live.session, &e);
+                return Err(e.into());
+            }
         };
         // The end's own NOTIFY wakes a claim only for the session's next queued turn; a slot
         // freed on a full connection is this replica's to hand out.

@@ -82,7 +82,13 @@ impl TurnTask {
             let local = guard.is_some();
             (guard, append(Some(conn.state.config.replica_id.as_str()), local).await)
         };
-        let (seq, events) = r?;
+        let (seq, events) = match r {
+            Ok(written) => written,
+            Err(e) => {
+                conn.state.hub.failed(guard, &self.live.session, &e);
+                return Err(e.into());
+            }
+        };
         conn.state.hub.committed(guard, &self.live.session, events, seq);
         conn.state.metrics.events_appended.inc();
         Ok(json!({"sequence": seq}))
@@ -114,7 +120,10 @@ impl TurnTask {
             }
             wp::TURN_TOOL_ENDED => {
                 let e: TurnToolEnded = params(p)?;
+                // An output too large for the hub to keep is not returned by the append.
+                let keeps = conn.state.hub.keeps(e.output.len());
                 self.appended(|replica, local| {
+                    let local = local && keeps;
                     store.tool_ended(
                         id, tenant, turn, e.position, &e.call_id, e.status, &e.output, replica, local,
                     )
