@@ -116,6 +116,16 @@ pub fn metric(metrics: &str, name: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// From a replica's metrics: the `berth_events` notices it received, and the events its
+/// watchers were sent as an append of its own wrote them (not read back).
+pub fn event_notices_and_appends(metrics: &str) -> (u64, u64) {
+    let m = |name: &str| metric(metrics, name).unwrap_or(0);
+    (
+        m("berth_db_notices_total{channel=\"berth_events\"}"),
+        m("berth_watch_events_total{source=\"append\"}"),
+    )
+}
+
 /// The wall-clock time in µs since the Unix epoch, as Berth's TRACE events of live output
 /// carry it.
 pub fn wall_us() -> u64 {

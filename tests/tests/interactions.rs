@@ -964,14 +964,7 @@ async fn tool_events_reach_the_workers_replicas_watchers_as_written_without_a_no
     w.until(3, |e| e["sequence"].as_i64() == Some(call_seq))
         .await
         .expect("the step reaches the watch");
-    let counts = |metrics: &str| {
-        let m = |name: &str| berth_e2e::harness::metric(metrics, name).unwrap_or(0);
-        (
-            m("berth_db_notices_total{channel=\"berth_events\"}"),
-            m("berth_watch_events_total{source=\"append\"}"),
-        )
-    };
-    let (notices, appended) = counts(&stack.servers[0].metrics().await);
+    let (notices, appended) = berth_e2e::harness::event_notices_and_appends(&stack.servers[0].metrics().await);
     for (method, params) in tool_call_events(&turn, call_seq) {
         let seq = result(worker.call(method, params).await)["sequence"].as_i64().unwrap();
         let items = w
@@ -980,7 +973,8 @@ async fn tool_events_reach_the_workers_replicas_watchers_as_written_without_a_no
             .unwrap_or_else(|| panic!("{method}'s event reached the watch at once"));
         assert_eq!(items.last().unwrap()["sequence"], seq, "{method}: {items:?}");
     }
-    let (notices_after, appended_after) = counts(&stack.servers[0].metrics().await);
+    let (notices_after, appended_after) =
+        berth_e2e::harness::event_notices_and_appends(&stack.servers[0].metrics().await);
     assert_eq!(notices_after, notices, "no notice: no other replica watches");
     assert_eq!(appended_after - appended, 3, "each event sent as its append wrote it");
     let last = events(&mut a, &sid).await;

@@ -726,14 +726,7 @@ async fn a_turn_watched_only_where_it_runs_sends_no_event_notice() {
         .until(10, |e| e["type"] == "session.created")
         .await
         .expect("the watch catches up");
-    let counts = |metrics: &str| {
-        let m = |name: &str| metric(metrics, name).unwrap_or(0);
-        (
-            m("berth_db_notices_total{channel=\"berth_events\"}"),
-            m("berth_watch_events_total{source=\"append\"}"),
-        )
-    };
-    let (notices, appended) = counts(&stack.servers[0].metrics().await);
+    let (notices, appended) = berth_e2e::harness::event_notices_and_appends(&stack.servers[0].metrics().await);
     mock.push(Reply::text(&["one", " two"]));
     a.ok("session.send", json!({"sessionId": sid, "prompt": "first"})).await;
     let items = watch.until(20, is_turn_end).await.expect("the turn ends");
@@ -743,7 +736,8 @@ async fn a_turn_watched_only_where_it_runs_sends_no_event_notice() {
         .map(|e| e["type"].as_str().unwrap())
         .collect();
     assert_eq!(events, ["turn.started", "model.completed", "turn.ended"]);
-    let (notices_after, appended_after) = counts(&stack.servers[0].metrics().await);
+    let (notices_after, appended_after) =
+        berth_e2e::harness::event_notices_and_appends(&stack.servers[0].metrics().await);
     assert_eq!(notices_after, notices, "no event notice");
     assert_eq!(appended_after - appended, 3, "each event sent as its append wrote it");
 }
