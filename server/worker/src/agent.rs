@@ -119,6 +119,8 @@ async fn steps(
     let mut conv = conversation(&system, history?, &attachments);
     // A compaction only ever moves forward: one that did not help is not asked for again.
     let mut compacted_to: Option<Position> = None;
+    // Every call id the turn's steps used so far (see `unique_in_turn`).
+    let mut call_ids = std::collections::HashSet::new();
     for step in 0..=config.max_steps {
         // Past the limit: one last step to summarise, its tool calls not run.
         let last = step == config.max_steps;
@@ -149,6 +151,7 @@ async fn steps(
         if last {
             completion.tool_calls.clear();
         }
+        unique_in_turn(&mut completion.tool_calls, &mut call_ids, step);
         let (rows, first_call) = step_rows(&completion);
         if completion.tool_calls.is_empty() && t.link.end_carries_step {
             // The last step: stored with `turn.ended`, in one commit.
@@ -179,6 +182,27 @@ async fn steps(
         }
     }
     Err(Halt::Failed(cause(CauseCode::StepLimit)))
+}
+
+/// A call id names one call for its whole turn: the server answers an approval asked again
+/// under the same id (a retry) with its first answer, and a delegate call with its first
+/// child. So a call whose id an earlier step of the turn used (a model writing its own ids,
+/// a provider sending none, whose calls the stream names `call_0`, … in every step) gets a
+/// fresh one before anything is stored or asked, and the model sees it so from then on.
+fn unique_in_turn(calls: &mut [ToolCall], used: &mut std::collections::HashSet<String>, step: u32) {
+    for call in calls {
+        let mut n = 0u32;
+        while used.contains(&call.id) {
+            n += 1;
+            // Within the server's 200 bytes for an id, cut at a character boundary.
+            let mut base = call.id.split('~').next().unwrap_or_default().to_string();
+            while base.len() > 150 {
+                base.pop();
+            }
+            call.id = format!("{base}~{step}.{n}");
+        }
+        used.insert(call.id.clone());
+    }
 }
 
 /// The notice of a turn that reached its step limit (and its cause, were it to fail there).
@@ -465,4 +489,42 @@ async fn call_tool(
     };
     t.tool_ended(position, &call.id, status, outcome.output.clone()).await?;
     Ok(outcome.output)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn calls(ids: &[&str]) -> Vec<ToolCall> {
+        ids.iter()
+            .map(|id| ToolCall {
+                id: id.to_string(),
+                name: "shell".into(),
+                arguments: "{}".into(),
+            })
+            .collect()
+    }
+
+    /// A later step's call never reuses an id of the turn (its approval or its delegate
+    /// child would be the earlier call's), however the model or provider named it.
+    #[test]
+    fn call_ids_are_unique_within_a_turn() {
+        let mut used = std::collections::HashSet::new();
+        let mut first = calls(&["call_0", "call_1"]);
+        unique_in_turn(&mut first, &mut used, 0);
+        assert_eq!(first[0].id, "call_0", "a fresh id is kept");
+        let mut second = calls(&["call_0", "call_9"]);
+        unique_in_turn(&mut second, &mut used, 1);
+        assert_eq!(second[0].id, "call_0~1.1");
+        assert_eq!(second[1].id, "call_9");
+        let mut third = calls(&["call_0~1.1", "call_0"]);
+        unique_in_turn(&mut third, &mut used, 2);
+        assert_eq!(third[0].id, "call_0~2.1");
+        assert_eq!(third[1].id, "call_0~2.2");
+        let long = "é".repeat(150);
+        let mut fourth = calls(&[&long, &long]);
+        unique_in_turn(&mut fourth, &mut used, 3);
+        assert!(fourth[1].id.len() <= 200 && fourth[1].id.ends_with("~3.1"));
+        assert_eq!(used.len(), 8, "every id distinct");
+    }
 }
