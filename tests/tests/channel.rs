@@ -74,6 +74,9 @@ async fn a_channel_sessions_model_attaches_a_file_that_comes_back_with_its_reply
     let outside = berth_e2e::harness::scratch_dir("outside");
     std::fs::write(outside.join("secret"), "SECRET").unwrap();
     std::os::unix::fs::symlink(outside.join("secret"), ws.join("link")).unwrap();
+    // A repository's internals are not sent either (its configuration may hold credentials).
+    std::fs::create_dir_all(ws.join(".git")).unwrap();
+    std::fs::write(ws.join(".git/token-note"), "SECRET").unwrap();
 
     let channel = "slack #ops";
     let snap = c
@@ -101,6 +104,7 @@ async fn a_channel_sessions_model_attaches_a_file_that_comes_back_with_its_reply
         ("a2", "attach_file", json!({"path": "../x"})),
         ("a3", "attach_file", json!({"path": "/etc/passwd", "name": "passwd"})),
         ("a4", "attach_file", json!({"path": "link"})),
+        ("a5", "attach_file", json!({"path": ".git/token-note"})),
     ];
     mock.push(Reply::tools(&calls, 32));
     mock.push(Reply::text(&["Here is ", "the report."]));
@@ -125,13 +129,18 @@ async fn a_channel_sessions_model_attaches_a_file_that_comes_back_with_its_reply
         .filter(|e| e["type"] == "tool.ended")
         .map(|e| &e["rows"][0])
         .collect();
-    assert_eq!(results.len(), 4);
+    assert_eq!(results.len(), 5);
     assert_eq!(results[0]["tool"]["status"], "completed", "{}", results[0]);
     assert!(results[0]["body"].as_str().unwrap().contains("report.bin"));
-    for r in &results[1..] {
+    for (i, r) in results[1..].iter().enumerate() {
         assert_eq!(r["tool"]["status"], "failed", "{r}");
         let body = r["body"].as_str().unwrap();
-        assert!(body.contains("outside the workspace"), "{body}");
+        let why = if i < 3 {
+            "outside the workspace"
+        } else {
+            "not sent out of the workspace"
+        };
+        assert!(body.contains(why), "{body}");
         assert!(!body.contains("SECRET") && !body.contains("root:"), "{body}");
     }
 
@@ -203,6 +212,58 @@ async fn a_channel_sessions_model_attaches_a_file_that_comes_back_with_its_reply
         .await;
     let forked = c.ok("session.get", json!({"sessionId": fork["sessionId"]})).await;
     assert_eq!(forked["channel"], channel, "{forked}");
+}
+
+/// `attach_file` needs no approval, so what one turn stores is bounded by the server: a
+/// turn's model attaches at most as many files as a prompt carries (32); past that, the
+/// server refuses the file (`payload-too-large`) before taking its bytes, and the model
+/// reads why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_attaches_a_bounded_number_of_files() {
+    let mock = MockProvider::start().await;
+    let objects = tempfile::tempdir().expect("tempdir");
+    let store = format!("file://{}", objects.path().display());
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_OBJECT_STORE", store.as_str())]).await;
+    let mut c = stack.client(0).await;
+    std::fs::write(stack.workspace_dir.join("note.txt"), "note").unwrap();
+    let snap = c
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "channel": "slack #ops"}),
+        )
+        .await;
+    let sid = snap["sessionId"].as_str().unwrap().to_string();
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let ids: Vec<String> = (0..=berth_protocol::MAX_ATTACHMENTS_PER_TURN)
+        .map(|i| format!("a{i}"))
+        .collect();
+    let calls: Vec<(&str, &str, Value)> = ids
+        .iter()
+        .map(|id| (id.as_str(), "attach_file", json!({"path": "note.txt"})))
+        .collect();
+    mock.push(Reply::tools(&calls, 32));
+    mock.push(Reply::text(&["Sent."]));
+    let events = turn(&mut c, &mut watch, &sid, "Send the note, many times").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let statuses: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "tool.ended")
+        .map(|e| e["rows"][0]["tool"]["status"].as_str().unwrap())
+        .collect();
+    let max = berth_protocol::MAX_ATTACHMENTS_PER_TURN;
+    assert_eq!(statuses.len(), max + 1);
+    assert!(statuses[..max].iter().all(|s| *s == "completed"), "{statuses:?}");
+    let last = events.iter().rfind(|e| e["type"] == "tool.ended").unwrap();
+    assert_eq!(last["rows"][0]["tool"]["status"], "failed");
+    let body = last["rows"][0]["body"].as_str().unwrap();
+    assert!(body.contains("payload-too-large"), "{body}");
+    let reply = events
+        .iter()
+        .filter(|e| e["type"] == "model.completed")
+        .flat_map(|e| e["rows"].as_array().unwrap())
+        .next_back()
+        .expect("reply");
+    assert_eq!(reply["attachments"].as_array().map(Vec::len), Some(max), "{reply}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

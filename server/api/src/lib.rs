@@ -86,6 +86,8 @@ pub struct App {
     pub request_limiter: auth::KeyedLimiter,
     /// Password verifications running at once (argon2id is memory- and CPU-heavy).
     pub password_checks: Arc<tokio::sync::Semaphore>,
+    /// Files workers attach, held in memory at once ([`rpc::upload::WORKER_ATTACH_BODIES`]).
+    pub worker_attach_bodies: Arc<tokio::sync::Semaphore>,
     /// Per-tenant limits of the model proxy.
     pub proxy: proxy::ProxyLimits,
     /// Object storage (attachment bytes).
@@ -175,6 +177,7 @@ pub async fn serve(
             refill_every: Duration::from_secs(1) / config_rate.max(1),
         }),
         password_checks,
+        worker_attach_bodies: Arc::new(tokio::sync::Semaphore::new(rpc::upload::WORKER_ATTACH_BODIES)),
         proxy,
         blobs,
         cluster,

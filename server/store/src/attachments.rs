@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use berth_protocol::{ErrorCode, RowAttachment, worker::AttachmentMeta};
+use berth_protocol::{ErrorCode, MAX_ATTACHMENTS_PER_TURN, RowAttachment, worker::AttachmentMeta};
 use deadpool_postgres::GenericClient;
 
 use crate::{Cached, Principal, Result, Store, StoreError, not_found, tenant_tx, workspaces::PRESENCE_TTL};
@@ -26,6 +26,19 @@ pub struct NewAttachment {
 pub struct StoredAttachment {
     pub meta: AttachmentMeta,
     pub object_key: String,
+}
+
+/// How many files turn `$1` of tenant `$2` attached so far.
+const ATTACHED_SQL: &str = "(SELECT count(*) FROM attachments x WHERE x.turn_id = $1 AND x.tenant_id = $2)";
+
+/// A turn's model attaches at most [`MAX_ATTACHMENTS_PER_TURN`] files to its replies, as a
+/// prompt carries at most that many: past it, `payload-too-large` (the tool needs no
+/// approval, so nothing else bounds what one turn stores).
+fn within_reply_limit(attached: i64) -> Result<()> {
+    if attached >= MAX_ATTACHMENTS_PER_TURN as i64 {
+        return Err(StoreError::Code(ErrorCode::PayloadTooLarge));
+    }
+    Ok(())
 }
 
 impl Store {
@@ -168,7 +181,7 @@ impl Store {
         let row = tx
             .qo(
                 &format!(
-                    "SELECT r.session_id FROM ({}) r JOIN sessions s ON s.id = r.session_id
+                    "SELECT r.session_id, {ATTACHED_SQL} FROM ({}) r JOIN sessions s ON s.id = r.session_id
                       WHERE s.channel IS NOT NULL AND s.removed_at IS NULL",
                     running_for_worker()
                 ),
@@ -176,7 +189,9 @@ impl Store {
             )
             .await?;
         tx.commit().await?;
-        row.map(|r| r.get(0)).ok_or(StoreError::Code(ErrorCode::TurnNotRunning))
+        let row = row.ok_or(StoreError::Code(ErrorCode::TurnNotRunning))?;
+        within_reply_limit(row.get(1))?;
+        Ok(row.get(0))
     }
 
     /// Record a file the model of `turn_id` attached (its bytes already stored under
@@ -185,6 +200,15 @@ impl Store {
     pub async fn insert_worker_attachment(&self, worker: &Principal, turn_id: &str, a: &NewAttachment) -> Result<()> {
         let mut client = self.pool.get().await?;
         let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
+        // The turn's files are counted and inserted one at a time (a lock of the turn's own,
+        // not a row lock: a writer of the turn takes its session's row first).
+        let attached = tx
+            .q1(
+                &format!("SELECT pg_advisory_xact_lock(hashtext('attach:' || $1)), {ATTACHED_SQL}"),
+                &[&turn_id, &worker.tenant_id],
+            )
+            .await?;
+        within_reply_limit(attached.get(1))?;
         let bytes = i64::try_from(a.bytes).unwrap_or(i64::MAX);
         let n = tx
             .ex(

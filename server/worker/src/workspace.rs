@@ -59,6 +59,9 @@ pub(crate) const PRIVATE_DIR: &str = ".berth";
 enum Access {
     Read,
     Write,
+    /// Read to be sent out of the workspace (`attach_file`): a repository's internals (its
+    /// configuration may hold credentials) are not, as they are not opened for clients.
+    Send,
 }
 
 /// Why the model may not do `access` to the relative path `rel` (lexically normalized), if
@@ -70,8 +73,12 @@ fn refused(rel: &Path, access: Access) -> Option<&'static str> {
         if is(c, PRIVATE_DIR) {
             return Some("Berth's private state (.berth/) is not open to tools");
         }
-        if access == Access::Write && is(c, ".git") {
-            return Some("repository internals (.git) are not written by tools");
+        if is(c, ".git") {
+            match access {
+                Access::Read => {}
+                Access::Write => return Some("repository internals (.git) are not written by tools"),
+                Access::Send => return Some("repository internals (.git) are not sent out of the workspace"),
+            }
         }
     }
     None
@@ -88,7 +95,7 @@ fn open_nonblocking(dir: &Dir, rel: &Path, access: Access) -> io::Result<std::fs
     use cap_std::fs::OpenOptionsExt;
     let mut options = cap_std::fs::OpenOptions::new();
     match access {
-        Access::Read => options.read(true),
+        Access::Read | Access::Send => options.read(true),
         Access::Write => options.write(true),
     };
     options.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
@@ -233,6 +240,15 @@ impl Workspace {
     /// Read at most `max` bytes of a file for the model (`None` if it is longer).
     pub(crate) fn read_bounded(&self, path: &str, max: u64) -> Result<Option<Vec<u8>>, PathError> {
         read_at_most(path, self.open_file(path)?, max)
+    }
+
+    /// [`Workspace::read_bounded`] of a file the model sends out of the workspace
+    /// (`attach_file`): never one that is, or really lies, in a `.git` or `.berth`.
+    pub(crate) fn read_to_send(&self, path: &str, max: u64) -> Result<Option<Vec<u8>>, PathError> {
+        let rel = self.relative(path)?;
+        self.guard(path, &rel, Access::Send)?;
+        let file = open_nonblocking(&self.dir, &rel, Access::Send).map_err(|e| fs_error(path, &e))?;
+        read_at_most(path, self.regular_file(path, file, Access::Send)?, max)
     }
 
     /// Berth's own read of its file `path` under `.berth/` (a skill, the MCP configuration):
@@ -703,6 +719,21 @@ mod tests {
         assert!(!root.join(".git/hooks/post-checkout").exists());
         // Git's files are still readable, and ordinary files writable.
         assert_eq!(read(&w, ".git/config").unwrap(), "[core]");
+        // But neither they nor Berth's are sent out of the workspace (`attach_file`), by any
+        // name.
+        for p in [
+            ".git/config",
+            "./.GIT/config",
+            "gitdir/config",
+            "config-link",
+            "vendor/lib/.git/../.git/config",
+            "token-link",
+            ".berth/run/token",
+        ] {
+            assert!(w.read_to_send(p, 100).is_err(), "{p}");
+        }
+        w.write("sub/send.txt", b"ok").unwrap();
+        assert_eq!(w.read_to_send("sub/send.txt", 100).unwrap().unwrap(), b"ok");
         w.write("sub/new.txt", b"ok").unwrap();
         w.write("top.txt", b"ok").unwrap();
         assert_eq!(read(&w, "sub/new.txt").unwrap(), "ok");

@@ -323,10 +323,20 @@ pub async fn worker_fetch(State(state): State<AppState>, headers: HeaderMap, Que
         .into_response()
 }
 
+/// Files workers attach that one replica holds in memory at once (each at most the
+/// attachment limit); past them a file is refused `rate-limited` (the model reads why and may
+/// try again).
+pub const WORKER_ATTACH_BODIES: usize = 4;
+
+/// How long an attached file's bytes may take to arrive.
+const WORKER_ATTACH_READ: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// `POST /v1/worker/attachments`: a file the model of a channel session's running turn
 /// attached (`attach_file`), from the worker the turn was handed to. Checked like an upload
 /// (size limit, name and type, the digest the worker computed), stored in object storage,
-/// then recorded as an attachment of the session produced by the turn.
+/// then recorded as an attachment of the session produced by the turn. At most
+/// [`MAX_ATTACHMENTS_PER_TURN`](berth_protocol::MAX_ATTACHMENTS_PER_TURN) a turn, and at most
+/// [`WORKER_ATTACH_BODIES`] held at once by this replica.
 pub async fn worker_attach(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -361,9 +371,16 @@ pub async fn worker_attach(
     if let Err(e) = store.worker_attach_session(&principal, turn_id).await {
         return store_refusal(e);
     }
+    // A worker's machine may be compromised: what its files hold in this replica's memory is
+    // bounded, and a body that does not come is not waited for.
+    let Ok(_held) = state.worker_attach_bodies.clone().try_acquire_owned() else {
+        return refuse(StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited.as_str());
+    };
     let max = state.config.max_attachment_bytes;
-    let Ok(data) = axum::body::to_bytes(body, max).await else {
-        return refuse(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge.as_str());
+    let data = match tokio::time::timeout(WORKER_ATTACH_READ, axum::body::to_bytes(body, max)).await {
+        Ok(Ok(data)) => data,
+        Ok(Err(_)) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge.as_str()),
+        Err(_) => return refuse(StatusCode::REQUEST_TIMEOUT, ErrorCode::Unavailable.as_str()),
     };
     let (data, sha256) = match tokio::task::spawn_blocking(move || {
         let hex: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();

@@ -1,8 +1,8 @@
 //! `attach_file`, the tool of a channel session's model (SPEC §4.3 `channel`): a workspace
 //! file goes to the API tier, which stores it as an attachment of the session; the turn's
 //! reply row names it, so the file reaches the chat reader with the answer. The path is
-//! confined by `workspace.rs` like every other tool's; the size by the server's attachment
-//! limit (read at most one byte past it). A refusal is a tool error the model reads.
+//! confined by `workspace.rs` like every other tool's, and a repository's internals (`.git`)
+//! are not sent; the size by the server's attachment limit (read at most one byte past it). A refusal is a tool error the model reads.
 
 use std::sync::Arc;
 
@@ -62,7 +62,7 @@ pub(crate) async fn run(t: &TurnLink, ws: Arc<Workspace>, max: u64, arguments: &
     }
     let path = a.path.clone();
     let read = tokio::task::spawn_blocking(move || {
-        let data = ws.read_bounded(&path, max)?;
+        let data = ws.read_to_send(&path, max)?;
         Ok::<_, crate::workspace::PathError>(data.map(|d| {
             let sha256 = crate::attachments::hex(&Sha256::digest(&d));
             (d, sha256)
