@@ -237,7 +237,10 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
         json!({
             "missing": {"command": "/nonexistent/berth-no-such-mcp-server"},
             "quits": {"command": SERVER, "env": {"ESCAPEE": escapee_file.display().to_string(), "QUIT": "1"}},
-            "works": {"command": SERVER}
+            "works": {"command": SERVER},
+            // Two servers whose tools meet in one offered name (`mcp__a___b`).
+            "a": {"command": SERVER, "env": {"TOOL_NAME": "_b"}},
+            "a_": {"command": SERVER, "env": {"TOOL_NAME": "b"}}
         }),
     );
     // A workspace file that is not JSON at all.
@@ -280,6 +283,8 @@ async fn a_broken_mcp_server_is_a_notice_and_a_diagnostic_and_the_turn_completes
     let tools = offered(&mock, 0);
     assert!(tools.contains(&"mcp__works__echo".to_string()), "{tools:?}");
     assert!(!tools.iter().any(|t| t.starts_with("mcp__missing__")), "{tools:?}");
+    // A name two servers' tools meet in is offered once, for one of them only.
+    assert_eq!(tools.iter().filter(|t| *t == "mcp__a___b").count(), 1, "{tools:?}");
 
     let d = c.ok("session.diagnostics", json!({"sessionId": sid})).await;
     let causes: Vec<&Value> = d["diagnostics"]

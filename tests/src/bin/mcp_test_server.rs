@@ -10,7 +10,8 @@
 //! any handshake (a server that fails to start), with `HANG` set it never answers one (a
 //! server that never starts). With `--http` it serves streamable HTTP instead
 //! (rmcp's server side) on a free local port, printing its URL as the first line of stdout;
-//! with `REQUIRE_HEADER=name:value` every request without that header is refused (401).
+//! with `REQUIRE_HEADER=name:value` every request without that header is refused (401). Over
+//! stdio, `TOOL_NAME` names the tool in place of `echo`.
 
 use std::io::{BufRead, Write};
 
@@ -67,6 +68,7 @@ fn main() {
 }
 
 fn stdio() {
+    let tool = std::env::var("TOOL_NAME").unwrap_or_else(|_| "echo".into());
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
@@ -85,11 +87,11 @@ fn stdio() {
                 "serverInfo": {"name": "berth-mcp-test-server", "version": "1.0.0"}
             }}),
             "tools/list" => json!({"jsonrpc": "2.0", "id": id, "result": {"tools": [{
-                "name": "echo",
+                "name": tool,
                 "description": DESCRIPTION,
                 "inputSchema": schema(),
             }]}}),
-            "tools/call" if msg["params"]["name"] == "echo" => {
+            "tools/call" if msg["params"]["name"] == tool.as_str() => {
                 let text = msg["params"]["arguments"]["text"].as_str().unwrap_or_default();
                 json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": echo(text)}], "isError": false}})
             }

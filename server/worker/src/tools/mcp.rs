@@ -206,6 +206,8 @@ impl Problem {
 /// One connected server.
 struct Server {
     name: String,
+    /// Reached over HTTP (its URL and headers may hold secrets), not started over stdio.
+    http: bool,
     service: RunningService<RoleClient, ()>,
     /// A stdio server's mark: what it started is killed when the server is let go, the
     /// processes that left its group too (dropped after `service`).
@@ -317,7 +319,11 @@ impl Mcp {
             let mut cut = false;
             for tool in tools {
                 let offered = format!("{PREFIX}{name}__{}", tool.name);
-                let usable = offered.len() <= NAME_MAX
+                // Two servers' tools may meet in one name (`a_` + `b`, `a` + `_b`): neither
+                // runs under it for the other (the first keeps it).
+                let taken = mcp.tools.iter().any(|t| t.name == offered);
+                let usable = !taken
+                    && offered.len() <= NAME_MAX
                     && offered
                         .bytes()
                         .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
@@ -344,6 +350,7 @@ impl Mcp {
             }
             mcp.servers.push(Server {
                 name,
+                http: marked.is_none(),
                 service,
                 _marked: marked,
             });
@@ -403,7 +410,13 @@ impl Mcp {
         match result {
             Ok(Ok(r)) => self.outcome(r),
             Ok(Err(e)) => {
-                tracing::info!(mcp.server = %server.name, error = %e, "MCP tool call failed");
+                // An HTTP server's URL and headers may hold secrets, and its errors may quote
+                // them: only a stdio server's error text is logged.
+                if server.http {
+                    tracing::info!(mcp.server = %server.name, "MCP tool call failed");
+                } else {
+                    tracing::info!(mcp.server = %server.name, error = %e, "MCP tool call failed");
+                }
                 Outcome::error(format!("the MCP server {} failed to answer the call", server.name))
             }
             Err(_) => Outcome::error(format!(
@@ -528,7 +541,12 @@ async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'
     match service.peer().list_all_tools().await {
         Ok(tools) => Ok((service, tools, marked)),
         Err(e) => {
-            tracing::warn!(mcp.server = %name, error = %e, "the MCP server did not list its tools");
+            // As at the handshake, an HTTP server's error text is not logged.
+            if marked.is_some() {
+                tracing::warn!(mcp.server = %name, error = %e, "the MCP server did not list its tools");
+            } else {
+                tracing::warn!(mcp.server = %name, "the MCP server did not list its tools");
+            }
             let _ = service.cancel().await;
             Err("start-failed")
         }
