@@ -847,7 +847,8 @@ async fn a_child_auto_runs_only_the_tools_its_parent_could() {
     );
 
     // A session that auto-approves, with an agent that may only read and delegate: its
-    // delegate's child (every tool, no agent) asks.
+    // delegate's child has the same agent, so it gets no tool its parent's definition leaves
+    // out (`shell` is not offered, and its call does not run).
     let reader = c
         .ok(
             "agent.save",
@@ -878,15 +879,30 @@ async fn a_child_auto_runs_only_the_tools_its_parent_could() {
     let mut pw = c.subscribe("session.watch", json!({"sessionId": parent, "after": 0}));
     c.ok("session.send", json!({"sessionId": parent, "prompt": "Hand off"}))
         .await;
-    let (_, interaction) = pending_in_child(&stack, 0, &parent).await;
-    c.ok(
-        "session.respond",
-        json!({"interactionId": interaction, "answer": {"approved": false}}),
-    )
-    .await;
     let events = pw.until(60, is_turn_end).await.expect("the parent ends");
     assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
     assert!(!stack.workspace_dir.join("delegated.txt").exists());
+    let kids = children(&mut c, &parent).await;
+    assert_eq!(
+        kids[0]["agentId"], reader["agentId"],
+        "the child has its parent's agent"
+    );
+    let asked = mock
+        .requests()
+        .into_iter()
+        .filter(|r| r.to_string().contains("Task delegated: run"))
+        .collect::<Vec<_>>();
+    assert!(!asked.is_empty());
+    for r in &asked {
+        let tools: Vec<&str> = r["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .collect();
+        assert!(!tools.contains(&"shell"), "{tools:?}");
+        assert!(tools.contains(&"read_file"), "{tools:?}");
+    }
 }
 
 /// The first child of coordinator `sid` with a pending interaction, and that interaction,

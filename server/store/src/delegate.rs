@@ -58,7 +58,7 @@ impl Store {
                             ", (SELECT count(*) FROM sessions c WHERE c.tenant_id = $2 AND c.parent_turn_id = $3)",
                             ", s.provider, s.base_url, ",
                             child_auto_approve_within!(),
-                            " FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id WHERE s.id = $1"
+                            ", s.agent_id FROM sessions s LEFT JOIN agents a ON a.id = s.agent_id WHERE s.id = $1"
                         ),
                         &[&parent, &tenant_id, &turn_id],
                     )
@@ -75,8 +75,8 @@ impl Store {
                 tx.ex(
                     "INSERT INTO sessions (id, tenant_id, workspace_id, title, model, no_tools, auto_approve,
                                            parent_id, parent_turn_id, parent_call_id, delegation_depth,
-                                           may_auto_approve, provider, base_url, auto_approve_within)
-                     VALUES ($1, $2, $3, '', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                                           may_auto_approve, provider, base_url, auto_approve_within, agent_id)
+                     VALUES ($1, $2, $3, '', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
                     &[
                         &child,
                         &tenant_id,
@@ -96,6 +96,9 @@ impl Store {
                         &s.get::<_, Option<String>>(8),
                         // Nor auto-run more tools than the parent could.
                         &s.get::<_, Option<serde_json::Value>>(9),
+                        // The parent's agent: its tools (a sub-agent gets no tool its parent's
+                        // definition leaves out), instructions and model.
+                        &s.get::<_, Option<String>>(10),
                     ],
                 )
                 .await?;
