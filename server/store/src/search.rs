@@ -23,6 +23,26 @@ const PAGE_BYTES: i64 = 4 << 20;
 const PAGE_HITS: usize = 200;
 /// The longest query accepted.
 pub const QUERY_MAX_BYTES: usize = 1024;
+/// Bytes of text one page may examine in all, counted as the matcher reads them: a
+/// whole-word query whose candidates are not whole words (`aaaa` in a run of `a`) is tried
+/// again one character on, each try reading up to the query's length, so without this a
+/// page of 4 MiB could cost billions of comparisons. Past it the page ends with a cursor
+/// where the matcher stopped.
+#[cfg(not(test))]
+const PAGE_WORK: usize = 64 << 20;
+#[cfg(test)]
+const PAGE_WORK: usize = 1 << 20;
+
+/// What [`Matcher::find_within`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Found {
+    /// A hit, as a byte range.
+    Hit(usize, usize),
+    /// No hit in the rest of the text.
+    End,
+    /// The page's work is spent: resume at this byte.
+    Spent(usize),
+}
 
 /// Letters, marks, decimal digits, connector punctuation and join controls.
 static WORD: LazyLock<Regex> =
@@ -56,21 +76,32 @@ impl Matcher {
     }
 
     /// The first hit that starts at or after byte `from` (rounded up to a character
-    /// boundary), as a byte range. Hits do not overlap: continue from the previous end.
-    pub fn find(&self, text: &str, from: usize) -> Option<(usize, usize)> {
+    /// boundary). Hits do not overlap: continue from the previous end. `work` counts the
+    /// bytes examined on the page so far; once it reaches [`PAGE_WORK`] the search stops
+    /// where it is ([`Found::Spent`]), though never before trying once.
+    pub fn find_within(&self, text: &str, from: usize, work: &mut usize) -> Found {
         let mut at = from.min(text.len());
         while !text.is_char_boundary(at) {
             at += 1;
         }
+        let mut tried = false;
         loop {
-            let m = self.re.find_at(text, at)?;
+            if tried && *work >= PAGE_WORK {
+                return Found::Spent(at);
+            }
+            tried = true;
+            let Some(m) = self.re.find_at(text, at) else {
+                *work += text.len() - at;
+                return Found::End;
+            };
+            *work += m.end() - at;
             if !self.whole_word || self.bounded(text, m.start(), m.end()) {
-                return Some((m.start(), m.end()));
+                return Found::Hit(m.start(), m.end());
             }
             // A candidate that is not a whole word may hide one that starts inside it.
             at = m.start() + text[m.start()..].chars().next().map_or(1, char::len_utf8);
             if at > text.len() {
-                return None;
+                return Found::End;
             }
         }
     }
@@ -180,6 +211,7 @@ impl Store {
             )
             .await?;
         let mut hits = Vec::new();
+        let mut work = 0;
         for r in &rows {
             let position = Position {
                 source_sequence: r.get(0),
@@ -200,7 +232,23 @@ impl Store {
                     continue;
                 }
                 let mut at = if field == start_field { start_offset } else { 0 };
-                while let Some((s, e)) = matcher.find(text, at) {
+                loop {
+                    let (s, e) = match matcher.find_within(text, at, &mut work) {
+                        Found::Hit(s, e) => (s, e),
+                        Found::End => break,
+                        // The page's work is spent: the next page resumes where it stopped.
+                        Found::Spent(at) => {
+                            return Ok(SessionSearchResult {
+                                through,
+                                hits,
+                                next_after: Some(SearchCursor {
+                                    position,
+                                    field: Some(field),
+                                    offset: Some(at as u64),
+                                }),
+                            });
+                        }
+                    };
                     if hits.len() == PAGE_HITS {
                         // Full: the next page resumes at this hit.
                         return Ok(SessionSearchResult {
@@ -259,6 +307,16 @@ mod tests {
             .collect()
     }
 
+    impl Matcher {
+        /// [`Matcher::find_within`] without a budget.
+        fn find(&self, text: &str, from: usize) -> Option<(usize, usize)> {
+            match self.find_within(text, from, &mut 0) {
+                Found::Hit(s, e) => Some((s, e)),
+                _ => None,
+            }
+        }
+    }
+
     fn hits(query: &str, text: &str, case_sensitive: bool, whole_word: bool) -> Vec<(usize, usize)> {
         let m = Matcher::new(query, case_sensitive, whole_word).expect("query");
         let mut out = Vec::new();
@@ -268,6 +326,34 @@ mod tests {
             at = e;
         }
         out
+    }
+
+    /// A whole-word query of 1 KiB of `a` over a long run of `a` (every position a
+    /// candidate, none a whole word) is bounded per page: the page stops with its work spent
+    /// where the matcher stopped, each page moves on, and the search ends with no hit.
+    #[test]
+    fn a_page_stops_when_its_work_is_spent_and_the_next_goes_on() {
+        let query = "a".repeat(QUERY_MAX_BYTES);
+        let run = 16 << 10;
+        let text = format!("{} {query}", "a".repeat(run));
+        let m = Matcher::new(&query, true, true).expect("query");
+        let (mut at, mut pages) = (0, 0);
+        let hit = loop {
+            pages += 1;
+            let mut work = 0;
+            match m.find_within(&text, at, &mut work) {
+                Found::Spent(next) => {
+                    assert!(next > at, "page {pages} moved on");
+                    assert!(work < PAGE_WORK + 2 * QUERY_MAX_BYTES, "{work}");
+                    at = next;
+                }
+                Found::Hit(s, e) => break (s, e),
+                Found::End => panic!("the whole word at the end was missed"),
+            }
+        };
+        assert_eq!(hit, (text.len() - QUERY_MAX_BYTES, text.len()));
+        let bound = run * QUERY_MAX_BYTES / PAGE_WORK + 2;
+        assert!((2..=bound).contains(&pages), "{pages} pages");
     }
 
     /// Every simple folding (statuses C and S) matches both ways, among them letters whose
