@@ -653,3 +653,35 @@ async fn an_unreadable_stored_mcp_server_is_left_out_and_the_turn_runs() {
         assert!(!tools.iter().any(|t| t.starts_with("mcp__broken__")), "{tools:?}");
     }
 }
+
+/// A server none of whose tools the session's agent could be offered is not started: a
+/// workspace's `.berth/mcp.json` names a command to run, and a session whose agent leaves
+/// its tools out runs nothing of it (one approved shell command could otherwise have planted
+/// a server that every later session of the workspace starts). An agent that names the
+/// server's tool starts it.
+#[tokio::test]
+async fn a_server_whose_tools_the_agent_could_not_be_offered_is_not_started() {
+    let mock = MockProvider::start().await;
+    let (stack, pidfile) = with_workspace_tester(&mock, json!({}), &[]).await;
+    let mut c = stack.client(0).await;
+    for (name, tools, starts) in [
+        ("reader", json!(["read_file"]), false),
+        ("echoer", json!(["read_file", "mcp__tester__echo"]), true),
+    ] {
+        let agent = c.ok("agent.save", json!({"name": name, "tools": tools})).await;
+        let s = c
+            .ok(
+                "session.create",
+                json!({"workspaceId": stack.workspace_id, "agent": agent["agentId"]}),
+            )
+            .await;
+        let sid = s["sessionId"].as_str().unwrap().to_string();
+        let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+        mock.push(Reply::text(&["done"]));
+        c.ok("session.send", json!({"sessionId": sid, "prompt": "Anything"}))
+            .await;
+        let events = watch.until(60, is_turn_end).await.expect("the turn ends");
+        assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+        assert_eq!(pidfile.exists(), starts, "{name}: the server started");
+    }
+}

@@ -62,7 +62,9 @@ pub(crate) async fn run(
     // The turn's MCP servers live as long as the turn; one that cannot be used is a notice.
     let mcp = match tools {
         Some(tools) => {
-            let (mcp, problems) = tools.connect_mcp(&run.mcp_servers, cancel).await;
+            // Only servers whose tools the agent's definition could offer are started.
+            let offerable = run.agent.as_ref().and_then(|a| a.tools.as_deref());
+            let (mcp, problems) = tools.connect_mcp(&run.mcp_servers, offerable, cancel).await;
             for p in &problems {
                 if let Err(h) = t.notice(Problem::CODE, p.params()).await {
                     mcp.shutdown().await;

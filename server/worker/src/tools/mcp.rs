@@ -234,10 +234,14 @@ impl Mcp {
     /// Connect to the configured servers — the worker's, the tenant's (`tenant`, from the
     /// turn) and the workspace's — concurrently, each within the start timeout. Returns the
     /// connected ones and what went wrong with the others.
+    /// `offerable`: the agent's tool names, when its definition names them: a server none of
+    /// whose tools could be offered is not started (a workspace's `.berth/mcp.json` names a
+    /// command to run; a session that could not use its tools runs nothing of it).
     pub(crate) async fn connect(
         config: &McpConfig,
         tenant: &[McpServerRun],
         ws: &Arc<Workspace>,
+        offerable: Option<&[String]>,
         cancel: &CancellationToken,
     ) -> (Mcp, Vec<Problem>) {
         let mut problems = Vec::new();
@@ -274,6 +278,12 @@ impl Mcp {
                 }
                 Err(reason) => problems.push(Problem { server: None, reason }),
             }
+        }
+        if let Some(names) = offerable {
+            specs.retain(|(name, _)| {
+                let prefix = format!("{PREFIX}{name}__");
+                names.iter().any(|n| n.starts_with(&prefix))
+            });
         }
         if specs.len() > config.max_servers {
             for (name, _) in specs.drain(config.max_servers..) {

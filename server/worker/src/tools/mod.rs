@@ -99,9 +99,10 @@ impl Tools {
     pub(crate) async fn connect_mcp(
         &self,
         tenant: &[berth_protocol::McpServerRun],
+        offerable: Option<&[String]>,
         cancel: &CancellationToken,
     ) -> (mcp::Mcp, Vec<mcp::Problem>) {
-        mcp::Mcp::connect(&self.mcp, tenant, &self.ws, cancel).await
+        mcp::Mcp::connect(&self.mcp, tenant, &self.ws, offerable, cancel).await
     }
 
     pub(crate) fn workspace(&self) -> &Arc<Workspace> {
