@@ -133,7 +133,9 @@ pub(crate) fn prompt_section(skills: &[SkillInfo]) -> String {
     );
     for s in skills {
         let summary: String = s.summary.chars().take(PROMPT_SUMMARY_CHARS).collect();
-        out.push_str(&format!("\n- {}: {}", s.name, summary.replace('\n', " ")));
+        // One line each: no line break of any kind (nor other control) starts another.
+        let summary = summary.replace(|c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'), " ");
+        out.push_str(&format!("\n- {}: {}", s.name, summary));
     }
     out
 }
@@ -195,6 +197,21 @@ pub(crate) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A skill's summary is one line of the system prompt, whatever line breaks it holds.
+    #[test]
+    fn a_summary_stays_on_its_line() {
+        let skill = SkillInfo {
+            name: "s".into(),
+            summary: "one\rtwo\u{2028}three\u{2029}four\nfive\u{85}six".into(),
+            source: berth_protocol::SkillSource::Tenant,
+            skill_id: None,
+        };
+        let section = prompt_section(&[skill]);
+        let line = section.lines().last().unwrap();
+        assert_eq!(line, "- s: one two three four five six");
+        assert_eq!(section.trim_start().lines().count(), 2, "{section:?}");
+    }
 
     #[test]
     fn front_matter_names_and_summarizes_else_the_directory_and_first_line() {
