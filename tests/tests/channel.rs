@@ -343,3 +343,84 @@ async fn only_channel_sessions_get_attach_file_and_channel_names_are_bounded() {
     );
     assert!(!system.contains("attach_file"), "{system}");
 }
+
+/// A worker's machine may be compromised, so the files workers attach that one replica holds
+/// in memory at once are bounded: while four bodies (`WORKER_ATTACH_BODIES`) are being read, a fifth is refused
+/// `rate-limited` at once rather than buffered; once they are gone, files are taken again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_holds_a_bounded_number_of_attached_files_at_once() {
+    use tokio::io::AsyncWriteExt;
+
+    let mock = MockProvider::start().await;
+    let objects = tempfile::tempdir().expect("tempdir");
+    let store = format!("file://{}", objects.path().display());
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_OBJECT_STORE", store.as_str())]).await;
+    let mut c = stack.client(0).await;
+    let snap = c
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "channel": "slack #ops"}),
+        )
+        .await;
+    let sid = snap["sessionId"].as_str().unwrap().to_string();
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    // The turn stays running (its answer comes late) while files are posted for it.
+    mock.push(Reply::Stream(vec![
+        berth_e2e::Part::Delay(60_000),
+        berth_e2e::Part::Text("late".into()),
+    ]));
+    let sent = c.ok("session.send", json!({"sessionId": sid, "prompt": "Wait"})).await;
+    let turn = sent["turnId"].as_str().unwrap().to_string();
+    watch
+        .until(20, |e| e["type"] == "turn.started")
+        .await
+        .expect("the turn starts");
+    berth_e2e::harness::eventually(20, || async { (!mock.requests().is_empty()).then_some(()) })
+        .await
+        .expect("the worker runs the turn (it asked the model)");
+    let addr = &stack.servers[0].addr;
+    let path = berth_protocol::worker::ATTACHMENTS_PATH;
+    let zeros = "0".repeat(64);
+    let head = |name: &str| {
+        format!(
+            "POST {path}?name={name}&mime=text%2Fplain&sha256={zeros} HTTP/1.1\r\nHost: berth\r\n\
+             Authorization: Bearer {}\r\n{}: {turn}\r\nContent-Length: 1000\r\n\r\n",
+            stack.worker_token,
+            berth_protocol::worker::MODEL_PROXY_TURN_HEADER,
+        )
+    };
+    // Four bodies that never come.
+    let mut held = Vec::new();
+    for i in 0..berth_api::WORKER_ATTACH_BODIES {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(head(&format!("held{i}")).as_bytes()).await.expect("write");
+        held.push(s);
+    }
+    let http = reqwest::Client::new();
+    let post = || {
+        http.post(format!("http://{addr}{path}"))
+            .bearer_auth(&stack.worker_token)
+            .header(berth_protocol::worker::MODEL_PROXY_TURN_HEADER, &turn)
+            .query(&[("name", "fifth"), ("mime", "text/plain"), ("sha256", zeros.as_str())])
+            .body("fifth")
+            .send()
+    };
+    let refused = berth_e2e::harness::eventually(10, || async {
+        let r = post().await.ok()?;
+        (r.status() == reqwest::StatusCode::TOO_MANY_REQUESTS).then_some(r)
+    })
+    .await
+    .expect("a fifth file is refused while four are held");
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "rate-limited", "{body}");
+    drop(held);
+    // Taken again (and refused only for its wrong digest) once the held bodies are gone.
+    let taken = berth_e2e::harness::eventually(10, || async {
+        let r = post().await.ok()?;
+        (r.status() != reqwest::StatusCode::TOO_MANY_REQUESTS).then_some(r)
+    })
+    .await
+    .expect("files are taken again");
+    let body: Value = taken.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "attachment-corrupt", "{body}");
+}

@@ -39,6 +39,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, ModelConfig, ObjectStoreConfig, Secret};
+pub use rpc::upload::WORKER_ATTACH_BODIES;
 
 /// Shared state of one replica.
 #[derive(Clone)]
