@@ -415,6 +415,50 @@ async fn an_approval_is_never_replayed_for_another_call_under_its_id() {
     assert_eq!(same["outcome"], json!({"approved": true}));
 }
 
+/// A sub-agent is the answer to one call too: `turn.delegate` and a coordinator's
+/// `turn.childStart` asked again under a call id with the same request find the child they
+/// started, and with another prompt are `conflict`, never that child.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_is_never_handed_to_another_call_under_its_id() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let ws = worker.workspace_id.clone();
+    let mut c = stack.client(0).await;
+    for (extra, method, call) in [
+        (json!({"delegationDepth": 1}), "turn.delegate", json!({})),
+        (
+            json!({"kind": "coordinator"}),
+            "turn.childStart",
+            json!({"workspaceId": ws}),
+        ),
+    ] {
+        let (_, turn) = running_turn(&mut c, &mut worker, extra).await;
+        let ask = |prompt: &str| {
+            let mut p = call.clone();
+            p["turnId"] = json!(turn);
+            p["callId"] = json!("call_0");
+            p["prompt"] = json!(prompt);
+            p
+        };
+        let first = result(worker.call(method, ask("Summarize the notes")).await);
+        let again = result(worker.call(method, ask("Summarize the notes")).await);
+        assert_eq!(
+            again["sessionId"], first["sessionId"],
+            "{method}: a retry finds its child"
+        );
+        assert_eq!(again["turnId"], first["turnId"], "{method}");
+        let other = worker.call(method, ask("Delete the notes")).await;
+        let err = other
+            .error
+            .unwrap_or_else(|| panic!("{method}: another prompt is refused"));
+        assert_eq!(err.data["code"], "conflict", "{method}: {err:?}");
+        // The one child's turn is handed to this worker too.
+        let run = worker.notification("turn.run").await;
+        assert_eq!(run["turnId"], first["turnId"], "{method}");
+    }
+}
+
 /// Asked while nobody watches the session, the fallback answers at once (the timeout is
 /// the default 15 minutes, so this is not expiry); the history records both events.
 #[tokio::test(flavor = "multi_thread")]

@@ -186,11 +186,21 @@ impl Store {
         let existing = tx
             .qo(
                 "SELECT s.id, (SELECT t.id FROM turns t WHERE t.session_id = s.id ORDER BY t.queue_position LIMIT 1),
-                        (SELECT t.state FROM turns t WHERE t.session_id = s.id ORDER BY t.queue_position LIMIT 1)
+                        (SELECT t.state FROM turns t WHERE t.session_id = s.id ORDER BY t.queue_position LIMIT 1),
+                        s.workspace_id = $4 AND (SELECT t.prompt FROM turns t WHERE t.session_id = s.id
+                                                  ORDER BY t.queue_position LIMIT 1) IS NOT DISTINCT FROM $5
                    FROM sessions s WHERE s.tenant_id = $1 AND s.parent_turn_id = $2 AND s.parent_call_id = $3",
-                &[&tenant_id, &turn_id, &new.call_id],
+                &[&tenant_id, &turn_id, &new.call_id, &new.workspace_id, &new.prompt],
             )
             .await?;
+        // The same call asked again (a retry) finds its child; another call under its id (a
+        // model repeating an earlier step's call id) is refused, never answered with it.
+        if existing
+            .as_ref()
+            .is_some_and(|r| r.get::<_, Option<String>>(1).is_some() && !r.get::<_, bool>(3))
+        {
+            return Err(StoreError::Code(ErrorCode::Conflict));
+        }
         if let Some(r) = existing
             && let (Some(first), Some(state)) = (r.get::<_, Option<String>>(1), r.get::<_, Option<String>>(2))
         {

@@ -34,11 +34,22 @@ impl Store {
         let parent = lock_running_turn(&tx, Some(connection_id), tenant_id, turn_id).await?;
         let existing = tx
             .qo(
-                "SELECT s.id, (SELECT t.id FROM turns t WHERE t.session_id = s.id ORDER BY t.created_at LIMIT 1)
+                "SELECT s.id, (SELECT t.id FROM turns t WHERE t.session_id = s.id ORDER BY t.created_at LIMIT 1),
+                        (SELECT t.prompt FROM turns t WHERE t.session_id = s.id ORDER BY t.created_at LIMIT 1)
+                          IS NOT DISTINCT FROM $4
                    FROM sessions s WHERE s.tenant_id = $1 AND s.parent_turn_id = $2 AND s.parent_call_id = $3",
-                &[&tenant_id, &turn_id, &call_id],
+                &[&tenant_id, &turn_id, &call_id, &prompt],
             )
             .await?;
+        // The same call asked again (a retry) finds its child; another call under its id (a
+        // model repeating an earlier step's call id) is refused, never answered with it. A
+        // child left without its turn (none: the turn went in with it) takes this one.
+        if existing
+            .as_ref()
+            .is_some_and(|r| r.get::<_, Option<String>>(1).is_some() && !r.get::<_, bool>(2))
+        {
+            return Err(StoreError::Code(ErrorCode::Conflict));
+        }
         let child = match existing {
             Some(r) => {
                 let (child, first): (String, Option<String>) = (r.get(0), r.get(1));
