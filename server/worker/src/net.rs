@@ -27,7 +27,8 @@ pub(crate) fn http_client() -> reqwest::Result<reqwest::Client> {
 }
 
 /// The HTTP client for one streamable-HTTP MCP server: Nagle off, the server's configured
-/// headers (credentials, from the worker's own configuration) on every request.
+/// headers (credentials, from the worker's own configuration) on every request, and no
+/// redirect followed (a redirect to another host would carry those headers there).
 pub(crate) fn mcp_http_client(headers: &std::collections::BTreeMap<String, String>) -> anyhow::Result<reqwest::Client> {
     let mut map = reqwest::header::HeaderMap::new();
     for (k, v) in headers {
@@ -39,6 +40,7 @@ pub(crate) fn mcp_http_client(headers: &std::collections::BTreeMap<String, Strin
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10))
         .default_headers(map)
+        .redirect(reqwest::redirect::Policy::none())
         .build()?)
 }
 
@@ -60,6 +62,31 @@ mod tests {
         };
         assert!(tcp.nodelay().unwrap(), "worker socket without TCP_NODELAY");
         drop(server.await.unwrap());
+    }
+
+    /// An MCP server's redirect is not followed: its headers never reach another address.
+    #[tokio::test]
+    async fn an_mcp_servers_redirect_is_not_followed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let elsewhere = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = elsewhere.local_addr().unwrap();
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = server.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut tcp, _) = server.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = tcp.read(&mut buf).await;
+            let reply = format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{target}/mcp\r\nContent-Length: 0\r\n\r\n"
+            );
+            tcp.write_all(reply.as_bytes()).await.unwrap();
+        });
+        let headers = [("x-api-key".to_string(), "secret".to_string())].into();
+        let client = mcp_http_client(&headers).unwrap();
+        let resp = client.post(format!("http://{addr}/mcp")).send().await.unwrap();
+        assert_eq!(resp.status(), reqwest::StatusCode::TEMPORARY_REDIRECT);
+        let reached = tokio::time::timeout(std::time::Duration::from_millis(200), elsewhere.accept()).await;
+        assert!(reached.is_err(), "the redirect was followed");
     }
 
     /// The connection loop opens its sockets through this module only.
