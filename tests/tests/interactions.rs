@@ -459,6 +459,51 @@ async fn a_child_is_never_handed_to_another_call_under_its_id() {
     }
 }
 
+/// An attachment is named by id anywhere in its tenant: one uploaded through a session of a
+/// workspace and sent with a prompt in another workspace's live session stays readable, bytes
+/// and all, when the first workspace is removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_a_workspace_keeps_attachments_another_workspace_sent() {
+    let mock = MockProvider::start().await;
+    let objects = tempfile::tempdir().expect("tempdir");
+    let store = format!("file://{}", objects.path().display());
+    let stack = Stack::start_with(&mock, 1, &[("BERTH_OBJECT_STORE", store.as_str())]).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(0).await;
+    let first = stack.session(&mut c).await;
+    let uploaded = c
+        .upload(
+            json!({"sessionId": first, "mime": "text/plain", "filename": "shared.txt"}),
+            b"shared bytes",
+            None,
+        )
+        .await
+        .expect("content.upload");
+    let id = uploaded["attachmentId"].as_str().unwrap().to_string();
+    let other = c
+        .ok("session.create", json!({"workspaceId": worker.workspace_id}))
+        .await;
+    let sid = other["sessionId"].as_str().unwrap().to_string();
+    c.ok(
+        "session.send",
+        json!({"sessionId": sid, "prompt": "Read it", "attachments": [id]}),
+    )
+    .await;
+    let run = worker.notification("turn.run").await;
+    assert_eq!(run["attachments"][0]["name"], "shared.txt", "{run}");
+    let removed = c
+        .ok("workspace.remove", json!({"workspaceId": stack.workspace_id}))
+        .await;
+    assert_eq!(removed, json!({"removed": true}));
+    let page = c.ok("content.read", json!({"attachmentId": id})).await;
+    let data = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        page["data"].as_str().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(data, b"shared bytes");
+}
+
 /// Asked while nobody watches the session, the fallback answers at once (the timeout is
 /// the default 15 minutes, so this is not expiry); the history records both events.
 #[tokio::test(flavor = "multi_thread")]

@@ -118,6 +118,22 @@ async fn delete_workspace(
         &[&workspace_id, &tenant_id],
     )
     .await?;
+    // An attachment is named by id anywhere in the tenant: one its sessions uploaded that a
+    // live session elsewhere sent with a prompt moves to that session (the earliest such
+    // turn's) and stays, with its bytes, rather than going with this workspace.
+    tx.ex(
+        "UPDATE attachments a SET session_id = keep.session_id
+           FROM (SELECT DISTINCT ON (x.id) x.id, t.session_id
+                   FROM attachments x
+                   JOIN sessions own ON own.id = x.session_id AND own.workspace_id = $1 AND own.tenant_id = $2
+                   JOIN turns t ON t.tenant_id = $2 AND x.id = ANY(t.attachment_ids)
+                   JOIN sessions s ON s.id = t.session_id AND s.workspace_id <> $1 AND s.removed_at IS NULL
+                  WHERE x.tenant_id = $2
+                  ORDER BY x.id, t.created_at) keep
+          WHERE a.id = keep.id AND a.tenant_id = $2",
+        &[&workspace_id, &tenant_id],
+    )
+    .await?;
     let mut keys = Vec::new();
     for sql in [
         "DELETE FROM attachments a USING sessions s
