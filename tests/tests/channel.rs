@@ -57,12 +57,31 @@ async fn read_all(c: &mut Client, attachment_id: &str) -> (Vec<u8>, usize) {
     }
 }
 
+/// A stack of `replicas` whose object store is a local directory (kept while the handle is).
+async fn with_object_store(mock: &MockProvider, replicas: usize) -> (Stack, tempfile::TempDir) {
+    let objects = tempfile::tempdir().expect("tempdir");
+    let store = format!("file://{}", objects.path().display());
+    let stack = Stack::start_with(mock, replicas, &[("BERTH_OBJECT_STORE", store.as_str())]).await;
+    (stack, objects)
+}
+
+/// A channel session in the stack's workspace, watched from its start.
+async fn channel_session(stack: &Stack, c: &mut Client) -> (String, Subscription) {
+    let snap = c
+        .ok(
+            "session.create",
+            json!({"workspaceId": stack.workspace_id, "channel": "slack #ops"}),
+        )
+        .await;
+    let sid = snap["sessionId"].as_str().unwrap().to_string();
+    let watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    (sid, watch)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_channel_sessions_model_attaches_a_file_that_comes_back_with_its_reply() {
     let mock = MockProvider::start().await;
-    let objects = tempfile::tempdir().expect("tempdir");
-    let store = format!("file://{}", objects.path().display());
-    let stack = Stack::start_with(&mock, 2, &[("BERTH_OBJECT_STORE", store.as_str())]).await;
+    let (stack, _objects) = with_object_store(&mock, 2).await;
     let mut c = stack.client(0).await;
 
     let ws = &stack.workspace_dir;
@@ -221,19 +240,10 @@ async fn a_channel_sessions_model_attaches_a_file_that_comes_back_with_its_reply
 #[tokio::test(flavor = "multi_thread")]
 async fn a_turn_attaches_a_bounded_number_of_files() {
     let mock = MockProvider::start().await;
-    let objects = tempfile::tempdir().expect("tempdir");
-    let store = format!("file://{}", objects.path().display());
-    let stack = Stack::start_with(&mock, 1, &[("BERTH_OBJECT_STORE", store.as_str())]).await;
+    let (stack, _objects) = with_object_store(&mock, 1).await;
     let mut c = stack.client(0).await;
     std::fs::write(stack.workspace_dir.join("note.txt"), "note").unwrap();
-    let snap = c
-        .ok(
-            "session.create",
-            json!({"workspaceId": stack.workspace_id, "channel": "slack #ops"}),
-        )
-        .await;
-    let sid = snap["sessionId"].as_str().unwrap().to_string();
-    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let (sid, mut watch) = channel_session(&stack, &mut c).await;
     let ids: Vec<String> = (0..=berth_protocol::MAX_ATTACHMENTS_PER_TURN)
         .map(|i| format!("a{i}"))
         .collect();
@@ -352,18 +362,9 @@ async fn a_replica_holds_a_bounded_number_of_attached_files_at_once() {
     use tokio::io::AsyncWriteExt;
 
     let mock = MockProvider::start().await;
-    let objects = tempfile::tempdir().expect("tempdir");
-    let store = format!("file://{}", objects.path().display());
-    let stack = Stack::start_with(&mock, 1, &[("BERTH_OBJECT_STORE", store.as_str())]).await;
+    let (stack, _objects) = with_object_store(&mock, 1).await;
     let mut c = stack.client(0).await;
-    let snap = c
-        .ok(
-            "session.create",
-            json!({"workspaceId": stack.workspace_id, "channel": "slack #ops"}),
-        )
-        .await;
-    let sid = snap["sessionId"].as_str().unwrap().to_string();
-    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let (sid, mut watch) = channel_session(&stack, &mut c).await;
     // The turn stays running (its answer comes late) while files are posted for it.
     mock.push(Reply::Stream(vec![
         berth_e2e::Part::Delay(60_000),

@@ -233,44 +233,35 @@ impl Store {
                 }
                 let mut at = if field == start_field { start_offset } else { 0 };
                 loop {
-                    let (s, e) = match matcher.find_within(text, at, &mut work) {
-                        Found::Hit(s, e) => (s, e),
+                    // Where the page stops in this field, if it does: at a hit past the
+                    // page's (the next page resumes at it), or where its work ran out.
+                    let stop = match matcher.find_within(text, at, &mut work) {
                         Found::End => break,
-                        // The page's work is spent: the next page resumes where it stopped.
-                        Found::Spent(at) => {
-                            return Ok(SessionSearchResult {
-                                through,
-                                hits,
-                                next_after: Some(SearchCursor {
-                                    position,
-                                    field: Some(field),
-                                    offset: Some(at as u64),
-                                }),
+                        Found::Spent(at) => at,
+                        Found::Hit(s, _) if hits.len() == PAGE_HITS => s,
+                        Found::Hit(s, e) => {
+                            hits.push(SearchHit {
+                                position,
+                                field,
+                                start: s as u64,
+                                end: e as u64,
                             });
+                            at = e.max(s + 1);
+                            if at > text.len() {
+                                break;
+                            }
+                            continue;
                         }
                     };
-                    if hits.len() == PAGE_HITS {
-                        // Full: the next page resumes at this hit.
-                        return Ok(SessionSearchResult {
-                            through,
-                            hits,
-                            next_after: Some(SearchCursor {
-                                position,
-                                field: Some(field),
-                                offset: Some(s as u64),
-                            }),
-                        });
-                    }
-                    hits.push(SearchHit {
-                        position,
-                        field,
-                        start: s as u64,
-                        end: e as u64,
+                    return Ok(SessionSearchResult {
+                        through,
+                        hits,
+                        next_after: Some(SearchCursor {
+                            position,
+                            field: Some(field),
+                            offset: Some(stop as u64),
+                        }),
                     });
-                    at = e.max(s + 1);
-                    if at > text.len() {
-                        break;
-                    }
                 }
             }
         }
