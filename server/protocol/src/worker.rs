@@ -723,8 +723,10 @@ pub struct ProxyError {
 /// Worker → server: hold a tool call for approval (`kind: "approval"`) or ask a question
 /// (`choice`, `text`, `confirm`: an [`InteractionKind`](crate::InteractionKind); any other
 /// kind is `bad-params`). The request stays open until the interaction is resolved; the worker's
-/// other messages flow meanwhile. Asking again with the same `(turnId, callId)` waits on the
-/// same interaction (so after an `unavailable` error the worker may simply ask again).
+/// other messages flow meanwhile. Asking again with the same `(turnId, callId)` and the same
+/// request waits on the same interaction (so after an `unavailable` error the worker may
+/// simply ask again); under that id with another request it is `conflict`: a call id names
+/// one call for its whole turn (the worker renames a call whose id an earlier step used).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnInteraction {
