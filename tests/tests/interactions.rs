@@ -504,6 +504,37 @@ async fn removing_a_workspace_keeps_attachments_another_workspace_sent() {
     assert_eq!(data, b"shared bytes");
 }
 
+/// A patch is held whole (up to 64 MiB) until it is stored, so a replica captures a bounded
+/// number at once: while four captures wait for a worker that does not answer, a fifth is
+/// refused `rate-limited {limit: "patch-snapshots"}` at once rather than buffered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_captures_a_bounded_number_of_patches_at_once() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(0).await;
+    let s = c
+        .ok("session.create", json!({"workspaceId": worker.workspace_id}))
+        .await;
+    let sid = s["sessionId"].as_str().unwrap().to_string();
+    let mut waiting = Vec::new();
+    for i in 0..berth_api::SNAPSHOTS_AT_ONCE {
+        let mut other = stack.client(0).await;
+        let params = json!({"sessionId": sid, "operationId": format!("snap-{i}")});
+        waiting.push(tokio::spawn(async move { other.call("patch.snapshot", params).await }));
+        // The capture reached the worker (which never answers): it holds its place.
+        let call = worker.notification("call").await;
+        assert_eq!(call["method"], "patch.snapshot", "{call}");
+    }
+    let past = json!({"sessionId": sid, "operationId": "snap-past"});
+    let e = c.call("patch.snapshot", past).await.unwrap_err();
+    assert_eq!(code(&e), "rate-limited", "{e:?}");
+    assert_eq!(e.data["limit"], "patch-snapshots");
+    for w in waiting {
+        w.abort();
+    }
+}
+
 /// Asked while nobody watches the session, the fallback answers at once (the timeout is
 /// the default 15 minutes, so this is not expiry); the history records both events.
 #[tokio::test(flavor = "multi_thread")]

@@ -39,7 +39,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, ModelConfig, ObjectStoreConfig, Secret};
-pub use rpc::upload::WORKER_ATTACH_BODIES;
+pub use rpc::{patch::SNAPSHOTS_AT_ONCE, upload::WORKER_ATTACH_BODIES};
 
 /// Shared state of one replica.
 #[derive(Clone)]
@@ -89,6 +89,8 @@ pub struct App {
     pub password_checks: Arc<tokio::sync::Semaphore>,
     /// Files workers attach, held in memory at once ([`rpc::upload::WORKER_ATTACH_BODIES`]).
     pub worker_attach_bodies: Arc<tokio::sync::Semaphore>,
+    /// Patches captured at once ([`rpc::patch::SNAPSHOTS_AT_ONCE`]).
+    pub patch_snapshots: Arc<tokio::sync::Semaphore>,
     /// Per-tenant limits of the model proxy.
     pub proxy: proxy::ProxyLimits,
     /// Object storage (attachment bytes).
@@ -179,6 +181,7 @@ pub async fn serve(
         }),
         password_checks,
         worker_attach_bodies: Arc::new(tokio::sync::Semaphore::new(rpc::upload::WORKER_ATTACH_BODIES)),
+        patch_snapshots: Arc::new(tokio::sync::Semaphore::new(rpc::patch::SNAPSHOTS_AT_ONCE)),
         proxy,
         blobs,
         cluster,

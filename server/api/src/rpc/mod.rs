@@ -20,7 +20,7 @@ mod fork;
 mod git;
 pub(crate) mod interaction;
 mod mcp;
-mod patch;
+pub(crate) mod patch;
 mod queue;
 mod receipts;
 mod request;

@@ -21,6 +21,11 @@ use crate::{
     workers::calls::{CallEvent, Item},
 };
 
+/// Patches one replica captures at once: each is held whole (up to `MAX_PATCH_BYTES`) until
+/// it is stored, so past them `patch.snapshot` is refused `rate-limited {limit:
+/// "patch-snapshots"}` rather than buffered.
+pub const SNAPSHOTS_AT_ONCE: usize = 4;
+
 fn too_large() -> ApiError {
     ApiError::with(
         ErrorCode::PayloadTooLarge,
@@ -40,6 +45,12 @@ pub async fn snapshot(ctx: Ctx, p: PatchSnapshotParams) -> ApiResult<PatchInfo> 
     let ready_at = store
         .patch_ready(&me.tenant_id, &p.session_id, p.turn_id.as_deref())
         .await?;
+    let Ok(_capturing) = ctx.state.patch_snapshots.clone().try_acquire_owned() else {
+        return Err(ApiError::with(
+            ErrorCode::RateLimited,
+            json!({"limit": "patch-snapshots", "max": SNAPSHOTS_AT_ONCE}),
+        ));
+    };
     let params = json!({"sessionId": p.session_id});
     let mut stream = ctx
         .session_call(&p.session_id, method::PatchSnapshot::NAME, &params)
