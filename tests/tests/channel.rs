@@ -57,6 +57,16 @@ async fn read_all(c: &mut Client, attachment_id: &str) -> (Vec<u8>, usize) {
     }
 }
 
+/// The last row a turn's steps published (`model.completed`): its reply.
+fn reply_row(events: &[Value]) -> &Value {
+    events
+        .iter()
+        .filter(|e| e["type"] == "model.completed")
+        .flat_map(|e| e["rows"].as_array().unwrap())
+        .next_back()
+        .expect("reply")
+}
+
 /// A stack of `replicas` whose object store is a local directory (kept while the handle is).
 async fn with_object_store(mock: &MockProvider, replicas: usize) -> (Stack, tempfile::TempDir) {
     let objects = tempfile::tempdir().expect("tempdir");
@@ -213,12 +223,7 @@ async fn a_channel_sessions_model_attaches_a_file_that_comes_back_with_its_reply
     assert_eq!(events.last().unwrap()["state"], "completed");
     let reqs = mock.requests();
     assert!(system_prompt(&reqs[2]).contains("\"slack #ops\""));
-    let reply = events
-        .iter()
-        .filter(|e| e["type"] == "model.completed")
-        .flat_map(|e| e["rows"].as_array().unwrap())
-        .next_back()
-        .expect("reply");
+    let reply = reply_row(&events);
     assert!(reply.get("attachments").is_none(), "{reply}");
 
     // A fork keeps the channel.
@@ -267,12 +272,7 @@ async fn a_turn_attaches_a_bounded_number_of_files() {
     assert_eq!(last["rows"][0]["tool"]["status"], "failed");
     let body = last["rows"][0]["body"].as_str().unwrap();
     assert!(body.contains("payload-too-large"), "{body}");
-    let reply = events
-        .iter()
-        .filter(|e| e["type"] == "model.completed")
-        .flat_map(|e| e["rows"].as_array().unwrap())
-        .next_back()
-        .expect("reply");
+    let reply = reply_row(&events);
     assert_eq!(reply["attachments"].as_array().map(Vec::len), Some(max), "{reply}");
 }
 

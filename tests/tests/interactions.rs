@@ -382,18 +382,16 @@ async fn an_approval_is_never_replayed_for_another_call_under_its_id() {
     let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
     let mut c = stack.client(0).await;
     let (sid, turn) = running_turn(&mut c, &mut worker, json!({})).await;
-    let _w = watch(&mut c, &sid).await;
+    let mut w = watch(&mut c, &sid).await;
     let ask = worker.ask(&turn, "call_0", approval("ls"));
-    let mut iid = None;
-    for _ in 0..200 {
-        let p = c.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
-        if let Some(first) = p.as_array().and_then(|a| a.first()) {
-            iid = first["interactionId"].as_str().map(str::to_string);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let iid = iid.expect("the approval is pending");
+    let asked = w
+        .until(10, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("the approval is pending");
+    let iid = asked.last().unwrap()["interaction"]["interactionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
     c.ok(
         "session.respond",
         json!({"interactionId": iid, "answer": {"approved": true}}),

@@ -187,6 +187,26 @@ impl Hub {
         }
     }
 
+    /// The outcome of an append of `session_id` taken under `append` (its sequence and the
+    /// events as written): [`Hub::committed`], or [`Hub::failed`]. Returns the sequence.
+    pub fn written(
+        &self,
+        append: Option<Appending<'_>>,
+        session_id: &str,
+        r: berth_store::Result<(i64, Vec<EventRecord>)>,
+    ) -> berth_store::Result<i64> {
+        match r {
+            Ok((sequence, events)) => {
+                self.committed(append, session_id, events, sequence);
+                Ok(sequence)
+            }
+            Err(e) => {
+                self.failed(append, session_id, &e);
+                Err(e)
+            }
+        }
+    }
+
     /// Events this replica committed (in sequence order, `sequence` the last), as the append
     /// returned them: kept for the local watchers, who are then woken as by [`Hub::event`].
     /// An event too large to keep is left for them to read.

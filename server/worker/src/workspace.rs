@@ -217,10 +217,16 @@ impl Workspace {
 
     /// Open a file for the model to read, confined to the workspace (and not Berth's).
     pub(crate) fn open_file(&self, path: &str) -> Result<std::fs::File, PathError> {
+        self.open_to(path, Access::Read)
+    }
+
+    /// The regular file at the model's `path`, opened for reading if the model may `access`
+    /// it (by its name and by what it really is).
+    fn open_to(&self, path: &str, access: Access) -> Result<std::fs::File, PathError> {
         let rel = self.relative(path)?;
-        self.guard(path, &rel, Access::Read)?;
-        let file = open_nonblocking(&self.dir, &rel, Access::Read).map_err(|e| fs_error(path, &e))?;
-        self.regular_file(path, file, Access::Read)
+        self.guard(path, &rel, access)?;
+        let file = open_nonblocking(&self.dir, &rel, access).map_err(|e| fs_error(path, &e))?;
+        self.regular_file(path, file, access)
     }
 
     /// `file`, just opened for the model's `path`, if the model may `access` what it really
@@ -245,10 +251,7 @@ impl Workspace {
     /// [`Workspace::read_bounded`] of a file the model sends out of the workspace
     /// (`attach_file`): never one that is, or really lies, in a `.git` or `.berth`.
     pub(crate) fn read_to_send(&self, path: &str, max: u64) -> Result<Option<Vec<u8>>, PathError> {
-        let rel = self.relative(path)?;
-        self.guard(path, &rel, Access::Send)?;
-        let file = open_nonblocking(&self.dir, &rel, Access::Send).map_err(|e| fs_error(path, &e))?;
-        read_at_most(path, self.regular_file(path, file, Access::Send)?, max)
+        read_at_most(path, self.open_to(path, Access::Send)?, max)
     }
 
     /// Berth's own read of its file `path` under `.berth/` (a skill, the MCP configuration):

@@ -48,16 +48,12 @@ impl TurnTask {
         self.live.step += 1;
         self.live.text = 0;
         self.live.thinking = 0;
-        let (seq, events) = match r {
-            Ok(written) => written,
-            Err(e) => {
-                self.usage.restore(metered);
-                conn.state.hub.failed(append, &self.live.session, &e);
-                return Err(e.into());
-            }
-        };
         // Local watchers wake now, not when this replica hears its own NOTIFY back.
-        conn.state.hub.committed(append, &self.live.session, events, seq);
+        let seq = conn
+            .state
+            .hub
+            .written(append, &self.live.session, r)
+            .inspect_err(|_| self.usage.restore(metered))?;
         conn.state.metrics.events_appended.inc();
         Ok(json!({"sequence": seq}))
     }

@@ -82,14 +82,7 @@ impl TurnTask {
             let local = guard.is_some();
             (guard, append(Some(conn.state.config.replica_id.as_str()), local).await)
         };
-        let (seq, events) = match r {
-            Ok(written) => written,
-            Err(e) => {
-                conn.state.hub.failed(guard, &self.live.session, &e);
-                return Err(e.into());
-            }
-        };
-        conn.state.hub.committed(guard, &self.live.session, events, seq);
+        let seq = conn.state.hub.written(guard, &self.live.session, r)?;
         conn.state.metrics.events_appended.inc();
         Ok(json!({"sequence": seq}))
     }
