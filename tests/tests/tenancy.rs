@@ -957,6 +957,54 @@ async fn passwords_jwts_and_their_rejections() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn an_accounts_sign_in_attempts_are_counted_across_replicas_and_tenant_spellings() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 2).await;
+    let mut admin = stack.client(0).await;
+    admin
+        .ok(
+            "admin.user.create",
+            json!({"email": "person@example.com", "password": "pw-secret-long-enough", "role": "member"}),
+        )
+        .await;
+    let tenant_id: String = berth_e2e::harness::db(&stack.database_url)
+        .await
+        .query_one("SELECT id FROM tenants WHERE name = 'default'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // Each replica's own limit allows five attempts for each spelling of the tenant: taking
+    // turns over two replicas and two spellings, twenty wrong passwords would be answered.
+    // The account has five, then one every 12 s wherever they are sent (an attempt costs an
+    // argon2 hash, so allow a refill or two on a loaded machine).
+    let mut statuses = Vec::new();
+    while statuses.len() < 20 && statuses.last() != Some(&429) {
+        let n = statuses.len();
+        let tenant = if n % 2 == 0 { "default" } else { tenant_id.as_str() };
+        let server = &stack.servers[(n / 2) % 2];
+        statuses.push(login_status(server, tenant, "Person@Example.com", "wrong-password-123").await);
+    }
+    assert!(statuses.starts_with(&[401, 401, 401, 401, 401]), "{statuses:?}");
+    assert_eq!(*statuses.last().unwrap(), 429, "{statuses:?}");
+    assert!(statuses.len() <= 8, "{statuses:?}");
+    // The right password is refused too, on either replica and either spelling, until the
+    // bucket refills.
+    for server in &stack.servers {
+        for tenant in ["default", tenant_id.as_str()] {
+            let (status, body) = login(server, tenant, "person@example.com", "pw-secret-long-enough").await;
+            assert_eq!(status, 429, "{body}");
+            assert_eq!(body["error"]["code"], "rate-limited");
+            assert!(body["error"]["retryAfterSecs"].as_u64().unwrap() >= 1, "{body}");
+        }
+    }
+    // Another account of the tenant is not held back by it.
+    assert_eq!(
+        login_status(&stack.servers[1], &tenant_id, "nobody@example.com", "whatever-password").await,
+        401
+    );
+}
+
 fn chrono_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -411,7 +411,7 @@ impl LoginLimiter {
     }
 }
 
-fn account_digest(account: &str) -> [u8; 32] {
+pub fn account_digest(account: &str) -> [u8; 32] {
     Sha256::digest(account.to_lowercase().as_bytes()).into()
 }
 

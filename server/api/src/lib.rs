@@ -289,11 +289,13 @@ async fn drain(state: &AppState) {
 }
 
 /// Periodic work any replica may do (each task is idempotent): interrupt the turns of
-/// workers whose replica died, and delete expired operation receipts.
+/// workers whose replica died, and delete expired operation receipts and sign-in buckets
+/// that are full again.
 fn spawn_housekeeping(state: AppState) {
     tokio::spawn(async move {
         let mut sweep = tokio::time::interval(Duration::from_secs(15));
         let mut receipts = tokio::time::interval(Duration::from_secs(3600));
+        let mut logins = tokio::time::interval(Duration::from_secs(600));
         let mut revalidate = tokio::time::interval(Duration::from_secs(15));
         let mut orphans = tokio::time::interval(state.config.object_store.sweep_every.max(Duration::from_secs(1)));
         loop {
@@ -309,6 +311,9 @@ fn spawn_housekeeping(state: AppState) {
                     Ok(n) if n > 0 => tracing::info!(deleted = n, "expired operation receipts deleted"),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "receipt cleanup failed"),
+                },
+                _ = logins.tick() => if let Err(e) = state.store.login_buckets_cleanup().await {
+                    tracing::warn!(error = %e, "sign-in bucket cleanup failed");
                 },
                 _ = revalidate.tick() => state.connections.revalidate(&state, None).await,
                 _ = orphans.tick() => match rpc::upload::sweep_orphans(&state).await {

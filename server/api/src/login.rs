@@ -2,7 +2,9 @@
 //! accepts like a credential. Rate limited per account and per source address (the client's
 //! address from `X-Forwarded-For` when the peer is a trusted proxy), with a cap on
 //! concurrent password verifications; the answer never says whether the account exists.
-//! These limits hold per replica.
+//! Each replica limits accounts and addresses in memory first; an account's attempts are
+//! also counted in the database, so that every replica, and the tenant typed by name or by
+//! id, take from one bucket.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -73,6 +75,23 @@ pub(crate) fn client_addr(peer: SocketAddr, headers: &HeaderMap, trusted: &[ipne
     addr
 }
 
+fn rate_limited(state: &AppState, wait: auth::RetryAfter) -> Response {
+    state
+        .metrics
+        .auth_failures
+        .with_label_values(&["login-rate-limited"])
+        .inc();
+    let mut resp = (
+        StatusCode::TOO_MANY_REQUESTS,
+        Json(json!({"error": {"code": "rate-limited", "retryAfterSecs": wait.secs()}})),
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&wait.secs().to_string()) {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
+}
+
 pub async fn login(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -88,25 +107,36 @@ pub async fn login(
     let account = auth::account_key(&req.tenant, &req.email);
     let addr = client_addr(peer, &headers, &state.config.trusted_proxies);
     if let Err(wait) = state.login_limiter.check(&account, addr) {
-        state
-            .metrics
-            .auth_failures
-            .with_label_values(&["login-rate-limited"])
-            .inc();
-        let mut resp = (
-            StatusCode::TOO_MANY_REQUESTS,
-            Json(json!({"error": {"code": "rate-limited", "retryAfterSecs": wait.secs()}})),
-        )
-            .into_response();
-        if let Ok(v) = HeaderValue::from_str(&wait.secs().to_string()) {
-            resp.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        return resp;
+        return rate_limited(&state, wait);
     }
     let found = match state.store.login_lookup(&req.tenant, &req.email).await {
         Ok(f) => f,
-        Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        Err(e) => {
+            tracing::warn!(error = %e, "looking up a sign-in's account failed");
+            return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+        }
     };
+    // The account's attempts, counted across replicas and whether the tenant was typed by
+    // name or by id. Taken for accounts that do not exist too, so the answers and their
+    // timing stay alike.
+    let shared = auth::account_digest(&auth::account_key(
+        found.as_ref().map_or(req.tenant.as_str(), |f| f.tenant_id.as_str()),
+        &req.email,
+    ));
+    let per_account = auth::BucketConfig::PER_ACCOUNT;
+    match state
+        .store
+        .login_take(&shared, per_account.capacity, per_account.refill_every)
+        .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(wait)) => return rate_limited(&state, auth::RetryAfter(wait)),
+        Err(e) => {
+            tracing::warn!(error = %e, "counting a sign-in attempt failed");
+            return error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+        }
+    }
+    let found = found.and_then(|f| f.user.map(|(user, role, hash)| (f.tenant_id, user, role, hash)));
     // Verification costs 19 MiB and real CPU time: a bounded number run at once, and the
     // rest are told to come back rather than queue up.
     let Ok(permit) = state.password_checks.clone().try_acquire_owned() else {
@@ -154,6 +184,9 @@ pub async fn login(
         tracing::warn!(error = %e, "recording a sign-in failed");
     }
     state.login_limiter.reset_account(&account);
+    if let Err(e) = state.store.login_forget(&shared).await {
+        tracing::warn!(error = %e, "forgetting a sign-in's failed attempts failed");
+    }
     let (token, claims) = keys.issue(&user_id, &tenant_id, &role, state.config.jwt_ttl);
     tracing::info!(user.id = %user_id, "signed in");
     Json(json!({

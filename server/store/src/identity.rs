@@ -23,6 +23,14 @@ impl CredentialKind {
     }
 }
 
+/// What a sign-in's tenant and e-mail name (`Store::login_lookup`).
+#[derive(Debug, Clone)]
+pub struct LoginFound {
+    pub tenant_id: String,
+    /// The enabled user with that e-mail: (user id, role, password hash).
+    pub user: Option<(String, String, Option<String>)>,
+}
+
 /// An authenticated caller. Everything it does is scoped to `tenant_id`.
 #[derive(Debug, Clone)]
 pub struct Principal {
@@ -169,22 +177,74 @@ impl Store {
         ))
     }
 
-    /// For login: (tenant id, user id, role, password hash) of an enabled user, by tenant
-    /// name or id and email.
-    pub async fn login_lookup(
-        &self,
-        tenant: &str,
-        email: &str,
-    ) -> Result<Option<(String, String, String, Option<String>)>> {
+    /// For login, by tenant name or id and e-mail: the tenant's id, when a tenant has that
+    /// name or id, and its enabled user with that e-mail as (user id, role, password hash).
+    pub async fn login_lookup(&self, tenant: &str, email: &str) -> Result<Option<LoginFound>> {
         let client = self.pool.get().await?;
         let row = client
             .qo(
-                "SELECT u.tenant_id, u.id, u.role, u.password_hash FROM users u JOIN tenants t ON t.id = u.tenant_id
-                  WHERE (t.name = $1 OR t.id = $1) AND lower(u.email) = lower($2) AND u.disabled_at IS NULL",
+                "SELECT t.id, u.id, u.role, u.password_hash FROM tenants t
+                   LEFT JOIN users u ON u.tenant_id = t.id AND lower(u.email) = lower($2) AND u.disabled_at IS NULL
+                  WHERE t.name = $1 OR t.id = $1
+                  ORDER BY u.id IS NULL, t.id = $1 DESC LIMIT 1",
                 &[&tenant, &email],
             )
             .await?;
-        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))))
+        Ok(row.map(|r| LoginFound {
+            tenant_id: r.get(0),
+            user: r.get::<_, Option<String>>(1).map(|user| (user, r.get(2), r.get(3))),
+        }))
+    }
+
+    /// Take one sign-in attempt from the account's bucket, shared by every replica
+    /// (`login_buckets`): `capacity` attempts at once, then one every `refill`. `Err(wait)`
+    /// when it is empty, with how long until it has one again.
+    pub async fn login_take(
+        &self,
+        key: &[u8; 32],
+        capacity: u32,
+        refill: std::time::Duration,
+    ) -> Result<std::result::Result<(), std::time::Duration>> {
+        let client = self.pool.get().await?;
+        let refill = refill.as_secs_f64();
+        let burst = refill * f64::from(capacity.max(1));
+        // In one statement, so two replicas taking at once each see the other's take (the
+        // upsert locks the row); the outer read sees the bucket as it was before.
+        let row = client
+            .q1(
+                "WITH taken AS (
+                    INSERT INTO login_buckets AS b (key, full_at) VALUES ($1, now() + make_interval(secs => $2))
+                    ON CONFLICT (key) DO UPDATE SET full_at = greatest(b.full_at, now()) + make_interval(secs => $2)
+                     WHERE greatest(b.full_at, now()) + make_interval(secs => $2) <= now() + make_interval(secs => $3)
+                    RETURNING 1)
+                 SELECT EXISTS (SELECT 1 FROM taken),
+                        (SELECT extract(epoch FROM full_at - now())::float8 FROM login_buckets WHERE key = $1)",
+                &[&key.as_slice(), &refill, &burst],
+            )
+            .await?;
+        if row.get(0) {
+            return Ok(Ok(()));
+        }
+        let until_full: f64 = row.get::<_, Option<f64>>(1).unwrap_or(0.0);
+        let wait = (until_full + refill - burst).max(0.0);
+        Ok(Err(std::time::Duration::from_secs_f64(wait)))
+    }
+
+    /// Forget the account's sign-in bucket (after a sign-in succeeded).
+    pub async fn login_forget(&self, key: &[u8; 32]) -> Result<()> {
+        let client = self.pool.get().await?;
+        client
+            .ex("DELETE FROM login_buckets WHERE key = $1", &[&key.as_slice()])
+            .await?;
+        Ok(())
+    }
+
+    /// Delete the sign-in buckets that are full again (they mean the same as none).
+    pub async fn login_buckets_cleanup(&self) -> Result<u64> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .ex("DELETE FROM login_buckets WHERE full_at < now()", &[])
+            .await?)
     }
 
     /// First start: create the `default` tenant, an admin user and its credential. Returns

@@ -66,7 +66,7 @@ pub use compaction::CompactionSource;
 pub use context::ContextMeasure;
 pub use coordinator::NewChild;
 pub use history::EventRecord;
-pub use identity::{CredentialKind, Principal};
+pub use identity::{CredentialKind, LoginFound, Principal};
 pub use interactions::WatcherKey;
 pub use patches::NewPatch;
 pub use receipts::{Begin, Receipt, ReceiptView};

@@ -39,6 +39,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0024_replicas_read_only_for_app.sql",
         include_str!("../../../migrations/0024_replicas_read_only_for_app.sql"),
     ),
+    ("0025_login_buckets.sql", include_str!("../../../migrations/0025_login_buckets.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.
