@@ -769,3 +769,66 @@ async fn a_silent_listen_connection_is_noticed_and_replaced() {
     }
     panic!("live deltas never arrive again: {seen:?}");
 }
+
+/// Uploaded bodies count against the replica's memory until they are stored
+/// (`BERTH_UPLOAD_MEMORY_BYTES`), across connections: past it an upload is refused
+/// `rate-limited {limit: "upload-memory"}`, not held. Here the object store never answers,
+/// so the first upload holds its share.
+#[tokio::test(flavor = "multi_thread")]
+async fn uploaded_bodies_are_held_within_the_replicas_memory() {
+    use tokio::io::AsyncReadExt;
+    let stalled = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", stalled.local_addr().unwrap());
+    let (reached, mut reached_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Reads every request and answers none.
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = stalled.accept().await {
+            let reached = reached.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                while let Ok(n) = sock.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let _ = reached.send(n);
+                }
+            });
+        }
+    });
+    let mock = MockProvider::start().await;
+    let env = [
+        ("BERTH_OBJECT_STORE", "s3://stalled/blobs"),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "test-access-key"),
+        ("AWS_SECRET_ACCESS_KEY", "test-secret-key"),
+        ("AWS_REGION", "us-east-1"),
+        ("BERTH_OBJECT_SWEEP_SECS", "3600000"),
+        ("BERTH_MAX_ATTACHMENT_BYTES", "614400"),
+        ("BERTH_UPLOAD_MEMORY_BYTES", "1048576"),
+    ];
+    let stack = Stack::start_with(&mock, 1, &env).await;
+    let mut first = stack.client(0).await;
+    let sid = stack.session(&mut first).await;
+    let upload = |name: &str| json!({"sessionId": sid, "mime": "application/octet-stream", "filename": name});
+    let held = tokio::spawn({
+        let params = upload("first.bin");
+        async move { first.upload(params, &[b'a'; 600 * 1024], None).await }
+    });
+    // The first body is held once its store has begun.
+    tokio::time::timeout(Duration::from_secs(30), reached_rx.recv())
+        .await
+        .expect("the object store was asked to store the first body")
+        .unwrap();
+    let mut second = stack.client(0).await;
+    let err = second
+        .upload(upload("second.bin"), &[b'b'; 600 * 1024], None)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "rate-limited");
+    assert_eq!(err.data["limit"], "upload-memory");
+    assert_eq!(err.data["max"], 1048576);
+    // The connection goes on; the first upload still waits for the store.
+    assert_eq!(second.ok("ping", json!({})).await["pong"], true);
+    assert!(!held.is_finished());
+    held.abort();
+}

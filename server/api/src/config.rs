@@ -429,6 +429,10 @@ pub struct Config {
     pub object_store: ObjectStoreConfig,
     /// `BERTH_MAX_ATTACHMENT_BYTES`: the largest attachment (and binary message) accepted.
     pub max_attachment_bytes: usize,
+    /// `BERTH_UPLOAD_MEMORY_BYTES`: uploaded bodies a replica holds at once, across every
+    /// connection, until they are stored (default 256 MiB; never less than the largest
+    /// attachment). Past it an upload is refused `rate-limited {limit: "upload-memory"}`.
+    pub upload_memory_bytes: usize,
     /// `BERTH_INTERACTION_TIMEOUT_SECS`: how long an approval or question waits for an answer
     /// before its fallback answers (default 15 minutes).
     pub interaction_timeout: std::time::Duration,
@@ -569,6 +573,7 @@ impl Config {
             limits: Limits::default(),
             object_store: ObjectStoreConfig::default(),
             max_attachment_bytes: 32 << 20,
+            upload_memory_bytes: 256 << 20,
             interaction_timeout: std::time::Duration::from_secs(15 * 60),
             drain_timeout: std::time::Duration::from_secs(45),
             coordinator_max_children: 16,

@@ -91,6 +91,8 @@ pub struct App {
     pub worker_attach_bodies: Arc<tokio::sync::Semaphore>,
     /// Patches captured at once ([`rpc::patch::SNAPSHOTS_AT_ONCE`]).
     pub patch_snapshots: Arc<tokio::sync::Semaphore>,
+    /// Uploaded bodies held at once, in KiB ([`Config::upload_memory_bytes`]).
+    pub upload_memory: Arc<tokio::sync::Semaphore>,
     /// Per-tenant limits of the model proxy.
     pub proxy: proxy::ProxyLimits,
     /// Object storage (attachment bytes).
@@ -160,6 +162,11 @@ pub async fn serve(
     let cluster =
         workers::forwarded::Cluster::load(&store, config.internal_url.as_deref(), internal_listener.local_addr()?)
             .await?;
+    let upload_memory = Arc::new(tokio::sync::Semaphore::new(rpc::upload::kib(
+        config
+            .upload_memory_bytes
+            .max(config.max_attachment_bytes.saturating_add(4)),
+    ) as usize));
     let state = AppState(Arc::new(App {
         store,
         config,
@@ -182,6 +189,7 @@ pub async fn serve(
         password_checks,
         worker_attach_bodies: Arc::new(tokio::sync::Semaphore::new(rpc::upload::WORKER_ATTACH_BODIES)),
         patch_snapshots: Arc::new(tokio::sync::Semaphore::new(rpc::patch::SNAPSHOTS_AT_ONCE)),
+        upload_memory,
         proxy,
         blobs,
         cluster,

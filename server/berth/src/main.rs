@@ -477,6 +477,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
         .unwrap_or_default();
     config.max_text_message = settings.parse(None, "BERTH_MAX_TEXT_MESSAGE", "8388608")?;
     config.max_attachment_bytes = settings.parse(None, "BERTH_MAX_ATTACHMENT_BYTES", "33554432")?;
+    config.upload_memory_bytes = settings.parse(None, "BERTH_UPLOAD_MEMORY_BYTES", "268435456")?;
     config.object_store = berth_api::ObjectStoreConfig {
         url: settings.get(None, "BERTH_OBJECT_STORE"),
         aws: settings

@@ -172,7 +172,7 @@ pub(super) async fn run(
             // An upload's bytes; one whose id matches no upload in flight is a typed error
             // and the connection goes on. (Cloning `Bytes` shares the buffer.)
             Message::Binary(b) => {
-                if let Err(stray) = conn.uploads.deliver(b) {
+                if let Err(stray) = conn.uploads.deliver(b, &state.upload_memory) {
                     let refusal = RpcResponse::err(None, stray.error().0);
                     let _ = conn.out.send(text(&refusal)).await;
                 }

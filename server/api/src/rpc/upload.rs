@@ -9,7 +9,10 @@
 //! and the connection stays usable. Bytes go to object storage first, then the row: a
 //! crash in between leaves an orphan blob, never a row without bytes.
 
-use std::{collections::HashMap, sync::Mutex};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
 
 use axum::{
     body::Body,
@@ -28,7 +31,7 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::Ctx;
 use crate::{
@@ -44,6 +47,19 @@ const MAX_DISCARDED: usize = 64;
 /// Longest name and content type accepted, in bytes.
 const MAX_NAME: usize = 255;
 
+/// `n` bytes in whole KiB, rounded up: the unit of the replica's upload memory.
+pub fn kib(n: usize) -> u32 {
+    u32::try_from(n.div_ceil(1024)).unwrap_or(u32::MAX)
+}
+
+/// What an upload's binary message brings its handler.
+pub enum Uploaded {
+    /// The bytes, with their share of the replica's upload memory, held until stored.
+    Held(Bytes, OwnedSemaphorePermit),
+    /// The replica holds as many uploaded bytes as it may: the bytes were dropped.
+    OverBudget,
+}
+
 /// One connection's uploads awaiting their binary message, by request id.
 #[derive(Default)]
 pub struct Uploads {
@@ -52,9 +68,9 @@ pub struct Uploads {
 
 struct Slot {
     /// Taken when the binary message arrives.
-    tx: Option<oneshot::Sender<Bytes>>,
+    tx: Option<oneshot::Sender<Uploaded>>,
     /// Taken by the handler; None once the handler is done (the bytes are then dropped).
-    rx: Option<oneshot::Receiver<Bytes>>,
+    rx: Option<oneshot::Receiver<Uploaded>>,
 }
 
 impl Uploads {
@@ -68,7 +84,7 @@ impl Uploads {
         self.slots.lock().expect("uploads lock").insert(id, slot);
     }
 
-    fn take_receiver(&self, id: u32) -> Option<oneshot::Receiver<Bytes>> {
+    fn take_receiver(&self, id: u32) -> Option<oneshot::Receiver<Uploaded>> {
         self.slots.lock().expect("uploads lock").get_mut(&id)?.rx.take()
     }
 
@@ -86,9 +102,11 @@ impl Uploads {
         }
     }
 
-    /// Route a binary message to its upload. A message too short to hold an id, or whose id
-    /// matches no upload in flight (or one whose bytes came already), is refused.
-    pub fn deliver(&self, msg: Bytes) -> Result<(), Stray> {
+    /// Route a binary message to its upload, with its share of `memory` (KiB the replica
+    /// may hold; without it the bytes are dropped at once and the upload is refused). A
+    /// message too short to hold an id, or whose id matches no upload in flight (or one
+    /// whose bytes came already), is refused.
+    pub fn deliver(&self, msg: Bytes, memory: &Arc<Semaphore>) -> Result<(), Stray> {
         let Some(head) = msg.get(..4) else {
             return Err(Stray { request_id: None });
         };
@@ -102,7 +120,11 @@ impl Uploads {
             return Err(stray);
         };
         // The handler may be gone already (refused, timed out): the bytes are dropped.
-        let _ = tx.send(msg.slice(4..));
+        let body = match memory.clone().try_acquire_many_owned(kib(msg.len())) {
+            Ok(held) => Uploaded::Held(msg.slice(4..), held),
+            Err(_) => Uploaded::OverBudget,
+        };
+        let _ = tx.send(body);
         if slot.rx.is_none() {
             slots.remove(&id);
         }
@@ -139,12 +161,19 @@ pub async fn content_upload(ctx: Ctx, p: ContentUploadParams) -> ApiResult<Conte
         .and_then(|id| ctx.conn.uploads.take_receiver(id))
         .ok_or(ApiError::code(ErrorCode::Internal))?;
     let wait = ctx.state.config.limits.idle_timeout;
-    let data = tokio::select! {
+    let body = tokio::select! {
         r = rx => r.map_err(|_| ApiError::code(ErrorCode::Unavailable))?,
         _ = tokio::time::sleep(wait) => {
             return Err(ApiError::with(ErrorCode::BadParams, json!({"reason": "no-binary-message"})));
         }
         _ = ctx.conn.closed.cancelled() => return Err(ApiError(super::gone())),
+    };
+    // Held until the bytes are stored (or the upload is refused).
+    let Uploaded::Held(data, _held) = body else {
+        return Err(ApiError::with(
+            ErrorCode::RateLimited,
+            json!({"limit": "upload-memory", "max": ctx.state.config.upload_memory_bytes}),
+        ));
     };
     let max = ctx.state.config.max_attachment_bytes;
     if data.len() > max {
@@ -462,19 +491,32 @@ mod tests {
         Bytes::from(v)
     }
 
+    fn memory(kib: usize) -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(kib))
+    }
+
+    async fn held(rx: oneshot::Receiver<Uploaded>) -> Option<(Bytes, OwnedSemaphorePermit)> {
+        match rx.await.expect("body") {
+            Uploaded::Held(bytes, permit) => Some((bytes, permit)),
+            Uploaded::OverBudget => None,
+        }
+    }
+
     #[tokio::test]
     async fn a_binary_message_reaches_its_upload_whenever_the_handler_asks() {
         let uploads = Uploads::default();
+        let memory = memory(1024);
         uploads.begin(7);
         assert!(
-            uploads.deliver(frame(7, b"abc")).is_ok(),
+            uploads.deliver(frame(7, b"abc"), &memory).is_ok(),
             "delivered before the handler waits"
         );
         let rx = uploads.take_receiver(7).expect("receiver");
-        assert_eq!(rx.await.expect("bytes"), Bytes::from_static(b"abc"));
+        let (bytes, _held) = held(rx).await.expect("within the replica's memory");
+        assert_eq!(bytes, Bytes::from_static(b"abc"));
         uploads.end(7);
         assert_eq!(
-            uploads.deliver(frame(7, b"again")),
+            uploads.deliver(frame(7, b"again"), &memory),
             Err(Stray { request_id: Some(7) }),
             "one binary message per upload"
         );
@@ -484,9 +526,12 @@ mod tests {
     fn unknown_ids_and_short_messages_are_refused() {
         let uploads = Uploads::default();
         uploads.begin(1);
-        assert_eq!(uploads.deliver(frame(2, b"x")), Err(Stray { request_id: Some(2) }));
         assert_eq!(
-            uploads.deliver(Bytes::from_static(b"\0\0\0")),
+            uploads.deliver(frame(2, b"x"), &memory(1)),
+            Err(Stray { request_id: Some(2) })
+        );
+        assert_eq!(
+            uploads.deliver(Bytes::from_static(b"\0\0\0"), &memory(1)),
             Err(Stray { request_id: None })
         );
     }
@@ -496,7 +541,29 @@ mod tests {
         let uploads = Uploads::default();
         uploads.begin(3);
         uploads.end(3);
-        assert!(uploads.deliver(frame(3, b"late")).is_ok());
+        assert!(uploads.deliver(frame(3, b"late"), &memory(1)).is_ok());
         assert!(uploads.slots.lock().expect("lock").is_empty());
+    }
+
+    #[tokio::test]
+    async fn uploaded_bodies_are_held_within_the_replicas_memory_until_stored() {
+        let uploads = Uploads::default();
+        let memory = memory(2);
+        for id in 1..=3 {
+            uploads.begin(id);
+        }
+        // 1.5 KiB takes both KiB: the next body is dropped, its upload refused.
+        uploads.deliver(frame(1, &[b'a'; 1536]), &memory).expect("delivered");
+        uploads.deliver(frame(2, b"b"), &memory).expect("delivered");
+        let first = held(uploads.take_receiver(1).expect("receiver")).await.expect("held");
+        assert_eq!(first.0.len(), 1536);
+        assert!(held(uploads.take_receiver(2).expect("receiver")).await.is_none());
+        assert_eq!(memory.available_permits(), 0);
+        // Once the first is stored (its body let go), the next fits again.
+        drop(first);
+        uploads.deliver(frame(3, b"c"), &memory).expect("delivered");
+        let third = held(uploads.take_receiver(3).expect("receiver")).await;
+        assert_eq!(third.expect("held").0, Bytes::from_static(b"c"));
+        assert_eq!(memory.available_permits(), 2);
     }
 }
