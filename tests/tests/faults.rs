@@ -290,6 +290,100 @@ async fn a_turn_waiting_for_approval_survives_the_hand_over() {
     }
 }
 
+/// A rollout's SIGTERM of the replica holding the worker's connection while a `files.read`
+/// through the other replica is mid-file: the read arrives whole, since the worker's old
+/// connection finishes the calls it has before it closes and the draining replica waits for
+/// them; a call made after the move goes to the worker's new connection.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_read_through_the_other_replica_survives_the_hand_over() {
+    if !nginx_installed() {
+        return;
+    }
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let mock = MockProvider::start().await;
+    let BehindNginx {
+        mut stack,
+        nginx: _nginx,
+        ids,
+        lost,
+        survivor,
+    } = behind_nginx(&mock, &[("BERTH_DRAIN_TIMEOUT_SECS", "30")]).await;
+    let line = "moving — naïve café 0123456789\n";
+    let content = line.repeat((48 << 20) / line.len() + 1).into_bytes();
+    std::fs::write(stack.workspace_dir.join("big.txt"), &content).unwrap();
+    let mut reader = stack.client(survivor).await;
+    let sid = stack.session(&mut reader).await;
+    let mut sub = reader.subscribe(
+        "files.read",
+        json!({"sessionId": sid, "path": {"bytesBase64": b64(b"big.txt")}}),
+    );
+    let begin = sub.next(60).await.expect("begin");
+    assert_eq!(begin["type"], "begin", "{begin}");
+    // The reader stops reading: the worker is held back mid-file by its credit.
+    reader.pause_reading(true);
+    let pid = stack.servers[lost].child.id().expect("running");
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    let (db, there) = (&db, &ids[survivor]);
+    let moved = eventually(30, || async move {
+        let n: i64 = db
+            .query_one("SELECT count(*) FROM worker_presence WHERE replica_id = $1", &[there])
+            .await
+            .unwrap()
+            .get(0);
+        (n > 0).then_some(())
+    })
+    .await;
+    assert!(moved.is_some(), "the worker connected to the other replica");
+    // A call made now is answered, while the read waits.
+    let mut other = stack.client(survivor).await;
+    let listed = other.ok("files.list", json!({"sessionId": sid})).await;
+    assert!(listed.to_string().contains(&b64(b"big.txt")), "{listed}");
+
+    reader.pause_reading(false);
+    let mut got = Vec::new();
+    let end = loop {
+        let item = sub
+            .next(60)
+            .await
+            .unwrap_or_else(|| panic!("the read ended after {} of {} bytes", got.len(), content.len()));
+        match item["type"].as_str() {
+            Some("chunk") => {
+                assert_eq!(item["offset"].as_u64().unwrap(), got.len() as u64);
+                got.extend_from_slice(
+                    &base64::engine::general_purpose::STANDARD
+                        .decode(item["dataBase64"].as_str().unwrap())
+                        .unwrap(),
+                );
+            }
+            Some("end") => break item,
+            other => panic!("unexpected {other:?}: {item}"),
+        }
+    };
+    assert!(
+        got == content,
+        "the file arrives whole ({} of {} bytes)",
+        got.len(),
+        content.len()
+    );
+    use sha2::Digest as _;
+    let sha: String = sha2::Sha256::digest(&content)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(end["sha256"], sha);
+    let done = sub.done.await.unwrap();
+    assert!(done.error.is_none(), "{:?}", done.error);
+    let status = stack.servers[lost].terminate().await;
+    assert!(status.success(), "the replica drains and exits by itself: {status}");
+    assert_eq!(holder(&stack, &ids).await, survivor);
+}
+
 async fn hand_over(approval: bool) {
     let mock = MockProvider::start().await;
     let BehindNginx {

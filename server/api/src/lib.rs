@@ -273,7 +273,8 @@ const HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// SIGTERM: stop handing out turns and ask the workers to move theirs to another replica
 /// ([`AppState::draining`]), then wait — within `BERTH_DRAIN_TIMEOUT_SECS` — until this
-/// replica relays no turn and serves no model stream.
+/// replica relays no turn, serves no model stream and has no workspace call in progress on
+/// its worker connections (watches aside: they end with the connection).
 async fn drain(state: &AppState) {
     state.draining.cancel();
     let started = std::time::Instant::now();
@@ -283,13 +284,22 @@ async fn drain(state: &AppState) {
         "draining: workers asked to move their turns"
     );
     loop {
-        let (turns, streams) = (state.workers.held_turns(), state.proxy.streams());
-        if turns == 0 && streams == 0 {
+        let (turns, streams, calls) = (
+            state.workers.held_turns(),
+            state.proxy.streams(),
+            state.workers.held_calls(),
+        );
+        if turns == 0 && streams == 0 && calls == 0 {
             tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "drained");
             return;
         }
         if std::time::Instant::now() >= deadline {
-            tracing::warn!(turns, streams, "drain timeout: turns still held here end interrupted");
+            tracing::warn!(
+                turns,
+                streams,
+                calls,
+                "drain timeout: turns still held here end interrupted"
+            );
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

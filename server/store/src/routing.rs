@@ -12,7 +12,7 @@ pub struct WorkerRoute {
 }
 
 impl Store {
-    /// The replica holding the freshest live connection of a worker serving `workspace_id`
+    /// The replica holding the newest live connection of a worker serving `workspace_id`
     /// (None: no worker holds it).
     /// One round trip (it is on the path of every worker call through another replica).
     pub async fn worker_route(&self, tenant_id: &str, workspace_id: &str) -> Result<Option<WorkerRoute>> {
@@ -25,7 +25,7 @@ impl Store {
                  LEFT JOIN replicas r ON r.replica_id = p.replica_id
                  WHERE p.tenant_id = $1 AND $2 = ANY(p.workspace_ids)
                    AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'
-                 ORDER BY p.heartbeat_at DESC LIMIT 1"
+                 ORDER BY p.connected_at DESC LIMIT 1"
             ),
             &[&tenant_id, &workspace_id],
         )
@@ -52,7 +52,7 @@ impl Store {
                      SELECT p.replica_id FROM worker_presence p
                      WHERE p.tenant_id = $2 AND s.workspace_id = ANY(p.workspace_ids)
                        AND p.heartbeat_at > now() - interval '{PRESENCE_TTL}'
-                     ORDER BY p.heartbeat_at DESC LIMIT 1
+                     ORDER BY p.connected_at DESC LIMIT 1
                  ) p ON true
                  LEFT JOIN replicas r ON r.replica_id = p.replica_id
                  WHERE s.id = $1 AND s.tenant_id = $2 AND (s.removed_at IS NULL) IS TRUE"

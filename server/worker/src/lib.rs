@@ -156,6 +156,12 @@ async fn serve(
                     let old = std::mem::replace(&mut conn, next);
                     let shared = shared.clone();
                     tokio::spawn(async move {
+                        // The calls the old connection has (a file read through another
+                        // replica, say) finish there; new ones come on the new connection.
+                        // Its watches end with it.
+                        while old.observer.busy() > 0 && !old.done.is_finished() {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
                         old.close.cancel();
                         let _ = old.done.await;
                         shared.connection_ended(&old.id);
@@ -449,6 +455,8 @@ struct Connection {
     close: CancellationToken,
     /// The connection's task: ends with the connection.
     done: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// The connection's workspace calls.
+    observer: observe::Observer,
 }
 
 /// The connection's outbound side, for a turn or an observation call.
@@ -616,6 +624,7 @@ impl Connection {
             reconnect: reconnect.clone(),
             id: id.clone(),
         };
+        let observer = drive.observer.clone();
         let done = tokio::spawn(drive.run(sink, stream, out_rx, close.clone(), calls));
         Ok(Connection {
             id,
@@ -623,6 +632,7 @@ impl Connection {
             reconnect,
             close,
             done,
+            observer,
         })
     }
 }

@@ -151,6 +151,13 @@ impl CallTable {
         })
     }
 
+    /// Calls in progress other than watches (a watch ends only with its connection).
+    pub(super) fn busy(&self) -> usize {
+        let calls = CALLS_PER_WORKER - self.slots.available_permits();
+        let watches = WATCHES_PER_WORKER - self.watch_slots.available_permits();
+        calls.saturating_sub(watches)
+    }
+
     /// The connection ended: every call in progress ends with a typed error.
     pub(super) fn close(&self) {
         self.calls.lock().expect("calls lock").take();
@@ -558,19 +565,28 @@ pub async fn call(
         method: method_name.to_string(),
         params,
     };
-    if let Some(stream) = state.workers.call_local(tenant_id, call.clone()).await? {
+    // A draining replica's workers are moving to other replicas: once the worker's newest
+    // connection is elsewhere, calls go there, and the old connection only finishes the
+    // calls it has (it closes when they are done).
+    let draining = state.draining.is_cancelled();
+    if !draining && let Some(stream) = state.workers.call_local(tenant_id, call.clone()).await? {
         return Ok(stream);
     }
     let offline = || ApiError::code(ErrorCode::WorkspaceOffline);
     let route = match route {
         Some(route) => route,
         None => state.store.worker_route(tenant_id, &call.workspace_id).await?,
-    }
-    .ok_or_else(offline)?;
-    if route.replica_id == state.config.replica_id {
-        // Presence not yet cleaned up after our connection ended.
-        return Err(offline());
-    }
+    };
+    let route = match route {
+        Some(route) if route.replica_id != state.config.replica_id => route,
+        // None elsewhere (yet), or presence not yet cleaned up after our connection ended.
+        _ => {
+            if draining && let Some(stream) = state.workers.call_local(tenant_id, call).await? {
+                return Ok(stream);
+            }
+            return Err(offline());
+        }
+    };
     let Some(url) = route.internal_url else {
         return Err(ApiError(unavailable("replica-unreachable")));
     };

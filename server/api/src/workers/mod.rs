@@ -246,6 +246,13 @@ impl Registry {
         conns.iter().map(|c| c.handed().turns.len()).sum()
     }
 
+    /// Calls other than watches in progress on this replica's worker connections (a
+    /// draining replica waits for none to be left, within its drain timeout).
+    pub fn held_calls(&self) -> usize {
+        let conns = self.conns.lock().expect("registry lock");
+        conns.values().map(|w| w.calls.busy()).sum()
+    }
+
     pub fn kick_all(&self) {
         for w in self.conns.lock().expect("registry lock").values() {
             w.kick.notify_one();

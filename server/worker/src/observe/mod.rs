@@ -33,6 +33,8 @@ use crate::{Link, workspace::Workspace};
 struct Running {
     credit: Arc<Semaphore>,
     cancel: CancellationToken,
+    /// A `files.watch`, which ends only when closed or with its connection.
+    watch: bool,
 }
 
 /// Answers the server's `call`s for this connection's workspaces.
@@ -54,6 +56,16 @@ impl Observer {
             calls: Arc::default(),
             closed,
         }
+    }
+
+    /// Calls in progress other than watches.
+    pub(crate) fn busy(&self) -> usize {
+        self.calls
+            .lock()
+            .expect("calls lock")
+            .values()
+            .filter(|c| !c.watch)
+            .count()
     }
 
     /// Handle `text` if it is a `call`, `call.ack` or `call.cancel`; false otherwise.
@@ -104,6 +116,7 @@ impl Observer {
             Running {
                 credit: credit.clone(),
                 cancel: cancel.clone(),
+                watch: call.method == method::FilesWatch::NAME,
             },
         );
         let this = self.clone();
