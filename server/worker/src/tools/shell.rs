@@ -71,6 +71,10 @@ pub fn is_secret_env(key: &str) -> bool {
         || k.starts_with("PGPASS")
         || k == "AWS_SECRET_ACCESS_KEY"
         || k == "AWS_SESSION_TOKEN"
+        // `object_store` reads these too: another name for the session token, and the
+        // customer key object storage encrypts with.
+        || k == "AWS_TOKEN"
+        || k == "AWS_SSE_CUSTOMER_KEY_BASE64"
 }
 
 /// The command's process group, and the mark of every process it started: killed when
@@ -335,6 +339,15 @@ mod tests {
         );
         assert!(r.output.ends_with("[exit code 3]"));
         assert!(is_secret_env("BERTH_WORKER_TOKEN") && is_secret_env("DATABASE_URL"));
+        for aws in [
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_TOKEN",
+            "AWS_SSE_CUSTOMER_KEY_BASE64",
+        ] {
+            assert!(is_secret_env(aws), "{aws}");
+        }
+        assert!(!is_secret_env("AWS_REGION"));
         assert!(!is_secret_env("PATH"));
     }
 
