@@ -167,7 +167,7 @@ async fn a_channel_sessions_model_attaches_a_file_that_comes_back_with_its_reply
         let why = if i < 3 {
             "outside the workspace"
         } else {
-            "not sent out of the workspace"
+            "repository internals (.git) are not read by tools"
         };
         assert!(body.contains(why), "{body}");
         assert!(!body.contains("SECRET") && !body.contains("root:"), "{body}");

@@ -11,8 +11,8 @@
 //! it away from two places inside the workspace (a prompt-injected model must not read or
 //! plant what it should not): Berth's own state (`.berth/`: a data directory with
 //! credentials, the workspace's skills and MCP configuration) is neither read nor written,
-//! and repository internals (any `.git`: hooks and configuration run code later) are not
-//! written. The check is made on the path as given and again, after the open, on the path
+//! and neither are repository internals (any `.git`: hooks and configuration run code
+//! later, and the configuration may hold credentials). The check is made on the path as given and again, after the open, on the path
 //! the kernel actually opened (`/proc/self/fd`), so a symlink inside the workspace that
 //! points there does not get round it. Berth reads its own files under `.berth/` with
 //! [`Workspace::read_private`] and [`Workspace::list_private`].
@@ -59,9 +59,6 @@ pub(crate) const PRIVATE_DIR: &str = ".berth";
 enum Access {
     Read,
     Write,
-    /// Read to be sent out of the workspace (`attach_file`): a repository's internals (its
-    /// configuration may hold credentials) are not, as they are not opened for clients.
-    Send,
 }
 
 /// Why the model may not do `access` to the relative path `rel` (lexically normalized), if
@@ -74,11 +71,12 @@ fn refused(rel: &Path, access: Access) -> Option<&'static str> {
             return Some("Berth's private state (.berth/) is not open to tools");
         }
         if is(c, ".git") {
-            match access {
-                Access::Read => {}
-                Access::Write => return Some("repository internals (.git) are not written by tools"),
-                Access::Send => return Some("repository internals (.git) are not sent out of the workspace"),
-            }
+            // Read, its configuration would reach the model, the provider and the session's
+            // history, and it may hold credentials (a remote's URL, an `extraheader`).
+            return Some(match access {
+                Access::Read => "repository internals (.git) are not read by tools: use git through the shell",
+                Access::Write => "repository internals (.git) are not written by tools",
+            });
         }
     }
     None
@@ -95,7 +93,7 @@ fn open_nonblocking(dir: &Dir, rel: &Path, access: Access) -> io::Result<std::fs
     use cap_std::fs::OpenOptionsExt;
     let mut options = cap_std::fs::OpenOptions::new();
     match access {
-        Access::Read | Access::Send => options.read(true),
+        Access::Read => options.read(true),
         Access::Write => options.write(true),
     };
     options.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
@@ -248,12 +246,6 @@ impl Workspace {
         read_at_most(path, self.open_file(path)?, max)
     }
 
-    /// [`Workspace::read_bounded`] of a file the model sends out of the workspace
-    /// (`attach_file`): never one that is, or really lies, in a `.git` or `.berth`.
-    pub(crate) fn read_to_send(&self, path: &str, max: u64) -> Result<Option<Vec<u8>>, PathError> {
-        read_at_most(path, self.open_to(path, Access::Send)?, max)
-    }
-
     /// Berth's own read of its file `path` under `.berth/` (a skill, the MCP configuration):
     /// at most `max` bytes (`None` if it is longer).
     pub(crate) fn read_private(&self, path: &str, max: u64) -> Result<Option<Vec<u8>>, PathError> {
@@ -284,9 +276,9 @@ impl Workspace {
     /// a symlinked directory. Each parent is opened, or created and opened, under the one
     /// before and checked as what it really is before anything is created in it; the file
     /// is opened without following a symlink and checked before it is truncated. A name
-    /// that is a symlink is written through only to a file that exists (checked as what it
-    /// is): nothing is ever created through a symlink, so a dangling one cannot plant a file
-    /// under `.git` or `.berth`.
+    /// that is a symlink is not written (the model is told where it points): nothing is
+    /// written or created through a symlink, so a dangling one cannot plant a file under
+    /// `.git` or `.berth`, and an approved write is of the file it names.
     pub(crate) fn write(&self, path: &str, contents: &[u8]) -> Result<(), PathError> {
         let rel = normalized(&self.relative(path)?);
         let Some(name) = rel.file_name() else {
@@ -333,16 +325,24 @@ impl Workspace {
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
         let file = match rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o666)) {
             Ok(fd) => std::fs::File::from(fd),
-            // The name is a symlink: followed (beneath the root) only to a file that exists.
-            Err(rustix::io::Errno::LOOP) => match open_nonblocking(dir, Path::new(name), Access::Write) {
-                Ok(f) => f,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(PathError(format!(
-                        "{path}: is a symlink to a file that does not exist; write the path it points to instead"
-                    )));
+            // The name is a symlink: never written through, so that what a person approves
+            // ("write notes.md") is the file written, not one the link leads to (a hook
+            // under a `core.hooksPath` in the worktree, say).
+            Err(rustix::io::Errno::LOOP) => {
+                // One that leads out of the workspace, into a guarded place or to what is
+                // not a file is refused for that; the model is told where others point.
+                match open_nonblocking(dir, Path::new(name), Access::Write) {
+                    Ok(file) => drop(self.regular_file(path, file, Access::Write)?),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(fs_error(path, &e)),
                 }
-                Err(e) => return Err(fs_error(path, &e)),
-            },
+                let target = rustix::fs::readlinkat(dir, name, Vec::new())
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                return Err(PathError(format!(
+                    "{path}: is a symlink (to {target:?}); write the path it points to instead"
+                )));
+            }
             Err(e) => return Err(fs_error(path, &e.into())),
         };
         self.regular_file(path, file, Access::Write)
@@ -668,7 +668,7 @@ mod tests {
     }
 
     #[test]
-    fn berths_state_is_closed_to_tools_and_git_internals_to_their_writes() {
+    fn berths_state_and_git_internals_are_closed_to_tools() {
         let (_t, w, _) = setup();
         let root = w.root().to_path_buf();
         std::fs::create_dir_all(root.join(".berth/run")).unwrap();
@@ -720,9 +720,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(root.join(".git/config")).unwrap(), "[core]");
         assert!(!root.join(".git/hooks/pre-commit").exists());
         assert!(!root.join(".git/hooks/post-checkout").exists());
-        // Git's files are still readable, and ordinary files writable.
-        assert_eq!(read(&w, ".git/config").unwrap(), "[core]");
-        // But neither they nor Berth's are sent out of the workspace (`attach_file`), by any
+        // Nor are git's files read (nor sent out of the workspace by `attach_file`), by any
         // name.
         for p in [
             ".git/config",
@@ -733,10 +731,15 @@ mod tests {
             "token-link",
             ".berth/run/token",
         ] {
-            assert!(w.read_to_send(p, 100).is_err(), "{p}");
+            assert!(w.read_bounded(p, 100).is_err(), "{p}");
+            assert!(read(&w, p).is_err(), "{p}");
+        }
+        for p in [".git", ".git/hooks", "gitdir", "vendor/lib/.git"] {
+            assert!(w.list(p).is_err(), "{p}");
+            assert!(w.dir_path(p).is_err(), "{p}");
         }
         w.write("sub/send.txt", b"ok").unwrap();
-        assert_eq!(w.read_to_send("sub/send.txt", 100).unwrap().unwrap(), b"ok");
+        assert_eq!(w.read_bounded("sub/send.txt", 100).unwrap().unwrap(), b"ok");
         w.write("sub/new.txt", b"ok").unwrap();
         w.write("top.txt", b"ok").unwrap();
         assert_eq!(read(&w, "sub/new.txt").unwrap(), "ok");
@@ -751,8 +754,8 @@ mod tests {
 
     /// Nothing is created through a symlink or under a symlinked directory that leads into
     /// `.git` or `.berth`: a dangling link to a missing file there, a `..` after a link, a
-    /// new directory under a link. A link to a file that exists elsewhere in the workspace
-    /// is written through.
+    /// new directory under a link. Nor is a link to a file elsewhere in the workspace
+    /// written through: the model is told to write the file it points to.
     #[test]
     fn writes_never_create_anything_through_a_symlink_into_guarded_places() {
         let (_t, w, _) = setup();
@@ -773,15 +776,17 @@ mod tests {
         assert!(!root.join(".git/hooks/pre-commit").exists());
         assert!(!root.join("sub/missing.txt").exists());
         let e = w.write("dangling", b"x").unwrap_err();
-        assert!(e.0.contains("does not exist"), "{e}");
+        assert!(e.0.contains("is a symlink (to \"sub/missing.txt\")"), "{e}");
         // `..` is resolved on the path as given: `gl/../d/f` is `d/f` at the root, not
         // `.git/d/f` through the link.
         w.write("gl/../d/f", b"ok").unwrap();
         assert_eq!(std::fs::read_to_string(root.join("d/f")).unwrap(), "ok");
         assert!(!root.join(".git/d").exists());
-        // A link to a file inside is written through; the link stays a link.
-        w.write("good", b"through").unwrap();
-        assert_eq!(std::fs::read_to_string(root.join("sub/inside.txt")).unwrap(), "through");
+        // Nor a link to a file inside: the write names the file it changes.
+        w.write("sub/inside.txt", b"before").unwrap();
+        let e = w.write("good", b"through").unwrap_err();
+        assert!(e.0.contains("is a symlink (to \"sub/inside.txt\")"), "{e}");
+        assert_eq!(std::fs::read_to_string(root.join("sub/inside.txt")).unwrap(), "before");
         assert!(
             std::fs::symlink_metadata(root.join("good"))
                 .unwrap()

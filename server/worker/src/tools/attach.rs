@@ -62,7 +62,7 @@ pub(crate) async fn run(t: &TurnLink, ws: Arc<Workspace>, max: u64, arguments: &
     }
     let path = a.path.clone();
     let read = tokio::task::spawn_blocking(move || {
-        let data = ws.read_to_send(&path, max)?;
+        let data = ws.read_bounded(&path, max)?;
         Ok::<_, crate::workspace::PathError>(data.map(|d| {
             let sha256 = crate::attachments::hex(&Sha256::digest(&d));
             (d, sha256)
