@@ -134,9 +134,8 @@ async fn a_workspace_mcp_servers_tool_is_approved_runs_in_the_workspace_and_its_
     assert_eq!(result["tool"]["status"], "completed");
     let body = result["body"].as_str().unwrap();
     assert!(body.starts_with("echo: ahoy\n"), "{body}");
-    // Started inside the workspace, with a clean environment plus its own variables.
-    let root = stack.workspace_dir.canonicalize().unwrap();
-    assert!(body.contains(&format!("cwd: {}\n", root.display())), "{body}");
+    // Started in `/`, not in the workspace, with a clean environment plus its own variables.
+    assert!(body.contains("cwd: /\n"), "{body}");
     let env = body.rsplit("env: ").next().unwrap();
     let names: Vec<&str> = env.split(',').collect();
     assert!(names.contains(&"GREETING") && names.contains(&"PATH"), "{env}");
@@ -511,7 +510,7 @@ async fn an_admins_http_mcp_server_serves_a_members_session_under_approval_and_i
 }
 
 #[tokio::test]
-async fn tenant_stdio_servers_run_in_the_workspace_and_the_workers_own_file_wins_a_name_clash() {
+async fn tenant_stdio_servers_run_outside_the_workspace_and_the_workers_own_file_wins_a_name_clash() {
     let mock = MockProvider::start().await;
     let mut stack = Stack::start(&mock, 1).await;
     let config = stack.workspace_dir.with_extension("worker-mcp.json");
@@ -529,7 +528,7 @@ async fn tenant_stdio_servers_run_in_the_workspace_and_the_workers_own_file_wins
     admin
         .ok(
             "mcp.save",
-            json!({"name": "local", "transport": stdio(json!({"TENANT_TOKEN": "env-s3cret"}))}),
+            json!({"name": "local", "transport": stdio(json!({"TENANT_TOKEN": "env-s3cret", "WHERE": "${workspace}"}))}),
         )
         .await;
     admin
@@ -542,6 +541,18 @@ async fn tenant_stdio_servers_run_in_the_workspace_and_the_workers_own_file_wins
         .ok(
             "mcp.save",
             json!({"name": "off", "transport": stdio(json!({})), "enabled": false}),
+        )
+        .await;
+    // A command named relative to the working directory never runs a workspace's file: a
+    // repository (or the model's approved write) cannot plant what a server starts.
+    let planted = stack.workspace_dir.join("planted.sh");
+    let marker = stack.workspace_dir.join("planted-ran");
+    std::fs::write(&planted, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::set_permissions(&planted, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    admin
+        .ok(
+            "mcp.save",
+            json!({"name": "planted", "transport": {"kind": "stdio", "command": "./planted.sh"}}),
         )
         .await;
     // One that cannot be reached is a notice, not a failed turn.
@@ -560,7 +571,7 @@ async fn tenant_stdio_servers_run_in_the_workspace_and_the_workers_own_file_wins
         .unwrap();
     assert_eq!(
         local["transport"],
-        json!({"kind": "stdio", "command": SERVER, "envNames": ["TENANT_TOKEN"]})
+        json!({"kind": "stdio", "command": SERVER, "envNames": ["TENANT_TOKEN", "WHERE"]})
     );
     assert!(!listed.to_string().contains("env-s3cret"), "{listed}");
 
@@ -590,9 +601,14 @@ async fn tenant_stdio_servers_run_in_the_workspace_and_the_workers_own_file_wins
         .filter(|e| e["type"] == "session.notice")
         .map(|e| e["params"].clone())
         .collect();
+    let mut notices: Vec<String> = notices.iter().map(Value::to_string).collect();
+    notices.sort();
     assert_eq!(
         notices,
-        [json!({"server": "gone", "reason": "start-failed"})],
+        [
+            json!({"server": "gone", "reason": "start-failed"}).to_string(),
+            json!({"server": "planted", "reason": "start-failed"}).to_string(),
+        ],
         "{events:?}"
     );
 
@@ -608,11 +624,22 @@ async fn tenant_stdio_servers_run_in_the_workspace_and_the_workers_own_file_wins
             .unwrap()
             .to_string()
     };
-    // The tenant's server ran in the workspace with its own environment.
+    // The tenant's server ran outside the workspace, told where it is, with its own
+    // environment; the planted script never ran.
     let local = body("call_l");
-    let root = stack.workspace_dir.canonicalize().unwrap();
     assert!(local.starts_with("echo: tenant\n"), "{local}");
-    assert!(local.contains(&format!("cwd: {}\n", root.display())), "{local}");
+    assert!(local.contains("cwd: /\n"), "{local}");
+    let place = local
+        .split("where: ")
+        .nth(1)
+        .and_then(|l| l.lines().next())
+        .unwrap_or_default();
+    assert_eq!(
+        std::path::Path::new(place).canonicalize().ok(),
+        stack.workspace_dir.canonicalize().ok(),
+        "{local}"
+    );
+    assert!(!marker.exists(), "a workspace file ran as an MCP server");
     assert!(local.contains("TENANT_TOKEN"), "{local}");
     // On a name clash the worker's own entry is the one started.
     let clash = body("call_c");

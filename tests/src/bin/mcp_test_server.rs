@@ -1,7 +1,7 @@
 //! A minimal MCP server for the end-to-end tests: it offers one tool, `echo {text}`, whose
-//! answer also tells where it runs (its working directory and the names of its environment
-//! variables), so a test can check that the worker starts it inside the workspace with a
-//! clean environment.
+//! answer also tells where it runs (its working directory, its `WHERE` variable and the names
+//! of its environment variables), so a test can check that the worker starts it outside the
+//! workspace, told where the workspace is, with a clean environment.
 //!
 //! By default it speaks stdio (newline-delimited JSON-RPC 2.0, written by hand); with `PIDFILE`
 //! set it writes its process id there first; with `LINGER` set it stays after its input ends
@@ -31,7 +31,9 @@ fn echo(text: &str) -> String {
         .map(|(k, _)| k.to_string_lossy().into_owned())
         .collect();
     names.sort();
-    format!("echo: {text}\ncwd: {cwd}\nenv: {}", names.join(","))
+    // `WHERE`: a value the worker may have filled in (`${workspace}`).
+    let place = std::env::var("WHERE").unwrap_or_default();
+    format!("echo: {text}\ncwd: {cwd}\nwhere: {place}\nenv: {}", names.join(","))
 }
 
 fn main() {

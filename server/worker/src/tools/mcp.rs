@@ -10,7 +10,10 @@
 //! `{"mcpServers": {"name": {"command", "args", "env"} | {"url", "headers"}}}`.
 //!
 //! A turn with tools connects to every configured server at its start and disconnects at
-//! its end: stdio servers run with the workspace root as working directory, a clean
+//! its end: stdio servers run in `/`, not in the workspace (an interpreter or launcher
+//! there would take the workspace's files — a `json.py` on Python's path, a package in
+//! `node_modules`, an `.npmrc`, `./srv` — and run them before any approval), with
+//! `${workspace}` in their arguments and variables standing for the workspace root, a clean
 //! environment (`PATH`, `HOME`, `LANG` and the server's own `env`; none of Berth's secrets)
 //! and their own process group, which is killed when the turn is done; what a server started
 //! outside its group is found by its mark (`marks.rs`) and killed then too. Their tools reach the
@@ -496,6 +499,9 @@ async fn read_workspace_file(ws: &Arc<Workspace>) -> Result<BTreeMap<String, Ser
 
 type Started = (RunningService<RoleClient, ()>, Vec<Tool>, Option<KillOnDrop>);
 
+/// In a stdio server's arguments and variables, the workspace root.
+const WORKSPACE_VAR: &str = "${workspace}";
+
 /// Start or reach one server, do the handshake and list its tools.
 async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'static str> {
     let (service, marked) = if let Some(command) = &spec.command {
@@ -509,7 +515,8 @@ async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'
             if lifeline.is_some() {
                 c.args(["-c", super::lifeline::GUARD_ON_STDERR, "sh", command]);
             }
-            c.args(&spec.args).current_dir(root).env_clear();
+            let at_root = |s: &String| s.replace(WORKSPACE_VAR, &root.to_string_lossy());
+            c.args(spec.args.iter().map(at_root)).current_dir("/").env_clear();
             for key in ["PATH", "HOME", "LANG"] {
                 if let Some(v) = std::env::var_os(key) {
                     c.env(key, v);
@@ -518,7 +525,7 @@ async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'
             if std::env::var_os("PATH").is_none() {
                 c.env("PATH", "/usr/local/bin:/usr/bin:/bin");
             }
-            c.envs(&spec.env);
+            c.envs(spec.env.iter().map(|(k, v)| (k, at_root(v))));
             c.env(marks::MARK_ENV, &mark);
         });
         cmd.wrap(ProcessGroup::leader());
