@@ -122,6 +122,7 @@ async fn a_turn_writes_a_file_runs_a_command_that_reads_it_and_answers() {
         [
             "shell",
             "read_file",
+            "view_image",
             "write_file",
             "edit_file",
             "apply_patch",
@@ -576,6 +577,77 @@ async fn a_large_output_is_cut_for_the_model_and_whole_in_history() {
         }
     }
     assert_eq!(whole, expected);
+}
+
+/// `view_image` shows a workspace image to the model: the call's result says what was shown,
+/// and the next request carries the image as input in a user message after the step's
+/// results (a tool result is text only); a later turn's request carries only the text.
+#[tokio::test]
+async fn an_image_the_model_views_reaches_it_as_image_input() {
+    use base64::Engine as _;
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89";
+    std::fs::write(stack.workspace_dir.join("shot.png"), png).unwrap();
+    std::fs::write(stack.workspace_dir.join("notes.txt"), "words").unwrap();
+    mock.push(Reply::tools(
+        &[
+            ("v1", "view_image", json!({"path": "shot.png"})),
+            ("v2", "view_image", json!({"path": "notes.txt"})),
+        ],
+        8,
+    ));
+    mock.push(Reply::text(&["A one-pixel image."]));
+    let events = turn(&mut c, &mut watch, &sid, "Look at the screenshot").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    assert!(offered(&mock, 0).contains(&"view_image".to_string()));
+    let sent = messages(&mock, 1);
+    let roles: Vec<&str> = sent.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "tool", "user"],
+        "{sent:?}"
+    );
+    let shown = sent[3]["content"].as_str().unwrap();
+    assert!(
+        shown.starts_with(&format!("shot.png: image/png, {} bytes, shown to you", png.len())),
+        "{shown}"
+    );
+    assert!(
+        sent[4]["content"]
+            .as_str()
+            .unwrap()
+            .contains("not a PNG, JPEG, GIF or WebP image")
+    );
+    let b64 = base64::engine::general_purpose::STANDARD.encode(png);
+    assert_eq!(
+        sent[5]["content"][0]["text"],
+        "[Berth: the images view_image showed, in order: shot.png]"
+    );
+    assert_eq!(sent[5]["content"][1]["type"], "image_url");
+    assert_eq!(
+        sent[5]["content"][1]["image_url"]["url"],
+        format!("data:image/png;base64,{b64}")
+    );
+    // History keeps what the model read; the next turn is not sent the image again.
+    let rows = c.history(&sid).await;
+    let result = rows
+        .iter()
+        .find(|r| r["kind"] == "toolResult" && r["tool"]["callId"] == "v1")
+        .expect("the call's result");
+    assert_eq!(result["tool"]["status"], "completed");
+    assert_eq!(result["body"].as_str(), Some(shown));
+    mock.push(Reply::text(&["ok"]));
+    let events = turn(&mut c, &mut watch, &sid, "Thanks").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let later = serde_json::to_string(&messages(&mock, 2)).unwrap();
+    assert!(
+        later.contains("shown to you") && !later.contains("image_url"),
+        "{later}"
+    );
 }
 
 /// The tool names offered in provider request `i`.

@@ -360,6 +360,10 @@ impl Providers {
     }
 }
 
+/// Room in a model request for images as base64, which a context window's measure does
+/// not cover: the three images of at most 2 MiB a worker keeps shown (`view_image`).
+pub const IMAGE_ROOM: u64 = 3 * (2 << 20) * 4 / 3 + (64 << 10);
+
 /// What a call needs to know about its model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelSpec {
@@ -370,6 +374,7 @@ pub struct ModelSpec {
 impl ModelSpec {
     /// The proxy's request-body limit: room for a full context window of JSON-escaped text
     /// (16 bytes a token: a token is a few bytes of text, more once JSON-escaped) plus 1 MiB.
+    /// Images' base64 is not counted against it, up to [`IMAGE_ROOM`] more.
     pub fn body_limit(&self) -> usize {
         let bytes = self.context_tokens.saturating_mul(16).saturating_add(1 << 20);
         usize::try_from(bytes).unwrap_or(usize::MAX)

@@ -146,12 +146,18 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
     let Some((base, with_key)) = endpoint(profile, turn.base_url.as_deref()) else {
         return fail(StatusCode::FORBIDDEN, ErrorCode::BaseUrlNotAllowed.as_str(), None);
     };
-    // The body may hold a full context window of this model (and no more).
+    // The body may hold a full context window of this model (and no more), besides the
+    // images it shows as base64.
     let spec = model_cfg.spec(profile, &model);
-    let body = match axum::body::to_bytes(body, spec.body_limit()).await {
+    let too_large = || fail(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge.as_str(), None);
+    let room = spec.body_limit().saturating_add(crate::config::IMAGE_ROOM as usize);
+    let body = match axum::body::to_bytes(body, room).await {
         Ok(b) => b,
-        Err(_) => return fail(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge.as_str(), None),
+        Err(_) => return too_large(),
     };
+    if body.len() > spec.body_limit() && body.len() - image_data_bytes(&body) > spec.body_limit() {
+        return too_large();
+    }
     // The turn's model, one choice, streamed with usage, output capped: whatever was asked.
     let (context_cap, max_output) = (spec.context_tokens, model_cfg.max_output_tokens);
     let rewrite = |obj: &mut serde_json::Map<String, serde_json::Value>| {
@@ -253,6 +259,19 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
 /// or web access with the tenant's key: `n`, `store`, `service_tier`, … are dropped), the
 /// turn's `model`, and an output never asked for beyond one context window
 /// (`context_cap`) or the configured `max_output` (then always set).
+/// The bytes of the base64 images (`"data:image/…"` URLs) in a model request's body.
+fn image_data_bytes(body: &[u8]) -> usize {
+    let mut total = 0;
+    let mut rest = body;
+    while let Some(at) = memchr::memmem::find(rest, b"\"data:image/") {
+        let url = &rest[at + 1..];
+        let len = memchr::memchr(b'"', url).unwrap_or(url.len());
+        total += len;
+        rest = &url[len..];
+    }
+    total
+}
+
 fn server_terms(
     obj: &mut serde_json::Map<String, serde_json::Value>,
     model: &str,
@@ -624,6 +643,24 @@ fn without_url(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Images' base64 does not count against the body limit; everything else does.
+    #[test]
+    fn a_requests_image_data_is_measured_apart() {
+        let b64 = "QUJD".repeat(1000);
+        let body = serde_json::json!({"messages": [
+            {"role": "user", "content": "see data:image/png here"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "two"},
+                {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+                {"type": "image_url", "image_url": {"url": format!("data:image/jpeg;base64,{b64}")}},
+            ]},
+        ]})
+        .to_string();
+        let urls = "data:image/png;base64,".len() + "data:image/jpeg;base64,".len() + 2 * b64.len();
+        assert_eq!(image_data_bytes(body.as_bytes()), urls);
+        assert_eq!(image_data_bytes(b"{\"messages\": []}"), 0);
+    }
 
     #[test]
     fn only_a_turns_fields_go_on_with_the_output_capped() {

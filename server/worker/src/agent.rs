@@ -26,6 +26,7 @@ use crate::{
     skills,
     tools::{
         Tools, ask, attach,
+        image::Image,
         mcp::{Mcp, Problem},
         plan,
     },
@@ -133,7 +134,7 @@ async fn steps(
         }
         let mut body = request(run, &conv, schemas.as_deref(), last);
         if let Some(window) = run.context_tokens
-            && estimated_tokens(&body) > window * COMPACT_AT_PERCENT / 100
+            && estimated_tokens(&body, &conv) > window * COMPACT_AT_PERCENT / 100
             && let Some(keep_from) = conv.cut(window * KEEP_PERCENT / 100)
             && compacted_to.is_none_or(|c| keep_from > c)
         {
@@ -170,6 +171,7 @@ async fn steps(
                 last_step: None,
             });
         }
+        let mut viewed = Vec::new();
         for (i, call) in completion.tool_calls.iter().enumerate() {
             let position = Position {
                 source_sequence: sequence,
@@ -179,9 +181,12 @@ async fn steps(
             // says why); any other call to a tool not offered does not run.
             let depth_spent = call.name == DELEGATE && run.delegation_depth == 0;
             let tools = tools.filter(|_| depth_spent || is_offered(schemas.as_deref(), &call.name));
-            let output = call_tool(t, run, tools, mcp, &skills, call, position, cancel).await?;
+            let (output, image) = call_tool(t, run, tools, mcp, &skills, call, position, cancel).await?;
             conv.push_result(&call.id, &output);
+            viewed.extend(image);
         }
+        // Images the calls showed come after all the step's results (a result is text).
+        conv.push_images(viewed);
     }
     Err(Halt::Failed(cause(CauseCode::StepLimit)))
 }
@@ -294,9 +299,11 @@ struct ModelRequest<'a> {
     max_tokens: Option<u64>,
 }
 
-/// About four bytes a token (as `session.context` estimates).
-fn estimated_tokens(body: &[u8]) -> u64 {
-    (body.len() as u64).div_ceil(4)
+/// About four bytes a token (as `session.context` estimates), an image shown as what it
+/// costs a model rather than its base64 text.
+fn estimated_tokens(body: &[u8], conv: &Conversation) -> u64 {
+    let (images, image_bytes) = conv.images();
+    (body.len().saturating_sub(image_bytes) as u64).div_ceil(4) + images as u64 * messages::IMAGE_TOKENS
 }
 
 /// Ask the server to summarize the history before `keep_from` (`turn.compact`); true when
@@ -417,7 +424,8 @@ fn step_rows(c: &Completion) -> (Vec<NewRow>, usize) {
     (rows, first_call)
 }
 
-/// Ask if needed, run, publish the end; returns the output the model reads.
+/// Ask if needed, run, publish the end; returns the output the model reads and the image
+/// it is shown (`view_image`).
 #[allow(clippy::too_many_arguments)] // the turn's tool families, each passed as it is
 async fn call_tool(
     t: &TurnLink,
@@ -428,7 +436,7 @@ async fn call_tool(
     call: &ToolCall,
     position: Position,
     cancel: &CancellationToken,
-) -> Result<String, Halt> {
+) -> Result<(String, Option<Image>), Halt> {
     if cancel.is_cancelled() {
         return Err(Halt::Stopped);
     }
@@ -439,7 +447,7 @@ async fn call_tool(
         );
         t.tool_ended(position, &call.id, ToolStatus::Failed, output.clone())
             .await?;
-        return Ok(output);
+        return Ok((output, None));
     };
     if policy::needs_approval(&call.name, run.auto_approve) {
         match policy::ask(t, call, cancel).await? {
@@ -447,12 +455,12 @@ async fn call_tool(
             Answer::Denied(output) => {
                 t.tool_ended(position, &call.id, ToolStatus::Denied, output.clone())
                     .await?;
-                return Ok(output);
+                return Ok((output, None));
             }
             Answer::Unavailable(output) => {
                 t.tool_ended(position, &call.id, ToolStatus::Failed, output.clone())
                     .await?;
-                return Ok(output);
+                return Ok((output, None));
             }
         }
     }
@@ -490,7 +498,7 @@ async fn call_tool(
         ToolStatus::Failed
     };
     t.tool_ended(position, &call.id, status, outcome.output.clone()).await?;
-    Ok(outcome.output)
+    Ok((outcome.output, outcome.image))
 }
 
 #[cfg(test)]

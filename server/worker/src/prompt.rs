@@ -19,7 +19,8 @@ const GUIDANCE: &str = "\
 places or files in one call); write_file is for new files and complete rewrites.
 - Run builds, tests and git with shell; its output keeps the beginning and the end. Don't run commands that wait for \
 input or never end (servers, watchers) without a timeout.
-- Tools cannot write inside .git, and Berth's .berth/ directory is not open to them.
+- Look at screenshots, diagrams and other images with view_image; read_file reads text.
+- Tools cannot read or write inside .git (use git through shell), and Berth's .berth/ directory is not open to them.
 - When a call fails, read its message: it says why and what to do next.";
 
 /// The environment section for a session with tools in `ws` (git read at most once, here).

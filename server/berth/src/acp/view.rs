@@ -17,7 +17,7 @@ use crate::pieces::Pieces;
 pub fn tool_kind(name: &str) -> ToolKind {
     match name {
         "shell" => ToolKind::Execute,
-        "read_file" | "list_directory" => ToolKind::Read,
+        "read_file" | "view_image" | "list_directory" => ToolKind::Read,
         "write_file" | "edit_file" | "apply_patch" => ToolKind::Edit,
         "search_files" | "glob" => ToolKind::Search,
         _ => ToolKind::Other,

@@ -32,6 +32,31 @@ tool calls or their results."
     s
 }
 
+/// What an image shown to the model counts for in the conversation's estimate, in tokens
+/// (about what providers charge for a screenshot), in place of its base64 text.
+pub(crate) const IMAGE_TOKENS: u64 = 1_600;
+
+/// Images `view_image` showed that stay in the conversation: older ones become a note,
+/// so that a turn looking at many images neither fills the request nor the proxy's limit.
+pub(crate) const IMAGES_KEPT: usize = 3;
+
+/// The bytes of `m`'s image parts (their data URLs) and how many there are.
+fn image_parts(m: &Value) -> (usize, usize) {
+    let Some(parts) = m["content"].as_array() else {
+        return (0, 0);
+    };
+    parts
+        .iter()
+        .filter_map(|p| p["image_url"]["url"].as_str())
+        .fold((0, 0), |(n, bytes), url| (n + 1, bytes + url.len()))
+}
+
+/// A message's share of the estimate, in bytes (an image as [`IMAGE_TOKENS`]).
+fn weight(m: &Value) -> usize {
+    let (images, image_bytes) = image_parts(m);
+    m.to_string().len() - image_bytes + images * IMAGE_TOKENS as usize * 4
+}
+
 /// Bytes of one tool result the model sees; the whole result stays in history.
 pub(crate) const TOOL_OUTPUT_SHOWN: usize = 32 << 10;
 
@@ -68,6 +93,8 @@ pub(crate) struct Conversation {
     fixed: usize,
     /// Whether the rows include a user prompt (this turn's attachments go there).
     has_prompt: bool,
+    /// The messages holding images `view_image` showed, oldest first, with the paths.
+    viewed: Vec<(usize, String)>,
 }
 
 /// The built-in system prompt of a session with or without tools.
@@ -114,7 +141,7 @@ impl Conversation {
         // Bytes from each message to the end, summed once from the back.
         let mut suffix = vec![0usize; self.messages.len() + 1];
         for (i, m) in self.messages.iter().enumerate().rev() {
-            suffix[i] = suffix[i + 1] + m.to_string().len();
+            suffix[i] = suffix[i + 1] + weight(m);
         }
         let mut last = None;
         for &(i, position) in self.cuts.iter().filter(|(i, _)| *i > self.fixed) {
@@ -193,6 +220,43 @@ impl Conversation {
         for call in &c.tool_calls {
             self.add_call(&call.id, &call.name, &call.arguments);
         }
+    }
+
+    /// The images a step's calls showed (`view_image`), after all its results: one user
+    /// message, since a tool result is text. Only the latest [`IMAGES_KEPT`] such messages
+    /// keep their images; an older one keeps a note of what it showed.
+    pub(crate) fn push_images(&mut self, images: Vec<crate::tools::image::Image>) {
+        use base64::Engine;
+        if images.is_empty() {
+            return;
+        }
+        let names = images.iter().map(|i| i.path.as_str()).collect::<Vec<_>>().join(", ");
+        let mut parts = vec![json!({"type": "text", "text": format!(
+            "[Berth: the images view_image showed, in order: {names}]"
+        )})];
+        for image in &images {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(&image.data);
+            parts.push(json!({
+                "type": "image_url",
+                "image_url": {"url": format!("data:{};base64,{b64}", image.mime)},
+            }));
+        }
+        self.viewed.push((self.messages.len(), names));
+        self.messages.push(json!({"role": "user", "content": parts}));
+        self.joinable = None;
+        if self.viewed.len() > IMAGES_KEPT {
+            let (old, names) = self.viewed.remove(0);
+            let note = format!("[Berth: view_image showed {names} here earlier in this turn; view it again to see it]");
+            self.messages[old]["content"] = Value::String(note);
+        }
+    }
+
+    /// The images the conversation holds and the bytes of their data URLs.
+    pub(crate) fn images(&self) -> (usize, usize) {
+        self.viewed
+            .iter()
+            .map(|(i, _)| image_parts(&self.messages[*i]))
+            .fold((0, 0), |(n, b), (n2, b2)| (n + n2, b + b2))
     }
 
     /// A call's result (capped for the model).
@@ -334,5 +398,51 @@ mod tests {
         assert!(shown.contains(&format!("{} bytes in all", big.len())));
         assert!(shown.starts_with('a') && shown.ends_with('é'));
         assert_eq!(cap_output("small"), "small");
+    }
+
+    /// Images a step's calls showed follow all its results as one user message; the
+    /// latest [`IMAGES_KEPT`] keep their images, older ones a note; the estimate counts an
+    /// image as [`IMAGE_TOKENS`], not as its base64.
+    #[test]
+    fn viewed_images_follow_the_results_and_only_the_latest_stay() {
+        use crate::tools::image::Image;
+        let image = |path: &str| Image {
+            path: path.into(),
+            mime: "image/png",
+            data: vec![7u8; 30_000],
+        };
+        let mut c = Conversation::new("sys".into());
+        c.push_row(&row(1, 0, RowKind::User, "look", None));
+        c.push_row(&row(2, 0, RowKind::ToolCall, "{}", Some(("view_image", "c1"))));
+        c.push_row(&row(2, 1, RowKind::ToolCall, "{}", Some(("view_image", "c2"))));
+        c.push_result("c1", "a.png: shown");
+        c.push_result("c2", "b.png: shown");
+        c.push_images(vec![image("a.png"), image("b.png")]);
+        let m = c.messages();
+        assert_eq!(
+            (m[3]["role"].as_str(), m[4]["role"].as_str()),
+            (Some("tool"), Some("tool"))
+        );
+        assert_eq!(m[5]["role"], "user");
+        assert_eq!(
+            m[5]["content"][0]["text"],
+            "[Berth: the images view_image showed, in order: a.png, b.png]"
+        );
+        let url = m[5]["content"][1]["image_url"]["url"].as_str().unwrap();
+        assert!(url.starts_with("data:image/png;base64,BwcH"), "{url}");
+        assert_eq!(c.images(), (2, 2 * url.len()));
+        assert!(weight(&m[5]) < 2 * IMAGE_TOKENS as usize * 4 + 500);
+        c.push_images(Vec::new());
+        assert_eq!(c.messages().len(), 6, "no images, no message");
+        for name in ["c.png", "d.png", "e.png"] {
+            c.push_images(vec![image(name)]);
+        }
+        let m = c.messages();
+        assert_eq!(
+            m[5]["content"],
+            "[Berth: view_image showed a.png, b.png here earlier in this turn; view it again to see it]"
+        );
+        assert_eq!(c.images().0, 3, "the latest three kept");
+        assert!(m[8]["content"][1]["image_url"]["url"].is_string());
     }
 }

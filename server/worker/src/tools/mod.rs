@@ -5,6 +5,7 @@
 pub(crate) mod ask;
 pub(crate) mod attach;
 mod fs;
+pub(crate) mod image;
 mod lifeline;
 mod marks;
 pub(crate) mod mcp;
@@ -39,6 +40,8 @@ pub(crate) struct Outcome {
     pub ok: bool,
     /// The whole output, as stored in history.
     pub output: String,
+    /// An image the model is shown after the step's results (`view_image`).
+    pub image: Option<image::Image>,
 }
 
 impl Outcome {
@@ -46,6 +49,7 @@ impl Outcome {
         Outcome {
             ok: true,
             output: output.into(),
+            image: None,
         }
     }
 
@@ -53,6 +57,7 @@ impl Outcome {
         Outcome {
             ok: false,
             output: output.into(),
+            image: None,
         }
     }
 }
@@ -141,6 +146,14 @@ characters are cut. Read a file before you edit it.",
                 }, "required": ["path"], "additionalProperties": false}),
             ),
             f(
+                image::VIEW_IMAGE,
+                "Look at an image file of the workspace (PNG, JPEG, GIF or WebP, at most 2 MiB): a screenshot, a \
+diagram, a rendered page. The image is shown to you right after this call.",
+                json!({"type": "object", "properties": {
+                    "path": {"type": "string", "description": "Path relative to the workspace root."}
+                }, "required": ["path"], "additionalProperties": false}),
+            ),
+            f(
                 WRITE_FILE,
                 "Write a whole file in the workspace (created with its directories, or replaced). To change part of a \
 file, use edit_file or apply_patch instead.",
@@ -212,6 +225,7 @@ not). Answers path:line:text, at most 200 matches.",
                 Err(e) => e,
             },
             READ_FILE => self.blocking(arguments, fs::read).await,
+            image::VIEW_IMAGE => self.blocking(arguments, |ws, _, a| image::view(ws, a)).await,
             WRITE_FILE => self.blocking(arguments, fs::write).await,
             EDIT_FILE => self.blocking(arguments, fs::edit).await,
             APPLY_PATCH => self.blocking(arguments, patch::run).await,
