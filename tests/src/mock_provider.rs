@@ -43,6 +43,9 @@ pub enum Reply {
     StreamThenHang(Vec<Part>),
     /// Answer with this HTTP status, a JSON error body and `Retry-After: secs`.
     StatusRetryAfter { status: u16, secs: u64 },
+    /// Answer `307 Temporary Redirect` to this URL (a client that follows it sends the same
+    /// request there, body and all).
+    Redirect(String),
     /// The reply computed from the request's JSON body (e.g. from tool results the test
     /// cannot know in advance, like the ids of sessions a turn started).
     Computed(Compute),
@@ -372,6 +375,13 @@ async fn serve_format(state: Arc<AppState>, headers: HeaderMap, body: Bytes, for
             let code = StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
             let mut r = error_response(code, &format!("mock provider: scripted status {status}"));
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            return r;
+        }
+        Some(Reply::Redirect(to)) => {
+            let mut r = error_response(StatusCode::TEMPORARY_REDIRECT, "mock provider: scripted redirect");
+            if let Ok(v) = HeaderValue::from_str(&to) {
+                r.headers_mut().insert(header::LOCATION, v);
+            }
             return r;
         }
         Some(Reply::Stream(parts)) => (parts, false),

@@ -239,6 +239,25 @@ async fn a_delegates_child_runs_on_its_parents_provider() {
     assert!(mock.requests().iter().all(|r| r["model"] == "claude-test"));
 }
 
+/// A provider's redirect is not followed: the profile's key goes only to the profile's URL
+/// (Anthropic's `x-api-key` would survive a redirect to another host), and the step fails
+/// with the status it got.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_providers_redirect_is_not_followed_with_its_key() {
+    let mock = MockProvider::start().await;
+    let elsewhere = MockProvider::start().await;
+    elsewhere.push(Reply::text(&["took the key"]));
+    let stack = stack_with(&mock, &[("BERTH_MODEL_MAX_RETRIES", "0")]).await;
+    let mut c = stack.client(0).await;
+    mock.push(Reply::Redirect(format!("{}/messages", elsewhere.base_url())));
+    let create = json!({"provider": "anth", "model": "claude-test"});
+    let (_, end) = run_turn(&stack, &mut c, create, "hi").await;
+    assert_eq!(end["state"], "failed", "{end}");
+    assert_eq!(end["cause"], json!({"code": "provider-status", "status": 307}));
+    assert_eq!(mock.credentials().len(), 1);
+    assert!(elsewhere.credentials().is_empty(), "{:?}", elsewhere.credentials());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_providers_and_models_are_typed_errors() {
     let mock = MockProvider::start().await;

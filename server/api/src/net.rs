@@ -47,10 +47,13 @@ pub fn http_client() -> reqwest::Result<reqwest::Client> {
 }
 
 /// The same with the providers' connect timeout (`BERTH_MODEL_CONNECT_TIMEOUT_SECS`).
+/// Redirects are not followed: a provider's key (`x-api-key` survives reqwest's redirect
+/// to another host) and the cluster secret go to the URL they were meant for, or nowhere.
 pub fn provider_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .tcp_nodelay(true)
         .connect_timeout(connect_timeout)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
 }
 
@@ -58,12 +61,16 @@ pub fn provider_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Cl
 /// private ones: names resolve to public addresses only, so a session cannot point the
 /// proxy at the API tier itself, its metrics, the cloud's metadata service or anything else
 /// on the private network ([`is_public`]; an address given literally is checked by
-/// [`public_url`]).
+/// [`public_url`]). Redirects are not followed (a redirect to an address literal would
+/// skip the resolver), and no proxy from the environment is used (the resolver would then
+/// check the proxy's address, and the proxy would reach the private network for it).
 pub fn public_only_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .tcp_nodelay(true)
         .connect_timeout(connect_timeout)
         .dns_resolver(std::sync::Arc::new(PublicOnly))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
         .build()
 }
 
@@ -91,7 +98,21 @@ pub fn is_public(ip: std::net::IpAddr) -> bool {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let s = v6.segments();
+            let v4 = |hi: u16, lo: u16| IpAddr::V4(std::net::Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo)));
+            // An IPv4 address inside: NAT64 (64:ff9b::/96) and the deprecated IPv4-compatible
+            // form (::a.b.c.d) reach it; 6to4 (2002::/16) routes to it. The local-use NAT64
+            // prefix (64:ff9b:1::/48) reaches whatever its operator's translator serves.
+            if s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1 {
+                return false;
+            }
+            if (s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0; 4]) || (s[..6] == [0; 6] && s[6] != 0) {
+                return is_public(v4(s[6], s[7]));
+            }
+            if s[0] == 0x2002 {
+                return is_public(v4(s[1], s[2]));
+            }
+            let first = s[0];
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
@@ -169,10 +190,23 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
             "::",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a00:1",
+            "::169.254.169.254",
+            "::10.0.0.1",
+            "2002:a9fe:a9fe::1",
+            "2002:7f00:1::",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private}");
         }
-        for public in ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8"] {
+        for public in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "2606:4700:4700::1111",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+        ] {
             assert!(is_public(public.parse().unwrap()), "{public}");
         }
         assert!(!public_url("http://127.0.0.1:8790/v1"));

@@ -502,6 +502,9 @@ pub(crate) async fn pump(
     let _ = tx.send(Bytes::from(format!("\n\ndata: {err}\n\n"))).await;
 }
 
+/// The most tokens one call counts for in the metrics (far past any model's window).
+const TOKENS_A_CALL_MAX: u64 = 100_000_000;
+
 /// Meters one call's usage from the provider's stream; holds the tenant's slot until the
 /// stream ends or the worker goes away. The usage of a turn whose worker connection this
 /// replica holds goes to the turn's task, stored with its next step; else to the database.
@@ -528,11 +531,13 @@ impl Meter {
             return;
         };
         self.recorded = true;
+        // What a provider reports is its word (a session's own endpoint says anything): no
+        // one call moves the operator's counters by more than any call could use.
         let m = &self.state.metrics.model_tokens;
         m.with_label_values(&[&self.provider, &self.label, "input"])
-            .inc_by(usage.input_tokens);
+            .inc_by(usage.input_tokens.min(TOKENS_A_CALL_MAX));
         m.with_label_values(&[&self.provider, &self.label, "output"])
-            .inc_by(usage.output_tokens);
+            .inc_by(usage.output_tokens.min(TOKENS_A_CALL_MAX));
         if self.turn.is_none() && self.context.is_none() {
             return;
         }
