@@ -271,21 +271,6 @@ fn capture(ws: &Workspace, rel: &Path) -> Result<Result<Capture, FilesReadItem>,
     Err(failure(ErrorCode::Unavailable, "reason", "changing"))
 }
 
-/// The image types a client can show, by their magic bytes.
-fn image_mime(data: &[u8]) -> Option<&'static str> {
-    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("image/png")
-    } else if data.starts_with(b"\xff\xd8\xff") {
-        Some("image/jpeg")
-    } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
-        Some("image/gif")
-    } else if data.len() >= 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
-        Some("image/webp")
-    } else {
-        None
-    }
-}
-
 /// Consecutive chunks (by their `ends`) grouped into runs of at most `max` bytes: each
 /// run's start, end and number of chunks.
 fn chunk_runs(ends: &[usize], max: usize) -> Vec<(usize, usize, u32)> {
@@ -333,7 +318,7 @@ pub(crate) async fn read(ws: Arc<Workspace>, p: FilesReadParams, items: &Items) 
     }
     let (kind, mime) = if cap.text {
         (FileContentKind::Text, "text/plain; charset=utf-8")
-    } else if let Some(mime) = image_mime(&cap.data) {
+    } else if let Some(mime) = crate::tools::image::mime_of(&cap.data) {
         (FileContentKind::Image, mime)
     } else {
         items.send(&FilesReadItem::Binary).await;

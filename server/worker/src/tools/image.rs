@@ -28,7 +28,8 @@ pub(crate) struct Image {
     pub data: Vec<u8>,
 }
 
-/// The image type of `data` by its first bytes: PNG, JPEG, GIF or WebP (what models take).
+/// The image type of `data` by its first bytes: PNG, JPEG, GIF or WebP (what models take,
+/// and what clients show a `files.read` of as an image).
 pub(crate) fn mime_of(data: &[u8]) -> Option<&'static str> {
     if data.starts_with(b"\x89PNG\r\n\x1a\n") {
         Some("image/png")
