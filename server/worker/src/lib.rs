@@ -158,9 +158,12 @@ async fn serve(
                     tokio::spawn(async move {
                         // The calls the old connection has (a file read through another
                         // replica, say) finish there; new ones come on the new connection.
-                        // Its watches end with it.
-                        while old.observer.busy() > 0 && !old.done.is_finished() {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        // Its watches end with it. Idle twice, a moment apart: a call's
+                        // answer is written after the call leaves the observer's table.
+                        let mut idle = 0;
+                        while idle < 2 && !old.done.is_finished() {
+                            idle = if old.observer.busy() == 0 { idle + 1 } else { 0 };
+                            tokio::time::sleep(Duration::from_millis(250)).await;
                         }
                         old.close.cancel();
                         let _ = old.done.await;
@@ -682,6 +685,12 @@ impl Drive {
                     break Err(e.into())
                 },
                 _ = close.cancelled() => {
+                    // What was queued for the server goes out before the close.
+                    while let Ok(m) = out_rx.try_recv() {
+                        if sink.feed(m).await.is_err() {
+                            break;
+                        }
+                    }
                     let _ = sink.send(Message::Close(None)).await;
                     break Ok(());
                 }
