@@ -472,6 +472,15 @@ impl OpenError {
     }
 }
 
+/// What [`Workspace::not_private`] keeps closed.
+#[derive(Clone, Copy)]
+enum Private {
+    /// Any `.git` and Berth's `.berth`.
+    All,
+    /// Any `.git` only.
+    Git,
+}
+
 /// Client paths (`files.*`): exact relative bytes; a symlink as the last component is a
 /// leaf, never followed; symlinks on the way are followed only while they stay inside.
 impl Workspace {
@@ -487,6 +496,21 @@ impl Workspace {
 
     /// Open the regular file `rel` for reading.
     pub(crate) fn open_regular(&self, rel: &Path) -> Result<Opened<std::fs::File>, OpenError> {
+        self.open_regular_in(rel, Private::All)
+    }
+
+    /// [`Workspace::open_regular`] for git's comparison of a tracked file with its blob:
+    /// one under `.berth/` too (a project may commit its skills), never one in a `.git`.
+    pub(crate) fn open_tracked(&self, rel: &Path) -> Result<Opened<std::fs::File>, OpenError> {
+        self.open_regular_in(rel, Private::Git)
+    }
+
+    /// Whether `rel` names a place closed to clients (in a `.git` or `.berth`), by name.
+    pub(crate) fn is_private(rel: &Path) -> bool {
+        refused(&normalized(rel), Access::Write).is_some()
+    }
+
+    fn open_regular_in(&self, rel: &Path, private: Private) -> Result<Opened<std::fs::File>, OpenError> {
         use cap_std::fs::MetadataExt;
         let before = self.lstat(rel)?;
         if before.file_type().is_symlink() {
@@ -501,7 +525,7 @@ impl Workspace {
         if (meta.dev(), meta.ino()) != (before.dev(), before.ino()) {
             return Err(OpenError::Raced);
         }
-        self.not_private(&file)?;
+        self.not_private(&file, private)?;
         Ok(Opened { handle: file, meta })
     }
 
@@ -525,14 +549,14 @@ impl Workspace {
             }
             dir
         };
-        self.not_private(&dir)?;
+        self.not_private(&dir, Private::All)?;
         let meta = dir.dir_metadata().map_err(OpenError::Io)?;
         Ok(Opened { handle: dir, meta })
     }
 
     /// Refuse what `fd` (opened for a client) really is when it lies in a `.git` or a
     /// `.berth` (the kernel's name for it, as [`Workspace::guard_opened`] reads it).
-    fn not_private(&self, fd: impl AsFd) -> Result<(), OpenError> {
+    fn not_private(&self, fd: impl AsFd, private: Private) -> Result<(), OpenError> {
         let Some(real) = kernel_path(fd) else {
             return Ok(());
         };
@@ -542,10 +566,13 @@ impl Workspace {
             return Ok(());
         };
         // Closed to clients: what is closed to the model's writes (any `.git`, and `.berth`).
-        match refused(rel, Access::Write) {
-            Some(_) => Err(OpenError::Private),
-            None => Ok(()),
-        }
+        let git =
+            |c: Component| matches!(c, Component::Normal(c) if c.as_encoded_bytes().eq_ignore_ascii_case(b".git"));
+        let closed = match private {
+            Private::All => refused(rel, Access::Write).is_some(),
+            Private::Git => rel.components().any(git),
+        };
+        if closed { Err(OpenError::Private) } else { Ok(()) }
     }
 }
 

@@ -80,7 +80,8 @@ impl Attributes {
                 Some(root),
             )?;
         }
-        let info = repo.git_dir().join("info/attributes");
+        // `info/attributes` is the repository's, shared by its linked worktrees.
+        let info = repo.common_dir().join("info/attributes");
         if let Ok(text) = std::fs::read(&info) {
             refuse_drivers(&config, &text)?;
             add(&mut search, &mut collection, &text, info, None)?;

@@ -16,6 +16,7 @@ use super::{
     unsupported, workspace, worktree_blob,
     writer::{file_patch, is_binary, quoted, submodule_side},
 };
+use crate::workspace::Workspace;
 
 /// `git.diff` of one path in one area, as `git diff --full-index` prints it (`--cached` for
 /// the staged area, `--no-index /dev/null` for an untracked file): worktree files as git
@@ -31,6 +32,17 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     let ws = workspace(root)?;
     let attributes = Attributes::for_path(&repo, &ws, path)?;
     let blob = |id: ObjectId| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
+    // A tracked file under `.berth/` is compared by `git.status` but never shown to clients
+    // (it may hold what only the workspace's owner should read).
+    if area == GitArea::Worktree
+        && index.stage0(path).is_some()
+        && Workspace::is_private(Path::new(OsStr::from_bytes(path)))
+    {
+        return Ok(GitDiff::Unsupported {
+            reason: "private".into(),
+        });
+    }
+    let file_mode = super::file_mode(&repo);
     // A conflicted path is what git says of it, not a deletion of the whole file.
     if index.unmerged.contains(path) && area != GitArea::Untracked {
         return Ok(GitDiff::Text {
@@ -61,7 +73,8 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     };
     // The file as git would store it.
     let read_file = || -> Result<Side, RpcError> {
-        let found = worktree_blob(&ws, path).map_err(broken)?;
+        let keep = indexed.map(|(_, kind)| kind).filter(|_| !file_mode);
+        let found = worktree_blob(&ws, path, keep, false).map_err(broken)?;
         let mut in_index = || indexed.filter(|_| !intent).and_then(|(id, _)| blob(id).ok());
         clean_side(&attributes, path, found, &mut in_index)
     };

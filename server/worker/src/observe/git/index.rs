@@ -92,14 +92,13 @@ pub(super) fn index_stat(st: &rustix::fs::Stat) -> gix::index::entry::Stat {
     }
 }
 
-/// The kind of entry git would record for a file of mode `st_mode` (a regular file with any
-/// execute bit is executable, as git decides with `core.fileMode`).
-pub(super) fn stat_kind(st_mode: u32) -> EntryKind {
+/// The kind of entry git would record for a file of mode `st_mode` (a regular file as
+/// [`super::file_kind`] says, `keep` standing where `core.fileMode` is false).
+pub(super) fn stat_kind(st_mode: u32, keep: Option<EntryKind>) -> EntryKind {
     match FileType::from_raw_mode(st_mode) {
         FileType::Symlink => EntryKind::Link,
         FileType::Directory => EntryKind::Commit,
-        _ if st_mode & 0o111 != 0 => EntryKind::BlobExecutable,
-        _ => EntryKind::Blob,
+        _ => super::file_kind(st_mode, keep),
     }
 }
 
@@ -118,7 +117,7 @@ pub(super) fn open_parent(root: &OwnedFd, parent: &[u8]) -> Option<OwnedFd> {
 /// The stage-0 entries (indices into `entries`) whose stat data does not vouch for their
 /// content: changed, racily clean (the index was written in the same second as the file
 /// last changed) or gone. Unchanged stat information means unchanged content, as git decides it.
-pub(super) fn stat_suspects(root: &OwnedFd, index: &Index, entries: &[(&[u8], usize)]) -> Vec<usize> {
+pub(super) fn stat_suspects(root: &OwnedFd, index: &Index, entries: &[(&[u8], usize)], file_mode: bool) -> Vec<usize> {
     let timestamp = index.file.timestamp();
     let options = gix::index::entry::stat::Options::default();
     let all = index.file.entries();
@@ -149,7 +148,7 @@ pub(super) fn stat_suspects(root: &OwnedFd, index: &Index, entries: &[(&[u8], us
         let clean = st.is_ok_and(|st| {
             e.stat.matches(&index_stat(&st), options)
                 && !e.stat.is_racy(timestamp, options)
-                && index_kind(e.mode) == Some(stat_kind(st.st_mode))
+                && index_kind(e.mode) == Some(stat_kind(st.st_mode, index_kind(e.mode).filter(|_| !file_mode)))
         });
         if !clean {
             out.push(i);

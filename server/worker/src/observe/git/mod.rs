@@ -102,11 +102,35 @@ pub(super) fn head_tree(repo: &gix::Repository) -> Result<(Option<GitHead>, Flat
     Ok((Some(git_head), map))
 }
 
+/// `core.fileMode`: whether a file's executable bit counts (unless set false, as on
+/// file systems that report every file executable).
+pub(super) fn file_mode(repo: &gix::Repository) -> bool {
+    repo.config_snapshot().boolean("core.fileMode").unwrap_or(true)
+}
+
+/// The kind git records for a regular file of mode `mode`: executable when its owner may
+/// execute it (git looks at that bit only); `keep` (the index's kind, where
+/// `core.fileMode` is false) stands instead.
+pub(super) fn file_kind(mode: u32, keep: Option<EntryKind>) -> EntryKind {
+    match keep {
+        Some(kind @ (EntryKind::Blob | EntryKind::BlobExecutable)) => kind,
+        _ if mode & 0o100 != 0 => EntryKind::BlobExecutable,
+        _ => EntryKind::Blob,
+    }
+}
+
 /// The blob git would store for the file at `rel` (no filters), with its kind; None when
 /// there is nothing there that git tracks (absent, a directory, or a path that only a
 /// symlink out of the workspace leads to, which git too sees as absent). Read through the
-/// workspace's confinement, the last component never followed.
-pub(super) fn worktree_blob(ws: &Workspace, rel: &[u8]) -> std::io::Result<Side> {
+/// workspace's confinement, the last component never followed. `keep`: the kind a regular
+/// file keeps whatever its executable bit ([`file_kind`]). `tracked`: a tracked file under
+/// `.berth/` is read too, to be compared (never a `.git`'s).
+pub(super) fn worktree_blob(
+    ws: &Workspace,
+    rel: &[u8],
+    keep: Option<EntryKind>,
+    tracked: bool,
+) -> std::io::Result<Side> {
     use cap_std::fs::MetadataExt;
     let rel = Path::new(OsStr::from_bytes(rel));
     let unreadable = |e: OpenError| match e {
@@ -116,13 +140,14 @@ pub(super) fn worktree_blob(ws: &Workspace, rel: &[u8]) -> std::io::Result<Side>
             Ok(None)
         }
     };
-    match ws.open_regular(rel) {
+    let opened = if tracked {
+        ws.open_tracked(rel)
+    } else {
+        ws.open_regular(rel)
+    };
+    match opened {
         Ok(file) => {
-            let kind = if file.meta.mode() & 0o111 != 0 {
-                EntryKind::BlobExecutable
-            } else {
-                EntryKind::Blob
-            };
+            let kind = file_kind(file.meta.mode(), keep);
             Ok(Some((contents(file)?, kind)))
         }
         Err(OpenError::Symlink) => match ws.read_link(rel) {
@@ -149,6 +174,7 @@ fn large_file(
     attributes: &attributes::Attributes,
     rel: &[u8],
     id: ObjectId,
+    keep: Option<EntryKind>,
 ) -> Result<Option<(EntryKind, bool)>, RpcError> {
     use cap_std::fs::MetadataExt;
     use std::io::Read;
@@ -157,18 +183,14 @@ fn large_file(
         Ok(m) if m.is_file() && m.len() > HELD_MAX => {}
         _ => return Ok(None),
     }
-    let Ok(mut file) = ws.open_regular(path) else {
+    let Ok(mut file) = ws.open_tracked(path) else {
         return Ok(None);
     };
     let len = file.meta.len();
     if len <= HELD_MAX {
         return Ok(None);
     }
-    let kind = if file.meta.mode() & 0o111 != 0 {
-        EntryKind::BlobExecutable
-    } else {
-        EntryKind::Blob
-    };
+    let kind = file_kind(file.meta.mode(), keep);
     let mut hasher = gix::hash::hasher(repo.object_hash());
     hasher.update(format!("blob {len}\0").as_bytes());
     let mut buf = vec![0u8; 1 << 20];

@@ -9,7 +9,7 @@ use super::{
     Side, broken, clean_side, head_tree, index::load_index, open, status::observe, workspace, worktree_blob,
     writer::file_patch,
 };
-use crate::observe::failure;
+use crate::{observe::failure, workspace::Workspace};
 
 /// `patch.snapshot`: every change of the workspace against HEAD — the paths `status`
 /// lists in any area — as one patch in the form `git diff --binary --full-index HEAD`
@@ -37,6 +37,7 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
     }
     let ws = workspace(root)?;
     let hash = repo.object_hash();
+    let file_mode = super::file_mode(&repo);
     let blob = |id| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
     let too_large = || {
         let mut fields = serde_json::Map::new();
@@ -66,7 +67,14 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
             None => None,
         };
         let indexed = index.stage0(&path).filter(|e| !super::index::Index::intent_to_add(e));
-        let new = worktree_blob(&ws, &path).map_err(broken)?;
+        // A tracked file under `.berth/` is not content a snapshot carries to clients.
+        if index.stage0(&path).is_some() && Workspace::is_private(Path::new(OsStr::from_bytes(&path))) {
+            continue;
+        }
+        let keep = indexed
+            .and_then(|e| super::index::index_kind(e.mode))
+            .filter(|_| !file_mode);
+        let new = worktree_blob(&ws, &path, keep, false).map_err(broken)?;
         let new = clean_side(&attributes, &path, new, &mut || indexed.and_then(|e| blob(e.id).ok()))?;
         if old == new {
             continue;

@@ -167,15 +167,22 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
         .entries()
         .iter()
         .enumerate()
-        .filter(|(_, e)| stage0(e) && !Index::intent_to_add(e) && e.mode != Mode::COMMIT)
+        // An entry marked assume-unchanged is, as git takes it, unchanged.
+        .filter(|(_, e)| {
+            stage0(e)
+                && !Index::intent_to_add(e)
+                && e.mode != Mode::COMMIT
+                && !e.flags.contains(gix::index::entry::Flags::ASSUME_VALID)
+        })
         .map(|(i, e)| (e.path(&index.file).as_bytes(), i))
         .collect();
     let (first, second) = tracked.split_at(tracked.len() / 2);
     let exclude_file = repo.common_dir().join("info/exclude");
+    let file_mode = super::file_mode(&repo);
     let (walked, mut suspects) = std::thread::scope(|s| {
         let walk = s.spawn(|| untracked(root, &exclude_file, &index));
-        let half = s.spawn(|| stat_suspects(&dir, &index, second));
-        let mut suspects = stat_suspects(&dir, &index, first);
+        let half = s.spawn(|| stat_suspects(&dir, &index, second, file_mode));
+        let mut suspects = stat_suspects(&dir, &index, first, file_mode);
         suspects.extend(half.join().unwrap_or_default());
         (walk.join(), suspects)
     });
@@ -209,11 +216,12 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
         }
         // The file as git would store it: held whole, or, too large to hold, hashed as it is
         // read ([`large_file`]).
-        let found = match large_file(&ws, &repo, &attributes, path, e.id)? {
+        let keep = index_kind(e.mode).filter(|_| !file_mode);
+        let found = match large_file(&ws, &repo, &attributes, path, e.id, keep)? {
             Some((kind, same)) => Some((Content::Hashed(same), kind)),
             None => {
                 let blob = || repo.find_blob(e.id).ok().map(|b| b.data.clone());
-                let found = worktree_blob(&ws, path).map_err(broken)?;
+                let found = worktree_blob(&ws, path, keep, true).map_err(broken)?;
                 clean_side(&attributes, path, found, &mut || blob())?.map(|(data, kind)| (Content::Held(data), kind))
             }
         };

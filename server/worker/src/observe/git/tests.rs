@@ -391,3 +391,118 @@ fn git_and_berth_directories_are_never_diffed() {
         );
     }
 }
+
+/// What `git status --porcelain=v1` prints for the worktree (`XY path` lines, `-uall`).
+fn cli_status(dir: &Path) -> Vec<String> {
+    let out = git(dir, &["status", "--porcelain=v1", "-uall"]);
+    let mut lines: Vec<String> = String::from_utf8(out).unwrap().lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
+/// Berth's worktree and untracked areas in the same shape.
+fn berth_status(dir: &Path) -> Vec<String> {
+    use berth_protocol::GitChange;
+    let st = status(dir).unwrap().unwrap();
+    let mut lines: Vec<String> = worktree_changes(&st)
+        .into_iter()
+        .map(|(path, change)| {
+            let y = match change {
+                GitChange::Modified => 'M',
+                GitChange::Deleted => 'D',
+                GitChange::TypeChanged => 'T',
+                GitChange::Added => 'A',
+                other => panic!("{other:?}"),
+            };
+            format!(" {y} {}", String::from_utf8(path).unwrap())
+        })
+        .chain(st.untracked.iter().map(|e| {
+            let path = crate::observe::decode_raw(&e.path).unwrap();
+            format!("?? {}", String::from_utf8(path).unwrap())
+        }))
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// Settings under which git does not see a change: `core.fileMode=false` (a file system
+/// that reports every file executable), only the owner's execute bit counting, and
+/// assume-unchanged entries. Each as git prints it.
+#[test]
+fn changes_git_does_not_see_are_not_reported() {
+    use std::os::unix::fs::PermissionsExt;
+    let r = repo();
+    let root = r.path();
+    let chmod = |rel: &str, mode: u32| {
+        std::fs::set_permissions(root.join(rel), std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    // Group and others' execute bits are not git's executable bit.
+    chmod("b", 0o654);
+    assert_eq!(cli_status(root), Vec::<String>::new());
+    assert_eq!(berth_status(root), cli_status(root));
+    // Nor is the owner's, with core.fileMode false.
+    git(root, &["config", "core.fileMode", "false"]);
+    chmod("dir/a", 0o755);
+    assert_eq!(berth_status(root), cli_status(root));
+    std::fs::write(root.join("dir/a"), "changed\n").unwrap();
+    assert_eq!(cli_status(root), [" M dir/a"]);
+    assert_eq!(berth_status(root), cli_status(root));
+    let d = super::diff(root, b"dir/a", berth_protocol::GitArea::Worktree).unwrap();
+    let berth_protocol::GitDiff::Text { patch, .. } = d else {
+        panic!("{d:?}")
+    };
+    assert!(!patch.contains("mode"), "{patch}");
+    git(root, &["config", "core.fileMode", "true"]);
+    assert_eq!(cli_status(root), [" M dir/a"]);
+    assert_eq!(berth_status(root), cli_status(root));
+    // Assume-unchanged: neither a change nor a removal shows.
+    git(root, &["update-index", "--assume-unchanged", "dir/a", "b"]);
+    std::fs::remove_file(root.join("b")).unwrap();
+    assert_eq!(cli_status(root), Vec::<String>::new());
+    assert_eq!(berth_status(root), cli_status(root));
+}
+
+/// Only files and symlinks are untracked: git lists no FIFO or socket; and a directory the
+/// walk may not enter does not fail the status.
+#[test]
+fn fifos_and_sockets_are_not_untracked_files() {
+    let r = repo();
+    let root = r.path();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        root.join("pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(root.join("app.sock")).unwrap();
+    std::fs::write(root.join("new.txt"), "n\n").unwrap();
+    assert_eq!(cli_status(root), ["?? new.txt"]);
+    assert_eq!(berth_status(root), cli_status(root));
+}
+
+/// A tracked file under `.berth/` (a project's committed skills) is compared as git
+/// compares it, but its worktree content is not shown to clients.
+#[test]
+fn tracked_berth_files_are_compared_but_not_shown() {
+    let r = repo();
+    let root = r.path();
+    std::fs::create_dir_all(root.join(".berth/skills/s")).unwrap();
+    std::fs::write(root.join(".berth/skills/s/SKILL.md"), "skill\n").unwrap();
+    git(root, &["add", ".berth"]);
+    git(root, &["commit", "-q", "-m", "skills"]);
+    assert_eq!(berth_status(root), Vec::<String>::new());
+    std::fs::write(root.join(".berth/skills/s/SKILL.md"), "changed\n").unwrap();
+    assert_eq!(cli_status(root), [" M .berth/skills/s/SKILL.md"]);
+    assert_eq!(berth_status(root), cli_status(root));
+    let d = super::diff(root, b".berth/skills/s/SKILL.md", berth_protocol::GitArea::Worktree).unwrap();
+    assert_eq!(
+        d,
+        berth_protocol::GitDiff::Unsupported {
+            reason: "private".into()
+        }
+    );
+    let (text, _) = patch(root, 1 << 20).unwrap();
+    assert!(!text.contains("changed"), "{text}");
+}

@@ -156,6 +156,10 @@ impl Untracked<'_> {
                 }
                 continue;
             }
+            // Git lists files and symlinks only: a FIFO or a socket (`app.sock`) is not one.
+            if !matches!(kind, FileType::RegularFile | FileType::Symlink) {
+                continue;
+            }
             if name.as_c_str() == c".gitattributes" && kind == FileType::RegularFile {
                 self.attributes.push(path.clone());
             }
@@ -201,13 +205,18 @@ pub(super) fn untracked(root: &Path, exclude_file: &Path, index: &Index) -> Resu
             stack.pop();
             continue;
         };
-        let fd = rustix::fs::openat(
+        let fd = match rustix::fs::openat(
             top.dir.fd().map_err(walk_error)?,
             &*name,
             flags | OFlags::NOFOLLOW,
             rustix::fs::Mode::empty(),
-        )
-        .map_err(walk_error)?;
+        ) {
+            Ok(fd) => fd,
+            // A directory the worker may not read (a volume owned by another user) is left
+            // out, as git leaves it out with a warning; one gone meanwhile has nothing.
+            Err(rustix::io::Errno::ACCESS | rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(walk_error(e)),
+        };
         let mut rel = top.rel.clone();
         rel.extend_from_slice(name.to_bytes());
         rel.push(b'/');
