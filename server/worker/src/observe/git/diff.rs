@@ -43,6 +43,10 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
         });
     }
     let file_mode = super::file_mode(&repo);
+    // Git does not look at an assume-unchanged or skip-worktree file.
+    if area == GitArea::Worktree && index.stage0(path).is_some_and(super::index::unlooked) {
+        return Ok(GitDiff::Unchanged);
+    }
     // A conflicted path is what git says of it, not a deletion of the whole file.
     if index.unmerged.contains(path) && area != GitArea::Untracked {
         return Ok(GitDiff::Text {

@@ -52,6 +52,13 @@ impl Index {
     }
 }
 
+/// Whether git takes the entry's file as unchanged without looking: assume-unchanged
+/// (`update-index --assume-unchanged`) or outside a sparse checkout (skip-worktree).
+pub(super) fn unlooked(e: &gix::index::Entry) -> bool {
+    use gix::index::entry::Flags;
+    e.flags.intersects(Flags::ASSUME_VALID | Flags::SKIP_WORKTREE)
+}
+
 pub(super) fn load_index(repo: &gix::Repository) -> Result<Index, RpcError> {
     let file = if repo.index_path().exists() {
         repo.open_index().map_err(broken)?
@@ -63,9 +70,6 @@ pub(super) fn load_index(repo: &gix::Repository) -> Result<Index, RpcError> {
     }
     let mut unmerged = BTreeSet::new();
     for e in file.entries() {
-        if e.flags.contains(gix::index::entry::Flags::SKIP_WORKTREE) {
-            return Err(unsupported("sparse-checkout"));
-        }
         if e.stage() != gix::index::entry::Stage::Unconflicted {
             unmerged.insert(e.path(&file).to_vec());
         }

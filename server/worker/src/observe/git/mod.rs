@@ -2,7 +2,7 @@
 //! (refs, objects, the index) plus `lstat` and content hashes of the files, so that no
 //! configured command ever runs: no filter driver, hook, fsmonitor, textconv or external
 //! diff. Repository features this cannot honour without running something (external
-//! filters) or does not handle (sparse checkout) fail explicitly with
+//! filters) or does not handle (a sparse index) fail explicitly with
 //! `unsupported {feature}`.
 //!
 //! The workspace must be the repository root: a workspace without `.git` is not a

@@ -134,12 +134,30 @@ fn nothing_is_read_through_a_symlink_out_of_the_workspace() {
     assert!(!text.contains("SECRET"), "{text}");
 }
 
+/// A sparse checkout's files outside it are not there and not changes, as git sees them;
+/// so is a skip-worktree file kept locally changed. A sparse index still fails explicitly.
 #[test]
-fn sparse_checkouts_fail_explicitly() {
+fn sparse_checkouts_and_skip_worktree_files_are_as_git_sees_them() {
     let sparse = repo();
-    assert!(status(sparse.path()).unwrap().is_some());
-    git(sparse.path(), &["sparse-checkout", "set", "--no-cone", "/b"]);
-    assert_eq!(feature(sparse.path()), "sparse-checkout");
+    let root = sparse.path();
+    assert!(status(root).unwrap().is_some());
+    git(root, &["sparse-checkout", "set", "--no-cone", "/b"]);
+    assert!(!root.join("dir/a").exists());
+    std::fs::write(root.join("new.txt"), "n\n").unwrap();
+    assert_eq!(cli_status(root), ["?? new.txt"]);
+    assert_eq!(berth_status(root), cli_status(root));
+    git(root, &["sparse-checkout", "disable"]);
+    git(root, &["update-index", "--skip-worktree", "b"]);
+    std::fs::write(root.join("b"), "local\n").unwrap();
+    assert_eq!(berth_status(root), cli_status(root));
+    let d = super::diff(root, b"b", berth_protocol::GitArea::Worktree).unwrap();
+    assert_eq!(d, berth_protocol::GitDiff::Unchanged);
+    let cone = repo();
+    git(
+        cone.path(),
+        &["sparse-checkout", "set", "--cone", "--sparse-index", "dir"],
+    );
+    assert_eq!(feature(cone.path()), "sparse-checkout");
 }
 
 fn staged(root: &Path) -> Vec<(String, berth_protocol::GitChange)> {
