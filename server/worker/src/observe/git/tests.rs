@@ -524,3 +524,30 @@ fn tracked_berth_files_are_compared_but_not_shown() {
     let (text, _) = patch(root, 1 << 20).unwrap();
     assert!(!text.contains("changed"), "{text}");
 }
+
+/// A directory is a repository of its own only when its `.git` is one (git's rule): an
+/// empty `.git` directory or a `.git` file that is not a `gitdir:` link does not hide the
+/// directory's files, and a repository's gitfile does.
+#[test]
+fn only_a_real_repository_is_nested() {
+    let r = repo();
+    let root = r.path();
+    git(root, &["init", "-q", &root.join("nested").display().to_string()]);
+    std::fs::write(root.join("nested/inner"), "i\n").unwrap();
+    std::fs::create_dir_all(root.join("fake/.git")).unwrap();
+    std::fs::write(root.join("fake/f"), "f\n").unwrap();
+    std::fs::create_dir_all(root.join("junk")).unwrap();
+    std::fs::write(root.join("junk/.git"), "not a link\n").unwrap();
+    std::fs::write(root.join("junk/j"), "j\n").unwrap();
+    std::fs::create_dir_all(root.join("linked")).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    git(elsewhere.path(), &["init", "-q", "--bare", "store.git"]);
+    std::fs::write(
+        root.join("linked/.git"),
+        format!("gitdir: {}\n", elsewhere.path().join("store.git").display()),
+    )
+    .unwrap();
+    std::fs::write(root.join("linked/l"), "l\n").unwrap();
+    assert_eq!(cli_status(root), ["?? fake/f", "?? junk/j", "?? linked/", "?? nested/"]);
+    assert_eq!(berth_status(root), cli_status(root));
+}

@@ -130,7 +130,12 @@ impl Untracked<'_> {
                 .find(|(name, _)| name.as_c_str() == n)
                 .map(|(_, kind)| *kind)
         };
-        if !level.rel.is_empty() && kind_of(c".git").is_some() {
+        // Nested, as git decides it: a directory the index has no file in, whose `.git` is a
+        // repository (a directory with `HEAD` and `objects`) or a `gitdir:` file.
+        if !level.rel.is_empty()
+            && level.beneath.is_empty()
+            && kind_of(c".git").is_some_and(|kind| nested_repository(&level.dir, kind))
+        {
             self.found.push(std::mem::take(&mut level.rel));
             return Ok(level);
         }
@@ -169,6 +174,28 @@ impl Untracked<'_> {
             }
         }
         Ok(level)
+    }
+}
+
+/// Whether the `.git` of kind `kind` in `dir` makes it a repository of its own.
+fn nested_repository(dir: &rustix::fs::Dir, kind: FileType) -> bool {
+    use std::io::Read;
+    let Ok(fd) = dir.fd() else { return false };
+    let is = |path: &CStr, want: FileType| {
+        rustix::fs::statat(fd, path, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == want)
+    };
+    match kind {
+        FileType::Directory => is(c".git/HEAD", FileType::RegularFile) && is(c".git/objects", FileType::Directory),
+        FileType::RegularFile => {
+            let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+            let Ok(file) = rustix::fs::openat(fd, c".git", flags, rustix::fs::Mode::empty()) else {
+                return false;
+            };
+            let mut head = [0u8; 8];
+            std::fs::File::from(file).read_exact(&mut head).is_ok() && &head == b"gitdir: "
+        }
+        _ => false,
     }
 }
 
