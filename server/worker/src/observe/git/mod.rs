@@ -140,6 +140,9 @@ pub(super) fn worktree_blob(
             Ok(None)
         }
     };
+    if through_symlink(ws, rel) {
+        return Ok(None);
+    }
     let opened = if tracked {
         ws.open_tracked(rel)
     } else {
@@ -156,6 +159,15 @@ pub(super) fn worktree_blob(
         },
         Err(e) => unreadable(e),
     }
+}
+
+/// Whether a directory on the way to `rel` is a symlink: git does not follow one, so a
+/// directory replaced by a link is gone, whatever the link leads to.
+fn through_symlink(ws: &Workspace, rel: &Path) -> bool {
+    rel.ancestors()
+        .skip(1)
+        .filter(|a| !a.as_os_str().is_empty())
+        .any(|a| ws.lstat(a).is_ok_and(|m| m.file_type().is_symlink()))
 }
 
 /// Files larger than this are not held whole to be compared with their index entry: they
@@ -179,6 +191,9 @@ fn large_file(
     use cap_std::fs::MetadataExt;
     use std::io::Read;
     let path = Path::new(OsStr::from_bytes(rel));
+    if through_symlink(ws, path) {
+        return Ok(None);
+    }
     match ws.lstat(path) {
         Ok(m) if m.is_file() && m.len() > HELD_MAX => {}
         _ => return Ok(None),

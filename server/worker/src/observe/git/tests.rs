@@ -551,3 +551,15 @@ fn only_a_real_repository_is_nested() {
     assert_eq!(cli_status(root), ["?? fake/f", "?? junk/j", "?? linked/", "?? nested/"]);
     assert_eq!(berth_status(root), cli_status(root));
 }
+
+/// A tracked directory replaced by a symlink to a copy of it: its files are gone, as git
+/// sees them (git does not follow a symlink on the way), and the link is untracked.
+#[test]
+fn a_directory_replaced_by_a_symlink_is_gone() {
+    let r = repo();
+    let root = r.path();
+    std::fs::rename(root.join("dir"), root.join("other")).unwrap();
+    std::os::unix::fs::symlink("other", root.join("dir")).unwrap();
+    assert_eq!(cli_status(root), [" D dir/a", "?? dir", "?? other/a"]);
+    assert_eq!(berth_status(root), cli_status(root));
+}
