@@ -428,6 +428,28 @@ fn submodules_are_reported_as_git_reports_them() {
     // Modified content: `-dirty`.
     write(&sub, "a", "changed\n");
     check("modified");
+    // What its `ignore` setting leaves out, from `.gitmodules` (committed or not), the
+    // repository's configuration over it, or `diff.ignoreSubmodules`.
+    git(&dir, &["config", "-f", ".gitmodules", "submodule.sub.ignore", "dirty"]);
+    assert!(!check("ignore dirty").submodules.contains_key(b"sub".as_slice()));
+    git(
+        &dir,
+        &["config", "-f", ".gitmodules", "submodule.sub.ignore", "untracked"],
+    );
+    check("ignore untracked");
+    git(&dir, &["config", "submodule.sub.ignore", "all"]);
+    assert!(!check("ignore all").submodules.contains_key(b"sub".as_slice()));
+    git(&dir, &["config", "submodule.sub.ignore", "none"]);
+    check("none in the repository's configuration");
+    git(&dir, &["config", "--unset", "submodule.sub.ignore"]);
+    git(
+        &dir,
+        &["config", "-f", ".gitmodules", "--unset", "submodule.sub.ignore"],
+    );
+    git(&dir, &["config", "diff.ignoreSubmodules", "dirty"]);
+    check("diff.ignoreSubmodules");
+    git(&dir, &["config", "--unset", "diff.ignoreSubmodules"]);
+    check("modified again");
     // A new commit in the submodule, then staged in the outer repository.
     git(&sub, &["add", "a"]);
     git(&sub, &["commit", "-q", "-m", "b"]);

@@ -126,7 +126,8 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
             };
             if kind == EntryKind::Commit {
                 let old = Some(submodule_side(id, false));
-                let new = match submodule(&ws, path, id)? {
+                let ignore = super::status::submodule_ignore(&repo, &ws, path);
+                let new = match submodule(&ws, path, id, ignore)? {
                     (None, _) => return Ok(GitDiff::Unchanged),
                     (Some(GitChange::Deleted), _) => None,
                     (Some(GitChange::TypeChanged), _) if file_size() > GIT_DIFF_FILE_MAX => return too_large(),

@@ -203,7 +203,7 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
         let e = &index.file.entries()[i];
         let path = e.path(&index.file).as_bytes();
         if e.mode == Mode::COMMIT {
-            let (change, state) = submodule(&ws, path, e.id)?;
+            let (change, state) = submodule(&ws, path, e.id, submodule_ignore(&repo, &ws, path))?;
             submodules.push((path, state));
             if let Some(change) = change {
                 worktree.push(git_entry(path, change, Some(state)));
@@ -255,14 +255,79 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
     Ok(Some((status, attributes)))
 }
 
+/// What `git status` leaves out of a submodule's state (`submodule.<name>.ignore`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum SubmoduleIgnore {
+    #[default]
+    None,
+    /// Its untracked files.
+    Untracked,
+    /// Anything but a change of its commit.
+    Dirty,
+    /// Everything: its worktree is never changed.
+    All,
+}
+
+impl SubmoduleIgnore {
+    fn parse(v: &[u8]) -> Option<SubmoduleIgnore> {
+        match v {
+            b"none" => Some(SubmoduleIgnore::None),
+            b"untracked" => Some(SubmoduleIgnore::Untracked),
+            b"dirty" => Some(SubmoduleIgnore::Dirty),
+            b"all" => Some(SubmoduleIgnore::All),
+            _ => None,
+        }
+    }
+}
+
+/// The `ignore` setting of the submodule at `path`, as git takes it: the repository's
+/// `submodule.<name>.ignore`, else `.gitmodules`' (read from the worktree, no includes
+/// followed), else `diff.ignoreSubmodules`.
+pub(super) fn submodule_ignore(repo: &gix::Repository, ws: &Workspace, path: &[u8]) -> SubmoduleIgnore {
+    let config = repo.config_snapshot();
+    let fallback = config
+        .string("diff.ignoreSubmodules")
+        .and_then(|v| SubmoduleIgnore::parse(v.as_ref()))
+        .unwrap_or_default();
+    let Ok(file) = ws.open_tracked(Path::new(".gitmodules")) else {
+        return fallback;
+    };
+    let Ok(text) = super::contents(file) else {
+        return fallback;
+    };
+    let meta = gix::config::file::Metadata::from(gix::config::Source::Local);
+    let Ok(modules) = gix::config::File::from_bytes_no_includes(&text, meta, Default::default()) else {
+        return fallback;
+    };
+    let Some(sections) = modules.sections_by_name("submodule") else {
+        return fallback;
+    };
+    for section in sections {
+        if section.value("path").is_none_or(|p| p.as_slice() != path) {
+            continue;
+        }
+        let Some(name) = section.header().subsection_name() else {
+            continue;
+        };
+        let own = config.string(format!("submodule.{name}.ignore").as_str());
+        return own
+            .or_else(|| section.value("ignore"))
+            .and_then(|v| SubmoduleIgnore::parse(v.as_slice()))
+            .unwrap_or(fallback);
+    }
+    fallback
+}
+
 /// The submodule at `path`, whose index entry records commit `recorded`: how its worktree
-/// differs (None: it does not) and its state, as git reports them. A submodule that is not
-/// checked out (an empty directory, or a repository whose git directory is outside the
-/// workspace) is unchanged; one whose directory is gone is deleted.
+/// differs (None: it does not) and its state, as git reports them, less what its `ignore`
+/// setting leaves out. A submodule that is not checked out (an empty directory, or a
+/// repository whose git directory is outside the workspace) is unchanged; one whose
+/// directory is gone is deleted.
 pub(super) fn submodule(
     ws: &Workspace,
     path: &[u8],
     recorded: ObjectId,
+    ignore: SubmoduleIgnore,
 ) -> Result<(Option<GitChange>, GitSubmodule), RpcError> {
     let mut state = GitSubmodule {
         commit_changed: false,
@@ -290,6 +355,18 @@ pub(super) fn submodule(
         }
     }
     state.untracked |= !status.untracked.is_empty();
+    match ignore {
+        SubmoduleIgnore::None => {}
+        SubmoduleIgnore::Untracked => state.untracked = false,
+        SubmoduleIgnore::Dirty => (state.modified, state.untracked) = (false, false),
+        SubmoduleIgnore::All => {
+            state = GitSubmodule {
+                commit_changed: false,
+                modified: false,
+                untracked: false,
+            }
+        }
+    }
     let changed = state.commit_changed || state.modified || state.untracked;
     Ok((changed.then_some(GitChange::Modified), state))
 }
