@@ -182,7 +182,21 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
         suspects.extend(half.join().unwrap_or_default());
         (walk.join(), suspects)
     });
-    let (untracked_paths, attribute_files) = walked.map_err(|_| RpcError::new(ErrorCode::Internal))??;
+    let (untracked_paths, mut attribute_files) = walked.map_err(|_| RpcError::new(ErrorCode::Internal))??;
+    // The walk does not enter an ignored directory, whose tracked files its own
+    // `.gitattributes` (tracked too) still rules, as git reads it.
+    let name = b".gitattributes";
+    attribute_files.extend(
+        index
+            .file
+            .entries()
+            .iter()
+            .map(|e| e.path(&index.file).as_bytes())
+            .filter(|p| p.ends_with(name) && (p.len() == name.len() || p[p.len() - name.len() - 1] == b'/'))
+            .map(<[u8]>::to_vec),
+    );
+    attribute_files.sort_unstable();
+    attribute_files.dedup();
     let ws = workspace(root)?;
     let attributes = Attributes::load(&repo, &ws, &attribute_files)?;
 

@@ -563,3 +563,23 @@ fn a_directory_replaced_by_a_symlink_is_gone() {
     assert_eq!(cli_status(root), [" D dir/a", "?? dir", "?? other/a"]);
     assert_eq!(berth_status(root), cli_status(root));
 }
+
+/// A tracked `.gitattributes` inside an ignored directory still rules the tracked files
+/// there (the walk does not enter the directory): a CRLF file its `eol=crlf` covers is
+/// clean after a `touch`, as in git.
+#[test]
+fn attributes_in_an_ignored_directory_rule_its_tracked_files() {
+    let r = repo();
+    let root = r.path();
+    std::fs::create_dir_all(root.join("gen")).unwrap();
+    std::fs::write(root.join(".gitignore"), "gen/\n").unwrap();
+    std::fs::write(root.join("gen/.gitattributes"), "*.bat text eol=crlf\n").unwrap();
+    std::fs::write(root.join("gen/run.bat"), "echo a\r\necho b\r\n").unwrap();
+    git(root, &["add", "-f", ".gitignore", "gen/.gitattributes", "gen/run.bat"]);
+    git(root, &["commit", "-q", "-m", "generated"]);
+    // New stat data: the file is compared by content, as converted by its attributes.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    std::fs::write(root.join("gen/run.bat"), "echo a\r\necho b\r\n").unwrap();
+    assert_eq!(cli_status(root), Vec::<String>::new());
+    assert_eq!(berth_status(root), cli_status(root));
+}
