@@ -118,7 +118,11 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
             if file_size() > GIT_DIFF_FILE_MAX {
                 return too_large();
             }
-            (None, read_file()?)
+            match read_file()? {
+                // Gone: git prints the deletion of the empty blob an intent to add records.
+                None => (indexed.map(|(_, kind)| (Vec::new(), kind)), None),
+                new => (None, new),
+            }
         }
         GitArea::Worktree => {
             let Some((id, kind)) = indexed else {

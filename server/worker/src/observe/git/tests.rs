@@ -583,3 +583,21 @@ fn attributes_in_an_ignored_directory_rule_its_tracked_files() {
     assert_eq!(cli_status(root), Vec::<String>::new());
     assert_eq!(berth_status(root), cli_status(root));
 }
+
+/// An intent to add whose file is gone: the worktree diff is the deletion of the empty
+/// blob, byte for byte as `git diff` prints it.
+#[test]
+fn a_removed_intent_to_add_is_a_deleted_empty_file() {
+    let r = repo();
+    let root = r.path();
+    std::fs::write(root.join("planned"), "soon\n").unwrap();
+    git(root, &["add", "-N", "planned"]);
+    std::fs::remove_file(root.join("planned")).unwrap();
+    let expected = String::from_utf8(git(root, &["diff", "--full-index", "--", "planned"])).unwrap();
+    assert!(expected.contains("deleted file mode 100644"), "{expected}");
+    let d = super::diff(root, b"planned", berth_protocol::GitArea::Worktree).unwrap();
+    let berth_protocol::GitDiff::Text { patch, .. } = d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(patch, expected);
+}
