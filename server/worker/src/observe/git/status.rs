@@ -174,9 +174,11 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
         .collect();
     let (first, second) = tracked.split_at(tracked.len() / 2);
     let exclude_file = repo.common_dir().join("info/exclude");
+    // Wherever the configuration sets it (the repository's own included).
+    let excludes_file = repo.config_snapshot().trusted_path("core.excludesFile").ok().flatten();
     let file_mode = super::file_mode(&repo);
     let (walked, mut suspects) = std::thread::scope(|s| {
-        let walk = s.spawn(|| untracked(root, &exclude_file, &index));
+        let walk = s.spawn(|| untracked(root, &exclude_file, excludes_file.as_deref(), &index));
         let half = s.spawn(|| stat_suspects(&dir, &index, second, file_mode));
         let mut suspects = stat_suspects(&dir, &index, first, file_mode);
         suspects.extend(half.join().unwrap_or_default());

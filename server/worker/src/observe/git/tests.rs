@@ -81,7 +81,7 @@ fn untracked_files_are_the_ones_git_lists() {
     write("vendored/inside.txt", "in the nested repository\n");
 
     let index = super::index::load_index(&gix::open(root).unwrap()).unwrap();
-    let (found, attributes) = super::untracked::untracked(root, &root.join(".git/info/exclude"), &index).unwrap();
+    let (found, attributes) = super::untracked::untracked(root, &root.join(".git/info/exclude"), None, &index).unwrap();
     assert_eq!(
         found.iter().map(|p| String::from_utf8_lossy(p)).collect::<Vec<_>>(),
         cli_untracked(root)
@@ -600,4 +600,21 @@ fn a_removed_intent_to_add_is_a_deleted_empty_file() {
         panic!("{d:?}")
     };
     assert_eq!(patch, expected);
+}
+
+/// `core.excludesFile` set in the repository's own configuration is read, as git reads it.
+#[test]
+fn a_repositorys_own_excludes_file_is_read() {
+    let r = repo();
+    let root = r.path();
+    let rules = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(rules.path(), "*.tmp\n").unwrap();
+    git(
+        root,
+        &["config", "core.excludesFile", &rules.path().display().to_string()],
+    );
+    std::fs::write(root.join("scratch.tmp"), "t\n").unwrap();
+    std::fs::write(root.join("kept.txt"), "k\n").unwrap();
+    assert_eq!(cli_status(root), ["?? kept.txt"]);
+    assert_eq!(berth_status(root), cli_status(root));
 }

@@ -210,17 +210,29 @@ pub(super) fn walk_error(e: rustix::io::Errno) -> RpcError {
 /// Each directory is read once through a descriptor opened beneath its parent's without
 /// following symlinks; a file is looked up only among the index entries of its own
 /// directory, and only untracked files are matched against the ignore rules.
-pub(super) fn untracked(root: &Path, exclude_file: &Path, index: &Index) -> Result<(RelPaths, RelPaths), RpcError> {
+/// `excludes_file`: `core.excludesFile` as the repository's configuration sets it (None:
+/// git's default, `$XDG_CONFIG_HOME/git/ignore`).
+pub(super) fn untracked(
+    root: &Path,
+    exclude_file: &Path,
+    excludes_file: Option<&Path>,
+    index: &Index,
+) -> Result<(RelPaths, RelPaths), RpcError> {
     let mut exclude = GitignoreBuilder::new(root);
     // A missing `info/exclude` excludes nothing.
     let _ = exclude.add(exclude_file);
+    let global = match excludes_file {
+        Some(file) => {
+            let mut global = GitignoreBuilder::new(root);
+            let _ = global.add(file);
+            global.build().unwrap_or_else(|_| Gitignore::empty())
+        }
+        None => GitignoreBuilder::new(root).build_global().0,
+    };
     let mut walk = Untracked {
         root,
         index,
-        excludes: [
-            exclude.build().unwrap_or_else(|_| Gitignore::empty()),
-            GitignoreBuilder::new(root).build_global().0,
-        ],
+        excludes: [exclude.build().unwrap_or_else(|_| Gitignore::empty()), global],
         found: Vec::new(),
         attributes: Vec::new(),
     };
