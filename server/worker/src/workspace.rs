@@ -193,24 +193,33 @@ impl Workspace {
     /// Remove the model's file `path` (never a directory; never Berth's state or a
     /// repository's internals).
     pub(crate) fn remove_file(&self, path: &str) -> Result<(), PathError> {
-        let rel = self.relative(path)?;
+        let rel = normalized(&self.relative(path)?);
         self.guard(path, &rel, Access::Write)?;
-        let (dir, name) = self.parent_for_write(path, &rel)?;
-        dir.remove_file(name).map_err(|e| fs_error(path, &e))
-    }
-
-    /// The directory the model's `path` (relative `rel`, guarded by name) is written in,
-    /// opened and guarded as what it really is, and the name in it.
-    fn parent_for_write<'a>(&self, path: &str, rel: &'a Path) -> Result<(Dir, &'a OsStr), PathError> {
-        let dir = match rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-            Some(parent) => self.dir.open_dir(parent).map_err(|e| fs_error(path, &e))?,
-            None => self.dir.try_clone().map_err(|e| fs_error(path, &e))?,
-        };
-        self.guard_opened(path, &dir, Access::Write)?;
         let name = rel
             .file_name()
             .ok_or_else(|| PathError(format!("{path}: is a directory")))?;
-        Ok((dir, name))
+        let dir = self
+            .dir_for_write(path, rel.parent(), false)?
+            .ok_or_else(|| PathError(format!("{path}: No such file or directory")))?;
+        dir.remove_file(name).map_err(|e| fs_error(path, &e))
+    }
+
+    /// Whether [`Workspace::write`] of `path` would be refused, and why (without writing or
+    /// creating anything): for a change of several files worked out before any is written.
+    pub(crate) fn check_write(&self, path: &str) -> Result<(), PathError> {
+        let rel = normalized(&self.relative(path)?);
+        let Some(name) = rel.file_name() else {
+            return Err(PathError(format!("{path}: is a directory")));
+        };
+        self.guard(path, &rel, Access::Write)?;
+        // Directories still to be created hold no symlink.
+        let Some(dir) = self.dir_for_write(path, rel.parent(), false)? else {
+            return Ok(());
+        };
+        match dir.symlink_metadata(name) {
+            Ok(m) if m.file_type().is_symlink() => Err(symlink_refused(path, &dir, name)),
+            _ => Ok(()),
+        }
     }
 
     /// Open a file for the model to read, confined to the workspace (and not Berth's).
@@ -285,21 +294,25 @@ impl Workspace {
             return Err(PathError(format!("{path}: is a directory")));
         };
         self.guard(path, &rel, Access::Write)?;
-        let dir = self.dir_for_write(path, rel.parent())?;
+        let dir = self
+            .dir_for_write(path, rel.parent(), true)?
+            .ok_or_else(|| PathError(format!("{path}: its directory could not be created")))?;
         let mut file = self.open_for_write(path, &dir, name)?;
         file.set_len(0).map_err(|e| fs_error(path, &e))?;
         io::Write::write_all(&mut file, contents).map_err(|e| fs_error(path, &e))
     }
 
     /// The directory `parent` (normalized, relative to the root) for a write of the model's
-    /// `path`: each component opened under the one before, or created there when missing,
-    /// and checked as what it really is before the next is opened or created in it.
-    fn dir_for_write(&self, path: &str, parent: Option<&Path>) -> Result<Dir, PathError> {
+    /// `path`: each component opened under the one before, never through a symlink (the
+    /// model is told where it points), or created there when missing (with `create`; else
+    /// None), and checked as what it really is before the next is opened or created in it.
+    fn dir_for_write(&self, path: &str, parent: Option<&Path>, create: bool) -> Result<Option<Dir>, PathError> {
         let mut dir = self.dir.try_clone().map_err(|e| fs_error(path, &e))?;
         for c in parent.into_iter().flat_map(Path::components) {
             let Component::Normal(name) = c else { continue };
-            let next = match dir.open_dir(name) {
+            let next = match open_dir_nofollow(&dir, name) {
                 Ok(d) => d,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     match dir.create_dir(name) {
                         Ok(()) => {}
@@ -307,14 +320,14 @@ impl Workspace {
                         Err(e) => return Err(fs_error(path, &e)),
                     }
                     // A name that exists but does not open (a dangling symlink) fails here.
-                    dir.open_dir(name).map_err(|e| fs_error(path, &e))?
+                    open_dir_nofollow(&dir, name).map_err(|e| refused_dir(path, &dir, name, &e))?
                 }
-                Err(e) => return Err(fs_error(path, &e)),
+                Err(e) => return Err(refused_dir(path, &dir, name, &e)),
             };
             self.guard_opened(path, &next, Access::Write)?;
             dir = next;
         }
-        Ok(dir)
+        Ok(Some(dir))
     }
 
     /// `name` in `dir` opened for writing (created if missing, never truncated here) and
@@ -336,12 +349,7 @@ impl Workspace {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(fs_error(path, &e)),
                 }
-                let target = rustix::fs::readlinkat(dir, name, Vec::new())
-                    .map(|t| t.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                return Err(PathError(format!(
-                    "{path}: is a symlink (to {target:?}); write the path it points to instead"
-                )));
+                return Err(symlink_refused(path, dir, name));
             }
             Err(e) => return Err(fs_error(path, &e.into())),
         };
@@ -367,6 +375,40 @@ impl Workspace {
         let dir = self.dir.open_dir(&rel).map_err(|e| fs_error(path, &e))?;
         self.guard_opened(path, &dir, Access::Read)?;
         Ok(self.root.join(rel))
+    }
+}
+
+/// `name` in `dir` opened as a directory, never through a symlink.
+fn open_dir_nofollow(dir: &Dir, name: &OsStr) -> io::Result<Dir> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).map_err(io::Error::from)?;
+    Ok(Dir::from_std_file(std::fs::File::from(fd)))
+}
+
+/// The model's write of `path` refused at `name` in `dir`, a symlink: where it points
+/// (one that leads out of the workspace is refused as such, its target unsaid).
+fn symlink_refused(path: &str, dir: &Dir, name: &OsStr) -> PathError {
+    if let Err(e) = dir.metadata(name)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        return fs_error(path, &e);
+    }
+    let target = rustix::fs::readlinkat(dir, name, Vec::new())
+        .map(|t| t.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    PathError(format!(
+        "{path}: {} is a symlink (to {target:?}); write the path it points to instead",
+        name.to_string_lossy()
+    ))
+}
+
+/// Why the directory `name` in `dir` on the way to `path` did not open: a symlink is named
+/// as such, anything else as the error.
+fn refused_dir(path: &str, dir: &Dir, name: &OsStr, e: &io::Error) -> PathError {
+    match dir.symlink_metadata(name) {
+        Ok(m) if m.file_type().is_symlink() => symlink_refused(path, dir, name),
+        _ => fs_error(path, e),
     }
 }
 
@@ -809,6 +851,12 @@ mod tests {
         w.write("gl/../d/f", b"ok").unwrap();
         assert_eq!(std::fs::read_to_string(root.join("d/f")).unwrap(), "ok");
         assert!(!root.join(".git/d").exists());
+        // Nor a directory link on the way, for a write or a removal.
+        symlink("sub", root.join("subl")).unwrap();
+        let e = w.write("subl/new.txt", b"x").unwrap_err();
+        assert!(e.0.contains("subl is a symlink (to \"sub\")"), "{e}");
+        assert!(!root.join("sub/new.txt").exists());
+        assert!(w.check_write("subl/new.txt").is_err() && w.check_write("fresh/dir/new.txt").is_ok());
         // Nor a link to a file inside: the write names the file it changes.
         w.write("sub/inside.txt", b"before").unwrap();
         let e = w.write("good", b"through").unwrap_err();

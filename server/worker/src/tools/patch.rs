@@ -357,6 +357,13 @@ pub(super) fn run(ws: &Workspace, seen: &Seen, a: Args) -> Outcome {
             Err(e) => return Outcome::error(format!("the patch was not applied; no file was changed.\n{e}")),
         }
     }
+    // Where a write or removal would be refused (a symlink on the way, say), before any.
+    for p in &plan {
+        let (Planned::Write { path, .. } | Planned::Remove { path }) = p;
+        if let Err(e) = ws.check_write(path) {
+            return Outcome::error(format!("the patch was not applied; no file was changed.\n{}", e.0));
+        }
+    }
     let mut summary = String::new();
     for p in &plan {
         let done = match p {
@@ -444,6 +451,40 @@ mod tests {
         );
         assert_eq!(read(&w, "moved/m.txt"), "x\nz\n");
         assert!(!w.root().join("m.txt").exists() && !w.root().join("old.txt").exists());
+    }
+
+    /// A patch whose write would go through a symlink (the file or a directory on the way)
+    /// is refused before any file is written: nothing changes, and the model is told where
+    /// the link points.
+    #[test]
+    fn a_patch_through_a_symlink_changes_nothing() {
+        let (_t, w) = ws();
+        let root = w.root().to_path_buf();
+        std::fs::create_dir_all(root.join("hooks")).unwrap();
+        std::fs::write(root.join("a.txt"), "a\n").unwrap();
+        std::fs::write(root.join("hooks/pre-commit"), "old\n").unwrap();
+        std::os::unix::fs::symlink("hooks/pre-commit", root.join("notes.md")).unwrap();
+        std::os::unix::fs::symlink("hooks", root.join("docs")).unwrap();
+        for (target, says) in [
+            ("notes.md", "notes.md is a symlink (to \"hooks/pre-commit\")"),
+            ("docs/pre-commit", "docs is a symlink (to \"hooks\")"),
+        ] {
+            let r = patch(
+                &w,
+                &format!("*** Update File: a.txt\n@@\n-a\n+b\n*** Update File: {target}\n@@\n-old\n+evil\n"),
+            );
+            assert!(!r.ok, "{}", r.output);
+            assert!(
+                r.output.contains("no file was changed") && r.output.contains(says),
+                "{}",
+                r.output
+            );
+            assert_eq!(read(&w, "a.txt"), "a\n");
+            assert_eq!(read(&w, "hooks/pre-commit"), "old\n");
+        }
+        let r = patch(&w, "*** Delete File: docs/pre-commit\n");
+        assert!(!r.ok, "{}", r.output);
+        assert!(root.join("hooks/pre-commit").exists());
     }
 
     #[test]
