@@ -804,6 +804,8 @@ async fn uploaded_bodies_are_held_within_the_replicas_memory() {
         ("AWS_REGION", "us-east-1"),
         ("BERTH_OBJECT_SWEEP_SECS", "3600000"),
         ("BERTH_MAX_ATTACHMENT_BYTES", "614400"),
+        // The budget is never below the largest message a connection takes.
+        ("BERTH_MAX_TEXT_MESSAGE", "65536"),
         ("BERTH_UPLOAD_MEMORY_BYTES", "1048576"),
     ];
     let stack = Stack::start_with(&mock, 1, &env).await;

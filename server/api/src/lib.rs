@@ -162,11 +162,9 @@ pub async fn serve(
     let cluster =
         workers::forwarded::Cluster::load(&store, config.internal_url.as_deref(), internal_listener.local_addr()?)
             .await?;
-    let upload_memory = Arc::new(tokio::sync::Semaphore::new(rpc::upload::kib(
-        config
-            .upload_memory_bytes
-            .max(config.max_attachment_bytes.saturating_add(4)),
-    ) as usize));
+    let upload_memory = Arc::new(tokio::sync::Semaphore::new(
+        rpc::upload::kib(rpc::upload::memory_budget(&config)) as usize,
+    ));
     let state = AppState(Arc::new(App {
         store,
         config,

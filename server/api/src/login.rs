@@ -119,10 +119,15 @@ pub async fn login(
     // The account's attempts, counted across replicas and whether the tenant was typed by
     // name or by id. Taken for accounts that do not exist too, so the answers and their
     // timing stay alike.
-    let shared = auth::account_digest(&auth::account_key(
-        found.as_ref().map_or(req.tenant.as_str(), |f| f.tenant_id.as_str()),
-        &req.email,
-    ));
+    // An existing account is keyed by its user (however its e-mail was spelt), any other
+    // by the tenant and the e-mail typed.
+    let shared = auth::account_digest(&match &found {
+        Some(f) => match &f.user {
+            Some((user, ..)) => auth::account_key(&f.tenant_id, user),
+            None => auth::account_key(&f.tenant_id, &req.email),
+        },
+        None => auth::account_key(&req.tenant, &req.email),
+    });
     let per_account = auth::BucketConfig::PER_ACCOUNT;
     match state
         .store

@@ -254,17 +254,15 @@ pub async fn chat_completions(State(state): State<AppState>, headers: HeaderMap,
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
-/// The server's terms on the top-level fields of a worker's request: only the fields a turn
-/// needs go on (a worker on a compromised machine must not switch on paid extras, storage
-/// or web access with the tenant's key: `n`, `store`, `service_tier`, … are dropped), the
-/// turn's `model`, and an output never asked for beyond one context window
-/// (`context_cap`) or the configured `max_output` (then always set).
-/// The bytes of the base64 images (`"data:image/…"` URLs) in a model request's body.
+/// The bytes of the base64 images (`"url":"data:image/…"`, as the worker writes an image
+/// part) in a model request's body; text that only looks like one is escaped (`\"`) and
+/// does not count.
 fn image_data_bytes(body: &[u8]) -> usize {
+    const NEEDLE: &[u8] = b"\"url\":\"data:image/";
     let mut total = 0;
     let mut rest = body;
-    while let Some(at) = memchr::memmem::find(rest, b"\"data:image/") {
-        let url = &rest[at + 1..];
+    while let Some(at) = memchr::memmem::find(rest, NEEDLE) {
+        let url = &rest[at + NEEDLE.len() - b"data:image/".len()..];
         let len = memchr::memchr(b'"', url).unwrap_or(url.len());
         total += len;
         rest = &url[len..];
@@ -272,6 +270,11 @@ fn image_data_bytes(body: &[u8]) -> usize {
     total
 }
 
+/// The server's terms on the top-level fields of a worker's request: only the fields a turn
+/// needs go on (a worker on a compromised machine must not switch on paid extras, storage
+/// or web access with the tenant's key: `n`, `store`, `service_tier`, … are dropped), the
+/// turn's `model`, and an output never asked for beyond one context window
+/// (`context_cap`) or the configured `max_output` (then always set).
 fn server_terms(
     obj: &mut serde_json::Map<String, serde_json::Value>,
     model: &str,
@@ -664,6 +667,11 @@ mod tests {
         .to_string();
         let urls = "data:image/png;base64,".len() + "data:image/jpeg;base64,".len() + 2 * b64.len();
         assert_eq!(image_data_bytes(body.as_bytes()), urls);
+        // Text that looks like an image part is escaped inside its string: not counted.
+        let forged =
+            serde_json::json!({"messages": [{"role": "user", "content": format!("\"url\":\"data:image/{b64}")}]})
+                .to_string();
+        assert_eq!(image_data_bytes(forged.as_bytes()), 0);
         assert_eq!(image_data_bytes(b"{\"messages\": []}"), 0);
     }
 

@@ -60,6 +60,15 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
+/// The largest WebSocket message a client's connection takes: room above the limits, so
+/// that an oversized message is refused by us (1009 for text; a typed error for an upload).
+pub(crate) fn max_message(config: &crate::Config) -> usize {
+    config
+        .max_text_message
+        .max(config.max_attachment_bytes.saturating_add(4))
+        .saturating_add(64 << 10)
+}
+
 /// Whether a browser page at `origin` may open the WebSocket: an origin in the allow-list,
 /// or the server's own origin (its authority is the `Host` the browser sent the upgrade
 /// to), which is where the embedded console is served from. A page elsewhere sends its own
@@ -130,13 +139,7 @@ pub async fn upgrade(
     } else {
         None
     };
-    // Leave room above the limits so that an oversized message is refused by us (1009 for
-    // text; a typed error for an upload).
-    let max = state
-        .config
-        .max_text_message
-        .max(state.config.max_attachment_bytes.saturating_add(4))
-        .saturating_add(64 << 10);
+    let max = max_message(&state.config);
     ws.max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| run(state, principal, pending, socket))

@@ -47,6 +47,12 @@ const MAX_DISCARDED: usize = 64;
 /// Longest name and content type accepted, in bytes.
 const MAX_NAME: usize = 255;
 
+/// The uploaded bytes a replica holds at once: `BERTH_UPLOAD_MEMORY_BYTES`, never less than
+/// the largest message a connection takes (one upload always fits an idle replica).
+pub fn memory_budget(config: &crate::Config) -> usize {
+    config.upload_memory_bytes.max(super::max_message(config))
+}
+
 /// `n` bytes in whole KiB, rounded up: the unit of the replica's upload memory.
 pub fn kib(n: usize) -> u32 {
     u32::try_from(n.div_ceil(1024)).unwrap_or(u32::MAX)
@@ -172,7 +178,7 @@ pub async fn content_upload(ctx: Ctx, p: ContentUploadParams) -> ApiResult<Conte
     let Uploaded::Held(data, _held) = body else {
         return Err(ApiError::with(
             ErrorCode::RateLimited,
-            json!({"limit": "upload-memory", "max": ctx.state.config.upload_memory_bytes}),
+            json!({"limit": "upload-memory", "max": memory_budget(&ctx.state.config)}),
         ));
     };
     let max = ctx.state.config.max_attachment_bytes;

@@ -36,8 +36,9 @@ tool calls or their results."
 /// (about what providers charge for a screenshot), in place of its base64 text.
 pub(crate) const IMAGE_TOKENS: u64 = 1_600;
 
-/// Images `view_image` showed that stay in the conversation: older ones become a note,
-/// so that a turn looking at many images neither fills the request nor the proxy's limit.
+/// Images `view_image` showed that stay in the conversation, in all: older ones become a
+/// note, so that a turn looking at many images neither fills the request nor passes the
+/// room the proxy gives images (`IMAGE_ROOM`).
 pub(crate) const IMAGES_KEPT: usize = 3;
 
 /// The bytes of `m`'s image parts (their data URLs) and how many there are.
@@ -225,15 +226,23 @@ impl Conversation {
     /// The images a step's calls showed (`view_image`), after all its results: one user
     /// message, since a tool result is text. Only the latest [`IMAGES_KEPT`] such messages
     /// keep their images; an older one keeps a note of what it showed.
-    pub(crate) fn push_images(&mut self, images: Vec<crate::tools::image::Image>) {
+    pub(crate) fn push_images(&mut self, mut images: Vec<crate::tools::image::Image>) {
         use base64::Engine;
         if images.is_empty() {
             return;
         }
+        // At most [`IMAGES_KEPT`] in all: a step's latest, then the earlier steps' latest.
+        let unshown = images.len().saturating_sub(IMAGES_KEPT);
+        let left_out: Vec<String> = images.drain(..unshown).map(|i| i.path).collect();
         let names = images.iter().map(|i| i.path.as_str()).collect::<Vec<_>>().join(", ");
-        let mut parts = vec![json!({"type": "text", "text": format!(
-            "[Berth: the images view_image showed, in order: {names}]"
-        )})];
+        let mut text = format!("[Berth: the images view_image showed, in order: {names}]");
+        if !left_out.is_empty() {
+            text.push_str(&format!(
+                "\n[Berth: not shown, as at most {IMAGES_KEPT} images are shown at once: {}; view fewer at a time]",
+                left_out.join(", ")
+            ));
+        }
+        let mut parts = vec![json!({"type": "text", "text": text})];
         for image in &images {
             let b64 = base64::engine::general_purpose::STANDARD.encode(&image.data);
             parts.push(json!({
@@ -244,7 +253,7 @@ impl Conversation {
         self.viewed.push((self.messages.len(), names));
         self.messages.push(json!({"role": "user", "content": parts}));
         self.joinable = None;
-        if self.viewed.len() > IMAGES_KEPT {
+        while self.images().0 > IMAGES_KEPT {
             let (old, names) = self.viewed.remove(0);
             let note = format!("[Berth: view_image showed {names} here earlier in this turn; view it again to see it]");
             self.messages[old]["content"] = Value::String(note);
@@ -444,5 +453,18 @@ mod tests {
         );
         assert_eq!(c.images().0, 3, "the latest three kept");
         assert!(m[8]["content"][1]["image_url"]["url"].is_string());
+        // Five in one step: its last three are shown, the first two named as not shown,
+        // and no earlier image stays.
+        c.push_images(["1.png", "2.png", "3.png", "4.png", "5.png"].map(image).to_vec());
+        let m = c.messages();
+        let last = &m[m.len() - 1]["content"];
+        let text = last[0]["text"].as_str().unwrap();
+        assert!(text.contains("in order: 3.png, 4.png, 5.png"), "{text}");
+        assert!(
+            text.contains("not shown, as at most 3 images are shown at once: 1.png, 2.png"),
+            "{text}"
+        );
+        assert_eq!(c.images().0, 3);
+        assert!(m[6]["content"].is_string() && m[7]["content"].is_string() && m[8]["content"].is_string());
     }
 }

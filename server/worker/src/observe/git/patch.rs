@@ -74,8 +74,18 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
         let keep = indexed
             .and_then(|e| super::index::index_kind(e.mode))
             .filter(|_| !file_mode);
-        let new = worktree_blob(&ws, &path, keep, false).map_err(broken)?;
-        let new = clean_side(&attributes, &path, new, &mut || indexed.and_then(|e| blob(e.id).ok()))?;
+        let new = match indexed {
+            // Git does not look at an assume-unchanged or skip-worktree file: its index
+            // entry is what `git diff HEAD` compares.
+            Some(e) if super::index::unlooked(e) => {
+                let kind = super::index::index_kind(e.mode).unwrap_or(EntryKind::Blob);
+                Some((blob(e.id)?, kind))
+            }
+            _ => {
+                let new = worktree_blob(&ws, &path, keep, false).map_err(broken)?;
+                clean_side(&attributes, &path, new, &mut || indexed.and_then(|e| blob(e.id).ok()))?
+            }
+        };
         if old == new {
             continue;
         }

@@ -618,3 +618,22 @@ fn a_repositorys_own_excludes_file_is_read() {
     assert_eq!(cli_status(root), ["?? kept.txt"]);
     assert_eq!(berth_status(root), cli_status(root));
 }
+
+/// A snapshot takes an assume-unchanged or skip-worktree file as git does, by its index
+/// entry: a staged change of it is carried, its hidden local edit (or its absence) is not.
+#[test]
+fn a_snapshot_takes_unlooked_files_by_their_index_entry() {
+    let r = repo();
+    let root = r.path();
+    std::fs::write(root.join("b"), "staged\n").unwrap();
+    git(root, &["add", "b"]);
+    git(root, &["update-index", "--assume-unchanged", "b"]);
+    std::fs::write(root.join("b"), "hidden local edit\n").unwrap();
+    let (text, _) = patch(root, 1 << 20).unwrap();
+    assert!(text.contains("+staged") && !text.contains("hidden"), "{text}");
+    let expected = String::from_utf8(git(root, &["diff", "--full-index", "HEAD", "--", "b"])).unwrap();
+    assert!(
+        expected.contains("+staged") && !expected.contains("hidden"),
+        "{expected}"
+    );
+}
