@@ -183,6 +183,17 @@ async fn running_turn(client: &mut Client, worker: &mut FakeWorker, extra: Value
 
 /// Open a watch and wait until it has delivered the session's first event (the watcher is
 /// then recorded for every replica).
+/// The next `interaction.requested` the watch sees within `secs`, and its interaction's id.
+async fn requested(w: &mut berth_e2e::client::Subscription, secs: u64) -> (Value, String) {
+    let seen = w
+        .until(secs, |e| e["type"] == "interaction.requested")
+        .await
+        .expect("an interaction is requested");
+    let event = seen.last().unwrap().clone();
+    let iid = event["interaction"]["interactionId"].as_str().unwrap().to_string();
+    (event, iid)
+}
+
 async fn watch(client: &mut Client, sid: &str) -> berth_e2e::client::Subscription {
     let mut w = client.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
     w.until(10, |e| e["type"] == "session.created")
@@ -218,15 +229,10 @@ async fn a_pending_approval_survives_the_client_and_its_replica_and_is_answered_
     let (sid, turn) = running_turn(&mut c1, &mut worker, json!({})).await;
     let mut w1 = watch(&mut c1, &sid).await;
     let ask = worker.ask(&turn, "call-1", approval("touch sentinel"));
-    let requested = w1
-        .until(10, |e| e["type"] == "interaction.requested")
-        .await
-        .expect("interaction.requested reaches the watcher");
-    let requested = requested.last().unwrap();
-    assert_eq!(requested["turnId"], turn.as_str());
-    let iid = requested["interaction"]["interactionId"].as_str().unwrap().to_string();
-    assert_eq!(requested["interaction"]["state"], "pending");
-    assert_eq!(requested["interaction"]["tool"]["name"], "shell");
+    let (asked, iid) = requested(&mut w1, 10).await;
+    assert_eq!(asked["turnId"], turn.as_str());
+    assert_eq!(asked["interaction"]["state"], "pending");
+    assert_eq!(asked["interaction"]["tool"]["name"], "shell");
 
     // The open request does not hold the worker's connection: a step goes through.
     let step = worker
@@ -384,14 +390,7 @@ async fn an_approval_is_never_replayed_for_another_call_under_its_id() {
     let (sid, turn) = running_turn(&mut c, &mut worker, json!({})).await;
     let mut w = watch(&mut c, &sid).await;
     let ask = worker.ask(&turn, "call_0", approval("ls"));
-    let asked = w
-        .until(10, |e| e["type"] == "interaction.requested")
-        .await
-        .expect("the approval is pending");
-    let iid = asked.last().unwrap()["interaction"]["interactionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (_, iid) = requested(&mut w, 10).await;
     c.ok(
         "session.respond",
         json!({"interactionId": iid, "answer": {"approved": true}}),
@@ -609,7 +608,7 @@ async fn stopping_the_turn_closes_its_pending_interactions() {
     let (sid, turn) = running_turn(&mut c, &mut worker, json!({})).await;
     let mut w = watch(&mut c, &sid).await;
     let ask = worker.ask(&turn, "call-1", approval("deploy"));
-    w.until(10, |e| e["type"] == "interaction.requested").await.unwrap();
+    requested(&mut w, 10).await;
     c.ok("session.stop", json!({"sessionId": sid, "turnId": turn})).await;
     let got = result(answer(ask, 15).await.expect("answered when the turn stops"));
     assert_eq!(got["outcome"], json!({"approved": false}));
@@ -656,9 +655,8 @@ async fn respond_takes_operation_receipts_and_checks_its_answer() {
         "q-1",
         json!({"kind": "choice", "input": "which?", "options": ["a", "b"]}),
     );
-    let seen = w.until(10, |e| e["type"] == "interaction.requested").await.unwrap();
-    let iid = seen.last().unwrap()["interaction"]["interactionId"].clone();
-    assert_eq!(seen.last().unwrap()["interaction"]["fallback"], json!({"choice": null}));
+    let (seen, iid) = requested(&mut w, 10).await;
+    assert_eq!(seen["interaction"]["fallback"], json!({"choice": null}));
 
     for bad in [
         json!({"approved": true}),
@@ -711,8 +709,7 @@ async fn another_tenants_interactions_are_not_found() {
     let (sid, turn) = running_turn(&mut a, &mut worker, json!({})).await;
     let mut w = watch(&mut a, &sid).await;
     let mut ask = worker.ask(&turn, "call-1", approval("ls"));
-    let seen = w.until(10, |e| e["type"] == "interaction.requested").await.unwrap();
-    let iid = seen.last().unwrap()["interaction"]["interactionId"].clone();
+    let (_, iid) = requested(&mut w, 10).await;
 
     server.admin(&["tenant", "create", "tenant-b"]).await.unwrap();
     server
@@ -775,11 +772,7 @@ async fn the_agent_waits_for_approval_across_a_reconnect_and_a_denied_call_never
         .ok("session.send", json!({"sessionId": sid, "prompt": "make the sentinel"}))
         .await;
     let turn = sent["turnId"].as_str().unwrap().to_string();
-    let seen = w1
-        .until(30, |e| e["type"] == "interaction.requested")
-        .await
-        .expect("the shell call is held for approval");
-    let iid = seen.last().unwrap()["interaction"]["interactionId"].clone();
+    let (_, iid) = requested(&mut w1, 30).await;
     assert!(!sentinel.exists(), "held, not run");
 
     c1.close();
@@ -832,11 +825,7 @@ async fn the_agent_waits_for_approval_across_a_reconnect_and_a_denied_call_never
         .ok("session.send", json!({"sessionId": sid, "prompt": "now the other one"}))
         .await;
     let turn2 = sent["turnId"].as_str().unwrap().to_string();
-    let seen = w2
-        .until(30, |e| e["type"] == "interaction.requested")
-        .await
-        .expect("held again");
-    let iid2 = seen.last().unwrap()["interaction"]["interactionId"].clone();
+    let (_, iid2) = requested(&mut w2, 30).await;
     c2.ok(
         "session.respond",
         json!({"interactionId": iid2, "answer": {"approved": false}}),
@@ -917,7 +906,7 @@ async fn steps_relay_and_store_and_a_settled_turn_refuses_late_writes() {
     // The worker ends the turn (with its last step) while it still asks: the interaction
     // closes with its fallback, before `turn.ended`.
     let ask = worker.ask(&turn, "call-2", approval("rm -rf build"));
-    w.until(10, |e| e["type"] == "interaction.requested").await.unwrap();
+    requested(&mut w, 10).await;
     let end = worker
         .call(
             "turn.end",

@@ -124,18 +124,8 @@ impl Store {
         let client = crate::tenant_tx_in_order(&mut client, tenant_id).await?;
         let session_id = p.session_id.as_str();
         let (last, cleared) = self.fence(&client, tenant_id, session_id).await?;
-        let through = match p.through {
-            Some(t) if t < 0 => return Err(StoreError::Code(ErrorCode::BadParams)),
-            Some(t) if t < cleared => return Err(StoreError::Code(ErrorCode::HistoryCleared)),
-            Some(t) => t.min(last),
-            None => last,
-        };
-        if let Some(a) = &p.after
-            && a.position.source_sequence > 0
-            && a.position.source_sequence < cleared
-        {
-            return Err(StoreError::Code(ErrorCode::HistoryCleared));
-        }
+        let after = p.after.as_ref().map(|a| a.position.source_sequence);
+        let through = crate::history::read_fence(p.through, after, last, cleared)?;
         // Resume inside the cursor's row when it names a field; otherwise after it.
         let (lo, inclusive) = match &p.after {
             None => (

@@ -64,13 +64,12 @@ enum Access {
 /// Why the model may not do `access` to the relative path `rel` (lexically normalized), if
 /// it may not.
 fn refused(rel: &Path, access: Access) -> Option<&'static str> {
-    let is = |c: &OsStr, name: &str| c.as_encoded_bytes().eq_ignore_ascii_case(name.as_bytes());
     for c in rel.components() {
         let Component::Normal(c) = c else { continue };
-        if is(c, PRIVATE_DIR) {
+        if named(c, PRIVATE_DIR) {
             return Some("Berth's private state (.berth/) is not open to tools");
         }
-        if is(c, ".git") {
+        if named(c, ".git") {
             // Read, its configuration would reach the model, the provider and the session's
             // history, and it may hold credentials (a remote's URL, an `extraheader`).
             return Some(match access {
@@ -80,6 +79,11 @@ fn refused(rel: &Path, access: Access) -> Option<&'static str> {
         }
     }
     None
+}
+
+/// Whether the path component `c` is `name`, as a case-insensitive file system may take it.
+fn named(c: &OsStr, name: &str) -> bool {
+    c.as_encoded_bytes().eq_ignore_ascii_case(name.as_bytes())
 }
 
 /// The kernel's name for what `fd` is (None where `/proc` cannot say).
@@ -608,11 +612,11 @@ impl Workspace {
             return Ok(());
         };
         // Closed to clients: what is closed to the model's writes (any `.git`, and `.berth`).
-        let git =
-            |c: Component| matches!(c, Component::Normal(c) if c.as_encoded_bytes().eq_ignore_ascii_case(b".git"));
         let closed = match private {
             Private::All => refused(rel, Access::Write).is_some(),
-            Private::Git => rel.components().any(git),
+            Private::Git => rel
+                .components()
+                .any(|c| matches!(c, Component::Normal(c) if named(c, ".git"))),
         };
         if closed { Err(OpenError::Private) } else { Ok(()) }
     }

@@ -409,6 +409,22 @@ impl serde::Serialize for PageLines {
     }
 }
 
+/// The fence of a read of a session whose history ends at `last` and was cleared before
+/// `cleared`: `through` (absent: `last`; never past it), refused when it, or the event of
+/// the `after` position the read resumes from, is before the clear.
+pub(crate) fn read_fence(through: Option<i64>, after: Option<i64>, last: i64, cleared: i64) -> Result<i64> {
+    let through = match through {
+        Some(t) if t < 0 => return Err(StoreError::Code(ErrorCode::BadParams)),
+        Some(t) if t < cleared => return Err(StoreError::Code(ErrorCode::HistoryCleared)),
+        Some(t) => t.min(last),
+        None => last,
+    };
+    if after.is_some_and(|a| a > 0 && a < cleared) {
+        return Err(StoreError::Code(ErrorCode::HistoryCleared));
+    }
+    Ok(through)
+}
+
 impl Store {
     /// The session's (last sequence, cleared-at sequence), or not-found.
     pub(crate) async fn fence(
@@ -475,18 +491,7 @@ impl Store {
         let client = tenant_tx(&mut client, tenant_id).await?;
         let session_id = p.session_id.as_str();
         let (last, cleared) = self.fence(&client, tenant_id, session_id).await?;
-        let through = match p.through {
-            Some(t) if t < 0 => return Err(StoreError::Code(ErrorCode::BadParams)),
-            Some(t) if t < cleared => return Err(StoreError::Code(ErrorCode::HistoryCleared)),
-            Some(t) => t.min(last),
-            None => last,
-        };
-        if let Some(a) = p.after
-            && a.source_sequence > 0
-            && a.source_sequence < cleared
-        {
-            return Err(StoreError::Code(ErrorCode::HistoryCleared));
-        }
+        let through = read_fence(p.through, p.after.map(|a| a.source_sequence), last, cleared)?;
         let budget = p
             .max_bytes
             .map_or(HISTORY_BUDGET_DEFAULT, |b| b as usize)

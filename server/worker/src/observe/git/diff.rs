@@ -32,21 +32,23 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
     let ws = workspace(root)?;
     let attributes = Attributes::for_path(&repo, &ws, path)?;
     let blob = |id: ObjectId| -> Result<Vec<u8>, RpcError> { Ok(repo.find_blob(id).map_err(broken)?.data.clone()) };
-    // A tracked file under `.berth/` is compared by `git.status` but never shown to clients
-    // (it may hold what only the workspace's owner should read).
+    let entry = index.stage0(path);
     if area == GitArea::Worktree
-        && index.stage0(path).is_some()
-        && Workspace::is_private(Path::new(OsStr::from_bytes(path)))
+        && let Some(e) = entry
     {
-        return Ok(GitDiff::Unsupported {
-            reason: "private".into(),
-        });
+        // A tracked file under `.berth/` is compared by `git.status` but never shown to
+        // clients (it may hold what only the workspace's owner should read).
+        if Workspace::is_private(Path::new(OsStr::from_bytes(path))) {
+            return Ok(GitDiff::Unsupported {
+                reason: "private".into(),
+            });
+        }
+        // Git does not look at an assume-unchanged or skip-worktree file.
+        if super::index::unlooked(e) {
+            return Ok(GitDiff::Unchanged);
+        }
     }
     let file_mode = super::file_mode(&repo);
-    // Git does not look at an assume-unchanged or skip-worktree file.
-    if area == GitArea::Worktree && index.stage0(path).is_some_and(super::index::unlooked) {
-        return Ok(GitDiff::Unchanged);
-    }
     // A conflicted path is what git says of it, not a deletion of the whole file.
     if index.unmerged.contains(path) && area != GitArea::Untracked {
         return Ok(GitDiff::Text {
@@ -55,7 +57,6 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
             truncated: None,
         });
     }
-    let entry = index.stage0(path);
     // An intent to add has no content in the index: in the worktree it is a new file.
     let intent = entry.is_some_and(Index::intent_to_add);
     let indexed = match entry {
@@ -130,7 +131,7 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
             };
             if kind == EntryKind::Commit {
                 let old = Some(submodule_side(id, false));
-                let ignore = super::status::submodule_ignore(&repo, &ws, path);
+                let ignore = super::status::SubmoduleIgnores::load(&repo, &ws).of(path);
                 let new = match submodule(&ws, path, id, ignore)? {
                     (None, _) => return Ok(GitDiff::Unchanged),
                     (Some(GitChange::Deleted), _) => None,

@@ -61,19 +61,17 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
         if old_too_large || new_too_large {
             return Err(too_large());
         }
+        let entry = index.stage0(&path);
+        // A tracked file under `.berth/` is not content a snapshot carries to clients.
+        if entry.is_some() && Workspace::is_private(Path::new(OsStr::from_bytes(&path))) {
+            continue;
+        }
         let old: Side = match tree.get(&path) {
             Some(item) if item.kind == EntryKind::Commit => continue,
             Some(item) => Some((blob(item.id)?, item.kind)),
             None => None,
         };
-        let indexed = index.stage0(&path).filter(|e| !super::index::Index::intent_to_add(e));
-        // A tracked file under `.berth/` is not content a snapshot carries to clients.
-        if index.stage0(&path).is_some() && Workspace::is_private(Path::new(OsStr::from_bytes(&path))) {
-            continue;
-        }
-        let keep = indexed
-            .and_then(|e| super::index::index_kind(e.mode))
-            .filter(|_| !file_mode);
+        let indexed = entry.filter(|e| !super::index::Index::intent_to_add(e));
         let new = match indexed {
             // Git does not look at an assume-unchanged or skip-worktree file: its index
             // entry is what `git diff HEAD` compares.
@@ -82,6 +80,9 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
                 Some((blob(e.id)?, kind))
             }
             _ => {
+                let keep = indexed
+                    .and_then(|e| super::index::index_kind(e.mode))
+                    .filter(|_| !file_mode);
                 let new = worktree_blob(&ws, &path, keep, false).map_err(broken)?;
                 clean_side(&attributes, &path, new, &mut || indexed.and_then(|e| blob(e.id).ok()))?
             }

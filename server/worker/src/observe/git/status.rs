@@ -215,11 +215,13 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
     suspects.sort_unstable();
     let mut worktree = Vec::new();
     let mut submodules = Vec::new();
+    let ignores = std::cell::OnceCell::new();
     for i in suspects {
         let e = &index.file.entries()[i];
         let path = e.path(&index.file).as_bytes();
         if e.mode == Mode::COMMIT {
-            let (change, state) = submodule(&ws, path, e.id, submodule_ignore(&repo, &ws, path))?;
+            let ignores = ignores.get_or_init(|| SubmoduleIgnores::load(&repo, &ws));
+            let (change, state) = submodule(&ws, path, e.id, ignores.of(path))?;
             submodules.push((path, state));
             if let Some(change) = change {
                 worktree.push(git_entry(path, change, Some(state)));
@@ -296,42 +298,53 @@ impl SubmoduleIgnore {
     }
 }
 
-/// The `ignore` setting of the submodule at `path`, as git takes it: the repository's
-/// `submodule.<name>.ignore`, else `.gitmodules`' (read from the worktree, no includes
+/// The submodules' `ignore` settings, as git takes them: the repository's
+/// `submodule.<name>.ignore`, else `.gitmodules`' (read from the worktree once, no includes
 /// followed), else `diff.ignoreSubmodules`.
-pub(super) fn submodule_ignore(repo: &gix::Repository, ws: &Workspace, path: &[u8]) -> SubmoduleIgnore {
-    let config = repo.config_snapshot();
-    let fallback = config
-        .string("diff.ignoreSubmodules")
-        .and_then(|v| SubmoduleIgnore::parse(v.as_ref()))
-        .unwrap_or_default();
-    let Ok(file) = ws.open_tracked(Path::new(".gitmodules")) else {
-        return fallback;
-    };
-    let Ok(text) = super::contents(file) else {
-        return fallback;
-    };
-    let meta = gix::config::file::Metadata::from(gix::config::Source::Local);
-    let Ok(modules) = gix::config::File::from_bytes_no_includes(&text, meta, Default::default()) else {
-        return fallback;
-    };
-    let Some(sections) = modules.sections_by_name("submodule") else {
-        return fallback;
-    };
-    for section in sections {
-        if section.value("path").is_none_or(|p| p.as_slice() != path) {
-            continue;
-        }
-        let Some(name) = section.header().subsection_name() else {
-            continue;
-        };
-        let own = config.string(format!("submodule.{name}.ignore").as_str());
-        return own
-            .or_else(|| section.value("ignore"))
-            .and_then(|v| SubmoduleIgnore::parse(v.as_slice()))
-            .unwrap_or(fallback);
+pub(super) struct SubmoduleIgnores {
+    by_path: Vec<(Vec<u8>, SubmoduleIgnore)>,
+    fallback: SubmoduleIgnore,
+}
+
+impl SubmoduleIgnores {
+    pub(super) fn load(repo: &gix::Repository, ws: &Workspace) -> SubmoduleIgnores {
+        let config = repo.config_snapshot();
+        let fallback = config
+            .string("diff.ignoreSubmodules")
+            .and_then(|v| SubmoduleIgnore::parse(v.as_ref()))
+            .unwrap_or_default();
+        let text = ws
+            .open_tracked(Path::new(".gitmodules"))
+            .ok()
+            .and_then(|file| super::contents(file).ok())
+            .unwrap_or_default();
+        let meta = gix::config::file::Metadata::from(gix::config::Source::Local);
+        let modules = gix::config::File::from_bytes_no_includes(&text, meta, Default::default()).ok();
+        let sections = modules.as_ref().and_then(|m| m.sections_by_name("submodule"));
+        let by_path = sections
+            .into_iter()
+            .flatten()
+            .filter_map(|section| {
+                let path = section.value("path")?;
+                let name = section.header().subsection_name()?;
+                let own = config.string(format!("submodule.{name}.ignore").as_str());
+                let ignore = own
+                    .or_else(|| section.value("ignore"))
+                    .and_then(|v| SubmoduleIgnore::parse(v.as_slice()))
+                    .unwrap_or(fallback);
+                Some((path.to_vec(), ignore))
+            })
+            .collect();
+        SubmoduleIgnores { by_path, fallback }
     }
-    fallback
+
+    /// The setting of the submodule at `path`.
+    pub(super) fn of(&self, path: &[u8]) -> SubmoduleIgnore {
+        self.by_path
+            .iter()
+            .find(|(p, _)| p.as_slice() == path)
+            .map_or(self.fallback, |(_, ignore)| *ignore)
+    }
 }
 
 /// The submodule at `path`, whose index entry records commit `recorded`: how its worktree
