@@ -384,6 +384,50 @@ async fn a_file_read_through_the_other_replica_survives_the_hand_over() {
     assert_eq!(holder(&stack, &ids).await, survivor);
 }
 
+/// A rollout's SIGTERM of the replica holding the worker's connection while a client watches
+/// a directory through the other replica: the watch goes on. It is opened again on the
+/// worker's new connection, the client is told `changed` once for whatever changed during
+/// the move (not a second `ready`), and changes after the move still reach it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_files_watch_through_the_other_replica_survives_the_hand_over() {
+    if !nginx_installed() {
+        return;
+    }
+    let mock = MockProvider::start().await;
+    let BehindNginx {
+        mut stack,
+        nginx: _nginx,
+        ids,
+        lost,
+        survivor,
+    } = behind_nginx(&mock, &[("BERTH_DRAIN_TIMEOUT_SECS", "15")]).await;
+    let mut watcher = stack.client(survivor).await;
+    let sid = stack.session(&mut watcher).await;
+    let mut sub = watcher.subscribe("files.watch", json!({"sessionId": sid}));
+    let ready = sub.next(60).await.expect("ready");
+    assert_eq!(ready["type"], "ready", "{ready}");
+    assert_eq!(
+        holder(&stack, &ids).await,
+        lost,
+        "the worker is on the replica that drains"
+    );
+
+    let status = stack.servers[lost].terminate().await;
+    assert!(status.success(), "the replica drains and exits by itself: {status}");
+    // Opened again on the new connection: one `changed` for the move, no second `ready`.
+    let moved = sub.next(30).await.expect("the watch goes on after the move");
+    assert_eq!(moved["type"], "changed", "{moved}");
+    // And it still watches: a file made now is a change.
+    std::fs::write(stack.workspace_dir.join("after-the-move.txt"), "x").unwrap();
+    let changed = sub.next(30).await.expect("a change after the move reaches the watch");
+    assert_eq!(changed["type"], "changed", "{changed}");
+    // Closing it ends it with null, as before the move.
+    watcher.ok("subscription.close", json!({"id": sub.id})).await;
+    let done = sub.done.await.unwrap();
+    assert!(done.error.is_none(), "{:?}", done.error);
+    assert_eq!(holder(&stack, &ids).await, survivor);
+}
+
 async fn hand_over(approval: bool) {
     let mock = MockProvider::start().await;
     let BehindNginx {
