@@ -263,10 +263,52 @@ pub(super) fn edit(ws: &Workspace, seen: &Seen, a: EditArgs) -> Outcome {
     let Ok(text) = String::from_utf8(bytes) else {
         return Outcome::error(format!("{}: not UTF-8 text", a.path));
     };
-    let starts: Vec<usize> = text.match_indices(&a.old_string).map(|(i, _)| i).collect();
-    match starts.len() {
-        0 => return Outcome::error(not_found(&a.path, &text, &a.old_string)),
-        1 => {}
+    // A CRLF file is matched and written with CRLF: read_file shows lines without their
+    // ends, so the model writes `\n`.
+    let (old_string, new_string) = if mostly_crlf(&text) {
+        (crlf(&a.old_string), crlf(&a.new_string))
+    } else {
+        (a.old_string.clone(), a.new_string.clone())
+    };
+    let starts: Vec<usize> = text.match_indices(&old_string).map(|(i, _)| i).collect();
+    let (updated, at, new_len, count, loose) = match starts.len() {
+        0 => match loose_matches(&text, &old_string).as_slice() {
+            [] => return Outcome::error(not_found(&a.path, &text, &a.old_string)),
+            [m] => {
+                let new = m.reindent(&new_string);
+                let updated = format!("{}{new}{}", &text[..m.start], &text[m.end..]);
+                let note = format!(
+                    " (old_string matched {} when each line's leading and trailing whitespace is ignored{})",
+                    m.lines(&text),
+                    if new == new_string {
+                        ""
+                    } else {
+                        "; new_string was indented as the file is there"
+                    }
+                );
+                (updated, m.start, new.len(), 1, note)
+            }
+            many => {
+                let lines: Vec<String> = many
+                    .iter()
+                    .take(10)
+                    .map(|m| line_of(&text, m.start).to_string())
+                    .collect();
+                return Outcome::error(format!(
+                    "{}: old_string is not in the file exactly; ignoring whitespace it matches {} places (at lines {}). Read the file again and copy the text exactly, with more surrounding lines",
+                    a.path,
+                    many.len(),
+                    lines.join(", ")
+                ));
+            }
+        },
+        1 => (
+            text.replacen(&old_string, &new_string, 1),
+            starts[0],
+            new_string.len(),
+            1,
+            String::new(),
+        ),
         n if !a.replace_all => {
             let lines: Vec<String> = starts.iter().take(10).map(|&i| line_of(&text, i).to_string()).collect();
             return Outcome::error(format!(
@@ -275,28 +317,134 @@ pub(super) fn edit(ws: &Workspace, seen: &Seen, a: EditArgs) -> Outcome {
                 lines.join(", ")
             ));
         }
-        _ => {}
-    }
-    let warning = seen.changed_since(ws, &a.path).unwrap_or_default();
-    let updated = if a.replace_all {
-        text.replace(&a.old_string, &a.new_string)
-    } else {
-        text.replacen(&a.old_string, &a.new_string, 1)
+        n => (
+            text.replace(&old_string, &new_string),
+            starts[0],
+            new_string.len(),
+            n,
+            String::new(),
+        ),
     };
+    let warning = seen.changed_since(ws, &a.path).unwrap_or_default();
     if let Err(e) = ws.write(&a.path, updated.as_bytes()) {
         return Outcome::error(e.0);
     }
     seen.record_path(ws, &a.path);
     // Where the first replacement landed, in the new text.
-    let at = starts[0];
-    let snippet = numbered_region(&updated, at, at + a.new_string.len());
-    let count = if a.replace_all { starts.len() } else { 1 };
+    let snippet = numbered_region(&updated, at, at + new_len);
     let notes = seen.agents_notes(ws, &a.path);
     Outcome::ok(format!(
-        "{warning}edited {}: {count} replacement{}. The file now reads:\n{snippet}{notes}",
+        "{warning}edited {}: {count} replacement{}{loose}. The file now reads:\n{snippet}{notes}",
         a.path,
         if count == 1 { "" } else { "s" }
     ))
+}
+
+/// Whether most of `text`'s line ends are CRLF.
+pub(super) fn mostly_crlf(text: &str) -> bool {
+    text.matches("\r\n").count() * 2 > text.matches('\n').count()
+}
+
+/// `s` with every bare `\n` as `\r\n`.
+fn crlf(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + s.len() / 16);
+    let mut prev = '\0';
+    for c in s.chars() {
+        if c == '\n' && prev != '\r' {
+            out.push('\r');
+        }
+        out.push(c);
+        prev = c;
+    }
+    out
+}
+
+/// Where `old` matches whole lines of a file when each line's surrounding whitespace is
+/// ignored: the bytes it covers, and the indentation the model's first line had and the
+/// file's has.
+#[derive(Debug, PartialEq)]
+struct Loose {
+    start: usize,
+    end: usize,
+    model_indent: String,
+    file_indent: String,
+}
+
+impl Loose {
+    /// `new` indented as the file is where `old` matched: each line that starts with the
+    /// model's indentation of old_string's first line starts with the file's instead.
+    fn reindent(&self, new: &str) -> String {
+        if self.model_indent == self.file_indent {
+            return new.to_string();
+        }
+        new.split_inclusive('\n')
+            .map(|line| match line.strip_prefix(self.model_indent.as_str()) {
+                Some(rest) if !line.trim().is_empty() => format!("{}{rest}", self.file_indent),
+                _ => line.to_string(),
+            })
+            .collect()
+    }
+
+    /// "line N" or "lines N–M".
+    fn lines(&self, text: &str) -> String {
+        let (first, last) = (
+            line_of(text, self.start),
+            line_of(text, self.end.max(self.start + 1) - 1),
+        );
+        if first == last {
+            format!("line {first}")
+        } else {
+            format!("lines {first}–{last}")
+        }
+    }
+}
+
+fn indent(line: &str) -> &str {
+    &line[..line.len() - line.trim_start().len()]
+}
+
+/// Every place `old` matches whole lines of `text` ignoring each line's leading and trailing
+/// whitespace (at most 11; none for an old_string of blank lines).
+fn loose_matches(text: &str, old: &str) -> Vec<Loose> {
+    let ends_line = old.ends_with('\n');
+    let want: Vec<&str> = old
+        .strip_suffix('\n')
+        .unwrap_or(old)
+        .split('\n')
+        .map(str::trim)
+        .collect();
+    let Some(first) = want.iter().position(|l| !l.is_empty()) else {
+        return Vec::new();
+    };
+    let model_indent = indent(old.split('\n').nth(first).unwrap_or_default()).to_string();
+    // Each line's start and its end without and with its line end.
+    let mut spans = Vec::new();
+    let mut at = 0;
+    for piece in text.split_inclusive('\n') {
+        let bare = piece.trim_end_matches(['\n', '\r']).len();
+        spans.push((at, at + bare, at + piece.len()));
+        at += piece.len();
+    }
+    let mut found = Vec::new();
+    for i in 0..spans.len().saturating_sub(want.len() - 1) {
+        let same = want
+            .iter()
+            .enumerate()
+            .all(|(k, w)| text[spans[i + k].0..spans[i + k].1].trim() == *w);
+        if same {
+            let last = spans[i + want.len() - 1];
+            found.push(Loose {
+                start: spans[i].0,
+                end: if ends_line { last.2 } else { last.1 },
+                model_indent: model_indent.clone(),
+                file_indent: indent(&text[spans[i + first].0..spans[i + first].1]).to_string(),
+            });
+            if found.len() > 10 {
+                break;
+            }
+        }
+    }
+    found
 }
 
 /// The 1-based line number of byte `at` in `text`.
@@ -596,6 +744,74 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(w.root().join("f")).unwrap(),
             "alpha BETA alpha gamma"
+        );
+    }
+
+    /// A CRLF file: the model's `\n` lines (as read_file shows them) match, and what it
+    /// writes gets the file's CRLF; the file's other lines are untouched.
+    #[test]
+    fn edit_matches_and_keeps_a_crlf_files_line_ends() {
+        let (_t, w) = ws();
+        std::fs::write(w.root().join("win.txt"), "fn a() {\r\n    one();\r\n}\r\n").unwrap();
+        let r = edit(
+            &w,
+            &Seen::default(),
+            EditArgs {
+                path: "win.txt".into(),
+                old_string: "fn a() {\n    one();\n".into(),
+                new_string: "fn a() {\n    one();\n    two();\n".into(),
+                replace_all: false,
+            },
+        );
+        assert!(r.ok, "{r:?}");
+        assert_eq!(
+            std::fs::read(w.root().join("win.txt")).unwrap(),
+            b"fn a() {\r\n    one();\r\n    two();\r\n}\r\n"
+        );
+    }
+
+    /// Whitespace drift in old_string (indentation, trailing spaces) still edits when it
+    /// matches one place, with new_string indented as the file is there, and says so; where
+    /// it matches several places nothing changes.
+    #[test]
+    fn edit_tolerates_whitespace_drift_where_it_matches_once() {
+        let (_t, w) = ws();
+        let file = "impl A {\n        fn f() {\n            go();  \n        }\n}\n";
+        std::fs::write(w.root().join("a.rs"), file).unwrap();
+        let seen = Seen::default();
+        let e = |old: &str, new: &str| EditArgs {
+            path: "a.rs".into(),
+            old_string: old.into(),
+            new_string: new.into(),
+            replace_all: false,
+        };
+        let r = edit(
+            &w,
+            &seen,
+            e(
+                "    fn f() {\n        go();\n",
+                "    fn f() {\n        stop();\n        go();\n",
+            ),
+        );
+        assert!(r.ok, "{r:?}");
+        assert!(
+            r.output
+                .contains("matched lines 2–3 when each line's leading and trailing whitespace is ignored")
+                && r.output.contains("indented as the file is"),
+            "{}",
+            r.output
+        );
+        assert_eq!(
+            std::fs::read_to_string(w.root().join("a.rs")).unwrap(),
+            "impl A {\n        fn f() {\n            stop();\n            go();\n        }\n}\n"
+        );
+        // Two places match loosely: refused, with both lines named.
+        std::fs::write(w.root().join("a.rs"), "  x = 1\ny\n    x = 1\n").unwrap();
+        let r = edit(&w, &seen, e(" x = 1 \n", "x = 2\n"));
+        assert!(!r.ok && r.output.contains("matches 2 places (at lines 1, 3)"), "{r:?}");
+        assert_eq!(
+            std::fs::read_to_string(w.root().join("a.rs")).unwrap(),
+            "  x = 1\ny\n    x = 1\n"
         );
     }
 

@@ -510,7 +510,11 @@ async fn start(name: &str, spec: &ServerSpec, root: &Path) -> Result<Started, &'
         let lifeline = super::lifeline::reader();
         // Its mark, so that what it starts outside its group goes with it.
         let mark = marks::new_mark();
-        let program = if lifeline.is_some() { "sh" } else { command.as_str() };
+        let program = if lifeline.is_some() {
+            "/bin/sh"
+        } else {
+            command.as_str()
+        };
         let mut cmd = CommandWrap::with_new(program, |c| {
             if lifeline.is_some() {
                 c.args(["-c", super::lifeline::GUARD_ON_STDERR, "sh", command]);

@@ -165,8 +165,10 @@ file, use edit_file or apply_patch instead.",
             f(
                 EDIT_FILE,
                 "Replace old_string with new_string in a file. old_string must match the file exactly (whitespace \
-included; without read_file's line numbers) and occur once, unless replace_all is set. Answers with the changed \
-lines; when old_string is not found it shows the nearest text.",
+included; without read_file's line numbers) and occur once, unless replace_all is set. If it is not in the file \
+exactly but matches one place when each line's leading and trailing whitespace is ignored, that place is edited \
+(new_string indented as the file is there) and the answer says so. Line ends follow the file's (LF or CRLF). \
+Answers with the changed lines; when old_string is not found it shows the nearest text.",
                 json!({"type": "object", "properties": {
                     "path": {"type": "string"},
                     "old_string": {"type": "string", "description": "The exact text to replace."},
@@ -221,7 +223,15 @@ not). Answers path:line:text, at most 200 matches.",
     pub(crate) async fn call(&self, name: &str, arguments: &str, cancel: &CancellationToken) -> Outcome {
         match name {
             SHELL => match args::<shell::Args>(arguments) {
-                Ok(a) => shell::run(&self.ws, a, &self.limits, cancel).await,
+                Ok(a) => match a.heredoc_patch() {
+                    Some(input) => {
+                        let (ws, seen) = (self.ws.clone(), self.seen.clone());
+                        tokio::task::spawn_blocking(move || patch::run(&ws, &seen, patch::Args { input }))
+                            .await
+                            .unwrap_or_else(|_| Outcome::error("the tool failed unexpectedly"))
+                    }
+                    None => shell::run(&self.ws, a, &self.limits, cancel).await,
+                },
                 Err(e) => e,
             },
             READ_FILE => self.blocking(arguments, fs::read).await,
@@ -259,4 +269,38 @@ not). Answers path:line:text, at most 200 matches.",
 fn args<A: DeserializeOwned>(arguments: &str) -> Result<A, Outcome> {
     let text = if arguments.trim().is_empty() { "{}" } else { arguments };
     serde_json::from_str(text).map_err(|e| Outcome::error(format!("invalid arguments: {e}; the call did not run")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `apply_patch <<'EOF' … EOF` sent through the shell (as Codex-trained models do) is
+    /// applied as the apply_patch tool would; anything else around it runs as a command.
+    #[tokio::test]
+    async fn a_heredoc_apply_patch_through_the_shell_is_applied() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = Arc::new(Workspace::open(t.path()).unwrap());
+        let tools = Tools::new(ws, ToolLimits::default(), Arc::default());
+        let patch = "*** Begin Patch\n*** Add File: x.txt\n+hi\n*** End Patch\n";
+        let call = |command: String| json!({"command": command}).to_string();
+        let r = tools
+            .call(
+                SHELL,
+                &call(format!("apply_patch <<'EOF'\n{patch}EOF\n")),
+                &CancellationToken::new(),
+            )
+            .await;
+        assert!(r.ok && r.output.contains("A x.txt"), "{r:?}");
+        assert_eq!(std::fs::read_to_string(t.path().join("x.txt")).unwrap(), "hi\n");
+        // Not only apply_patch: a real command (there is no apply_patch program).
+        let r = tools
+            .call(
+                SHELL,
+                &call(format!("apply_patch <<EOF && echo done\n{patch}EOF\n")),
+                &CancellationToken::new(),
+            )
+            .await;
+        assert!(!r.ok, "{r:?}");
+    }
 }

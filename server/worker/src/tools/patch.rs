@@ -17,8 +17,9 @@
 //!
 //! A change's lines (context ` `, removed `-`) are found in order, from after the previous
 //! change (and after its `@@` line when it names one), exactly, else ignoring trailing
-//! whitespace, else ignoring surrounding whitespace; `*** End of File` anchors a change at
-//! the end. Every file's new content is worked out before anything is written: a patch
+//! whitespace, else ignoring surrounding whitespace, else also typographic punctuation; a
+//! blank line at a change's edge that the file lacks there is let go; `*** End of File`
+//! anchors a change at the end. Lines keep their line ends (LF or CRLF). Every file's new content is worked out before anything is written: a patch
 //! that does not apply changes nothing. Paths go through [`Workspace`] like every tool's.
 
 use std::fmt::Write as _;
@@ -35,7 +36,7 @@ const FILE_MAX: u64 = 16 << 20;
 #[serde(deny_unknown_fields)]
 pub(super) struct Args {
     /// The whole patch, `*** Begin Patch` to `*** End Patch`.
-    input: String,
+    pub(super) input: String,
 }
 
 #[derive(Debug, PartialEq)]
@@ -72,6 +73,35 @@ impl Chunk {
             .filter(|(k, _)| *k != '+')
             .map(|(_, l)| l.clone())
             .collect()
+    }
+
+    /// Whether each line of [`Chunk::replacement`] ends CRLF: a context line as the file's
+    /// line did (`found`), an added line as the file usually does.
+    fn replacement_ends(&self, found: &[bool], usual: bool) -> Vec<bool> {
+        let mut old = found.iter();
+        let mut out = Vec::new();
+        for (kind, _) in &self.lines {
+            match kind {
+                '+' => out.push(usual),
+                ' ' => out.push(old.next().copied().unwrap_or(usual)),
+                _ => {
+                    old.next();
+                }
+            }
+        }
+        out
+    }
+
+    /// The change without the blank context lines at its start and end, if it has any.
+    fn without_blank_edges(&self) -> Option<Chunk> {
+        let blank = |(k, l): &(char, String)| *k == ' ' && l.trim().is_empty();
+        let start = self.lines.iter().position(|l| !blank(l))?;
+        let end = self.lines.iter().rposition(|l| !blank(l))? + 1;
+        (start > 0 || end < self.lines.len()).then(|| Chunk {
+            anchor: self.anchor.clone(),
+            lines: self.lines[start..end].to_vec(),
+            at_end: self.at_end && end == self.lines.len(),
+        })
     }
 
     /// What replaces `found` (the file's lines the change was found at): its context lines
@@ -203,15 +233,17 @@ fn parse(text: &str) -> Result<Vec<Op>, String> {
 }
 
 /// Where `want` occurs in `lines` at or after `from` (at the end only when `at_end`): an
-/// exact match first, then ignoring trailing whitespace, then surrounding whitespace.
+/// exact match first, then ignoring trailing whitespace, then surrounding whitespace, then
+/// also typographic punctuation (a model's `–` or `’` for the file's `-` or `'`).
 fn find(lines: &[String], want: &[String], from: usize, at_end: bool) -> Option<usize> {
     if want.len() > lines.len() {
         return None;
     }
-    let passes: [fn(&str, &str) -> bool; 3] = [
+    let passes: [fn(&str, &str) -> bool; 4] = [
         |a, b| a == b,
         |a, b| a.trim_end() == b.trim_end(),
         |a, b| a.trim() == b.trim(),
+        |a, b| plain(a.trim()).eq(plain(b.trim())),
     ];
     for same in passes {
         let matches = |s: usize| lines[s..s + want.len()].iter().zip(want).all(|(a, b)| same(a, b));
@@ -229,12 +261,46 @@ fn find(lines: &[String], want: &[String], from: usize, at_end: bool) -> Option<
     None
 }
 
+/// `s`'s characters with typographic dashes, quotes and spaces as their ASCII forms.
+fn plain(s: &str) -> impl Iterator<Item = char> + '_ {
+    s.chars().map(|c| match c {
+        '\u{2010}'..='\u{2015}' | '\u{2212}' => '-',
+        '\u{2018}' | '\u{2019}' | '\u{201A}' | '\u{201B}' => '\'',
+        '\u{201C}' | '\u{201D}' | '\u{201E}' | '\u{201F}' => '"',
+        '\u{00A0}' | '\u{2002}'..='\u{200A}' | '\u{202F}' | '\u{205F}' | '\u{3000}' => ' ',
+        c => c,
+    })
+}
+
+/// `text`'s lines without their ends, whether each ended with CRLF, and whether CRLF is the
+/// file's usual line end (most of its ended lines), which added lines then get.
+fn split_lines(text: &str) -> (Vec<String>, Vec<bool>, bool) {
+    let (mut lines, mut crlf) = (Vec::new(), Vec::new());
+    for piece in text.split_inclusive('\n') {
+        let (line, cr) = match piece.strip_suffix('\n') {
+            Some(l) => match l.strip_suffix('\r') {
+                Some(l) => (l, true),
+                None => (l, false),
+            },
+            None => (piece, false),
+        };
+        lines.push(line.to_string());
+        crlf.push(cr);
+    }
+    let ended = text.matches('\n').count();
+    let usual = crlf.iter().filter(|c| **c).count() * 2 > ended;
+    (lines, crlf, usual)
+}
+
 /// `text` with `chunks` applied (`path` names it in errors).
+/// Each line keeps its own line end (LF or CRLF); lines a change writes take the file's
+/// usual one.
 fn apply(path: &str, text: &str, chunks: &[Chunk]) -> Result<String, String> {
     let ends_with_newline = text.is_empty() || text.ends_with('\n');
-    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let (mut lines, mut crlf, usual) = split_lines(text);
     let mut cursor = 0usize;
-    let mut edits: Vec<(usize, usize, Vec<String>)> = Vec::new();
+    // Each edit: where, how many lines it replaces, its lines and whether each ends CRLF.
+    let mut edits: Vec<(usize, usize, Vec<String>, Vec<bool>)> = Vec::new();
     for (k, c) in chunks.iter().enumerate() {
         if let Some(anchor) = &c.anchor {
             let one = [anchor.clone()];
@@ -255,13 +321,28 @@ fn apply(path: &str, text: &str, chunks: &[Chunk]) -> Result<String, String> {
             } else {
                 lines.len()
             };
-            edits.push((at, 0, c.replacement(&[])));
+            let new = c.replacement(&[]);
+            let ends = vec![usual; new.len()];
+            edits.push((at, 0, new, ends));
             continue;
         }
-        match find(&lines, &old, cursor, c.at_end) {
-            Some(s) => {
-                edits.push((s, old.len(), c.replacement(&lines[s..s + old.len()])));
-                cursor = s + old.len();
+        // A blank line around a change (often the one between two files' sections) that
+        // the file does not have there is not held against it.
+        let trimmed = c.without_blank_edges();
+        let found = find(&lines, &old, cursor, c.at_end).map(|s| (s, c)).or_else(|| {
+            let t = trimmed.as_ref()?;
+            let old = t.old();
+            (!old.is_empty())
+                .then(|| find(&lines, &old, cursor, t.at_end))
+                .flatten()
+                .map(|s| (s, t))
+        });
+        match found {
+            Some((s, c)) => {
+                let len = c.old().len();
+                let ends = c.replacement_ends(&crlf[s..s + len], usual);
+                edits.push((s, len, c.replacement(&lines[s..s + len]), ends));
+                cursor = s + len;
             }
             None => {
                 let mut msg = format!(
@@ -286,12 +367,16 @@ fn apply(path: &str, text: &str, chunks: &[Chunk]) -> Result<String, String> {
             }
         }
     }
-    for (at, len, new) in edits.into_iter().rev() {
+    for (at, len, new, ends) in edits.into_iter().rev() {
+        crlf.splice(at..at + len, ends);
         lines.splice(at..at + len, new);
     }
-    let mut out = lines.join("\n");
-    if !out.is_empty() && ends_with_newline {
-        out.push('\n');
+    let mut out = String::with_capacity(text.len());
+    for (i, (line, cr)) in lines.iter().zip(&crlf).enumerate() {
+        out.push_str(line);
+        if i + 1 < lines.len() || ends_with_newline {
+            out.push_str(if *cr { "\r\n" } else { "\n" });
+        }
     }
     Ok(out)
 }
@@ -451,6 +536,51 @@ mod tests {
         );
         assert_eq!(read(&w, "moved/m.txt"), "x\nz\n");
         assert!(!w.root().join("m.txt").exists() && !w.root().join("old.txt").exists());
+    }
+
+    /// A CRLF file keeps its line ends: the lines a patch leaves alone keep theirs, and the
+    /// lines it writes take the file's (a mixed file keeps each untouched line's own).
+    #[test]
+    fn a_crlf_file_keeps_its_line_ends() {
+        let (_t, w) = ws();
+        std::fs::write(w.root().join("win.txt"), "one\r\ntwo\r\nthree\r\nfour\r\n").unwrap();
+        std::fs::write(w.root().join("mixed.txt"), "a\r\nb\nc\r\nd\r\n").unwrap();
+        let r = patch(
+            &w,
+            "*** Update File: win.txt\n@@\n one\n-two\n+2\n+2b\n three\n\
+             *** Update File: mixed.txt\n a\n b\n-c\n+C\n",
+        );
+        assert!(r.ok, "{}", r.output);
+        assert_eq!(read(&w, "win.txt"), "one\r\n2\r\n2b\r\nthree\r\nfour\r\n");
+        assert_eq!(read(&w, "mixed.txt"), "a\r\nb\nC\r\nd\r\n");
+        // A file without a final line end keeps that too.
+        std::fs::write(w.root().join("end.txt"), "x\r\ny").unwrap();
+        let r = patch(&w, "*** Update File: end.txt\n-y\n+z\n");
+        assert!(r.ok, "{}", r.output);
+        assert_eq!(read(&w, "end.txt"), "x\r\nz");
+    }
+
+    /// What models commonly get slightly wrong still applies where it is unambiguous: a blank
+    /// line between two files' sections (read as an empty context line the file lacks), and
+    /// typographic dashes and quotes for the file's ASCII ones.
+    #[test]
+    fn a_stray_blank_line_and_typographic_punctuation_still_apply() {
+        let (_t, w) = ws();
+        std::fs::write(w.root().join("a.txt"), "x\nold\ny\n").unwrap();
+        std::fs::write(w.root().join("b.txt"), "const s = \"it's a-b\";\nend\n").unwrap();
+        let r = patch(
+            &w,
+            "*** Update File: a.txt\n x\n-old\n+new\n\n\
+             *** Update File: b.txt\n-const s = \"it\u{2019}s a\u{2013}b\";\n+const s = \"plain\";\n end\n",
+        );
+        assert!(r.ok, "{}", r.output);
+        assert_eq!(read(&w, "a.txt"), "x\nnew\ny\n");
+        assert_eq!(read(&w, "b.txt"), "const s = \"plain\";\nend\n");
+        // The blank line is still matched where the file has one.
+        std::fs::write(w.root().join("c.txt"), "p\n\nq\n").unwrap();
+        let r = patch(&w, "*** Update File: c.txt\n p\n \n-q\n+r\n");
+        assert!(r.ok, "{}", r.output);
+        assert_eq!(read(&w, "c.txt"), "p\n\nr\n");
     }
 
     /// A patch whose write would go through a symlink (the file or a directory on the way)

@@ -45,6 +45,35 @@ pub(crate) struct Args {
     timeout_secs: Option<u64>,
 }
 
+impl Args {
+    /// The patch of a command that only runs `apply_patch` on a heredoc in the workspace's
+    /// root (`apply_patch <<'EOF' … EOF`), the form Codex-trained models often send through
+    /// the shell: it is applied as the apply_patch tool would.
+    pub(crate) fn heredoc_patch(&self) -> Option<String> {
+        if self
+            .workdir
+            .as_deref()
+            .is_some_and(|d| !matches!(d.trim(), "" | "." | "./"))
+        {
+            return None;
+        }
+        let command = self.command.trim();
+        let rest = command
+            .strip_prefix("apply_patch")
+            .or_else(|| command.strip_prefix("applypatch"))?;
+        let (head, body) = rest.split_once('\n')?;
+        let delimiter = head.trim().strip_prefix("<<")?;
+        let delimiter = delimiter.strip_prefix('-').unwrap_or(delimiter).trim();
+        let delimiter = delimiter.trim_matches(|c| c == '\'' || c == '"');
+        if delimiter.is_empty() || !delimiter.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return None;
+        }
+        let body = body.trim_end();
+        let patch = body.strip_suffix(delimiter)?;
+        patch.ends_with('\n').then(|| patch.to_string())
+    }
+}
+
 /// The shell commands run with: bash where the machine has it (`[[`, brace expansion,
 /// `pipefail`, which models expect), else `sh`.
 pub(crate) fn shell_name() -> &'static str {
@@ -57,9 +86,22 @@ fn shell_path() -> &'static str {
         ["/bin/bash", "/usr/bin/bash", "/usr/local/bin/bash"]
             .into_iter()
             .find(|p| Path::new(p).exists())
-            .unwrap_or("sh")
+            .unwrap_or("/bin/sh")
     })
 }
+
+/// What a command's environment says whatever the worker's does: its output is read, not
+/// shown on a terminal, so nothing pages, colours or waits for a key.
+const COMMAND_ENV: &[(&str, &str)] = &[
+    ("PAGER", "cat"),
+    ("GIT_PAGER", "cat"),
+    ("GH_PAGER", "cat"),
+    ("MANPAGER", "cat"),
+    ("SYSTEMD_PAGER", ""),
+    ("NO_COLOR", "1"),
+    ("TERM", "dumb"),
+    ("GIT_TERMINAL_PROMPT", "0"),
+];
 
 /// Environment variables a command never sees: the worker's credential and anything else
 /// Berth reads from its environment (`berth dev`'s provider key, database URL and object
@@ -170,7 +212,9 @@ async fn run_guarded(
     let shell = shell_path();
     let mut cmd = match lifeline {
         Some(guarded) => {
-            let mut cmd = tokio::process::Command::new("sh");
+            // By its absolute path: run in the workspace, a bare `sh` could name a file of the
+            // repository's when the worker's PATH has an empty or relative entry.
+            let mut cmd = tokio::process::Command::new("/bin/sh");
             cmd.args(["-c", super::lifeline::GUARD_ON_STDIN, "sh", &a.command, shell])
                 .stdin(guarded);
             cmd
@@ -191,6 +235,11 @@ async fn run_guarded(
             cmd.env_remove(&key);
         }
     }
+    // Output goes to a pipe the model reads: no pager, no colours, no terminal to drive.
+    for key in ["FORCE_COLOR", "CLICOLOR_FORCE"] {
+        cmd.env_remove(key);
+    }
+    cmd.envs(COMMAND_ENV.iter().copied());
     let mark = marks::new_mark();
     cmd.env(marks::MARK_ENV, &mark);
     let child = cmd.spawn();
@@ -317,6 +366,20 @@ mod tests {
 
     fn ws(root: &Path) -> Workspace {
         Workspace::open(root).unwrap()
+    }
+
+    #[tokio::test]
+    async fn commands_get_no_pager_colours_or_terminal() {
+        let t = tempfile::tempdir().unwrap();
+        let r = run(
+            &ws(t.path()),
+            args("echo \"$PAGER|$GIT_PAGER|$TERM|$NO_COLOR|$GIT_TERMINAL_PROMPT\"", None),
+            &ToolLimits::default(),
+            &CancellationToken::new(),
+        )
+        .await;
+        assert!(r.ok, "{}", r.output);
+        assert!(r.output.starts_with("cat|cat|dumb|1|0\n"), "{}", r.output);
     }
 
     #[tokio::test]
