@@ -905,6 +905,81 @@ async fn a_child_auto_runs_only_the_tools_its_parent_could() {
     }
 }
 
+/// A child that asks cannot start a grandchild that does not: under an auto-approving
+/// coordinator whose agent may only read, a child with an agent that has `shell` and
+/// `delegate` asks (its tools are beyond the bound), and the child it delegates to, with the
+/// same agent, asks too (it used to inherit the raw `autoApprove` and a bound of its own
+/// agent's tools, and ran `shell` unasked).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grandchild_asks_when_its_parent_asks() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let ws = stack.workspace_id.clone();
+    let planner = c
+        .ok("agent.save", json!({"name": "planner", "tools": ["read_file"]}))
+        .await;
+    c.ok("agent.save", json!({"name": "coder", "tools": ["shell", "delegate"]}))
+        .await;
+    let sid = coordinator(
+        &stack,
+        &mut c,
+        json!({"agent": planner["agentId"], "autoApprove": true}),
+    )
+    .await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    start_children_then_gather(
+        &mock,
+        "Fan out",
+        &[(
+            "s1",
+            json!({"workspace_id": ws, "prompt": "Task middle: hand off", "agent": "coder"}),
+        )],
+    );
+    mock.push_for(
+        "Task middle",
+        Reply::tools(&[("d1", "delegate", json!({"prompt": "Task grand: run"}))], 9),
+    );
+    mock.push_for("Task middle", Reply::text(&["middle done"]));
+    shell_then(&mock, "Task grand", "g", "echo pwned > grand.txt", "grand stopped");
+    c.ok("session.send", json!({"sessionId": sid, "prompt": "Fan out"}))
+        .await;
+
+    // The grandchild's shell call waits for an answer.
+    let url = stack.servers[0].ws_url();
+    let (token, coord) = (stack.token.clone(), sid.clone());
+    let interaction = berth_e2e::harness::eventually(30, || {
+        let (url, token, coord) = (url.clone(), token.clone(), coord.clone());
+        async move {
+            let mut o = Client::authed(&url, &token).await.ok()?;
+            for kid in children(&mut o, &coord).await {
+                for grand in children(&mut o, kid["sessionId"].as_str()?).await {
+                    let grand = grand["sessionId"].as_str()?.to_string();
+                    let pending = o.ok("session.pendingInteractions", json!({"sessionId": grand})).await;
+                    if let Some(first) = pending.as_array()?.first() {
+                        return Some(first["interactionId"].as_str()?.to_string());
+                    }
+                }
+            }
+            None
+        }
+    })
+    .await
+    .expect("the grandchild asks before it runs shell");
+    assert!(!stack.workspace_dir.join("grand.txt").exists());
+    c.ok(
+        "session.respond",
+        json!({"interactionId": interaction, "answer": {"approved": false}}),
+    )
+    .await;
+    let events = watch.until(60, is_turn_end).await.expect("the coordinator ends");
+    assert_eq!(events.last().unwrap()["state"], "completed", "{events:?}");
+    assert!(
+        !stack.workspace_dir.join("grand.txt").exists(),
+        "the grandchild ran unasked"
+    );
+}
+
 /// The first child of coordinator `sid` with a pending interaction, and that interaction,
 /// as a client of replica `replica` finds them.
 async fn pending_in_child(stack: &Stack, replica: usize, sid: &str) -> (String, String) {

@@ -274,7 +274,9 @@ impl Store {
                 &inherited(0),
                 &inherited(1),
                 &inherited(2),
-                &s.get::<_, bool>(3),
+                // The coordinator's own `autoApprove` only where it took effect (see
+                // `delegate`): a coordinator that asks starts children that ask.
+                &(s.get::<_, bool>(3) && s.get::<_, bool>(6)),
                 &coordinator,
                 &turn_id,
                 &new.call_id,

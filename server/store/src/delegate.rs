@@ -94,7 +94,9 @@ impl Store {
                         &workspace_id,
                         &s.get::<_, Option<String>>(1),
                         &s.get::<_, bool>(2),
-                        &s.get::<_, bool>(3),
+                        // The parent's own `autoApprove` only where it took effect: a session
+                        // that asks (its agent beyond its bound) starts children that ask.
+                        &(s.get::<_, bool>(3) && s.get::<_, bool>(5)),
                         &parent,
                         &turn_id,
                         &call_id,

@@ -10,7 +10,9 @@
 /// `autoApprove`, or an agent whose approval is `auto` — unless the session is a fork (forks
 /// start narrowed) or a child whose parent asked (`may_auto_approve`). A child is never more
 /// permissive than what started it: one whose parent auto-ran only some tools
-/// (`auto_approve_within`) auto-runs nothing unless its own agent's tool set is within them.
+/// (`auto_approve_within`) auto-runs nothing unless its own agent's tool set is within them,
+/// and a child inherits its parent's `autoApprove` only where it took effect in the parent
+/// (so a child that asks cannot start a grandchild that does not).
 macro_rules! effective_auto_approve {
     () => {
         "((s.auto_approve OR coalesce(a.approval = 'auto' AND s.branch IS NULL AND s.may_auto_approve, false))
