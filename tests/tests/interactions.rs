@@ -1251,3 +1251,53 @@ async fn a_swept_watcher_row_of_an_open_watch_is_recorded_again() {
         .await
         .expect("the step reaches the watch on B at once");
 }
+
+/// A turn's `turn.run` carries only the tenant's MCP servers its agent could offer a tool
+/// of, and with them their secrets: an agent that names only built-in tools gets none, one
+/// that names a server's tool gets that server alone, one that names no tools gets them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_gets_only_the_mcp_servers_its_agent_could_use() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c = stack.client(0).await;
+    for name in ["docs", "deploy"] {
+        c.ok(
+            "mcp.save",
+            json!({"name": name, "transport": {"kind": "http", "url": format!("https://{name}.example/mcp"),
+                "headers": {"authorization": format!("Bearer {name}-secret")}}}),
+        )
+        .await;
+    }
+    let cases = [
+        (json!(["read_file", "shell"]), vec![]),
+        (json!(["read_file", "mcp__docs__search"]), vec!["docs"]),
+        (Value::Null, vec!["deploy", "docs"]),
+    ];
+    for (i, (tools, expected)) in cases.into_iter().enumerate() {
+        let mut agent = json!({"name": format!("agent{i}")});
+        if !tools.is_null() {
+            agent["tools"] = tools;
+        }
+        let agent = c.ok("agent.save", agent).await;
+        let sid = c
+            .ok(
+                "session.create",
+                json!({"workspaceId": worker.workspace_id, "agent": agent["agentId"]}),
+            )
+            .await["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        c.ok("session.send", json!({"sessionId": sid, "prompt": "go"})).await;
+        let run = worker.notification("turn.run").await;
+        let mut names: Vec<&str> = run["mcpServers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s["name"].as_str())
+            .collect();
+        names.sort();
+        assert_eq!(names, expected, "{run}");
+    }
+}

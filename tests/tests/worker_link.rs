@@ -1204,3 +1204,62 @@ async fn worker_socket(
     );
     tokio_tungstenite::connect_async(req).await.expect("worker websocket").0
 }
+
+/// The worker credential alone does not let a second process connect beside the worker (a
+/// command the worker ran that read its token file): while the worker is connected, a hello
+/// on its credential from another process — with no process key, or another one — is
+/// refused `conflict {reason: "worker-running"}` before anything of it is stored; once the
+/// worker is gone, the credential connects again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_process_on_the_workers_credential_is_refused_while_it_is_connected() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    let token = stack.worker_token.clone();
+    let db = berth_e2e::harness::db(&stack.database_url).await;
+    for instance in [None, Some("0123456789abcdef0123456789abcdef")] {
+        let mut socket = worker_socket(&stack, &token).await;
+        let mut params = json!({"protocol": berth_protocol::PROTOCOL_VERSION, "host": "test-host",
+            "workspaces": [{"name": "other", "path": "/srv/other"}]});
+        if let Some(i) = instance {
+            params["instance"] = json!(i);
+        }
+        let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "worker.hello", "params": params});
+        socket.send(Message::Text(hello.to_string().into())).await.unwrap();
+        let reply = next_json(&mut socket).await;
+        assert_eq!(reply["error"]["data"]["code"], "conflict", "{reply}");
+        assert_eq!(reply["error"]["data"]["reason"], "worker-running", "{reply}");
+    }
+    let stored: i64 = db
+        .query_one("SELECT count(*) FROM workspaces WHERE name = 'other'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 0, "the refused hello registered nothing");
+    let live: i64 = db
+        .query_one("SELECT count(*) FROM worker_presence", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(live, 1, "only the worker's connection");
+
+    // The worker is gone (its connection closed): the credential connects again.
+    stack.kill_worker().await;
+    let mut connected = None;
+    for _ in 0..100 {
+        let mut socket = worker_socket(&stack, &token).await;
+        let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "worker.hello", "params": {
+            "protocol": berth_protocol::PROTOCOL_VERSION, "host": "test-host",
+            "workspaces": [{"name": "proj", "path": stack.workspace_dir.display().to_string()}]}});
+        socket.send(Message::Text(hello.to_string().into())).await.unwrap();
+        let reply = next_json(&mut socket).await;
+        if reply["result"]["workspaces"][0]["workspaceId"].is_string() {
+            connected = Some(socket);
+            break;
+        }
+        assert_eq!(reply["error"]["data"]["reason"], "worker-running", "{reply}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(connected.is_some(), "the credential connects once the worker is gone");
+}

@@ -21,6 +21,17 @@ pub const MAX_MCP_ENTRIES: usize = 64;
 pub const MAX_MCP_VALUE_BYTES: usize = 8 << 10;
 
 /// Whether `name` may name an MCP server.
+/// Whether an agent whose definition names `tools` could be offered any tool of the MCP
+/// server `server` (offered to the model as `mcp__<server>__<tool>`). A turn gets only those
+/// servers (and their secrets); an agent that names no tools may use every server.
+pub fn mcp_server_offerable(server: &str, tools: &[String]) -> bool {
+    tools.iter().any(|t| {
+        t.strip_prefix("mcp__")
+            .and_then(|rest| rest.strip_prefix(server))
+            .is_some_and(|rest| rest.starts_with("__"))
+    })
+}
+
 pub fn is_mcp_server_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_MCP_NAME_BYTES

@@ -210,6 +210,12 @@ pub struct WorkerHello {
     /// than when its presence goes stale (its replica may have died without a word).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replaces: Option<String>,
+    /// The worker process: a random key it makes at start and keeps in memory only. While a
+    /// connection of this credential from another process (or one without a key) is live, the
+    /// hello is refused (`conflict {reason: "worker-running"}`): the token alone, which the
+    /// commands the worker runs can read, does not let a second process connect beside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -40,6 +40,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../../migrations/0024_replicas_read_only_for_app.sql"),
     ),
     ("0025_login_buckets.sql", include_str!("../../../migrations/0025_login_buckets.sql")),
+    ("0026_worker_instance.sql", include_str!("../../../migrations/0026_worker_instance.sql")),
 ];
 
 /// An arbitrary constant shared by every replica: "berth" in ASCII.

@@ -7,7 +7,43 @@ use crate::{Cached, Principal, Result, Store, fmt_time, not_found, tenant_tx, to
 /// How long a presence row counts as live without a heartbeat.
 pub(crate) const PRESENCE_TTL: &str = "45 seconds";
 
+/// `conflict` while a live connection of `worker`'s credential other than `connection_id`
+/// belongs to another worker process than `instance`; takes a lock on the credential for the
+/// rest of the transaction, so two hellos cannot both pass.
+async fn another_process_live(
+    tx: &impl deadpool_postgres::GenericClient,
+    worker: &Principal,
+    connection_id: &str,
+    instance: Option<&str>,
+) -> Result<()> {
+    let other = tx
+        .qo(
+            &format!(
+                "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended($2, 7))) l, worker_presence
+                  WHERE tenant_id = $1 AND credential_id = $2 AND connection_id <> $3
+                    AND instance IS DISTINCT FROM $4 AND heartbeat_at > now() - interval '{PRESENCE_TTL}'
+                  LIMIT 1"
+            ),
+            &[&worker.tenant_id, &worker.credential_id, &connection_id, &instance],
+        )
+        .await?;
+    match other {
+        Some(_) => Err(crate::StoreError::Code(berth_protocol::ErrorCode::Conflict)),
+        None => Ok(()),
+    }
+}
+
 impl Store {
+    /// `conflict` while another worker process's connection of this credential is live (see
+    /// [`Store::presence_insert`], which checks again as it records the connection).
+    pub async fn check_worker_process(&self, worker: &Principal, instance: Option<&str>) -> Result<()> {
+        let mut client = self.pool.get().await?;
+        let tx = tenant_tx(&mut client, &worker.tenant_id).await?;
+        another_process_live(&tx, worker, "", instance).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Bind a worker credential to the host it serves (on its first hello). Refused with
     /// `forbidden` when the credential is bound to another host, or another live worker
     /// credential of the tenant serves this host.
@@ -62,26 +98,31 @@ impl Store {
         Ok(ids)
     }
 
-    /// Record a live worker connection held by `replica_id`.
+    /// Record a live worker connection held by `replica_id`, of the worker process
+    /// `instance`. `conflict` while a live connection of the same credential belongs to
+    /// another process (checked and inserted under a lock on the credential).
     pub async fn presence_insert(
         &self,
         connection_id: &str,
         worker: &Principal,
         replica_id: &str,
         workspace_ids: &[String],
+        instance: Option<&str>,
     ) -> Result<()> {
         let mut client = self.pool.get().await?;
         let client = tenant_tx(&mut client, &worker.tenant_id).await?;
+        another_process_live(&client, worker, connection_id, instance).await?;
         client
             .ex(
-                "INSERT INTO worker_presence (connection_id, tenant_id, credential_id, replica_id, workspace_ids)
-                 VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO worker_presence (connection_id, tenant_id, credential_id, replica_id, workspace_ids, instance)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
                 &[
                     &connection_id,
                     &worker.tenant_id,
                     &worker.credential_id,
                     &replica_id,
                     &workspace_ids,
+                    &instance,
                 ],
             )
             .await?;

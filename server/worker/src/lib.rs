@@ -282,6 +282,17 @@ async fn carry(shared: &Shared, from: &Connection, to: &Connection) {
     tracing::info!(carried = carried.len(), of = owned.len(), worker.connection = %to.id, "running turns carried over to the new connection");
 }
 
+/// This worker process's key for `worker.hello` (`instance`): random, made once, kept in
+/// memory only (the process is not dumpable), so a command that reads the token file cannot
+/// present it.
+fn instance() -> &'static str {
+    static INSTANCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        let bytes: [u8; 16] = rand::rng().random();
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    })
+}
+
 fn parse<T: serde::de::DeserializeOwned>(answer: Option<Box<RawValue>>) -> Option<T> {
     serde_json::from_str(answer.as_deref().map_or("null", RawValue::get)).ok()
 }
@@ -560,6 +571,7 @@ impl Connection {
                 })
                 .collect(),
             replaces,
+            instance: Some(instance().to_string()),
         };
         let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
         sink.send(Message::Text(msg.into())).await?;

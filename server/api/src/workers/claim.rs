@@ -65,6 +65,7 @@ async fn beat(conn: &Conn, last: &mut Instant, lost: &CancellationToken) -> bool
                     &conn.principal,
                     &conn.state.config.replica_id,
                     &conn.workspaces,
+                    conn.instance.as_deref(),
                 )
                 .await
         }

@@ -29,8 +29,8 @@ pub(super) async fn serve(
     socket: WebSocket,
 ) {
     let (mut sink, mut stream) = socket.split();
-    let ids = match hello(&state, &principal, &connection_id, &mut sink, &mut stream).await {
-        Ok(ids) => ids,
+    let (ids, instance) = match hello(&state, &principal, &connection_id, &mut sink, &mut stream).await {
+        Ok(hello) => hello,
         Err(e) => {
             tracing::info!(worker.connection = %connection_id, error = %e, "worker connection ended");
             // Nothing was claimed, but presence may have been recorded.
@@ -45,6 +45,7 @@ pub(super) async fn serve(
         principal,
         connection_id: connection_id.clone(),
         workspaces: ids,
+        instance,
         out: out.clone(),
         turns: Default::default(),
         writes: Arc::new(Semaphore::new(state.config.limits.worker_max_writes.max(1))),
@@ -91,7 +92,7 @@ async fn hello(
     connection_id: &str,
     sink: &mut SplitSink<WebSocket, Message>,
     stream: &mut futures_util::stream::SplitStream<WebSocket>,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<(Vec<String>, Option<String>)> {
     let hello = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
     let Ok(Some(Ok(Message::Text(text)))) = hello else {
         anyhow::bail!("no worker.hello")
@@ -124,6 +125,14 @@ async fn hello(
         anyhow::bail!("worker.hello past its bounds");
     }
     let store = &state.store;
+    let instance = params.instance.as_deref();
+    // Before anything is changed for it: a second worker process on this credential (a
+    // command that read the token file, say) is refused while the first one is connected.
+    if let Err(e) = store.check_worker_process(principal, instance).await {
+        let err = refused_process(e);
+        sink.send(text_msg(&RpcResponse::err(req.id, err.0))).await?;
+        anyhow::bail!("worker.hello refused: another worker process holds this credential");
+    }
     if let Err(e) = store.bind_worker_host(principal, &params.host).await {
         let err = ApiError::from(e);
         sink.send(text_msg(&RpcResponse::err(req.id, err.0))).await?;
@@ -140,9 +149,14 @@ async fn hello(
     let ids = store
         .register_workspaces(principal, &params.host, &params.workspaces)
         .await?;
-    store
-        .presence_insert(connection_id, principal, &state.config.replica_id, &ids)
-        .await?;
+    if let Err(e) = store
+        .presence_insert(connection_id, principal, &state.config.replica_id, &ids, instance)
+        .await
+    {
+        let err = refused_process(e);
+        sink.send(text_msg(&RpcResponse::err(req.id, err.0))).await?;
+        anyhow::bail!("worker.hello refused: another worker process holds this credential");
+    }
     let result = WorkerHelloResult {
         workspaces: params
             .workspaces
@@ -161,7 +175,16 @@ async fn hello(
     sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))
         .await?;
     tracing::info!(worker.connection = %connection_id, host = %params.host, workspaces = ids.len(), "worker connected");
-    Ok(ids)
+    Ok((ids, params.instance))
+}
+
+/// A hello refused because another worker process holds the credential:
+/// `conflict {reason: "worker-running"}` (other store errors as they are).
+fn refused_process(e: berth_store::StoreError) -> ApiError {
+    match e.code() {
+        ErrorCode::Conflict => ApiError::with(ErrorCode::Conflict, json!({"reason": "worker-running"})),
+        _ => e.into(),
+    }
 }
 
 /// A hello's declarations are bounded before any is stored: how many workspaces, and how
@@ -464,6 +487,7 @@ mod tests {
             host: host.into(),
             workspaces,
             replaces: None,
+            instance: None,
         }
     }
 

@@ -314,6 +314,8 @@ struct Conn {
     connection_id: String,
     /// The workspace ids the worker serves.
     workspaces: Vec<String>,
+    /// The worker process's key (`worker.hello`'s `instance`).
+    instance: Option<String>,
     /// Messages to the worker (the writer task owns the socket).
     out: mpsc::Sender<Message>,
     /// Turns handed to this connection (the queue of each one's task), and slots held.

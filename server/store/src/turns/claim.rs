@@ -250,39 +250,49 @@ pub(super) async fn claim_reads(tx: &impl GenericClient, tenant_id: &str, turn_i
 /// only, the worker reads the conversation with `turn.history`.
 pub(super) fn claimed_from(tenant_id: &str, rows: &[tokio_postgres::Row], mut reads: ClaimReads) -> Vec<ClaimedTurn> {
     rows.iter()
-        .map(|c| ClaimedTurn {
-            tenant_id: tenant_id.to_string(),
-            provider: c.get(8),
-            run: TurnRun {
-                turn_id: c.get(0),
-                session_id: c.get(1),
-                workspace_id: c.get(2),
-                model: c.get(3),
-                no_tools: c.get(4),
-                auto_approve: c.get(5),
-                delegation_depth: c.get::<_, i32>(6).max(0) as u32,
-                coordinator: c.get(7),
-                agent: turn_agent(c),
-                skills: reads.skills.clone(),
-                // Only a turn with tools uses them (and gets their secrets).
-                mcp_servers: if c.get::<_, bool>(4) {
-                    Vec::new()
-                } else {
-                    reads.mcp_servers.clone()
-                },
-                // The API tier fills it from the turn's provider profile.
-                context_tokens: None,
-                channel: c.get(13),
-                // The API tier fills it from its configuration.
-                max_attachment_bytes: None,
-                attachments: reads
-                    .attachments
-                    .remove(&c.get::<_, String>(0))
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|a| a.meta)
+        .map(|c| {
+            let agent = turn_agent(c);
+            // Only a turn with tools uses MCP servers (and gets their secrets), and only the
+            // servers its agent could offer a tool of.
+            let mcp_servers = match (c.get::<_, bool>(4), agent.as_ref().and_then(|a| a.tools.as_deref())) {
+                (true, _) => Vec::new(),
+                (false, Some(tools)) => reads
+                    .mcp_servers
+                    .iter()
+                    .filter(|s| berth_protocol::mcp_server_offerable(&s.name, tools))
+                    .cloned()
                     .collect(),
-            },
+                (false, None) => reads.mcp_servers.clone(),
+            };
+            ClaimedTurn {
+                tenant_id: tenant_id.to_string(),
+                provider: c.get(8),
+                run: TurnRun {
+                    turn_id: c.get(0),
+                    session_id: c.get(1),
+                    workspace_id: c.get(2),
+                    model: c.get(3),
+                    no_tools: c.get(4),
+                    auto_approve: c.get(5),
+                    delegation_depth: c.get::<_, i32>(6).max(0) as u32,
+                    coordinator: c.get(7),
+                    skills: reads.skills.clone(),
+                    mcp_servers,
+                    agent,
+                    // The API tier fills it from the turn's provider profile.
+                    context_tokens: None,
+                    channel: c.get(13),
+                    // The API tier fills it from its configuration.
+                    max_attachment_bytes: None,
+                    attachments: reads
+                        .attachments
+                        .remove(&c.get::<_, String>(0))
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|a| a.meta)
+                        .collect(),
+                },
+            }
         })
         .collect()
 }

@@ -283,10 +283,7 @@ impl Mcp {
             }
         }
         if let Some(names) = offerable {
-            specs.retain(|(name, _)| {
-                let prefix = format!("{PREFIX}{name}__");
-                names.iter().any(|n| n.starts_with(&prefix))
-            });
+            specs.retain(|(name, _)| berth_protocol::mcp_server_offerable(name, names));
         }
         if specs.len() > config.max_servers {
             for (name, _) in specs.drain(config.max_servers..) {
