@@ -268,6 +268,24 @@ async fn dev_keeps_its_secrets_out_of_the_workspace_and_out_of_reach_of_tools() 
     );
     let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "the data directory is the user's alone");
+    // The private cluster trusts whoever reaches its socket: only its user (and root) can.
+    let home = std::fs::read_link(data.join("pg"))
+        .ok()
+        .and_then(|pg| pg.parent().map(std::path::Path::to_path_buf))
+        .unwrap_or_else(|| data.clone());
+    let sockets = home.join("run/pg");
+    let mode = std::fs::metadata(&sockets).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{}", sockets.display());
+    let socket = std::fs::read_dir(&sockets)
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| {
+            e.file_name().to_string_lossy().starts_with(".s.PGSQL.")
+                && !e.file_name().to_string_lossy().ends_with(".lock")
+        })
+        .expect("the cluster's socket");
+    let mode = socket.metadata().unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{}", socket.path().display());
     let token = std::fs::read_to_string(data.join("run/token")).expect("token file");
     let token = token.trim().to_string();
 
@@ -491,4 +509,23 @@ async fn dev_start_up_lines_name_the_console_the_model_and_a_chat_that_works_as_
     assert!(!login.status.success());
     assert!(err.contains(&format!("{addr} refused the sign-in")), "{err}");
     assert!(berth_e2e::harness::terminate(&mut child).await.success());
+}
+
+/// A data directory set inside the workspace `berth dev` serves is refused before anything
+/// is written there: the agent's tools would read its credentials without asking.
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_refuses_a_data_directory_inside_its_workspace() {
+    let mock = MockProvider::start().await;
+    let workspace = scratch_dir("devinside-ws");
+    let xdg = scratch_dir("devinside-xdg");
+    let mut cmd = dev_without_data_dir(&workspace, &xdg, &mock);
+    cmd.env("BERTH_DATA_DIR", workspace.join("data"));
+    let out = cmd.output().await.expect("berth dev runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is inside the workspace"), "{stderr}");
+    assert!(
+        !workspace.join("data").exists(),
+        "nothing of Berth's was written in the workspace"
+    );
 }

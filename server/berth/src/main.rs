@@ -325,15 +325,53 @@ fn default_data_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// `berth dev` serves the current directory to the agent's tools, so its data directory
+/// (credentials, the login key, the private cluster) must not be inside it.
+fn outside_the_workspace(data_dir: &Path) -> anyhow::Result<()> {
+    let cwd = std::env::current_dir()?.canonicalize()?;
+    // Its real path without creating it: the nearest existing ancestor's, and the rest.
+    let absolute = std::path::absolute(data_dir)?;
+    let mut data = None;
+    for existing in absolute.ancestors() {
+        if let Ok(real) = existing.canonicalize() {
+            data = Some(real.join(absolute.strip_prefix(existing).unwrap_or(Path::new(""))));
+            break;
+        }
+    }
+    let data = data.unwrap_or(absolute);
+    if data.starts_with(&cwd) {
+        anyhow::bail!(
+            "the data directory {} is inside the workspace {} that `berth dev` serves, where the agent's tools could read its credentials; \
+             set BERTH_DATA_DIR outside it, or run berth dev from a project directory",
+            data.display(),
+            cwd.display()
+        );
+    }
+    Ok(())
+}
+
 /// The data directory of a `berth dev` run from `cwd` (canonical), created or not:
 /// `$XDG_DATA_HOME/berth/dev/<dir>-<hash>`, else under `~/.local/share`.
+/// A base inside `cwd` (`berth dev` run from the home directory) is passed over: the
+/// workspace's tools would read the credentials without asking.
 pub(crate) fn dev_data_dir(cwd: &Path) -> PathBuf {
+    dev_data_dir_from(
+        cwd,
+        std::env::var_os("XDG_DATA_HOME").map(PathBuf::from),
+        std::env::var_os("HOME").map(PathBuf::from),
+        rustix::process::getuid().as_raw(),
+    )
+}
+
+/// [`dev_data_dir`] with its environment given: the first absolute base not inside `cwd`
+/// of `$XDG_DATA_HOME`, `$HOME/.local/share`, else `/var/tmp/berth-<uid>`.
+fn dev_data_dir_from(cwd: &Path, xdg: Option<PathBuf>, home: Option<PathBuf>, uid: u32) -> PathBuf {
     use sha2::Digest as _;
-    let base = match (std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME")) {
-        (Some(x), _) if Path::new(&x).is_absolute() => PathBuf::from(x),
-        (_, Some(h)) if Path::new(&h).is_absolute() => Path::new(&h).join(".local/share"),
-        _ => PathBuf::from(format!("/var/tmp/berth-{}", rustix::process::getuid().as_raw())),
-    };
+    let base = [xdg, home.map(|h| h.join(".local/share"))]
+        .into_iter()
+        .flatten()
+        .find(|b| b.is_absolute() && !b.starts_with(cwd))
+        .unwrap_or_else(|| PathBuf::from(format!("/var/tmp/berth-{uid}")));
     let digest = sha2::Sha256::digest(cwd.as_os_str().as_encoded_bytes());
     let key: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
     let name = cwd.file_name().and_then(|n| n.to_str()).unwrap_or("root");
@@ -450,6 +488,9 @@ async fn database(settings: &Settings, data_dir: &Path) -> anyhow::Result<(Store
 }
 
 async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool) -> anyhow::Result<()> {
+    if dev {
+        outside_the_workspace(data_dir)?;
+    }
     let (store, cluster) = database(settings, data_dir).await?;
     if !args.no_migrate {
         let n = store.migrate().await.context("applying migrations")?;
@@ -902,5 +943,36 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `berth dev` run from the home directory (or any directory holding the user's data
+    /// directory) keeps its data outside the workspace it serves.
+    #[test]
+    fn the_dev_data_dir_is_never_inside_the_workspace() {
+        let dir = |cwd: &str, xdg: Option<&str>, home: Option<&str>| {
+            dev_data_dir_from(Path::new(cwd), xdg.map(PathBuf::from), home.map(PathBuf::from), 1000)
+        };
+        let under = |d: PathBuf, base: &str| d.starts_with(base) && d.parent().unwrap().ends_with("berth/dev");
+        assert!(under(
+            dir("/home/u/proj", Some("/home/u/.xdg"), Some("/home/u")),
+            "/home/u/.xdg"
+        ));
+        assert!(under(
+            dir("/home/u/proj", None, Some("/home/u")),
+            "/home/u/.local/share"
+        ));
+        // From the home directory: both bases are inside it.
+        assert!(under(
+            dir("/home/u", Some("/home/u/.xdg"), Some("/home/u")),
+            "/var/tmp/berth-1000"
+        ));
+        assert!(under(dir("/home/u", Some("/data"), Some("/home/u")), "/data"));
+        // Relative values are not bases.
+        assert!(under(dir("/w", Some("rel"), Some("also-rel")), "/var/tmp/berth-1000"));
     }
 }

@@ -88,6 +88,8 @@ impl PrivateCluster {
                 bail!("initdb failed: {}", String::from_utf8_lossy(&out.stderr).trim());
             }
         }
+        // The cluster trusts whoever reaches its socket: only its own user (and root) may.
+        std::fs::set_permissions(&socket_dir, std::fs::Permissions::from_mode(0o700))?;
         if let Some((uid, gid)) = owner {
             std::os::unix::fs::chown(&socket_dir, Some(uid), Some(gid))?;
         }
@@ -106,6 +108,8 @@ impl PrivateCluster {
             &port.to_string(),
             "-c",
             "max_connections=400",
+            "-c",
+            "unix_socket_permissions=0700",
         ]);
         if let Some((cert, key)) = &options.tls {
             // PostgreSQL wants the key private to the user it runs as.
