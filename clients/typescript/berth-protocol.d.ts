@@ -1260,6 +1260,9 @@ export type QueueMoveParams = {
   "beforeQueueId"?: string;
   "operationId"?: string;
   "queueId": string;
+  /**
+   * Also accepted as `revision` (SPEC §4.4's name).
+   */
   "queueRevision": number;
   "sessionId": string;
 };
@@ -1267,6 +1270,9 @@ export type QueueMoveParams = {
 export type QueueRemoveParams = {
   "operationId"?: string;
   "queueId": string;
+  /**
+   * Also accepted as `revision` (SPEC §4.4's name).
+   */
   "queueRevision": number;
   "sessionId": string;
 };
@@ -1283,6 +1289,9 @@ export type QueueUpdateParams = {
   "operationId"?: string;
   "prompt": string;
   "queueId": string;
+  /**
+   * Also accepted as `revision` (SPEC §4.4's name).
+   */
   "queueRevision": number;
   "sessionId": string;
 };
@@ -1739,6 +1748,10 @@ export type SessionSendParams = {
 export type SessionSendResult = {
   "queueId"?: string;
   "queueRevision"?: number;
+  /**
+   * SPEC §4.4's name for `queueRevision` (the same value).
+   */
+  "revision"?: number;
   "state": TurnState;
   "turnId": string;
 };
@@ -1815,6 +1828,10 @@ export type SessionSnapshot = {
    * How many turns are queued.
    */
   "queued": number;
+  /**
+   * SPEC §4.3's name for `historyRevision` (the same value).
+   */
+  "revision"?: number;
   /**
    * The running turn's id, if any.
    */

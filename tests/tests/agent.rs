@@ -1057,7 +1057,7 @@ async fn the_tools_give_the_model_what_it_needs() {
             (
                 "e1",
                 "edit_file",
-                json!({"path": "a.py", "old_string": "def f():\n  return 1", "new_string": "x"}),
+                json!({"path": "a.py", "old_string": "def f():\n    return  1", "new_string": "x"}),
             ),
             (
                 "e2",

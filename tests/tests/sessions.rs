@@ -281,11 +281,13 @@ async fn queue_revisions_pause_and_offline_worker() {
         .await
         .unwrap_err();
     assert_eq!(code(&e), "stale-revision");
-    // Move third before first; remove nothing else.
+    // Move third before first; remove nothing else. SPEC §4.4 names the revision `revision`:
+    // that name is taken too, and a send's answer carries it.
+    assert_eq!(third["revision"], third["queueRevision"], "{third}");
     let moved = a
         .ok(
             "queue.move",
-            json!({"sessionId": sid, "queueId": q3, "queueRevision": 0, "beforeQueueId": q1}),
+            json!({"sessionId": sid, "queueId": q3, "revision": 0, "beforeQueueId": q1}),
         )
         .await;
     let order: Vec<&Value> = moved["queue"]
@@ -296,6 +298,7 @@ async fn queue_revisions_pause_and_offline_worker() {
         .collect();
     assert_eq!(order, [&q3, &q1, &q2]);
     let snap = b.ok("session.get", json!({"sessionId": sid})).await;
+    assert_eq!(snap["revision"], snap["historyRevision"], "SPEC §4.3's name: {snap}");
     assert_eq!(snap["queued"], 3);
     assert_eq!(snap["queue"].as_array().unwrap().len(), 3);
     assert_eq!(snap["queue"][2]["preview"], winner_prompt.as_str());

@@ -210,6 +210,7 @@ impl Store {
                 state: TurnState::parse(&state).unwrap_or(TurnState::Queued),
                 queue_id: None,
                 queue_revision: None,
+                revision: None,
             };
             let answer = child_turn(&tx, &child, sent).await?;
             tx.commit().await?;

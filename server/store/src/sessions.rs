@@ -498,6 +498,7 @@ pub(crate) async fn snapshot(
         queued: queue.len() as u32,
         queue,
         history_revision: row.get(4),
+        revision: row.get(4),
         sequence: row.get(5),
         paused: row.get(8),
         pending_interactions: crate::interactions::parse_list(row.get(15))?,

@@ -111,14 +111,32 @@ where
     encode(&result)
 }
 
-/// Typed params, or `bad-params` naming where they failed to decode.
+/// Typed params, or `bad-params` naming the method and the field that failed to decode
+/// (`field`: its path, e.g. `queueRevision` or `path.bytesBase64`; absent when the params
+/// as a whole are wrong).
 pub(crate) fn decode<M: Method>(params: serde_json::Value) -> ApiResult<M::Params> {
-    serde_json::from_value(params).map_err(|e| {
-        ApiError::with(
-            ErrorCode::BadParams,
-            json!({"method": M::NAME, "line": e.line(), "column": e.column()}),
-        )
+    serde_path_to_error::deserialize(params).map_err(|e| {
+        let mut data = json!({"method": M::NAME, "line": 0, "column": 0});
+        if let Some(field) = failed_field(&e) {
+            data["field"] = field.into();
+        }
+        ApiError::with(ErrorCode::BadParams, data)
     })
+}
+
+/// The path of the field a decode failed at; for a missing field, the field's own path.
+fn failed_field(e: &serde_path_to_error::Error<serde_json::Error>) -> Option<String> {
+    let path = e.path().to_string();
+    let at = (path != ".").then_some(path);
+    let message = e.inner().to_string();
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(name, _)| name.to_string());
+    match (at, missing) {
+        (Some(at), Some(name)) => Some(format!("{at}.{name}")),
+        (at, missing) => missing.or(at),
+    }
 }
 
 /// [`call`] for a read whose handler writes its result's JSON itself (the text of
@@ -136,6 +154,34 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `bad-params` names the field that failed: a missing one, a mistyped nested one.
+    #[test]
+    fn bad_params_name_the_field() {
+        let field = |params: serde_json::Value| {
+            let e = decode::<berth_protocol::method::QueueUpdate>(params).expect_err("refused");
+            e.0.data.get("field").cloned()
+        };
+        assert_eq!(
+            field(json!({"sessionId": "s", "queueId": "q", "prompt": "p"})),
+            Some(json!("queueRevision"))
+        );
+        assert_eq!(
+            field(json!({"sessionId": "s", "queueId": "q", "queueRevision": "one", "prompt": "p"})),
+            Some(json!("queueRevision"))
+        );
+        assert_eq!(field(json!("text")), None);
+        let e = decode::<berth_protocol::method::FilesRead>(json!({"sessionId": "s", "path": {"bytesBase64": 7}}))
+            .expect_err("refused");
+        assert_eq!(e.0.data["field"], "path.bytesBase64", "{}", e.0.data);
+        // SPEC §4.4's name for the revision is taken.
+        assert!(
+            decode::<berth_protocol::method::QueueUpdate>(
+                json!({"sessionId": "s", "queueId": "q", "revision": 3, "prompt": "p"})
+            )
+            .is_ok()
+        );
+    }
 
     /// A result written once (no `Value` in between) goes out as the same response as the
     /// `Value` it stands for, for a struct result and for `null` (keys now in the struct's

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 pub struct QueueUpdateParams {
     pub session_id: String,
     pub queue_id: String,
+    /// Also accepted as `revision` (SPEC §4.4's name).
+    #[serde(alias = "revision")]
     pub queue_revision: i64,
     pub prompt: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -20,6 +22,8 @@ pub struct QueueUpdateParams {
 pub struct QueueMoveParams {
     pub session_id: String,
     pub queue_id: String,
+    /// Also accepted as `revision` (SPEC §4.4's name).
+    #[serde(alias = "revision")]
     pub queue_revision: i64,
     /// Move before this entry; absent or null moves to the end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -34,6 +38,8 @@ pub struct QueueMoveParams {
 pub struct QueueRemoveParams {
     pub session_id: String,
     pub queue_id: String,
+    /// Also accepted as `revision` (SPEC §4.4's name).
+    #[serde(alias = "revision")]
     pub queue_revision: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,

@@ -133,6 +133,9 @@ pub struct SessionSnapshot {
     pub queue: Vec<QueueEntry>,
     /// The history revision (what `session.fork` is guarded by).
     pub history_revision: i64,
+    /// SPEC §4.3's name for `historyRevision` (the same value).
+    #[serde(default)]
+    pub revision: i64,
     /// Last event sequence.
     pub sequence: i64,
     /// The queue is held (`session.pause`).

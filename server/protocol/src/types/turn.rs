@@ -34,6 +34,9 @@ pub struct SessionSendResult {
     pub queue_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_revision: Option<i64>,
+    /// SPEC §4.4's name for `queueRevision` (the same value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
 }
 
 /// A turn's lifecycle state.

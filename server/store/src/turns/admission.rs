@@ -238,6 +238,7 @@ async fn admit_in(
             state: TurnState::Running,
             queue_id: None,
             queue_revision: None,
+            revision: None,
         };
         // The turn goes in running (as `start_turn` leaves it), with the wake-up of the
         // replica holding the worker (delivered on commit) in the same statement; then
@@ -385,6 +386,7 @@ async fn admit_in(
         turn_id,
         state: TurnState::Queued,
         queue_revision: Some(0),
+        revision: Some(0),
     };
     finish(tx, op, &result).await?;
     crate::commit_if(commit).await?;
