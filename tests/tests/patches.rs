@@ -302,6 +302,13 @@ async fn snapshots_refuse_what_they_cannot_capture_with_typed_errors() {
         .unwrap_err();
     assert_eq!(code(&e), "workspace-offline");
     c.ok("patch.read", json!({"patchId": snap["patchId"]})).await;
+    // An offline workspace is not the operation's outcome: the retry with the same
+    // operationId, once the worker is back, takes the patch.
+    stack.start_worker(0).await;
+    let retried = c
+        .ok("patch.snapshot", json!({"sessionId": sid, "operationId": "p-5"}))
+        .await;
+    assert!(retried["patchId"].is_string(), "{retried}");
 }
 
 fn count_files(dir: &Path) -> usize {

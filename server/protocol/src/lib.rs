@@ -10,8 +10,8 @@
 //!   events and items. In params, `null` and absent mean the same (so a retry that sends
 //!   `null` for an absent field is the same operation).
 //! - **Unknown params fields are ignored** (as LSP and MCP do), so that a newer client can
-//!   talk to an older server; a known field with the wrong type is `bad-params`. Fields the
-//!   SPEC names but this release does not offer yet answer `unsupported {field}`.
+//!   talk to an older server; a known field that is missing or has the wrong type is
+//!   `bad-params {method, field}`.
 //! - **One cursor convention.** A paged method answers `next<Cursor>` (`nextAfter`,
 //!   `nextBefore`, `nextOffset`); the client passes it back unchanged as `<cursor>` (`after`,
 //!   `before`, `offset`) with every other parameter, including the fence, kept fixed. An

@@ -91,10 +91,14 @@ where
             if let Err(e) = &out {
                 let recorded = match e.data_code() {
                     // Not an outcome: let a retry do the work (a refusal at a rate or
-                    // concurrency limit too, or its retry would replay the refusal).
-                    "internal" | "unavailable" | "operation-in-progress" | "rate-limited" => {
-                        store.receipt_abandon(&receipt).await
-                    }
+                    // concurrency limit too, or its retry would replay the refusal; and a
+                    // state that passes: the workspace offline, a turn still running).
+                    "internal"
+                    | "unavailable"
+                    | "operation-in-progress"
+                    | "rate-limited"
+                    | "workspace-offline"
+                    | "turn-busy" => store.receipt_abandon(&receipt).await,
                     _ => {
                         store
                             .receipt_fail(&receipt, &serde_json::to_value(&e.0).unwrap_or_default())
