@@ -121,6 +121,7 @@ async fn a_turn_writes_a_file_runs_a_command_that_reads_it_and_answers() {
         names,
         [
             "shell",
+            "shell_output",
             "read_file",
             "view_image",
             "write_file",

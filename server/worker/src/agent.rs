@@ -359,7 +359,13 @@ fn offered(tools: &Tools, run: &TurnRun, with_skills: bool, mcp: &Mcp) -> Vec<Va
     }
     schemas.extend(mcp.schemas());
     if let Some(names) = run.agent.as_ref().and_then(|a| a.tools.as_ref()) {
-        schemas.retain(|s| names.iter().any(|n| Some(n.as_str()) == schema_name(s)));
+        // `shell_output` reads what `shell` started: it comes with it.
+        let named = |name: &str| {
+            names
+                .iter()
+                .any(|n| n == name || (name == crate::tools::jobs::SHELL_OUTPUT && n == crate::tools::SHELL))
+        };
+        schemas.retain(|s| schema_name(s).is_some_and(named));
     }
     // A coordinator's own tools are what the session is for: no tool set takes them away;
     // nor a channel session's way to send its reader a file.

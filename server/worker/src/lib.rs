@@ -344,6 +344,8 @@ struct Shared {
     turns: Running,
     /// How turns ended (for parents waiting on sub-agents).
     endings: Arc<delegate::Endings>,
+    /// The sessions' background commands (`shell` with `background`).
+    jobs: Arc<tools::jobs::Jobs>,
 }
 
 /// A request waiting for its answer.
@@ -754,7 +756,13 @@ impl Drive {
                         }
                         let tools = match ctx.workspaces.get(&run.workspace_id) {
                             _ if run.no_tools => None,
-                            Some(ws) => Some(Tools::new(ws.clone(), ctx.tools.clone(), ctx.mcp.clone())),
+                            Some(ws) => Some(Tools::new(
+                                ws.clone(),
+                                ctx.tools.clone(),
+                                ctx.mcp.clone(),
+                                shared.jobs.clone(),
+                                &run.session_id,
+                            )),
                             None => {
                                 // Registered but not openable (removed since start): the model is
                                 // offered no tools rather than tools that cannot work.
@@ -766,7 +774,14 @@ impl Drive {
                         let running = shared.turns.clone();
                         tokio::spawn(async move {
                             let turn_id = run.turn_id.clone();
-                            turn::run(link, run, tools, agent, cancel).await;
+                            let jobs = tools.clone();
+                            turn::run(link, run, tools, agent, cancel.clone()).await;
+                            // A stopped turn stops its session's background commands too.
+                            if cancel.is_cancelled()
+                                && let Some(tools) = jobs
+                            {
+                                tools.stop_jobs();
+                            }
                             running.lock().expect("running lock").finish(&turn_id);
                         });
                     }

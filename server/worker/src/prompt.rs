@@ -17,8 +17,9 @@ const GUIDANCE: &str = "\
 - read_file shows numbered lines (`  12\\tcode`); the numbers are not part of the file: never copy them into an edit.
 - Change part of a file with edit_file (exact text, once; replace_all for every occurrence) or apply_patch (several \
 places or files in one call); write_file is for new files and complete rewrites.
-- Run builds, tests and git with shell; its output keeps the beginning and the end. Don't run commands that wait for \
-input or never end (servers, watchers) without a timeout.
+- Run builds, tests and git with shell; its output keeps the beginning and the end. Start what never ends (a dev \
+server, a watcher) or outlasts the timeout with shell's background, then read, wait for or stop it with \
+shell_output. Commands get no input: don't run ones that wait for it.
 - Look at screenshots, diagrams and other images with view_image; read_file reads text.
 - Tools cannot read or write inside .git (use git through shell), and Berth's .berth/ directory is not open to them.
 - When a call fails, read its message: it says why and what to do next.";

@@ -6,6 +6,7 @@ pub(crate) mod ask;
 pub(crate) mod attach;
 mod fs;
 pub(crate) mod image;
+pub(crate) mod jobs;
 mod lifeline;
 mod marks;
 pub(crate) mod mcp;
@@ -88,16 +89,32 @@ pub(crate) struct Tools {
     mcp: Arc<McpConfig>,
     /// What this turn's model has read and written (stale-write warnings, nested AGENTS.md).
     seen: Arc<fs::Seen>,
+    /// The worker's background jobs, and the session this turn is of (whose jobs it sees).
+    jobs: Arc<jobs::Jobs>,
+    session: Arc<str>,
 }
 
 impl Tools {
-    pub(crate) fn new(ws: Arc<Workspace>, limits: ToolLimits, mcp: Arc<McpConfig>) -> Tools {
+    pub(crate) fn new(
+        ws: Arc<Workspace>,
+        limits: ToolLimits,
+        mcp: Arc<McpConfig>,
+        jobs: Arc<jobs::Jobs>,
+        session: &str,
+    ) -> Tools {
         Tools {
             ws,
             limits,
             mcp,
             seen: Arc::default(),
+            jobs,
+            session: Arc::from(session),
         }
+    }
+
+    /// Stop this session's background jobs (its turn was stopped).
+    pub(crate) fn stop_jobs(&self) {
+        self.jobs.stop_session(&self.session);
     }
 
     /// This turn's MCP servers (see `mcp.rs`) and the problems with those it goes without.
@@ -125,14 +142,32 @@ impl Tools {
                     "Run a command with {} in the workspace (or in workdir). Output is stdout and stderr together, \
 then the exit code; a long output keeps its beginning and its end (where compiler and test summaries are) with a \
 note of how much was left out between. Prefer read_file, search_files, glob and list_directory to cat, grep, find \
-and ls. Times out after {timeout} s unless timeout_secs asks for less.",
-                    shell::shell_name()
+and ls. Times out after {timeout} s unless timeout_secs asks for less. With background, the command keeps running \
+(a dev server, a watcher, a build longer than the timeout): the call returns its first {start} s of output and a \
+job id to read on, wait for or stop it with shell_output; at most {jobs} at once, each for at most {hours} h, and \
+stopped with the turn if the turn is stopped.",
+                    shell::shell_name(),
+                    start = jobs::START_WAIT.as_secs(),
+                    jobs = jobs::JOBS_PER_SESSION,
+                    hours = jobs::LIFETIME.as_secs() / 3600,
                 ),
                 json!({"type": "object", "properties": {
                     "command": {"type": "string", "description": "The command line."},
                     "workdir": {"type": "string", "description": "Directory to run in, relative to the workspace root (default: the root)."},
-                    "timeout_secs": {"type": "integer", "description": format!("Kill the command after this many seconds (default and most: {timeout}).")}
+                    "timeout_secs": {"type": "integer", "description": format!("Kill the command after this many seconds (default and most: {timeout}).")},
+                    "background": {"type": "boolean", "description": "Run it in the background and return at once with a job id (default false)."}
                 }, "required": ["command"], "additionalProperties": false}),
+            ),
+            f(
+                jobs::SHELL_OUTPUT,
+                "Read what a background job (shell with background) wrote since you last looked: waits up to \
+wait_secs for it to end (returning as soon as it does) and then answers with the new output and whether it still \
+runs (its exit code once it ended). kill stops it and everything it started.",
+                json!({"type": "object", "properties": {
+                    "job": {"type": "integer", "description": "The job id shell answered with."},
+                    "wait_secs": {"type": "integer", "description": "Seconds to wait for it to end (default 5, most 120)."},
+                    "kill": {"type": "boolean", "description": "Stop the job (default false)."}
+                }, "required": ["job"], "additionalProperties": false}),
             ),
             f(
                 READ_FILE,
@@ -230,8 +265,13 @@ not). Answers path:line:text, at most 200 matches.",
                             .await
                             .unwrap_or_else(|_| Outcome::error("the tool failed unexpectedly"))
                     }
+                    None if a.background() => shell::start_job(&self.ws, a, &self.jobs, &self.session, cancel).await,
                     None => shell::run(&self.ws, a, &self.limits, cancel).await,
                 },
+                Err(e) => e,
+            },
+            jobs::SHELL_OUTPUT => match args::<jobs::LookArgs>(arguments) {
+                Ok(a) => self.jobs.look(&self.session, a, cancel).await,
                 Err(e) => e,
             },
             READ_FILE => self.blocking(arguments, fs::read).await,
@@ -281,7 +321,7 @@ mod tests {
     async fn a_heredoc_apply_patch_through_the_shell_is_applied() {
         let t = tempfile::tempdir().unwrap();
         let ws = Arc::new(Workspace::open(t.path()).unwrap());
-        let tools = Tools::new(ws, ToolLimits::default(), Arc::default());
+        let tools = Tools::new(ws, ToolLimits::default(), Arc::default(), Arc::default(), "ses_test");
         let patch = "*** Begin Patch\n*** Add File: x.txt\n+hi\n*** End Patch\n";
         let call = |command: String| json!({"command": command}).to_string();
         let r = tools
@@ -302,5 +342,83 @@ mod tests {
             )
             .await;
         assert!(!r.ok, "{r:?}");
+    }
+
+    /// A background command keeps running after its call: its output is read on (and waited
+    /// for) with shell_output, it is the session's own, it can be stopped, a session runs at
+    /// most four at once, and a stopped turn stops them.
+    #[tokio::test]
+    async fn background_jobs_run_on_and_are_read_waited_for_and_stopped() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = Arc::new(Workspace::open(t.path()).unwrap());
+        let jobs = Arc::new(jobs::Jobs::with_start_wait(Duration::from_millis(300)));
+        let tools = Tools::new(ws.clone(), ToolLimits::default(), Arc::default(), jobs.clone(), "ses_a");
+        let other = Tools::new(ws, ToolLimits::default(), Arc::default(), jobs, "ses_b");
+        let cancel = CancellationToken::new();
+        let shell = |command: &str| json!({"command": command, "background": true}).to_string();
+        let id_of = |out: &str| -> u64 {
+            let rest = out.split("background job ").nth(1).expect("a job id");
+            rest[..rest.find(':').unwrap()].parse().unwrap()
+        };
+
+        let r = tools
+            .call(SHELL, &shell("echo started; sleep 1; echo later; exit 3"), &cancel)
+            .await;
+        assert!(r.ok, "{r:?}");
+        let first = id_of(&r.output);
+        assert!(r.output.contains("started\n"), "{}", r.output);
+        let look = |id: u64, extra: Value| {
+            let mut a = json!({"job": id});
+            a.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            a.to_string()
+        };
+        // Another session does not see it.
+        let r = other.call(jobs::SHELL_OUTPUT, &look(first, json!({})), &cancel).await;
+        assert!(!r.ok && r.output.contains("no background job"), "{r:?}");
+        // Waited for: the output written since, and how it ended; then it is forgotten.
+        let r = tools
+            .call(jobs::SHELL_OUTPUT, &look(first, json!({"wait_secs": 30})), &cancel)
+            .await;
+        assert!(
+            r.output.contains("later\n") && !r.output.contains("started"),
+            "{}",
+            r.output
+        );
+        assert!(r.output.ends_with("exited with code 3]"), "{}", r.output);
+        let r = tools.call(jobs::SHELL_OUTPUT, &look(first, json!({})), &cancel).await;
+        assert!(!r.ok, "{r:?}");
+
+        // A server that does not end: still running after its look, stopped with kill.
+        let r = tools.call(SHELL, &shell("echo serving; sleep 300"), &cancel).await;
+        let server = id_of(&r.output);
+        assert!(
+            r.output.contains("serving") && r.output.contains("still running"),
+            "{}",
+            r.output
+        );
+        let r = tools
+            .call(jobs::SHELL_OUTPUT, &look(server, json!({"kill": true})), &cancel)
+            .await;
+        assert!(
+            r.output.ends_with(&format!("[job {server} was stopped]")),
+            "{}",
+            r.output
+        );
+
+        // At most four at once; a stopped turn stops them all.
+        let mut running = Vec::new();
+        for _ in 0..jobs::JOBS_PER_SESSION {
+            let r = tools.call(SHELL, &shell("sleep 300"), &cancel).await;
+            running.push(id_of(&r.output));
+        }
+        let r = tools.call(SHELL, &shell("echo fifth"), &cancel).await;
+        assert!(!r.ok && r.output.contains("already running"), "{r:?}");
+        tools.stop_jobs();
+        for id in running {
+            let r = tools
+                .call(jobs::SHELL_OUTPUT, &look(id, json!({"wait_secs": 10})), &cancel)
+                .await;
+            assert!(r.output.ends_with("was stopped]"), "{}", r.output);
+        }
     }
 }

@@ -43,9 +43,16 @@ pub(crate) struct Args {
     workdir: Option<String>,
     #[serde(default)]
     timeout_secs: Option<u64>,
+    /// Start it as a background job (`jobs.rs`) and return at once.
+    #[serde(default)]
+    background: bool,
 }
 
 impl Args {
+    pub(crate) fn background(&self) -> bool {
+        self.background
+    }
+
     /// The patch of a command that only runs `apply_patch` on a heredoc in the workspace's
     /// root (`apply_patch <<'EOF' … EOF`), the form Codex-trained models often send through
     /// the shell: it is applied as the apply_patch tool would.
@@ -121,7 +128,7 @@ pub fn is_secret_env(key: &str) -> bool {
 
 /// The command's process group, and the mark of every process it started: killed when
 /// dropped (a turn task dropped mid-command leaves nothing).
-struct Group {
+pub(super) struct Group {
     pid: Option<Pid>,
     mark: String,
 }
@@ -137,7 +144,7 @@ impl Group {
     /// SIGTERM to the group and to the marked processes that left it, a grace period (over
     /// as soon as nothing in the group and none of those runs), then SIGKILL to the group and
     /// to every marked process left.
-    async fn terminate(&mut self) {
+    pub(super) async fn terminate(&mut self) {
         self.signal(Signal::TERM);
         let pgid = self.pid.map_or(0, |p| p.as_raw_nonzero().get());
         let escaped = scan(&self.mark, move |p| {
@@ -177,14 +184,36 @@ impl Drop for Group {
 }
 
 pub(crate) async fn run(ws: &Workspace, a: Args, limits: &ToolLimits, cancel: &CancellationToken) -> Outcome {
-    let dir = match &a.workdir {
-        Some(w) => match ws.dir_path(w) {
-            Ok(d) => d,
-            Err(e) => return Outcome::error(format!("workdir {}; the command did not run", e.0)),
-        },
-        None => ws.root().to_path_buf(),
+    let dir = match workdir(ws, &a) {
+        Ok(d) => d,
+        Err(e) => return e,
     };
     run_guarded(&dir, a, limits, cancel, super::lifeline::reader()).await
+}
+
+/// `shell` with `background`: the command started as a job of `session`.
+pub(crate) async fn start_job(
+    ws: &Workspace,
+    a: Args,
+    jobs: &std::sync::Arc<super::jobs::Jobs>,
+    session: &str,
+    cancel: &CancellationToken,
+) -> Outcome {
+    let dir = match workdir(ws, &a) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    jobs.start(session, &dir, &a.command, cancel).await
+}
+
+/// The directory a command runs in: its `workdir` in the workspace, else the root.
+fn workdir(ws: &Workspace, a: &Args) -> Result<std::path::PathBuf, Outcome> {
+    match &a.workdir {
+        Some(w) => ws
+            .dir_path(w)
+            .map_err(|e| Outcome::error(format!("workdir {}; the command did not run", e.0))),
+        None => Ok(ws.root().to_path_buf()),
+    }
 }
 
 /// [`run`], the command's guard reading `lifeline` (None: no guard).
@@ -200,58 +229,13 @@ async fn run_guarded(
         .map(Duration::from_secs)
         .unwrap_or(limits.shell_timeout)
         .min(limits.shell_timeout);
-    // One pipe for stdout and stderr keeps their interleaving.
-    let (reader, writer) = match std::io::pipe() {
-        Ok(p) => p,
-        Err(e) => return Outcome::error(format!("could not start the command: {e}")),
-    };
-    let writer2 = match writer.try_clone() {
-        Ok(w) => w,
-        Err(e) => return Outcome::error(format!("could not start the command: {e}")),
-    };
-    let shell = shell_path();
-    let mut cmd = match lifeline {
-        Some(guarded) => {
-            // By its absolute path: run in the workspace, a bare `sh` could name a file of the
-            // repository's when the worker's PATH has an empty or relative entry.
-            let mut cmd = tokio::process::Command::new("/bin/sh");
-            cmd.args(["-c", super::lifeline::GUARD_ON_STDIN, "sh", &a.command, shell])
-                .stdin(guarded);
-            cmd
-        }
-        None => {
-            let mut cmd = tokio::process::Command::new(shell);
-            cmd.arg("-c").arg(&a.command).stdin(Stdio::null());
-            cmd
-        }
-    };
-    cmd.current_dir(root)
-        .stdout(writer)
-        .stderr(writer2)
-        .process_group(0)
-        .kill_on_drop(true);
-    for (key, _) in std::env::vars_os() {
-        if is_secret_env(&key.to_string_lossy()) {
-            cmd.env_remove(&key);
-        }
-    }
-    // Output goes to a pipe the model reads: no pager, no colours, no terminal to drive.
-    for key in ["FORCE_COLOR", "CLICOLOR_FORCE"] {
-        cmd.env_remove(key);
-    }
-    cmd.envs(COMMAND_ENV.iter().copied());
-    let mark = marks::new_mark();
-    cmd.env(marks::MARK_ENV, &mark);
-    let child = cmd.spawn();
-    // Our copies of the pipe's write end must close, or the reader never sees the end.
-    drop(cmd);
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => return Outcome::error(format!("could not start the command: {e}")),
-    };
-    let mut group = Group {
-        pid: child.id().and_then(|id| Pid::from_raw(id as i32)),
-        mark,
+    let Started {
+        mut child,
+        mut group,
+        reader,
+    } = match spawn(root, &a.command, lifeline) {
+        Ok(s) => s,
+        Err(e) => return Outcome::error(e),
     };
     let max = limits.shell_output_max;
     let output = tokio::task::spawn_blocking(move || collect(reader, max));
@@ -300,6 +284,65 @@ async fn run_guarded(
             Outcome::error(text)
         }
     }
+}
+
+/// A command started in its own process group: the child, the group (killed when dropped)
+/// and the read end of its output (stdout and stderr together).
+pub(super) struct Started {
+    pub(super) child: tokio::process::Child,
+    pub(super) group: Group,
+    pub(super) reader: PipeReader,
+}
+
+/// Start `command` with the shell in `root`, its guard reading `lifeline` (None: no guard),
+/// with Berth's secrets out of its environment and its mark in it.
+pub(super) fn spawn(root: &Path, command: &str, lifeline: Option<PipeReader>) -> Result<Started, String> {
+    let failed = |e: std::io::Error| format!("could not start the command: {e}");
+    // One pipe for stdout and stderr keeps their interleaving.
+    let (reader, writer) = std::io::pipe().map_err(failed)?;
+    let writer2 = writer.try_clone().map_err(failed)?;
+    let shell = shell_path();
+    let mut cmd = match lifeline {
+        Some(guarded) => {
+            // By its absolute path: run in the workspace, a bare `sh` could name a file of the
+            // repository's when the worker's PATH has an empty or relative entry.
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.args(["-c", super::lifeline::GUARD_ON_STDIN, "sh", command, shell])
+                .stdin(guarded);
+            cmd
+        }
+        None => {
+            let mut cmd = tokio::process::Command::new(shell);
+            cmd.arg("-c").arg(command).stdin(Stdio::null());
+            cmd
+        }
+    };
+    cmd.current_dir(root)
+        .stdout(writer)
+        .stderr(writer2)
+        .process_group(0)
+        .kill_on_drop(true);
+    for (key, _) in std::env::vars_os() {
+        if is_secret_env(&key.to_string_lossy()) {
+            cmd.env_remove(&key);
+        }
+    }
+    // Output goes to a pipe the model reads: no pager, no colours, no terminal to drive.
+    for key in ["FORCE_COLOR", "CLICOLOR_FORCE"] {
+        cmd.env_remove(key);
+    }
+    cmd.envs(COMMAND_ENV.iter().copied());
+    let mark = marks::new_mark();
+    cmd.env(marks::MARK_ENV, &mark);
+    let child = cmd.spawn();
+    // Our copies of the pipe's write end must close, or the reader never sees the end.
+    drop(cmd);
+    let child = child.map_err(failed)?;
+    let group = Group {
+        pid: child.id().and_then(|id| Pid::from_raw(id as i32)),
+        mark,
+    };
+    Ok(Started { child, group, reader })
 }
 
 /// Read the pipe to its end: the whole output when it is at most `max` bytes, else its
@@ -361,6 +404,7 @@ mod tests {
             command: command.into(),
             workdir: None,
             timeout_secs,
+            background: false,
         }
     }
 
