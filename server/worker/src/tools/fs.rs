@@ -8,7 +8,6 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     sync::Mutex,
     time::SystemTime,
@@ -19,14 +18,11 @@ use serde::Deserialize;
 use super::Outcome;
 use crate::workspace::Workspace;
 
-/// Bytes of numbered file text one read returns at most; the rest is reached with `offset`.
-const READ_MAX: usize = 24 << 10;
-const READ_LINES_DEFAULT: usize = 2000;
 /// Characters of one line shown; a longer line is cut (and says so), so a read always
 /// advances, a minified file's one line included.
-const LINE_CHARS_MAX: usize = 2000;
+pub(super) const LINE_CHARS_MAX: usize = 2000;
 /// Largest file `edit_file` rewrites.
-const EDIT_MAX: u64 = 16 << 20;
+pub(super) const EDIT_MAX: u64 = 16 << 20;
 /// Entries one listing, and paths one glob, return at most.
 const LIST_MAX: usize = 500;
 /// The deepest tree `list_directory` draws.
@@ -52,7 +48,7 @@ fn stamp(meta: &std::fs::Metadata) -> Stamp {
 }
 
 impl Seen {
-    fn record(&self, rel: PathBuf, meta: &std::fs::Metadata) {
+    pub(super) fn record(&self, rel: PathBuf, meta: &std::fs::Metadata) {
         self.files.lock().expect("seen lock").insert(rel, stamp(meta));
     }
 
@@ -77,7 +73,7 @@ impl Seen {
 
     /// The nested `AGENTS.md` files (below the root's, which the system prompt holds) that
     /// apply to `path` and were not shown yet, as a note to append to a tool's result.
-    fn agents_notes(&self, ws: &Workspace, path: &str) -> String {
+    pub(super) fn agents_notes(&self, ws: &Workspace, path: &str) -> String {
         let Ok(rel) = ws.normalized(path) else {
             return String::new();
         };
@@ -105,115 +101,6 @@ impl Seen {
         }
         out
     }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ReadArgs {
-    path: String,
-    #[serde(default)]
-    offset: Option<usize>,
-    #[serde(default)]
-    limit: Option<usize>,
-}
-
-/// One line of a reader, at most `keep` bytes of it kept (the rest read past): the kept
-/// bytes (without the line end), the line's whole length and whether it was cut; None at
-/// the end.
-fn capped_line(reader: &mut impl BufRead, keep: usize) -> std::io::Result<Option<(Vec<u8>, usize, bool)>> {
-    let mut kept = Vec::new();
-    let mut total = 0usize;
-    loop {
-        let buf = reader.fill_buf()?;
-        if buf.is_empty() {
-            let cut = total > kept.len();
-            return Ok((total > 0).then_some((kept, total, cut)));
-        }
-        let (chunk, done) = match memchr_newline(buf) {
-            Some(i) => (&buf[..i], Some(i + 1)),
-            None => (buf, None),
-        };
-        let room = keep.saturating_sub(kept.len()).min(chunk.len());
-        kept.extend_from_slice(&chunk[..room]);
-        total += chunk.len();
-        let used = done.unwrap_or(buf.len());
-        reader.consume(used);
-        if done.is_some() {
-            let cut = total > kept.len();
-            if !cut && kept.last() == Some(&b'\r') {
-                kept.pop();
-            }
-            return Ok(Some((kept, total + 1, cut)));
-        }
-    }
-}
-
-fn memchr_newline(buf: &[u8]) -> Option<usize> {
-    buf.iter().position(|b| *b == b'\n')
-}
-
-/// `read_file`: numbered lines (`cat -n`), a range of them, long lines cut.
-pub(super) fn read(ws: &Workspace, seen: &Seen, a: ReadArgs) -> Outcome {
-    let file = match ws.open_file(&a.path) {
-        Ok(f) => f,
-        Err(e) => return Outcome::error(e.0),
-    };
-    let meta = file.metadata().ok();
-    let first = a.offset.unwrap_or(1).max(1);
-    let limit = a.limit.unwrap_or(READ_LINES_DEFAULT).max(1);
-    let mut reader = BufReader::new(file);
-    let mut out = String::new();
-    let mut n = 0usize;
-    // Bytes kept of one line: enough for LINE_CHARS_MAX characters of any width.
-    let keep = LINE_CHARS_MAX * 4;
-    let mut more = None;
-    loop {
-        let (bytes, len, cut) = match capped_line(&mut reader, keep) {
-            Ok(Some(l)) => l,
-            Ok(None) => break,
-            Err(e) => return Outcome::error(format!("{}: {e}", a.path)),
-        };
-        n += 1;
-        if n < first {
-            continue;
-        }
-        if bytes.contains(&0) {
-            return Outcome::error(format!("{}: a binary file; it cannot be shown as text", a.path));
-        }
-        let text = match std::str::from_utf8(&bytes) {
-            Ok(t) => t.to_string(),
-            // A cut may fall inside a character: only a real encoding error refuses.
-            Err(e) if e.error_len().is_none() => String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned(),
-            Err(_) => return Outcome::error(format!("{}: not UTF-8 text", a.path)),
-        };
-        let mut shown: String = text.chars().take(LINE_CHARS_MAX).collect();
-        if shown.len() < text.len() || cut {
-            shown.push_str(&format!(" [… line cut: {len} bytes in all]"));
-        }
-        let numbered = format!("{n:>6}\t{shown}\n");
-        if n >= first + limit || (out.len() + numbered.len() > READ_MAX && n > first) {
-            more = Some(n);
-            break;
-        }
-        out.push_str(&numbered);
-    }
-    if n < first {
-        if n == 0 {
-            return Outcome::ok(format!("({} is empty)", a.path));
-        }
-        return Outcome::error(format!("{}: has {n} lines; offset {first} is past the end", a.path));
-    }
-    if let Some(next) = more {
-        out.push_str(&format!(
-            "[lines {first}-{} shown; more follow: read on with offset={next}]\n",
-            next - 1
-        ));
-    }
-    if let (Some(meta), Ok(rel)) = (meta, ws.normalized(&a.path)) {
-        seen.record(rel, &meta);
-    }
-    out.push_str(&seen.agents_notes(ws, &a.path));
-    Outcome::ok(out)
 }
 
 #[derive(Deserialize)]
@@ -516,10 +403,10 @@ fn not_found(path: &str, text: &str, old: &str) -> String {
 #[serde(deny_unknown_fields)]
 pub(super) struct ListArgs {
     #[serde(default)]
-    path: Option<String>,
+    pub(super) path: Option<String>,
     /// Levels below `path` drawn (1: its entries only).
     #[serde(default)]
-    depth: Option<usize>,
+    pub(super) depth: Option<usize>,
 }
 
 pub(super) fn list(ws: &Workspace, a: ListArgs) -> Outcome {
@@ -668,38 +555,6 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let w = Workspace::open(t.path()).unwrap();
         (t, w)
-    }
-
-    fn read_args(path: &str, offset: Option<usize>, limit: Option<usize>) -> ReadArgs {
-        ReadArgs {
-            path: path.into(),
-            offset,
-            limit,
-        }
-    }
-
-    #[test]
-    fn read_returns_line_ranges() {
-        let (_t, w) = ws();
-        std::fs::write(w.root().join("f.txt"), "one\ntwo\nthree\nfour\n").unwrap();
-        assert_eq!(
-            read(&w, &Seen::default(), read_args("f.txt", None, None)),
-            Outcome::ok("     1\tone\n     2\ttwo\n     3\tthree\n     4\tfour\n")
-        );
-        let r = read(&w, &Seen::default(), read_args("f.txt", Some(2), Some(2)));
-        assert!(r.ok);
-        assert_eq!(
-            r.output,
-            "     2\ttwo\n     3\tthree\n[lines 2-3 shown; more follow: read on with offset=4]\n"
-        );
-        assert!(!read(&w, &Seen::default(), read_args("f.txt", Some(9), None)).ok);
-        assert!(!read(&w, &Seen::default(), read_args("missing", None, None)).ok);
-        std::fs::write(w.root().join("bin"), b"a\0b").unwrap();
-        assert!(
-            read(&w, &Seen::default(), read_args("bin", None, None))
-                .output
-                .contains("binary")
-        );
     }
 
     #[test]

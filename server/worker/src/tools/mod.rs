@@ -12,6 +12,7 @@ mod marks;
 pub(crate) mod mcp;
 mod patch;
 pub(crate) mod plan;
+mod read;
 mod search;
 pub(crate) mod shell;
 
@@ -173,7 +174,8 @@ runs (its exit code once it ended). kill stops it and everything it started.",
                 READ_FILE,
                 "Read a text file of the workspace as numbered lines (`  12\tline`; the number and tab are not part of the \
 file). Up to 2000 lines or 24 KiB a call; a longer file says where to read on with offset. Lines longer than 2000 \
-characters are cut. Read a file before you edit it.",
+characters are cut. Read a file before you edit it. A directory answers with its entries, a missing path with the \
+nearest ones; for an image, use view_image.",
                 json!({"type": "object", "properties": {
                     "path": {"type": "string", "description": "Path relative to the workspace root."},
                     "offset": {"type": "integer", "description": "First line to read (1-based, default 1)."},
@@ -243,11 +245,15 @@ modified first, gitignored files left out. At most 500.",
             f(
                 SEARCH_FILES,
                 "Search file contents for a regular expression (respects .gitignore; hidden files included, .git \
-not). Answers path:line:text, at most 200 matches.",
+not). Answers path:line:text for each matching line (path-line-text for context lines, -- between groups), at \
+most 200 matches; with files_only, each matching file and its count of matching lines.",
                 json!({"type": "object", "properties": {
                     "pattern": {"type": "string", "description": "A regular expression (Rust regex syntax)."},
                     "path": {"type": "string", "description": "Directory or file to search (default: the root)."},
-                    "glob": {"type": "string", "description": "Only files whose path matches this glob, e.g. *.rs"}
+                    "glob": {"type": "string", "description": "Only files whose path matches this glob, e.g. *.rs"},
+                    "ignore_case": {"type": "boolean", "description": "Match regardless of letter case (default false)."},
+                    "context": {"type": "integer", "description": "Lines to show before and after each match (default 0, at most 10)."},
+                    "files_only": {"type": "boolean", "description": "List only the files that match, with their count of matching lines (default false)."}
                 }, "required": ["pattern"], "additionalProperties": false}),
             ),
         ]
@@ -274,7 +280,7 @@ not). Answers path:line:text, at most 200 matches.",
                 Ok(a) => self.jobs.look(&self.session, a, cancel).await,
                 Err(e) => e,
             },
-            READ_FILE => self.blocking(arguments, fs::read).await,
+            READ_FILE => self.blocking(arguments, read::read).await,
             image::VIEW_IMAGE => self.blocking(arguments, |ws, _, a| image::view(ws, a)).await,
             WRITE_FILE => self.blocking(arguments, fs::write).await,
             EDIT_FILE => self.blocking(arguments, fs::edit).await,
