@@ -31,6 +31,13 @@ use cap_std::{ambient_authority, fs::Dir};
 #[error("{0}")]
 pub(crate) struct PathError(pub String);
 
+impl PathError {
+    /// Whether the path named nothing (as [`fs_error`] words it).
+    pub(crate) fn is_not_found(&self) -> bool {
+        self.0.ends_with(": no such file or directory")
+    }
+}
+
 pub(crate) struct Workspace {
     root: PathBuf,
     dir: Dir,
@@ -264,6 +271,7 @@ impl Workspace {
     pub(crate) fn read_private(&self, path: &str, max: u64) -> Result<Option<Vec<u8>>, PathError> {
         let rel = self.private_relative(path)?;
         let file = self.dir.open(&rel).map_err(|e| fs_error(path, &e))?.into_std();
+        self.guard_private(path, &file)?;
         read_at_most(path, file, max)
     }
 
@@ -271,7 +279,31 @@ impl Workspace {
     pub(crate) fn list_private(&self, path: &str) -> Result<Vec<Entry>, PathError> {
         let rel = self.private_relative(path)?;
         let dir = self.dir.open_dir(&rel).map_err(|e| fs_error(path, &e))?;
+        self.guard_private(path, &dir)?;
         entries(path, &dir)
+    }
+
+    /// Refuse what `fd`, opened for Berth's own read of `path`, really is unless it is under
+    /// `.berth/` and not in a repository's internals: a skill's `SKILL.md` that a repository
+    /// made a symlink to `.git/config` would otherwise reach the model through `read_skill`
+    /// (and its first line every client through `skill.list`).
+    fn guard_private(&self, path: &str, fd: impl AsFd) -> Result<(), PathError> {
+        let Some(real) = kernel_path(fd) else {
+            return Ok(());
+        };
+        let private = real.strip_prefix(&self.root).is_ok_and(|rel| {
+            rel.starts_with(PRIVATE_DIR)
+                && !rel
+                    .components()
+                    .any(|c| matches!(c, Component::Normal(c) if named(c, ".git")))
+        });
+        if private {
+            Ok(())
+        } else {
+            Err(PathError(format!(
+                "{path}: leads out of {PRIVATE_DIR}/ (through a symlink)"
+            )))
+        }
     }
 
     fn private_relative(&self, path: &str) -> Result<PathBuf, PathError> {
@@ -823,6 +855,29 @@ mod tests {
         );
         assert_eq!(w.list_private(".berth/skills").unwrap()[0].name, "s");
         assert!(w.read_private("sub/inside.txt", 100).is_err());
+    }
+
+    /// Berth's own reads under `.berth/` (skills, the MCP configuration) do not follow a
+    /// symlink a repository committed there out of `.berth/` (into `.git/config`, say); a
+    /// link within `.berth/` is followed.
+    #[test]
+    fn private_reads_do_not_follow_symlinks_out_of_berths_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join(".git/config"), "[remote] url = https://token@host/r").unwrap();
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::create_dir_all(root.join(".berth/skills/cfg")).unwrap();
+        std::fs::create_dir_all(root.join(".berth/skills/ok")).unwrap();
+        std::fs::write(root.join(".berth/skills/ok/SKILL.md"), "fine").unwrap();
+        std::os::unix::fs::symlink("../../../.git/config", root.join(".berth/skills/cfg/SKILL.md")).unwrap();
+        std::os::unix::fs::symlink("../../src", root.join(".berth/skills/up")).unwrap();
+        std::os::unix::fs::symlink("ok/SKILL.md", root.join(".berth/skills/alias.md")).unwrap();
+        let w = Workspace::open(root).unwrap();
+        let e = w.read_private(".berth/skills/cfg/SKILL.md", 1000).unwrap_err();
+        assert!(e.0.contains("leads out of .berth/"), "{e}");
+        assert!(w.list_private(".berth/skills/up").is_err());
+        assert_eq!(w.read_private(".berth/skills/alias.md", 100).unwrap().unwrap(), b"fine");
     }
 
     /// Nothing is created through a symlink or under a symlinked directory that leads into

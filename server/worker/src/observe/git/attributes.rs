@@ -1,7 +1,8 @@
-//! `.gitattributes`: the filter drivers this module refuses, and the end-of-line conversion
-//! (`text`, `eol`, `crlf`, with `core.autocrlf` and `core.eol`) git applies to a worktree
-//! file before comparing it or storing it. The conversion is gix-filter's pure Rust one;
-//! no filter driver is ever run (a configured one is refused before anything is compared).
+//! `.gitattributes`: the filter drivers this module refuses, Git LFS's (done in process, see
+//! [`super::lfs`]), and the end-of-line conversion (`text`, `eol`, `crlf`, with
+//! `core.autocrlf` and `core.eol`) git applies to a worktree file before comparing it or
+//! storing it. The conversion is gix-filter's pure Rust one; no filter driver is ever run
+//! (any other configured one is refused before anything is compared).
 
 use std::{
     ffi::OsStr,
@@ -15,19 +16,21 @@ use gix_attributes::{
     Search, StateRef,
     search::{MetadataCollection, Outcome},
 };
-use gix_filter::eol::{self, AttributesDigest};
+use gix_filter::eol::{self, AttributesDigest, Stats};
 
 use super::{broken, contents, unsupported};
 use crate::workspace::Workspace;
 
 /// The attributes this module reads, in this order.
-const SELECTED: [&str; 4] = ["text", "eol", "crlf", "diff"];
+const SELECTED: [&str; 5] = ["text", "eol", "crlf", "diff", "filter"];
 
 /// The attribute rules in force, and the configuration that completes them.
 pub(super) struct Attributes {
     search: Search,
     collection: MetadataCollection,
     config: eol::Configuration,
+    /// git-lfs is the configured `lfs` filter driver.
+    lfs: bool,
 }
 
 /// What the attributes say about one path.
@@ -36,6 +39,8 @@ pub(super) struct PathAttributes {
     pub(super) digest: AttributesDigest,
     /// `-diff` (or `binary`): git diffs it as binary whatever its content.
     pub(super) no_diff: bool,
+    /// `filter=lfs`, with git-lfs configured: git stores its LFS pointer.
+    pub(super) lfs: bool,
 }
 
 impl Attributes {
@@ -63,6 +68,7 @@ impl Attributes {
         files.sort_by_key(|rel| (rel.iter().filter(|b| **b == b'/').count(), rel.as_slice()));
         let root = ws.root();
         let config = repo.config_snapshot();
+        let lfs = git_lfs(&config);
         for rel in files {
             let Some(text) = ws
                 .open_regular(Path::new(OsStr::from_bytes(rel)))
@@ -71,7 +77,7 @@ impl Attributes {
             else {
                 continue;
             };
-            refuse_drivers(&config, &text)?;
+            refuse_drivers(&config, lfs, &text)?;
             add(
                 &mut search,
                 &mut collection,
@@ -83,7 +89,7 @@ impl Attributes {
         // `info/attributes` is the repository's, shared by its linked worktrees.
         let info = repo.common_dir().join("info/attributes");
         if let Ok(text) = std::fs::read(&info) {
-            refuse_drivers(&config, &text)?;
+            refuse_drivers(&config, lfs, &text)?;
             add(&mut search, &mut collection, &text, info, None)?;
         }
         let auto_crlf = match config.string("core.autocrlf") {
@@ -100,6 +106,7 @@ impl Attributes {
             search,
             collection,
             config: eol::Configuration { auto_crlf, eol },
+            lfs,
         })
     }
 
@@ -125,7 +132,7 @@ impl Attributes {
             &mut out,
         );
         let states: Vec<StateRef<'_>> = out.iter_selected().map(|m| m.assignment.state).collect();
-        let [text, eol_attr, crlf, diff] = states[..] else {
+        let [text, eol_attr, crlf, diff, filter] = states[..] else {
             unreachable!("one state per selected attribute")
         };
         let text_digest = |s: StateRef<'_>| match s {
@@ -158,6 +165,7 @@ impl Attributes {
         PathAttributes {
             digest,
             no_diff: matches!(diff, StateRef::Unset),
+            lfs: self.lfs && matches!(filter, StateRef::Value(v) if v.as_bstr() == "lfs"),
         }
     }
 
@@ -166,8 +174,23 @@ impl Attributes {
     /// `text=auto` consults (a CRLF already in the index is left alone, as git does).
     /// Whether git may convert a file at `path` that holds a CR on its way in (its
     /// attributes do not say binary).
-    pub(super) fn may_convert(&self, path: &[u8]) -> bool {
-        self.at(path).digest != AttributesDigest::Binary
+    /// Whether git stores the file at `path` as its LFS pointer.
+    pub(super) fn lfs(&self, path: &[u8]) -> bool {
+        self.lfs && self.at(path).lfs
+    }
+
+    /// Whether git converts the CRLFs of a file at `path` whose content has `stats` on its
+    /// way in (as `convert_to_git` decides it; `index_has_crlf` tells whether the index's
+    /// blob holds CRLFs, which `text=auto` leaves alone).
+    pub(super) fn converts(&self, path: &[u8], stats: &Stats, index_has_crlf: impl FnOnce() -> bool) -> bool {
+        if stats.crlf == 0 {
+            return false;
+        }
+        let digest = self.at(path).digest;
+        if digest == AttributesDigest::Binary {
+            return false;
+        }
+        !(digest.is_auto_text() && (stats.is_binary() || index_has_crlf()))
     }
 
     pub(super) fn clean(
@@ -176,6 +199,9 @@ impl Attributes {
         data: Vec<u8>,
         indexed: &mut dyn FnMut() -> Option<Vec<u8>>,
     ) -> Result<Vec<u8>, RpcError> {
+        if self.lfs(path) {
+            return Ok(super::lfs::clean(data));
+        }
         // Only a CR is ever converted: without one, nothing to look up.
         if !data.contains(&b'\r') {
             return Ok(data);
@@ -206,13 +232,27 @@ impl Attributes {
     }
 }
 
+/// Whether the `lfs` filter driver is git-lfs (`git lfs install` configures it so): its
+/// clean filter is then done in process.
+fn git_lfs(config: &gix::config::Snapshot<'_>) -> bool {
+    let commands: Vec<_> = ["clean", "smudge", "process"]
+        .iter()
+        .filter_map(|k| config.string(format!("filter.lfs.{k}").as_str()))
+        .collect();
+    !commands.is_empty() && commands.iter().all(|c| c.trim_start().starts_with(b"git-lfs "))
+}
+
 /// `unsupported {feature: "external-filter"}` when `text` (an attribute file) selects a
-/// filter driver that has a command configured.
-fn refuse_drivers(config: &gix::config::Snapshot<'_>, text: &[u8]) -> Result<(), RpcError> {
+/// filter driver that has a command configured (other than git-lfs, when `lfs` says it is
+/// the `lfs` driver).
+fn refuse_drivers(config: &gix::config::Snapshot<'_>, lfs: bool, text: &[u8]) -> Result<(), RpcError> {
     for token in text.split(|b| b.is_ascii_whitespace()) {
         let Some(name) = token.strip_prefix(b"filter=") else {
             continue;
         };
+        if lfs && name == b"lfs" {
+            continue;
+        }
         let name = String::from_utf8_lossy(name);
         let configured = ["clean", "smudge", "process"]
             .iter()

@@ -47,6 +47,11 @@ pub(super) fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
     out.stdout
 }
 
+/// Whether git succeeds at `args` in `dir`.
+pub(super) fn cli_ok(dir: &Path, args: &[&str]) -> bool {
+    cli(dir, args).status.success()
+}
+
 fn write(dir: &Path, rel: &str, data: impl AsRef<[u8]>) {
     let path = dir.join(rel);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -457,6 +462,11 @@ fn submodules_are_reported_as_git_reports_them() {
     assert!(areas.submodules[&b"sub".to_vec()].commit_changed);
     git(&dir, &["add", "sub"]);
     check("staged");
+    // `ignore = all`: git status still lists the staged commit, `diff --cached` shows none.
+    git(&dir, &["config", "submodule.sub.ignore", "all"]);
+    check("staged, ignore all");
+    assert!(berth_diff(&dir, b"sub", GitArea::Staged).is_empty());
+    git(&dir, &["config", "--unset", "submodule.sub.ignore"]);
     std::fs::remove_file(sub.join("untracked")).unwrap();
     check("staged, clean");
     // A clone whose submodule is not checked out (an empty directory): unchanged, as in git;
@@ -535,4 +545,105 @@ fn conflicts_and_names_agree_with_git() {
         berth_diff(dir, b"conflict.txt", GitArea::Staged),
         b"* Unmerged path conflict.txt\n"
     );
+}
+
+/// Names git writes specially in a patch (a space: the `---`/`+++` lines end with a tab;
+/// control bytes: git's letter escapes) and `.gitignore` patterns with braces, which git
+/// matches literally (no `{a,b}` alternation), agree with git.
+#[test]
+fn spaced_names_escapes_and_literal_braces_agree_with_git() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init(dir);
+    write(dir, "my file.txt", "one\n");
+    write(dir, "bell\x07\x0bx", "one\n");
+    write(dir, ".gitignore", "*.{tmp,bak}\n{{cookiecutter.slug}}/\n");
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "base"]);
+    write(dir, "my file.txt", "two\n");
+    write(dir, "bell\x07\x0bx", "two\n");
+    write(dir, "new one.txt", "new\n");
+    for name in ["a.tmp", "b.bak", "c.{tmp,bak}", "{{cookiecutter.slug}}/x.py"] {
+        write(dir, name, "x\n");
+    }
+    let areas = berth_status(dir);
+    assert_eq!(areas, cli_status(dir));
+    assert!(areas.untracked.contains(b"a.tmp".as_slice()), "{areas:?}");
+    assert!(!areas.untracked.contains(b"c.{tmp,bak}".as_slice()), "{areas:?}");
+    diffs_agree(dir, &areas);
+    assert!(
+        berth_diff(dir, b"my file.txt", GitArea::Worktree)
+            .starts_with(b"diff --git a/my file.txt b/my file.txt\nindex ")
+    );
+    // The ignored files are not carried.
+    snapshot_applies(dir, &["c.{tmp,bak}", "{{cookiecutter.slug}}"]);
+}
+
+/// A repository using Git LFS (git-lfs its configured filter) is compared as git compares
+/// it, git-lfs never run by Berth: a file under `filter=lfs` as its pointer (clean when
+/// only touched, modified when changed, its diff the pointer's), the rest as usual. Needs
+/// git-lfs for git's side of it: skipped without it, except where
+/// `BERTH_TEST_GIT_LFS_REQUIRED` is set (`.ci/run` installs it and sets it).
+#[test]
+fn lfs_files_compare_as_git_with_git_lfs_compares_them() {
+    if Command::new("git-lfs").arg("version").output().is_err() {
+        assert!(
+            std::env::var_os("BERTH_TEST_GIT_LFS_REQUIRED").is_none(),
+            "git-lfs is required here but is not installed"
+        );
+        eprintln!("skipped: git-lfs is not installed (apt-get install git-lfs)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init(dir);
+    git(dir, &["lfs", "install", "--local"]);
+    git(dir, &["lfs", "track", "*.psd", "*.bin"]);
+    write(dir, "art.psd", vec![7u8; 3000]);
+    write(dir, "same.bin", b"\0\x01 fixed");
+    write(dir, "empty.bin", "");
+    write(dir, "readme.md", "hello\n");
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "base"]);
+    touch(dir, "same.bin");
+    touch(dir, "art.psd");
+    let areas = berth_status(dir);
+    assert_eq!(areas, cli_status(dir));
+    assert!(areas.worktree.is_empty(), "{areas:?}");
+    write(dir, "readme.md", "changed\n");
+    write(dir, "art.psd", vec![8u8; 3001]);
+    write(dir, "new.bin", "new\n");
+    let areas = berth_status(dir);
+    assert_eq!(areas, cli_status(dir));
+    assert_eq!(areas.worktree.len(), 2, "{areas:?}");
+    diffs_agree(dir, &areas);
+    git(dir, &["add", "art.psd"]);
+    let areas = berth_status(dir);
+    assert_eq!(areas, cli_status(dir));
+    diffs_agree(dir, &areas);
+}
+
+/// A sparse checkout: files outside it are unchanged while absent, and one put back there
+/// anyway is looked at (git clears its skip-worktree bit): modified when it differs.
+#[test]
+fn a_sparse_checkouts_files_put_back_are_looked_at_as_git_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init(dir);
+    write(dir, "a/x", "x\n");
+    write(dir, "b/y", "y\n");
+    write(dir, "b/same", "same\n");
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "base"]);
+    git(dir, &["sparse-checkout", "set", "a"]);
+    assert!(!dir.join("b").exists());
+    let areas = berth_status(dir);
+    assert_eq!(areas, cli_status(dir));
+    assert!(areas.worktree.is_empty(), "{areas:?}");
+    write(dir, "b/y", "changed\n");
+    write(dir, "b/same", "same\n");
+    let areas = berth_status(dir);
+    assert_eq!(areas.worktree.len(), 1, "{areas:?}");
+    assert_eq!(areas, cli_status(dir));
+    diffs_agree(dir, &areas);
 }

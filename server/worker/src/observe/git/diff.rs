@@ -44,7 +44,7 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
             });
         }
         // Git does not look at an assume-unchanged or skip-worktree file.
-        if super::index::unlooked(e) {
+        if index.unlooked(e) {
             return Ok(GitDiff::Unchanged);
         }
     }
@@ -113,6 +113,18 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
                 },
                 None => None,
             };
+            // A submodule whose `ignore` is `all` is left out of a diff of the index, added,
+            // removed or moved on, as git's `diff --cached` leaves it out.
+            let gitlink = |s: &Side| s.as_ref().is_some_and(|(_, k)| *k == EntryKind::Commit);
+            let submodule_only = match (&old, &new) {
+                (Some(_), Some(_)) => gitlink(&old) && gitlink(&new),
+                _ => gitlink(&old) || gitlink(&new),
+            };
+            if submodule_only
+                && super::status::SubmoduleIgnores::load(&repo, &ws).of(path) == super::status::SubmoduleIgnore::All
+            {
+                return Ok(GitDiff::Unchanged);
+            }
             (old, new)
         }
         GitArea::Worktree if intent => {

@@ -1,7 +1,11 @@
 //! The index: its entries, the states this module refuses, and the stat data that vouches
 //! for a file's content without reading it.
 
-use std::{collections::BTreeSet, os::fd::OwnedFd};
+use std::{
+    collections::BTreeSet,
+    os::{fd::OwnedFd, unix::ffi::OsStrExt},
+    path::Path,
+};
 
 use berth_protocol::RpcError;
 use gix::{bstr::ByteSlice, index::entry::Mode, objs::tree::EntryKind};
@@ -25,6 +29,11 @@ pub(super) struct Index {
     pub(super) file: gix::index::File,
     /// Paths with conflict stages.
     pub(super) unmerged: BTreeSet<Vec<u8>>,
+    /// The worktree, and whether a sparse checkout is on that git expects no files outside
+    /// of (`core.sparseCheckout` without `sparse.expectFilesOutsideOfPatterns`): a
+    /// skip-worktree file present there anyway is then looked at, as git clears its bit.
+    root: std::path::PathBuf,
+    sparse_checkout: bool,
 }
 
 impl Index {
@@ -52,11 +61,21 @@ impl Index {
     }
 }
 
-/// Whether git takes the entry's file as unchanged without looking: assume-unchanged
-/// (`update-index --assume-unchanged`) or outside a sparse checkout (skip-worktree).
-pub(super) fn unlooked(e: &gix::index::Entry) -> bool {
-    use gix::index::entry::Flags;
-    e.flags.intersects(Flags::ASSUME_VALID | Flags::SKIP_WORKTREE)
+impl Index {
+    /// Whether git takes the entry's file as unchanged without looking: assume-unchanged
+    /// (`update-index --assume-unchanged`), or outside a sparse checkout (skip-worktree)
+    /// unless the checkout is sparse and the file is there all the same.
+    pub(super) fn unlooked(&self, e: &gix::index::Entry) -> bool {
+        use gix::index::entry::Flags;
+        if e.flags.contains(Flags::ASSUME_VALID) {
+            return true;
+        }
+        if !e.flags.contains(Flags::SKIP_WORKTREE) {
+            return false;
+        }
+        let path = std::ffi::OsStr::from_bytes(e.path(&self.file).as_bytes());
+        !(self.sparse_checkout && std::fs::symlink_metadata(self.root.join(path)).is_ok())
+    }
 }
 
 pub(super) fn load_index(repo: &gix::Repository) -> Result<Index, RpcError> {
@@ -74,7 +93,15 @@ pub(super) fn load_index(repo: &gix::Repository) -> Result<Index, RpcError> {
             unmerged.insert(e.path(&file).to_vec());
         }
     }
-    Ok(Index { file, unmerged })
+    let config = repo.config_snapshot();
+    let sparse_checkout = config.boolean("core.sparseCheckout") == Some(true)
+        && config.boolean("sparse.expectFilesOutsideOfPatterns") != Some(true);
+    Ok(Index {
+        file,
+        unmerged,
+        root: repo.workdir().map(Path::to_path_buf).unwrap_or_default(),
+        sparse_checkout,
+    })
 }
 /// The index's stat data for what `lstat` says now (truncated as git stores it).
 pub(super) fn index_stat(st: &rustix::fs::Stat) -> gix::index::entry::Stat {

@@ -17,6 +17,7 @@
 mod attributes;
 mod diff;
 mod index;
+mod lfs;
 mod patch;
 mod status;
 mod untracked;
@@ -62,6 +63,12 @@ pub(super) fn open(root: &Path) -> Result<Option<gix::Repository>, RpcError> {
     let repo = gix::open(root).map_err(broken)?;
     if repo.workdir().is_none() {
         return Err(unsupported("bare-repository"));
+    }
+    // gix reads refs from files only: a reftable repository is refused as what it is, not
+    // as one that cannot be read.
+    let storage = repo.config_snapshot().string("extensions.refStorage");
+    if storage.is_some_and(|s| !s.eq_ignore_ascii_case(b"files")) {
+        return Err(unsupported("reftable"));
     }
     Ok(Some(repo))
 }
@@ -176,10 +183,11 @@ fn through_symlink(ws: &Workspace, rel: &Path) -> bool {
 pub(super) const HELD_MAX: u64 = if cfg!(test) { 1 << 20 } else { 64 << 20 };
 
 /// The file at `rel` when it is a regular file larger than [`HELD_MAX`] (None otherwise:
-/// the caller reads it whole): its kind and whether its content is the blob `id`, hashed as
-/// it is read, a MiB at a time. A file this large that holds a CR and that git may convert
-/// on its way in (see [`attributes::Attributes::may_convert`]) is not converted here: it is
-/// reported as not the blob.
+/// the caller reads it whole): its kind and whether what git would store for it is the blob
+/// `id`. It is hashed as it is read, a MiB at a time, with git's text statistics of it: a
+/// file git converts on its way in (CRLFs under `text`, or under `text=auto` when it is
+/// text and the index's blob has none) is read a second time, converted as it is hashed;
+/// an LFS file is hashed as its pointer.
 fn large_file(
     ws: &Workspace,
     repo: &gix::Repository,
@@ -189,6 +197,7 @@ fn large_file(
     keep: Option<EntryKind>,
 ) -> Result<Option<(EntryKind, bool)>, RpcError> {
     use cap_std::fs::MetadataExt;
+    use sha2::Digest;
     use std::io::Read;
     let path = Path::new(OsStr::from_bytes(rel));
     if through_symlink(ws, path) {
@@ -208,10 +217,13 @@ fn large_file(
     let kind = file_kind(file.meta.mode(), keep);
     let mut hasher = gix::hash::hasher(repo.object_hash());
     hasher.update(format!("blob {len}\0").as_bytes());
+    let mut lfs = attributes.lfs(rel).then(sha2::Sha256::new);
+    let mut stats = gix_filter::eol::Stats::default();
     let mut buf = vec![0u8; 1 << 20];
-    let (mut read, mut cr) = (0u64, false);
+    // A last CR (or ^Z) is counted with what follows it, which decides what it is.
+    let (mut carried, mut read) = (0usize, 0u64);
     loop {
-        let n = file.handle.read(&mut buf).map_err(broken)?;
+        let n = file.handle.read(&mut buf[carried..]).map_err(broken)?;
         if n == 0 {
             break;
         }
@@ -219,16 +231,99 @@ fn large_file(
         if read > len {
             break;
         }
-        cr |= buf[..n].contains(&b'\r');
-        hasher.update(&buf[..n]);
+        let end = carried + n;
+        hasher.update(&buf[carried..end]);
+        if let Some(sha) = &mut lfs {
+            sha.update(&buf[carried..end]);
+        }
+        let carry = matches!(buf[end - 1], b'\r' | 0x1a);
+        add_stats(&mut stats, &buf[..end - usize::from(carry)]);
+        carried = usize::from(carry);
+        if carry {
+            buf[0] = buf[end - 1];
+        }
     }
+    add_stats(&mut stats, &buf[..carried]);
     if read != len {
         return Err(broken("the file changed while it was read"));
     }
-    if cr && attributes.may_convert(rel) {
-        return Ok(Some((kind, false)));
+    if let Some(sha) = lfs {
+        let pointer = lfs::pointer(&format!("{:x}", sha.finalize()), len);
+        return Ok(Some((kind, blob_id(repo, &pointer)? == id)));
+    }
+    let index_has_crlf = || {
+        repo.find_blob(id).is_ok_and(|b| {
+            let s = gix_filter::eol::Stats::from_bytes(&b.data);
+            !s.is_binary() && s.crlf > 0
+        })
+    };
+    if attributes.converts(rel, &stats, index_has_crlf) {
+        let converted = len - stats.crlf as u64;
+        return Ok(Some((kind, hash_crlf_as_lf(ws, repo, path, len, converted)? == id)));
     }
     Ok(Some((kind, hasher.try_finalize().map_err(broken)? == id)))
+}
+
+/// `bytes`' text statistics added to `stats`.
+fn add_stats(stats: &mut gix_filter::eol::Stats, bytes: &[u8]) {
+    let s = gix_filter::eol::Stats::from_bytes(bytes);
+    stats.null += s.null;
+    stats.lone_cr += s.lone_cr;
+    stats.lone_lf += s.lone_lf;
+    stats.crlf += s.crlf;
+    stats.printable += s.printable;
+    stats.non_printable += s.non_printable;
+}
+
+/// The blob id of the file at `path` (`len` bytes) with each CRLF stored as LF (`converted`
+/// bytes then), read again and hashed as it is converted.
+fn hash_crlf_as_lf(
+    ws: &Workspace,
+    repo: &gix::Repository,
+    path: &Path,
+    len: u64,
+    converted: u64,
+) -> Result<ObjectId, RpcError> {
+    use std::io::Read;
+    let mut file = ws
+        .open_tracked(path)
+        .map_err(|_| broken("the file changed while it was read"))?;
+    if file.meta.len() != len {
+        return Err(broken("the file changed while it was read"));
+    }
+    let mut hasher = gix::hash::hasher(repo.object_hash());
+    hasher.update(format!("blob {converted}\0").as_bytes());
+    let mut buf = vec![0u8; 1 << 20];
+    let mut out = Vec::with_capacity(buf.len() + 1);
+    let (mut cr, mut read, mut written) = (false, 0u64, 0u64);
+    loop {
+        let n = file.handle.read(&mut buf).map_err(broken)?;
+        if n == 0 {
+            break;
+        }
+        read += n as u64;
+        for &b in &buf[..n] {
+            if std::mem::take(&mut cr) && b != b'\n' {
+                out.push(b'\r');
+            }
+            if b == b'\r' {
+                cr = true;
+            } else {
+                out.push(b);
+            }
+        }
+        written += out.len() as u64;
+        hasher.update(&out);
+        out.clear();
+    }
+    if cr {
+        hasher.update(b"\r");
+        written += 1;
+    }
+    if read != len || written != converted {
+        return Err(broken("the file changed while it was read"));
+    }
+    hasher.try_finalize().map_err(broken)
 }
 
 /// All of an opened file.

@@ -75,7 +75,7 @@ pub fn patch(root: &Path, max: usize) -> Result<(String, PatchCaptured), RpcErro
         let new = match indexed {
             // Git does not look at an assume-unchanged or skip-worktree file: its index
             // entry is what `git diff HEAD` compares.
-            Some(e) if super::index::unlooked(e) => {
+            Some(e) if index.unlooked(e) => {
                 let kind = super::index::index_kind(e.mode).unwrap_or(EntryKind::Blob);
                 Some((blob(e.id)?, kind))
             }

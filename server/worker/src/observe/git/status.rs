@@ -11,7 +11,7 @@ use super::{
     Flat, Item,
     attributes::Attributes,
     blob_id, broken, clean_side,
-    index::{Index, index_kind, load_index, stat_suspects, unlooked},
+    index::{Index, index_kind, load_index, stat_suspects},
     large_file, open, same_type, unsupported,
     untracked::untracked,
     workspace, worktree_blob,
@@ -169,7 +169,7 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
         .enumerate()
         // An entry assume-unchanged or outside a sparse checkout is, as git takes it,
         // unchanged.
-        .filter(|(_, e)| stage0(e) && !Index::intent_to_add(e) && e.mode != Mode::COMMIT && !unlooked(e))
+        .filter(|(_, e)| stage0(e) && !Index::intent_to_add(e) && e.mode != Mode::COMMIT && !index.unlooked(e))
         .map(|(i, e)| (e.path(&index.file).as_bytes(), i))
         .collect();
     let (first, second) = tracked.split_at(tracked.len() / 2);

@@ -637,3 +637,117 @@ fn a_snapshot_takes_unlooked_files_by_their_index_entry() {
         "{expected}"
     );
 }
+
+/// Large files under `text=auto`, hashed as they are read: binary content holding CRs is
+/// not converted (clean when only touched), CRLF text is converted as git converts it
+/// (clean when only touched, modified when changed), as `git status` says.
+#[test]
+fn large_files_under_text_auto_are_converted_as_git_converts_them() {
+    let r = repo();
+    let root = r.path();
+    std::fs::write(root.join(".gitattributes"), "* text=auto\n").unwrap();
+    let len = super::HELD_MAX as usize + 4096;
+    // Binary: CRs, NULs and every other byte.
+    let binary: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    assert!(binary.contains(&b'\r') && binary.contains(&0));
+    std::fs::write(root.join("blob.dat"), &binary).unwrap();
+    // Text with CRLFs (stored with LFs), and a CR that ends a read of a MiB.
+    let mut text = "a line of text\r\n".repeat(len / 16).into_bytes();
+    text[(1 << 20) - 1] = b'\r';
+    text[1 << 20] = b'\n';
+    std::fs::write(root.join("crlf.txt"), &text).unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "large"]);
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    for name in ["blob.dat", "crlf.txt"] {
+        let f = std::fs::File::options().write(true).open(root.join(name)).unwrap();
+        f.set_modified(later).unwrap();
+    }
+    let st = status(root).unwrap().unwrap();
+    assert!(st.worktree.is_empty(), "{:?}", st.worktree);
+    assert!(cli_modified(root).is_empty());
+    text[5] = b'X';
+    std::fs::write(root.join("crlf.txt"), &text).unwrap();
+    let st = status(root).unwrap().unwrap();
+    assert_eq!(
+        worktree_changes(&st),
+        vec![(b"crlf.txt".to_vec(), berth_protocol::GitChange::Modified)]
+    );
+    assert_eq!(cli_modified(root), vec![b"crlf.txt".to_vec()]);
+}
+
+/// With git-lfs the configured `lfs` filter, a file under `filter=lfs` is compared as its
+/// pointer, computed here (git-lfs is not needed, and never run): the content a pointer
+/// names is clean, held or hashed as it is read; changed content is modified, its diff the
+/// pointer's. Another configured filter driver is still refused.
+#[test]
+fn lfs_pointers_are_computed_without_git_lfs() {
+    use berth_protocol::{GitArea, GitChange, GitDiff};
+    use sha2::Digest;
+    let r = repo();
+    let root = r.path();
+    let small = b"small content\n".to_vec();
+    let large: Vec<u8> = (0..super::HELD_MAX as usize + 10).map(|i| (i % 200) as u8).collect();
+    let pointer = |data: &[u8]| {
+        format!(
+            "version https://git-lfs.github.com/spec/v1\noid sha256:{:x}\nsize {}\n",
+            sha2::Sha256::digest(data),
+            data.len()
+        )
+    };
+    // Committed as git-lfs would have stored them: their pointers.
+    std::fs::write(root.join("small.psd"), pointer(&small)).unwrap();
+    std::fs::write(root.join("large.psd"), pointer(&large)).unwrap();
+    std::fs::write(
+        root.join(".gitattributes"),
+        "*.psd filter=lfs diff=lfs merge=lfs -text\n",
+    )
+    .unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-q", "-m", "lfs"]);
+    for (k, v) in [
+        ("filter.lfs.clean", "git-lfs clean -- %f"),
+        ("filter.lfs.smudge", "git-lfs smudge -- %f"),
+        ("filter.lfs.process", "git-lfs filter-process"),
+    ] {
+        git(root, &["config", k, v]);
+    }
+    // Checked out: the content in the worktree.
+    std::fs::write(root.join("small.psd"), &small).unwrap();
+    std::fs::write(root.join("large.psd"), &large).unwrap();
+    let st = status(root).unwrap().unwrap();
+    assert!(st.worktree.is_empty(), "{:?}", st.worktree);
+    std::fs::write(root.join("small.psd"), b"other content\n").unwrap();
+    let st = status(root).unwrap().unwrap();
+    assert_eq!(
+        worktree_changes(&st),
+        vec![(b"small.psd".to_vec(), GitChange::Modified)]
+    );
+    match super::diff(root, b"small.psd", GitArea::Worktree).unwrap() {
+        GitDiff::Text { patch, .. } => {
+            assert!(
+                patch.contains("-size 14\n+size 14\n") || patch.contains("+oid sha256:"),
+                "{patch}"
+            );
+            assert!(
+                patch.contains(&format!("-oid sha256:{:x}", sha2::Sha256::digest(&small))),
+                "{patch}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Any other driver with a command is refused, as before.
+    git(root, &["config", "filter.lfs.process", "my-lfs filter-process"]);
+    assert_eq!(feature(root), "external-filter");
+}
+
+/// A reftable repository (which gix cannot read refs of) is refused as such.
+#[test]
+fn a_reftable_repository_is_unsupported_as_such() {
+    let tmp = tempfile::tempdir().unwrap();
+    if !super::corpus::cli_ok(tmp.path(), &["init", "-q", "--ref-format=reftable"]) {
+        eprintln!("skipped: this git cannot make a reftable repository");
+        return;
+    }
+    assert_eq!(feature(tmp.path()), "reftable");
+}

@@ -12,7 +12,7 @@ use berth_protocol::RpcError;
 use gix::bstr::ByteSlice;
 use ignore::{
     Match,
-    gitignore::{Gitignore, GitignoreBuilder},
+    gitignore::{Gitignore, GitignoreBuilder, gitconfig_excludes_path},
 };
 use rustix::fs::{AtFlags, FileType, OFlags};
 
@@ -141,9 +141,9 @@ impl Untracked<'_> {
         }
         // A `.gitignore` that is a symlink is not read, as git does not read it.
         if kind_of(c".gitignore") == Some(FileType::RegularFile) {
-            let file = self.root.join(OsStr::from_bytes(&level.rel)).join(".gitignore");
+            let dir = self.root.join(OsStr::from_bytes(&level.rel));
             level.rules = Some(Rc::new(Rules {
-                own: Gitignore::new(file).0,
+                own: ignore_rules(&dir, &dir.join(".gitignore")),
                 parent: level.rules.take(),
             }));
         }
@@ -175,6 +175,62 @@ impl Untracked<'_> {
         }
         Ok(level)
     }
+}
+
+/// The rules of the ignore file `file`, for paths relative to `root`, as git matches them
+/// (a file that cannot be read has none). Git's patterns have no `{a,b}` alternation, while
+/// the `ignore` crate's globs do: a brace outside a `[…]` class is escaped so that it
+/// matches itself (`*.{tmp,bak}` ignores a file of that very name, as git does, and
+/// `{{cookiecutter.slug}}/` a directory of that name).
+pub(super) fn ignore_rules(root: &Path, file: &Path) -> Gitignore {
+    let Ok(text) = std::fs::read(file) else {
+        return Gitignore::empty();
+    };
+    let mut rules = GitignoreBuilder::new(root);
+    for (i, line) in text.split(|b| *b == b'\n').enumerate() {
+        let line = String::from_utf8_lossy(line);
+        let line = line.strip_suffix('\r').unwrap_or(&line);
+        // A leading byte-order mark is not part of the first pattern.
+        let line = if i == 0 {
+            line.trim_start_matches('\u{feff}')
+        } else {
+            line
+        };
+        let _ = rules.add_line(Some(file.to_path_buf()), &literal_braces(line));
+    }
+    rules.build().unwrap_or_else(|_| Gitignore::empty())
+}
+
+/// `line` with each brace outside a character class (and not escaped already) escaped.
+fn literal_braces(line: &str) -> std::borrow::Cow<'_, str> {
+    if !line.contains(['{', '}']) {
+        return line.into();
+    }
+    let mut out = String::with_capacity(line.len() + 4);
+    let mut chars = line.chars();
+    let mut class = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                out.push(c);
+                out.extend(chars.next());
+            }
+            '[' if !class => {
+                class = true;
+                out.push(c);
+            }
+            ']' if class => {
+                class = false;
+                out.push(c);
+            }
+            '{' | '}' if !class => {
+                out.push('\\');
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    out.into()
 }
 
 /// Whether the `.git` of kind `kind` in `dir` makes it a repository of its own.
@@ -218,21 +274,16 @@ pub(super) fn untracked(
     excludes_file: Option<&Path>,
     index: &Index,
 ) -> Result<(RelPaths, RelPaths), RpcError> {
-    let mut exclude = GitignoreBuilder::new(root);
     // A missing `info/exclude` excludes nothing.
-    let _ = exclude.add(exclude_file);
-    let global = match excludes_file {
-        Some(file) => {
-            let mut global = GitignoreBuilder::new(root);
-            let _ = global.add(file);
-            global.build().unwrap_or_else(|_| Gitignore::empty())
-        }
-        None => GitignoreBuilder::new(root).build_global().0,
+    let exclude = ignore_rules(root, exclude_file);
+    let global = match excludes_file.map(Path::to_path_buf).or_else(gitconfig_excludes_path) {
+        Some(file) => ignore_rules(root, &file),
+        None => Gitignore::empty(),
     };
     let mut walk = Untracked {
         root,
         index,
-        excludes: [exclude.build().unwrap_or_else(|_| Gitignore::empty()), global],
+        excludes: [exclude, global],
         found: Vec::new(),
         attributes: Vec::new(),
     };

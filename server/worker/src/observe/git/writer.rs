@@ -45,8 +45,8 @@ fn object_id(hash: gix::hash::Kind, side: &Side) -> ObjectId {
     }
 }
 
-/// A path as git writes it in a patch header: C-quoted (octal escapes for control and
-/// non-ASCII bytes) when it needs quoting, so any name survives as UTF-8 text.
+/// A path as git writes it in a patch header: C-quoted (git's letter escapes, octal ones
+/// for other control and non-ASCII bytes) when it needs quoting, so any name survives as UTF-8 text.
 pub(super) fn quoted(prefix: &str, path: &[u8]) -> String {
     let plain = path
         .iter()
@@ -60,8 +60,12 @@ pub(super) fn quoted(prefix: &str, path: &[u8]) -> String {
         match b {
             b'"' => s.push_str("\\\""),
             b'\\' => s.push_str("\\\\"),
+            0x07 => s.push_str("\\a"),
+            0x08 => s.push_str("\\b"),
             b'\t' => s.push_str("\\t"),
             b'\n' => s.push_str("\\n"),
+            0x0b => s.push_str("\\v"),
+            0x0c => s.push_str("\\f"),
             b'\r' => s.push_str("\\r"),
             0x20..0x7f => s.push(b as char),
             _ => s.push_str(&format!("\\{b:03o}")),
@@ -133,7 +137,9 @@ pub(super) fn file_patch(
         out.push(b'\n');
         return;
     }
-    let _ = write!(out, "--- {from}\n+++ {to}\n");
+    // Git ends a name holding a space with a tab, so that the name's end is plain.
+    let tab = |name: &str| if name.contains(' ') { "\t" } else { "" };
+    let _ = write!(out, "--- {from}{}\n+++ {to}{}\n", tab(&from), tab(&to));
     out.extend_from_slice(&hunks(before, after));
 }
 
