@@ -928,6 +928,83 @@ async fn a_shell_command_sees_none_of_berths_secrets() {
     }
 }
 
+/// A worker serving a home directory keeps Berth's own credentials and settings there out of
+/// reach: `berth login`'s credential and a data directory's files are neither read, found,
+/// searched nor listed by the agent's tools (which ask no approval), nor read by a client's
+/// `files.read`; the rest of the workspace is as before.
+#[tokio::test]
+async fn berths_own_secrets_in_a_served_home_directory_are_out_of_the_tools_reach() {
+    use base64::Engine as _;
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 1).await;
+    stack.kill_worker().await;
+    let home = stack.workspace_dir.clone();
+    let write = |rel: &str, text: &str| {
+        let path = home.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write(".config/berth/credentials.json", "{\"token\":\"berth_SECRET-CRED\"}");
+    write(".local/share/berth/dev/proj-1/run/jwt-secret", "SECRET-JWT");
+    write("notes.txt", "SECRET-free notes\n");
+    let (config, data) = (home.join(".config"), home.join(".local/share"));
+    stack
+        .start_worker_with_env(
+            0,
+            &[],
+            &[
+                ("HOME", home.to_str().unwrap()),
+                ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+                ("XDG_DATA_HOME", data.to_str().unwrap()),
+            ],
+        )
+        .await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(
+        &[
+            ("r1", "read_file", json!({"path": ".config/berth/credentials.json"})),
+            (
+                "r2",
+                "read_file",
+                json!({"path": ".local/share/berth/dev/proj-1/run/jwt-secret"}),
+            ),
+            ("s1", "search_files", json!({"pattern": "SECRET-"})),
+            ("g1", "glob", json!({"pattern": "**/*secret*"})),
+            ("l1", "list_directory", json!({"path": ".local", "depth": 6})),
+            ("l2", "list_directory", json!({"path": ".config/berth"})),
+        ],
+        8,
+    ));
+    mock.push(Reply::text(&["ok"]));
+    let events = turn(&mut c, &mut watch, &sid, "look around").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let r = results(&mock, 1);
+    for id in ["r1", "r2", "l2"] {
+        assert!(
+            r[id].contains("holds Berth's own credentials or settings"),
+            "{id}: {}",
+            r[id]
+        );
+    }
+    assert_eq!(r["s1"], "notes.txt:1:SECRET-free notes\n");
+    assert!(r["g1"].starts_with("no files match"), "{}", r["g1"]);
+    assert!(!r["l1"].contains("berth"), "{}", r["l1"]);
+    for (id, out) in &r {
+        assert!(
+            !out.contains("SECRET-CRED") && !out.contains("SECRET-JWT"),
+            "{id}: {out}"
+        );
+    }
+    let read = c.subscribe(
+        "files.read",
+        json!({"sessionId": sid, "path": {"bytesBase64": base64::engine::general_purpose::STANDARD.encode(".config/berth/credentials.json")}}),
+    );
+    let done = read.done.await.unwrap();
+    assert!(done.error.is_some(), "{:?}", done.result);
+}
+
 #[tokio::test]
 async fn a_row_larger_than_a_history_page_reaches_a_later_turn_whole() {
     let mock = MockProvider::start().await;

@@ -325,6 +325,43 @@ fn default_data_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// Paths on this machine that hold Berth's own credentials and settings, which a worker keeps
+/// out of its workspaces' reach (tools and `files.*` neither read nor list them, even in a
+/// workspace that holds them, such as one served from a home directory): `berth login`'s
+/// credential directory, every base Berth keeps data directories under, the configuration
+/// file, the files its `*_FILE` settings and the MCP configuration name, and `more`. Each
+/// by its real path where it exists.
+fn secret_paths(settings: &Settings, more: &[&Path]) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = Vec::new();
+    if let Ok(credentials) = client_cmds::credentials_path()
+        && let Some(dir) = credentials.parent()
+    {
+        paths.push(dir.to_path_buf());
+    }
+    let data_bases = [
+        std::env::var_os("XDG_DATA_HOME").map(PathBuf::from),
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")),
+    ];
+    paths.extend(data_bases.into_iter().flatten().map(|b| b.join("berth")));
+    paths.push(PathBuf::from(format!(
+        "/var/tmp/berth-{}",
+        rustix::process::getuid().as_raw()
+    )));
+    paths.extend(settings.path.clone());
+    for (key, value) in settings.with_prefix("BERTH_") {
+        if key.ends_with("_FILE") || key == "BERTH_WORKER_MCP_CONFIG" || key == "BERTH_DATA_DIR" {
+            paths.push(PathBuf::from(value));
+        }
+    }
+    paths.extend(more.iter().map(|p| p.to_path_buf()));
+    paths
+        .into_iter()
+        .filter(|p| !p.as_os_str().is_empty())
+        .filter_map(|p| std::path::absolute(&p).ok())
+        .map(|p| p.canonicalize().unwrap_or(p))
+        .collect()
+}
+
 /// `berth dev` serves the current directory to the agent's tools, so its data directory
 /// (credentials, the login key, the private cluster) must not be inside it.
 fn outside_the_workspace(data_dir: &Path) -> anyhow::Result<()> {
@@ -671,6 +708,7 @@ async fn serve(settings: &Settings, data_dir: &Path, args: &ServeArgs, dev: bool
             agent,
             tools,
             mcp: worker_mcp(settings)?,
+            keep_out: secret_paths(settings, &[data_dir]),
         };
         let s = shutdown.clone();
         worker_task = Some(tokio::spawn(async move { berth_worker::run(cfg, s).await }));
@@ -777,6 +815,10 @@ async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
         agent,
         tools,
         mcp: worker_mcp(settings)?,
+        keep_out: secret_paths(
+            settings,
+            &args.token_file.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+        ),
     };
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();

@@ -59,6 +59,9 @@ pub struct WorkerConfig {
     pub tools: ToolLimits,
     /// MCP servers and their bounds.
     pub mcp: McpConfig,
+    /// Paths holding Berth's own credentials and settings on this machine, never read or
+    /// listed in a workspace (see [`workspace::keep_out`]).
+    pub keep_out: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -71,6 +74,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("agent", &self.agent)
             .field("tools", &self.tools)
             .field("mcp", &self.mcp)
+            .field("keep_out", &self.keep_out)
             .finish()
     }
 }
@@ -101,6 +105,8 @@ pub async fn run_reporting(
     shutdown: CancellationToken,
     connected: Arc<std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<()> {
+    let roots: Vec<PathBuf> = config.workspaces.iter().map(|(_, p)| p.clone()).collect();
+    workspace::keep_out(&config.keep_out, &roots);
     let http = net::http_client()?;
     let shared = Shared::default();
     let mut backoff = Duration::from_millis(200);

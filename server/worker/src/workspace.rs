@@ -26,6 +26,31 @@ use std::{
 
 use cap_std::{ambient_authority, fs::Dir};
 
+/// Paths on this machine that hold Berth's own credentials and settings (`berth login`'s
+/// credential, data directories, the configuration and the files it names): never read or
+/// listed for the model or for clients, even where a workspace holds them (one served from a
+/// home directory). Set once, when the worker starts ([`keep_out`]).
+static SECRETS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+
+/// Keep the workspaces away from `secrets` (absolute paths, each by its real path where it
+/// exists). One that holds a served workspace is not kept out (it would close the
+/// workspace itself); the workspace's files there stay open, as its own.
+pub(crate) fn keep_out(secrets: &[PathBuf], workspaces: &[PathBuf]) {
+    let kept: Vec<PathBuf> = secrets
+        .iter()
+        .filter(|s| !workspaces.iter().any(|w| w.starts_with(s)))
+        .cloned()
+        .collect();
+    if SECRETS.set(kept).is_err() {
+        tracing::debug!("the paths kept out of the workspaces were set already");
+    }
+}
+
+/// Whether the real path `real` is one of Berth's own secrets, or lies under one.
+pub(crate) fn is_secret(real: &Path) -> bool {
+    SECRETS.get().is_some_and(|s| s.iter().any(|p| real.starts_with(p)))
+}
+
 /// Why a path was refused or an operation on it failed: a sentence the model reads.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -142,6 +167,11 @@ impl Workspace {
         let Some(real) = kernel_path(fd) else {
             return Ok(());
         };
+        if is_secret(&real) {
+            return Err(PathError(format!(
+                "{path}: holds Berth's own credentials or settings, which are not open to tools"
+            )));
+        }
         match real.strip_prefix(&self.root) {
             Ok(rel) => match refused(rel, access) {
                 Some(why) => Err(PathError(format!("{path}: {why}"))),
@@ -638,6 +668,9 @@ impl Workspace {
         let Some(real) = kernel_path(fd) else {
             return Ok(());
         };
+        if is_secret(&real) {
+            return Err(OpenError::Private);
+        }
         // Opened beneath the root (cap-std saw to that); a kernel name elsewhere (the
         // workspace moved since it was opened, say) says nothing about the name inside it.
         let Ok(rel) = real.strip_prefix(&self.root) else {

@@ -22,8 +22,8 @@ use berth_client::{
 };
 use serde::Serialize;
 
-pub use remote::Remote;
-use remote::{Explain, Stored, Subject, connect, connect_to, credentials_path, session_id, workspace_id};
+use remote::{Explain, Stored, Subject, connect, connect_to, session_id, workspace_id};
+pub use remote::{Remote, credentials_path};
 use render::Style;
 
 #[derive(clap::Subcommand)]

@@ -450,7 +450,7 @@ pub(super) fn walker(start: &Path) -> ignore::WalkBuilder {
     walk.follow_links(false)
         .hidden(false)
         .require_git(false)
-        .filter_entry(|e| !hidden_dir(&e.file_name().to_string_lossy()))
+        .filter_entry(|e| !hidden_dir(&e.file_name().to_string_lossy()) && !crate::workspace::is_secret(e.path()))
         .sort_by_file_name(|a, b| a.cmp(b));
     walk
 }
