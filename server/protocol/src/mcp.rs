@@ -97,7 +97,8 @@ impl std::fmt::Debug for McpTransport {
 }
 
 impl McpTransport {
-    /// What `mcp.list` shows: everything but header and environment values.
+    /// What `mcp.list` shows: everything but header and environment values and an HTTP
+    /// URL's query and fragment (`?api_key=…` is a common place for a token), marked `?…`.
     pub fn view(&self) -> McpTransportView {
         match self {
             McpTransport::Stdio(s) => McpTransportView::Stdio(McpStdioView {
@@ -106,7 +107,10 @@ impl McpTransport {
                 env_names: s.env.keys().cloned().collect(),
             }),
             McpTransport::Http(h) => McpTransportView::Http(McpHttpView {
-                url: h.url.clone(),
+                url: match h.url.find(['?', '#']) {
+                    Some(at) => format!("{}?…", &h.url[..at]),
+                    None => h.url.clone(),
+                },
                 header_names: h.headers.keys().cloned().collect(),
             }),
         }
@@ -217,6 +221,12 @@ mod tests {
             json!({"kind": "http", "url": "https://mcp.example/", "headerNames": ["authorization"]})
         );
         assert!(!format!("{t:?}").contains("s3cret"));
+        let t: McpTransport =
+            serde_json::from_value(json!({"kind": "http", "url": "https://mcp.example/sse?api_key=s3cret#x"})).unwrap();
+        assert_eq!(
+            serde_json::to_value(t.view()).unwrap()["url"],
+            "https://mcp.example/sse?…"
+        );
         let t: McpTransport =
             serde_json::from_value(json!({"kind": "stdio", "command": "srv", "env": {"TOKEN": "t0ken"}})).unwrap();
         assert!(!serde_json::to_string(&t.view()).unwrap().contains("t0ken"));

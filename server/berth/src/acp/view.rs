@@ -26,6 +26,12 @@ pub fn tool_kind(name: &str) -> ToolKind {
 
 /// A short title for a call: the tool and what it acts on.
 pub fn tool_title(name: &str, input: &Value) -> String {
+    if name == "apply_patch"
+        && let Some(summary) = input.get("input").and_then(Value::as_str).map(patch_summary)
+        && !summary.is_empty()
+    {
+        return format!("{name}: {summary}");
+    }
     let target = ["command", "path", "pattern"]
         .iter()
         .find_map(|k| input.get(k).and_then(Value::as_str));
@@ -69,77 +75,135 @@ pub fn file_changes(
     let root = root?;
     let text = |k: &str| input.get(k).and_then(Value::as_str);
     let abs = |p: &str| root.join(p).display().to_string();
-    let diffs: Vec<(String, Option<String>, String)> = match name {
-        "write_file" => vec![(abs(text("path")?), None, text("content")?.to_string())],
-        "edit_file" => vec![(
-            abs(text("path")?),
-            Some(text("old_string")?.to_string()),
-            text("new_string")?.to_string(),
-        )],
-        "apply_patch" => patch_diffs(text("input")?)
-            .into_iter()
-            .map(|(p, old, new)| (abs(&p), old, new))
-            .collect(),
+    let diff = |path: String, old_text: Option<String>, new_text: String| ToolCallContent::Diff {
+        path,
+        old_text,
+        new_text,
+    };
+    let (content, locations): (Vec<ToolCallContent>, Vec<String>) = match name {
+        "write_file" => {
+            let path = abs(text("path")?);
+            (vec![diff(path.clone(), None, text("content")?.to_string())], vec![path])
+        }
+        "edit_file" => {
+            let path = abs(text("path")?);
+            let old = Some(text("old_string")?.to_string());
+            (
+                vec![diff(path.clone(), old, text("new_string")?.to_string())],
+                vec![path],
+            )
+        }
+        "apply_patch" => {
+            let mut content = Vec::new();
+            let mut locations = Vec::new();
+            for f in patch_files(text("input")?) {
+                let path = abs(&f.path);
+                match (f.op, f.moved_to) {
+                    // A deletion is said, not drawn: an ACP diff without old text is a new
+                    // file, and one without new text reads as a file emptied.
+                    (PatchOp::Delete, _) => content.push(ToolCallContent::Content {
+                        content: ContentBlock::text(format!("Delete {path}")),
+                    }),
+                    (PatchOp::Add, _) => content.push(diff(path.clone(), None, f.new)),
+                    (PatchOp::Update, None) => content.push(diff(path.clone(), Some(f.old), f.new)),
+                    (PatchOp::Update, Some(to)) => {
+                        let to = abs(&to);
+                        content.push(ToolCallContent::Content {
+                            content: ContentBlock::text(format!("Move {path} to {to}")),
+                        });
+                        content.push(diff(to.clone(), Some(f.old), f.new));
+                        locations.push(to);
+                    }
+                }
+                locations.push(path);
+            }
+            (content, locations)
+        }
         _ => return None,
     };
-    if diffs.is_empty() {
+    if content.is_empty() {
         return None;
     }
-    let locations = diffs
-        .iter()
-        .map(|(path, ..)| ToolCallLocation { path: path.clone() })
-        .collect();
-    let content = diffs
-        .into_iter()
-        .map(|(path, old_text, new_text)| ToolCallContent::Diff {
-            path,
-            old_text,
-            new_text,
-        })
-        .collect();
+    let locations = locations.into_iter().map(|path| ToolCallLocation { path }).collect();
     Some((content, locations))
 }
 
-/// The files of an `apply_patch` input with their old and new text as far as the patch
-/// shows them (an added file's whole content; a changed file's changed lines with their
-/// context; a deleted file's nothing), read leniently: a malformed patch shows less.
-fn patch_diffs(patch: &str) -> Vec<(String, Option<String>, String)> {
-    let mut out: Vec<(String, Option<String>, String)> = Vec::new();
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PatchOp {
+    Add,
+    Update,
+    Delete,
+}
+
+/// One file of an `apply_patch` input: what is done to it, where it moves, and its old and
+/// new text as far as the patch shows them (an added file's whole content; a changed file's
+/// changed lines with their context; a deleted file's nothing).
+struct PatchFile {
+    op: PatchOp,
+    path: String,
+    moved_to: Option<String>,
+    old: String,
+    new: String,
+}
+
+/// The files of an `apply_patch` input, read leniently: a malformed patch shows less.
+fn patch_files(patch: &str) -> Vec<PatchFile> {
+    let mut out: Vec<PatchFile> = Vec::new();
+    let file = |op, p: &str| PatchFile {
+        op,
+        path: p.trim().to_string(),
+        moved_to: None,
+        old: String::new(),
+        new: String::new(),
+    };
     for line in patch.lines() {
         if let Some(p) = line.strip_prefix("*** Add File: ") {
-            out.push((p.trim().to_string(), None, String::new()));
+            out.push(file(PatchOp::Add, p));
         } else if let Some(p) = line.strip_prefix("*** Update File: ") {
-            out.push((p.trim().to_string(), Some(String::new()), String::new()));
+            out.push(file(PatchOp::Update, p));
         } else if let Some(p) = line.strip_prefix("*** Delete File: ") {
-            out.push((p.trim().to_string(), None, String::new()));
+            out.push(file(PatchOp::Delete, p));
         } else if let Some(p) = line.strip_prefix("*** Move to: ") {
             if let Some(last) = out.last_mut() {
-                last.0 = p.trim().to_string();
+                last.moved_to = Some(p.trim().to_string());
             }
         } else if line.starts_with("***") || line.starts_with("@@") {
-        } else if let Some((_, old, new)) = out.last_mut() {
+        } else if let Some(f) = out.last_mut() {
             let (kind, rest) = line.split_at(line.len().min(1));
             let push = |s: &mut String| {
                 s.push_str(rest);
                 s.push('\n');
             };
+            let update = f.op == PatchOp::Update;
             match kind {
-                "+" => push(new),
-                "-" => {
-                    if let Some(old) = old {
-                        push(old);
-                    }
-                }
+                "+" => push(&mut f.new),
+                "-" if update => push(&mut f.old),
+                "-" => {}
                 _ => {
-                    if let Some(old) = old {
-                        push(old);
+                    if update {
+                        push(&mut f.old);
                     }
-                    push(new);
+                    push(&mut f.new);
                 }
             }
         }
     }
     out
+}
+
+/// What an `apply_patch` input does, file by file, for a call's title: `add a.rs, update
+/// b.rs, move c.rs to d.rs, delete e.rs`.
+fn patch_summary(patch: &str) -> String {
+    let files: Vec<String> = patch_files(patch)
+        .into_iter()
+        .map(|f| match (f.op, f.moved_to) {
+            (PatchOp::Add, _) => format!("add {}", f.path),
+            (PatchOp::Delete, _) => format!("delete {}", f.path),
+            (PatchOp::Update, None) => format!("update {}", f.path),
+            (PatchOp::Update, Some(to)) => format!("move {} to {to}", f.path),
+        })
+        .collect();
+    files.join(", ")
 }
 
 /// The announcement of a call row (`tool_call`): a file-changing call with its diffs.
@@ -602,6 +666,31 @@ mod tests {
             ]
         );
         assert_eq!(locations.len(), 2);
+        // A deletion is said, not drawn as a file emptied; a move names both places.
+        let patch = json!({"input": "*** Begin Patch\n*** Delete File: src/auth.rs\n*** Update File: a.rs\n*** Move to: b.rs\n@@\n-x\n+y\n*** End Patch\n"});
+        let (content, locations) = file_changes("apply_patch", &patch, Some(root)).unwrap();
+        assert_eq!(
+            content,
+            [
+                ToolCallContent::Content {
+                    content: ContentBlock::text("Delete /work/app/src/auth.rs".to_string()),
+                },
+                ToolCallContent::Content {
+                    content: ContentBlock::text("Move /work/app/a.rs to /work/app/b.rs".to_string()),
+                },
+                ToolCallContent::Diff {
+                    path: "/work/app/b.rs".into(),
+                    old_text: Some("x\n".into()),
+                    new_text: "y\n".into(),
+                },
+            ]
+        );
+        let paths: Vec<_> = locations.iter().map(|l| l.path.as_str()).collect();
+        assert_eq!(paths, ["/work/app/src/auth.rs", "/work/app/b.rs", "/work/app/a.rs"]);
+        assert_eq!(
+            tool_title("apply_patch", &patch),
+            "apply_patch: delete src/auth.rs, move a.rs to b.rs"
+        );
         assert!(file_changes("shell", &json!({"command": "ls"}), Some(root)).is_none());
         assert!(file_changes("edit_file", &edit, None).is_none());
         // The announcement carries them.
