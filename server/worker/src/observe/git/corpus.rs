@@ -469,6 +469,19 @@ fn submodules_are_reported_as_git_reports_them() {
     git(&dir, &["config", "--unset", "submodule.sub.ignore"]);
     std::fs::remove_file(sub.join("untracked")).unwrap();
     check("staged, clean");
+    // A linked worktree's submodule (its repository under the main one's
+    // `.git/worktrees/<name>/modules/`): observed as in the main worktree.
+    let linked = tmp.path().join("linked");
+    git(
+        &dir,
+        &["worktree", "add", "-q", linked.to_str().unwrap(), "-b", "linked"],
+    );
+    git(&linked, &["submodule", "update", "-q", "--init"]);
+    write(&linked.join("sub"), "a", "in the linked worktree\n");
+    let areas = berth_status(&linked);
+    assert_eq!(areas, cli_status(&linked));
+    assert!(areas.submodules[&b"sub".to_vec()].modified, "{areas:?}");
+    diffs_agree(&linked, &areas);
     // A clone whose submodule is not checked out (an empty directory): unchanged, as in git;
     // its directory gone: deleted.
     let clone = tmp.path().join("clone");

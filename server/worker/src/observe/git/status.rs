@@ -426,12 +426,16 @@ pub(super) fn submodule_status(ws: &Workspace, rel: &Path) -> Result<Option<(Opt
         return Ok(None);
     }
     let repo = gix::open(&root).map_err(broken)?;
-    let inside = |p: &Path| {
-        let (Ok(p), Ok(base)) = (p.canonicalize(), ws.root().canonicalize()) else {
-            return false;
-        };
-        p.starts_with(base)
-    };
+    // Its repository lies in the workspace, or in the workspace's own repository (a linked
+    // worktree's submodules are under `<main>/.git/worktrees/<name>/modules/`); a `.git`
+    // file that leads anywhere else is not followed.
+    let outer = gix::open(ws.root()).ok();
+    let bases: Vec<std::path::PathBuf> = [ws.root()]
+        .into_iter()
+        .chain(outer.iter().flat_map(|o| [o.git_dir(), o.common_dir()]))
+        .filter_map(|b| b.canonicalize().ok())
+        .collect();
+    let inside = |p: &Path| p.canonicalize().is_ok_and(|p| bases.iter().any(|b| p.starts_with(b)));
     if !inside(repo.git_dir()) || !inside(repo.common_dir()) {
         return Ok(None);
     }
