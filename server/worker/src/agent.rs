@@ -172,18 +172,37 @@ async fn steps(
             });
         }
         let mut viewed = Vec::new();
-        for (i, call) in completion.tool_calls.iter().enumerate() {
-            let position = Position {
-                source_sequence: sequence,
-                item_index: (first_call + i) as i32,
-            };
+        let calls = &completion.tool_calls;
+        let position = |i: usize| Position {
+            source_sequence: sequence,
+            item_index: (first_call + i) as i32,
+        };
+        let mut i = 0;
+        while i < calls.len() {
+            // Reads in a row run together (a model often reads several files, or searches
+            // several ways, in one step); anything else runs alone, in its order.
+            let reads = calls[i..]
+                .iter()
+                .take_while(|c| Tools::runs_alongside(&c.name) && is_offered(schemas.as_deref(), &c.name))
+                .count();
+            if let (Some(tools), 2..) = (tools, reads) {
+                let batch: Vec<_> = (i..i + reads).map(|k| (position(k), &calls[k])).collect();
+                for ((_, call), (output, image)) in batch.iter().zip(call_reads(t, tools, &batch, cancel).await?) {
+                    conv.push_result(&call.id, &output);
+                    viewed.extend(image);
+                }
+                i += reads;
+                continue;
+            }
+            let call = &calls[i];
             // A delegate call past the depth bound is answered by the delegate tool (which
             // says why); any other call to a tool not offered does not run.
             let depth_spent = call.name == DELEGATE && run.delegation_depth == 0;
             let tools = tools.filter(|_| depth_spent || is_offered(schemas.as_deref(), &call.name));
-            let (output, image) = call_tool(t, run, tools, mcp, &skills, call, position, cancel).await?;
+            let (output, image) = call_tool(t, run, tools, mcp, &skills, call, position(i), cancel).await?;
             conv.push_result(&call.id, &output);
             viewed.extend(image);
+            i += 1;
         }
         // Images the calls showed come after all the step's results (a result is text).
         conv.push_images(viewed);
@@ -428,6 +447,45 @@ fn step_rows(c: &Completion) -> (Vec<NewRow>, usize) {
         });
     }
     (rows, first_call)
+}
+
+/// Read-only calls of one step (see [`Tools::runs_alongside`]; none asks for approval), run
+/// together: each is announced running in its order, they run at once, and their ends are
+/// published in their order, so history holds their results as if they had run one after
+/// another. Returns what the model reads of each, and the image it is shown.
+async fn call_reads(
+    t: &TurnLink,
+    tools: &Tools,
+    calls: &[(Position, &ToolCall)],
+    cancel: &CancellationToken,
+) -> Result<Vec<(String, Option<Image>)>, Halt> {
+    for (position, call) in calls {
+        if cancel.is_cancelled() {
+            return Err(Halt::Stopped);
+        }
+        t.tool_status(*position, &call.id, ToolStatus::Running).await?;
+    }
+    let outcomes = futures_util::future::join_all(
+        calls
+            .iter()
+            .map(|(_, call)| tools.call(&call.name, &call.arguments, cancel)),
+    )
+    .await;
+    let mut out = Vec::with_capacity(calls.len());
+    for ((position, call), outcome) in calls.iter().zip(outcomes) {
+        if cancel.is_cancelled() {
+            return Err(Halt::Stopped);
+        }
+        let status = if outcome.ok {
+            ToolStatus::Completed
+        } else {
+            ToolStatus::Failed
+        };
+        t.tool_ended(*position, &call.id, status, outcome.output.clone())
+            .await?;
+        out.push((outcome.output, outcome.image));
+    }
+    Ok(out)
 }
 
 /// Ask if needed, run, publish the end; returns the output the model reads and the image

@@ -132,6 +132,15 @@ impl Tools {
         &self.ws
     }
 
+    /// Whether the tool `name` only reads the workspace, asks nothing and may run at the
+    /// same time as other such calls of its step.
+    pub(crate) fn runs_alongside(name: &str) -> bool {
+        matches!(
+            name,
+            READ_FILE | LIST_DIRECTORY | GLOB | SEARCH_FILES | image::VIEW_IMAGE
+        )
+    }
+
     /// The schemas the model sees (OpenAI chat-completions `tools`).
     pub(crate) fn schemas(&self) -> Vec<Value> {
         let f = |name: &str, description: &str, parameters: Value| json!({"type": "function", "function": {"name": name, "description": description, "parameters": parameters}});
