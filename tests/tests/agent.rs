@@ -228,6 +228,65 @@ async fn two_calls_in_one_step_with_arguments_in_many_chunks_run_in_order() {
     assert_eq!(ended, ["c1", "c2"]);
 }
 
+/// Reads in a row of one step run together (all announced running before the first ends),
+/// after what came before them and before what comes after; their results are published
+/// and given to the model in the calls' order.
+#[tokio::test]
+async fn reads_in_a_row_run_together_and_in_order_with_the_rest() {
+    let mock = MockProvider::start().await;
+    let stack = Stack::start(&mock, 1).await;
+    let mut c = stack.client(0).await;
+    let sid = auto_session(&stack, &mut c).await;
+    let mut watch = c.subscribe("session.watch", json!({"sessionId": sid, "after": 0}));
+    mock.push(Reply::tools(
+        &[
+            ("w1", "write_file", json!({"path": "x.txt", "content": "v1\n"})),
+            ("r1", "read_file", json!({"path": "x.txt"})),
+            ("r2", "search_files", json!({"pattern": "v1"})),
+            ("r3", "glob", json!({"pattern": "*.txt"})),
+            ("s1", "shell", json!({"command": "echo v2 > x.txt"})),
+            ("r4", "read_file", json!({"path": "x.txt"})),
+        ],
+        4,
+    ));
+    mock.push(Reply::text(&["Read."]));
+    let events = turn(&mut c, &mut watch, &sid, "Read it all").await;
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let r = results(&mock, 1);
+    assert_eq!(r["r1"], "     1\tv1\n");
+    assert_eq!(r["r2"], "x.txt:1:v1\n");
+    assert_eq!(r["r3"], "x.txt\n");
+    assert_eq!(r["r4"], "     1\tv2\n");
+    let sent = messages(&mock, 1);
+    let order: Vec<&str> = sent
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["tool_call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["w1", "r1", "r2", "r3", "s1", "r4"]);
+    let tool_events: Vec<(String, &str)> = events
+        .iter()
+        .filter(|e| e["type"] == "tool.status" || e["type"] == "tool.ended")
+        .map(|e| (e["type"].as_str().unwrap().to_string(), e["callId"].as_str().unwrap()))
+        .collect();
+    let at = |kind: &str, id: &str| {
+        tool_events
+            .iter()
+            .position(|(k, i)| k == kind && *i == id)
+            .unwrap_or_else(|| panic!("{kind} {id} in {tool_events:?}"))
+    };
+    for id in ["r1", "r2", "r3"] {
+        assert!(at("tool.status", id) < at("tool.ended", "r1"), "{tool_events:?}");
+        assert!(at("tool.ended", "w1") < at("tool.status", id), "{tool_events:?}");
+    }
+    let ended: Vec<&str> = tool_events
+        .iter()
+        .filter(|(k, _)| k == "tool.ended")
+        .map(|(_, i)| *i)
+        .collect();
+    assert_eq!(ended, ["w1", "r1", "r2", "r3", "s1", "r4"]);
+}
+
 /// Processes whose process group is `pgid` (zombies excepted).
 fn group_members(pgid: i32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -466,12 +525,23 @@ async fn running_shell(mock: &MockProvider, command: &str) -> (Stack, Client, St
     (stack, c, sid, watch, pgid)
 }
 
+/// Send SIGTERM to the process `child`, without waiting for it.
+fn sigterm(child: &tokio::process::Child) {
+    let pid = child.id().expect("running").to_string();
+    let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(sent.is_ok_and(|s| s.success()));
+}
+
+/// A worker stopped at once mid-command (a second SIGTERM while it drains, or the drain's
+/// timeout): the turn ends `interrupted`, its command goes with it, and the session goes on
+/// once a worker is back.
 #[tokio::test]
 async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session_continues() {
     let mock = MockProvider::start().await;
     let (mut stack, mut c, sid, mut watch, pgid) = running_shell(&mock, "echo $$ > pid; sleep 600").await;
-    // A graceful worker restart: its running command goes with it.
     let mut worker = stack.worker.take().unwrap();
+    sigterm(&worker.child);
+    tokio::time::sleep(Duration::from_millis(300)).await;
     berth_e2e::harness::terminate(&mut worker.child).await;
     let end = watch.until(60, is_turn_end).await.expect("turn ends");
     assert_eq!(end.last().unwrap()["state"], "interrupted");
@@ -491,6 +561,61 @@ async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session
     assert_eq!(m[4], json!({"role": "user", "content": "Where were we?"}));
     let rows = c.history(&sid).await;
     assert_eq!(rows[1]["tool"]["status"], "running");
+}
+
+/// A worker shutting down (its first SIGTERM: an upgrade, a restart) finishes the turn it
+/// runs instead of interrupting it, is handed no new turn meanwhile (a turn sent then waits
+/// in its queue), and exits by itself once its turn has ended; the waiting turn runs on the
+/// worker's next process.
+#[tokio::test]
+async fn a_worker_shutting_down_finishes_its_turn_and_takes_no_new_one() {
+    let mock = MockProvider::start().await;
+    let (mut stack, mut c, _sid, mut watch, _pgid) = running_shell(&mock, "echo $$ > pid; sleep 2; echo slept").await;
+    mock.push(Reply::text(&["Finished."]));
+    let mut worker = stack.worker.take().unwrap();
+    sigterm(&worker.child);
+    let log = worker.log.clone();
+    berth_e2e::harness::eventually(30, || {
+        let told =
+            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("the server hands this worker no more turns"));
+        async move { told.then_some(()) }
+    })
+    .await
+    .expect("the worker tells the server it drains");
+    // A turn sent while the worker drains is not handed to it.
+    let other = auto_session(&stack, &mut c).await;
+    let mut other_watch = c.subscribe("session.watch", json!({"sessionId": other, "after": 0}));
+    c.ok(
+        "session.send",
+        json!({"sessionId": other, "prompt": "after the restart"}),
+    )
+    .await;
+    let end = watch.until(60, is_turn_end).await.expect("the turn ends");
+    assert_eq!(end.last().unwrap()["state"], "completed", "{end:?}");
+    let result = end
+        .iter()
+        .find(|e| e["type"] == "tool.ended")
+        .expect("the command ended");
+    assert_eq!(result["rows"][0]["body"], "slept\n[exit code 0]");
+    let status = tokio::time::timeout(Duration::from_secs(30), worker.child.wait())
+        .await
+        .expect("the worker exits once its turn has ended")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(mock.requests().len(), 2, "the waiting turn asked the model nothing yet");
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    assert_eq!(
+        log.matches("turn started").count(),
+        1,
+        "only the first turn ran there: {log}"
+    );
+    // The next process runs it.
+    mock.push(Reply::text(&["Ran after the restart."]));
+    stack.start_worker(0).await;
+    let events = other_watch.until(60, is_turn_end).await.expect("the waiting turn runs");
+    assert_eq!(events.last().unwrap()["state"], "completed");
+    let m = messages(&mock, 2);
+    assert_eq!(m.last().unwrap()["content"], "after the restart");
 }
 
 /// A worker killed outright (SIGKILL: no chance to clean up) mid-command: the command and

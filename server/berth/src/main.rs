@@ -820,10 +820,26 @@ async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
             &args.token_file.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
         ),
     };
+    // The first SIGTERM (or SIGINT) drains: no new turns, the running ones go on to their
+    // ends, within the drain timeout (below the deployment's grace period: the chart's and the
+    // systemd unit's are 60 s); a second signal, or the timeout, stops at once.
+    let drain_secs: u64 = settings.parse(None, "BERTH_WORKER_DRAIN_TIMEOUT_SECS", "50")?;
+    let drain = CancellationToken::new();
     let shutdown = CancellationToken::new();
-    let s = shutdown.clone();
+    let (d, s) = (drain.clone(), shutdown.clone());
     tokio::spawn(async move {
         wait_for_signal().await;
+        tracing::info!(
+            timeout_secs = drain_secs,
+            "draining: running turns go on to their ends (a second signal stops at once)"
+        );
+        d.cancel();
+        tokio::select! {
+            _ = wait_for_signal() => tracing::info!("second signal: stopping now"),
+            _ = tokio::time::sleep(std::time::Duration::from_secs(drain_secs)) => {
+                tracing::warn!("drain timeout: stopping the turns still running");
+            }
+        }
         s.cancel();
     });
     let connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -834,7 +850,7 @@ async fn worker(settings: &Settings, args: WorkerArgs) -> anyhow::Result<()> {
             .with_context(|| format!("binding BERTH_WORKER_HEALTH_LISTEN {addr}"))?;
         tokio::spawn(worker_health(listener, connected.clone(), shutdown.clone()));
     }
-    berth_worker::run_reporting(cfg, shutdown, connected).await
+    berth_worker::run_reporting(cfg, drain, shutdown, connected).await
 }
 
 /// The worker's probe endpoints: `/healthz` while the process runs, `/readyz` while it is

@@ -216,6 +216,10 @@ pub struct WorkerHello {
     /// commands the worker runs can read, does not let a second process connect beside it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
+    /// The worker is shutting down (see [`WORKER_DRAINING`]): this connection is handed no
+    /// turns, only those it carries over.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -670,6 +674,11 @@ pub struct TurnEnd {
 /// connection, `worker.carry` on the new one. Turns are not interrupted; the draining replica
 /// keeps relaying their messages until they are released.
 pub const WORKER_RECONNECT: &str = "worker.reconnect";
+/// Worker → server request: this worker is shutting down (an upgrade, a restart; its first
+/// SIGTERM). Its connection is handed no more turns (they wait in their queues for its next
+/// process), while the turns it runs go on to their ends; it then disconnects. Answered
+/// (`{}`) once nothing more is handed to it.
+pub const WORKER_DRAINING: &str = "worker.draining";
 /// Worker → server request on the connection being left: stop relaying these turns here
 /// ([`WorkerRelease`]). Each is answered once every message the worker sent for it before has
 /// been handled, with where its live output stands ([`ReleasedTurn`]).

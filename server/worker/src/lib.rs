@@ -95,13 +95,18 @@ impl WorkerConfig {
 
 /// Run until `shutdown`, reconnecting with exponential backoff (capped, jittered).
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    run_reporting(config, shutdown, Arc::default()).await
+    run_reporting(config, CancellationToken::new(), shutdown, Arc::default()).await
 }
 
 /// [`run`], keeping `connected` true while the worker is registered with the API tier (from
-/// an accepted `worker.hello` until that connection ends): what its readiness probe reports.
+/// an accepted `worker.hello` until that connection ends, or it drains): what its readiness
+/// probe reports. `drain` shuts the worker down without interrupting its turns: it tells
+/// the server (`worker.draining`: it is handed no more turns), lets the turns it runs go on
+/// to their ends, and returns once none is left (or at `shutdown`, which ends them
+/// `interrupted`).
 pub async fn run_reporting(
     config: WorkerConfig,
+    drain: CancellationToken,
     shutdown: CancellationToken,
     connected: Arc<std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<()> {
@@ -112,12 +117,20 @@ pub async fn run_reporting(
     let mut backoff = Duration::from_millis(200);
     // The last connection's id: the next hello says it was given up.
     let mut previous = None;
+    let stop = Stop {
+        drain: &drain,
+        shutdown: &shutdown,
+        connected: &connected,
+    };
     loop {
-        let outcome = match Connection::open(&config, &http, &shared, previous.take()).await {
+        if drain.is_cancelled() && shared.running() == 0 {
+            return Ok(());
+        }
+        let outcome = match Connection::open(&config, &http, &shared, previous.take(), drain.is_cancelled()).await {
             Ok(conn) => {
                 previous = Some(conn.id.to_string());
-                connected.store(true, std::sync::atomic::Ordering::Relaxed);
-                serve(conn, &config, &http, &shared, &shutdown, &mut previous).await
+                connected.store(!drain.is_cancelled(), std::sync::atomic::Ordering::Relaxed);
+                serve(conn, &config, &http, &shared, &stop, &mut previous).await
             }
             Err(e) => Err(e),
         };
@@ -139,25 +152,61 @@ pub async fn run_reporting(
     }
 }
 
-/// Serve on `conn` until it ends or `shutdown`; when its replica drains
-/// (`worker.reconnect`), open another connection and carry the running turns over to it,
-/// then go on with that one.
+/// How the worker stops: `drain` (its turns go on to their ends first), `shutdown` (at
+/// once), and the readiness it reports.
+struct Stop<'a> {
+    drain: &'a CancellationToken,
+    shutdown: &'a CancellationToken,
+    connected: &'a std::sync::atomic::AtomicBool,
+}
+
+/// How often a draining worker looks whether its turns have ended.
+const DRAIN_LOOK: Duration = Duration::from_millis(200);
+
+/// Serve on `conn` until it ends, or `shutdown`, or the worker drains and its turns have
+/// ended; when its replica drains (`worker.reconnect`), open another connection and carry the
+/// running turns over to it, then go on with that one.
 async fn serve(
     mut conn: Connection,
     config: &WorkerConfig,
     http: &reqwest::Client,
     shared: &Shared,
-    shutdown: &CancellationToken,
+    stop: &Stop<'_>,
     previous: &mut Option<String>,
 ) -> anyhow::Result<()> {
+    let shutdown = stop.shutdown;
+    // Whether this connection's server was told the worker drains (a connection opened
+    // while draining says so in its hello).
+    let mut told = stop.drain.is_cancelled();
     loop {
         tokio::select! {
             ended = &mut conn.done => {
                 shared.connection_ended(&conn.id);
                 return ended.unwrap_or_else(|e| Err(anyhow::anyhow!("connection task failed: {e}")));
             }
+            _ = stop.drain.cancelled(), if !told => {
+                told = true;
+                stop.connected.store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(turns = shared.running(), "shutting down: finishing the running turns");
+                let out = Out::new(&conn.id, conn.out.clone());
+                let told = shared.request(&out, wp::WORKER_DRAINING, serde_json::json!({}));
+                match tokio::time::timeout(MOVE_ANSWER, told).await {
+                    Ok(Ok(_)) => tracing::info!("the server hands this worker no more turns"),
+                    // An older server: turns handed out meanwhile run here too.
+                    outcome => tracing::warn!(?outcome, "the server did not take worker.draining"),
+                }
+            }
+            _ = tokio::time::sleep(DRAIN_LOOK), if told => {
+                if shared.running() == 0 {
+                    tracing::info!("shutting down: no turn is running");
+                    conn.close.cancel();
+                    let _ = (&mut conn.done).await;
+                    shared.connection_ended(&conn.id);
+                    return Ok(());
+                }
+            }
             _ = conn.reconnect.notified() => {
-                if let Some(next) = move_to_another(&conn, config, http, shared, shutdown).await {
+                if let Some(next) = move_to_another(&conn, config, http, shared, stop).await {
                     *previous = Some(next.id.to_string());
                     let old = std::mem::replace(&mut conn, next);
                     let shared = shared.clone();
@@ -201,14 +250,14 @@ async fn move_to_another(
     config: &WorkerConfig,
     http: &reqwest::Client,
     shared: &Shared,
-    shutdown: &CancellationToken,
+    stop: &Stop<'_>,
 ) -> Option<Connection> {
     tracing::info!(worker.connection = %from.id, "the server drains; moving to another replica");
     let next = loop {
-        if from.done.is_finished() || shutdown.is_cancelled() {
+        if from.done.is_finished() || stop.shutdown.is_cancelled() {
             return None;
         }
-        match Connection::open(config, http, shared, None).await {
+        match Connection::open(config, http, shared, None, stop.drain.is_cancelled()).await {
             Ok(next) => break next,
             Err(e) => tracing::debug!(error = %e, "no other replica took the connection yet"),
         }
@@ -442,6 +491,11 @@ impl Shared {
 
     /// Connection `conn` ended: the turns still running on it stop (its replica interrupts
     /// them), and requests still waiting for an answer on it fail.
+    /// How many turns run here.
+    fn running(&self) -> usize {
+        self.turns.lock().expect("running lock").running.len()
+    }
+
     fn connection_ended(&self, conn: &str) {
         let stopped: Vec<CancellationToken> = {
             let mut turns = self.turns.lock().expect("running lock");
@@ -557,6 +611,7 @@ impl Connection {
         http: &reqwest::Client,
         shared: &Shared,
         replaces: Option<String>,
+        draining: bool,
     ) -> anyhow::Result<Connection> {
         let (ws_url, http_base) = config.base();
         let mut req = ws_url.as_str().into_client_request()?;
@@ -580,6 +635,7 @@ impl Connection {
                 .collect(),
             replaces,
             instance: Some(instance().to_string()),
+            draining,
         };
         let msg = serde_json::to_string(&Request::new(0, wp::WORKER_HELLO, serde_json::to_value(&hello)?))?;
         sink.send(Message::Text(msg.into())).await?;

@@ -90,8 +90,9 @@ async fn beat(conn: &Conn, last: &mut Instant, lost: &CancellationToken) -> bool
 /// each. False: the claim failed (it is retried).
 async fn claim(conn: &Arc<Conn>) -> bool {
     let state = &conn.state;
-    // A draining replica hands out nothing more: its workers' next connections claim.
-    if state.draining.is_cancelled() {
+    // A draining replica hands out nothing more: its workers' next connections claim; nor
+    // is anything handed to a worker shutting down: its next process claims.
+    if state.draining.is_cancelled() || conn.worker_draining() {
         return true;
     }
     let claimed = state

@@ -29,7 +29,7 @@ pub(super) async fn serve(
     socket: WebSocket,
 ) {
     let (mut sink, mut stream) = socket.split();
-    let (ids, instance) = match hello(&state, &principal, &connection_id, &mut sink, &mut stream).await {
+    let (ids, instance, draining) = match hello(&state, &principal, &connection_id, &mut sink, &mut stream).await {
         Ok(hello) => hello,
         Err(e) => {
             tracing::info!(worker.connection = %connection_id, error = %e, "worker connection ended");
@@ -51,6 +51,7 @@ pub(super) async fn serve(
         writes: Arc::new(Semaphore::new(state.config.limits.worker_max_writes.max(1))),
         closing: CancellationToken::new(),
         calls: super::calls::CallTable::new(out.clone()),
+        worker_draining: draining.into(),
     });
     let kick = Arc::new(Notify::new());
     let (stop_tx, stop_rx) = mpsc::unbounded_channel();
@@ -92,7 +93,7 @@ async fn hello(
     connection_id: &str,
     sink: &mut SplitSink<WebSocket, Message>,
     stream: &mut futures_util::stream::SplitStream<WebSocket>,
-) -> anyhow::Result<(Vec<String>, Option<String>)> {
+) -> anyhow::Result<(Vec<String>, Option<String>, bool)> {
     let hello = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
     let Ok(Some(Ok(Message::Text(text)))) = hello else {
         anyhow::bail!("no worker.hello")
@@ -175,7 +176,7 @@ async fn hello(
     sink.send(text_msg(&RpcResponse::ok(req.id, serde_json::to_value(result)?)))
         .await?;
     tracing::info!(worker.connection = %connection_id, host = %params.host, workspaces = ids.len(), "worker connected");
-    Ok((ids, params.instance))
+    Ok((ids, params.instance, params.draining))
 }
 
 /// A hello refused because another worker process holds the credential:
@@ -350,6 +351,13 @@ async fn route(conn: &Arc<Conn>, text: &str) {
         None if req.method == wp::CALL_ITEM => return conn.calls.item_value(req.params),
         None if req.method == wp::WORKER_RELEASE => return release(conn, req).await,
         None if req.method == wp::WORKER_CARRY => return carry(conn, req),
+        None if req.method == wp::WORKER_DRAINING => {
+            tracing::info!(worker.connection = %conn.connection_id, "the worker is shutting down: handing it no more turns");
+            conn.worker_draining.store(true, std::sync::atomic::Ordering::Relaxed);
+            // Answered once no admission can reserve the connection any more.
+            conn.send(text_msg(&RpcResponse::ok(req.id, json!({})))).await;
+            return;
+        }
         None if super::turn::is_turn_method(&req.method) => ErrorCode::BadParams,
         None => ErrorCode::MethodNotFound,
     };
@@ -488,6 +496,7 @@ mod tests {
             workspaces,
             replaces: None,
             instance: None,
+            draining: false,
         }
     }
 

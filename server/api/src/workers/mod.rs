@@ -326,6 +326,8 @@ struct Conn {
     closing: tokio_util::sync::CancellationToken,
     /// Worker calls (git, files) in progress.
     calls: Arc<calls::CallTable>,
+    /// The worker is shutting down ([`wp::WORKER_DRAINING`]): nothing more is handed to it.
+    worker_draining: std::sync::atomic::AtomicBool,
 }
 
 impl Conn {
@@ -343,6 +345,11 @@ impl Conn {
 
     fn handed(&self) -> std::sync::MutexGuard<'_, Handed> {
         self.turns.lock().expect("turns lock")
+    }
+
+    /// Whether the worker said it is shutting down.
+    fn worker_draining(&self) -> bool {
+        self.worker_draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn max_turns(&self) -> usize {
@@ -369,6 +376,7 @@ impl Conn {
         let mut handed = self.handed();
         if self.closing.is_cancelled()
             || self.state.draining.is_cancelled()
+            || self.worker_draining()
             || handed.claiming
             || handed.reserved > 0
             || handed.used() >= self.max_turns()
