@@ -534,6 +534,46 @@ async fn a_replica_captures_a_bounded_number_of_patches_at_once() {
 
 /// Asked while nobody watches the session, the fallback answers at once (the timeout is
 /// the default 15 minutes, so this is not expiry); the history records both events.
+/// A rollout stops the replica a client watches through: its socket is closed and it watches
+/// again through another replica a moment later. Its watcher row is left to lapse with its
+/// heartbeat rather than removed, so an approval asked meanwhile waits for it (answered by
+/// the client once back) instead of being denied at once as unwatched.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_asked_while_its_watcher_changes_replicas_waits_for_it() {
+    let mock = MockProvider::start().await;
+    let mut stack = Stack::start(&mock, 2).await;
+    let mut worker = FakeWorker::connect(&stack.servers[0], "fake-host").await;
+    let mut c1 = stack.client(1).await;
+    let (sid, turn) = running_turn(&mut c1, &mut worker, json!({})).await;
+    let _w1 = watch(&mut c1, &sid).await;
+    let status = stack.servers[1].terminate().await;
+    assert!(status.success(), "the replica drains and exits: {status}");
+    let ask = worker.ask(&turn, "call-1", approval("make"));
+    let mut c0 = stack.client(0).await;
+    let mut pending = Value::Null;
+    for _ in 0..100 {
+        pending = c0.ok("session.pendingInteractions", json!({"sessionId": sid})).await;
+        if pending.as_array().is_some_and(|l| !l.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        pending.as_array().map(Vec::len),
+        Some(1),
+        "the approval waits for the watcher that is moving: {pending}"
+    );
+    let iid = pending[0]["interactionId"].as_str().unwrap().to_string();
+    c0.ok(
+        "session.respond",
+        json!({"interactionId": iid, "answer": {"approved": true}, "operationId": "op-back"}),
+    )
+    .await;
+    let got = result(answer(ask, 10).await.expect("answered once the client is back"));
+    assert_eq!(got["outcome"], json!({"approved": true}));
+    assert_eq!(got["state"], "answered");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn with_nobody_watching_the_fallback_answers_at_once() {
     let mock = MockProvider::start().await;

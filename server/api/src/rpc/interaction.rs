@@ -131,6 +131,13 @@ impl Watcher {
 impl Drop for Watcher {
     fn drop(&mut self) {
         self.state.watchers.ids.lock().expect("watchers lock").remove(&self.id);
+        // A replica shutting down (a rollout) closes its clients' sockets, and they watch
+        // again through another replica a moment later: their rows are left to lapse with
+        // their heartbeat, so that a question asked meanwhile waits for them instead of
+        // being settled at once as unwatched (an approval denied that nobody saw).
+        if self.state.draining.is_cancelled() || self.state.shutdown.is_cancelled() {
+            return;
+        }
         let (state, tenant, id) = (
             self.state.clone(),
             std::mem::take(&mut self.tenant_id),
