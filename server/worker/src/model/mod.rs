@@ -67,6 +67,49 @@ fn failed(code: CauseCode) -> StreamError {
     })
 }
 
+/// Attempts at reaching the model proxy, and the pause before each retry.
+const PROXY_RETRIES: [std::time::Duration; 2] =
+    [std::time::Duration::from_millis(250), std::time::Duration::from_secs(1)];
+
+/// The model request `body` of turn `turn_id` posted to the model proxy at `url`. A proxy
+/// that cannot be connected to (a replica that just went away behind the load balancer) is
+/// tried again, and then fails the turn `provider-unreachable`: the worker's connection may
+/// be alive, and a turn left without its end would hold its session until that connection
+/// ends. Nothing is stored before the proxy answers, so a retry does nothing twice.
+async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    turn_id: &str,
+    body: Vec<u8>,
+) -> Result<reqwest::Response, StreamError> {
+    let mut retries = PROXY_RETRIES.iter();
+    loop {
+        let sent = http
+            .post(url)
+            .bearer_auth(token)
+            .header(wp::MODEL_PROXY_TURN_HEADER, turn_id)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(resp) => return Ok(resp),
+            Err(e) if e.is_connect() => match retries.next() {
+                Some(pause) => {
+                    tracing::warn!(turn.id = %turn_id, error = %e, "the model proxy could not be reached; trying again");
+                    tokio::time::sleep(*pause).await;
+                }
+                None => {
+                    tracing::warn!(turn.id = %turn_id, error = %e, "the model proxy could not be reached");
+                    return Err(failed(CauseCode::ProviderUnreachable));
+                }
+            },
+            Err(e) => return Err(StreamError::Link(e.into())),
+        }
+    }
+}
+
 /// Stream one completion of turn `turn_id` for the request `body`, calling
 /// `on_delta(text, thinking)` as output arrives.
 pub(crate) async fn stream<F, Fut>(
@@ -79,16 +122,7 @@ where
     F: Fn(Option<String>, Option<String>) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let resp = link
-        .http
-        .post(&link.proxy_url)
-        .bearer_auth(&link.token)
-        .header(wp::MODEL_PROXY_TURN_HEADER, turn_id)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| StreamError::Link(e.into()))?;
+    let resp = post(&link.http, &link.proxy_url, &link.token, turn_id, body).await?;
     if !resp.status().is_success() {
         let status = resp.status().as_u16();
         let err = resp.json::<ProxyError>().await.map(|e| e.error);
@@ -336,6 +370,23 @@ struct FunctionDelta {
 
 #[cfg(test)]
 mod tests {
+
+    /// A model proxy that cannot be connected to fails the turn (after its retries) with a
+    /// typed cause, rather than reading as a lost link to the server, which would leave the
+    /// turn without its end while the worker's connection lives.
+    #[tokio::test]
+    async fn an_unreachable_proxy_fails_the_step_typed() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/model", closed.local_addr().unwrap());
+        drop(closed);
+        let http = reqwest::Client::new();
+        match post(&http, &url, "t", "trn_x", b"{}".to_vec()).await {
+            Err(StreamError::Failed(cause)) => assert_eq!(cause.code, "provider-unreachable"),
+            Err(StreamError::Link(e)) => panic!("read as a lost link: {e}"),
+            Ok(_) => panic!("answered"),
+        }
+    }
+
     use super::*;
 
     fn chunk(v: serde_json::Value) -> Chunk {
