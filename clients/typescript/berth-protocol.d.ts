@@ -564,10 +564,14 @@ export type FilesListResult = {
   "directoryIdentity": string;
   "entries": Array<FileEntry>;
   /**
-   * Pass as `after` for the next page; absent on the last page (the protocol's one cursor
-   * convention; a worker before it wrote `next`).
+   * The same cursor under SPEC's name (`{directoryIdentity, entries, next}`); a worker
+   * before `nextAfter` wrote only this.
    */
-  "nextAfter"?: string;
+  "next"?: string | null;
+  /**
+   * Pass as `after` for the next page; `null` on the last page.
+   */
+  "nextAfter"?: string | null;
 };
 
 /**
@@ -713,9 +717,9 @@ export type GitHead = {
  */
 export type GitStatus = {
   /**
-   * Absent for an unborn repository (no commit yet).
+   * `null` for an unborn repository (no commit yet).
    */
-  "head"?: (GitHead);
+  "head"?: (GitHead | null);
   /**
    * HEAD compared to the index.
    */
@@ -1604,7 +1608,10 @@ export type SessionHistoryParams = {
 };
 
 export type SessionHistoryResult = {
-  "nextAfter"?: (Position);
+  /**
+   * The next page's `after`; `null` on the last page (SPEC: "null ends").
+   */
+  "nextAfter"?: (Position | null);
   "rows": Array<Row>;
   "through": number;
 };
@@ -1636,9 +1643,9 @@ export type SessionListEntry = {
    */
   "queued": number;
   /**
-   * The running turn's id, if any (as in the snapshot).
+   * The running turn's id; `null` when none runs (as in the snapshot).
    */
-  "running"?: string;
+  "running"?: string | null;
   "sessionId": string;
   "title": string;
   "updatedAt": string;
@@ -1727,11 +1734,11 @@ export type SessionSearchParams = {
 
 /**
  * One page of hits, in history order. A page may hold no hits and still advance:
- * follow `nextAfter` until it is absent.
+ * follow `nextAfter` until it is null.
  */
 export type SessionSearchResult = {
   "hits": Array<SearchHit>;
-  "nextAfter"?: (SearchCursor);
+  "nextAfter"?: (SearchCursor | null);
   "through": number;
 };
 
@@ -1833,9 +1840,9 @@ export type SessionSnapshot = {
    */
   "revision"?: number;
   /**
-   * The running turn's id, if any.
+   * The running turn's id; `null` when none runs.
    */
-  "running"?: string;
+  "running"?: string | null;
   /**
    * Last event sequence.
    */
@@ -2091,9 +2098,9 @@ export type WatchState = {
   "queue": Array<QueueEntry>;
   "queued": number;
   /**
-   * The running turn's id, if any.
+   * The running turn's id; `null` when none runs (as in the snapshot).
    */
-  "running"?: string;
+  "running"?: string | null;
   "through": number;
 };
 
@@ -2132,7 +2139,10 @@ export type WorkerView = {
  */
 export type Workspace = {
   "host": string;
-  "lastSeenAt"?: string;
+  /**
+   * `null` for a workspace no worker has served yet.
+   */
+  "lastSeenAt"?: string | null;
   "online": boolean;
   "path": string;
   "title": string;

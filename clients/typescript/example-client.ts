@@ -128,7 +128,9 @@ export async function refused(client: BerthClient): Promise<void> {
   await client.call("session.nope", {});
   // @ts-expect-error: a snapshot's phase is "idle" | "running"
   const phase: number = session.phase;
-  // An optional field the server leaves out is absent, never null: no null to check for.
+  // SPEC gives `running` as null when no turn runs: a client checks for null.
+  // @ts-expect-error: running may be null
   const running: string | undefined = session.running;
-  void [phase, running];
+  const idle: boolean = session.running == null;
+  void [phase, running, idle];
 }

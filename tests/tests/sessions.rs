@@ -1057,10 +1057,10 @@ async fn session_list_orders_pages_and_summarises() {
     assert!(stamps.windows(2).all(|w| w[0] >= w[1]), "{stamps:?}");
     assert_eq!(seen[1]["title"], "renamed");
     assert_eq!(seen[0]["modelId"], "other-model");
-    assert!(
-        seen.iter()
-            .all(|e| e["phase"] == "idle" && e.get("running").is_none() && e["queued"] == 0 && e["messageCount"] == 0)
-    );
+    assert!(seen.iter().all(|e| e["phase"] == "idle"
+        && e.get("running") == Some(&Value::Null)
+        && e["queued"] == 0
+        && e["messageCount"] == 0));
     let e = c.call("session.list", json!({"after": "garbage"})).await.unwrap_err();
     assert_eq!(code(&e), "bad-params");
 }
@@ -1235,7 +1235,8 @@ async fn history_pages_cut_by_rows_and_bytes_cover_the_whole_history() {
         watch.until(30, is_turn_end).await.expect("turn ends");
     }
     let whole = c.ok("session.history", json!({"sessionId": sid, "limit": 500})).await;
-    assert!(whole.get("nextAfter").is_none());
+    assert_eq!(whole["nextAfter"], Value::Null, "SPEC: null ends");
+    assert!(whole.get("nextAfter").is_some(), "present, as null");
     let all: Vec<Value> = whole["rows"].as_array().unwrap().clone();
     assert_eq!(all.len(), 10, "a prompt and an answer per turn");
     for (limit, max_bytes) in [(1, 1 << 20), (3, 1 << 20), (500, 1024), (2, 1024)] {
@@ -1256,7 +1257,7 @@ async fn history_pages_cut_by_rows_and_bytes_cover_the_whole_history() {
                 assert!(bytes <= max_bytes, "{limit}/{max_bytes}: {bytes} bytes");
             }
             got.extend(rows.iter().cloned());
-            match page.get("nextAfter") {
+            match page.get("nextAfter").filter(|n| !n.is_null()) {
                 Some(n) => after = n.clone(),
                 None => break,
             }
@@ -1267,7 +1268,7 @@ async fn history_pages_cut_by_rows_and_bytes_cover_the_whole_history() {
     let last = all.last().unwrap()["position"].clone();
     let empty = c.ok("session.history", json!({"sessionId": sid, "after": last})).await;
     assert_eq!(empty["rows"], json!([]));
-    assert!(empty.get("nextAfter").is_none());
+    assert_eq!(empty["nextAfter"], Value::Null);
     let missing = c
         .call("session.history", json!({"sessionId": "ses_missing"}))
         .await
@@ -1492,7 +1493,7 @@ async fn history_pages_cut_rows_of_mixed_sizes_at_the_byte_budget() {
                 }
             }
             at += take;
-            match page.get("nextAfter") {
+            match page.get("nextAfter").filter(|n| !n.is_null()) {
                 Some(next) => {
                     assert!(at < rows.len(), "{label}: nextAfter on the last page");
                     assert_eq!(next, &got.last().unwrap()["position"], "{label}");

@@ -6,16 +6,19 @@
 //! that declaration.
 //!
 //! Conventions every method follows:
-//! - **Absent, never null.** An optional field without a value is left out of results,
-//!   events and items. In params, `null` and absent mean the same (so a retry that sends
-//!   `null` for an absent field is the same operation).
+//! - **Absent, never null** — except where SPEC gives a field as null: `session.history`'s
+//!   and `session.search`'s `nextAfter` and `files.list`'s `nextAfter`/`next` (null on the
+//!   last page), a session's `running` (null when no turn runs), `git.status`'s `head`
+//!   (null without a commit) and a workspace's `lastSeenAt`. Any other optional field
+//!   without a value is left out of results, events and items. In params, `null` and absent
+//!   mean the same (so a retry that sends `null` for an absent field is the same operation).
 //! - **Unknown params fields are ignored** (as LSP and MCP do), so that a newer client can
 //!   talk to an older server; a known field that is missing or has the wrong type is
 //!   `bad-params {method, field}`.
 //! - **One cursor convention.** A paged method answers `next<Cursor>` (`nextAfter`,
 //!   `nextBefore`, `nextOffset`); the client passes it back unchanged as `<cursor>` (`after`,
-//!   `before`, `offset`) with every other parameter, including the fence, kept fixed. An
-//!   absent `next<Cursor>` ends the walk. Cursors are opaque unless documented.
+//!   `before`, `offset`) with every other parameter, including the fence, kept fixed. A
+//!   null or absent `next<Cursor>` ends the walk. Cursors are opaque unless documented.
 //! - **Fences are named for what they fence and answered back.** `through` is a history
 //!   sequence (`session.history`, `session.search`, `session.context`);
 //!   `throughRevision` is a diagnostic revision (`session.diagnostics`, also read as

@@ -27,8 +27,8 @@ pub struct GitStatusParams {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GitStatus {
-    /// Absent for an unborn repository (no commit yet).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `null` for an unborn repository (no commit yet).
+    #[serde(default)]
     pub head: Option<GitHead>,
     /// HEAD compared to the index.
     pub staged: Vec<GitEntry>,
@@ -167,10 +167,13 @@ pub struct FilesListResult {
     /// Identifies the directory itself (device and inode); compare with `files.watch`'s `ready`.
     pub directory_identity: String,
     pub entries: Vec<FileEntry>,
-    /// Pass as `after` for the next page; absent on the last page (the protocol's one cursor
-    /// convention; a worker before it wrote `next`).
-    #[serde(default, skip_serializing_if = "Option::is_none", alias = "next")]
+    /// Pass as `after` for the next page; `null` on the last page.
+    #[serde(default)]
     pub next_after: Option<String>,
+    /// The same cursor under SPEC's name (`{directoryIdentity, entries, next}`); a worker
+    /// before `nextAfter` wrote only this.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

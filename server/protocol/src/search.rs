@@ -41,14 +41,14 @@ pub struct SearchCursor {
 }
 
 /// One page of hits, in history order. A page may hold no hits and still advance:
-/// follow `nextAfter` until it is absent.
+/// follow `nextAfter` until it is null.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSearchResult {
     pub through: i64,
     pub hits: Vec<SearchHit>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub next_after: Option<SearchCursor>,
 }
 

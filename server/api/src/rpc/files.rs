@@ -18,7 +18,11 @@ use crate::{
 
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn list(ctx: Ctx, p: FilesListParams) -> ApiResult<FilesListResult> {
-    ctx.session_unary(&p.session_id, method::FilesList::NAME, &p).await
+    let mut r: FilesListResult = ctx.session_unary(&p.session_id, method::FilesList::NAME, &p).await?;
+    // The cursor under both names, from a worker that wrote either.
+    r.next_after = r.next_after.or(r.next);
+    r.next = r.next_after.clone();
+    Ok(r)
 }
 
 /// How long a watch whose worker connection ended looks for the worker's next one (a

@@ -92,7 +92,8 @@ pub struct SessionSourceResult {
 pub struct SessionHistoryResult {
     pub through: i64,
     pub rows: Vec<Row>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The next page's `after`; `null` on the last page (SPEC: "null ends").
+    #[serde(default)]
     pub next_after: Option<Position>,
 }
 

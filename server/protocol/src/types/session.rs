@@ -124,8 +124,8 @@ pub struct SessionSnapshot {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
     pub phase: SessionPhase,
-    /// The running turn's id, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The running turn's id; `null` when none runs.
+    #[serde(default)]
     pub running: Option<String>,
     /// How many turns are queued.
     pub queued: u32,
@@ -208,8 +208,8 @@ pub struct SessionListEntry {
     pub message_count: i64,
     pub updated_at: String,
     pub phase: SessionPhase,
-    /// The running turn's id, if any (as in the snapshot).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The running turn's id; `null` when none runs (as in the snapshot).
+    #[serde(default)]
     pub running: Option<String>,
     /// How many turns are queued (as in the snapshot).
     pub queued: u32,

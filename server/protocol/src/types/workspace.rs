@@ -12,7 +12,8 @@ pub struct Workspace {
     pub host: String,
     pub path: String,
     pub online: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `null` for a workspace no worker has served yet.
+    #[serde(default)]
     pub last_seen_at: Option<String>,
 }
 

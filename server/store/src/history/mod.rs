@@ -402,9 +402,7 @@ impl serde::Serialize for PageLines {
         let mut out = s.serialize_struct("SessionHistoryResult", 3)?;
         out.serialize_field("through", &self.through)?;
         out.serialize_field("rows", &PageRows(self))?;
-        if let Some(next) = self.next_after() {
-            out.serialize_field("nextAfter", &next)?;
-        }
+        out.serialize_field("nextAfter", &self.next_after())?;
         out.end()
     }
 }
