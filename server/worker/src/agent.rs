@@ -476,16 +476,20 @@ async fn call_reads(
         if cancel.is_cancelled() {
             return Err(Halt::Stopped);
         }
-        let status = if outcome.ok {
-            ToolStatus::Completed
-        } else {
-            ToolStatus::Failed
-        };
-        t.tool_ended(*position, &call.id, status, outcome.output.clone())
+        t.tool_ended(*position, &call.id, ended(&outcome), outcome.output.clone())
             .await?;
         out.push((outcome.output, outcome.image));
     }
     Ok(out)
+}
+
+/// How a call that ran ended, by its outcome.
+fn ended(outcome: &crate::tools::Outcome) -> ToolStatus {
+    if outcome.ok {
+        ToolStatus::Completed
+    } else {
+        ToolStatus::Failed
+    }
 }
 
 /// Ask if needed, run, publish the end; returns the output the model reads and the image
@@ -556,12 +560,8 @@ async fn call_tool(
     if cancel.is_cancelled() {
         return Err(Halt::Stopped);
     }
-    let status = if outcome.ok {
-        ToolStatus::Completed
-    } else {
-        ToolStatus::Failed
-    };
-    t.tool_ended(position, &call.id, status, outcome.output.clone()).await?;
+    t.tool_ended(position, &call.id, ended(&outcome), outcome.output.clone())
+        .await?;
     Ok((outcome.output, outcome.image))
 }
 

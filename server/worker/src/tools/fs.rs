@@ -551,11 +551,7 @@ pub(super) fn glob(ws: &Workspace, a: GlobArgs) -> Outcome {
 mod tests {
     use super::*;
 
-    fn ws() -> (tempfile::TempDir, Workspace) {
-        let t = tempfile::tempdir().unwrap();
-        let w = Workspace::open(t.path()).unwrap();
-        (t, w)
-    }
+    use super::super::tests::scratch_workspace as ws;
 
     #[test]
     fn write_creates_directories() {

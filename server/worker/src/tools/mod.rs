@@ -327,8 +327,15 @@ fn args<A: DeserializeOwned>(arguments: &str) -> Result<A, Outcome> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// A workspace in a new scratch directory (kept while the first half lives).
+    pub(in crate::tools) fn scratch_workspace() -> (tempfile::TempDir, Workspace) {
+        let t = tempfile::tempdir().unwrap();
+        let w = Workspace::open(t.path()).unwrap();
+        (t, w)
+    }
 
     /// `apply_patch <<'EOF' … EOF` sent through the shell (as Codex-trained models do) is
     /// applied as the apply_patch tool would; anything else around it runs as a command.

@@ -486,11 +486,7 @@ fn counts(chunks: &[Chunk]) -> (usize, usize) {
 mod tests {
     use super::*;
 
-    fn ws() -> (tempfile::TempDir, Workspace) {
-        let t = tempfile::tempdir().unwrap();
-        let w = Workspace::open(t.path()).unwrap();
-        (t, w)
-    }
+    use super::super::tests::scratch_workspace as ws;
 
     fn patch(ws: &Workspace, body: &str) -> Outcome {
         run(

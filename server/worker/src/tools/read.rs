@@ -298,11 +298,7 @@ fn nearest_paths(ws: &Workspace, path: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
-    fn ws() -> (tempfile::TempDir, Workspace) {
-        let t = tempfile::tempdir().unwrap();
-        let w = Workspace::open(t.path()).unwrap();
-        (t, w)
-    }
+    use super::super::tests::scratch_workspace as ws;
 
     fn read_args(path: &str, offset: Option<usize>, limit: Option<usize>) -> ReadArgs {
         ReadArgs {
