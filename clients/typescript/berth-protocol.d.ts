@@ -564,11 +564,6 @@ export type FilesListResult = {
   "directoryIdentity": string;
   "entries": Array<FileEntry>;
   /**
-   * The same cursor under SPEC's name (`{directoryIdentity, entries, next}`); a worker
-   * before `nextAfter` wrote only this.
-   */
-  "next"?: string | null;
-  /**
    * Pass as `after` for the next page; `null` on the last page.
    */
   "nextAfter"?: string | null;

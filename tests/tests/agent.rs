@@ -571,6 +571,9 @@ async fn a_worker_restarted_mid_tool_leaves_the_turn_interrupted_and_the_session
 async fn a_worker_shutting_down_finishes_its_turn_and_takes_no_new_one() {
     let mock = MockProvider::start().await;
     let (mut stack, mut c, _sid, mut watch, _pgid) = running_shell(&mock, "echo $$ > pid; sleep 2; echo slept").await;
+    // After the command, a sub-agent: refused at once while the worker drains (its turn would
+    // not be handed to this worker any more).
+    mock.push(Reply::tools(&[("d1", "delegate", json!({"prompt": "help"}))], 2));
     mock.push(Reply::text(&["Finished."]));
     let mut worker = stack.worker.take().unwrap();
     sigterm(&worker.child);
@@ -597,12 +600,24 @@ async fn a_worker_shutting_down_finishes_its_turn_and_takes_no_new_one() {
         .find(|e| e["type"] == "tool.ended")
         .expect("the command ended");
     assert_eq!(result["rows"][0]["body"], "slept\n[exit code 0]");
+    let refused = end
+        .iter()
+        .filter(|e| e["type"] == "tool.ended")
+        .nth(1)
+        .expect("the delegate call ended");
+    assert!(
+        refused["rows"][0]["body"]
+            .as_str()
+            .unwrap()
+            .contains("the worker is shutting down"),
+        "{refused}"
+    );
     let status = tokio::time::timeout(Duration::from_secs(30), worker.child.wait())
         .await
         .expect("the worker exits once its turn has ended")
         .unwrap();
     assert!(status.success(), "{status:?}");
-    assert_eq!(mock.requests().len(), 2, "the waiting turn asked the model nothing yet");
+    assert_eq!(mock.requests().len(), 3, "the waiting turn asked the model nothing yet");
     let log = std::fs::read_to_string(&worker.log).unwrap();
     assert_eq!(
         log.matches("turn started").count(),
@@ -614,7 +629,7 @@ async fn a_worker_shutting_down_finishes_its_turn_and_takes_no_new_one() {
     stack.start_worker(0).await;
     let events = other_watch.until(60, is_turn_end).await.expect("the waiting turn runs");
     assert_eq!(events.last().unwrap()["state"], "completed");
-    let m = messages(&mock, 2);
+    let m = messages(&mock, 3);
     assert_eq!(m.last().unwrap()["content"], "after the restart");
 }
 
@@ -1072,6 +1087,7 @@ async fn berths_own_secrets_in_a_served_home_directory_are_out_of_the_tools_reac
     write(".config/berth/credentials.json", "{\"token\":\"berth_SECRET-CRED\"}");
     write(".local/share/berth/dev/proj-1/run/jwt-secret", "SECRET-JWT");
     write("notes.txt", "SECRET-free notes\n");
+    write("sub/x.txt", "x\n");
     let (config, data) = (home.join(".config"), home.join(".local/share"));
     stack
         .start_worker_with_env(
@@ -1099,6 +1115,7 @@ async fn berths_own_secrets_in_a_served_home_directory_are_out_of_the_tools_reac
             ("g1", "glob", json!({"pattern": "**/*secret*"})),
             ("l1", "list_directory", json!({"path": ".local", "depth": 6})),
             ("l2", "list_directory", json!({"path": ".config/berth"})),
+            ("l3", "list_directory", json!({"path": "sub/..", "depth": 4})),
         ],
         8,
     ));
@@ -1116,6 +1133,11 @@ async fn berths_own_secrets_in_a_served_home_directory_are_out_of_the_tools_reac
     assert_eq!(r["s1"], "notes.txt:1:SECRET-free notes\n");
     assert!(r["g1"].starts_with("no files match"), "{}", r["g1"]);
     assert!(!r["l1"].contains("berth"), "{}", r["l1"]);
+    assert!(
+        r["l3"].contains("notes.txt") && !r["l3"].contains("credentials"),
+        "{}",
+        r["l3"]
+    );
     for (id, out) in &r {
         assert!(
             !out.contains("SECRET-CRED") && !out.contains("SECRET-JWT"),

@@ -7,8 +7,7 @@
 //!
 //! Conventions every method follows:
 //! - **Absent, never null** — except where SPEC gives a field as null: `session.history`'s
-//!   and `session.search`'s `nextAfter` and `files.list`'s `nextAfter`/`next` (null on the
-//!   last page), a session's `running` (null when no turn runs), `git.status`'s `head`
+//!   and `session.search`'s and `files.list`'s `nextAfter` (null on the last page), a session's `running` (null when no turn runs), `git.status`'s `head`
 //!   (null without a commit) and a workspace's `lastSeenAt`. Any other optional field
 //!   without a value is left out of results, events and items. In params, `null` and absent
 //!   mean the same (so a retry that sends `null` for an absent field is the same operation).

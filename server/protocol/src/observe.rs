@@ -170,9 +170,11 @@ pub struct FilesListResult {
     /// Pass as `after` for the next page; `null` on the last page.
     #[serde(default)]
     pub next_after: Option<String>,
-    /// The same cursor under SPEC's name (`{directoryIdentity, entries, next}`); a worker
-    /// before `nextAfter` wrote only this.
-    #[serde(default)]
+    /// The cursor as a worker before `nextAfter` wrote it (SPEC's name); read, never written
+    /// (a peer built before this field reads `next` as `nextAfter`, and both at once would
+    /// be a duplicate field to it).
+    #[serde(default, skip_serializing)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
     pub next: Option<String>,
 }
 

@@ -90,6 +90,14 @@ pub(crate) async fn run(t: &TurnLink, call: &ToolCall, cancel: &CancellationToke
         Ok(a) => a,
         Err(e) => return Ok(Outcome::error(format!("invalid arguments: {e}"))),
     };
+    // A worker shutting down is handed no new turn: a sub-agent's would wait for its next
+    // process, and this turn with it, until the drain's timeout.
+    if t.link.draining() {
+        return Ok(Outcome::error(
+            "the worker is shutting down (a restart or an upgrade), so no sub-agent can start now; \
+do the work yourself, or finish and say what is left",
+        ));
+    }
     let p = TurnDelegate {
         turn_id: t.turn_id().to_string(),
         call_id: call.id.clone(),

@@ -122,15 +122,24 @@ pub async fn run_reporting(
         shutdown: &shutdown,
         connected: &connected,
     };
+    {
+        let (drain, flag) = (drain.clone(), shared.draining.clone());
+        tokio::spawn(async move {
+            drain.cancelled().await;
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
     loop {
-        if drain.is_cancelled() && shared.running() == 0 {
+        // Read once: the hello says it, and `serve` knows the server was told.
+        let draining = drain.is_cancelled();
+        if draining && shared.running() == 0 {
             return Ok(());
         }
-        let outcome = match Connection::open(&config, &http, &shared, previous.take(), drain.is_cancelled()).await {
+        let outcome = match Connection::open(&config, &http, &shared, previous.take(), draining).await {
             Ok(conn) => {
                 previous = Some(conn.id.to_string());
-                connected.store(!drain.is_cancelled(), std::sync::atomic::Ordering::Relaxed);
-                serve(conn, &config, &http, &shared, &stop, &mut previous).await
+                connected.store(!draining, std::sync::atomic::Ordering::Relaxed);
+                serve(conn, &config, &http, &shared, &stop, draining, &mut previous).await
             }
             Err(e) => Err(e),
         };
@@ -144,8 +153,12 @@ pub async fn run_reporting(
             }
         }
         let jitter = rand::rng().random_range(0..=backoff.as_millis() as u64 / 4);
+        if drain.is_cancelled() && shared.running() == 0 {
+            return Ok(());
+        }
         tokio::select! {
             _ = tokio::time::sleep(backoff + Duration::from_millis(jitter)) => {}
+            _ = drain.cancelled(), if !drain.is_cancelled() => {}
             _ = shutdown.cancelled() => return Ok(()),
         }
         backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -172,12 +185,13 @@ async fn serve(
     http: &reqwest::Client,
     shared: &Shared,
     stop: &Stop<'_>,
+    told: bool,
     previous: &mut Option<String>,
 ) -> anyhow::Result<()> {
     let shutdown = stop.shutdown;
-    // Whether this connection's server was told the worker drains (a connection opened
-    // while draining says so in its hello).
-    let mut told = stop.drain.is_cancelled();
+    // Whether this connection's server was told the worker drains (`told`: its hello said
+    // so).
+    let mut told = told;
     loop {
         tokio::select! {
             ended = &mut conn.done => {
@@ -189,11 +203,28 @@ async fn serve(
                 stop.connected.store(false, std::sync::atomic::Ordering::Relaxed);
                 tracing::info!(turns = shared.running(), "shutting down: finishing the running turns");
                 let out = Out::new(&conn.id, conn.out.clone());
-                let told = shared.request(&out, wp::WORKER_DRAINING, serde_json::json!({}));
-                match tokio::time::timeout(MOVE_ANSWER, told).await {
-                    Ok(Ok(_)) => tracing::info!("the server hands this worker no more turns"),
-                    // An older server: turns handed out meanwhile run here too.
-                    outcome => tracing::warn!(?outcome, "the server did not take worker.draining"),
+                let asked = tokio::time::timeout(
+                    MOVE_ANSWER,
+                    shared.request(&out, wp::WORKER_DRAINING, serde_json::json!({})),
+                );
+                tokio::pin!(asked);
+                // Waited for while the connection lasts (the loop sees its end next).
+                loop {
+                    tokio::select! {
+                        answer = &mut asked => {
+                            match answer {
+                                Ok(Ok(_)) => tracing::info!("the server hands this worker no more turns"),
+                                // An older server: turns handed out meanwhile run here too.
+                                outcome => tracing::warn!(?outcome, "the server did not take worker.draining"),
+                            }
+                            break;
+                        }
+                        _ = tokio::time::sleep(DRAIN_LOOK) => {
+                            if conn.done.is_finished() || shutdown.is_cancelled() {
+                                break;
+                            }
+                        }
+                    }
                 }
             }
             _ = tokio::time::sleep(DRAIN_LOOK), if told => {
@@ -401,6 +432,9 @@ struct Shared {
     endings: Arc<delegate::Endings>,
     /// The sessions' background commands (`shell` with `background`).
     jobs: Arc<tools::jobs::Jobs>,
+    /// The worker is shutting down: no new sub-agent is started (its turn would not be
+    /// handed to this worker any more).
+    draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A request waiting for its answer.
@@ -574,6 +608,11 @@ impl Link {
             .send(Message::Text(msg.into()))
             .await
             .context("connection closed")
+    }
+
+    /// Whether the worker is shutting down (see [`run_reporting`]).
+    pub(crate) fn draining(&self) -> bool {
+        self.shared.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) async fn request(&self, method: &str, params: serde_json::Value) -> anyhow::Result<serde_json::Value> {

@@ -35,7 +35,6 @@ impl From<StreamError> for Halt {
     fn from(e: StreamError) -> Halt {
         match e {
             StreamError::Failed(c) => Halt::Failed(c),
-            StreamError::Link(e) => Halt::Link(e),
         }
     }
 }

@@ -440,7 +440,10 @@ impl Workspace {
         self.guard(path, &rel, Access::Read)?;
         let dir = self.dir.open_dir(&rel).map_err(|e| fs_error(path, &e))?;
         self.guard_opened(path, &dir, Access::Read)?;
-        Ok(self.root.join(rel))
+        // The directory's real path (checked inside the workspace above): a walk from `a/..`
+        // or through a symlinked directory then names what it meets as what it is, so the
+        // paths kept out of reach are recognised there too.
+        Ok(kernel_path(&dir).unwrap_or_else(|| self.root.join(normalized(&rel))))
     }
 }
 

@@ -19,9 +19,8 @@ use crate::{
 #[tracing::instrument(skip_all, fields(session.id = %p.session_id))]
 pub async fn list(ctx: Ctx, p: FilesListParams) -> ApiResult<FilesListResult> {
     let mut r: FilesListResult = ctx.session_unary(&p.session_id, method::FilesList::NAME, &p).await?;
-    // The cursor under both names, from a worker that wrote either.
-    r.next_after = r.next_after.or(r.next);
-    r.next = r.next_after.clone();
+    // From a worker that wrote it under SPEC's name.
+    r.next_after = r.next_after.or(r.next.take());
     Ok(r)
 }
 

@@ -354,14 +354,31 @@ async fn route(conn: &Arc<Conn>, text: &str) {
         None if req.method == wp::WORKER_DRAINING => {
             tracing::info!(worker.connection = %conn.connection_id, "the worker is shutting down: handing it no more turns");
             conn.worker_draining.store(true, std::sync::atomic::Ordering::Relaxed);
-            // Answered once no admission can reserve the connection any more.
-            conn.send(text_msg(&RpcResponse::ok(req.id, json!({})))).await;
+            tokio::spawn(answer_draining(conn.clone(), req));
             return;
         }
         None if super::turn::is_turn_method(&req.method) => ErrorCode::BadParams,
         None => ErrorCode::MethodNotFound,
     };
     reply_err(conn, req, code).await;
+}
+
+/// Answer `worker.draining` once nothing is being handed to the connection: a claim in
+/// flight, a reserved admission slot or a carry between its `COMMIT` and its registration
+/// sends its `turn.run` first, so the worker counts that turn before it reads the answer
+/// (and does not leave with it unrun). Bounded: a hand-out takes milliseconds.
+async fn answer_draining(conn: Arc<Conn>, req: Request) {
+    for _ in 0..500 {
+        let busy = {
+            let h = conn.handed();
+            h.claiming || h.reserved > 0 || h.carrying > 0
+        };
+        if !busy {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    conn.send(text_msg(&RpcResponse::ok(req.id, json!({})))).await;
 }
 
 /// The most turns one `worker.release` or `worker.carry` names.

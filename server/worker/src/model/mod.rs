@@ -56,8 +56,6 @@ pub(crate) struct ToolCall {
 pub(crate) enum StreamError {
     /// A typed failure; the turn settles `failed`.
     Failed(Cause),
-    /// The API tier could not be reached.
-    Link(anyhow::Error),
 }
 
 fn failed(code: CauseCode) -> StreamError {
@@ -72,10 +70,11 @@ const PROXY_RETRIES: [std::time::Duration; 2] =
     [std::time::Duration::from_millis(250), std::time::Duration::from_secs(1)];
 
 /// The model request `body` of turn `turn_id` posted to the model proxy at `url`. A proxy
-/// that cannot be connected to (a replica that just went away behind the load balancer) is
-/// tried again, and then fails the turn `provider-unreachable`: the worker's connection may
-/// be alive, and a turn left without its end would hold its session until that connection
-/// ends. Nothing is stored before the proxy answers, so a retry does nothing twice.
+/// that cannot be reached or drops the request before answering (a replica that just went
+/// away behind the load balancer, a pooled connection it closed) is tried again, and then
+/// fails the turn `provider-unreachable`: the worker's connection may be alive, and a turn
+/// left without its end would hold its session until that connection ends. Nothing is
+/// stored before the proxy answers, so a retry stores nothing twice.
 async fn post(
     http: &reqwest::Client,
     url: &str,
@@ -95,7 +94,7 @@ async fn post(
             .await;
         match sent {
             Ok(resp) => return Ok(resp),
-            Err(e) if e.is_connect() => match retries.next() {
+            Err(e) => match retries.next() {
                 Some(pause) => {
                     tracing::warn!(turn.id = %turn_id, error = %e, "the model proxy could not be reached; trying again");
                     tokio::time::sleep(*pause).await;
@@ -105,7 +104,6 @@ async fn post(
                     return Err(failed(CauseCode::ProviderUnreachable));
                 }
             },
-            Err(e) => return Err(StreamError::Link(e.into())),
         }
     }
 }
@@ -382,7 +380,6 @@ mod tests {
         let http = reqwest::Client::new();
         match post(&http, &url, "t", "trn_x", b"{}".to_vec()).await {
             Err(StreamError::Failed(cause)) => assert_eq!(cause.code, "provider-unreachable"),
-            Err(StreamError::Link(e)) => panic!("read as a lost link: {e}"),
             Ok(_) => panic!("answered"),
         }
     }

@@ -142,8 +142,8 @@ pub(crate) fn list(ws: &Workspace, p: &FilesListParams) -> Result<FilesListResul
     Ok(FilesListResult {
         directory_identity: identity(&dir.meta),
         entries,
-        next_after: next.clone(),
-        next,
+        next_after: next,
+        next: None,
     })
 }
 
