@@ -338,15 +338,9 @@ fn secret_paths(settings: &Settings, more: &[&Path]) -> Vec<PathBuf> {
     {
         paths.push(dir.to_path_buf());
     }
-    let data_bases = [
-        std::env::var_os("XDG_DATA_HOME").map(PathBuf::from),
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")),
-    ];
-    paths.extend(data_bases.into_iter().flatten().map(|b| b.join("berth")));
-    paths.push(PathBuf::from(format!(
-        "/var/tmp/berth-{}",
-        rustix::process::getuid().as_raw()
-    )));
+    let (bases, fallback) = data_bases();
+    paths.extend(bases.into_iter().map(|b| b.join("berth")));
+    paths.push(fallback);
     paths.extend(settings.path.clone());
     for (key, value) in settings.with_prefix("BERTH_") {
         if key.ends_with("_FILE") || key == "BERTH_WORKER_MCP_CONFIG" || key == "BERTH_DATA_DIR" {
@@ -392,23 +386,37 @@ fn outside_the_workspace(data_dir: &Path) -> anyhow::Result<()> {
 /// A base inside `cwd` (`berth dev` run from the home directory) is passed over: the
 /// workspace's tools would read the credentials without asking.
 pub(crate) fn dev_data_dir(cwd: &Path) -> PathBuf {
-    dev_data_dir_from(
-        cwd,
+    dev_data_dir_from(cwd, data_bases())
+}
+
+/// The bases Berth keeps data directories under (`<base>/berth/…`), from its environment:
+/// `$XDG_DATA_HOME` and `$HOME/.local/share` where set, and the fallback
+/// `/var/tmp/berth-<uid>`.
+fn data_bases_from(xdg: Option<PathBuf>, home: Option<PathBuf>, uid: u32) -> (Vec<PathBuf>, PathBuf) {
+    let bases = [xdg, home.map(|h| h.join(".local/share"))]
+        .into_iter()
+        .flatten()
+        .collect();
+    (bases, PathBuf::from(format!("/var/tmp/berth-{uid}")))
+}
+
+/// [`data_bases_from`] with this process's environment.
+fn data_bases() -> (Vec<PathBuf>, PathBuf) {
+    data_bases_from(
         std::env::var_os("XDG_DATA_HOME").map(PathBuf::from),
         std::env::var_os("HOME").map(PathBuf::from),
         rustix::process::getuid().as_raw(),
     )
 }
 
-/// [`dev_data_dir`] with its environment given: the first absolute base not inside `cwd`
-/// of `$XDG_DATA_HOME`, `$HOME/.local/share`, else `/var/tmp/berth-<uid>`.
-fn dev_data_dir_from(cwd: &Path, xdg: Option<PathBuf>, home: Option<PathBuf>, uid: u32) -> PathBuf {
+/// [`dev_data_dir`] with the data bases given ([`data_bases_from`]): the first absolute
+/// base not inside `cwd`, else the fallback.
+fn dev_data_dir_from(cwd: &Path, (bases, fallback): (Vec<PathBuf>, PathBuf)) -> PathBuf {
     use sha2::Digest as _;
-    let base = [xdg, home.map(|h| h.join(".local/share"))]
+    let base = bases
         .into_iter()
-        .flatten()
         .find(|b| b.is_absolute() && !b.starts_with(cwd))
-        .unwrap_or_else(|| PathBuf::from(format!("/var/tmp/berth-{uid}")));
+        .unwrap_or(fallback);
     let digest = sha2::Sha256::digest(cwd.as_os_str().as_encoded_bytes());
     let key: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
     let name = cwd.file_name().and_then(|n| n.to_str()).unwrap_or("root");
@@ -1013,7 +1021,10 @@ mod tests {
     #[test]
     fn the_dev_data_dir_is_never_inside_the_workspace() {
         let dir = |cwd: &str, xdg: Option<&str>, home: Option<&str>| {
-            dev_data_dir_from(Path::new(cwd), xdg.map(PathBuf::from), home.map(PathBuf::from), 1000)
+            dev_data_dir_from(
+                Path::new(cwd),
+                data_bases_from(xdg.map(PathBuf::from), home.map(PathBuf::from), 1000),
+            )
         };
         let under = |d: PathBuf, base: &str| d.starts_with(base) && d.parent().unwrap().ends_with("berth/dev");
         assert!(under(

@@ -113,22 +113,17 @@ pub async fn run_reporting(
     let roots: Vec<PathBuf> = config.workspaces.iter().map(|(_, p)| p.clone()).collect();
     workspace::keep_out(&config.keep_out, &roots);
     let http = net::http_client()?;
-    let shared = Shared::default();
+    let shared = Shared {
+        draining: drain.clone(),
+        ..Shared::default()
+    };
     let mut backoff = Duration::from_millis(200);
     // The last connection's id: the next hello says it was given up.
     let mut previous = None;
     let stop = Stop {
-        drain: &drain,
         shutdown: &shutdown,
         connected: &connected,
     };
-    {
-        let (drain, flag) = (drain.clone(), shared.draining.clone());
-        tokio::spawn(async move {
-            drain.cancelled().await;
-            flag.store(true, std::sync::atomic::Ordering::Relaxed);
-        });
-    }
     loop {
         // Read once: the hello says it, and `serve` knows the server was told.
         let draining = drain.is_cancelled();
@@ -165,16 +160,43 @@ pub async fn run_reporting(
     }
 }
 
-/// How the worker stops: `drain` (its turns go on to their ends first), `shutdown` (at
-/// once), and the readiness it reports.
+/// How the worker stops at once (`shutdown`; a drain is [`Shared::draining`]), and the
+/// readiness it reports.
 struct Stop<'a> {
-    drain: &'a CancellationToken,
     shutdown: &'a CancellationToken,
     connected: &'a std::sync::atomic::AtomicBool,
 }
 
 /// How often a draining worker looks whether its turns have ended.
 const DRAIN_LOOK: Duration = Duration::from_millis(200);
+
+/// Tell `conn`'s server the worker drains (`worker.draining`) and wait for its answer while
+/// the connection lasts (the caller sees its end next) and until `shutdown`.
+async fn tell_draining(conn: &Connection, shared: &Shared, shutdown: &CancellationToken) {
+    let out = Out::new(&conn.id, conn.out.clone());
+    let asked = tokio::time::timeout(
+        MOVE_ANSWER,
+        shared.request(&out, wp::WORKER_DRAINING, serde_json::json!({})),
+    );
+    tokio::pin!(asked);
+    loop {
+        tokio::select! {
+            answer = &mut asked => {
+                match answer {
+                    Ok(Ok(_)) => tracing::info!("the server hands this worker no more turns"),
+                    // An older server: turns handed out meanwhile run here too.
+                    outcome => tracing::warn!(?outcome, "the server did not take worker.draining"),
+                }
+                return;
+            }
+            _ = tokio::time::sleep(DRAIN_LOOK) => {
+                if conn.done.is_finished() || shutdown.is_cancelled() {
+                    return;
+                }
+            }
+        }
+    }
+}
 
 /// Serve on `conn` until it ends, or `shutdown`, or the worker drains and its turns have
 /// ended; when its replica drains (`worker.reconnect`), open another connection and carry the
@@ -198,34 +220,11 @@ async fn serve(
                 shared.connection_ended(&conn.id);
                 return ended.unwrap_or_else(|e| Err(anyhow::anyhow!("connection task failed: {e}")));
             }
-            _ = stop.drain.cancelled(), if !told => {
+            _ = shared.draining.cancelled(), if !told => {
                 told = true;
                 stop.connected.store(false, std::sync::atomic::Ordering::Relaxed);
                 tracing::info!(turns = shared.running(), "shutting down: finishing the running turns");
-                let out = Out::new(&conn.id, conn.out.clone());
-                let asked = tokio::time::timeout(
-                    MOVE_ANSWER,
-                    shared.request(&out, wp::WORKER_DRAINING, serde_json::json!({})),
-                );
-                tokio::pin!(asked);
-                // Waited for while the connection lasts (the loop sees its end next).
-                loop {
-                    tokio::select! {
-                        answer = &mut asked => {
-                            match answer {
-                                Ok(Ok(_)) => tracing::info!("the server hands this worker no more turns"),
-                                // An older server: turns handed out meanwhile run here too.
-                                outcome => tracing::warn!(?outcome, "the server did not take worker.draining"),
-                            }
-                            break;
-                        }
-                        _ = tokio::time::sleep(DRAIN_LOOK) => {
-                            if conn.done.is_finished() || shutdown.is_cancelled() {
-                                break;
-                            }
-                        }
-                    }
-                }
+                tell_draining(&conn, shared, shutdown).await;
             }
             _ = tokio::time::sleep(DRAIN_LOOK), if told => {
                 if shared.running() == 0 {
@@ -288,7 +287,7 @@ async fn move_to_another(
         if from.done.is_finished() || stop.shutdown.is_cancelled() {
             return None;
         }
-        match Connection::open(config, http, shared, None, stop.drain.is_cancelled()).await {
+        match Connection::open(config, http, shared, None, shared.draining.is_cancelled()).await {
             Ok(next) => break next,
             Err(e) => tracing::debug!(error = %e, "no other replica took the connection yet"),
         }
@@ -432,9 +431,9 @@ struct Shared {
     endings: Arc<delegate::Endings>,
     /// The sessions' background commands (`shell` with `background`).
     jobs: Arc<tools::jobs::Jobs>,
-    /// The worker is shutting down: no new sub-agent is started (its turn would not be
-    /// handed to this worker any more).
-    draining: Arc<std::sync::atomic::AtomicBool>,
+    /// Cancelled when the worker starts shutting down (`run_reporting`'s `drain`): no new
+    /// sub-agent is started (its turn would not be handed to this worker any more).
+    draining: CancellationToken,
 }
 
 /// A request waiting for its answer.
@@ -523,13 +522,13 @@ impl Shared {
         }
     }
 
-    /// Connection `conn` ended: the turns still running on it stop (its replica interrupts
-    /// them), and requests still waiting for an answer on it fail.
     /// How many turns run here.
     fn running(&self) -> usize {
         self.turns.lock().expect("running lock").running.len()
     }
 
+    /// Connection `conn` ended: the turns still running on it stop (its replica interrupts
+    /// them), and requests still waiting for an answer on it fail.
     fn connection_ended(&self, conn: &str) {
         let stopped: Vec<CancellationToken> = {
             let mut turns = self.turns.lock().expect("running lock");
@@ -612,7 +611,7 @@ impl Link {
 
     /// Whether the worker is shutting down (see [`run_reporting`]).
     pub(crate) fn draining(&self) -> bool {
-        self.shared.draining.load(std::sync::atomic::Ordering::Relaxed)
+        self.shared.draining.is_cancelled()
     }
 
     pub(crate) async fn request(&self, method: &str, params: serde_json::Value) -> anyhow::Result<serde_json::Value> {

@@ -113,6 +113,12 @@ fn refused(rel: &Path, access: Access) -> Option<&'static str> {
     None
 }
 
+/// Whether the relative path `rel` lies in a repository's internals (any `.git` on the way).
+fn in_git(rel: &Path) -> bool {
+    rel.components()
+        .any(|c| matches!(c, Component::Normal(c) if named(c, ".git")))
+}
+
 /// Whether the path component `c` is `name`, as a case-insensitive file system may take it.
 fn named(c: &OsStr, name: &str) -> bool {
     c.as_encoded_bytes().eq_ignore_ascii_case(name.as_bytes())
@@ -321,12 +327,9 @@ impl Workspace {
         let Some(real) = kernel_path(fd) else {
             return Ok(());
         };
-        let private = real.strip_prefix(&self.root).is_ok_and(|rel| {
-            rel.starts_with(PRIVATE_DIR)
-                && !rel
-                    .components()
-                    .any(|c| matches!(c, Component::Normal(c) if named(c, ".git")))
-        });
+        let private = real
+            .strip_prefix(&self.root)
+            .is_ok_and(|rel| rel.starts_with(PRIVATE_DIR) && !in_git(rel));
         if private {
             Ok(())
         } else {
@@ -682,9 +685,7 @@ impl Workspace {
         // Closed to clients: what is closed to the model's writes (any `.git`, and `.berth`).
         let closed = match private {
             Private::All => refused(rel, Access::Write).is_some(),
-            Private::Git => rel
-                .components()
-                .any(|c| matches!(c, Component::Normal(c) if named(c, ".git"))),
+            Private::Git => in_git(rel),
         };
         if closed { Err(OpenError::Private) } else { Ok(()) }
     }

@@ -5,7 +5,7 @@
 //! bad bytes replaced, each with a note.
 
 use std::{
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Read},
     path::Path,
 };
 
@@ -85,11 +85,14 @@ pub(super) fn read(ws: &Workspace, seen: &Seen, a: ReadArgs) -> Outcome {
     let mut notes = Vec::new();
     let mut reader: Box<dyn BufRead> = match utf16(&head) {
         Some(big_endian) => {
-            let bytes = match ws.read_bounded(&a.path, EDIT_MAX) {
-                Ok(Some(b)) => b,
-                Ok(None) => return Outcome::error(format!("{}: UTF-16 text larger than {EDIT_MAX} bytes", a.path)),
-                Err(e) => return Outcome::error(e.0),
-            };
+            // The file already opened, read on (its first bytes are still in the buffer).
+            let mut bytes = Vec::new();
+            if let Err(e) = (&mut plain).take(EDIT_MAX + 1).read_to_end(&mut bytes) {
+                return Outcome::error(format!("{}: {e}", a.path));
+            }
+            if bytes.len() as u64 > EDIT_MAX {
+                return Outcome::error(format!("{}: UTF-16 text larger than {EDIT_MAX} bytes", a.path));
+            }
             notes.push(format!(
                 "[{} is UTF-16 ({}) text, shown decoded; edit it with a command that keeps its encoding]",
                 a.path,

@@ -44,6 +44,7 @@ pub(super) struct Args {
 }
 
 /// What one search has written, and whether it must stop.
+#[derive(Default)]
 struct Found {
     out: String,
     matches: usize,
@@ -53,6 +54,16 @@ struct Found {
 }
 
 impl Found {
+    fn answer(mut self) -> Outcome {
+        if self.matches == 0 {
+            self.out.push_str("no matches\n");
+        }
+        if let Some(why) = self.stopped.take() {
+            self.out.push_str(&why);
+        }
+        Outcome::ok(self.out)
+    }
+
     fn push(&mut self, line: &str) {
         if self.stopped.is_some() {
             return;
@@ -93,12 +104,7 @@ pub(super) fn search(ws: &Workspace, a: Args) -> Outcome {
         context: a.context.unwrap_or(0).min(CONTEXT_MAX),
         files_only: a.files_only,
     };
-    let mut found = Found {
-        out: String::new(),
-        matches: 0,
-        files: 0,
-        stopped: None,
-    };
+    let mut found = Found::default();
     let base = a.path.as_deref().unwrap_or(".");
     // One file named: search it alone (its path, as given, names it in the answer).
     if let Ok(file) = ws.open_file(base)
@@ -147,18 +153,6 @@ struct How {
     re: regex::Regex,
     context: usize,
     files_only: bool,
-}
-
-impl Found {
-    fn answer(mut self) -> Outcome {
-        if self.matches == 0 {
-            self.out.push_str("no matches\n");
-        }
-        if let Some(why) = self.stopped.take() {
-            self.out.push_str(&why);
-        }
-        Outcome::ok(self.out)
-    }
 }
 
 /// Search one file (named `rel` in the answer), writing what it finds to `found`.

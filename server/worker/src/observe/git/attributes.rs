@@ -169,11 +169,6 @@ impl Attributes {
         }
     }
 
-    /// The content git stores for the worktree file `data` at `path`: its line endings
-    /// converted as the attributes say. `indexed` gives the index's blob at `path`, which
-    /// `text=auto` consults (a CRLF already in the index is left alone, as git does).
-    /// Whether git may convert a file at `path` that holds a CR on its way in (its
-    /// attributes do not say binary).
     /// Whether git stores the file at `path` as its LFS pointer.
     pub(super) fn lfs(&self, path: &[u8]) -> bool {
         self.lfs && self.at(path).lfs
@@ -193,21 +188,27 @@ impl Attributes {
         !(digest.is_auto_text() && (stats.is_binary() || index_has_crlf()))
     }
 
+    /// The content git stores for the worktree file `data` at `path`: its LFS pointer, or
+    /// its line endings converted as the attributes say. `indexed` gives the index's blob at
+    /// `path`, which `text=auto` consults (a CRLF already in the index is left alone, as git
+    /// does).
     pub(super) fn clean(
         &self,
         path: &[u8],
         data: Vec<u8>,
         indexed: &mut dyn FnMut() -> Option<Vec<u8>>,
     ) -> Result<Vec<u8>, RpcError> {
-        if self.lfs(path) {
-            return Ok(super::lfs::clean(data));
-        }
-        // Only a CR is ever converted: without one, nothing to look up.
-        if !data.contains(&b'\r') {
+        // Only LFS or a CR changes anything: without either, nothing to look up.
+        let cr = data.contains(&b'\r');
+        if !self.lfs && !cr {
             return Ok(data);
         }
-        let digest = self.at(path).digest;
-        if digest == AttributesDigest::Binary {
+        let attributes = self.at(path);
+        if attributes.lfs {
+            return Ok(super::lfs::clean(data));
+        }
+        let digest = attributes.digest;
+        if !cr || digest == AttributesDigest::Binary {
             return Ok(data);
         }
         let mut buf = Vec::new();

@@ -144,13 +144,13 @@ pub fn diff(root: &Path, path: &[u8], area: GitArea) -> Result<GitDiff, RpcError
             if kind == EntryKind::Commit {
                 let old = Some(submodule_side(id, false));
                 let ignore = super::status::SubmoduleIgnores::load(&repo, &ws).of(path);
-                let new = match submodule(&ws, path, id, ignore)? {
+                let new = match submodule(&ws, &repo, path, id, ignore)? {
                     (None, _) => return Ok(GitDiff::Unchanged),
                     (Some(GitChange::Deleted), _) => None,
                     (Some(GitChange::TypeChanged), _) if file_size() > GIT_DIFF_FILE_MAX => return too_large(),
                     (Some(GitChange::TypeChanged), _) => read_file()?,
                     (Some(_), state) => {
-                        let head = super::status::submodule_status(&ws, Path::new(OsStr::from_bytes(path)))?
+                        let head = super::status::submodule_status(&ws, &repo, Path::new(OsStr::from_bytes(path)))?
                             .and_then(|(head, _)| head)
                             .unwrap_or_else(|| ObjectId::null(repo.object_hash()));
                         // Untracked files alone are not `-dirty`, as git prints it.

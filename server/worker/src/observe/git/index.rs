@@ -59,9 +59,7 @@ impl Index {
             .filter(|e| e.stage() == gix::index::entry::Stage::Unconflicted)
             .map(|e| (e.path(&self.file).as_bytes(), e))
     }
-}
 
-impl Index {
     /// Whether git takes the entry's file as unchanged without looking: assume-unchanged
     /// (`update-index --assume-unchanged`), or outside a sparse checkout (skip-worktree)
     /// unless the checkout is sparse and the file is there all the same.

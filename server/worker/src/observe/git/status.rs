@@ -221,7 +221,7 @@ pub(super) fn observe(root: &Path) -> Result<Option<(GitStatus, Attributes)>, Rp
         let path = e.path(&index.file).as_bytes();
         if e.mode == Mode::COMMIT {
             let ignores = ignores.get_or_init(|| SubmoduleIgnores::load(&repo, &ws));
-            let (change, state) = submodule(&ws, path, e.id, ignores.of(path))?;
+            let (change, state) = submodule(&ws, &repo, path, e.id, ignores.of(path))?;
             submodules.push((path, state));
             if let Some(change) = change {
                 worktree.push(git_entry(path, change, Some(state)));
@@ -354,6 +354,7 @@ impl SubmoduleIgnores {
 /// directory is gone is deleted.
 pub(super) fn submodule(
     ws: &Workspace,
+    outer: &gix::Repository,
     path: &[u8],
     recorded: ObjectId,
     ignore: SubmoduleIgnore,
@@ -369,7 +370,7 @@ pub(super) fn submodule(
         Ok(meta) if !meta.is_dir() => return Ok((Some(GitChange::TypeChanged), state)),
         Ok(_) => {}
     }
-    let Some((head, status)) = submodule_status(ws, rel)? else {
+    let Some((head, status)) = submodule_status(ws, outer, rel)? else {
         return Ok((None, state));
     };
     state.commit_changed = head != Some(recorded);
@@ -418,9 +419,14 @@ impl Content {
     }
 }
 
-/// The checked-out commit and the status of the submodule at `rel`, or None when it is not
-/// checked out (no `.git` in it, or a git directory outside the workspace).
-pub(super) fn submodule_status(ws: &Workspace, rel: &Path) -> Result<Option<(Option<ObjectId>, GitStatus)>, RpcError> {
+/// The checked-out commit and the status of the submodule at `rel` of the workspace `ws`
+/// (whose repository is `outer`), or None when it is not checked out (no `.git` in it, or a
+/// git directory outside the workspace and its repository).
+pub(super) fn submodule_status(
+    ws: &Workspace,
+    outer: &gix::Repository,
+    rel: &Path,
+) -> Result<Option<(Option<ObjectId>, GitStatus)>, RpcError> {
     let root = ws.root().join(rel);
     if ws.lstat(&rel.join(".git")).is_err() {
         return Ok(None);
@@ -429,10 +435,8 @@ pub(super) fn submodule_status(ws: &Workspace, rel: &Path) -> Result<Option<(Opt
     // Its repository lies in the workspace, or in the workspace's own repository (a linked
     // worktree's submodules are under `<main>/.git/worktrees/<name>/modules/`); a `.git`
     // file that leads anywhere else is not followed.
-    let outer = gix::open(ws.root()).ok();
-    let bases: Vec<std::path::PathBuf> = [ws.root()]
+    let bases: Vec<std::path::PathBuf> = [ws.root(), outer.git_dir(), outer.common_dir()]
         .into_iter()
-        .chain(outer.iter().flat_map(|o| [o.git_dir(), o.common_dir()]))
         .filter_map(|b| b.canonicalize().ok())
         .collect();
     let inside = |p: &Path| p.canonicalize().is_ok_and(|p| bases.iter().any(|b| p.starts_with(b)));

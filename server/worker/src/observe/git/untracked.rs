@@ -182,7 +182,7 @@ impl Untracked<'_> {
 /// the `ignore` crate's globs do: a brace outside a `[…]` class is escaped so that it
 /// matches itself (`*.{tmp,bak}` ignores a file of that very name, as git does, and
 /// `{{cookiecutter.slug}}/` a directory of that name).
-pub(super) fn ignore_rules(root: &Path, file: &Path) -> Gitignore {
+fn ignore_rules(root: &Path, file: &Path) -> Gitignore {
     let Ok(text) = std::fs::read(file) else {
         return Gitignore::empty();
     };
